@@ -1,0 +1,149 @@
+//! Command-line interface. Every subcommand reads the same TOML file (`--config`), with
+//! `OUTBOX_RELAY__<SECTION>__<KEY>` environment overrides (see `config.rs`).
+//!
+//! Exit codes: 0 success; 1 a runtime failure (connection, fatal relay error); 2 a usage or
+//! configuration error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use crate::config::Settings;
+use crate::logging::{self, LogFormat};
+use crate::{control, relay};
+
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about = "Transactional-outbox relay: PostgreSQL WAL (pgoutput) to Kafka, confirmed only after Kafka acknowledged")]
+pub struct Cli {
+    /// The TOML configuration file (see config/outbox-relay.toml).
+    #[arg(long, short = 'c', global = true, env = "OUTBOX_RELAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text", env = "OUTBOX_RELAY_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Default log level (RUST_LOG overrides it).
+    #[arg(long, global = true, default_value = "info", env = "OUTBOX_RELAY_LOG_LEVEL")]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check the database and create the publication and logical slot (idempotent).
+    Setup,
+    /// Stream outbox inserts to Kafka until SIGINT/SIGTERM.
+    Run,
+    /// Show the slot, its lag and retained WAL, and the publication.
+    Status {
+        /// Print JSON (stable schema, see docs/configuration.md) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the slot and the publication.
+    Teardown {
+        /// Confirm: dropping the slot discards the WAL position of undelivered events.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_format, &cli.log_level);
+    let Some(path) = cli.config.clone() else {
+        eprintln!("error: --config FILE is required (or set OUTBOX_RELAY_CONFIG); see config/outbox-relay.toml for an example");
+        return ExitCode::from(2);
+    };
+    let settings = match Settings::load(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(dispatch(cli.command, settings))
+}
+
+async fn dispatch(command: Command, settings: Settings) -> ExitCode {
+    match command {
+        Command::Setup => report(control::setup(&settings).await.map(|r| r.to_string())),
+        Command::Status { json } => report(control::status(&settings).await.map(|r| {
+            if json {
+                serde_json::to_string_pretty(&r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+            } else {
+                r.to_string()
+            }
+        })),
+        Command::Teardown { yes } => {
+            if !yes {
+                eprintln!(
+                    "error: teardown drops slot {:?} and publication {:?}; events not yet delivered can then be lost. Re-run with --yes",
+                    settings.postgres.slot.as_str(),
+                    settings.postgres.publication.as_str()
+                );
+                return ExitCode::from(2);
+            }
+            report(control::teardown(&settings).await.map(|r| r.to_string()))
+        }
+        Command::Run => run(settings).await,
+    }
+}
+
+fn report<E: std::fmt::Display>(result: Result<String, E>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(settings: Settings) -> ExitCode {
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        postgres = %settings.postgres.url,
+        slot = %settings.postgres.slot,
+        publication = %settings.postgres.publication,
+        table = %settings.outbox.table,
+        "outbox-relay starting"
+    );
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(forward_signals(tx));
+    match relay::run(&settings, rx).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Turns the first SIGINT or SIGTERM into a shutdown request.
+async fn forward_signals(tx: watch::Sender<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        error!("cannot install signal handlers; stop the relay with SIGKILL only as a last resort");
+        return;
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    info!(signal = name, "shutdown requested: draining in-flight events");
+    let _ = tx.send(true);
+}

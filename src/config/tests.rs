@@ -1,0 +1,124 @@
+use super::*;
+
+fn load(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    Settings::from_toml_str(
+        text,
+        Path::new("test.toml"),
+        env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    )
+}
+
+const MINIMAL: &str = r#"
+[postgres]
+url = "postgres://relay:pw@127.0.0.1:5432/app"
+[kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"#;
+
+#[test]
+fn minimal_config_gets_documented_defaults() {
+    let s = load(MINIMAL, &[]).unwrap();
+    assert_eq!(s.postgres.slot.as_str(), "outbox_relay");
+    assert_eq!(s.postgres.publication.as_str(), "outbox_relay");
+    assert_eq!(s.outbox.table.quoted(), r#""public"."events_outbox""#);
+    assert_eq!(s.outbox.key.as_str(), "aggregate_id");
+    assert_eq!(s.relay.max_in_flight, 10_000);
+    assert_eq!(s.relay.status_interval, Duration::from_secs(1));
+    assert_eq!(s.kafka.0["enable.idempotence"], "true");
+    assert_eq!(s.kafka.0["acks"], "all");
+    assert_eq!(s.router.route("order.placed"), "order.placed");
+}
+
+#[test]
+fn unknown_keys_are_errors() {
+    let err = load(&format!("{MINIMAL}\n[relay]\nmax_inflight = 5\n"), &[]).unwrap_err().to_string();
+    assert!(err.contains("unknown field `max_inflight`"), "{err}");
+    let err = load(&format!("{MINIMAL}\n[extra]\na = 1\n"), &[]).unwrap_err().to_string();
+    assert!(err.contains("unknown field `extra`"), "{err}");
+}
+
+#[test]
+fn env_overrides_apply_and_kafka_keys_get_dots() {
+    let s = load(
+        MINIMAL,
+        &[
+            ("OUTBOX_RELAY__POSTGRES__SLOT", "other_slot"),
+            ("OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT", "42"),
+            ("OUTBOX_RELAY__KAFKA__MESSAGE_TIMEOUT_MS", "5000"),
+            ("OUTBOX_RELAY__OUTBOX__HEADER_COLUMNS", "{ created_at = \"x-created\" }"),
+            ("UNRELATED", "x"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.postgres.slot.as_str(), "other_slot");
+    assert_eq!(s.relay.max_in_flight, 42);
+    assert_eq!(s.kafka.0["message.timeout.ms"], "5000");
+    assert_eq!(s.outbox.headers[0].1, "x-created");
+}
+
+#[test]
+fn unknown_env_keys_are_errors_too() {
+    let err = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__MAX_INFLIGHT", "1")]).unwrap_err().to_string();
+    assert!(err.contains("max_inflight"), "{err}");
+    let err = load(MINIMAL, &[("OUTBOX_RELAY__NOSECTIONKEY", "1")]).unwrap_err().to_string();
+    assert!(err.contains("OUTBOX_RELAY__<SECTION>__<KEY>"), "{err}");
+}
+
+#[test]
+fn durability_properties_cannot_be_weakened() {
+    let text = format!("{MINIMAL}\"acks\" = \"1\"\n");
+    assert!(load(&text, &[]).unwrap_err().to_string().contains("acks"));
+    let text = format!("{MINIMAL}\"enable.idempotence\" = false\n");
+    assert!(load(&text, &[]).unwrap_err().to_string().contains("enable.idempotence"));
+    let text = format!("{MINIMAL}\"acks\" = -1\n");
+    assert!(load(&text, &[]).is_ok());
+}
+
+#[test]
+fn names_are_validated() {
+    let bad_slot = load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__SLOT", "Bad-Slot")]).unwrap_err().to_string();
+    assert!(bad_slot.contains("postgres.slot"), "{bad_slot}");
+    let bad_table = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "x; drop table y")]).unwrap_err().to_string();
+    assert!(bad_table.contains("outbox.table"), "{bad_table}");
+    let quoted = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "\"Sales\".\"OutBox\"")]).unwrap();
+    assert_eq!(quoted.outbox.table.name.as_str(), "OutBox");
+}
+
+#[test]
+fn missing_bootstrap_servers_is_explained() {
+    let err = load("[postgres]\nurl = \"postgres://u@h/db\"\n", &[]).unwrap_err().to_string();
+    assert!(err.contains("bootstrap.servers"), "{err}");
+}
+
+#[test]
+fn debug_output_hides_secrets() {
+    let text = format!("{MINIMAL}\"sasl.password\" = \"kafkasecret\"\n");
+    let s = load(&text, &[]).unwrap();
+    let dbg = format!("{s:?}");
+    assert!(!dbg.contains("kafkasecret"), "{dbg}");
+    assert!(!dbg.contains(":pw@"), "{dbg}");
+}
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/outbox-relay.toml"));
+    Settings::load_with_env(path, Vec::new()).unwrap();
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn numeric_settings_round_trip_through_env(n in 1u64..1_000_000) {
+            let s = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT", &n.to_string())]).unwrap();
+            prop_assert_eq!(s.relay.max_in_flight as u64, n);
+        }
+
+        #[test]
+        fn arbitrary_text_never_panics(text in ".{0,200}") {
+            let _ = load(&text, &[]);
+        }
+    }
+}

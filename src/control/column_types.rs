@@ -1,0 +1,127 @@
+//! Which column types each mapped outbox column may have.
+//!
+//! Types are recognised by the OID of the column's base type (domains are resolved to the type
+//! they are built on), never by name alone: a user-defined type that happens to be called `text`
+//! in some schema must not pass as `pg_catalog.text`. `citext` is an extension type without a
+//! fixed OID, so it is recognised by name; its text form is plain text.
+
+use tokio_postgres::types::Type;
+
+/// The part of the Kafka record a column feeds, which decides the types it may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ColumnRole {
+    /// Rendered as text into the `id` header: any type works.
+    Id,
+    /// The record key: must have a stable, meaningful text form.
+    Key,
+    /// Fed through the topic router: must be text-like.
+    RouteBy,
+    /// The record value, sent as bytes.
+    Payload,
+    /// The record timestamp.
+    Timestamp,
+    /// Rendered as text into a header: any type works.
+    Header,
+}
+
+impl ColumnRole {
+    /// The role of a column named by a config key of [`crate::config::OutboxMapping::columns`].
+    pub(crate) fn for_config_key(key: &str) -> ColumnRole {
+        match key {
+            "outbox.id_column" => ColumnRole::Id,
+            "outbox.key_column" => ColumnRole::Key,
+            "outbox.route_by_column" => ColumnRole::RouteBy,
+            "outbox.payload_column" => ColumnRole::Payload,
+            "outbox.timestamp_column" => ColumnRole::Timestamp,
+            _ => ColumnRole::Header,
+        }
+    }
+
+    /// The accepted types, as the error message lists them.
+    pub(crate) fn accepted(self) -> &'static str {
+        match self {
+            ColumnRole::Id | ColumnRole::Header => "any type",
+            ColumnRole::Key => {
+                "text, varchar, char(n), citext, uuid, smallint, integer, bigint (or a domain over one of them)"
+            }
+            ColumnRole::RouteBy => "text, varchar, char(n), name, citext, an enum type (or a domain over one of them)",
+            ColumnRole::Payload => "jsonb, json, text, varchar, bytea (or a domain over one of them)",
+            ColumnRole::Timestamp => {
+                "timestamp with time zone, timestamp without time zone (or a domain over one of them)"
+            }
+        }
+    }
+
+    /// Whether a column whose base type has this OID, name and `typtype` fits the role.
+    pub(crate) fn accepts(self, base_oid: u32, base_name: &str, typtype: &str) -> bool {
+        let is = |candidates: &[Type]| candidates.iter().any(|t| t.oid() == base_oid);
+        let citext = base_name == "citext";
+        match self {
+            ColumnRole::Id | ColumnRole::Header => true,
+            ColumnRole::Key => {
+                citext || is(&[Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::UUID, Type::INT2, Type::INT4, Type::INT8])
+            }
+            ColumnRole::RouteBy => citext || typtype == "e" || is(&[Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME]),
+            ColumnRole::Payload => is(&[Type::JSONB, Type::JSON, Type::TEXT, Type::VARCHAR, Type::BYTEA]),
+            ColumnRole::Timestamp => is(&[Type::TIMESTAMPTZ, Type::TIMESTAMP]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(role: ColumnRole, t: &Type) -> bool {
+        role.accepts(t.oid(), t.name(), "b")
+    }
+
+    #[test]
+    fn payload_takes_json_text_and_bytes_only() {
+        for t in [Type::JSONB, Type::JSON, Type::TEXT, Type::VARCHAR, Type::BYTEA] {
+            assert!(ok(ColumnRole::Payload, &t), "{t}");
+        }
+        for t in [Type::INT4, Type::TIMESTAMPTZ, Type::TEXT_ARRAY, Type::XML] {
+            assert!(!ok(ColumnRole::Payload, &t), "{t}");
+        }
+    }
+
+    #[test]
+    fn key_takes_text_uuid_and_integers() {
+        for t in [Type::TEXT, Type::BPCHAR, Type::UUID, Type::INT2, Type::INT8] {
+            assert!(ok(ColumnRole::Key, &t), "{t}");
+        }
+        for t in [Type::JSONB, Type::FLOAT8, Type::NUMERIC, Type::BYTEA] {
+            assert!(!ok(ColumnRole::Key, &t), "{t}");
+        }
+        assert!(ColumnRole::Key.accepts(99_999, "citext", "b"));
+    }
+
+    #[test]
+    fn route_by_takes_text_like_and_enums() {
+        assert!(ok(ColumnRole::RouteBy, &Type::NAME));
+        assert!(ColumnRole::RouteBy.accepts(99_999, "event_type", "e"));
+        assert!(!ok(ColumnRole::RouteBy, &Type::UUID));
+        assert!(!ok(ColumnRole::RouteBy, &Type::INT4));
+    }
+
+    #[test]
+    fn a_user_type_named_text_is_not_text() {
+        assert!(!ColumnRole::Payload.accepts(99_999, "text", "b"));
+    }
+
+    #[test]
+    fn timestamp_takes_both_timestamp_types() {
+        assert!(ok(ColumnRole::Timestamp, &Type::TIMESTAMPTZ));
+        assert!(ok(ColumnRole::Timestamp, &Type::TIMESTAMP));
+        assert!(!ok(ColumnRole::Timestamp, &Type::DATE));
+        assert!(!ok(ColumnRole::Timestamp, &Type::INT8));
+    }
+
+    #[test]
+    fn id_and_headers_take_anything() {
+        assert!(ok(ColumnRole::Id, &Type::POINT));
+        assert_eq!(ColumnRole::for_config_key("outbox.header_columns"), ColumnRole::Header);
+        assert_eq!(ColumnRole::for_config_key("outbox.payload_column"), ColumnRole::Payload);
+    }
+}

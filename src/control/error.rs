@@ -1,0 +1,225 @@
+//! [`ControlError`]: every way the control plane can refuse, each phrased as problem + fix.
+
+use crate::pg_client::ConnectError;
+use crate::sql_ident::{Ident, TableName};
+
+/// Why `setup`, `status`, `teardown` or `preflight` stopped. Every message names what is wrong
+/// and what to do about it; none contains a password (URLs are printed redacted).
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+
+    #[error("{context}: {}", describe(.source))]
+    Query {
+        context: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    #[error(
+        "PostgreSQL {version} is too old: logical decoding with pgoutput needs PostgreSQL 10 or newer \
+         (14+ recommended). Upgrade the server"
+    )]
+    ServerTooOld { version: String },
+
+    #[error(
+        "connected to a standby (the server is in recovery); publications and slots are created on the \
+         primary. Point postgres.url at the primary server"
+    )]
+    InRecovery,
+
+    #[error(
+        "wal_level is '{current}'; logical decoding needs wal_level = logical. Set it in postgresql.conf \
+         (or ALTER SYSTEM SET wal_level = logical) and RESTART the server — a reload is not enough"
+    )]
+    WalLevel { current: String },
+
+    #[error(
+        "no free replication slot: {used} of max_replication_slots = {max} are in use and slot {slot} needs \
+         one more. Raise max_replication_slots in postgresql.conf and RESTART the server, or drop a slot \
+         nothing uses (see pg_replication_slots; SELECT pg_drop_replication_slot('<name>'))"
+    )]
+    NoFreeReplicationSlot { slot: String, used: i64, max: i64 },
+
+    #[error(
+        "no free WAL sender: {used} of max_wal_senders = {max} are in use (pg_stat_replication) and the relay \
+         needs one to stream. Raise max_wal_senders in postgresql.conf and RESTART the server, or stop an \
+         unused replication client"
+    )]
+    NoFreeWalSender { used: i64, max: i64 },
+
+    #[error(
+        "role {role} may not use logical replication: it is neither superuser nor has the REPLICATION \
+         attribute. As a superuser run: ALTER ROLE {} WITH REPLICATION",
+        crate::sql_ident::quote_ident(.role)
+    )]
+    NoReplicationPrivilege { role: String },
+
+    #[error(
+        "role {role} cannot read the outbox table {table}. Run (as the table owner or a superuser): \
+         GRANT SELECT ON {table} TO {}",
+        crate::sql_ident::quote_ident(.role)
+    )]
+    NoSelectPrivilege { role: String, table: TableName },
+
+    #[error(
+        "the outbox table {table} does not exist in database {database}{}. Set outbox.table to the \
+         schema-qualified table name, e.g. table = \"public.events_outbox\"; double-quote mixed-case parts, \
+         e.g. table = '\"Sales\".\"OutBox\"'",
+        similar_hint(.similar)
+    )]
+    TableNotFound { table: TableName, database: String, similar: Vec<String> },
+
+    #[error(
+        "outbox.table {table} is a {kind}, not a table; logical replication publishes only tables. \
+         Point outbox.table at the outbox table itself"
+    )]
+    NotATable { table: TableName, kind: &'static str },
+
+    #[error(
+        "PostgreSQL {version} cannot publish the partitioned table {table} (needs PostgreSQL 13+ for \
+         publish_via_partition_root). Upgrade, or use a plain table as the outbox"
+    )]
+    PartitionedTableUnsupported { version: String, table: TableName },
+
+    #[error(
+        "{key} = {column} but {table} has no such column; its columns are: {}. Fix {key} in the config \
+         (double-quote mixed-case names, e.g. '\"AggregateId\"')",
+        .columns.join(", ")
+    )]
+    ColumnNotFound { key: &'static str, column: Ident, table: TableName, columns: Vec<String> },
+
+    #[error(
+        "{key} = {column}: column {column} of {table} has type {type_name}, which the relay cannot use there; \
+         accepted: {accepted}. Point {key} at another column or change the column's type"
+    )]
+    UnusableColumnType {
+        key: &'static str,
+        column: Ident,
+        table: TableName,
+        type_name: String,
+        accepted: &'static str,
+    },
+
+    #[error(
+        "publication {publication} exists but does not include {table}, and it belongs to role {owner}, so \
+         setup (running as {role}) leaves it alone. Have {owner} run: ALTER PUBLICATION {publication} ADD TABLE \
+         {table} — or set postgres.publication to a name of the relay's own"
+    )]
+    PublicationLacksTable { publication: String, table: TableName, owner: String, role: String },
+
+    #[error(
+        "publication {publication} publishes {actions}, but the relay's publication must publish exactly \
+         insert (outbox rows are events; updates, deletes and truncates of them are not). Run: ALTER \
+         PUBLICATION {publication} SET (publish = 'insert') — or, if others rely on it, set \
+         postgres.publication to a name of the relay's own"
+    )]
+    PublicationActions { publication: String, actions: String },
+
+    #[error(
+        "publication {publication} publishes the partitioned table {table} under its partitions' names, so the \
+         relay would see no rows of {table}. Run: ALTER PUBLICATION {publication} SET \
+         (publish_via_partition_root = true)"
+    )]
+    PublicationNotViaRoot { publication: String, table: TableName },
+
+    #[error(
+        "publication {publication} publishes only some columns of {table} and leaves out {}, which the relay \
+         needs. Run: ALTER PUBLICATION {publication} SET TABLE {table} (no column list)",
+        .missing.join(", ")
+    )]
+    PublicationColumnList { publication: String, table: TableName, missing: Vec<String> },
+
+    #[error(
+        "replication slot {slot} is a physical slot (used by a standby or a backup tool), not a logical one. \
+         Set postgres.slot to another name, or drop it if nothing uses it: SELECT pg_drop_replication_slot('{slot}')"
+    )]
+    SlotIsPhysical { slot: String },
+
+    #[error(
+        "replication slot {slot} uses output plugin {plugin}, but the relay needs pgoutput. Set postgres.slot \
+         to another name, or drop it if nothing uses it: SELECT pg_drop_replication_slot('{slot}'), then run \
+         setup again"
+    )]
+    SlotWrongPlugin { slot: String, plugin: String },
+
+    #[error(
+        "replication slot {slot} belongs to database {slot_database}, but postgres.url connects to {database}; \
+         a logical slot decodes only its own database. Connect to {slot_database} or set postgres.slot to \
+         another name"
+    )]
+    SlotInOtherDatabase { slot: String, slot_database: String, database: String },
+
+    #[error(
+        "replication slot {slot} was invalidated ({reason}): PostgreSQL removed WAL it still needed, so events \
+         committed in that WAL can no longer be relayed. The relay never recreates a slot by itself, because \
+         that would skip those events without a trace. Find out what was lost (outbox rows after the last \
+         relayed event), re-publish it if needed, then run `outbox-relay teardown` and `outbox-relay setup`; \
+         raise max_slot_wal_keep_size to avoid a repeat"
+    )]
+    SlotInvalidated { slot: String, reason: String },
+
+    #[error(
+        "replication slot {slot} is in use by pid {pid} — stop the relay first (if pid {pid} is not a relay: \
+         SELECT pg_terminate_backend({pid}))"
+    )]
+    SlotInUse { slot: String, pid: i32 },
+
+    #[error("replication slot {slot} does not exist. Run `outbox-relay setup` to create it")]
+    SlotMissing { slot: String },
+
+    #[error("publication {publication} does not exist. Run `outbox-relay setup` to create it")]
+    PublicationMissing { publication: String },
+
+    #[error("publication {publication} does not include {table}. Run `outbox-relay setup` to add it")]
+    PublicationNotReady { publication: String, table: TableName },
+
+    #[error(
+        "publication {publication} also publishes {others}, so it may serve other subscribers; teardown drops \
+         only a publication of the outbox table alone. Drop it yourself if you are sure: DROP PUBLICATION \
+         {publication}"
+    )]
+    PublicationShared { publication: String, others: String },
+
+    #[error("unexpected catalog contents ({0}); this is a bug in outbox-relay, please report it with the server version")]
+    Unexpected(String),
+
+    #[error("permission denied to {action}: {message}. {fix}")]
+    PermissionDenied { action: String, message: String, fix: String },
+}
+
+impl ControlError {
+    /// Wraps a failed statement, saying what the relay was doing when it failed.
+    pub(crate) fn query(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> ControlError {
+        let context = context.into();
+        move |source| ControlError::Query { context, source }
+    }
+}
+
+/// A server error as an operator wants it: message, SQLSTATE, detail and hint; other errors as is.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                s.push_str("; detail: ");
+                s.push_str(detail);
+            }
+            if let Some(hint) = db.hint() {
+                s.push_str("; hint: ");
+                s.push_str(hint);
+            }
+            s
+        }
+        None => e.to_string(),
+    }
+}
+
+fn similar_hint(similar: &[String]) -> String {
+    if similar.is_empty() {
+        String::new()
+    } else {
+        format!(" (tables with similar names: {})", similar.join(", "))
+    }
+}

@@ -1,0 +1,89 @@
+//! The control plane: `setup`, `status`, `teardown`, and the `preflight` checks `setup` and `run`
+//! share. Everything here talks to PostgreSQL over an ordinary (non-replication) connection.
+//!
+//! # Objects the relay owns
+//! * A **publication** (`postgres.publication`) `FOR TABLE <outbox> WITH (publish = 'insert')`:
+//!   pgoutput sends only what a publication names, and the relay needs only inserts — outbox rows
+//!   are events, appended once; updates and deletes of them (cleanup jobs) are not events.
+//!   Partitioned outbox tables also get `publish_via_partition_root = true`, so their rows arrive
+//!   under the outbox table's own name.
+//! * A logical **replication slot** (`postgres.slot`) with the `pgoutput` plugin. The slot is the
+//!   relay's durable cursor: the server keeps every WAL segment from the slot's `restart_lsn` on,
+//!   and the relay advances `confirmed_flush_lsn` only after Kafka acknowledged everything before
+//!   it. That is the whole delivery guarantee.
+//!
+//! # Invariants
+//! * **A slot is never recreated or replaced silently.** A slot that is missing where one existed,
+//!   or that the server invalidated (`wal_status = 'lost'`, after `max_slot_wal_keep_size` was
+//!   exceeded), means WAL the relay had not yet relayed is gone. A fresh slot starts at the
+//!   *current* WAL position, so the events in the lost stretch would vanish with no error anywhere.
+//!   Preflight therefore refuses an invalidated slot, and an unusable one (physical, another
+//!   plugin, another database), with an error that explains the loss; only an operator decides,
+//!   with `teardown` + `setup`, after finding out what was lost. `setup` creates a slot only where
+//!   none exists under that name.
+//! * **Setup is idempotent and race-safe**: existing objects are reported as "already exists";
+//!   a concurrent setup losing a creation race (`duplicate_object` / `unique_violation`) reports
+//!   the same after re-checking what the winner created.
+//! * **Setup only ever adds to a publication** (the outbox table, if the connected role owns the
+//!   publication), never takes away; see [`setup`](mod@setup) for the reasoning.
+//! * **Every error says what to change** (see [`ControlError`]) and no output contains the
+//!   password: URLs print through [`crate::redact::Secret`].
+//! * **Names reach SQL quoted** ([`crate::sql_ident`]); values travel as bind parameters.
+//!
+//! `status` output is a stable JSON schema, documented in [`status`](mod@status).
+
+mod catalog;
+mod column_types;
+mod error;
+pub mod preflight;
+pub mod setup;
+pub mod status;
+pub mod teardown;
+
+pub use error::{describe, ControlError};
+pub use preflight::{preflight, MappedColumn, PreflightReport, PublicationInfo, SlotInfo};
+pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
+pub use status::{
+    status, PublicationStatus, ServerStatus, SlotStatus, StatusReport, TableRef, STATUS_SCHEMA_VERSION,
+};
+pub use teardown::{teardown, Dropped, TeardownReport};
+
+use crate::config::Settings;
+
+/// Opens the control connection the commands use, as the relay's configured role.
+async fn connect(settings: &Settings) -> Result<tokio_postgres::Client, ControlError> {
+    Ok(crate::pg_client::connect(&settings.postgres, settings.relay.connect_timeout).await?)
+}
+
+/// Bytes in binary units for people: `512 B`, `1.5 KiB`, `16.0 MiB`, `2.3 GiB`.
+pub fn human_bytes(bytes: i64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let sign = if bytes < 0 { "-" } else { "" };
+    let magnitude = bytes.unsigned_abs();
+    if magnitude < 1024 {
+        return format!("{sign}{magnitude} B");
+    }
+    let mut value = magnitude as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{sign}{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+
+    #[test]
+    fn human_bytes_picks_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(16 * 1024 * 1024), "16.0 MiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024 * 1024 / 2), "2.5 GiB");
+        assert_eq!(human_bytes(-2048), "-2.0 KiB");
+        assert_eq!(human_bytes(i64::MIN), "-8.0 EiB");
+    }
+}

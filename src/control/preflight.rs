@@ -1,0 +1,533 @@
+//! Preflight: everything that must hold before the relay can create its slot or stream from it.
+//!
+//! Checks run cheapest-and-most-fundamental first (server version, standby, `wal_level`, role
+//! privileges), then the outbox table and its mapped columns, then the state of the slot and the
+//! publication, and last the server's free capacity (a slot and a WAL sender). The first failed
+//! check is returned as a [`ControlError`] that says what to change; everything that is merely
+//! worth knowing lands in [`PreflightReport::notes`].
+//!
+//! A missing slot or publication is not an error here (setup creates them); `run` asks
+//! [`PreflightReport::ensure_ready_to_stream`] for that. A publication that exists but lacks the
+//! outbox table is an error only when the connected role does not own it — its owner's setup
+//! adds the table (see [`super::setup`]).
+
+use std::fmt;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+
+use super::catalog::{self, PublicationRow, ServerInfo, SlotRow};
+use super::column_types::ColumnRole;
+use super::ControlError;
+use crate::config::Settings;
+use crate::lsn::Lsn;
+use crate::sql_ident::{quote_ident, TableName};
+
+/// The oldest server with pgoutput.
+const MIN_VERSION_NUM: i32 = 100_000;
+/// The first server whose pgoutput accepts the `messages` option.
+const MESSAGES_OPTION_VERSION_NUM: i32 = 140_000;
+
+/// What preflight found. Everything in here passed its checks.
+#[derive(Debug, Clone)]
+pub struct PreflightReport {
+    /// e.g. `15.20`.
+    pub server_version: String,
+    /// e.g. `150020`.
+    pub server_version_num: i32,
+    pub database: String,
+    pub role: String,
+    pub superuser: bool,
+    pub table: TableName,
+    pub table_oid: u32,
+    pub table_owner: String,
+    pub partitioned: bool,
+    /// The mapped columns in [`crate::config::OutboxMapping::columns`] order.
+    pub columns: Vec<MappedColumn>,
+    pub slot_name: String,
+    /// `None`: the slot does not exist yet.
+    pub slot: Option<SlotInfo>,
+    pub publication_name: String,
+    /// `None`: the publication does not exist yet.
+    pub publication: Option<PublicationInfo>,
+    /// Things worth knowing that do not stop the relay.
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedColumn {
+    pub config_key: &'static str,
+    pub column: crate::sql_ident::Ident,
+    /// As `format_type` prints it, e.g. `character varying(255)`.
+    pub type_name: String,
+}
+
+/// A usable logical pgoutput slot of this database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotInfo {
+    pub active_pid: Option<i32>,
+    pub confirmed_flush_lsn: Option<Lsn>,
+    pub restart_lsn: Option<Lsn>,
+    pub wal_status: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicationInfo {
+    pub owner: String,
+    /// The connected role owns it, so setup may add the outbox table to it.
+    pub owned_by_current_role: bool,
+    pub all_tables: bool,
+    pub includes_table: bool,
+    /// Always exactly `["insert"]` once preflight passed.
+    pub actions: Vec<String>,
+    pub via_partition_root: bool,
+}
+
+impl PreflightReport {
+    /// Whether pgoutput takes the `messages` option (PostgreSQL 14+); older servers reject it.
+    pub fn supports_messages_option(&self) -> bool {
+        self.server_version_num >= MESSAGES_OPTION_VERSION_NUM
+    }
+
+    /// For `run`: the slot and the publication exist, the publication covers the outbox table,
+    /// and no other process streams from the slot.
+    pub fn ensure_ready_to_stream(&self) -> Result<(), ControlError> {
+        let Some(publication) = &self.publication else {
+            return Err(ControlError::PublicationMissing { publication: self.publication_name.clone() });
+        };
+        if !publication.includes_table {
+            return Err(ControlError::PublicationNotReady {
+                publication: self.publication_name.clone(),
+                table: self.table.clone(),
+            });
+        }
+        let Some(slot) = &self.slot else {
+            return Err(ControlError::SlotMissing { slot: self.slot_name.clone() });
+        };
+        if let Some(pid) = slot.active_pid {
+            return Err(ControlError::SlotInUse { slot: self.slot_name.clone(), pid });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for PreflightReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let privilege = if self.superuser { "superuser" } else { "replication" };
+        writeln!(
+            f,
+            "preflight: PostgreSQL {}, database {}, wal_level = logical, role {} ({privilege})",
+            self.server_version, self.database, self.role
+        )?;
+        let cols: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| format!("{} = {} {}", c.config_key, c.column, c.type_name))
+            .collect();
+        writeln!(f, "preflight: outbox table {}: {}", self.table, cols.join(", "))?;
+        for note in &self.notes {
+            writeln!(f, "note: {note}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs every check against `client` (connected as the relay will connect) for `settings`.
+pub async fn preflight(client: &Client, settings: &Settings) -> Result<PreflightReport, ControlError> {
+    let server = catalog::server_info(client).await?;
+    check_server(&server)?;
+    let superuser = check_role(client, &server).await?;
+    let table = find_table(client, settings, &server).await?;
+    let columns = check_columns(client, settings, &table).await?;
+    check_select(client, &table, &server).await?;
+
+    let slot_name = settings.postgres.slot.as_str();
+    let slot = check_slot(client, slot_name, &server.database).await?;
+    let mut notes = Vec::new();
+    let publication = check_publication(client, settings, &table, &server, &mut notes).await?;
+    check_capacity(client, slot_name, slot.as_ref()).await?;
+
+    if server.version_num < MESSAGES_OPTION_VERSION_NUM {
+        notes.push(format!(
+            "PostgreSQL {} predates 14: pgoutput's `messages` option is unavailable, so the relay omits it",
+            server.version
+        ));
+    }
+    if let Some(pid) = slot.as_ref().and_then(|s| s.active_pid) {
+        notes.push(format!("slot {slot_name} is in use by pid {pid} (a relay is running?)"));
+    }
+    Ok(PreflightReport {
+        server_version: server.version,
+        server_version_num: server.version_num,
+        database: server.database,
+        role: server.role,
+        superuser,
+        table: settings.outbox.table.clone(),
+        table_oid: table.oid,
+        table_owner: table.owner,
+        partitioned: table.partitioned,
+        columns,
+        slot_name: slot_name.to_owned(),
+        slot,
+        publication_name: settings.postgres.publication.as_str().to_owned(),
+        publication,
+        notes,
+    })
+}
+
+fn check_server(server: &ServerInfo) -> Result<(), ControlError> {
+    if server.version_num < MIN_VERSION_NUM {
+        return Err(ControlError::ServerTooOld { version: server.version.clone() });
+    }
+    if server.in_recovery {
+        return Err(ControlError::InRecovery);
+    }
+    if server.wal_level != "logical" {
+        return Err(ControlError::WalLevel { current: server.wal_level.clone() });
+    }
+    Ok(())
+}
+
+/// Returns whether the role is a superuser. Membership in RDS's `rds_replication` counts as
+/// REPLICATION there (the managed service grants it instead of the attribute).
+async fn check_role(client: &Client, server: &ServerInfo) -> Result<bool, ControlError> {
+    let row = client
+        .query_one(
+            "SELECT r.rolsuper, r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
+                 WHERE g.rolname = 'rds_replication' AND pg_has_role(r.oid, g.oid, 'MEMBER')) \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(ControlError::query("reading the role's privileges"))?;
+    let (superuser, replication): (bool, bool) = (row.get(0), row.get(1));
+    if !superuser && !replication {
+        return Err(ControlError::NoReplicationPrivilege { role: server.role.clone() });
+    }
+    Ok(superuser)
+}
+
+/// The outbox table as the catalogs know it.
+pub(crate) struct TableFacts {
+    pub name: TableName,
+    pub oid: u32,
+    pub owner: String,
+    pub partitioned: bool,
+}
+
+async fn find_table(client: &Client, settings: &Settings, server: &ServerInfo) -> Result<TableFacts, ControlError> {
+    let table = &settings.outbox.table;
+    let row = client
+        .query_opt(
+            "SELECT c.oid, c.relkind::text, pg_get_userbyid(c.relowner)::text \
+             FROM pg_class c WHERE c.oid = to_regclass($1)",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(|source| match source.code() {
+            Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => ControlError::PermissionDenied {
+                action: format!("look up {table}"),
+                message: super::error::describe(&source),
+                fix: format!(
+                    "Run (as the schema owner or a superuser): GRANT USAGE ON SCHEMA {} TO {}",
+                    table.schema,
+                    quote_ident(&server.role)
+                ),
+            },
+            _ => ControlError::query(format!("looking up the outbox table {table}"))(source),
+        })?;
+    let Some(row) = row else {
+        return Err(ControlError::TableNotFound {
+            table: table.clone(),
+            database: server.database.clone(),
+            similar: similar_tables(client, table).await,
+        });
+    };
+    let relkind: String = row.get(1);
+    let kind = match relkind.as_str() {
+        "r" => None,
+        "p" => None,
+        "v" => Some("view"),
+        "m" => Some("materialized view"),
+        "f" => Some("foreign table"),
+        "S" => Some("sequence"),
+        "i" | "I" => Some("index"),
+        _ => Some("relation that is not a table"),
+    };
+    if let Some(kind) = kind {
+        return Err(ControlError::NotATable { table: table.clone(), kind });
+    }
+    let partitioned = relkind == "p";
+    if partitioned && server.version_num < 130_000 {
+        return Err(ControlError::PartitionedTableUnsupported { version: server.version.clone(), table: table.clone() });
+    }
+    Ok(TableFacts { name: table.clone(), oid: row.get(0), owner: row.get(2), partitioned })
+}
+
+/// Tables whose name resembles the configured one, in the form `outbox.table` takes. Best
+/// effort: a failure here must not hide the real error, so it yields an empty list.
+async fn similar_tables(client: &Client, table: &TableName) -> Vec<String> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+               AND n.nspname NOT LIKE 'pg\\_toast%' \
+               AND (strpos(lower(c.relname), lower($1)) > 0 OR strpos(lower(c.relname), 'outbox') > 0) \
+             ORDER BY lower(c.relname) = lower($1) DESC, 1, 2 LIMIT 5",
+            &[&table.name.as_str()],
+        )
+        .await
+        .unwrap_or_default();
+    rows.iter().map(|r| config_form(r.get(0), r.get(1))).collect()
+}
+
+/// How to write a table name in `outbox.table`: bare when the name would survive case folding,
+/// double-quoted otherwise.
+fn config_form(schema: &str, name: &str) -> String {
+    let part = |s: &str| {
+        let plain = s.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+            && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if plain {
+            s.to_owned()
+        } else {
+            quote_ident(s)
+        }
+    };
+    format!("{}.{}", part(schema), part(name))
+}
+
+async fn check_columns(client: &Client, settings: &Settings, table: &TableFacts) -> Result<Vec<MappedColumn>, ControlError> {
+    // Domains resolve to their base type (recursively: a domain may be over a domain).
+    let rows = client
+        .query(
+            "WITH RECURSIVE base(attnum, typid) AS ( \
+                 SELECT a.attnum, a.atttypid FROM pg_attribute a \
+                 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+               UNION ALL \
+                 SELECT b.attnum, t.typbasetype FROM base b JOIN pg_type t ON t.oid = b.typid WHERE t.typtype = 'd') \
+             SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.oid, t.typname::text, t.typtype::text \
+             FROM pg_attribute a JOIN base b ON b.attnum = a.attnum JOIN pg_type t ON t.oid = b.typid AND t.typtype <> 'd' \
+             WHERE a.attrelid = $1 ORDER BY a.attnum",
+            &[&table.oid],
+        )
+        .await
+        .map_err(ControlError::query(format!("reading the columns of {}", settings.outbox.table)))?;
+    let mut mapped = Vec::new();
+    for (config_key, column) in settings.outbox.columns() {
+        let Some(row) = rows.iter().find(|r| r.get::<_, String>(0) == column.as_str()) else {
+            return Err(ControlError::ColumnNotFound {
+                key: config_key,
+                column: column.clone(),
+                table: settings.outbox.table.clone(),
+                columns: rows.iter().map(|r| quote_ident(&r.get::<_, String>(0))).collect(),
+            });
+        };
+        let type_name: String = row.get(1);
+        let role = ColumnRole::for_config_key(config_key);
+        if !role.accepts(row.get(2), row.get::<_, &str>(3), row.get::<_, &str>(4)) {
+            return Err(ControlError::UnusableColumnType {
+                key: config_key,
+                column: column.clone(),
+                table: settings.outbox.table.clone(),
+                type_name,
+                accepted: role.accepted(),
+            });
+        }
+        mapped.push(MappedColumn { config_key, column: column.clone(), type_name });
+    }
+    Ok(mapped)
+}
+
+async fn check_select(client: &Client, table: &TableFacts, server: &ServerInfo) -> Result<(), ControlError> {
+    let row = client
+        .query_one("SELECT has_table_privilege($1::oid, 'SELECT')", &[&table.oid])
+        .await
+        .map_err(ControlError::query("checking SELECT on the outbox table"))?;
+    if !row.get::<_, bool>(0) {
+        return Err(ControlError::NoSelectPrivilege {
+            role: server.role.clone(),
+            table: table.name.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// The configured slot, if it exists and the relay can use it. Never offers to replace an
+/// unusable slot: see the module docs of [`super`] for why.
+pub(crate) async fn check_slot(client: &Client, name: &str, database: &str) -> Result<Option<SlotInfo>, ControlError> {
+    let Some(slot) = catalog::slot(client, name).await? else { return Ok(None) };
+    usable_slot(name, database, &slot).map(Some)
+}
+
+pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<SlotInfo, ControlError> {
+    let slot_name = name.to_owned();
+    if slot.slot_type != "logical" {
+        return Err(ControlError::SlotIsPhysical { slot: slot_name });
+    }
+    let plugin = slot.plugin.clone().unwrap_or_default();
+    if plugin != "pgoutput" {
+        return Err(ControlError::SlotWrongPlugin { slot: slot_name, plugin });
+    }
+    let slot_database = slot.database.clone().unwrap_or_default();
+    if slot_database != database {
+        return Err(ControlError::SlotInOtherDatabase { slot: slot_name, slot_database, database: database.to_owned() });
+    }
+    if let Some(reason) = slot.invalidated() {
+        return Err(ControlError::SlotInvalidated { slot: slot_name, reason });
+    }
+    Ok(SlotInfo {
+        active_pid: slot.active_pid.filter(|_| slot.active),
+        confirmed_flush_lsn: slot.confirmed_flush(),
+        restart_lsn: slot.restart(),
+        wal_status: slot.wal_status.clone(),
+    })
+}
+
+/// The configured publication, if it exists, checked against what the relay needs.
+pub(crate) async fn check_publication(
+    client: &Client,
+    settings: &Settings,
+    table: &TableFacts,
+    server: &ServerInfo,
+    notes: &mut Vec<String>,
+) -> Result<Option<PublicationInfo>, ControlError> {
+    let name = settings.postgres.publication.as_str();
+    let Some(publication) = catalog::publication(client, name).await? else { return Ok(None) };
+    let membership = membership(client, &publication, table, server).await?;
+    let includes_table = publication.puballtables || membership.is_some();
+    if !includes_table && !publication.owned_by_current_role {
+        return Err(ControlError::PublicationLacksTable {
+            publication: name.to_owned(),
+            table: table.name.clone(),
+            owner: publication.owner.clone(),
+            role: server.role.clone(),
+        });
+    }
+    let actions = publication.actions();
+    if actions != ["insert"] {
+        let actions = if actions.is_empty() { "nothing".to_owned() } else { actions.join(", ") };
+        return Err(ControlError::PublicationActions { publication: name.to_owned(), actions });
+    }
+    if table.partitioned && !publication.pubviaroot {
+        return Err(ControlError::PublicationNotViaRoot { publication: name.to_owned(), table: table.name.clone() });
+    }
+    if let Some(Membership { column_list: Some(published), row_filter }) = &membership {
+        let missing: Vec<String> = settings
+            .outbox
+            .columns()
+            .into_iter()
+            .filter(|(_, c)| !published.iter().any(|p| p == c.as_str()))
+            .map(|(_, c)| c.quoted())
+            .collect();
+        if !missing.is_empty() {
+            return Err(ControlError::PublicationColumnList {
+                publication: name.to_owned(),
+                table: table.name.clone(),
+                missing,
+            });
+        }
+        if *row_filter {
+            notes.push(row_filter_note(name, &table.name));
+        }
+    } else if let Some(Membership { row_filter: true, .. }) = &membership {
+        notes.push(row_filter_note(name, &table.name));
+    }
+    Ok(Some(PublicationInfo {
+        owner: publication.owner.clone(),
+        owned_by_current_role: publication.owned_by_current_role,
+        all_tables: publication.puballtables,
+        includes_table,
+        actions,
+        via_partition_root: publication.pubviaroot,
+    }))
+}
+
+fn row_filter_note(publication: &str, table: &TableName) -> String {
+    format!("publication {publication} has a row filter (WHERE) on {table}: rows it rejects are never relayed")
+}
+
+/// How the table belongs to the publication (`None`: it does not, short of FOR ALL TABLES).
+struct Membership {
+    /// The published columns when the publication has a column list (15+).
+    column_list: Option<Vec<String>>,
+    row_filter: bool,
+}
+
+async fn membership(
+    client: &Client,
+    publication: &PublicationRow,
+    table: &TableFacts,
+    server: &ServerInfo,
+) -> Result<Option<Membership>, ControlError> {
+    let context = || ControlError::query(format!("reading the tables of publication {}", table.name));
+    if server.version_num < 150_000 {
+        let row = client
+            .query_opt("SELECT 1 FROM pg_publication_rel WHERE prpubid = $1 AND prrelid = $2", &[&publication.oid, &table.oid])
+            .await
+            .map_err(context())?;
+        return Ok(row.map(|_| Membership { column_list: None, row_filter: false }));
+    }
+    let row = client
+        .query_opt(
+            "SELECT pr.prattrs IS NOT NULL, \
+                    ARRAY(SELECT a.attname::text FROM pg_attribute a \
+                          WHERE a.attrelid = pr.prrelid AND a.attnum = ANY (pr.prattrs::int2[])), \
+                    pr.prqual IS NOT NULL \
+             FROM pg_publication_rel pr WHERE pr.prpubid = $1 AND pr.prrelid = $2",
+            &[&publication.oid, &table.oid],
+        )
+        .await
+        .map_err(context())?;
+    if let Some(row) = row {
+        let column_list = row.get::<_, bool>(0).then(|| row.get(1));
+        return Ok(Some(Membership { column_list, row_filter: row.get(2) }));
+    }
+    // FOR TABLES IN SCHEMA (15+) publishes every table of the schema, without column lists.
+    let row = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication_namespace pn JOIN pg_class c ON c.relnamespace = pn.pnnspid \
+             WHERE pn.pnpubid = $1 AND c.oid = $2",
+            &[&publication.oid, &table.oid],
+        )
+        .await
+        .map_err(context())?;
+    Ok(row.map(|_| Membership { column_list: None, row_filter: false }))
+}
+
+/// A new slot needs a free `max_replication_slots` entry; streaming needs a free WAL sender
+/// unless the relay already holds one (its slot is active).
+async fn check_capacity(client: &Client, slot_name: &str, slot: Option<&SlotInfo>) -> Result<(), ControlError> {
+    if slot.is_none() {
+        let (used, max) = slot_usage(client).await?;
+        if used >= max {
+            return Err(ControlError::NoFreeReplicationSlot { slot: slot_name.to_owned(), used, max });
+        }
+    }
+    let streaming = slot.is_some_and(|s| s.active_pid.is_some());
+    if !streaming {
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_stat_replication), current_setting('max_wal_senders')::int8",
+                &[],
+            )
+            .await
+            .map_err(ControlError::query("counting WAL senders"))?;
+        let (used, max): (i64, i64) = (row.get(0), row.get(1));
+        if used >= max {
+            return Err(ControlError::NoFreeWalSender { used, max });
+        }
+    }
+    Ok(())
+}
+
+/// (slots in use, max_replication_slots).
+pub(crate) async fn slot_usage(client: &Client) -> Result<(i64, i64), ControlError> {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_replication_slots), current_setting('max_replication_slots')::int8",
+            &[],
+        )
+        .await
+        .map_err(ControlError::query("counting replication slots"))?;
+    Ok((row.get(0), row.get(1)))
+}

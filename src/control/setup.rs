@@ -1,0 +1,218 @@
+//! `setup`: preflight, then create the publication and the slot if they are missing.
+//!
+//! Order matters: the publication is created before the slot, because pgoutput reads the
+//! publication with the catalog as of each decoded change, so a slot that starts before its
+//! publication existed cannot decode what lies between.
+//!
+//! Idempotence and races: "already exists" is success. Two setups running at once both see the
+//! object missing and both try to create it; the loser gets `duplicate_object` (or, for the
+//! publication, `unique_violation` on the catalog index) and reports "already exists" after
+//! re-checking what the winner created.
+//!
+//! Repairs: when the publication exists without the outbox table and the connected role owns it,
+//! setup runs `ALTER PUBLICATION … ADD TABLE` and says so in a notice (adding a table only adds
+//! events; no subscriber loses anything). Anything that would take something away from a
+//! publication — narrowing `publish`, dropping a column list — is left to the operator as an
+//! error with the statement to run, because other subscribers may rely on it. A slot is never
+//! repaired or recreated (see [`super`]).
+
+use std::fmt;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+
+use super::preflight::{check_slot, PreflightReport};
+use super::{connect, error::describe, ControlError};
+use crate::config::Settings;
+use crate::lsn::Lsn;
+use crate::sql_ident::quote_ident;
+
+/// What setup did.
+#[derive(Debug, Clone)]
+pub struct SetupReport {
+    pub preflight: PreflightReport,
+    pub publication: PublicationOutcome,
+    pub slot: SlotOutcome,
+    /// Things the operator should know about, e.g. a repair setup made.
+    pub notices: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublicationOutcome {
+    Created,
+    AlreadyExists,
+    /// It existed without the outbox table; setup added the table.
+    TableAdded,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotOutcome {
+    /// Decoding starts at `consistent_point`: rows committed after it are relayed.
+    Created { consistent_point: Lsn },
+    AlreadyExists { confirmed_flush_lsn: Option<Lsn> },
+}
+
+impl SetupReport {
+    /// True when setup found everything in place and changed nothing.
+    pub fn already_set_up(&self) -> bool {
+        self.publication == PublicationOutcome::AlreadyExists && matches!(self.slot, SlotOutcome::AlreadyExists { .. })
+    }
+}
+
+impl fmt::Display for SetupReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.preflight)?;
+        let (publication, table) = (&self.preflight.publication_name, &self.preflight.table);
+        match self.publication {
+            PublicationOutcome::Created => {
+                writeln!(f, "publication {publication}: created (FOR TABLE {table}, publish = 'insert')")?
+            }
+            PublicationOutcome::AlreadyExists => writeln!(f, "publication {publication}: already exists")?,
+            PublicationOutcome::TableAdded => writeln!(f, "publication {publication}: already existed; added {table}")?,
+        }
+        let slot = &self.preflight.slot_name;
+        match &self.slot {
+            SlotOutcome::Created { consistent_point } => writeln!(
+                f,
+                "slot {slot}: created (pgoutput); rows committed after {consistent_point} will be relayed"
+            )?,
+            SlotOutcome::AlreadyExists { confirmed_flush_lsn: Some(lsn) } => {
+                writeln!(f, "slot {slot}: already exists (confirmed up to {lsn})")?
+            }
+            SlotOutcome::AlreadyExists { confirmed_flush_lsn: None } => writeln!(f, "slot {slot}: already exists")?,
+        }
+        for notice in &self.notices {
+            writeln!(f, "notice: {notice}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks the server and the outbox table, then creates what is missing. Safe to repeat.
+pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
+    let client = connect(settings).await?;
+    let preflight = super::preflight(&client, settings).await?;
+    let mut notices = Vec::new();
+    let publication = ensure_publication(&client, &preflight, &mut notices).await?;
+    let slot = ensure_slot(&client, &preflight).await?;
+    // Re-check with both objects in place: a concurrent setup may have created them differently.
+    let preflight = super::preflight(&client, settings).await?;
+    Ok(SetupReport { preflight, publication, slot, notices })
+}
+
+fn is_duplicate(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code(), Some(c) if *c == SqlState::DUPLICATE_OBJECT || *c == SqlState::UNIQUE_VIOLATION)
+}
+
+fn is_permission_denied(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
+}
+
+async fn ensure_publication(
+    client: &Client,
+    pre: &PreflightReport,
+    notices: &mut Vec<String>,
+) -> Result<PublicationOutcome, ControlError> {
+    let name = &pre.publication_name;
+    let table = &pre.table;
+    match &pre.publication {
+        Some(p) if p.includes_table => Ok(PublicationOutcome::AlreadyExists),
+        Some(_) => {
+            // Preflight only lets this through when we own the publication.
+            let sql = format!("ALTER PUBLICATION {} ADD TABLE {}", quote_ident(name), table.quoted());
+            match client.batch_execute(&sql).await {
+                Ok(()) => {}
+                Err(e) if is_duplicate(&e) => return Ok(PublicationOutcome::AlreadyExists),
+                Err(e) if is_permission_denied(&e) => {
+                    return Err(ControlError::PermissionDenied {
+                        action: format!("add {table} to publication {name}"),
+                        message: describe(&e),
+                        fix: format!(
+                            "Adding a table needs ownership of it (owner: {}); have the owner or a superuser run: {sql}",
+                            pre.table_owner
+                        ),
+                    })
+                }
+                Err(e) => return Err(ControlError::query(format!("adding {table} to publication {name}"))(e)),
+            }
+            notices.push(match pre.slot.as_ref().and_then(|s| s.confirmed_flush_lsn) {
+                Some(lsn) => format!(
+                    "publication {name} existed without {table}; setup added it. Rows committed to {table} between \
+                     {lsn} (the slot's confirmed position) and now were not published and will NOT be relayed; \
+                     re-insert them if they matter"
+                ),
+                None => format!("publication {name} existed without {table}; setup added it"),
+            });
+            Ok(PublicationOutcome::TableAdded)
+        }
+        None => {
+            let via_root = if pre.partitioned { ", publish_via_partition_root = true" } else { "" };
+            let sql = format!(
+                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
+                quote_ident(name),
+                table.quoted()
+            );
+            match client.batch_execute(&sql).await {
+                Ok(()) => {}
+                Err(e) if is_duplicate(&e) => return Ok(PublicationOutcome::AlreadyExists),
+                Err(e) if is_permission_denied(&e) => {
+                    return Err(ControlError::PermissionDenied {
+                        action: format!("create publication {name}"),
+                        message: describe(&e),
+                        fix: format!(
+                            "CREATE PUBLICATION … FOR TABLE needs ownership of the table (owner: {}) and CREATE on \
+                             database {}. Run setup as the table owner or a superuser, or have one run: {sql}",
+                            pre.table_owner, pre.database
+                        ),
+                    })
+                }
+                Err(e) => return Err(ControlError::query(format!("creating publication {name}"))(e)),
+            }
+            if let Some(lsn) = pre.slot.as_ref().and_then(|s| s.confirmed_flush_lsn) {
+                notices.push(format!(
+                    "slot {} existed before publication {name}: rows committed between {lsn} and now were not \
+                     published and will NOT be relayed (before PostgreSQL 18, decoding them may fail with \
+                     \"publication … does not exist\")",
+                    pre.slot_name
+                ));
+            }
+            Ok(PublicationOutcome::Created)
+        }
+    }
+}
+
+async fn ensure_slot(client: &Client, pre: &PreflightReport) -> Result<SlotOutcome, ControlError> {
+    let name = &pre.slot_name;
+    if let Some(slot) = &pre.slot {
+        return Ok(SlotOutcome::AlreadyExists { confirmed_flush_lsn: slot.confirmed_flush_lsn });
+    }
+    // Waits for transactions running right now to finish: the slot's snapshot must see them all.
+    let created = client
+        .query_one("SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", &[name])
+        .await;
+    match created {
+        Ok(row) => {
+            let lsn: String = row.get(0);
+            let consistent_point = lsn
+                .parse()
+                .map_err(|e| ControlError::Unexpected(format!("pg_create_logical_replication_slot returned {e}")))?;
+            Ok(SlotOutcome::Created { consistent_point })
+        }
+        Err(e) if is_duplicate(&e) => {
+            // A concurrent setup won; make sure what it created is usable.
+            let slot = check_slot(client, name, &pre.database).await?;
+            Ok(SlotOutcome::AlreadyExists { confirmed_flush_lsn: slot.and_then(|s| s.confirmed_flush_lsn) })
+        }
+        Err(e) if e.code() == Some(&SqlState::CONFIGURATION_LIMIT_EXCEEDED) => {
+            // Another slot was created since preflight counted.
+            let (used, max) = super::preflight::slot_usage(client).await?;
+            Err(ControlError::NoFreeReplicationSlot { slot: name.clone(), used, max })
+        }
+        Err(e) if is_permission_denied(&e) => Err(ControlError::PermissionDenied {
+            action: format!("create replication slot {name}"),
+            message: describe(&e),
+            fix: format!("As a superuser run: ALTER ROLE {} WITH REPLICATION", quote_ident(&pre.role)),
+        }),
+        Err(e) => Err(ControlError::query(format!("creating replication slot {name}"))(e)),
+    }
+}

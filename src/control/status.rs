@@ -1,0 +1,370 @@
+//! `status`: what the server says about the relay's slot and publication.
+//!
+//! Status never fails because something is missing or misconfigured — a missing slot is
+//! `"exists": false`, a wrong `wal_level` is just reported — so it is the tool to look with
+//! when `setup` or `run` refuses. Only an unreachable server or a failed query is an error.
+//!
+//! # JSON (`status --json`), schema version 1
+//!
+//! Stable: fields are only ever added, never renamed, removed or retyped, without bumping
+//! `schema_version`. Every field is always present; unknown values are `null`. LSNs are strings
+//! in PostgreSQL's `X/Y` hex form; byte counts are integers.
+//!
+//! ```json
+//! {
+//!   "schema_version": 1,
+//!   "postgres_url": "postgres://relay:********@db:5432/app",   // password always masked
+//!   "server": {
+//!     "version": "15.20",              // server_version without distribution suffix
+//!     "version_num": 150020,           // server_version_num
+//!     "database": "app",               // current_database()
+//!     "wal_level": "logical",
+//!     "in_recovery": false,            // true on a standby
+//!     "current_wal_lsn": "0/1A2B3C4"   // insert position (replay position on a standby); null if unknown
+//!   },
+//!   "outbox_table": { "schema": "public", "table": "events_outbox" },   // as configured, unquoted
+//!   "slot": {
+//!     "name": "outbox_relay",
+//!     "exists": true,
+//!     "slot_type": "logical",          // "logical" | "physical" | null (missing)
+//!     "plugin": "pgoutput",            // null for physical / missing
+//!     "database": "app",               // null for physical / missing
+//!     "active": false,
+//!     "active_pid": null,              // pid of the process streaming from the slot
+//!     "confirmed_flush_lsn": "0/1A2B000",  // everything before it was acknowledged by Kafka
+//!     "restart_lsn": "0/1A2A000",      // oldest WAL the slot keeps
+//!     "retained_wal_bytes": 16777216,  // current_wal_lsn - restart_lsn: WAL kept on disk for the slot
+//!     "lag_bytes": 3012,               // current_wal_lsn - confirmed_flush_lsn: not yet relayed
+//!     "wal_status": "reserved",        // PostgreSQL 13+: reserved | extended | unreserved | lost; else null
+//!     "safe_wal_size": null            // PostgreSQL 13+: bytes until max_slot_wal_keep_size invalidates
+//!                                      // the slot; null when unlimited or unknown
+//!   },
+//!   "publication": {
+//!     "name": "outbox_relay",
+//!     "exists": true,
+//!     "all_tables": false,             // FOR ALL TABLES
+//!     "publish": ["insert"],           // subset of insert, update, delete, truncate
+//!     "tables": [{ "schema": "public", "table": "events_outbox" }],   // pg_publication_tables
+//!     "includes_outbox_table": true
+//!   }
+//! }
+//! ```
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::catalog;
+use super::{connect, human_bytes, ControlError};
+use crate::config::Settings;
+use crate::lsn::Lsn;
+
+/// The current version of the JSON schema above.
+pub const STATUS_SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub schema_version: u32,
+    pub postgres_url: String,
+    pub server: ServerStatus,
+    pub outbox_table: TableRef,
+    pub slot: SlotStatus,
+    pub publication: PublicationStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    pub version: String,
+    pub version_num: i32,
+    pub database: String,
+    pub wal_level: String,
+    pub in_recovery: bool,
+    #[serde(with = "lsn_text")]
+    pub current_wal_lsn: Option<Lsn>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRef {
+    pub schema: String,
+    pub table: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotStatus {
+    pub name: String,
+    pub exists: bool,
+    pub slot_type: Option<String>,
+    pub plugin: Option<String>,
+    pub database: Option<String>,
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    #[serde(with = "lsn_text")]
+    pub confirmed_flush_lsn: Option<Lsn>,
+    #[serde(with = "lsn_text")]
+    pub restart_lsn: Option<Lsn>,
+    pub retained_wal_bytes: Option<i64>,
+    pub lag_bytes: Option<i64>,
+    pub wal_status: Option<String>,
+    pub safe_wal_size: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublicationStatus {
+    pub name: String,
+    pub exists: bool,
+    pub all_tables: bool,
+    pub publish: Vec<String>,
+    pub tables: Vec<TableRef>,
+    pub includes_outbox_table: bool,
+}
+
+/// Reads the state of the slot and publication named in `settings`. Works when neither exists.
+pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
+    let client = connect(settings).await?;
+    let server = catalog::server_info(&client).await?;
+    let current_wal_lsn = catalog::current_wal_lsn(&client).await?;
+
+    let slot_name = settings.postgres.slot.as_str();
+    let slot = match catalog::slot(&client, slot_name).await? {
+        Some(s) => SlotStatus {
+            name: slot_name.to_owned(),
+            exists: true,
+            confirmed_flush_lsn: s.confirmed_flush(),
+            restart_lsn: s.restart(),
+            slot_type: Some(s.slot_type),
+            plugin: s.plugin,
+            database: s.database,
+            active: s.active,
+            active_pid: s.active_pid,
+            retained_wal_bytes: s.retained_wal_bytes,
+            lag_bytes: s.lag_bytes,
+            wal_status: s.wal_status,
+            safe_wal_size: s.safe_wal_size,
+        },
+        None => SlotStatus {
+            name: slot_name.to_owned(),
+            exists: false,
+            slot_type: None,
+            plugin: None,
+            database: None,
+            active: false,
+            active_pid: None,
+            confirmed_flush_lsn: None,
+            restart_lsn: None,
+            retained_wal_bytes: None,
+            lag_bytes: None,
+            wal_status: None,
+            safe_wal_size: None,
+        },
+    };
+
+    let table = &settings.outbox.table;
+    let outbox_table = TableRef { schema: table.schema.as_str().to_owned(), table: table.name.as_str().to_owned() };
+    let publication_name = settings.postgres.publication.as_str();
+    let publication = match catalog::publication(&client, publication_name).await? {
+        Some(p) => {
+            let tables: Vec<TableRef> = catalog::publication_tables(&client, publication_name)
+                .await?
+                .into_iter()
+                .map(|(schema, table)| TableRef { schema, table })
+                .collect();
+            PublicationStatus {
+                name: publication_name.to_owned(),
+                exists: true,
+                all_tables: p.puballtables,
+                publish: p.actions(),
+                includes_outbox_table: p.puballtables || tables.contains(&outbox_table),
+                tables,
+            }
+        }
+        None => PublicationStatus {
+            name: publication_name.to_owned(),
+            exists: false,
+            all_tables: false,
+            publish: Vec::new(),
+            tables: Vec::new(),
+            includes_outbox_table: false,
+        },
+    };
+
+    Ok(StatusReport {
+        schema_version: STATUS_SCHEMA_VERSION,
+        postgres_url: settings.postgres.url.to_string(),
+        server: ServerStatus {
+            version: server.version,
+            version_num: server.version_num,
+            database: server.database,
+            wal_level: server.wal_level,
+            in_recovery: server.in_recovery,
+            current_wal_lsn,
+        },
+        outbox_table,
+        slot,
+        publication,
+    })
+}
+
+impl fmt::Display for StatusReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.server;
+        let standby = if s.in_recovery { ", standby" } else { "" };
+        writeln!(
+            f,
+            "PostgreSQL {} at {} (database {}, wal_level = {}{standby})",
+            s.version, self.postgres_url, s.database, s.wal_level
+        )?;
+        if let Some(lsn) = s.current_wal_lsn {
+            writeln!(f, "current WAL position: {lsn}")?;
+        }
+        let t = &self.outbox_table;
+        writeln!(f, "outbox table: {}.{}", crate::sql_ident::quote_ident(&t.schema), crate::sql_ident::quote_ident(&t.table))?;
+        write!(f, "{}", self.slot)?;
+        write!(f, "{}", self.publication)
+    }
+}
+
+impl fmt::Display for SlotStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = &self.name;
+        if !self.exists {
+            return writeln!(f, "slot {name}: does not exist (run `outbox-relay setup`)");
+        }
+        let kind = self.slot_type.as_deref().unwrap_or("unknown type");
+        let mut line = format!("slot {name}: {kind}");
+        if let Some(plugin) = &self.plugin {
+            line.push_str(&format!(", plugin {plugin}"));
+        }
+        if let Some(db) = &self.database {
+            line.push_str(&format!(", database {db}"));
+        }
+        writeln!(f, "{line}")?;
+        match self.active_pid {
+            Some(pid) if self.active => writeln!(f, "  active: yes (pid {pid})")?,
+            _ if self.active => writeln!(f, "  active: yes")?,
+            _ => writeln!(f, "  active: no")?,
+        }
+        let opt = |lsn: Option<Lsn>| lsn.map_or_else(|| "-".to_owned(), |l| l.to_string());
+        let bytes = |b: Option<i64>| b.map_or_else(|| "unknown".to_owned(), human_bytes);
+        writeln!(f, "  confirmed_flush_lsn: {} (lag {})", opt(self.confirmed_flush_lsn), bytes(self.lag_bytes))?;
+        writeln!(f, "  restart_lsn: {} (retains {} of WAL)", opt(self.restart_lsn), bytes(self.retained_wal_bytes))?;
+        if let Some(wal_status) = &self.wal_status {
+            let safe = self.safe_wal_size.map_or_else(|| "unlimited".to_owned(), human_bytes);
+            writeln!(f, "  wal_status: {wal_status}, safe_wal_size: {safe}")?;
+            if wal_status == "lost" {
+                writeln!(f, "  the slot is invalidated: WAL it needed is gone (see `outbox-relay setup` for what to do)")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for PublicationStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = &self.name;
+        if !self.exists {
+            return writeln!(f, "publication {name}: does not exist (run `outbox-relay setup`)");
+        }
+        let publish = if self.publish.is_empty() { "nothing".to_owned() } else { self.publish.join(", ") };
+        let scope = if self.all_tables { "FOR ALL TABLES, " } else { "" };
+        writeln!(f, "publication {name}: {scope}publish {publish}")?;
+        let tables: Vec<String> = self
+            .tables
+            .iter()
+            .map(|t| format!("{}.{}", crate::sql_ident::quote_ident(&t.schema), crate::sql_ident::quote_ident(&t.table)))
+            .collect();
+        if !self.all_tables {
+            writeln!(f, "  tables: {}", if tables.is_empty() { "none".to_owned() } else { tables.join(", ") })?;
+        }
+        if !self.includes_outbox_table {
+            writeln!(f, "  does NOT include the outbox table (run `outbox-relay setup`)")?;
+        }
+        Ok(())
+    }
+}
+
+/// `Option<Lsn>` as PostgreSQL's `X/Y` text (or `null`).
+mod lsn_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::lsn::Lsn;
+
+    pub fn serialize<S: Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::Error> {
+        match lsn {
+            Some(l) => s.collect_str(l),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Lsn>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| s.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StatusReport {
+        StatusReport {
+            schema_version: STATUS_SCHEMA_VERSION,
+            postgres_url: "postgres://relay:********@db/app".into(),
+            server: ServerStatus {
+                version: "15.20".into(),
+                version_num: 150_020,
+                database: "app".into(),
+                wal_level: "logical".into(),
+                in_recovery: false,
+                current_wal_lsn: Some(Lsn(0x1_0000_2000)),
+            },
+            outbox_table: TableRef { schema: "Sales".into(), table: "OutBox".into() },
+            slot: SlotStatus {
+                name: "outbox_relay".into(),
+                exists: true,
+                slot_type: Some("logical".into()),
+                plugin: Some("pgoutput".into()),
+                database: Some("app".into()),
+                active: true,
+                active_pid: Some(42),
+                confirmed_flush_lsn: Some(Lsn(0x1_0000_1000)),
+                restart_lsn: Some(Lsn(0x1_0000_0000)),
+                retained_wal_bytes: Some(0x2000),
+                lag_bytes: Some(0x1000),
+                wal_status: Some("reserved".into()),
+                safe_wal_size: None,
+            },
+            publication: PublicationStatus {
+                name: "outbox_relay".into(),
+                exists: true,
+                all_tables: false,
+                publish: vec!["insert".into()],
+                tables: vec![TableRef { schema: "Sales".into(), table: "OutBox".into() }],
+                includes_outbox_table: true,
+            },
+        }
+    }
+
+    #[test]
+    fn json_uses_the_documented_schema_and_round_trips() {
+        let report = sample();
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["schema_version"], 1);
+        assert_eq!(json["slot"]["confirmed_flush_lsn"], "1/1000");
+        assert_eq!(json["slot"]["safe_wal_size"], serde_json::Value::Null);
+        assert_eq!(json["server"]["current_wal_lsn"], "1/2000");
+        assert_eq!(json["publication"]["tables"][0]["table"], "OutBox");
+        let back: StatusReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+    }
+
+    #[test]
+    fn human_output_renders_bytes_and_pid() {
+        let text = sample().to_string();
+        assert!(text.contains("active: yes (pid 42)"), "{text}");
+        assert!(text.contains("lag 4.0 KiB"), "{text}");
+        assert!(text.contains("retains 8.0 KiB of WAL"), "{text}");
+        assert!(text.contains("safe_wal_size: unlimited"), "{text}");
+        assert!(text.contains(r#""Sales"."OutBox""#), "{text}");
+    }
+}

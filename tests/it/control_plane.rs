@@ -1,0 +1,807 @@
+//! The control plane (`setup`, `status`, `teardown`, `preflight`) against real PostgreSQL.
+//! Run with `cargo test --test it control_plane`.
+//!
+//! Every test has its own database and its own slot/publication names (slots are
+//! cluster-wide). Tests call the library directly; one test also drives the binary.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use outbox_relay::config::Settings;
+use outbox_relay::control::{
+    self, ControlError, Dropped, PublicationOutcome, SlotOutcome, StatusReport, STATUS_SCHEMA_VERSION,
+};
+use tokio_postgres::Client;
+
+use crate::harness::postgres::PG_BIN;
+use crate::harness::{
+    create_schema_a, run_cmd, shared_cluster, slot_row, unique_name, wait_until, PgCluster, RelayConfig,
+};
+
+// ------------------------------------------------------------------ local helpers
+
+/// The outbox part of a config, schema A by default.
+#[derive(Clone)]
+struct Cfg {
+    url: String,
+    slot: String,
+    publication: String,
+    table: String,
+    key: String,
+    route_by: String,
+    payload: String,
+    timestamp: Option<String>,
+}
+
+impl Cfg {
+    fn schema_a(url: &str) -> Cfg {
+        Cfg {
+            url: url.to_owned(),
+            slot: unique_name("cp_slot"),
+            publication: unique_name("cp_pub"),
+            table: "public.events_outbox".into(),
+            key: "aggregate_id".into(),
+            route_by: "type".into(),
+            payload: "payload".into(),
+            timestamp: Some("created_at".into()),
+        }
+    }
+
+    fn toml(&self) -> String {
+        // toml::Value renders correctly quoted strings (mixed-case names carry `"`).
+        let q = |s: &str| toml::Value::String(s.to_owned()).to_string();
+        let mut text = format!(
+            "[postgres]\nurl = {}\nslot = {}\npublication = {}\n\
+             [outbox]\ntable = {}\nkey_column = {}\nroute_by_column = {}\npayload_column = {}\n",
+            q(&self.url),
+            q(&self.slot),
+            q(&self.publication),
+            q(&self.table),
+            q(&self.key),
+            q(&self.route_by),
+            q(&self.payload),
+        );
+        if let Some(ts) = &self.timestamp {
+            text.push_str(&format!("timestamp_column = {}\n", q(ts)));
+        }
+        text.push_str("[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9\"\n[relay]\nconnect_timeout_ms = 15000\n");
+        text
+    }
+
+    fn settings(&self) -> Settings {
+        Settings::from_toml_str(&self.toml(), Path::new("test.toml"), std::iter::empty())
+            .unwrap_or_else(|e| panic!("config: {e}\n{}", self.toml()))
+    }
+}
+
+/// A fresh database on the shared cluster with schema A, and a superuser client to it.
+async fn fresh_db(prefix: &str) -> (&'static PgCluster, String, Client) {
+    let pg = shared_cluster().await;
+    let db = unique_name(prefix);
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    create_schema_a(&client).await;
+    (pg, db, client)
+}
+
+/// Drops the database on an external server; local clusters are thrown away whole.
+async fn finish(pg: &PgCluster, db: &str) {
+    if !pg.is_local() {
+        pg.drop_database(db).await;
+    }
+}
+
+/// `url` with its credentials replaced by `user:password`.
+fn url_as(url: &str, user: &str, password: &str) -> String {
+    let start = url.find("://").expect("scheme") + 3;
+    let rest = &url[start..];
+    let host_start = rest.find('@').map_or(0, |i| i + 1);
+    format!("{}{user}:{password}@{}", &url[..start], &rest[host_start..])
+}
+
+/// Creates a login role with a password (the harness's pg_hba lets such roles in with SCRAM).
+async fn create_role(admin: &Client, prefix: &str, attributes: &str) -> (String, String) {
+    let role = unique_name(prefix);
+    let password = "pw-for-tests";
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN {attributes} PASSWORD '{password}'"))
+        .await
+        .unwrap_or_else(|e| panic!("create role {role}: {e}"));
+    (role, password.to_owned())
+}
+
+async fn expect_err(settings: &Settings) -> ControlError {
+    match control::setup(settings).await {
+        Ok(report) => panic!("setup should have failed, but reported:\n{report}"),
+        Err(e) => e,
+    }
+}
+
+async fn publication_actions(client: &Client, publication: &str) -> Vec<bool> {
+    let row = client
+        .query_one(
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .expect("publication row");
+    (0..4).map(|i| row.get(i)).collect()
+}
+
+async fn publication_tables(client: &Client, publication: &str) -> Vec<(String, String)> {
+    client
+        .query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2",
+            &[&publication],
+        )
+        .await
+        .expect("pg_publication_tables")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// A `pg_recvlogical` streaming from `slot`, which makes the slot active. Killed on drop.
+struct Streamer(Child);
+
+impl Streamer {
+    fn start(url: &str, slot: &str, publication: &str) -> Streamer {
+        let child = Command::new(Path::new(PG_BIN).join("pg_recvlogical"))
+            .args(["-d", url, "--slot", slot, "--start", "-f", "/dev/null", "--no-loop"])
+            .args([
+                "-o",
+                "proto_version=1",
+                "-o",
+                &format!("publication_names={publication}"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn pg_recvlogical");
+        Streamer(child)
+    }
+}
+
+impl Drop for Streamer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// ------------------------------------------------------------------ setup
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_twice_creates_then_reports_already_exists() {
+    let (pg, db, client) = fresh_db("cp_twice").await;
+    let cfg = Cfg::schema_a(&pg.url(&db));
+    let settings = cfg.settings();
+
+    let first = control::setup(&settings).await.expect("first setup");
+    assert_eq!(first.publication, PublicationOutcome::Created, "{first}");
+    assert!(matches!(first.slot, SlotOutcome::Created { .. }), "{first}");
+    assert!(!first.already_set_up());
+    let text = first.to_string();
+    assert!(text.contains("created"), "{text}");
+
+    let second = control::setup(&settings).await.expect("second setup");
+    assert!(second.already_set_up(), "{second}");
+    let text = second.to_string();
+    assert!(
+        text.contains(&format!("publication {}: already exists", cfg.publication)),
+        "{text}"
+    );
+    assert!(text.contains(&format!("slot {}: already exists", cfg.slot)), "{text}");
+
+    let slot = slot_row(&client, &cfg.slot).await.expect("slot exists");
+    assert_eq!(slot.slot_type, "logical");
+    assert_eq!(slot.plugin.as_deref(), Some("pgoutput"));
+    assert_eq!(slot.database.as_deref(), Some(db.as_str()));
+    assert!(!slot.temporary);
+    assert_eq!(
+        publication_actions(&client, &cfg.publication).await,
+        [true, false, false, false]
+    );
+    assert_eq!(
+        publication_tables(&client, &cfg.publication).await,
+        [("public".to_owned(), "events_outbox".to_owned())]
+    );
+    let SlotOutcome::Created { consistent_point } = first.slot else {
+        unreachable!()
+    };
+    assert!(!consistent_point.is_zero());
+    finish(pg, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_setups_both_succeed_and_create_once() {
+    let (pg, db, client) = fresh_db("cp_race").await;
+    let settings = Cfg::schema_a(&pg.url(&db)).settings();
+    let (a, b) = tokio::join!(control::setup(&settings), control::setup(&settings));
+    let (a, b) = (a.expect("setup A"), b.expect("setup B"));
+    let created_pubs = [&a, &b]
+        .iter()
+        .filter(|r| r.publication == PublicationOutcome::Created)
+        .count();
+    let created_slots = [&a, &b]
+        .iter()
+        .filter(|r| matches!(r.slot, SlotOutcome::Created { .. }))
+        .count();
+    assert_eq!((created_pubs, created_slots), (1, 1), "A:\n{a}\nB:\n{b}");
+    assert!(slot_row(&client, settings.postgres.slot.as_str()).await.is_some());
+    finish(pg, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_table_is_named_with_similar_tables() {
+    let (pg, db, _client) = fresh_db("cp_notable").await;
+    let mut cfg = Cfg::schema_a(&pg.url(&db));
+    cfg.table = "public.event_outbox".into();
+    let err = expect_err(&cfg.settings()).await;
+    assert!(matches!(err, ControlError::TableNotFound { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains(r#""public"."event_outbox""#), "{msg}");
+    assert!(msg.contains("does not exist"), "{msg}");
+    assert!(
+        msg.contains("public.events_outbox"),
+        "similar table not suggested: {msg}"
+    );
+    assert!(msg.contains("outbox.table"), "{msg}");
+    finish(pg, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_column_names_the_config_key_and_the_real_columns() {
+    let (pg, db, _client) = fresh_db("cp_nocol").await;
+    let mut cfg = Cfg::schema_a(&pg.url(&db));
+    cfg.key = "aggregate_key".into();
+    let err = expect_err(&cfg.settings()).await;
+    assert!(
+        matches!(
+            err,
+            ControlError::ColumnNotFound {
+                key: "outbox.key_column",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("outbox.key_column"), "{msg}");
+    assert!(msg.contains("aggregate_key"), "{msg}");
+    assert!(
+        msg.contains(r#""aggregate_id""#) && msg.contains(r#""payload""#),
+        "actual columns not listed: {msg}"
+    );
+    finish(pg, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_column_types_are_rejected_with_the_accepted_types() {
+    let (pg, db, client) = fresh_db("cp_types").await;
+    client
+        .batch_execute(
+            "CREATE DOMAIN event_body AS jsonb;
+             CREATE TABLE int_outbox (id bigint, aggregate_id text, type text, payload integer);
+             CREATE TABLE domain_outbox (id bigint, aggregate_id text, type text, payload event_body, at date);",
+        )
+        .await
+        .unwrap();
+    let mut cfg = Cfg::schema_a(&pg.url(&db));
+    cfg.table = "int_outbox".into();
+    cfg.timestamp = None;
+    let err = expect_err(&cfg.settings()).await;
+    assert!(
+        matches!(
+            err,
+            ControlError::UnusableColumnType {
+                key: "outbox.payload_column",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("integer") && msg.contains("jsonb") && msg.contains("bytea"),
+        "{msg}"
+    );
+
+    // A domain over jsonb is fine as payload; a date is no timestamp.
+    cfg.table = "domain_outbox".into();
+    cfg.timestamp = Some("at".into());
+    let err = expect_err(&cfg.settings()).await;
+    assert!(
+        matches!(
+            err,
+            ControlError::UnusableColumnType {
+                key: "outbox.timestamp_column",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("date"), "{err}");
+    finish(pg, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_case_quoted_schema_and_table_work() {
+    let (pg, db, client) = fresh_db("cp_case").await;
+    client
+        .batch_execute(
+            r#"CREATE SCHEMA "Sales";
+               CREATE TABLE "Sales"."OutBox" (
+                   "Id" bigserial PRIMARY KEY, "AggregateId" uuid NOT NULL, "Type" text NOT NULL,
+                   "Payload" jsonb NOT NULL, "CreatedAt" timestamptz NOT NULL DEFAULT now());
+               CREATE TABLE "Sales".outbox (id int);"#,
+        )
+        .await
+        .unwrap();
+    let mut cfg = Cfg::schema_a(&pg.url(&db));
+    cfg.table = r#""Sales"."OutBox""#.into();
+    cfg.key = r#""AggregateId""#.into();
+    cfg.route_by = r#""Type""#.into();
+    cfg.payload = r#""Payload""#.into();
+    cfg.timestamp = Some(r#""CreatedAt""#.into());
+    let mut toml = cfg.toml();
+    toml = toml.replace("[outbox]\n", "[outbox]\nid_column = '\"Id\"'\n");
+    let settings = Settings::from_toml_str(&toml, Path::new("test.toml"), std::iter::empty()).unwrap();
+
+    let report = control::setup(&settings).await.expect("setup with mixed-case names");
+    assert_eq!(report.publication, PublicationOutcome::Created);
+    assert_eq!(
+        publication_tables(&client, &cfg.publication).await,
+        [("Sales".to_owned(), "OutBox".to_owned())],
+        "the lower-case namesake must not be published"
+    );
+    let status = control::status(&settings).await.expect("status");
+    assert!(status.publication.includes_outbox_table, "{status}");
+    assert_eq!(
+        (status.outbox_table.schema.as_str(), status.outbox_table.table.as_str()),
+        ("Sales", "OutBox")
+    );
+    assert!(status.to_string().contains(r#""Sales"."OutBox""#), "{status}");
+    finish(pg, &db).await;
+}
+
+// ------------------------------------------------------------------ privileges
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_without_replication_gets_the_alter_role_hint() {
+    let (pg, db, admin) = fresh_db("cp_norepl").await;
+    let (role, password) = create_role(&admin, "cp_norepl", "").await;
+    admin
+        .batch_execute(&format!("GRANT SELECT ON events_outbox TO {role}"))
+        .await
+        .unwrap();
+    let cfg = Cfg::schema_a(&url_as(&pg.url(&db), &role, &password));
+    let err = expect_err(&cfg.settings()).await;
+    assert!(matches!(err, ControlError::NoReplicationPrivilege { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!(r#"ALTER ROLE "{role}" WITH REPLICATION"#)),
+        "{msg}"
+    );
+    assert!(!msg.contains(&password), "password leaked: {msg}");
+    assert!(slot_row(&admin, &cfg.slot).await.is_none(), "nothing may be created");
+    finish(pg, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_role_needs_select_and_table_ownership() {
+    let (pg, db, admin) = fresh_db("cp_priv").await;
+    let (role, password) = create_role(&admin, "cp_repl", "REPLICATION").await;
+    let cfg = Cfg::schema_a(&url_as(&pg.url(&db), &role, &password));
+
+    let err = expect_err(&cfg.settings()).await;
+    assert!(matches!(err, ControlError::NoSelectPrivilege { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains(&format!(r#"GRANT SELECT ON "public"."events_outbox" TO "{role}""#)),
+        "{err}"
+    );
+
+    // SELECT is enough to pass preflight, but CREATE PUBLICATION needs the table's owner.
+    admin
+        .batch_execute(&format!("GRANT SELECT ON events_outbox TO {role}"))
+        .await
+        .unwrap();
+    let err = expect_err(&cfg.settings()).await;
+    assert!(matches!(err, ControlError::PermissionDenied { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("owner") && msg.contains("CREATE PUBLICATION"), "{msg}");
+    assert!(msg.contains("42501"), "{msg}");
+
+    // Once the superuser created the publication, setup as the role finds it and makes the slot.
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE events_outbox WITH (publish = 'insert')",
+            cfg.publication
+        ))
+        .await
+        .unwrap();
+    let report = control::setup(&cfg.settings())
+        .await
+        .expect("setup with an existing publication");
+    assert_eq!(report.publication, PublicationOutcome::AlreadyExists);
+    assert!(matches!(report.slot, SlotOutcome::Created { .. }));
+    finish(pg, &db).await;
+}
+
+// ------------------------------------------------------------------ existing objects
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_publications_are_extended_or_refused() {
+    let (pg, db, admin) = fresh_db("cp_pubs").await;
+    // Ours (same owner), without the outbox table: setup adds the table and says so.
+    let cfg = Cfg::schema_a(&pg.url(&db));
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE orders WITH (publish = 'insert')",
+            cfg.publication
+        ))
+        .await
+        .unwrap();
+    let report = control::setup(&cfg.settings()).await.expect("setup adds the table");
+    assert_eq!(report.publication, PublicationOutcome::TableAdded, "{report}");
+    assert!(report.to_string().contains("notice:"), "{report}");
+    assert_eq!(publication_tables(&admin, &cfg.publication).await.len(), 2);
+
+    // Publishing more than inserts: refused with the statement that fixes it.
+    let mut wide = Cfg::schema_a(&pg.url(&db));
+    wide.publication = unique_name("cp_wide");
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE events_outbox",
+            wide.publication
+        ))
+        .await
+        .unwrap();
+    let err = expect_err(&wide.settings()).await;
+    assert!(matches!(err, ControlError::PublicationActions { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("insert, update, delete, truncate"), "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "ALTER PUBLICATION {} SET (publish = 'insert')",
+            wide.publication
+        )),
+        "{msg}"
+    );
+    assert!(
+        slot_row(&admin, &wide.slot).await.is_none(),
+        "no slot after a failed preflight"
+    );
+
+    // Someone else's publication without the table: named owner, ADD TABLE hint, untouched.
+    let (role, password) = create_role(&admin, "cp_owner", "REPLICATION").await;
+    admin
+        .batch_execute(&format!("ALTER TABLE events_outbox OWNER TO {role}"))
+        .await
+        .unwrap();
+    let mut foreign = Cfg::schema_a(&url_as(&pg.url(&db), &role, &password));
+    foreign.publication = unique_name("cp_foreign");
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE orders WITH (publish = 'insert')",
+            foreign.publication
+        ))
+        .await
+        .unwrap();
+    let err = expect_err(&foreign.settings()).await;
+    assert!(matches!(err, ControlError::PublicationLacksTable { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("ADD TABLE \"public\".\"events_outbox\""),
+        "{err}"
+    );
+    assert_eq!(publication_tables(&admin, &foreign.publication).await.len(), 1);
+    finish(pg, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_slots_are_refused_by_setup_and_teardown() {
+    let (pg, db, admin) = fresh_db("cp_slots").await;
+    let mut cfg = Cfg::schema_a(&pg.url(&db));
+    admin
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'test_decoding')",
+            &[&cfg.slot],
+        )
+        .await
+        .unwrap();
+    let err = expect_err(&cfg.settings()).await;
+    assert!(matches!(err, ControlError::SlotWrongPlugin { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("test_decoding") && err.to_string().contains("pgoutput"),
+        "{err}"
+    );
+    let err = control::teardown(&cfg.settings())
+        .await
+        .expect_err("teardown must not drop a foreign slot");
+    assert!(matches!(err, ControlError::SlotWrongPlugin { .. }), "{err:?}");
+    assert!(slot_row(&admin, &cfg.slot).await.is_some());
+
+    cfg.slot = unique_name("cp_phys");
+    admin
+        .execute("SELECT pg_create_physical_replication_slot($1)", &[&cfg.slot])
+        .await
+        .unwrap();
+    let err = expect_err(&cfg.settings()).await;
+    assert!(matches!(err, ControlError::SlotIsPhysical { .. }), "{err:?}");
+    admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&cfg.slot])
+        .await
+        .unwrap();
+    finish(pg, &db).await;
+}
+
+// ------------------------------------------------------------------ status and teardown
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_before_and_after_setup_and_teardown_twice() {
+    let (pg, db, admin) = fresh_db("cp_status").await;
+    let (role, password) = create_role(&admin, "cp_status", "REPLICATION").await;
+    // What a non-superuser needs for setup: the table (CREATE PUBLICATION … FOR TABLE) and
+    // CREATE on the database (PostgreSQL 15+).
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE events_outbox OWNER TO {role}; GRANT CREATE ON DATABASE {db} TO {role}"
+        ))
+        .await
+        .unwrap();
+    let cfg = Cfg::schema_a(&url_as(&pg.url(&db), &role, &password));
+    let settings = cfg.settings();
+
+    let before = control::status(&settings).await.expect("status before setup");
+    assert!(!before.slot.exists && !before.publication.exists, "{before}");
+    assert_eq!(before.slot.confirmed_flush_lsn, None);
+    assert_eq!(before.server.wal_level, "logical");
+    assert!(before.to_string().contains("does not exist"), "{before}");
+    check_json(&before, &password);
+
+    control::setup(&settings).await.expect("setup");
+    admin
+        .execute(
+            "INSERT INTO events_outbox (aggregate_id, type, payload) VALUES (gen_random_uuid(), 't', '{}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let after = control::status(&settings).await.expect("status after setup");
+    let slot = &after.slot;
+    assert!(slot.exists && !slot.active && slot.active_pid.is_none(), "{after}");
+    assert_eq!(slot.plugin.as_deref(), Some("pgoutput"));
+    assert_eq!(slot.slot_type.as_deref(), Some("logical"));
+    assert_eq!(slot.database.as_deref(), Some(db.as_str()));
+    assert!(slot.confirmed_flush_lsn.is_some() && slot.restart_lsn.is_some());
+    assert!(slot.lag_bytes.unwrap() > 0, "the insert is not confirmed yet: {after}");
+    assert!(slot.retained_wal_bytes.unwrap() >= slot.lag_bytes.unwrap());
+    assert_eq!(slot.wal_status.as_deref(), Some("reserved"));
+    assert_eq!(after.publication.publish, ["insert"]);
+    assert!(after.publication.includes_outbox_table && !after.publication.all_tables);
+    assert_eq!(after.publication.tables.len(), 1);
+    assert!(after.server.current_wal_lsn.is_some());
+    assert!(after.server.version_num >= 100_000);
+    let text = after.to_string();
+    assert!(
+        text.contains("active: no") && text.contains("plugin pgoutput"),
+        "{text}"
+    );
+    assert!(
+        text.contains(" B") || text.contains("KiB"),
+        "bytes not rendered in units: {text}"
+    );
+    check_json(&after, &password);
+
+    // A streaming consumer makes the slot active: status shows the pid, teardown refuses.
+    let streamer = Streamer::start(&pg.url(&db), &cfg.slot, &cfg.publication);
+    let active = wait_until(Duration::from_secs(20), Duration::from_millis(100), || async {
+        slot_row(&admin, &cfg.slot).await.is_some_and(|s| s.active)
+    })
+    .await;
+    assert!(active, "pg_recvlogical did not attach to the slot");
+    let busy = control::status(&settings).await.unwrap();
+    let pid = busy.slot.active_pid.expect("active pid");
+    assert!(busy.to_string().contains(&format!("pid {pid}")), "{busy}");
+    let err = control::teardown(&settings)
+        .await
+        .expect_err("teardown of an active slot");
+    assert!(matches!(err, ControlError::SlotInUse { .. }), "{err:?}");
+    assert!(err.to_string().contains(&format!("in use by pid {pid}")), "{err}");
+    assert!(err.to_string().contains("stop the relay first"), "{err}");
+    drop(streamer);
+    let idle = wait_until(Duration::from_secs(20), Duration::from_millis(100), || async {
+        slot_row(&admin, &cfg.slot).await.is_some_and(|s| !s.active)
+    })
+    .await;
+    assert!(idle, "slot stayed active after pg_recvlogical was killed");
+
+    let first = control::teardown(&settings).await.expect("teardown");
+    assert!(matches!(first.slot, Dropped::Dropped { .. }), "{first}");
+    assert!(matches!(first.publication, Dropped::Dropped { .. }), "{first}");
+    let second = control::teardown(&settings).await.expect("second teardown");
+    assert_eq!(
+        (second.slot.clone(), second.publication.clone()),
+        (Dropped::AlreadyAbsent, Dropped::AlreadyAbsent)
+    );
+    assert!(second.to_string().contains("already absent"), "{second}");
+    assert!(slot_row(&admin, &cfg.slot).await.is_none());
+
+    let gone = control::status(&settings).await.expect("status after teardown");
+    assert!(!gone.slot.exists && !gone.publication.exists, "{gone}");
+    finish(pg, &db).await;
+}
+
+/// The JSON has the documented shape, round-trips, and never carries the password.
+fn check_json(report: &StatusReport, password: &str) {
+    let text = serde_json::to_string_pretty(report).unwrap();
+    assert!(!text.contains(password), "password in status JSON: {text}");
+    assert!(text.contains("********"), "URL not shown redacted: {text}");
+    let back: StatusReport = serde_json::from_str(&text).unwrap();
+    assert_eq!(&back, report);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["schema_version"], STATUS_SCHEMA_VERSION);
+    let keys = |obj: &serde_json::Value| {
+        let mut k: Vec<String> = obj.as_object().expect("object").keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(
+        keys(&v),
+        [
+            "outbox_table",
+            "postgres_url",
+            "publication",
+            "schema_version",
+            "server",
+            "slot"
+        ]
+    );
+    assert_eq!(
+        keys(&v["server"]),
+        [
+            "current_wal_lsn",
+            "database",
+            "in_recovery",
+            "version",
+            "version_num",
+            "wal_level"
+        ]
+    );
+    assert_eq!(
+        keys(&v["slot"]),
+        [
+            "active",
+            "active_pid",
+            "confirmed_flush_lsn",
+            "database",
+            "exists",
+            "lag_bytes",
+            "name",
+            "plugin",
+            "restart_lsn",
+            "retained_wal_bytes",
+            "safe_wal_size",
+            "slot_type",
+            "wal_status"
+        ]
+    );
+    assert_eq!(
+        keys(&v["publication"]),
+        [
+            "all_tables",
+            "exists",
+            "includes_outbox_table",
+            "name",
+            "publish",
+            "tables"
+        ]
+    );
+    if let Some(lsn) = v["slot"]["confirmed_flush_lsn"].as_str() {
+        assert!(lsn.contains('/'), "LSN not in X/Y form: {lsn}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_setup_status_teardown_round_trip() {
+    let (pg, db, _admin) = fresh_db("cp_cli").await;
+    let config = RelayConfig::new(&pg.url(&db), "127.0.0.1:9");
+    let out = run_cmd(&["setup"], &config).await;
+    assert!(out.status.success(), "setup: {}", String::from_utf8_lossy(&out.stderr));
+    let out = run_cmd(&["status", "--json"], &config).await;
+    assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+    let report: StatusReport = serde_json::from_slice(&out.stdout).expect("status --json parses as StatusReport");
+    assert!(report.slot.exists && report.publication.includes_outbox_table);
+    let out = run_cmd(&["teardown", "--yes"], &config).await;
+    assert!(
+        out.status.success(),
+        "teardown: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    finish(pg, &db).await;
+}
+
+// ------------------------------------------------------------------ server configuration
+
+/// One dedicated cluster walks through wal_level (reload is not enough, restart is) and a
+/// slot invalidated by max_slot_wal_keep_size, which setup must refuse rather than recreate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_level_needs_restart_and_invalidated_slots_are_never_recreated() {
+    let Some(pg) = PgCluster::start_dedicated(&[("wal_level", "replica"), ("max_slot_wal_keep_size", "1MB")]).await
+    else {
+        return;
+    };
+    let db = unique_name("cp_wal");
+    pg.create_database(&db).await;
+    let admin = pg.client(&db).await;
+    create_schema_a(&admin).await;
+    let cfg = Cfg::schema_a(&pg.url(&db));
+    let settings = cfg.settings();
+
+    let err = expect_err(&settings).await;
+    assert!(matches!(err, ControlError::WalLevel { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("'replica'") && msg.contains("RESTART") && msg.contains("wal_level = logical"),
+        "{msg}"
+    );
+    let status = control::status(&settings)
+        .await
+        .expect("status works with wal_level = replica");
+    assert_eq!(status.server.wal_level, "replica");
+
+    // One statement per call: ALTER SYSTEM refuses to run inside a multi-statement batch.
+    admin
+        .batch_execute("ALTER SYSTEM SET wal_level = logical")
+        .await
+        .unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    let err = expect_err(&settings).await;
+    assert!(
+        matches!(err, ControlError::WalLevel { .. }),
+        "a reload must not be enough: {err:?}"
+    );
+
+    drop(admin);
+    pg.restart().await;
+    let admin = pg.client(&db).await;
+    control::setup(&settings).await.expect("setup after restart");
+
+    // Push WAL past the slot's restart_lsn until a checkpoint invalidates it.
+    let lost = wait_until(Duration::from_secs(60), Duration::from_millis(50), || async {
+        admin
+            .batch_execute(
+                "INSERT INTO orders SELECT gen_random_uuid(), gen_random_uuid(), 1, 'x' FROM generate_series(1, 2000);
+                 SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .await
+            .unwrap();
+        slot_row(&admin, &cfg.slot)
+            .await
+            .is_some_and(|s| s.wal_status.as_deref() == Some("lost"))
+    })
+    .await;
+    assert!(lost, "slot was not invalidated");
+
+    let status = control::status(&settings).await.unwrap();
+    assert_eq!(status.slot.wal_status.as_deref(), Some("lost"), "{status}");
+    let err = expect_err(&settings).await;
+    assert!(matches!(err, ControlError::SlotInvalidated { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("never recreates") && msg.contains("teardown"), "{msg}");
+    assert_eq!(
+        slot_row(&admin, &cfg.slot).await.unwrap().wal_status.as_deref(),
+        Some("lost"),
+        "slot was touched"
+    );
+
+    // The operator's way out: teardown, then setup makes a fresh slot.
+    control::teardown(&settings)
+        .await
+        .expect("teardown of an invalidated slot");
+    let report = control::setup(&settings).await.expect("setup after teardown");
+    assert!(matches!(report.slot, SlotOutcome::Created { .. }), "{report}");
+}

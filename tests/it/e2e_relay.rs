@@ -1,0 +1,492 @@
+//! End-to-end: real PostgreSQL → `outbox-relay run` (a child process) → Kafka (mock cluster,
+//! or tansu where installed) → an rdkafka consumer.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema, Workload};
+use crate::harness::*;
+
+const PREFIX_REGEX: &str = r"^(?<routedByValue>[^.]+)\..*$";
+
+/// A database with the given outbox schema, and a relay config for it with `setup` done.
+async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, RelayConfig) {
+    let pg = shared_cluster().await;
+    let db = unique_name("e2e");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    create_schema(&client, schema).await;
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .await
+        .expect("pg_walinspect");
+    let config = RelayConfig::for_schema(schema, &pg.url(&db), bootstrap);
+    setup(&config).await;
+    (db, client, config)
+}
+
+async fn setup(config: &RelayConfig) {
+    if std::env::var("TMP_SQL_SETUP").is_ok() {
+        let client = tokio_postgres::connect(
+            &config
+                .postgres_url
+                .replace("sslmode=require", "sslmode=disable")
+                .replace("relay_scram", "postgres"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(client.1);
+        client
+            .0
+            .batch_execute(&format!(
+                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+                config.publication, config.table
+            ))
+            .await
+            .unwrap();
+        client
+            .0
+            .batch_execute(&format!(
+                "SELECT pg_create_logical_replication_slot('{}', 'pgoutput')",
+                config.slot
+            ))
+            .await
+            .unwrap();
+        return;
+    }
+    let out = run_cmd(&["setup"], config).await;
+    assert!(
+        out.status.success(),
+        "setup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Per key, the `id` headers in the order the consumer read them (offset order per partition).
+fn ids_by_key(records: &[Received]) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in records {
+        let id = String::from_utf8_lossy(r.header("id").expect("id header")).into_owned();
+        out.entry(r.key_str().expect("key").to_owned()).or_default().push(id);
+    }
+    out
+}
+
+/// Every committed event was received (at least once), with the right key, payload bytes and
+/// topic; returns how many duplicates there were.
+fn check_delivered(
+    committed: &[ExpectedEvent],
+    records: &[Received],
+    topic_of: impl Fn(&ExpectedEvent) -> String,
+) -> usize {
+    let mut by_id: HashMap<String, Vec<&Received>> = HashMap::new();
+    for r in records {
+        let id = String::from_utf8_lossy(r.header("id").expect("every record has an id header")).into_owned();
+        by_id.entry(id).or_default().push(r);
+    }
+    let mut missing = Vec::new();
+    for ev in committed {
+        match by_id.get(&ev.id) {
+            None => missing.push(ev.id.clone()),
+            Some(rs) => {
+                for r in rs {
+                    assert_eq!(r.key_str(), Some(ev.aggregate_id.as_str()), "key of event {}", ev.id);
+                    assert_eq!(
+                        r.payload_str(),
+                        Some(ev.payload_text.as_str()),
+                        "payload bytes of event {}",
+                        ev.id
+                    );
+                    assert_eq!(r.topic, topic_of(ev), "topic of event {}", ev.id);
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} committed events never arrived, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let expected: HashSet<&str> = committed.iter().map(|e| e.id.as_str()).collect();
+    let unexpected: Vec<&String> = by_id.keys().filter(|id| !expected.contains(id.as_str())).collect();
+    assert!(
+        unexpected.is_empty(),
+        "records for events that were never committed: {unexpected:?}"
+    );
+    records.len() - by_id.len()
+}
+
+/// First deliveries per aggregate must follow commit order.
+fn check_order(committed: &Committed, records: &[Received]) {
+    let received = ids_by_key(records);
+    for (agg, events) in &committed.by_aggregate {
+        let mut seen = HashSet::new();
+        let firsts: Vec<&String> = received
+            .get(agg)
+            .map(|ids| ids.iter().filter(|id| seen.insert(id.as_str())).collect())
+            .unwrap_or_default();
+        let expected: Vec<&String> = events.iter().map(|e| &e.id).collect();
+        assert_eq!(
+            firsts, expected,
+            "aggregate {agg}: first deliveries out of commit order"
+        );
+    }
+}
+
+async fn end_to_end(schema: OutboxSchema) {
+    let kafka = MockKafka::new(3);
+    let (db, mut client, mut config) = prepared(schema, &kafka.bootstrap_servers()).await;
+    // All of an aggregate's events in one topic, so "per-aggregate order" is observable.
+    config = match schema {
+        OutboxSchema::A => config.route(PREFIX_REGEX, "${routedByValue}"),
+        OutboxSchema::B => config, // routes by aggregate_type = "order"
+    };
+    let mut relay = RelayProcess::run(&config);
+    let url = shared_cluster().await.url(&db);
+
+    let mut committed = run_workload(&url, &Workload::new(schema, 10_000, 100, 8)).await;
+    let rolled_back = insert_rolled_back(&mut client, schema, &new_uuid(), 3).await;
+    let multi_agg = new_uuid();
+    let multi = insert_multi_row(&client, schema, &multi_agg, 0, 5).await;
+    committed.by_aggregate.insert(multi_agg, multi);
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    assert_eq!(all.len(), 10_005);
+
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        all.len(),
+        Duration::from_secs(120),
+    )
+    .await;
+    let dups = check_delivered(&all, &records, |_| "order".to_owned());
+    assert_eq!(dups, 0, "a clean run delivers exactly once");
+    check_order(&committed, &records);
+    let rolled: HashSet<&str> = rolled_back.iter().map(|e| e.id.as_str()).collect();
+    assert!(records
+        .iter()
+        .all(|r| !rolled.contains(String::from_utf8_lossy(r.header("id").unwrap()).as_ref())));
+    assert!(
+        records
+            .iter()
+            .all(|r| r.timestamp_ms.is_some_and(|t| t > 1_600_000_000_000)),
+        "created_at → record timestamp"
+    );
+
+    // Graceful stop: exit 0, and a final status update confirms everything acknowledged.
+    let (last, commit_end) = commit_one(&mut client, schema).await;
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        all.len() + 1,
+        Duration::from_secs(60),
+    )
+    .await;
+    check_delivered(&[all, vec![last]].concat(), &records, |_| "order".to_owned());
+    assert!(relay.sigterm());
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("relay exits after SIGTERM");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", relay.log_text());
+    let confirmed = confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0);
+    assert!(
+        confirmed >= commit_end,
+        "after shutdown confirmed {} < last commit {}",
+        format_lsn(confirmed),
+        format_lsn(commit_end)
+    );
+    let log = relay.log_text();
+    assert!(
+        log.contains("streaming started") && log.contains("stream stopped"),
+        "log:\n{log}"
+    );
+}
+
+/// Commits one event in its own transaction; returns it and the end LSN of its commit record.
+async fn commit_one(client: &mut Client, schema: OutboxSchema) -> (ExpectedEvent, u64) {
+    let before = current_wal_lsn(client).await;
+    let tx = client.transaction().await.unwrap();
+    let xid: i64 = tx.query_one("SELECT txid_current()", &[]).await.unwrap().get(0);
+    let ev = insert_event(&tx, schema, &new_uuid(), 0).await;
+    tx.commit().await.unwrap();
+    let after = current_wal_lsn(client).await;
+    (ev, commit_end_lsn(client, xid as u32, before, after).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_a_events_outbox_end_to_end() {
+    end_to_end(OutboxSchema::A).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_b_outbox_end_to_end() {
+    end_to_end(OutboxSchema::B).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn default_route_is_the_type_and_headers_are_mapped() {
+    let kafka = MockKafka::new(1);
+    let (_db, client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    let config = RelayConfig {
+        route_by_column: "event_type".into(),
+        ..config
+    }
+    .header_column("aggregate_type", "x-aggregate-type");
+    let _relay = RelayProcess::run(&config);
+    let agg = new_uuid();
+    let events = insert_multi_row(&client, OutboxSchema::B, &agg, 0, 4).await;
+    let topics: Vec<String> = events
+        .iter()
+        .map(|e| e.event_type.clone())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &topic_refs,
+        events.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    check_delivered(&events, &records, |e| e.event_type.clone());
+    assert!(records
+        .iter()
+        .all(|r| r.header("x-aggregate-type") == Some(b"order".as_slice())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restart_after_sigterm_and_after_sigkill_loses_nothing() {
+    let kafka = MockKafka::new(3);
+    let (db, _client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let config = config.route(PREFIX_REGEX, "${routedByValue}");
+    let url = shared_cluster().await.url(&db);
+    let mut w = Workload::new(OutboxSchema::A, 3_000, 30, 4);
+    w.pause = Duration::from_millis(2);
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+
+    let mut relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(relay.sigterm());
+    let st = relay
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("exit after SIGTERM");
+    assert!(st.success(), "{}", relay.log_text());
+
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(relay.sigkill());
+    drop(relay);
+
+    let _relay = RelayProcess::run(&config);
+    let committed = load.await.expect("workload");
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        all.len(),
+        Duration::from_secs(120),
+    )
+    .await;
+    let dups = check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+    assert!(dups <= 10_000, "duplicates {dups} exceed the in-flight bound");
+}
+
+/// The exact end LSN of the commit record of transaction `xid` (pg_walinspect).
+async fn commit_end_lsn(client: &Client, xid: u32, from: u64, to: u64) -> u64 {
+    let row = client
+        .query_one(
+            "SELECT end_lsn::text FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+              WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT' AND xid::text = $3",
+            &[&format_lsn(from), &format_lsn(to), &xid.to_string()],
+        )
+        .await
+        .expect("find the commit record");
+    parse_lsn(row.get(0)).expect("lsn")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
+    let kafka = MockKafka::new(3);
+    let (_db, mut client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+
+    kafka.all_brokers_down();
+    let before = current_wal_lsn(&client).await;
+    let tx = client.transaction().await.unwrap();
+    let xid: i64 = tx.query_one("SELECT txid_current()", &[]).await.unwrap().get(0);
+    let agg = new_uuid();
+    let mut events = Vec::new();
+    for seq in 0..5 {
+        events.push(insert_event(&tx, OutboxSchema::A, &agg, seq).await);
+    }
+    tx.commit().await.unwrap();
+    let after = current_wal_lsn(&client).await;
+    let commit_end = commit_end_lsn(&client, xid as u32, before, after).await;
+
+    // Other tests keep the shared cluster's WAL moving, so keepalives arrive all the time.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline {
+        let confirmed = confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0);
+        assert!(
+            confirmed < commit_end,
+            "confirmed_flush_lsn {} passed the commit {} of events Kafka never acknowledged",
+            format_lsn(confirmed),
+            format_lsn(commit_end)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    kafka.all_brokers_up();
+    let topics: HashSet<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let topics: Vec<&str> = topics.into_iter().collect();
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &topics,
+        events.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    check_delivered(&events, &records, |e| e.event_type.clone());
+    let advanced = wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
+        let client = &client;
+        let slot = config.slot.clone();
+        async move { confirmed_flush_lsn(client, &slot).await.unwrap_or(0) >= commit_end }
+    })
+    .await;
+    assert!(
+        advanced,
+        "confirmed_flush_lsn never reached the acknowledged commit; log:\n{}",
+        relay.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_outbox_does_not_pin_wal_while_other_tables_are_busy() {
+    let kafka = MockKafka::new(1);
+    let (_db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    client
+        .batch_execute("CREATE TABLE busy (id serial primary key, filler text)")
+        .await
+        .unwrap();
+    let start = current_wal_lsn(&client).await;
+    // ~20 MB of WAL in tables outside the publication.
+    for _ in 0..20 {
+        client
+            .batch_execute("INSERT INTO busy (filler) SELECT repeat('x', 1000) FROM generate_series(1, 1000)")
+            .await
+            .unwrap();
+    }
+    let written = current_wal_lsn(&client).await;
+    assert!(
+        written - start >= 20_000_000,
+        "only {} bytes of WAL written",
+        written - start
+    );
+    let advanced = wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
+        let client = &client;
+        let slot = config.slot.clone();
+        async move { confirmed_flush_lsn(client, &slot).await.unwrap_or(0) >= written }
+    })
+    .await;
+    let confirmed = confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0);
+    assert!(
+        advanced,
+        "confirmed_flush_lsn {} stuck behind {} ; log:\n{}",
+        format_lsn(confirmed),
+        format_lsn(written),
+        relay.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_and_scram_with_tight_backpressure() {
+    let pg = shared_cluster().await;
+    let (Some(_), Some(ca)) = (pg.scram_url("postgres"), pg.ca_cert_path()) else {
+        eprintln!("SKIPPING tls_and_scram_with_tight_backpressure: the external server has no TLS/SCRAM user");
+        return;
+    };
+    let kafka = MockKafka::new(1);
+    let db = unique_name("tls");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    create_schema(&client, OutboxSchema::A).await;
+    let scram_url = pg.scram_url(&db).unwrap();
+    let config = RelayConfig::new(&scram_url, &kafka.bootstrap_servers())
+        .sslrootcert(&ca)
+        .max_in_flight(3)
+        .route(PREFIX_REGEX, "${routedByValue}");
+    setup(&config).await;
+    let relay = RelayProcess::run(&config);
+    let url = pg.url(&db);
+    let committed = run_workload(&url, &Workload::new(OutboxSchema::A, 300, 10, 2)).await;
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        all.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+    assert!(
+        !relay.log_text().contains(SCRAM_PASSWORD),
+        "the password reached a log line"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn end_to_end_against_a_standalone_tansu_broker() {
+    let Some(tansu) = Tansu::start().await else { return };
+    let (db, _client, config) = prepared(OutboxSchema::A, &tansu.bootstrap_servers()).await;
+    tansu.create_topic("order", 3).await;
+    let config = config.route(PREFIX_REGEX, "${routedByValue}");
+    let relay = RelayProcess::run(&config);
+    let url = shared_cluster().await.url(&db);
+    let committed = run_workload(&url, &Workload::new(OutboxSchema::A, 500, 20, 4)).await;
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records = collect(
+        &tansu.bootstrap_servers(),
+        &["order"],
+        all.len(),
+        Duration::from_secs(90),
+    )
+    .await;
+    assert!(
+        records.len() >= all.len(),
+        "relay log:\n{}\ntansu log:\n{}",
+        relay.log_text(),
+        tansu.log_text()
+    );
+    check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+}

@@ -1,0 +1,82 @@
+//! Shared integration-test harness: real PostgreSQL, in-process or standalone Kafka,
+//! the relay binary as a child process, and helpers to generate and check traffic.
+//!
+//! Every wait in here is bounded, and every process started here is tied to the test
+//! process by a watchdog, so a crashed or killed test binary leaks no servers.
+//!
+//! # PostgreSQL ([`postgres`])
+//! * [`shared_cluster()`]`.await -> &'static PgCluster`: one cluster per test binary,
+//!   started on first use. Tests that only need a database of their own use it:
+//!   `let db = unique_name("t"); pg.create_database(&db).await;`.
+//!   If `OUTBOX_RELAY_TEST_PG_URL` is set (a `postgres://` URL of a superuser that may
+//!   create databases and logical slots on a `wal_level=logical` server), that server is
+//!   the shared cluster instead; it then has no TLS user ([`PgCluster::scram_url`] and
+//!   [`PgCluster::ca_cert_path`] return `None`).
+//! * [`PgCluster::start_dedicated`]`(&[("max_slot_wal_keep_size", "1MB")]).await ->
+//!   Option<PgCluster>`: a private cluster for tests that stop, restart, kill or
+//!   reconfigure the server. `None` (after a loud message) when the external server is
+//!   in use: such tests must `return` then.
+//! * Every local cluster is PostgreSQL 15 on 127.0.0.1 on a free port (never 5432),
+//!   `wal_level=logical`, 64 slots/senders, `wal_sender_timeout=5s`, `fsync=off`, TLS on with
+//!   a throwaway CA ([`PgCluster::ca_cert_path`]); users: `postgres` (trust) and
+//!   [`SCRAM_USER`] (superuser, SCRAM password [`SCRAM_PASSWORD`], TLS only except for
+//!   replication connections).
+//! * URLs: [`PgCluster::url`] (superuser, no password), [`PgCluster::scram_url`]
+//!   (`sslmode=require`). Clients: [`PgCluster::client`] (connection task spawned on the
+//!   caller's runtime).
+//! * Slots/LSNs: [`confirmed_flush_lsn`], [`current_wal_lsn`], [`slot_row`],
+//!   [`parse_lsn`]/[`format_lsn`].
+//!
+//! # Kafka
+//! * [`MockKafka`]: librdkafka's in-process mock cluster with real TCP listeners. It
+//!   auto-creates topics on first metadata/produce request (as a producer asks for them)
+//!   with **4 partitions** (librdkafka's mock default), replication `min(3, brokers)`.
+//!   Consumers do not auto-create. [`MockKafka::create_topic`] pre-creates with a chosen
+//!   partition count (the mock does not implement the CreateTopics admin API).
+//!   Consumer-group joins on the mock wait its 3 s initial-rebalance delay, which is why
+//!   [`collect`] assigns partitions itself instead of joining a group.
+//! * [`Tansu`]: the standalone `tansu` broker (memory storage) when installed
+//!   (`scripts/install-tansu.sh`); `Tansu::start()` returns `None` with a loud message
+//!   otherwise. tansu does NOT auto-create topics: call [`Tansu::create_topic`] (admin API)
+//!   before producing.
+//! * [`collect`] / [`collect_matching`] / [`collect_with`]: read what was published;
+//!   [`produce`]: write one record.
+//!
+//! # The relay
+//! [`RelayConfig`] renders the relay's TOML config (defaults match schema A);
+//! [`RelayProcess::run`] starts `outbox-relay run --config …`, [`run_cmd`] runs one-shot
+//! subcommands (`setup`, `status --json`, `teardown --yes`).
+//!
+//! # Workload
+//! [`OutboxSchema`] A (`events_outbox`, bigserial ids) and B (`outbox`, uuid ids) plus an
+//! `orders` table; [`run_workload`] commits N transactions over M aggregates from K tasks
+//! and returns what was committed per aggregate in commit order; [`insert_rolled_back`]
+//! and [`insert_multi_row`] cover the other shapes of writes.
+//!
+//! # Waiting
+//! [`wait_until`] polls an async condition with a deadline; use it instead of sleeps.
+#![allow(dead_code, unused_imports)]
+
+pub mod consumer;
+pub mod kafka;
+pub mod postgres;
+pub mod process;
+pub mod relay_process;
+pub mod tansu;
+pub mod tls;
+pub mod util;
+pub mod workload;
+
+pub use consumer::{collect, collect_matching, collect_with, produce, Received, Topics};
+pub use kafka::MockKafka;
+pub use postgres::{
+    confirmed_flush_lsn, current_wal_lsn, format_lsn, parse_lsn, shared_cluster, slot_row, PgCluster, SlotRow,
+    EXTERNAL_PG_ENV, SCRAM_PASSWORD, SCRAM_USER,
+};
+pub use relay_process::{run_cmd, RelayConfig, RelayProcess, RELAY_BIN};
+pub use tansu::Tansu;
+pub use util::{free_port, unique_name, wait_until};
+pub use workload::{
+    create_schema, create_schema_a, create_schema_b, insert_multi_row, insert_rolled_back, run_workload, Committed,
+    ExpectedEvent, OutboxSchema, Workload,
+};
