@@ -73,6 +73,12 @@ impl SlotRow {
         self.confirmed_flush_lsn.as_deref().and_then(|s| s.parse().ok())
     }
 
+    /// Another session is inside `pg_create_logical_replication_slot`: the slot is already
+    /// listed (held by that session) but its plugin is not recorded yet.
+    pub fn being_created(&self) -> bool {
+        self.slot_type == "logical" && self.active && self.plugin.as_deref().unwrap_or_default().is_empty()
+    }
+
     /// Why the slot can no longer be used, if it cannot: `wal_status = 'lost'` (13+), or an
     /// explicit `invalidation_reason` (17+).
     pub fn invalidated(&self) -> Option<String> {

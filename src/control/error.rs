@@ -166,6 +166,13 @@ pub enum ControlError {
     )]
     SlotInUse { slot: String, pid: i32 },
 
+    #[error(
+        "replication slot {slot} is still being created by pid {pid} (another setup?). Creating a slot waits for \
+         the transactions running when it started; look for long-running ones in pg_stat_activity and retry \
+         when it is done"
+    )]
+    SlotBeingCreated { slot: String, pid: i32 },
+
     #[error("replication slot {slot} does not exist. Run `outbox-relay setup` to create it")]
     SlotMissing { slot: String },
 

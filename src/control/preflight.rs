@@ -28,6 +28,10 @@ const MIN_VERSION_NUM: i32 = 100_000;
 /// The first server whose pgoutput accepts the `messages` option.
 const MESSAGES_OPTION_VERSION_NUM: i32 = 140_000;
 
+/// How long preflight waits for a concurrent setup to finish creating the slot. Creation waits
+/// for the transactions running when it started, so a long transaction can stretch it.
+const SLOT_CREATION_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// What preflight found. Everything in here passed its checks.
 #[derive(Debug, Clone)]
 pub struct PreflightReport {
@@ -355,8 +359,18 @@ async fn check_select(client: &Client, table: &TableFacts, server: &ServerInfo) 
 /// The configured slot, if it exists and the relay can use it. Never offers to replace an
 /// unusable slot: see the module docs of [`super`] for why.
 pub(crate) async fn check_slot(client: &Client, name: &str, database: &str) -> Result<Option<SlotInfo>, ControlError> {
-    let Some(slot) = catalog::slot(client, name).await? else { return Ok(None) };
-    usable_slot(name, database, &slot).map(Some)
+    let deadline = tokio::time::Instant::now() + SLOT_CREATION_WAIT;
+    loop {
+        let Some(slot) = catalog::slot(client, name).await? else { return Ok(None) };
+        if !slot.being_created() {
+            return usable_slot(name, database, &slot).map(Some);
+        }
+        // A concurrent setup is creating it; its plugin is only known once that finishes.
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ControlError::SlotBeingCreated { slot: name.to_owned(), pid: slot.active_pid.unwrap_or_default() });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<SlotInfo, ControlError> {

@@ -100,6 +100,9 @@ pub async fn teardown(settings: &Settings) -> Result<TeardownReport, ControlErro
 
 fn check_droppable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<(), ControlError> {
     let slot_name = name.to_owned();
+    if let (true, Some(pid)) = (slot.being_created(), slot.active_pid) {
+        return Err(ControlError::SlotInUse { slot: slot_name, pid });
+    }
     if slot.slot_type != "logical" {
         return Err(ControlError::SlotIsPhysical { slot: slot_name });
     }

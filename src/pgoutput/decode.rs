@@ -4,9 +4,8 @@ use bytes::Bytes;
 
 use super::reader::{Reader, Short};
 use super::{
-    Begin, ColumnValue, Commit, DecodeError, Delete, Insert, LogicalDecodingMessage,
-    LogicalMessage, OldTuple, Origin, PgTimestamp, Relation, RelationColumn, Truncate, TupleData,
-    TypeInfo, Update,
+    Begin, ColumnValue, Commit, DecodeError, Delete, Insert, LogicalDecodingMessage, LogicalMessage, OldTuple, Origin,
+    PgTimestamp, Relation, RelationColumn, Truncate, TupleData, TypeInfo, Update,
 };
 use crate::lsn::Lsn;
 
@@ -162,10 +161,7 @@ fn truncate(f: &mut Fields) -> Result<Truncate, DecodeError> {
     for _ in 0..count {
         relation_oids.push(f.u32("relation OID")?);
     }
-    Ok(Truncate {
-        options,
-        relation_oids,
-    })
+    Ok(Truncate { options, relation_oids })
 }
 
 /// The reader plus what is being decoded, so every error can say where it happened.
@@ -221,24 +217,15 @@ impl Fields {
 
     fn string(&mut self, field: &'static str) -> Result<String, DecodeError> {
         let (message, column) = (self.message, self.column);
-        let raw = self.r.cstr().ok_or(DecodeError::UnterminatedString {
-            message,
-            field,
-            column,
-        })?;
-        String::from_utf8(raw.into()).map_err(|_| DecodeError::InvalidUtf8 {
-            message,
-            field,
-            column,
-        })
+        let raw = self
+            .r
+            .cstr()
+            .ok_or(DecodeError::UnterminatedString { message, field, column })?;
+        String::from_utf8(raw.into()).map_err(|_| DecodeError::InvalidUtf8 { message, field, column })
     }
 
     /// An Int32 length followed by that many bytes.
-    fn counted_bytes(
-        &mut self,
-        length_field: &'static str,
-        field: &'static str,
-    ) -> Result<Bytes, DecodeError> {
+    fn counted_bytes(&mut self, length_field: &'static str, field: &'static str) -> Result<Bytes, DecodeError> {
         let length = self.i32(length_field)?;
         let n = usize::try_from(length).map_err(|_| DecodeError::NegativeLength {
             message: self.message,

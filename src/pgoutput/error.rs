@@ -70,10 +70,7 @@ pub enum DecodeError {
         subject(message),
         count(*remaining, "unexpected trailing byte")
     )]
-    TrailingBytes {
-        message: &'static str,
-        remaining: usize,
-    },
+    TrailingBytes { message: &'static str, remaining: usize },
 
     #[error(
         "{} declares a negative {} of {length}",

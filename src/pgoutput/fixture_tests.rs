@@ -221,13 +221,7 @@ fn updates() {
         LogicalMessage::Update(Update {
             relation_oid: OUTBOX_OID,
             old: None,
-            new: tuple(vec![
-                t("10"),
-                t("toast-updated"),
-                Null,
-                Null,
-                UnchangedToast
-            ]),
+            new: tuple(vec![t("10"), t("toast-updated"), Null, Null, UnchangedToast]),
         })
     );
 }
@@ -271,10 +265,7 @@ fn logical_decoding_messages() {
         })
     };
     assert_eq!(decoded("message.bin"), message(true, 0x0194_F3D8));
-    assert_eq!(
-        decoded("message_nontransactional.bin"),
-        message(false, 0x0194_F448)
-    );
+    assert_eq!(decoded("message_nontransactional.bin"), message(false, 0x0194_F448));
 }
 
 #[test]
@@ -294,10 +285,7 @@ fn every_strict_prefix_of_every_fixture_errors() {
         let full = fixture(name);
         for cut in 0..full.len() {
             let err = decode(full.slice(..cut));
-            assert!(
-                err.is_err(),
-                "{name}: prefix of {cut} bytes decoded: {err:?}"
-            );
+            assert!(err.is_err(), "{name}: prefix of {cut} bytes decoded: {err:?}");
         }
     }
 }

@@ -54,7 +54,7 @@ pub use decode::decode;
 pub use error::DecodeError;
 pub(crate) use error::{count, show_byte};
 pub use messages::{
-    Begin, ColumnValue, Commit, Delete, Insert, LogicalDecodingMessage, LogicalMessage, OldTuple,
-    Origin, Relation, RelationColumn, Truncate, TupleData, TypeInfo, Update,
+    Begin, ColumnValue, Commit, Delete, Insert, LogicalDecodingMessage, LogicalMessage, OldTuple, Origin, Relation,
+    RelationColumn, Truncate, TupleData, TypeInfo, Update,
 };
 pub use timestamp::PgTimestamp;

@@ -101,13 +101,7 @@ fn decodes_origin_type_and_message() {
         }))
     );
     // Content is raw bytes: it need not be UTF-8 and may contain NULs.
-    let msg = Msg::tag(b'M')
-        .u8(0)
-        .u64(9)
-        .str("")
-        .i32(3)
-        .raw(&[0xFF, 0, 1])
-        .bytes();
+    let msg = Msg::tag(b'M').u8(0).u64(9).str("").i32(3).raw(&[0xFF, 0, 1]).bytes();
     assert_eq!(
         decode(msg),
         Ok(LogicalMessage::Message(LogicalDecodingMessage {
@@ -313,16 +307,10 @@ fn unknown_tuple_kind_and_markers() {
     assert_eq!(decode(kind), Err(DecodeError::UnknownTupleKind(b'x')));
 
     let update = Msg::tag(b'U').u32(1).u8(b'X').bytes();
-    assert_eq!(
-        decode(update),
-        Err(DecodeError::UnknownOldTupleMarker(b'X'))
-    );
+    assert_eq!(decode(update), Err(DecodeError::UnknownOldTupleMarker(b'X')));
     // A delete always has an old tuple; 'N' is not valid there.
     let delete = Msg::tag(b'D').u32(1).u8(b'N').i16(0).bytes();
-    assert_eq!(
-        decode(delete),
-        Err(DecodeError::UnknownOldTupleMarker(b'N'))
-    );
+    assert_eq!(decode(delete), Err(DecodeError::UnknownOldTupleMarker(b'N')));
 
     let insert = Msg::tag(b'I').u32(1).u8(b'K').i16(0).bytes();
     assert_eq!(
@@ -333,13 +321,7 @@ fn unknown_tuple_kind_and_markers() {
             found: b'K'
         })
     );
-    let update = Msg::tag(b'U')
-        .u32(1)
-        .u8(b'K')
-        .i16(0)
-        .u8(b'O')
-        .i16(0)
-        .bytes();
+    let update = Msg::tag(b'U').u32(1).u8(b'K').i16(0).u8(b'O').i16(0).bytes();
     assert_eq!(
         decode(update),
         Err(DecodeError::UnexpectedTupleMarker {
@@ -352,13 +334,7 @@ fn unknown_tuple_kind_and_markers() {
 
 #[test]
 fn negative_lengths_are_rejected() {
-    let value = Msg::tag(b'I')
-        .u32(1)
-        .u8(b'N')
-        .i16(1)
-        .u8(b'b')
-        .i32(-1)
-        .bytes();
+    let value = Msg::tag(b'I').u32(1).u8(b'N').i16(1).u8(b'b').i32(-1).bytes();
     assert_eq!(
         decode(value),
         Err(DecodeError::NegativeLength {

@@ -34,8 +34,7 @@ impl PgTimestamp {
     pub fn from_system_time(t: SystemTime) -> PgTimestamp {
         let unix = match t.duration_since(UNIX_EPOCH) {
             Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
-            Err(before) => 0i64
-                .saturating_sub(i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX)),
+            Err(before) => 0i64.saturating_sub(i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX)),
         };
         PgTimestamp(unix.saturating_sub(PG_EPOCH_UNIX_MICROS))
     }
@@ -98,10 +97,7 @@ mod tests {
     #[test]
     fn extremes_saturate_instead_of_panicking() {
         assert_eq!(PgTimestamp(i64::MAX).to_unix_micros(), i64::MAX);
-        assert_eq!(
-            PgTimestamp(i64::MIN).to_unix_micros(),
-            i64::MIN + PG_EPOCH_UNIX_MICROS
-        );
+        assert_eq!(PgTimestamp(i64::MIN).to_unix_micros(), i64::MIN + PG_EPOCH_UNIX_MICROS);
         let late = PgTimestamp(i64::MAX).to_system_time();
         let early = PgTimestamp(i64::MIN).to_system_time();
         assert!(late > UNIX_EPOCH && early < UNIX_EPOCH);

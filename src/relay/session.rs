@@ -125,8 +125,16 @@ async fn stream(
                 if n == 0 {
                     return Err(RelayError::Protocol("the producer's delivery channel closed".into()));
                 }
+                // Apply the whole batch even after a failure: dropping reports would leave
+                // their events counted as in flight and stall the wind-down.
+                let mut failure = None;
                 for d in batch.drain(..) {
-                    state.on_delivery(d)?;
+                    if let Err(e) = state.on_delivery(d) {
+                        failure.get_or_insert(e);
+                    }
+                }
+                if let Some(e) = failure {
+                    return Err(e);
                 }
             }
             frame = reader.next_frame(), if !paused => {

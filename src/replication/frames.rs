@@ -68,10 +68,7 @@ pub enum FrameError {
         frame_name(frame),
         count(*remaining, "unexpected trailing byte")
     )]
-    TrailingBytes {
-        frame: &'static str,
-        remaining: usize,
-    },
+    TrailingBytes { frame: &'static str, remaining: usize },
 }
 
 fn frame_name(frame: &str) -> String {
@@ -118,10 +115,7 @@ pub fn decode_server_frame(buf: Bytes) -> Result<ServerFrame, FrameError> {
             };
             match r.remaining() {
                 0 => Ok(frame),
-                remaining => Err(FrameError::TrailingBytes {
-                    frame: F,
-                    remaining,
-                }),
+                remaining => Err(FrameError::TrailingBytes { frame: F, remaining }),
             }
         }
         other => Err(FrameError::UnknownTag(other)),

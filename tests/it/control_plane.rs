@@ -215,22 +215,35 @@ async fn setup_twice_creates_then_reports_already_exists() {
     finish(pg, &db).await;
 }
 
+/// Concurrent setups race on both creations; the losers must report "already exists", never
+/// fail (a slot is visible to others while it is still being created, without its plugin).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_setups_both_succeed_and_create_once() {
+async fn concurrent_setups_all_succeed_and_create_once() {
     let (pg, db, client) = fresh_db("cp_race").await;
-    let settings = Cfg::schema_a(&pg.url(&db)).settings();
-    let (a, b) = tokio::join!(control::setup(&settings), control::setup(&settings));
-    let (a, b) = (a.expect("setup A"), b.expect("setup B"));
-    let created_pubs = [&a, &b]
-        .iter()
-        .filter(|r| r.publication == PublicationOutcome::Created)
-        .count();
-    let created_slots = [&a, &b]
-        .iter()
-        .filter(|r| matches!(r.slot, SlotOutcome::Created { .. }))
-        .count();
-    assert_eq!((created_pubs, created_slots), (1, 1), "A:\n{a}\nB:\n{b}");
-    assert!(slot_row(&client, settings.postgres.slot.as_str()).await.is_some());
+    let blocker = pg.client(&db).await;
+    for round in 0..4 {
+        let settings = Cfg::schema_a(&pg.url(&db)).settings();
+        // Round 0: a transaction holding an xid makes slot creation wait for it, so the other
+        // setups are sure to find the slot half-created.
+        let hold = round == 0;
+        if hold {
+            blocker.batch_execute("BEGIN; INSERT INTO orders (id) VALUES (gen_random_uuid())").await.unwrap();
+        }
+        let release = async {
+            if hold {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                blocker.batch_execute("COMMIT").await.unwrap();
+            }
+        };
+        let (a, b, c, ()) =
+            tokio::join!(control::setup(&settings), control::setup(&settings), control::setup(&settings), release);
+        let reports = [a, b, c].map(|r| r.unwrap_or_else(|e| panic!("round {round}: a concurrent setup failed: {e}")));
+        let created_pubs = reports.iter().filter(|r| r.publication == PublicationOutcome::Created).count();
+        let created_slots = reports.iter().filter(|r| matches!(r.slot, SlotOutcome::Created { .. })).count();
+        assert_eq!((created_pubs, created_slots), (1, 1), "round {round}: {reports:#?}");
+        let slot = slot_row(&client, settings.postgres.slot.as_str()).await.expect("slot");
+        assert_eq!(slot.plugin.as_deref(), Some("pgoutput"));
+    }
     finish(pg, &db).await;
 }
 

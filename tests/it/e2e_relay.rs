@@ -326,6 +326,9 @@ async fn commit_end_lsn(client: &Client, xid: u32, from: u64, to: u64) -> u64 {
 async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
     let kafka = MockKafka::new(3);
     let (_db, mut client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    // A tiny in-flight budget keeps the relay paused (not reading) for the whole outage, longer
+    // than the cluster's 5 s wal_sender_timeout: status updates must keep the walsender alive.
+    let config = config.max_in_flight(2);
     let relay = RelayProcess::run(&config);
     assert!(
         relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
@@ -381,6 +384,8 @@ async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
         "confirmed_flush_lsn never reached the acknowledged commit; log:\n{}",
         relay.log_text()
     );
+    let log = relay.log_text();
+    assert_eq!(log.matches("streaming started").count(), 1, "the paused relay lost its walsender; log:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -488,5 +493,61 @@ async fn end_to_end_against_a_standalone_tansu_broker() {
         tansu.log_text()
     );
     check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_changes_updates_and_deletes_mid_stream() {
+    let kafka = MockKafka::new(1);
+    let (_db, mut client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    // Updates and deletes must reach the relay too, to prove they are ignored, not just unpublished.
+    client.batch_execute(&format!("ALTER PUBLICATION {} SET (publish = 'insert, update, delete')", config.publication)).await.unwrap();
+    let config = config.route(PREFIX_REGEX, "${routedByValue}");
+    let relay = RelayProcess::run(&config);
+    let agg = new_uuid();
+    let mut expected = insert_multi_row(&client, OutboxSchema::A, &agg, 0, 3).await;
+    client.batch_execute("ALTER TABLE events_outbox ADD COLUMN note text DEFAULT 'n'").await.unwrap();
+    expected.extend(insert_multi_row(&client, OutboxSchema::A, &agg, 3, 3).await);
+    client.batch_execute("ALTER TABLE events_outbox DROP COLUMN note").await.unwrap();
+    expected.extend(insert_multi_row(&client, OutboxSchema::A, &agg, 6, 3).await);
+    // The polling relayer's marker, and an outbox kept empty by insert-then-delete.
+    client.batch_execute("UPDATE events_outbox SET dispatched_at = now()").await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let ev = insert_event(&tx, OutboxSchema::A, &agg, 9).await;
+    tx.execute("DELETE FROM events_outbox WHERE id = $1::text::bigint", &[&ev.id]).await.unwrap();
+    tx.commit().await.unwrap();
+    expected.push(ev);
+    let records = collect(&kafka.bootstrap_servers(), &["order"], expected.len(), Duration::from_secs(60)).await;
+    let dups = check_delivered(&expected, &records, |_| "order".to_owned());
+    assert_eq!(dups, 0, "updates or deletes were published as events; log:\n{}", relay.log_text());
+    let ids: Vec<String> = records.iter().map(|r| String::from_utf8_lossy(r.header("id").unwrap()).into_owned()).collect();
+    assert_eq!(ids, expected.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), "commit order");
+    assert!(relay.log_text().contains("column mapping refreshed"), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_deliveries_restart_the_stream_and_lose_nothing() {
+    let kafka = MockKafka::new(3);
+    let (_db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let config = config
+        .route(PREFIX_REGEX, "${routedByValue}")
+        .kafka("message.timeout.ms", "1500")
+        .set("relay", "reconnect_backoff_initial_ms", 200)
+        .set("relay", "reconnect_backoff_max_ms", 1000);
+    let relay = RelayProcess::run(&config);
+    assert!(relay.wait_for_log("streaming started", Duration::from_secs(30)).await, "{}", relay.log_text());
+    kafka.all_brokers_down();
+    let agg = new_uuid();
+    let expected = insert_multi_row(&client, OutboxSchema::A, &agg, 0, 20).await;
+    assert!(
+        relay.wait_for_log("reconnecting", Duration::from_secs(30)).await,
+        "a final delivery failure must restart streaming; log:\n{}",
+        relay.log_text()
+    );
+    assert!(relay.log_text().contains("Kafka delivery failed"), "{}", relay.log_text());
+    kafka.all_brokers_up();
+    let records = collect(&kafka.bootstrap_servers(), &["order"], expected.len(), Duration::from_secs(60)).await;
+    check_delivered(&expected, &records, |_| "order".to_owned());
+    let committed = Committed { by_aggregate: [(agg, expected)].into_iter().collect() };
     check_order(&committed, &records);
 }
