@@ -106,7 +106,8 @@ pub(crate) async fn slot(client: &Client, name: &str) -> Result<Option<SlotRow>,
         return Ok(None);
     };
     let json: String = row.get(0);
-    let mut slot: SlotRow = serde_json::from_str(&json).map_err(|e| ControlError::Unexpected(format!("pg_replication_slots row {json}: {e}")))?;
+    let mut slot: SlotRow = serde_json::from_str(&json)
+        .map_err(|e| ControlError::Unexpected(format!("pg_replication_slots row {json}: {e}")))?;
     slot.retained_wal_bytes = row.get(1);
     slot.lag_bytes = row.get(2);
     Ok(Some(slot))
@@ -171,7 +172,8 @@ pub(crate) async fn publication(client: &Client, name: &str) -> Result<Option<Pu
         return Ok(None);
     };
     let json: String = row.get(0);
-    let mut publication: PublicationRow = serde_json::from_str(&json).map_err(|e| ControlError::Unexpected(format!("pg_publication row {json}: {e}")))?;
+    let mut publication: PublicationRow =
+        serde_json::from_str(&json).map_err(|e| ControlError::Unexpected(format!("pg_publication row {json}: {e}")))?;
     publication.oid = row.get(1);
     publication.owner = row.get(2);
     publication.owned_by_current_role = row.get(3);

@@ -59,9 +59,20 @@ impl ColumnRole {
         match self {
             ColumnRole::Id | ColumnRole::Header => true,
             ColumnRole::Key => {
-                citext || is(&[Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::UUID, Type::INT2, Type::INT4, Type::INT8])
+                citext
+                    || is(&[
+                        Type::TEXT,
+                        Type::VARCHAR,
+                        Type::BPCHAR,
+                        Type::UUID,
+                        Type::INT2,
+                        Type::INT4,
+                        Type::INT8,
+                    ])
             }
-            ColumnRole::RouteBy => citext || typtype == "e" || is(&[Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME]),
+            ColumnRole::RouteBy => {
+                citext || typtype == "e" || is(&[Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME])
+            }
             ColumnRole::Payload => is(&[Type::JSONB, Type::JSON, Type::TEXT, Type::VARCHAR, Type::BYTEA]),
             ColumnRole::Timestamp => is(&[Type::TIMESTAMPTZ, Type::TIMESTAMP]),
         }

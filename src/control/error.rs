@@ -69,7 +69,11 @@ pub enum ControlError {
          e.g. table = '\"Sales\".\"OutBox\"'",
         similar_hint(.similar)
     )]
-    TableNotFound { table: TableName, database: String, similar: Vec<String> },
+    TableNotFound {
+        table: TableName,
+        database: String,
+        similar: Vec<String>,
+    },
 
     #[error(
         "outbox.table {table} is a {kind}, not a table; logical replication publishes only tables. \
@@ -88,7 +92,12 @@ pub enum ControlError {
          (double-quote mixed-case names, e.g. '\"AggregateId\"')",
         .columns.join(", ")
     )]
-    ColumnNotFound { key: &'static str, column: Ident, table: TableName, columns: Vec<String> },
+    ColumnNotFound {
+        key: &'static str,
+        column: Ident,
+        table: TableName,
+        columns: Vec<String>,
+    },
 
     #[error(
         "{key} = {column}: column {column} of {table} has type {type_name}, which the relay cannot use there; \
@@ -97,7 +106,8 @@ pub enum ControlError {
     UnusableColumnType {
         key: &'static str,
         column: Ident,
-        table: TableName,
+        // Boxed to keep the error small (clippy::result_large_err).
+        table: Box<TableName>,
         type_name: String,
         accepted: &'static str,
     },
@@ -107,7 +117,12 @@ pub enum ControlError {
          setup (running as {role}) leaves it alone. Have {owner} run: ALTER PUBLICATION {publication} ADD TABLE \
          {table} — or set postgres.publication to a name of the relay's own"
     )]
-    PublicationLacksTable { publication: String, table: TableName, owner: String, role: String },
+    PublicationLacksTable {
+        publication: String,
+        table: TableName,
+        owner: String,
+        role: String,
+    },
 
     #[error(
         "publication {publication} publishes {actions}, but the relay's publication must publish exactly \
@@ -129,7 +144,11 @@ pub enum ControlError {
          needs. Run: ALTER PUBLICATION {publication} SET TABLE {table} (no column list)",
         .missing.join(", ")
     )]
-    PublicationColumnList { publication: String, table: TableName, missing: Vec<String> },
+    PublicationColumnList {
+        publication: String,
+        table: TableName,
+        missing: Vec<String>,
+    },
 
     #[error(
         "replication slot {slot} is a physical slot (used by a standby or a backup tool), not a logical one. \
@@ -149,7 +168,11 @@ pub enum ControlError {
          a logical slot decodes only its own database. Connect to {slot_database} or set postgres.slot to \
          another name"
     )]
-    SlotInOtherDatabase { slot: String, slot_database: String, database: String },
+    SlotInOtherDatabase {
+        slot: String,
+        slot_database: String,
+        database: String,
+    },
 
     #[error(
         "replication slot {slot} was invalidated ({reason}): PostgreSQL removed WAL it still needed, so events \
@@ -189,11 +212,17 @@ pub enum ControlError {
     )]
     PublicationShared { publication: String, others: String },
 
-    #[error("unexpected catalog contents ({0}); this is a bug in outbox-relay, please report it with the server version")]
+    #[error(
+        "unexpected catalog contents ({0}); this is a bug in outbox-relay, please report it with the server version"
+    )]
     Unexpected(String),
 
     #[error("permission denied to {action}: {message}. {fix}")]
-    PermissionDenied { action: String, message: String, fix: String },
+    PermissionDenied {
+        action: String,
+        message: String,
+        fix: String,
+    },
 }
 
 impl ControlError {

@@ -36,6 +36,7 @@ mod catalog;
 mod column_types;
 mod error;
 pub mod preflight;
+mod publication;
 pub mod setup;
 pub mod status;
 pub mod teardown;
@@ -43,9 +44,7 @@ pub mod teardown;
 pub use error::{describe, ControlError};
 pub use preflight::{preflight, MappedColumn, PreflightReport, PublicationInfo, SlotInfo};
 pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
-pub use status::{
-    status, PublicationStatus, ServerStatus, SlotStatus, StatusReport, TableRef, STATUS_SCHEMA_VERSION,
-};
+pub use status::{status, PublicationStatus, ServerStatus, SlotStatus, StatusReport, TableRef, STATUS_SCHEMA_VERSION};
 pub use teardown::{teardown, Dropped, TeardownReport};
 
 use crate::config::Settings;
@@ -53,6 +52,17 @@ use crate::config::Settings;
 /// Opens the control connection the commands use, as the relay's configured role.
 async fn connect(settings: &Settings) -> Result<tokio_postgres::Client, ControlError> {
     Ok(crate::pg_client::connect(&settings.postgres, settings.relay.connect_timeout).await?)
+}
+
+/// Writes a multi-line report rendered by `render`, without a trailing newline (callers
+/// `println!` reports).
+fn display_lines(
+    f: &mut std::fmt::Formatter<'_>,
+    render: impl FnOnce(&mut String) -> std::fmt::Result,
+) -> std::fmt::Result {
+    let mut text = String::new();
+    render(&mut text)?;
+    f.write_str(text.trim_end())
 }
 
 /// Bytes in binary units for people: `512 B`, `1.5 KiB`, `16.0 MiB`, `2.3 GiB`.

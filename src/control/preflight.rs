@@ -9,14 +9,14 @@
 //! A missing slot or publication is not an error here (setup creates them); `run` asks
 //! [`PreflightReport::ensure_ready_to_stream`] for that. A publication that exists but lacks the
 //! outbox table is an error only when the connected role does not own it — its owner's setup
-//! adds the table (see [`super::setup`]).
+//! adds the table (see [`super::setup`](mod@super::setup)).
 
 use std::fmt;
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::catalog::{self, PublicationRow, ServerInfo, SlotRow};
+use super::catalog::{self, ServerInfo, SlotRow};
 use super::column_types::ColumnRole;
 use super::ControlError;
 use crate::config::Settings;
@@ -94,10 +94,14 @@ impl PreflightReport {
     }
 
     /// For `run`: the slot and the publication exist, the publication covers the outbox table,
-    /// and no other process streams from the slot.
+    /// and no other process streams from the slot. (After a crash the old WAL sender can hold
+    /// the slot until `wal_sender_timeout` passes, so a restarting relay should retry
+    /// [`ControlError::SlotInUse`] for a while rather than give up at once.)
     pub fn ensure_ready_to_stream(&self) -> Result<(), ControlError> {
         let Some(publication) = &self.publication else {
-            return Err(ControlError::PublicationMissing { publication: self.publication_name.clone() });
+            return Err(ControlError::PublicationMissing {
+                publication: self.publication_name.clone(),
+            });
         };
         if !publication.includes_table {
             return Err(ControlError::PublicationNotReady {
@@ -106,10 +110,15 @@ impl PreflightReport {
             });
         }
         let Some(slot) = &self.slot else {
-            return Err(ControlError::SlotMissing { slot: self.slot_name.clone() });
+            return Err(ControlError::SlotMissing {
+                slot: self.slot_name.clone(),
+            });
         };
         if let Some(pid) = slot.active_pid {
-            return Err(ControlError::SlotInUse { slot: self.slot_name.clone(), pid });
+            return Err(ControlError::SlotInUse {
+                slot: self.slot_name.clone(),
+                pid,
+            });
         }
         Ok(())
     }
@@ -117,6 +126,13 @@ impl PreflightReport {
 
 impl fmt::Display for PreflightReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        super::display_lines(f, |f| self.render(f))
+    }
+}
+
+impl PreflightReport {
+    fn render(&self, f: &mut String) -> fmt::Result {
+        use fmt::Write as _;
         let privilege = if self.superuser { "superuser" } else { "replication" };
         writeln!(
             f,
@@ -148,7 +164,7 @@ pub async fn preflight(client: &Client, settings: &Settings) -> Result<Preflight
     let slot_name = settings.postgres.slot.as_str();
     let slot = check_slot(client, slot_name, &server.database).await?;
     let mut notes = Vec::new();
-    let publication = check_publication(client, settings, &table, &server, &mut notes).await?;
+    let publication = super::publication::check_publication(client, settings, &table, &server, &mut notes).await?;
     check_capacity(client, slot_name, slot.as_ref()).await?;
 
     if server.version_num < MESSAGES_OPTION_VERSION_NUM {
@@ -179,15 +195,51 @@ pub async fn preflight(client: &Client, settings: &Settings) -> Result<Preflight
     })
 }
 
+/// The outbox table as the polling relayer needs it (see [`check_outbox_table`]).
+#[derive(Debug, Clone)]
+pub struct OutboxTableFacts {
+    pub server_version: String,
+    pub database: String,
+    pub role: String,
+    pub table_oid: u32,
+    pub table_owner: String,
+    pub partitioned: bool,
+    /// The mapped columns in [`crate::config::OutboxMapping::columns`] order.
+    pub columns: Vec<MappedColumn>,
+}
+
+/// Only the outbox-table part of preflight: the table exists, the mapped columns exist with
+/// usable types, and the role may read it. Nothing about `wal_level`, slots or publications —
+/// the polling relayer (`crate::poll`) needs none of them.
+pub async fn check_outbox_table(client: &Client, settings: &Settings) -> Result<OutboxTableFacts, ControlError> {
+    let server = catalog::server_info(client).await?;
+    let table = find_table(client, settings, &server).await?;
+    let columns = check_columns(client, settings, &table).await?;
+    check_select(client, &table, &server).await?;
+    Ok(OutboxTableFacts {
+        server_version: server.version,
+        database: server.database,
+        role: server.role,
+        table_oid: table.oid,
+        table_owner: table.owner,
+        partitioned: table.partitioned,
+        columns,
+    })
+}
+
 fn check_server(server: &ServerInfo) -> Result<(), ControlError> {
     if server.version_num < MIN_VERSION_NUM {
-        return Err(ControlError::ServerTooOld { version: server.version.clone() });
+        return Err(ControlError::ServerTooOld {
+            version: server.version.clone(),
+        });
     }
     if server.in_recovery {
         return Err(ControlError::InRecovery);
     }
     if server.wal_level != "logical" {
-        return Err(ControlError::WalLevel { current: server.wal_level.clone() });
+        return Err(ControlError::WalLevel {
+            current: server.wal_level.clone(),
+        });
     }
     Ok(())
 }
@@ -206,7 +258,9 @@ async fn check_role(client: &Client, server: &ServerInfo) -> Result<bool, Contro
         .map_err(ControlError::query("reading the role's privileges"))?;
     let (superuser, replication): (bool, bool) = (row.get(0), row.get(1));
     if !superuser && !replication {
-        return Err(ControlError::NoReplicationPrivilege { role: server.role.clone() });
+        return Err(ControlError::NoReplicationPrivilege {
+            role: server.role.clone(),
+        });
     }
     Ok(superuser)
 }
@@ -249,8 +303,7 @@ async fn find_table(client: &Client, settings: &Settings, server: &ServerInfo) -
     };
     let relkind: String = row.get(1);
     let kind = match relkind.as_str() {
-        "r" => None,
-        "p" => None,
+        "r" | "p" => None,
         "v" => Some("view"),
         "m" => Some("materialized view"),
         "f" => Some("foreign table"),
@@ -259,13 +312,24 @@ async fn find_table(client: &Client, settings: &Settings, server: &ServerInfo) -
         _ => Some("relation that is not a table"),
     };
     if let Some(kind) = kind {
-        return Err(ControlError::NotATable { table: table.clone(), kind });
+        return Err(ControlError::NotATable {
+            table: table.clone(),
+            kind,
+        });
     }
     let partitioned = relkind == "p";
     if partitioned && server.version_num < 130_000 {
-        return Err(ControlError::PartitionedTableUnsupported { version: server.version.clone(), table: table.clone() });
+        return Err(ControlError::PartitionedTableUnsupported {
+            version: server.version.clone(),
+            table: table.clone(),
+        });
     }
-    Ok(TableFacts { name: table.clone(), oid: row.get(0), owner: row.get(2), partitioned })
+    Ok(TableFacts {
+        name: table.clone(),
+        oid: row.get(0),
+        owner: row.get(2),
+        partitioned,
+    })
 }
 
 /// Tables whose name resembles the configured one, in the form `outbox.table` takes. Best
@@ -290,7 +354,8 @@ async fn similar_tables(client: &Client, table: &TableName) -> Vec<String> {
 fn config_form(schema: &str, name: &str) -> String {
     let part = |s: &str| {
         let plain = s.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-            && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         if plain {
             s.to_owned()
         } else {
@@ -300,7 +365,11 @@ fn config_form(schema: &str, name: &str) -> String {
     format!("{}.{}", part(schema), part(name))
 }
 
-async fn check_columns(client: &Client, settings: &Settings, table: &TableFacts) -> Result<Vec<MappedColumn>, ControlError> {
+async fn check_columns(
+    client: &Client,
+    settings: &Settings,
+    table: &TableFacts,
+) -> Result<Vec<MappedColumn>, ControlError> {
     // Domains resolve to their base type (recursively: a domain may be over a domain).
     let rows = client
         .query(
@@ -332,12 +401,16 @@ async fn check_columns(client: &Client, settings: &Settings, table: &TableFacts)
             return Err(ControlError::UnusableColumnType {
                 key: config_key,
                 column: column.clone(),
-                table: settings.outbox.table.clone(),
+                table: Box::new(settings.outbox.table.clone()),
                 type_name,
                 accepted: role.accepted(),
             });
         }
-        mapped.push(MappedColumn { config_key, column: column.clone(), type_name });
+        mapped.push(MappedColumn {
+            config_key,
+            column: column.clone(),
+            type_name,
+        });
     }
     Ok(mapped)
 }
@@ -361,13 +434,18 @@ async fn check_select(client: &Client, table: &TableFacts, server: &ServerInfo) 
 pub(crate) async fn check_slot(client: &Client, name: &str, database: &str) -> Result<Option<SlotInfo>, ControlError> {
     let deadline = tokio::time::Instant::now() + SLOT_CREATION_WAIT;
     loop {
-        let Some(slot) = catalog::slot(client, name).await? else { return Ok(None) };
+        let Some(slot) = catalog::slot(client, name).await? else {
+            return Ok(None);
+        };
         if !slot.being_created() {
             return usable_slot(name, database, &slot).map(Some);
         }
         // A concurrent setup is creating it; its plugin is only known once that finishes.
         if tokio::time::Instant::now() >= deadline {
-            return Err(ControlError::SlotBeingCreated { slot: name.to_owned(), pid: slot.active_pid.unwrap_or_default() });
+            return Err(ControlError::SlotBeingCreated {
+                slot: name.to_owned(),
+                pid: slot.active_pid.unwrap_or_default(),
+            });
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
@@ -380,14 +458,24 @@ pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<
     }
     let plugin = slot.plugin.clone().unwrap_or_default();
     if plugin != "pgoutput" {
-        return Err(ControlError::SlotWrongPlugin { slot: slot_name, plugin });
+        return Err(ControlError::SlotWrongPlugin {
+            slot: slot_name,
+            plugin,
+        });
     }
     let slot_database = slot.database.clone().unwrap_or_default();
     if slot_database != database {
-        return Err(ControlError::SlotInOtherDatabase { slot: slot_name, slot_database, database: database.to_owned() });
+        return Err(ControlError::SlotInOtherDatabase {
+            slot: slot_name,
+            slot_database,
+            database: database.to_owned(),
+        });
     }
     if let Some(reason) = slot.invalidated() {
-        return Err(ControlError::SlotInvalidated { slot: slot_name, reason });
+        return Err(ControlError::SlotInvalidated {
+            slot: slot_name,
+            reason,
+        });
     }
     Ok(SlotInfo {
         active_pid: slot.active_pid.filter(|_| slot.active),
@@ -397,124 +485,17 @@ pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<
     })
 }
 
-/// The configured publication, if it exists, checked against what the relay needs.
-pub(crate) async fn check_publication(
-    client: &Client,
-    settings: &Settings,
-    table: &TableFacts,
-    server: &ServerInfo,
-    notes: &mut Vec<String>,
-) -> Result<Option<PublicationInfo>, ControlError> {
-    let name = settings.postgres.publication.as_str();
-    let Some(publication) = catalog::publication(client, name).await? else { return Ok(None) };
-    let membership = membership(client, &publication, table, server).await?;
-    let includes_table = publication.puballtables || membership.is_some();
-    if !includes_table && !publication.owned_by_current_role {
-        return Err(ControlError::PublicationLacksTable {
-            publication: name.to_owned(),
-            table: table.name.clone(),
-            owner: publication.owner.clone(),
-            role: server.role.clone(),
-        });
-    }
-    let actions = publication.actions();
-    if actions != ["insert"] {
-        let actions = if actions.is_empty() { "nothing".to_owned() } else { actions.join(", ") };
-        return Err(ControlError::PublicationActions { publication: name.to_owned(), actions });
-    }
-    if table.partitioned && !publication.pubviaroot {
-        return Err(ControlError::PublicationNotViaRoot { publication: name.to_owned(), table: table.name.clone() });
-    }
-    if let Some(Membership { column_list: Some(published), row_filter }) = &membership {
-        let missing: Vec<String> = settings
-            .outbox
-            .columns()
-            .into_iter()
-            .filter(|(_, c)| !published.iter().any(|p| p == c.as_str()))
-            .map(|(_, c)| c.quoted())
-            .collect();
-        if !missing.is_empty() {
-            return Err(ControlError::PublicationColumnList {
-                publication: name.to_owned(),
-                table: table.name.clone(),
-                missing,
-            });
-        }
-        if *row_filter {
-            notes.push(row_filter_note(name, &table.name));
-        }
-    } else if let Some(Membership { row_filter: true, .. }) = &membership {
-        notes.push(row_filter_note(name, &table.name));
-    }
-    Ok(Some(PublicationInfo {
-        owner: publication.owner.clone(),
-        owned_by_current_role: publication.owned_by_current_role,
-        all_tables: publication.puballtables,
-        includes_table,
-        actions,
-        via_partition_root: publication.pubviaroot,
-    }))
-}
-
-fn row_filter_note(publication: &str, table: &TableName) -> String {
-    format!("publication {publication} has a row filter (WHERE) on {table}: rows it rejects are never relayed")
-}
-
-/// How the table belongs to the publication (`None`: it does not, short of FOR ALL TABLES).
-struct Membership {
-    /// The published columns when the publication has a column list (15+).
-    column_list: Option<Vec<String>>,
-    row_filter: bool,
-}
-
-async fn membership(
-    client: &Client,
-    publication: &PublicationRow,
-    table: &TableFacts,
-    server: &ServerInfo,
-) -> Result<Option<Membership>, ControlError> {
-    let context = || ControlError::query(format!("reading the tables of publication {}", table.name));
-    if server.version_num < 150_000 {
-        let row = client
-            .query_opt("SELECT 1 FROM pg_publication_rel WHERE prpubid = $1 AND prrelid = $2", &[&publication.oid, &table.oid])
-            .await
-            .map_err(context())?;
-        return Ok(row.map(|_| Membership { column_list: None, row_filter: false }));
-    }
-    let row = client
-        .query_opt(
-            "SELECT pr.prattrs IS NOT NULL, \
-                    ARRAY(SELECT a.attname::text FROM pg_attribute a \
-                          WHERE a.attrelid = pr.prrelid AND a.attnum = ANY (pr.prattrs::int2[])), \
-                    pr.prqual IS NOT NULL \
-             FROM pg_publication_rel pr WHERE pr.prpubid = $1 AND pr.prrelid = $2",
-            &[&publication.oid, &table.oid],
-        )
-        .await
-        .map_err(context())?;
-    if let Some(row) = row {
-        let column_list = row.get::<_, bool>(0).then(|| row.get(1));
-        return Ok(Some(Membership { column_list, row_filter: row.get(2) }));
-    }
-    // FOR TABLES IN SCHEMA (15+) publishes every table of the schema, without column lists.
-    let row = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication_namespace pn JOIN pg_class c ON c.relnamespace = pn.pnnspid \
-             WHERE pn.pnpubid = $1 AND c.oid = $2",
-            &[&publication.oid, &table.oid],
-        )
-        .await
-        .map_err(context())?;
-    Ok(row.map(|_| Membership { column_list: None, row_filter: false }))
-}
-
 /// A new slot needs a free `max_replication_slots` entry; streaming needs a free WAL sender
 /// unless the relay already holds one (its slot is active).
 async fn check_capacity(client: &Client, slot_name: &str, slot: Option<&SlotInfo>) -> Result<(), ControlError> {
     if slot.is_none() {
         let (used, max) = slot_usage(client).await?;
         if used >= max {
-            return Err(ControlError::NoFreeReplicationSlot { slot: slot_name.to_owned(), used, max });
+            return Err(ControlError::NoFreeReplicationSlot {
+                slot: slot_name.to_owned(),
+                used,
+                max,
+            });
         }
     }
     let streaming = slot.is_some_and(|s| s.active_pid.is_some());

@@ -48,8 +48,12 @@ pub enum PublicationOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotOutcome {
     /// Decoding starts at `consistent_point`: rows committed after it are relayed.
-    Created { consistent_point: Lsn },
-    AlreadyExists { confirmed_flush_lsn: Option<Lsn> },
+    Created {
+        consistent_point: Lsn,
+    },
+    AlreadyExists {
+        confirmed_flush_lsn: Option<Lsn>,
+    },
 }
 
 impl SetupReport {
@@ -61,12 +65,20 @@ impl SetupReport {
 
 impl fmt::Display for SetupReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.preflight)?;
+        super::display_lines(f, |f| self.render(f))
+    }
+}
+
+impl SetupReport {
+    fn render(&self, f: &mut String) -> fmt::Result {
+        use fmt::Write as _;
+        writeln!(f, "{}", self.preflight)?;
         let (publication, table) = (&self.preflight.publication_name, &self.preflight.table);
         match self.publication {
-            PublicationOutcome::Created => {
-                writeln!(f, "publication {publication}: created (FOR TABLE {table}, publish = 'insert')")?
-            }
+            PublicationOutcome::Created => writeln!(
+                f,
+                "publication {publication}: created (FOR TABLE {table}, publish = 'insert')"
+            )?,
             PublicationOutcome::AlreadyExists => writeln!(f, "publication {publication}: already exists")?,
             PublicationOutcome::TableAdded => writeln!(f, "publication {publication}: already existed; added {table}")?,
         }
@@ -76,10 +88,12 @@ impl fmt::Display for SetupReport {
                 f,
                 "slot {slot}: created (pgoutput); rows committed after {consistent_point} will be relayed"
             )?,
-            SlotOutcome::AlreadyExists { confirmed_flush_lsn: Some(lsn) } => {
-                writeln!(f, "slot {slot}: already exists (confirmed up to {lsn})")?
-            }
-            SlotOutcome::AlreadyExists { confirmed_flush_lsn: None } => writeln!(f, "slot {slot}: already exists")?,
+            SlotOutcome::AlreadyExists {
+                confirmed_flush_lsn: Some(lsn),
+            } => writeln!(f, "slot {slot}: already exists (confirmed up to {lsn})")?,
+            SlotOutcome::AlreadyExists {
+                confirmed_flush_lsn: None,
+            } => writeln!(f, "slot {slot}: already exists")?,
         }
         for notice in &self.notices {
             writeln!(f, "notice: {notice}")?;
@@ -97,7 +111,12 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
     let slot = ensure_slot(&client, &preflight).await?;
     // Re-check with both objects in place: a concurrent setup may have created them differently.
     let preflight = super::preflight(&client, settings).await?;
-    Ok(SetupReport { preflight, publication, slot, notices })
+    Ok(SetupReport {
+        preflight,
+        publication,
+        slot,
+        notices,
+    })
 }
 
 fn is_duplicate(e: &tokio_postgres::Error) -> bool {
@@ -108,7 +127,7 @@ fn is_permission_denied(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
 }
 
-async fn ensure_publication(
+pub(super) async fn ensure_publication(
     client: &Client,
     pre: &PreflightReport,
     notices: &mut Vec<String>,
@@ -124,14 +143,14 @@ async fn ensure_publication(
                 Ok(()) => {}
                 Err(e) if is_duplicate(&e) => return Ok(PublicationOutcome::AlreadyExists),
                 Err(e) if is_permission_denied(&e) => {
+                    let owner = &pre.table_owner;
+                    let fix = format!("Adding a table needs its ownership (owner: {owner}); have {owner} run: {sql}");
+                    let action = format!("add {table} to publication {name}");
                     return Err(ControlError::PermissionDenied {
-                        action: format!("add {table} to publication {name}"),
+                        action,
                         message: describe(&e),
-                        fix: format!(
-                            "Adding a table needs ownership of it (owner: {}); have the owner or a superuser run: {sql}",
-                            pre.table_owner
-                        ),
-                    })
+                        fix,
+                    });
                 }
                 Err(e) => return Err(ControlError::query(format!("adding {table} to publication {name}"))(e)),
             }
@@ -146,7 +165,11 @@ async fn ensure_publication(
             Ok(PublicationOutcome::TableAdded)
         }
         None => {
-            let via_root = if pre.partitioned { ", publish_via_partition_root = true" } else { "" };
+            let via_root = if pre.partitioned {
+                ", publish_via_partition_root = true"
+            } else {
+                ""
+            };
             let sql = format!(
                 "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
                 quote_ident(name),
@@ -184,11 +207,16 @@ async fn ensure_publication(
 async fn ensure_slot(client: &Client, pre: &PreflightReport) -> Result<SlotOutcome, ControlError> {
     let name = &pre.slot_name;
     if let Some(slot) = &pre.slot {
-        return Ok(SlotOutcome::AlreadyExists { confirmed_flush_lsn: slot.confirmed_flush_lsn });
+        return Ok(SlotOutcome::AlreadyExists {
+            confirmed_flush_lsn: slot.confirmed_flush_lsn,
+        });
     }
     // Waits for transactions running right now to finish: the slot's snapshot must see them all.
     let created = client
-        .query_one("SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", &[name])
+        .query_one(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[name],
+        )
         .await;
     match created {
         Ok(row) => {
@@ -201,17 +229,26 @@ async fn ensure_slot(client: &Client, pre: &PreflightReport) -> Result<SlotOutco
         Err(e) if is_duplicate(&e) => {
             // A concurrent setup won; make sure what it created is usable.
             let slot = check_slot(client, name, &pre.database).await?;
-            Ok(SlotOutcome::AlreadyExists { confirmed_flush_lsn: slot.and_then(|s| s.confirmed_flush_lsn) })
+            Ok(SlotOutcome::AlreadyExists {
+                confirmed_flush_lsn: slot.and_then(|s| s.confirmed_flush_lsn),
+            })
         }
         Err(e) if e.code() == Some(&SqlState::CONFIGURATION_LIMIT_EXCEEDED) => {
             // Another slot was created since preflight counted.
             let (used, max) = super::preflight::slot_usage(client).await?;
-            Err(ControlError::NoFreeReplicationSlot { slot: name.clone(), used, max })
+            Err(ControlError::NoFreeReplicationSlot {
+                slot: name.clone(),
+                used,
+                max,
+            })
         }
         Err(e) if is_permission_denied(&e) => Err(ControlError::PermissionDenied {
             action: format!("create replication slot {name}"),
             message: describe(&e),
-            fix: format!("As a superuser run: ALTER ROLE {} WITH REPLICATION", quote_ident(&pre.role)),
+            fix: format!(
+                "As a superuser run: ALTER ROLE {} WITH REPLICATION",
+                quote_ident(&pre.role)
+            ),
         }),
         Err(e) => Err(ControlError::query(format!("creating replication slot {name}"))(e)),
     }

@@ -159,7 +159,10 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
     };
 
     let table = &settings.outbox.table;
-    let outbox_table = TableRef { schema: table.schema.as_str().to_owned(), table: table.name.as_str().to_owned() };
+    let outbox_table = TableRef {
+        schema: table.schema.as_str().to_owned(),
+        table: table.name.as_str().to_owned(),
+    };
     let publication_name = settings.postgres.publication.as_str();
     let publication = match catalog::publication(&client, publication_name).await? {
         Some(p) => {
@@ -206,6 +209,13 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
 
 impl fmt::Display for StatusReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        super::display_lines(f, |f| self.render(f))
+    }
+}
+
+impl StatusReport {
+    fn render(&self, f: &mut String) -> fmt::Result {
+        use fmt::Write as _;
         let s = &self.server;
         let standby = if s.in_recovery { ", standby" } else { "" };
         writeln!(
@@ -217,14 +227,26 @@ impl fmt::Display for StatusReport {
             writeln!(f, "current WAL position: {lsn}")?;
         }
         let t = &self.outbox_table;
-        writeln!(f, "outbox table: {}.{}", crate::sql_ident::quote_ident(&t.schema), crate::sql_ident::quote_ident(&t.table))?;
-        write!(f, "{}", self.slot)?;
-        write!(f, "{}", self.publication)
+        writeln!(
+            f,
+            "outbox table: {}.{}",
+            crate::sql_ident::quote_ident(&t.schema),
+            crate::sql_ident::quote_ident(&t.table)
+        )?;
+        writeln!(f, "{}", self.slot)?;
+        writeln!(f, "{}", self.publication)
     }
 }
 
 impl fmt::Display for SlotStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        super::display_lines(f, |f| self.render(f))
+    }
+}
+
+impl SlotStatus {
+    fn render(&self, f: &mut String) -> fmt::Result {
+        use fmt::Write as _;
         let name = &self.name;
         if !self.exists {
             return writeln!(f, "slot {name}: does not exist (run `outbox-relay setup`)");
@@ -245,13 +267,26 @@ impl fmt::Display for SlotStatus {
         }
         let opt = |lsn: Option<Lsn>| lsn.map_or_else(|| "-".to_owned(), |l| l.to_string());
         let bytes = |b: Option<i64>| b.map_or_else(|| "unknown".to_owned(), human_bytes);
-        writeln!(f, "  confirmed_flush_lsn: {} (lag {})", opt(self.confirmed_flush_lsn), bytes(self.lag_bytes))?;
-        writeln!(f, "  restart_lsn: {} (retains {} of WAL)", opt(self.restart_lsn), bytes(self.retained_wal_bytes))?;
+        writeln!(
+            f,
+            "  confirmed_flush_lsn: {} (lag {})",
+            opt(self.confirmed_flush_lsn),
+            bytes(self.lag_bytes)
+        )?;
+        writeln!(
+            f,
+            "  restart_lsn: {} (retains {} of WAL)",
+            opt(self.restart_lsn),
+            bytes(self.retained_wal_bytes)
+        )?;
         if let Some(wal_status) = &self.wal_status {
             let safe = self.safe_wal_size.map_or_else(|| "unlimited".to_owned(), human_bytes);
             writeln!(f, "  wal_status: {wal_status}, safe_wal_size: {safe}")?;
             if wal_status == "lost" {
-                writeln!(f, "  the slot is invalidated: WAL it needed is gone (see `outbox-relay setup` for what to do)")?;
+                writeln!(
+                    f,
+                    "  the slot is invalidated: WAL it needed is gone (see `outbox-relay setup` for what to do)"
+                )?;
             }
         }
         Ok(())
@@ -260,23 +295,51 @@ impl fmt::Display for SlotStatus {
 
 impl fmt::Display for PublicationStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        super::display_lines(f, |f| self.render(f))
+    }
+}
+
+impl PublicationStatus {
+    fn render(&self, f: &mut String) -> fmt::Result {
+        use fmt::Write as _;
         let name = &self.name;
         if !self.exists {
             return writeln!(f, "publication {name}: does not exist (run `outbox-relay setup`)");
         }
-        let publish = if self.publish.is_empty() { "nothing".to_owned() } else { self.publish.join(", ") };
+        let publish = if self.publish.is_empty() {
+            "nothing".to_owned()
+        } else {
+            self.publish.join(", ")
+        };
         let scope = if self.all_tables { "FOR ALL TABLES, " } else { "" };
         writeln!(f, "publication {name}: {scope}publish {publish}")?;
         let tables: Vec<String> = self
             .tables
             .iter()
-            .map(|t| format!("{}.{}", crate::sql_ident::quote_ident(&t.schema), crate::sql_ident::quote_ident(&t.table)))
+            .map(|t| {
+                format!(
+                    "{}.{}",
+                    crate::sql_ident::quote_ident(&t.schema),
+                    crate::sql_ident::quote_ident(&t.table)
+                )
+            })
             .collect();
         if !self.all_tables {
-            writeln!(f, "  tables: {}", if tables.is_empty() { "none".to_owned() } else { tables.join(", ") })?;
+            writeln!(
+                f,
+                "  tables: {}",
+                if tables.is_empty() {
+                    "none".to_owned()
+                } else {
+                    tables.join(", ")
+                }
+            )?;
         }
         if !self.includes_outbox_table {
-            writeln!(f, "  does NOT include the outbox table (run `outbox-relay setup`)")?;
+            writeln!(
+                f,
+                "  does NOT include the outbox table (`outbox-relay setup` adds it or says why it cannot)"
+            )?;
         }
         Ok(())
     }
@@ -318,7 +381,10 @@ mod tests {
                 in_recovery: false,
                 current_wal_lsn: Some(Lsn(0x1_0000_2000)),
             },
-            outbox_table: TableRef { schema: "Sales".into(), table: "OutBox".into() },
+            outbox_table: TableRef {
+                schema: "Sales".into(),
+                table: "OutBox".into(),
+            },
             slot: SlotStatus {
                 name: "outbox_relay".into(),
                 exists: true,
@@ -339,7 +405,10 @@ mod tests {
                 exists: true,
                 all_tables: false,
                 publish: vec!["insert".into()],
-                tables: vec![TableRef { schema: "Sales".into(), table: "OutBox".into() }],
+                tables: vec![TableRef {
+                    schema: "Sales".into(),
+                    table: "OutBox".into(),
+                }],
                 includes_outbox_table: true,
             },
         }

@@ -33,14 +33,25 @@ pub struct TeardownReport {
 pub enum Dropped {
     /// `unrelayed_wal_bytes`: WAL after the slot's confirmed position that was discarded with
     /// it (always `None` for a publication).
-    Dropped { unrelayed_wal_bytes: Option<i64> },
+    Dropped {
+        unrelayed_wal_bytes: Option<i64>,
+    },
     AlreadyAbsent,
 }
 
 impl fmt::Display for TeardownReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        super::display_lines(f, |f| self.render(f))
+    }
+}
+
+impl TeardownReport {
+    fn render(&self, f: &mut String) -> fmt::Result {
+        use fmt::Write as _;
         match &self.slot {
-            Dropped::Dropped { unrelayed_wal_bytes: Some(b) } if *b > 0 => writeln!(
+            Dropped::Dropped {
+                unrelayed_wal_bytes: Some(b),
+            } if *b > 0 => writeln!(
                 f,
                 "slot {}: dropped ({} of WAL after its confirmed position was discarded)",
                 self.slot_name,
@@ -77,8 +88,15 @@ pub async fn teardown(settings: &Settings) -> Result<TeardownReport, ControlErro
             .map(|(schema, name)| format!("{}.{}", quote_ident(&schema), quote_ident(&name)))
             .collect();
         if p.puballtables || !others.is_empty() {
-            let others = if p.puballtables { "all tables".to_owned() } else { others.join(", ") };
-            return Err(ControlError::PublicationShared { publication: publication_name.to_owned(), others });
+            let others = if p.puballtables {
+                "all tables".to_owned()
+            } else {
+                others.join(", ")
+            };
+            return Err(ControlError::PublicationShared {
+                publication: publication_name.to_owned(),
+                others,
+            });
         }
     }
 
@@ -108,11 +126,18 @@ fn check_droppable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<()
     }
     let plugin = slot.plugin.clone().unwrap_or_default();
     if plugin != "pgoutput" {
-        return Err(ControlError::SlotWrongPlugin { slot: slot_name, plugin });
+        return Err(ControlError::SlotWrongPlugin {
+            slot: slot_name,
+            plugin,
+        });
     }
     let slot_database = slot.database.clone().unwrap_or_default();
     if slot_database != database {
-        return Err(ControlError::SlotInOtherDatabase { slot: slot_name, slot_database, database: database.to_owned() });
+        return Err(ControlError::SlotInOtherDatabase {
+            slot: slot_name,
+            slot_database,
+            database: database.to_owned(),
+        });
     }
     if let (true, Some(pid)) = (slot.active, slot.active_pid) {
         return Err(ControlError::SlotInUse { slot: slot_name, pid });
@@ -122,14 +147,21 @@ fn check_droppable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<()
 
 async fn drop_slot(client: &Client, name: &str, lag_bytes: Option<i64>) -> Result<Dropped, ControlError> {
     match client.execute("SELECT pg_drop_replication_slot($1)", &[&name]).await {
-        Ok(_) => Ok(Dropped::Dropped { unrelayed_wal_bytes: lag_bytes }),
+        Ok(_) => Ok(Dropped::Dropped {
+            unrelayed_wal_bytes: lag_bytes,
+        }),
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => Ok(Dropped::AlreadyAbsent),
         Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => {
             // A relay attached between our check and the drop.
             let pid = catalog::slot(client, name).await?.and_then(|s| s.active_pid);
             match pid {
-                Some(pid) => Err(ControlError::SlotInUse { slot: name.to_owned(), pid }),
-                None => Err(ControlError::query(format!("dropping replication slot {name} (retry teardown)"))(e)),
+                Some(pid) => Err(ControlError::SlotInUse {
+                    slot: name.to_owned(),
+                    pid,
+                }),
+                None => Err(ControlError::query(format!(
+                    "dropping replication slot {name} (retry teardown)"
+                ))(e)),
             }
         }
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => Err(ControlError::PermissionDenied {
@@ -144,12 +176,16 @@ async fn drop_slot(client: &Client, name: &str, lag_bytes: Option<i64>) -> Resul
 async fn drop_publication(client: &Client, name: &str, owner: &str) -> Result<Dropped, ControlError> {
     let sql = format!("DROP PUBLICATION {}", quote_ident(name));
     match client.batch_execute(&sql).await {
-        Ok(()) => Ok(Dropped::Dropped { unrelayed_wal_bytes: None }),
+        Ok(()) => Ok(Dropped::Dropped {
+            unrelayed_wal_bytes: None,
+        }),
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => Ok(Dropped::AlreadyAbsent),
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => Err(ControlError::PermissionDenied {
             action: format!("drop publication {name}"),
             message: describe(&e),
-            fix: format!("Only its owner ({owner}) or a superuser may drop it: run teardown as {owner}, or have them run: {sql}"),
+            fix: format!(
+                "Only its owner ({owner}) or a superuser may drop it: run teardown as {owner}, or have them run: {sql}"
+            ),
         }),
         Err(e) => Err(ControlError::query(format!("dropping publication {name}"))(e)),
     }

@@ -227,7 +227,10 @@ async fn concurrent_setups_all_succeed_and_create_once() {
         // setups are sure to find the slot half-created.
         let hold = round == 0;
         if hold {
-            blocker.batch_execute("BEGIN; INSERT INTO orders (id) VALUES (gen_random_uuid())").await.unwrap();
+            blocker
+                .batch_execute("BEGIN; INSERT INTO orders (id) VALUES (gen_random_uuid())")
+                .await
+                .unwrap();
         }
         let release = async {
             if hold {
@@ -235,11 +238,21 @@ async fn concurrent_setups_all_succeed_and_create_once() {
                 blocker.batch_execute("COMMIT").await.unwrap();
             }
         };
-        let (a, b, c, ()) =
-            tokio::join!(control::setup(&settings), control::setup(&settings), control::setup(&settings), release);
+        let (a, b, c, ()) = tokio::join!(
+            control::setup(&settings),
+            control::setup(&settings),
+            control::setup(&settings),
+            release
+        );
         let reports = [a, b, c].map(|r| r.unwrap_or_else(|e| panic!("round {round}: a concurrent setup failed: {e}")));
-        let created_pubs = reports.iter().filter(|r| r.publication == PublicationOutcome::Created).count();
-        let created_slots = reports.iter().filter(|r| matches!(r.slot, SlotOutcome::Created { .. })).count();
+        let created_pubs = reports
+            .iter()
+            .filter(|r| r.publication == PublicationOutcome::Created)
+            .count();
+        let created_slots = reports
+            .iter()
+            .filter(|r| matches!(r.slot, SlotOutcome::Created { .. }))
+            .count();
         assert_eq!((created_pubs, created_slots), (1, 1), "round {round}: {reports:#?}");
         let slot = slot_row(&client, settings.postgres.slot.as_str()).await.expect("slot");
         assert_eq!(slot.plugin.as_deref(), Some("pgoutput"));
@@ -511,6 +524,71 @@ async fn existing_publications_are_extended_or_refused() {
         "{err}"
     );
     assert_eq!(publication_tables(&admin, &foreign.publication).await.len(), 1);
+    finish(pg, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn column_lists_row_filters_and_partitioned_outboxes() {
+    let (pg, db, admin) = fresh_db("cp_pub15").await;
+    // A column list without mapped columns would deliver rows the relay cannot build events from.
+    let mut narrow = Cfg::schema_a(&pg.url(&db));
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE events_outbox (id, aggregate_id) WITH (publish = 'insert')",
+            narrow.publication
+        ))
+        .await
+        .unwrap();
+    let err = expect_err(&narrow.settings()).await;
+    assert!(matches!(err, ControlError::PublicationColumnList { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains(r#""type", "payload", "created_at""#), "{msg}");
+
+    // A row filter is legitimate but silently drops events: setup goes ahead and says so.
+    narrow.publication = unique_name("cp_filtered");
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE events_outbox WHERE (type <> 'internal') WITH (publish = 'insert')",
+            narrow.publication
+        ))
+        .await
+        .unwrap();
+    let report = control::setup(&narrow.settings())
+        .await
+        .expect("setup with a row filter");
+    assert!(report.to_string().contains("row filter"), "{report}");
+
+    // A partitioned outbox is published under its own name, not its partitions'.
+    admin
+        .batch_execute(
+            "CREATE TABLE part_outbox (id bigint, aggregate_id uuid, type text, payload jsonb,
+                                       created_at timestamptz NOT NULL) PARTITION BY RANGE (created_at);
+             CREATE TABLE part_outbox_2020 PARTITION OF part_outbox FOR VALUES FROM ('2020-01-01') TO ('2100-01-01');",
+        )
+        .await
+        .unwrap();
+    let mut part = Cfg::schema_a(&pg.url(&db));
+    part.table = "part_outbox".into();
+    control::setup(&part.settings())
+        .await
+        .expect("setup for a partitioned outbox");
+    assert_eq!(
+        publication_tables(&admin, &part.publication).await,
+        [("public".to_owned(), "part_outbox".to_owned())]
+    );
+    let mut leafy = part.clone();
+    leafy.publication = unique_name("cp_leafy");
+    leafy.slot = unique_name("cp_leafy_slot");
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE part_outbox WITH (publish = 'insert')",
+            leafy.publication
+        ))
+        .await
+        .unwrap();
+    let err = expect_err(&leafy.settings()).await;
+    assert!(matches!(err, ControlError::PublicationNotViaRoot { .. }), "{err:?}");
+    assert!(err.to_string().contains("publish_via_partition_root = true"), "{err}");
     finish(pg, &db).await;
 }
 

@@ -28,35 +28,6 @@ async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, Rel
 }
 
 async fn setup(config: &RelayConfig) {
-    if std::env::var("TMP_SQL_SETUP").is_ok() {
-        let client = tokio_postgres::connect(
-            &config
-                .postgres_url
-                .replace("sslmode=require", "sslmode=disable")
-                .replace("relay_scram", "postgres"),
-            tokio_postgres::NoTls,
-        )
-        .await
-        .unwrap();
-        tokio::spawn(client.1);
-        client
-            .0
-            .batch_execute(&format!(
-                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-                config.publication, config.table
-            ))
-            .await
-            .unwrap();
-        client
-            .0
-            .batch_execute(&format!(
-                "SELECT pg_create_logical_replication_slot('{}', 'pgoutput')",
-                config.slot
-            ))
-            .await
-            .unwrap();
-        return;
-    }
     let out = run_cmd(&["setup"], config).await;
     assert!(
         out.status.success(),
