@@ -16,13 +16,23 @@ use crate::logging::{self, LogFormat};
 use crate::{control, relay};
 
 #[derive(Debug, Parser)]
-#[command(name = "outbox-relay", version, about = "Transactional-outbox relay: PostgreSQL WAL (pgoutput) to Kafka, confirmed only after Kafka acknowledged")]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Transactional-outbox relay: PostgreSQL WAL (pgoutput) to Kafka, confirmed only after Kafka acknowledged"
+)]
 pub struct Cli {
     /// The TOML configuration file (see config/outbox-relay.toml).
     #[arg(long, short = 'c', global = true, env = "OUTBOX_RELAY_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value = "text", env = "OUTBOX_RELAY_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "OUTBOX_RELAY_LOG_FORMAT"
+    )]
     pub log_format: LogFormat,
     /// Default log level (RUST_LOG overrides it).
     #[arg(long, global = true, default_value = "info", env = "OUTBOX_RELAY_LOG_LEVEL")]
@@ -34,15 +44,32 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Check the database and create the publication and logical slot (idempotent).
-    Setup,
+    Setup {
+        /// Migrating from a polling relayer: create the slot with an exported snapshot and first
+        /// publish the rows still pending in it (`[poll] dispatched_column` IS NULL). Refused if
+        /// the slot exists. See docs/migrating-from-polling.md.
+        #[arg(long)]
+        backfill: bool,
+        /// For `poll` mode instead: check the outbox table (no wal_level, slot or publication
+        /// needed) and create the partial index claims read, `(created_at) WHERE <[poll]
+        /// dispatched_column> IS NULL`, if missing.
+        #[arg(long, conflicts_with = "backfill")]
+        poll: bool,
+    },
     /// Stream outbox inserts to Kafka until SIGINT/SIGTERM.
     Run,
+    /// The classic polling relayer (claim rows with FOR UPDATE SKIP LOCKED, publish, mark them
+    /// dispatched) until SIGINT/SIGTERM. See the [poll] config section.
+    Poll,
     /// Show the slot, its lag and retained WAL, and the publication.
     Status {
-        /// Print JSON (stable schema, see docs/configuration.md) instead of text.
+        /// Print JSON (stable schema: src/control/status.rs, docs/operations.md) instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// See it work: a throwaway PostgreSQL, an embedded Kafka (unless --bootstrap), producers,
+    /// the relay and a consumer, with live progress and a summary. Needs no --config.
+    Demo(crate::demo::DemoArgs),
     /// Drop the slot and the publication.
     Teardown {
         /// Confirm: dropping the slot discards the WAL position of undelivered events.
@@ -53,6 +80,19 @@ pub enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = match cli.command {
+        Command::Demo(args) => {
+            // The demo's progress line is the interesting output; the relay's info logs would bury it.
+            let level = if cli.log_level == "info" {
+                "warn"
+            } else {
+                &cli.log_level
+            };
+            logging::init(cli.log_format, level);
+            return crate::demo::main(args);
+        }
+        command => command,
+    };
     logging::init(cli.log_format, &cli.log_level);
     let Some(path) = cli.config.clone() else {
         eprintln!("error: --config FILE is required (or set OUTBOX_RELAY_CONFIG); see config/outbox-relay.toml for an example");
@@ -65,19 +105,29 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(dispatch(cli.command, settings))
+    runtime.block_on(dispatch(command, settings))
 }
 
 async fn dispatch(command: Command, settings: Settings) -> ExitCode {
     match command {
-        Command::Setup => report(control::setup(&settings).await.map(|r| r.to_string())),
+        Command::Setup { poll: true, .. } => report(crate::poll::setup::setup(&settings).await.map(|r| r.to_string())),
+        Command::Setup { backfill: false, .. } => report(control::setup(&settings).await.map(|r| r.to_string())),
+        Command::Setup { backfill: true, .. } => report(
+            control::setup_with_backfill(&settings, &settings.poll.dispatched)
+                .await
+                .map(|r| r.to_string()),
+        ),
         Command::Status { json } => report(control::status(&settings).await.map(|r| {
             if json {
                 serde_json::to_string_pretty(&r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
@@ -96,7 +146,10 @@ async fn dispatch(command: Command, settings: Settings) -> ExitCode {
             }
             report(control::teardown(&settings).await.map(|r| r.to_string()))
         }
+        // Handled in `main` before any config is read.
+        Command::Demo(_) => ExitCode::from(2),
         Command::Run => run(settings).await,
+        Command::Poll => run_poll(settings).await,
     }
 }
 
@@ -124,7 +177,29 @@ async fn run(settings: Settings) -> ExitCode {
     );
     let (tx, rx) = watch::channel(false);
     tokio::spawn(forward_signals(tx));
-    match relay::run(&settings, rx).await {
+    let health = std::sync::Arc::new(crate::health::RelayHealth::default());
+    // Kept alive until the relay returns, so probes keep answering while it drains.
+    let _http = match crate::http::start(&settings.http, std::sync::Arc::clone(&health)).await {
+        Ok(server) => server,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    match relay::run(&settings, rx, health).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run_poll(settings: Settings) -> ExitCode {
+    info!(version = env!("CARGO_PKG_VERSION"), postgres = %settings.postgres.url, table = %settings.outbox.table, "outbox-relay poll starting");
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(forward_signals(tx));
+    match crate::poll::run(&settings, rx).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");

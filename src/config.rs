@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::bad_event::BadEventPolicy;
 use crate::redact::{is_secret_key, Secret};
 use crate::routing::TopicRouter;
 use crate::sql_ident::{Ident, IdentError, SimpleName, TableName};
@@ -54,6 +55,10 @@ pub struct FileConfig {
     pub kafka: BTreeMap<String, KafkaValue>,
     #[serde(default)]
     pub relay: RelaySection,
+    #[serde(default)]
+    pub poll: crate::poll::config::PollSection,
+    #[serde(default)]
+    pub http: crate::http::config::HttpSection,
 }
 
 #[derive(Debug, Deserialize)]
@@ -79,6 +84,8 @@ pub struct OutboxSection {
     pub payload_column: String,
     pub timestamp_column: Option<String>,
     pub header_columns: BTreeMap<String, String>,
+    /// Transactional `pg_logical_emit_message` events with this prefix are outbox events too.
+    pub message_prefix: Option<String>,
 }
 
 impl Default for OutboxSection {
@@ -91,6 +98,7 @@ impl Default for OutboxSection {
             payload_column: "payload".into(),
             timestamp_column: None,
             header_columns: BTreeMap::new(),
+            message_prefix: None,
         }
     }
 }
@@ -128,6 +136,21 @@ pub struct RelaySection {
     pub reconnect_backoff_max_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
     pub connect_timeout_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub standby_poll_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub takeover_after_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub slot_check_interval_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub retained_wal_warn_bytes: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub heartbeat_interval_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub receive_timeout_ms: u64,
+    /// `fail` | `dead-letter` | `skip` (see `bad_event.rs`).
+    pub on_bad_event: String,
+    pub dead_letter_topic: Option<String>,
 }
 
 impl Default for RelaySection {
@@ -140,6 +163,14 @@ impl Default for RelaySection {
             reconnect_backoff_initial_ms: 500,
             reconnect_backoff_max_ms: 30_000,
             connect_timeout_ms: 10_000,
+            standby_poll_ms: 2_000,
+            takeover_after_ms: 0,
+            slot_check_interval_ms: 10_000,
+            retained_wal_warn_bytes: 1 << 30,
+            heartbeat_interval_ms: 0,
+            receive_timeout_ms: 30_000,
+            on_bad_event: "fail".into(),
+            dead_letter_topic: None,
         }
     }
 }
@@ -168,7 +199,7 @@ impl<'de> Deserialize<'de> for KafkaValue {
     }
 }
 
-fn number_or_numeric_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+pub(crate) fn number_or_numeric_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Num {
@@ -199,6 +230,10 @@ pub struct Settings {
     pub router: TopicRouter,
     pub kafka: KafkaProperties,
     pub relay: RelaySettings,
+    /// Only `outbox-relay poll` reads it.
+    pub poll: crate::poll::config::PollSettings,
+    /// `[http]`: metrics and health endpoints.
+    pub http: crate::http::config::HttpSettings,
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +257,8 @@ pub struct OutboxMapping {
     pub timestamp: Option<Ident>,
     /// (column, header name), in a stable order.
     pub headers: Vec<(Ident, String)>,
+    /// Prefix of `pg_logical_emit_message` events (`None`: messages are not events).
+    pub message_prefix: Option<String>,
 }
 
 impl OutboxMapping {
@@ -270,6 +307,21 @@ pub struct RelaySettings {
     pub reconnect_backoff_initial: Duration,
     pub reconnect_backoff_max: Duration,
     pub connect_timeout: Duration,
+    /// How often a standby retries the busy slot (takeover latency).
+    pub standby_poll: Duration,
+    /// Terminate a slot holder whose walsender heard no status update for this long (opt-in).
+    pub takeover_after: Option<Duration>,
+    /// How often `pg_replication_slots` is read for slot health.
+    pub slot_check_interval: Duration,
+    /// Warn when the slot retains more WAL than this (`None`: never).
+    pub retained_wal_warn_bytes: Option<u64>,
+    /// Emit `pg_logical_emit_message` heartbeats this often while streaming (`None`: off).
+    pub heartbeat_interval: Option<Duration>,
+    /// Silence from the server (while reading) after which the connection counts as dead;
+    /// also the replication socket's `TCP_USER_TIMEOUT`.
+    pub receive_timeout: Duration,
+    /// What to do with an event that can never be published.
+    pub on_bad_event: BadEventPolicy,
 }
 
 impl Settings {
@@ -282,8 +334,10 @@ impl Settings {
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         Self::from_toml_str(&text, path, env)
     }
 
@@ -292,7 +346,10 @@ impl Settings {
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, ConfigError> {
-        let parse_err = |message: String| ConfigError::Parse { path: path.to_owned(), message };
+        let parse_err = |message: String| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        };
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
         apply_env_overrides(&mut table, env)?;
         let file: FileConfig = toml::Value::Table(table)
@@ -327,7 +384,10 @@ impl Settings {
             if !ca.is_file() {
                 return Err(ConfigError::Invalid {
                     key: "postgres.sslrootcert",
-                    message: format!("{} is not a readable file; point it at the server's CA certificate (PEM)", ca.display()),
+                    message: format!(
+                        "{} is not a readable file; point it at the server's CA certificate (PEM)",
+                        ca.display()
+                    ),
                 });
             }
         }
@@ -354,25 +414,45 @@ impl Settings {
             }
             headers.push((col("outbox.header_columns", column)?, header.clone()));
         }
-        let outbox = OutboxMapping {
-            table: TableName::parse("outbox.table", &o.table).map_err(name("outbox.table"))?,
-            id: col("outbox.id_column", &o.id_column)?,
-            key: col("outbox.key_column", &o.key_column)?,
-            route_by: col("outbox.route_by_column", &o.route_by_column)?,
-            payload: col("outbox.payload_column", &o.payload_column)?,
-            timestamp: o.timestamp_column.as_deref().map(|c| col("outbox.timestamp_column", c)).transpose()?,
-            headers,
-        };
+        let outbox =
+            OutboxMapping {
+                table: TableName::parse("outbox.table", &o.table).map_err(name("outbox.table"))?,
+                id: col("outbox.id_column", &o.id_column)?,
+                key: col("outbox.key_column", &o.key_column)?,
+                route_by: col("outbox.route_by_column", &o.route_by_column)?,
+                payload: col("outbox.payload_column", &o.payload_column)?,
+                timestamp: o
+                    .timestamp_column
+                    .as_deref()
+                    .map(|c| col("outbox.timestamp_column", c))
+                    .transpose()?,
+                headers,
+                message_prefix: match o.message_prefix {
+                    Some(p) if p.is_empty() => return Err(ConfigError::Invalid {
+                        key: "outbox.message_prefix",
+                        message:
+                            "is empty; remove the key, or set the prefix your services pass to pg_logical_emit_message"
+                                .into(),
+                    }),
+                    p => p,
+                },
+            };
 
         let router = TopicRouter::new(&file.route.topic_regex, &file.route.topic_replacement).map_err(|message| {
-            ConfigError::Invalid { key: "route.topic_regex", message }
+            ConfigError::Invalid {
+                key: "route.topic_regex",
+                message,
+            }
         })?;
 
         let kafka = kafka_properties(file.kafka)?;
         let r = file.relay;
         let positive = |key: &'static str, v: u64| {
             if v == 0 {
-                Err(ConfigError::Invalid { key, message: "must be greater than zero".into() })
+                Err(ConfigError::Invalid {
+                    key,
+                    message: "must be greater than zero".into(),
+                })
             } else {
                 Ok(v)
             }
@@ -386,10 +466,35 @@ impl Settings {
                 "relay.reconnect_backoff_initial_ms",
                 r.reconnect_backoff_initial_ms,
             )?),
-            reconnect_backoff_max: Duration::from_millis(r.reconnect_backoff_max_ms.max(r.reconnect_backoff_initial_ms)),
+            reconnect_backoff_max: Duration::from_millis(
+                r.reconnect_backoff_max_ms.max(r.reconnect_backoff_initial_ms),
+            ),
             connect_timeout: Duration::from_millis(positive("relay.connect_timeout_ms", r.connect_timeout_ms)?),
+            standby_poll: Duration::from_millis(r.standby_poll_ms),
+            takeover_after: (r.takeover_after_ms > 0).then(|| Duration::from_millis(r.takeover_after_ms)),
+            slot_check_interval: Duration::from_millis(r.slot_check_interval_ms),
+            retained_wal_warn_bytes: (r.retained_wal_warn_bytes > 0).then_some(r.retained_wal_warn_bytes),
+            heartbeat_interval: (r.heartbeat_interval_ms > 0).then(|| Duration::from_millis(r.heartbeat_interval_ms)),
+            receive_timeout: Duration::from_millis(r.receive_timeout_ms),
+            on_bad_event: BadEventPolicy::from_config(&r.on_bad_event, r.dead_letter_topic.as_deref()).map_err(
+                |message| ConfigError::Invalid {
+                    key: "relay.on_bad_event",
+                    message,
+                },
+            )?,
         };
-        Ok(Settings { postgres, outbox, router, kafka, relay })
+        crate::relay::ha_config::validate(&relay)?;
+        let poll = file.poll.validate()?;
+        let http = file.http.validate()?;
+        Ok(Settings {
+            postgres,
+            outbox,
+            router,
+            kafka,
+            relay,
+            poll,
+            http,
+        })
     }
 }
 
@@ -459,23 +564,34 @@ fn apply_env_overrides(
             });
         };
         let section = section.to_ascii_lowercase();
-        let key = if section == "kafka" { key.to_ascii_lowercase().replace('_', ".") } else { key.to_ascii_lowercase() };
+        let key = if section == "kafka" {
+            key.to_ascii_lowercase().replace('_', ".")
+        } else {
+            key.to_ascii_lowercase()
+        };
         let parsed = if section == "outbox" && key == "header_columns" {
-            let doc: toml::Table = format!("v = {value}").parse().map_err(|e: toml::de::Error| ConfigError::Env {
-                var: var.clone(),
-                message: format!("expected a TOML inline table such as {{ tenant_id = \"x-tenant\" }}: {e}"),
-            })?;
+            let doc: toml::Table = format!("v = {value}")
+                .parse()
+                .map_err(|e: toml::de::Error| ConfigError::Env {
+                    var: var.clone(),
+                    message: format!("expected a TOML inline table such as {{ tenant_id = \"x-tenant\" }}: {e}"),
+                })?;
             doc.get("v").cloned().unwrap_or(toml::Value::String(value))
         } else {
             toml::Value::String(value)
         };
-        let entry = table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let entry = table
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         match entry {
             toml::Value::Table(t) => {
                 t.insert(key, parsed);
             }
             _ => {
-                return Err(ConfigError::Env { var, message: format!("[{section}] in the file is not a table") });
+                return Err(ConfigError::Env {
+                    var,
+                    message: format!("[{section}] in the file is not a table"),
+                });
             }
         }
     }

@@ -52,6 +52,23 @@ pub enum BadEvent {
     Topic(String),
     #[error("Kafka refused the record: {0}")]
     Rejected(String),
+    #[error("logical decoding message: {0}")]
+    Message(String),
+}
+
+impl BadEvent {
+    /// The `cause` label of `outbox_relay_bad_events_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BadEvent::Null { .. } => "null_column",
+            BadEvent::NotUtf8 { .. } => "not_utf8",
+            BadEvent::Binary { .. } => "binary_value",
+            BadEvent::ShortTuple { .. } => "short_tuple",
+            BadEvent::Topic(_) => "invalid_topic",
+            BadEvent::Rejected(_) => "kafka_rejected",
+            BadEvent::Message(_) => "bad_message",
+        }
+    }
 }
 
 /// The mapped values of one outbox row (cheap `Bytes` slices of the WAL message).
@@ -68,12 +85,21 @@ pub struct OutboxRow {
 impl OutboxLayout {
     pub fn resolve(mapping: &OutboxMapping, relation: &Relation) -> Result<Self, LayoutError> {
         let find = |col: &crate::sql_ident::Ident, config_key: &'static str| {
-            relation.columns.iter().position(|c| c.name == col.as_str()).ok_or_else(|| LayoutError {
-                column: col.as_str().to_owned(),
-                config_key,
-                table: mapping.table.to_string(),
-                present: relation.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
-            })
+            relation
+                .columns
+                .iter()
+                .position(|c| c.name == col.as_str())
+                .ok_or_else(|| LayoutError {
+                    column: col.as_str().to_owned(),
+                    config_key,
+                    table: mapping.table.to_string(),
+                    present: relation
+                        .columns
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
         };
         let mut headers = Vec::with_capacity(mapping.headers.len());
         for (col, header) in &mapping.headers {
@@ -84,7 +110,11 @@ impl OutboxLayout {
             key: find(&mapping.key, "outbox.key_column")?,
             route_by: find(&mapping.route_by, "outbox.route_by_column")?,
             payload: find(&mapping.payload, "outbox.payload_column")?,
-            timestamp: mapping.timestamp.as_ref().map(|c| find(c, "outbox.timestamp_column")).transpose()?,
+            timestamp: mapping
+                .timestamp
+                .as_ref()
+                .map(|c| find(c, "outbox.timestamp_column"))
+                .transpose()?,
             headers,
         })
     }
@@ -97,9 +127,17 @@ impl OutboxLayout {
     /// Extracts the mapped values; column names in errors come from `relation`.
     pub fn extract(&self, relation: &Relation, tuple: &TupleData) -> Result<OutboxRow, BadEvent> {
         let text = |idx: usize, role: &'static str| -> Result<Option<Bytes>, BadEvent> {
-            let column = || relation.columns.get(idx).map_or_else(|| format!("#{idx}"), |c| c.name.clone());
+            let column = || {
+                relation
+                    .columns
+                    .get(idx)
+                    .map_or_else(|| format!("#{idx}"), |c| c.name.clone())
+            };
             match tuple.columns.get(idx) {
-                None => Err(BadEvent::ShortTuple { got: tuple.columns.len(), expected: relation.columns.len() }),
+                None => Err(BadEvent::ShortTuple {
+                    got: tuple.columns.len(),
+                    expected: relation.columns.len(),
+                }),
                 Some(ColumnValue::Text(b)) => Ok(Some(b.clone())),
                 Some(ColumnValue::Null) => Ok(None),
                 // Inserts always carry full values; an unchanged-TOAST marker here means the row
@@ -117,7 +155,10 @@ impl OutboxLayout {
         let key = text(self.key, "message key")?.unwrap_or_default();
         let route_raw = text(self.route_by, "route-by value")?.unwrap_or_default();
         let route_value = String::from_utf8(route_raw.to_vec()).map_err(|_| BadEvent::NotUtf8 {
-            column: relation.columns.get(self.route_by).map_or_else(String::new, |c| c.name.clone()),
+            column: relation
+                .columns
+                .get(self.route_by)
+                .map_or_else(String::new, |c| c.name.clone()),
             role: "route-by value",
         })?;
         let payload = text(self.payload, "payload")?.unwrap_or_default();
@@ -129,7 +170,14 @@ impl OutboxLayout {
         for (i, (idx, _)) in self.headers.iter().enumerate() {
             headers.push((i, text(*idx, "header")?));
         }
-        Ok(OutboxRow { id, key, route_value, payload, timestamp_ms, headers })
+        Ok(OutboxRow {
+            id,
+            key,
+            route_value,
+            payload,
+            timestamp_ms,
+            headers,
+        })
     }
 }
 
@@ -197,7 +245,10 @@ mod tests {
     #[test]
     fn parses_iso_timestamps() {
         assert_eq!(parse_timestamp_ms(b"1970-01-01 00:00:00+00"), Some(0));
-        assert_eq!(parse_timestamp_ms(b"2026-11-22 15:20:00.123456+00"), Some(1_795_360_800_123));
+        assert_eq!(
+            parse_timestamp_ms(b"2026-11-22 15:20:00.123456+00"),
+            Some(1_795_360_800_123)
+        );
         assert_eq!(parse_timestamp_ms(b"2026-11-22 16:20:00.5+01"), Some(1_795_360_800_500));
         assert_eq!(parse_timestamp_ms(b"2026-11-22 15:20:00"), Some(1_795_360_800_000));
         assert_eq!(parse_timestamp_ms(b"2000-02-29 00:00:00-05:30"), Some(951_802_200_000));

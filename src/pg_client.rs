@@ -26,10 +26,14 @@ pub async fn connect(settings: &PostgresSettings, timeout: Duration) -> Result<C
     if config.get_application_name().is_none() {
         config.application_name("outbox-relay");
     }
-    let tls = tokio_postgres_rustls::MakeRustlsConnect::new((*tls::client_config(settings.sslrootcert.as_deref())?).clone());
+    let tls =
+        tokio_postgres_rustls::MakeRustlsConnect::new((*tls::client_config(settings.sslrootcert.as_deref())?).clone());
     let (client, connection) = tokio::time::timeout(timeout, config.connect(tls))
         .await
-        .map_err(|_| ConnectError::Timeout { url: url.clone(), after: timeout })?
+        .map_err(|_| ConnectError::Timeout {
+            url: url.clone(),
+            after: timeout,
+        })?
         .map_err(|source| ConnectError::Postgres { url, source })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {

@@ -11,6 +11,10 @@
 //!
 //! A producer is never reused after a failure: the relay abandons it (purging its queue and
 //! waiting, bounded, for requests already on the wire) and builds a new one before replaying.
+//!
+//! The tag type is a parameter that defaults to [`DeliveryTag`], the CDC path's (watermark ticket,
+//! bytes, commit LSN). Other callers that settle deliveries differently — the polling relayer
+//! waits for a whole claimed batch — bring their own tag through [`Publisher::create`].
 
 use std::time::Duration;
 
@@ -36,12 +40,20 @@ pub struct DeliveryTag {
     pub commit_lsn: Lsn,
     /// Commit time (µs since the Unix epoch), for latency measurements.
     pub commit_time_unix_us: i64,
+    /// Position among its transaction's outbox events (with `commit_lsn`, the event's identity
+    /// across replays; see `relay::quarantine`).
+    pub event_seq: u32,
+    /// A dead letter (`[relay] on_bad_event = "dead-letter"`): its failure is a plain delivery
+    /// failure, never another bad event.
+    pub dead_letter: bool,
+    /// The event's topic in the session's per-topic metrics (`crate::metrics::SessionMetrics`).
+    pub topic: crate::metrics::TopicId,
 }
 
 /// The outcome of one event.
 #[derive(Debug)]
-pub struct Delivery {
-    pub tag: Box<DeliveryTag>,
+pub struct Delivery<Tag = DeliveryTag> {
+    pub tag: Box<Tag>,
     pub outcome: Result<(), DeliveryFailure>,
 }
 
@@ -80,41 +92,61 @@ impl OutboundRecord<'_> {
         self.key.len()
             + self.payload.len()
             + self.event_id.len()
-            + self.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len())).sum::<usize>()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()))
+                .sum::<usize>()
     }
 }
 
 /// librdkafka refused a record before queueing it.
 #[derive(Debug)]
-pub struct Rejected {
-    pub tag: Box<DeliveryTag>,
+pub struct Rejected<Tag = DeliveryTag> {
+    pub tag: Box<Tag>,
     pub error: KafkaError,
 }
 
-impl Rejected {
+impl<Tag> Rejected<Tag> {
     /// The record itself is unacceptable (too large, bad topic), as opposed to the producer.
     pub fn is_bad_record(&self) -> bool {
-        matches!(
-            self.error.rdkafka_error_code(),
-            Some(
-                RDKafkaErrorCode::MessageSizeTooLarge
-                    | RDKafkaErrorCode::InvalidMessageSize
-                    | RDKafkaErrorCode::InvalidTopic
-                    | RDKafkaErrorCode::UnknownTopic
-                    | RDKafkaErrorCode::InvalidRecord
-            )
-        )
+        is_record_rejection(&self.error)
     }
 }
 
-pub struct DeliveryReports {
-    tx: mpsc::UnboundedSender<Delivery>,
+/// Whether Kafka (librdkafka locally, or the broker in a delivery report) refused a record for
+/// what it *is* — its size, shape, timestamp or topic — so that sending it again can never
+/// succeed. Everything else (timeouts, transport, leadership, authorization, a broken
+/// producer) is the cluster's or the producer's problem, and the relay replays.
+/// docs/reliability.md has the table, with the reasons.
+pub fn is_record_rejection(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            // Larger than message.max.bytes (librdkafka, locally) or the broker's/topic's limit.
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                // The broker refused the record batch's content or its timestamp
+                // (message.timestamp.difference.max.ms).
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidTimestamp
+                | RDKafkaErrorCode::MessageBatchTooLarge
+                // The routed topic is illegal, or the cluster says it does not exist and will
+                // not create it (auto-creation off).
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::UnknownTopic
+        )
+    )
 }
 
-impl ClientContext for DeliveryReports {}
+pub struct DeliveryReports<Tag = DeliveryTag> {
+    tx: mpsc::UnboundedSender<Delivery<Tag>>,
+}
 
-impl ProducerContext for DeliveryReports {
-    type DeliveryOpaque = Box<DeliveryTag>;
+impl<Tag: Send + Sync + 'static> ClientContext for DeliveryReports<Tag> {}
+
+impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
+    type DeliveryOpaque = Box<Tag>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, tag: Self::DeliveryOpaque) {
         let outcome = match result {
@@ -135,17 +167,27 @@ impl ProducerContext for DeliveryReports {
     }
 }
 
-pub struct Publisher {
-    producer: ThreadedProducer<DeliveryReports>,
+pub struct Publisher<Tag: Send + Sync + 'static = DeliveryTag> {
+    producer: ThreadedProducer<DeliveryReports<Tag>>,
 }
 
 impl Publisher {
-    /// Builds the producer. `max_in_flight` sizes librdkafka's local queue so it never rejects a
-    /// record the relay's own budget allows.
+    /// Builds the CDC path's producer (tags are [`DeliveryTag`]s). `max_in_flight` sizes
+    /// librdkafka's local queue so it never rejects a record the relay's own budget allows.
     pub fn new(
         props: &KafkaProperties,
         max_in_flight: usize,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), KafkaError> {
+        Publisher::create(props, max_in_flight)
+    }
+}
+
+impl<Tag: Send + Sync + 'static> Publisher<Tag> {
+    /// Like [`Publisher::new`], for records tagged with the caller's own `Tag`.
+    pub fn create(
+        props: &KafkaProperties,
+        max_in_flight: usize,
+    ) -> Result<(Publisher<Tag>, mpsc::UnboundedReceiver<Delivery<Tag>>), KafkaError> {
         let mut config = ClientConfig::new();
         for (k, v) in &props.0 {
             config.set(k, v);
@@ -164,11 +206,17 @@ impl Publisher {
         Ok((Publisher { producer }, rx))
     }
 
-    pub fn send(&self, record: &OutboundRecord<'_>, tag: Box<DeliveryTag>) -> Result<(), Rejected> {
+    pub fn send(&self, record: &OutboundRecord<'_>, tag: Box<Tag>) -> Result<(), Rejected<Tag>> {
         let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len());
-        headers = headers.insert(Header { key: "id", value: Some(record.event_id) });
+        headers = headers.insert(Header {
+            key: "id",
+            value: Some(record.event_id),
+        });
         for (name, value) in record.headers {
-            headers = headers.insert(Header { key: name, value: value.as_deref() });
+            headers = headers.insert(Header {
+                key: name,
+                value: value.as_deref(),
+            });
         }
         let mut base = BaseRecord::with_opaque_to(record.topic, tag)
             .key(record.key)
@@ -177,7 +225,10 @@ impl Publisher {
         if let Some(ts) = record.timestamp_ms {
             base = base.timestamp(ts);
         }
-        self.producer.send(base).map_err(|(error, rec)| Rejected { tag: rec.delivery_opaque, error })
+        self.producer.send(base).map_err(|(error, rec)| Rejected {
+            tag: rec.delivery_opaque,
+            error,
+        })
     }
 
     /// Records queued or on the wire.
@@ -189,6 +240,8 @@ impl Publisher {
     /// requests already on the wire, so a replay by the next producer cannot overtake them.
     pub fn abandon(self, wait: Duration) {
         self.producer.purge(PurgeConfig::default().queue());
+        // Crash tests: die while the abandoned producer's requests may still be on the wire.
+        fail::fail_point!("publisher::abandon", |_| crate::failpoints::crash("publisher::abandon"));
         if let Err(e) = self.producer.flush(wait) {
             warn!(error = %e, "abandoned producer still had requests in flight");
         }

@@ -74,7 +74,9 @@ pub fn redact_connection_string(s: &str) -> String {
 }
 
 fn redact_query_password(query: &str) -> String {
-    let Some(qpos) = query.find('?') else { return query.to_owned() };
+    let Some(qpos) = query.find('?') else {
+        return query.to_owned();
+    };
     let (path, params) = query.split_at(qpos + 1);
     let redacted: Vec<String> = params
         .split('&')

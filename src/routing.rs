@@ -46,7 +46,10 @@ impl TopicRouter {
                 ));
             }
         }
-        Ok(TopicRouter { anchored, replacement: replacement.to_owned() })
+        Ok(TopicRouter {
+            anchored,
+            replacement: replacement.to_owned(),
+        })
     }
 
     /// The topic for one route-by value.
@@ -71,10 +74,18 @@ pub fn validate_topic_name(topic: &str) -> Result<(), String> {
         return Err(format!("{topic:?} is not a legal Kafka topic name"));
     }
     if topic.len() > MAX_TOPIC_LEN {
-        return Err(format!("the routed topic name is {} characters; Kafka allows at most {MAX_TOPIC_LEN}", topic.len()));
+        return Err(format!(
+            "the routed topic name is {} characters; Kafka allows at most {MAX_TOPIC_LEN}",
+            topic.len()
+        ));
     }
-    if let Some(bad) = topic.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(format!("topic {topic:?} contains {bad:?}; Kafka topic names allow only letters, digits, '.', '_' and '-'"));
+    if let Some(bad) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "topic {topic:?} contains {bad:?}; Kafka topic names allow only letters, digits, '.', '_' and '-'"
+        ));
     }
     Ok(())
 }
@@ -155,7 +166,9 @@ mod tests {
 
     #[test]
     fn bad_regex_and_unknown_groups_are_config_errors() {
-        assert!(TopicRouter::new("(unclosed", "x").unwrap_err().contains("not a valid regular expression"));
+        assert!(TopicRouter::new("(unclosed", "x")
+            .unwrap_err()
+            .contains("not a valid regular expression"));
         assert!(TopicRouter::new("(?<a>.*)", "${b}").unwrap_err().contains("\"b\""));
         assert!(TopicRouter::new("(?<a>.*)", "$$literal-${a}").is_ok());
     }
@@ -169,6 +182,38 @@ mod tests {
         assert!(validate_topic_name("ünï").is_err());
         assert!(validate_topic_name(&"a".repeat(250)).is_err());
         assert!(validate_topic_name(&"a".repeat(249)).is_ok());
+    }
+
+    /// Kafka's rule, written independently of `validate_topic_name`.
+    fn legal_topic(t: &str) -> bool {
+        (1..=MAX_TOPIC_LEN).contains(&t.len())
+            && t != "."
+            && t != ".."
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    }
+
+    proptest! {
+        #[test]
+        fn topic_validation_is_kafkas_rule(name in prop_oneof![".{0,20}", "[a-zA-Z0-9._-]{0,260}", "[.]{1,3}"]) {
+            prop_assert_eq!(validate_topic_name(&name).is_ok(), legal_topic(&name), "{:?}", name);
+        }
+
+        #[test]
+        fn debezium_prefix_replacement_prepends_and_validates(value in "[a-zA-Z0-9._ -]{0,250}") {
+            let r = TopicRouter::new(DEFAULT_TOPIC_REGEX, "outbox.event.${routedByValue}").unwrap();
+            let topic = r.route(&value);
+            prop_assert_eq!(topic.as_ref(), format!("outbox.event.{value}"));
+            prop_assert_eq!(validate_topic_name(&topic).is_ok(), legal_topic(&topic));
+        }
+
+        #[test]
+        fn unmatched_values_route_to_themselves(value in "[a-z]{1,20}") {
+            // The regex needs a dot; a value without one does not match and stays the topic.
+            let r = TopicRouter::new(r"(?<routedByValue>[^.]+)\..+", "${routedByValue}").unwrap();
+            let routed = r.route(&value);
+            prop_assert_eq!(routed.as_ref(), value.as_str());
+        }
     }
 
     proptest! {

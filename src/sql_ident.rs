@@ -48,7 +48,10 @@ impl Ident {
         let parts = split_qualified(what, text)?;
         match parts.as_slice() {
             [one] => Ok(one.clone()),
-            _ => Err(IdentError::InvalidUnquoted { what, value: text.to_owned() }),
+            _ => Err(IdentError::InvalidUnquoted {
+                what,
+                value: text.to_owned(),
+            }),
         }
     }
 
@@ -80,12 +83,21 @@ impl TableName {
     pub fn parse(what: &'static str, text: &str) -> Result<Self, IdentError> {
         let mut parts = split_qualified(what, text)?;
         match parts.len() {
-            1 => Ok(TableName { schema: Ident("public".into()), name: parts.remove(0) }),
+            1 => Ok(TableName {
+                schema: Ident("public".into()),
+                name: parts.remove(0),
+            }),
             2 => {
                 let name = parts.remove(1);
-                Ok(TableName { schema: parts.remove(0), name })
+                Ok(TableName {
+                    schema: parts.remove(0),
+                    name,
+                })
             }
-            _ => Err(IdentError::TooManyParts { what, value: text.to_owned() }),
+            _ => Err(IdentError::TooManyParts {
+                what,
+                value: text.to_owned(),
+            }),
         }
     }
 
@@ -111,9 +123,14 @@ impl SimpleName {
             return Err(IdentError::Empty { what });
         }
         let ok = text.len() <= MAX_IDENTIFIER_BYTES
-            && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
         if !ok {
-            return Err(IdentError::InvalidSimpleName { what, value: text.to_owned() });
+            return Err(IdentError::InvalidSimpleName {
+                what,
+                value: text.to_owned(),
+            });
         }
         Ok(SimpleName(text.to_owned()))
     }
@@ -164,7 +181,10 @@ fn split_qualified(what: &'static str, text: &str) -> Result<Vec<Ident>, IdentEr
         return Err(IdentError::Empty { what });
     }
     if trimmed.contains('\0') {
-        return Err(IdentError::Nul { what, value: text.to_owned() });
+        return Err(IdentError::Nul {
+            what,
+            value: text.to_owned(),
+        });
     }
     let mut parts = Vec::new();
     let mut chars = trimmed.chars().peekable();
@@ -187,7 +207,10 @@ fn split_qualified(what: &'static str, text: &str) -> Result<Vec<Ident>, IdentEr
                 }
             }
             if !closed {
-                return Err(IdentError::UnterminatedQuote { what, value: text.to_owned() });
+                return Err(IdentError::UnterminatedQuote {
+                    what,
+                    value: text.to_owned(),
+                });
             }
             if part.is_empty() {
                 return Err(IdentError::Empty { what });
@@ -206,18 +229,29 @@ fn split_qualified(what: &'static str, text: &str) -> Result<Vec<Ident>, IdentEr
                 .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
                 && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
             if !valid {
-                return Err(IdentError::InvalidUnquoted { what, value: text.to_owned() });
+                return Err(IdentError::InvalidUnquoted {
+                    what,
+                    value: text.to_owned(),
+                });
             }
             part = part.to_ascii_lowercase();
         }
         if part.len() > MAX_IDENTIFIER_BYTES {
-            return Err(IdentError::TooLong { what, value: text.to_owned() });
+            return Err(IdentError::TooLong {
+                what,
+                value: text.to_owned(),
+            });
         }
         parts.push(Ident(part));
         match chars.next() {
             None => break,
             Some('.') => continue,
-            Some(_) => return Err(IdentError::InvalidUnquoted { what, value: text.to_owned() }),
+            Some(_) => {
+                return Err(IdentError::InvalidUnquoted {
+                    what,
+                    value: text.to_owned(),
+                })
+            }
         }
     }
     Ok(parts)

@@ -31,11 +31,16 @@ pub fn client_config(sslrootcert: Option<&Path>) -> Result<Arc<ClientConfig>, Tl
     let builder = ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let config = match sslrootcert {
         Some(path) => {
-            let ca_err = |message: String| TlsError::CaFile { path: path.display().to_string(), message };
+            let ca_err = |message: String| TlsError::CaFile {
+                path: path.display().to_string(),
+                message,
+            };
             let mut roots = RootCertStore::empty();
             let certs = CertificateDer::pem_file_iter(path).map_err(|e| ca_err(e.to_string()))?;
             for cert in certs {
-                roots.add(cert.map_err(|e| ca_err(e.to_string()))?).map_err(|e| ca_err(e.to_string()))?;
+                roots
+                    .add(cert.map_err(|e| ca_err(e.to_string()))?)
+                    .map_err(|e| ca_err(e.to_string()))?;
             }
             if roots.is_empty() {
                 return Err(ca_err("no certificate found in the file".into()));

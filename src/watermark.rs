@@ -55,6 +55,8 @@ pub struct AckWatermark {
     confirmed: Lsn,
     in_flight_events: usize,
     in_flight_bytes: usize,
+    /// Events sent in pending (not yet confirmed) transactions, acknowledged or not.
+    unconfirmed_events: usize,
     poisoned: bool,
 }
 
@@ -80,6 +82,7 @@ impl AckWatermark {
             confirmed: start,
             in_flight_events: 0,
             in_flight_bytes: 0,
+            unconfirmed_events: 0,
             poisoned: false,
         }
     }
@@ -95,6 +98,14 @@ impl AckWatermark {
 
     pub fn in_flight_bytes(&self) -> usize {
         self.in_flight_bytes
+    }
+
+    /// Events of *committed* transactions that are not yet confirmed, acknowledged or not: what
+    /// a crash now would publish again (besides the open transaction's events). Acknowledgements
+    /// that arrive out of order (another partition was slower) leave events here although they
+    /// are no longer in flight, so this — not just the in-flight count — bounds the replay.
+    pub fn committed_unconfirmed_events(&self) -> usize {
+        self.unconfirmed_events - self.open_txn().map_or(0, |t| t.events as usize)
     }
 
     /// True once any delivery failed; nothing is confirmed past it afterwards.
@@ -116,7 +127,12 @@ impl AckWatermark {
         if self.open_txn().is_some() {
             return Err(WatermarkError::AlreadyOpen);
         }
-        self.pending.push_back(PendingTxn { end_lsn: None, outstanding: 0, events: 0, poisoned: false });
+        self.pending.push_back(PendingTxn {
+            end_lsn: None,
+            outstanding: 0,
+            events: 0,
+            poisoned: false,
+        });
         Ok(TxnTicket(self.front_seq + self.pending.len() as u64 - 1))
     }
 
@@ -126,6 +142,7 @@ impl AckWatermark {
         txn.outstanding += 1;
         txn.events += 1;
         self.in_flight_events += 1;
+        self.unconfirmed_events += 1;
         self.in_flight_bytes += bytes;
         Ok(())
     }
@@ -171,7 +188,12 @@ impl AckWatermark {
             }
             return;
         }
-        self.pending.push_back(PendingTxn { end_lsn: Some(wal_end), outstanding: 0, events: 0, poisoned: false });
+        self.pending.push_back(PendingTxn {
+            end_lsn: Some(wal_end),
+            outstanding: 0,
+            events: 0,
+            poisoned: false,
+        });
         self.merge_trailing_markers();
         self.advance();
     }
@@ -188,8 +210,13 @@ impl AckWatermark {
     }
 
     fn get_mut(&mut self, ticket: TxnTicket) -> Result<&mut PendingTxn, WatermarkError> {
-        let idx = ticket.0.checked_sub(self.front_seq).ok_or(WatermarkError::UnknownTicket(ticket.0))?;
-        self.pending.get_mut(idx as usize).ok_or(WatermarkError::UnknownTicket(ticket.0))
+        let idx = ticket
+            .0
+            .checked_sub(self.front_seq)
+            .ok_or(WatermarkError::UnknownTicket(ticket.0))?;
+        self.pending
+            .get_mut(idx as usize)
+            .ok_or(WatermarkError::UnknownTicket(ticket.0))
     }
 
     /// Two event-less finished entries at the back carry no information but the later LSN;
@@ -217,6 +244,7 @@ impl AckWatermark {
             if let Some(end) = front.end_lsn {
                 self.confirmed = self.confirmed.max(end);
             }
+            self.unconfirmed_events -= front.events as usize;
             self.pending.pop_front();
             self.front_seq += 1;
         }

@@ -31,9 +31,13 @@ fn minimal_config_gets_documented_defaults() {
 
 #[test]
 fn unknown_keys_are_errors() {
-    let err = load(&format!("{MINIMAL}\n[relay]\nmax_inflight = 5\n"), &[]).unwrap_err().to_string();
+    let err = load(&format!("{MINIMAL}\n[relay]\nmax_inflight = 5\n"), &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unknown field `max_inflight`"), "{err}");
-    let err = load(&format!("{MINIMAL}\n[extra]\na = 1\n"), &[]).unwrap_err().to_string();
+    let err = load(&format!("{MINIMAL}\n[extra]\na = 1\n"), &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unknown field `extra`"), "{err}");
 }
 
@@ -58,9 +62,13 @@ fn env_overrides_apply_and_kafka_keys_get_dots() {
 
 #[test]
 fn unknown_env_keys_are_errors_too() {
-    let err = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__MAX_INFLIGHT", "1")]).unwrap_err().to_string();
+    let err = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__MAX_INFLIGHT", "1")])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("max_inflight"), "{err}");
-    let err = load(MINIMAL, &[("OUTBOX_RELAY__NOSECTIONKEY", "1")]).unwrap_err().to_string();
+    let err = load(MINIMAL, &[("OUTBOX_RELAY__NOSECTIONKEY", "1")])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("OUTBOX_RELAY__<SECTION>__<KEY>"), "{err}");
 }
 
@@ -76,9 +84,13 @@ fn durability_properties_cannot_be_weakened() {
 
 #[test]
 fn names_are_validated() {
-    let bad_slot = load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__SLOT", "Bad-Slot")]).unwrap_err().to_string();
+    let bad_slot = load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__SLOT", "Bad-Slot")])
+        .unwrap_err()
+        .to_string();
     assert!(bad_slot.contains("postgres.slot"), "{bad_slot}");
-    let bad_table = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "x; drop table y")]).unwrap_err().to_string();
+    let bad_table = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "x; drop table y")])
+        .unwrap_err()
+        .to_string();
     assert!(bad_table.contains("outbox.table"), "{bad_table}");
     let quoted = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "\"Sales\".\"OutBox\"")]).unwrap();
     assert_eq!(quoted.outbox.table.name.as_str(), "OutBox");
@@ -86,7 +98,9 @@ fn names_are_validated() {
 
 #[test]
 fn missing_bootstrap_servers_is_explained() {
-    let err = load("[postgres]\nurl = \"postgres://u@h/db\"\n", &[]).unwrap_err().to_string();
+    let err = load("[postgres]\nurl = \"postgres://u@h/db\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("bootstrap.servers"), "{err}");
 }
 
@@ -103,6 +117,86 @@ fn debug_output_hides_secrets() {
 fn the_shipped_example_config_is_valid() {
     let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/outbox-relay.toml"));
     Settings::load_with_env(path, Vec::new()).unwrap();
+}
+
+#[test]
+fn bad_event_policy_defaults_to_fail_and_dead_letter_needs_a_valid_topic() {
+    use crate::bad_event::BadEventPolicy;
+    assert_eq!(load(MINIMAL, &[]).unwrap().relay.on_bad_event, BadEventPolicy::Fail);
+    let skip = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "skip")]).unwrap();
+    assert_eq!(skip.relay.on_bad_event, BadEventPolicy::Skip);
+    let dl = load(
+        &format!("{MINIMAL}\n[relay]\non_bad_event = \"dead-letter\"\ndead_letter_topic = \"outbox.dlq\"\n"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        dl.relay.on_bad_event,
+        BadEventPolicy::DeadLetter {
+            topic: "outbox.dlq".into()
+        }
+    );
+    let missing = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "dead-letter")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        missing.contains("relay.on_bad_event") && missing.contains("dead_letter_topic"),
+        "{missing}"
+    );
+    let bad_topic = load(
+        MINIMAL,
+        &[
+            ("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "dead-letter"),
+            ("OUTBOX_RELAY__RELAY__DEAD_LETTER_TOPIC", "dead letters"),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(bad_topic.contains("contains ' '"), "{bad_topic}");
+    let typo = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "deadletter")])
+        .unwrap_err()
+        .to_string();
+    assert!(typo.contains("\"deadletter\" is not a policy"), "{typo}");
+}
+
+#[test]
+fn message_prefix_is_optional_but_never_empty() {
+    assert_eq!(load(MINIMAL, &[]).unwrap().outbox.message_prefix, None);
+    let set = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__MESSAGE_PREFIX", "outbox")]).unwrap();
+    assert_eq!(set.outbox.message_prefix.as_deref(), Some("outbox"));
+    let empty = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__MESSAGE_PREFIX", "")])
+        .unwrap_err()
+        .to_string();
+    assert!(empty.contains("outbox.message_prefix"), "{empty}");
+}
+
+mod bad_event_props {
+    use super::*;
+    use crate::bad_event::BadEventPolicy;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_legal_topic_is_a_dead_letter_topic(topic in "[a-zA-Z0-9._-]{1,249}") {
+            prop_assume!(topic != "." && topic != "..");
+            let s = load(
+                MINIMAL,
+                &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "dead-letter"), ("OUTBOX_RELAY__RELAY__DEAD_LETTER_TOPIC", &topic)],
+            )
+            .unwrap();
+            prop_assert_eq!(s.relay.on_bad_event, BadEventPolicy::DeadLetter { topic });
+        }
+
+        #[test]
+        fn only_the_three_policies_are_accepted(policy in "[a-z-]{0,12}") {
+            let result = load(
+                MINIMAL,
+                &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", &policy), ("OUTBOX_RELAY__RELAY__DEAD_LETTER_TOPIC", "dlq")],
+            );
+            let known = ["fail", "skip", "dead-letter"].contains(&policy.as_str());
+            prop_assert_eq!(result.is_ok(), known, "{}: {:?}", policy, result.err().map(|e| e.to_string()));
+        }
+    }
 }
 
 mod props {

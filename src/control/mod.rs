@@ -32,6 +32,7 @@
 //!
 //! `status` output is a stable JSON schema, documented in [`status`](mod@status).
 
+pub mod backfill;
 mod catalog;
 mod column_types;
 mod error;
@@ -39,8 +40,10 @@ pub mod preflight;
 mod publication;
 pub mod setup;
 pub mod status;
+pub mod status_health;
 pub mod teardown;
 
+pub use backfill::{setup_with_backfill, BackfillError, BackfillReport};
 pub use error::{describe, ControlError};
 pub use preflight::{preflight, MappedColumn, PreflightReport, PublicationInfo, SlotInfo};
 pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};

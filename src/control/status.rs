@@ -46,6 +46,21 @@
 //!     "publish": ["insert"],           // subset of insert, update, delete, truncate
 //!     "tables": [{ "schema": "public", "table": "events_outbox" }],   // pg_publication_tables
 //!     "includes_outbox_table": true
+//!   },
+//!   "health": {                        // ok / warn / critical and why (control/status_health.rs)
+//!     "verdict": "ok",                 // ok | warn | critical
+//!     "reasons": [],                   // one sentence per finding, most severe first; [] when ok
+//!     "lag_seconds": 0.42,             // pg_stat_replication.flush_lag of the walsender streaming from the
+//!                                      // slot: WAL written → confirmed by the relay (after Kafka acked);
+//!                                      // null when no relay streams or there was no recent traffic
+//!     "last_status_update_seconds": 0.3,   // since the streaming relay's last status update; null if none
+//!     "thresholds": {                  // what the verdict used (see control/status_health.rs)
+//!       "lag_warn_seconds": 60,        // http.ready_max_lag_seconds
+//!       "lag_critical_seconds": 600,   // 10 × that
+//!       "retained_wal_warn_bytes": 1073741824,      // relay.retained_wal_warn_bytes; null when 0 (off)
+//!       "retained_wal_critical_bytes": 4294967296,  // 4 × that
+//!       "safe_wal_critical_ratio": 0.2 // critical when safe_wal_size < 20 % of the slot's WAL budget
+//!     }
 //!   }
 //! }
 //! ```
@@ -55,6 +70,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::catalog;
+use super::status_health::{self, Facts, HealthStatus, Thresholds, WalsenderLag};
 use super::{connect, human_bytes, ControlError};
 use crate::config::Settings;
 use crate::lsn::Lsn;
@@ -62,7 +78,7 @@ use crate::lsn::Lsn;
 /// The current version of the JSON schema above.
 pub const STATUS_SCHEMA_VERSION: u32 = 1;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     pub schema_version: u32,
     pub postgres_url: String,
@@ -70,6 +86,7 @@ pub struct StatusReport {
     pub outbox_table: TableRef,
     pub slot: SlotStatus,
     pub publication: PublicationStatus,
+    pub health: HealthStatus,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,7 +207,28 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         },
     };
 
+    let lag = match slot.active_pid {
+        Some(pid) => status_health::walsender_lag(&client, pid).await?,
+        None => WalsenderLag::default(),
+    };
+    let facts = Facts {
+        slot_name: slot.name.clone(),
+        slot_exists: slot.exists,
+        slot_usable_plugin: slot.slot_type.as_deref() == Some("logical") && slot.plugin.as_deref() == Some("pgoutput"),
+        slot_active: slot.active,
+        wal_status: slot.wal_status.clone(),
+        retained_wal_bytes: slot.retained_wal_bytes,
+        safe_wal_size: slot.safe_wal_size,
+        wal_level_logical: server.wal_level == "logical",
+        publication_ok: publication.exists && publication.includes_outbox_table,
+        lag,
+    };
+    let health = status_health::assess(
+        &facts,
+        Thresholds::new(settings.http.ready_max_lag, settings.relay.retained_wal_warn_bytes),
+    );
     Ok(StatusReport {
+        health,
         schema_version: STATUS_SCHEMA_VERSION,
         postgres_url: settings.postgres.url.to_string(),
         server: ServerStatus {
@@ -234,7 +272,8 @@ impl StatusReport {
             crate::sql_ident::quote_ident(&t.table)
         )?;
         writeln!(f, "{}", self.slot)?;
-        writeln!(f, "{}", self.publication)
+        writeln!(f, "{}", self.publication)?;
+        self.health.render(f, self.slot.lag_bytes, self.slot.retained_wal_bytes)
     }
 }
 
@@ -411,6 +450,24 @@ mod tests {
                 }],
                 includes_outbox_table: true,
             },
+            health: status_health::assess(
+                &Facts {
+                    slot_name: "outbox_relay".into(),
+                    slot_exists: true,
+                    slot_usable_plugin: true,
+                    slot_active: true,
+                    wal_status: Some("reserved".into()),
+                    retained_wal_bytes: Some(0x2000),
+                    wal_level_logical: true,
+                    publication_ok: true,
+                    lag: WalsenderLag {
+                        flush_lag_seconds: Some(0.25),
+                        last_reply_seconds: Some(0.5),
+                    },
+                    ..Facts::default()
+                },
+                Thresholds::new(std::time::Duration::from_secs(60), Some(1 << 30)),
+            ),
         }
     }
 
@@ -423,6 +480,8 @@ mod tests {
         assert_eq!(json["slot"]["safe_wal_size"], serde_json::Value::Null);
         assert_eq!(json["server"]["current_wal_lsn"], "1/2000");
         assert_eq!(json["publication"]["tables"][0]["table"], "OutBox");
+        assert_eq!(json["health"]["verdict"], "ok");
+        assert_eq!(json["health"]["lag_seconds"], 0.25);
         let back: StatusReport = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
     }
@@ -435,5 +494,11 @@ mod tests {
         assert!(text.contains("retains 8.0 KiB of WAL"), "{text}");
         assert!(text.contains("safe_wal_size: unlimited"), "{text}");
         assert!(text.contains(r#""Sales"."OutBox""#), "{text}");
+        assert!(text.contains("health: OK"), "{text}");
+        assert!(text.contains("lag: 4.0 KiB of WAL, 250 ms"), "{text}");
+        assert!(
+            text.contains("retained WAL: 8.0 KiB (warn at 1.0 GiB, critical at 4.0 GiB)"),
+            "{text}"
+        );
     }
 }

@@ -13,7 +13,11 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(initial: Duration, max: Duration) -> Self {
-        Backoff { initial, max: max.max(initial), attempt: 0 }
+        Backoff {
+            initial,
+            max: max.max(initial),
+            attempt: 0,
+        }
     }
 
     /// The next delay: `initial * 2^attempt`, capped, then scaled by a random factor in [0.5, 1.0].
@@ -32,7 +36,11 @@ impl Backoff {
 /// A random number in [0, 1) from the standard library's per-process random hash keys.
 fn random_unit() -> f64 {
     let mut h = RandomState::new().build_hasher();
-    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 

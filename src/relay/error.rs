@@ -24,20 +24,61 @@ pub enum RelayError {
     #[error("replication slot {slot:?} uses plugin {plugin:?}; outbox-relay needs a pgoutput logical slot. Drop it or configure another postgres.slot")]
     WrongSlotPlugin { slot: String, plugin: String },
     #[error(
-        "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was removed, so events written \
-         while it lagged may never be delivered. Recover: drop the slot (outbox-relay teardown --yes), run setup, and \
-         backfill the outbox rows committed since {confirmed} (docs/operations.md)"
+        "replication slot {slot:?} is invalidated ({cause}): PostgreSQL removed WAL the relay had not yet delivered, \
+         so outbox events committed after {confirmed} may never be published. The relay never recreates a slot by \
+         itself. Recover: (1) note the last event id each topic has in Kafka; (2) `outbox-relay teardown --yes` then \
+         `outbox-relay setup` to create a fresh slot; (3) start the relay, then re-publish the outbox rows committed \
+         since {confirmed} that Kafka lacks (consumers deduplicate on the id header); (4) raise \
+         max_slot_wal_keep_size or alert on retained WAL earlier. See docs/operations.md, \"Slot invalidated\""
     )]
-    SlotLost { slot: String, confirmed: Lsn },
+    SlotLost {
+        slot: String,
+        confirmed: Lsn,
+        cause: String,
+    },
+    #[error("replication slot {slot:?} is in use by {holder}; standing by")]
+    SlotBusy {
+        slot: String,
+        holder: super::slot::SlotHolder,
+    },
+    #[error(
+        "replication slot {slot:?} was advanced by something other than this relay: streaming was requested from \
+         {requested}, but the slot's confirmed_flush_lsn is {confirmed}, so the server would skip the WAL in between \
+         and any outbox events in it. Find out what advanced it (pg_replication_slot_advance, \
+         pg_logical_slot_get_changes, another program using the slot name); if the skip was deliberate, restart \
+         the relay; otherwise re-publish the outbox rows committed between those positions (docs/operations.md)"
+    )]
+    SlotAdvanced {
+        slot: String,
+        requested: Lsn,
+        confirmed: Lsn,
+    },
     #[error("cannot create the Kafka producer: {0}. Check the [kafka] properties")]
     ProducerConfig(rdkafka::error::KafkaError),
     #[error("Kafka delivery failed for the transaction committed at {commit_lsn}: {failure}; replaying from the last confirmed LSN")]
-    DeliveryFailed { failure: Box<DeliveryFailure>, commit_lsn: Lsn },
+    DeliveryFailed {
+        failure: Box<DeliveryFailure>,
+        commit_lsn: Lsn,
+    },
     #[error(
-        "outbox event id={id} (transaction committed at {commit_lsn}) cannot be published: {cause}. Nothing after it is \
-         confirmed; fix or remove the row's transaction effect, then restart"
+        "outbox event id={id} (transaction committed at {commit_lsn}) cannot be published: {cause}. Nothing from its \
+         transaction on is confirmed (relay.on_bad_event = \"fail\"). Fix the cause (docs/reliability.md) and restart, \
+         or set relay.on_bad_event = \"dead-letter\" (with relay.dead_letter_topic) or \"skip\" to move past it"
     )]
-    BadEvent { id: String, commit_lsn: Lsn, cause: BadEvent },
+    BadEvent {
+        id: String,
+        commit_lsn: Lsn,
+        cause: BadEvent,
+    },
+    #[error(
+        "Kafka refused the record of the transaction committed at {commit_lsn}: {failure}. It may only have shared a \
+         batch with a bad record, so the stream restarts from the last confirmed LSN and sends it alone; \
+         relay.on_bad_event applies if it is refused again"
+    )]
+    RecordRejected {
+        failure: Box<DeliveryFailure>,
+        commit_lsn: Lsn,
+    },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error("undecodable pgoutput message after {lsn}: {source}")]
@@ -56,10 +97,15 @@ impl RelayError {
         match self {
             RelayError::Replication(e) => e.is_transient(),
             RelayError::Connect(ConnectError::Tls(_)) => false,
-            RelayError::Connect(_) | RelayError::Control(_) | RelayError::DeliveryFailed { .. } => true,
+            RelayError::Connect(_)
+            | RelayError::Control(_)
+            | RelayError::DeliveryFailed { .. }
+            | RelayError::RecordRejected { .. }
+            | RelayError::SlotBusy { .. } => true,
             RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::SlotLost { .. }
+            | RelayError::SlotAdvanced { .. }
             | RelayError::ProducerConfig(_)
             | RelayError::BadEvent { .. }
             | RelayError::Layout(_)
@@ -72,6 +118,19 @@ impl RelayError {
 
     /// Another instance holds the slot: this one is a standby.
     pub fn is_slot_busy(&self) -> bool {
-        matches!(self, RelayError::Replication(e) if e.sqlstate() == Some("55006"))
+        self.slot_holder().is_some()
+    }
+
+    /// Who holds the slot, when that is why the session ended: from the slot check before
+    /// streaming, or from the server's refusal of `START_REPLICATION` (SQLSTATE 55006, "… is
+    /// active for PID n") when another instance won the race in between.
+    pub fn slot_holder(&self) -> Option<super::slot::SlotHolder> {
+        match self {
+            RelayError::SlotBusy { holder, .. } => Some(holder.clone()),
+            RelayError::Replication(ReplicationError::Server(e)) if e.code == "55006" => Some(
+                super::slot::SlotHolder::from_pid(super::slot::parse_holder_pid(&e.message)),
+            ),
+            _ => None,
+        }
     }
 }

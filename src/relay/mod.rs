@@ -6,12 +6,26 @@
 //! slot's `confirmed_flush_lsn`, so everything not yet confirmed is republished (at-least-once).
 //! Fatal errors (bad configuration, a bad event under the `fail` policy, a lost slot) stop the
 //! process with a message that says what to do.
+//!
+//! Several processes with the same config form an active/standby group: the slot admits one
+//! walsender, the others stand by (`standby.rs`) and take over within `relay.standby_poll_ms`
+//! of the slot becoming free. A slot monitor task (`slot_monitor.rs`) checks the slot's health
+//! for the whole life of the process, active or standby.
 
 mod backoff;
 pub mod error;
+pub mod ha_config;
+pub mod heartbeat;
+mod lag;
+pub mod quarantine;
 mod session;
+mod silence;
+pub mod slot;
+pub mod slot_monitor;
+mod standby;
 mod stream_state;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -21,41 +35,79 @@ pub use backoff::Backoff;
 pub use error::RelayError;
 pub use session::SessionEnd;
 
+use self::slot_monitor::SlotVerdict;
+use self::standby::Standby;
 use crate::config::Settings;
+use crate::health::{Mode, RelayHealth};
 
 /// A session that streamed at least this long resets the backoff.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
-/// Standbys retry the busy slot at least this often, so takeover is quick.
-const STANDBY_POLL: Duration = Duration::from_secs(2);
 
-/// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs.
-pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
-    let mut backoff = Backoff::new(settings.relay.reconnect_backoff_initial, settings.relay.reconnect_backoff_max);
-    let mut standing_by = false;
+/// What sessions share across reconnects.
+pub struct SessionContext {
+    pub health: Arc<RelayHealth>,
+    /// The slot monitor's latest verdict; a streaming session ends on a fatal one.
+    pub slot_verdict: watch::Receiver<SlotVerdict>,
+    /// Backend pid of this process's most recent walsender (set once streaming started).
+    pub last_walsender: Option<i32>,
+    /// Events Kafka refused in an earlier session, to be sent alone on replay (`quarantine.rs`).
+    pub suspects: quarantine::Suspects,
+}
+
+/// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
+/// it does to `health` (for `/readyz`; pass `Arc::default()` when nothing reads it).
+pub async fn run(
+    settings: &Settings,
+    mut shutdown: watch::Receiver<bool>,
+    health: Arc<RelayHealth>,
+) -> Result<(), RelayError> {
+    let (_monitor, slot_verdict) = slot_monitor::spawn(settings, Arc::clone(&health));
+    let mut ctx = SessionContext {
+        health,
+        slot_verdict,
+        last_walsender: None,
+        suspects: Default::default(),
+    };
+    let outcome = supervise(settings, &mut shutdown, &mut ctx).await;
+    ctx.health.set_mode(Mode::Stopping);
+    outcome
+}
+
+async fn supervise(
+    settings: &Settings,
+    shutdown: &mut watch::Receiver<bool>,
+    ctx: &mut SessionContext,
+) -> Result<(), RelayError> {
+    let mut backoff = Backoff::new(
+        settings.relay.reconnect_backoff_initial,
+        settings.relay.reconnect_backoff_max,
+    );
+    let mut standby = Standby::default();
+    let reconnects = ::metrics::counter!(crate::metrics::RECONNECTS);
     loop {
         let started = Instant::now();
-        match session::run_session(settings, &mut shutdown).await {
+        match session::run_session(settings, shutdown, ctx).await {
             Ok(SessionEnd::Shutdown) => {
                 info!(slot = %settings.postgres.slot, "relay stopped");
                 return Ok(());
             }
             Err(e) if e.is_slot_busy() => {
-                if !standing_by {
-                    info!(slot = %settings.postgres.slot, reason = %e, "slot is held by another instance; standing by");
-                    standing_by = true;
-                }
-                if wait_or_shutdown(STANDBY_POLL, &mut shutdown).await {
+                let holder = e.slot_holder().unwrap_or_default();
+                let delay = standby.on_busy(settings, ctx, &holder).await;
+                if wait_or_shutdown(delay, shutdown).await {
                     return Ok(());
                 }
             }
             Err(e) if e.is_transient() => {
-                standing_by = false;
+                standby.reset();
+                ctx.health.set_mode(Mode::Reconnecting);
+                reconnects.increment(1);
                 if started.elapsed() >= HEALTHY_SESSION {
                     backoff.reset();
                 }
                 let delay = backoff.next_delay();
                 warn!(slot = %settings.postgres.slot, error = %e, retry_in_ms = delay.as_millis() as u64, "reconnecting");
-                if wait_or_shutdown(delay, &mut shutdown).await {
+                if wait_or_shutdown(delay, shutdown).await {
                     return Ok(());
                 }
             }

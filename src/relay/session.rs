@@ -4,10 +4,17 @@
 //! 1. **shutdown** — stop reading at once;
 //! 2. **status timer** — fires once per `status_interval`; it sits above the data arms because a
 //!    busy stream must never starve it (the walsender drops connections that stay silent for
-//!    `wal_sender_timeout`, and it is the only way confirmed LSNs reach the server);
-//! 3. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
-//! 4. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
+//!    `wal_sender_timeout`, and it is the only way confirmed LSNs reach the server). The same
+//!    tick checks for a dead connection (`silence.rs`) and publishes progress (metrics, lag);
+//! 3. **slot verdict** — the slot monitor task (`slot_monitor.rs`) found the slot lost: stop.
+//!    Rare and cheap, so it sits above the busy arms;
+//! 4. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
+//! 5. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
 //!    TCP then pushes back on the walsender, which keeps answering our status updates).
+//!
+//! Before streaming, the slot is checked (`slot.rs`: missing or lost is fatal, held by someone
+//! else means standing by); right after `START_REPLICATION` it is re-read to make sure the server
+//! will not skip WAL this session has not seen.
 //!
 //! Every way out of the loop goes through [`wind_down`]: wait (bounded) for outstanding
 //! deliveries, send a last status update with everything confirmed, end the copy, and abandon
@@ -20,9 +27,12 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::error::RelayError;
+use super::silence::Silence;
 use super::stream_state::{FrameAction, StreamState};
+use super::{heartbeat, slot, SessionContext};
 use crate::config::Settings;
-use crate::lsn::Lsn;
+use crate::health::Mode;
+use crate::metrics::{now_unix_us, StreamGauges};
 use crate::pg_client;
 use crate::publisher::{Delivery, Publisher};
 use crate::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
@@ -38,24 +48,28 @@ pub enum SessionEnd {
     Shutdown,
 }
 
-/// Where the slot stands before streaming.
-struct SlotState {
-    confirmed_flush: Lsn,
-}
-
-pub async fn run_session(settings: &Settings, shutdown: &mut watch::Receiver<bool>) -> Result<SessionEnd, RelayError> {
-    let slot = check_slot(settings).await?;
+pub async fn run_session(
+    settings: &Settings,
+    shutdown: &mut watch::Receiver<bool>,
+    ctx: &mut SessionContext,
+) -> Result<SessionEnd, RelayError> {
+    let slot_name = settings.postgres.slot.as_str();
     let timeout = settings.relay.connect_timeout;
-    let conn = ReplicationConnection::connect(&settings.postgres, timeout).await?;
+    let control = pg_client::connect(&settings.postgres, timeout).await?;
+    let slot = slot::check_for_start(slot_name, slot::read_slot(&control, slot_name).await?)?;
+    let conn =
+        ReplicationConnection::connect_with(&settings.postgres, timeout, Some(settings.relay.receive_timeout)).await?;
     let backend_pid = conn.backend_pid;
     let (mut reader, mut writer) = conn
         .start_replication(
-            settings.postgres.slot.as_str(),
+            slot_name,
             slot.confirmed_flush,
             settings.postgres.publication.as_str(),
             true,
         )
         .await?;
+    ctx.last_walsender = Some(backend_pid);
+    slot::verify_start(&control, slot_name, slot.confirmed_flush).await?;
     let (publisher, mut deliveries) =
         Publisher::new(&settings.kafka, settings.relay.max_in_flight).map_err(RelayError::ProducerConfig)?;
     info!(
@@ -65,41 +79,27 @@ pub async fn run_session(settings: &Settings, shutdown: &mut watch::Receiver<boo
         walsender_pid = backend_pid,
         "streaming started"
     );
-    let mut state = StreamState::new(settings, publisher, slot.confirmed_flush);
-    let outcome = stream(&mut state, &mut reader, &mut writer, &mut deliveries, shutdown).await;
+    ctx.health.set_mode(Mode::Streaming);
+    let _heartbeat = heartbeat::spawn(settings, control);
+    // Lent to the session's state and handed back after the wind-down, for the next session.
+    let mut suspects = std::mem::take(&mut ctx.suspects);
+    let mut state = StreamState::new(settings, publisher, slot.confirmed_flush, &mut suspects);
+    let outcome = stream(&mut state, &mut reader, &mut writer, &mut deliveries, shutdown, ctx).await;
     if let Err(e) = &outcome {
         warn!(error = %e, slot = %settings.postgres.slot, "stopping stream");
     }
-    wind_down(state, &mut reader, &mut writer, &mut deliveries, settings.relay.shutdown_timeout).await;
+    wind_down(
+        state,
+        &mut reader,
+        &mut writer,
+        &mut deliveries,
+        settings.relay.shutdown_timeout,
+    )
+    .await;
+    // Whatever was still in flight belongs to the abandoned producer and will be replayed.
+    StreamGauges::default().set_idle();
+    ctx.suspects = suspects;
     outcome
-}
-
-async fn check_slot(settings: &Settings) -> Result<SlotState, RelayError> {
-    let client = pg_client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
-    let row = client
-        .query_opt(
-            "SELECT plugin, slot_type, confirmed_flush_lsn::text,
-                    CASE WHEN current_setting('server_version_num')::int >= 130000
-                         THEN (to_jsonb(s) ->> 'wal_status') END
-               FROM pg_replication_slots s
-              WHERE slot_name = $1 AND (database IS NULL OR database = current_database())",
-            &[&settings.postgres.slot.as_str()],
-        )
-        .await?;
-    let slot = settings.postgres.slot.to_string();
-    let Some(row) = row else { return Err(RelayError::SlotMissing { slot }) };
-    let plugin: Option<String> = row.get(0);
-    let slot_type: String = row.get(1);
-    let confirmed: Option<String> = row.get(2);
-    let wal_status: Option<String> = row.get(3);
-    if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
-        return Err(RelayError::WrongSlotPlugin { slot, plugin: plugin.unwrap_or(slot_type) });
-    }
-    let confirmed_flush = confirmed.and_then(|c| c.parse().ok()).unwrap_or(Lsn::ZERO);
-    if wal_status.as_deref() == Some("lost") {
-        return Err(RelayError::SlotLost { slot, confirmed: confirmed_flush });
-    }
-    Ok(SlotState { confirmed_flush })
 }
 
 async fn stream(
@@ -108,19 +108,39 @@ async fn stream(
     writer: &mut StatusWriter,
     deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
     shutdown: &mut watch::Receiver<bool>,
+    ctx: &mut SessionContext,
 ) -> Result<SessionEnd, RelayError> {
     let mut status_timer = interval(state.status_interval());
     status_timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let settings = state.settings();
+    let mut silence = Silence::new(settings.relay.receive_timeout, Instant::now());
+    let gauges = StreamGauges::default();
+    let slot_name = settings.postgres.slot.as_str();
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     loop {
         if *shutdown.borrow() {
             return Ok(SessionEnd::Shutdown);
         }
         let paused = state.is_full();
+        if paused {
+            // Not reading is deliberate: silence now says nothing about the server.
+            silence.heard(Instant::now());
+        }
         tokio::select! {
             biased;
             _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
-            _ = status_timer.tick() => send_status(state, writer).await?,
+            _ = status_timer.tick() => {
+                let ask_for_reply = silence.check(Instant::now())?;
+                send_status(state, writer, ask_for_reply).await?;
+                let progress = state.progress(now_unix_us());
+                gauges.set(&progress);
+                ctx.health.set_seconds_behind(progress.seconds_behind);
+            }
+            Ok(()) = ctx.slot_verdict.changed() => {
+                if let Some(fatal) = ctx.slot_verdict.borrow_and_update().fatal(slot_name) {
+                    return Err(fatal);
+                }
+            }
             n = deliveries.recv_many(&mut batch, DELIVERY_BATCH) => {
                 if n == 0 {
                     return Err(RelayError::Protocol("the producer's delivery channel closed".into()));
@@ -133,12 +153,20 @@ async fn stream(
                         failure.get_or_insert(e);
                     }
                 }
+                // Crash tests: acknowledged by Kafka, not yet confirmed to PostgreSQL.
+                fail::fail_point!("relay::acked_before_status", |_| crate::failpoints::crash("relay::acked_before_status"));
                 if let Some(e) = failure {
                     return Err(e);
+                }
+                // Confirm as soon as acknowledgements complete transactions rather than at the next
+                // tick: what a crash would replay then stays within the in-flight budget.
+                if state.has_unreported_progress() {
+                    send_status(state, writer, false).await?;
                 }
             }
             frame = reader.next_frame(), if !paused => {
                 let Some(frame) = frame? else { return Err(crate::replication::error::ReplicationError::Closed.into()) };
+                silence.heard(Instant::now());
                 let mut reply = state.on_frame(frame)? == FrameAction::ReplyNow;
                 for _ in 0..FRAME_BATCH {
                     if state.is_full() {
@@ -150,16 +178,27 @@ async fn stream(
                     }
                 }
                 if reply {
-                    send_status(state, writer).await?;
+                    send_status(state, writer, false).await?;
                 }
             }
         }
     }
 }
 
-async fn send_status(state: &mut StreamState<'_>, writer: &mut StatusWriter) -> Result<(), RelayError> {
+/// `reply_requested` makes the walsender answer at once (used to probe a silent connection).
+async fn send_status(
+    state: &mut StreamState<'_>,
+    writer: &mut StatusWriter,
+    reply_requested: bool,
+) -> Result<(), RelayError> {
     let (write, flush) = state.status_position();
-    let update = StandbyStatusUpdate { write, flush, apply: flush, client_time: now_pg_timestamp(), reply_requested: false };
+    let update = StandbyStatusUpdate {
+        write,
+        flush,
+        apply: flush,
+        client_time: now_pg_timestamp(),
+        reply_requested,
+    };
     writer.send_copy_data(|out| update.encode(out)).await?;
     Ok(())
 }
@@ -187,7 +226,7 @@ async fn wind_down(
             }
         }
     }
-    let sent = send_status(&mut state, writer).await;
+    let sent = send_status(&mut state, writer, false).await;
     let counts = state.counts;
     info!(
         confirmed_lsn = %state.confirmed(),
@@ -195,6 +234,7 @@ async fn wind_down(
         transactions = counts.transactions,
         events_sent = counts.events_sent,
         events_acked = counts.events_acked,
+        bad_events = counts.bad_events,
         final_status_sent = sent.is_ok(),
         "stream stopped"
     );

@@ -4,20 +4,26 @@
 //! event loop (in `session.rs`) what to send. Keeping the loop's arms this short is what makes
 //! their priorities easy to read.
 
+mod progress;
+mod publish;
+
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tracing::{debug, info};
 
 use super::error::RelayError;
+use super::quarantine::{Held, Suspects};
+use crate::bad_event::RawEvent;
 use crate::config::Settings;
 use crate::lsn::Lsn;
-use crate::outbox_event::{BadEvent, OutboxLayout};
+use crate::outbox_event::OutboxLayout;
 use crate::pgoutput::{self, Insert, LogicalMessage, PgTimestamp, Relation};
-use crate::publisher::{Delivery, DeliveryTag, OutboundRecord, Publisher};
+use crate::publisher::{Delivery, Publisher};
 use crate::replication::frames::{decode_server_frame, ServerFrame};
-use crate::routing::validate_topic_name;
 use crate::watermark::{AckWatermark, TxnTicket};
+use publish::EventParts;
 
 struct CachedRelation {
     relation: Relation,
@@ -29,6 +35,8 @@ struct OpenTxn {
     ticket: TxnTicket,
     commit_lsn: Lsn,
     commit_time: PgTimestamp,
+    /// Outbox events (rows and messages) seen so far: the next event's position.
+    events: u32,
 }
 
 /// Counters for logs (and, later, metrics).
@@ -37,6 +45,8 @@ pub struct SessionCounts {
     pub transactions: u64,
     pub events_sent: u64,
     pub events_acked: u64,
+    /// Events handled by `relay.on_bad_event`.
+    pub bad_events: u64,
 }
 
 /// What the event loop must do after a frame.
@@ -51,31 +61,52 @@ pub struct StreamState<'s> {
     settings: &'s Settings,
     publisher: Publisher,
     watermark: AckWatermark,
-    relations: HashMap<u32, CachedRelation>,
+    relations: HashMap<u32, Arc<CachedRelation>>,
     open: Option<OpenTxn>,
+    /// Events Kafka refused in earlier sessions (kept by the supervisor).
+    suspects: &'s mut Suspects,
+    /// A suspect being sent alone; reading pauses while it is held.
+    held: Option<Held>,
+    /// Winding down: apply deliveries, send nothing new.
+    draining: bool,
     received: Lsn,
     reported: Lsn,
     pub counts: SessionCounts,
+    /// Per-topic counters and the commit-to-ack histogram (see `progress.rs`).
+    metrics: crate::metrics::SessionMetrics,
+    lag: super::lag::CommitLag,
 }
 
 impl<'s> StreamState<'s> {
-    pub fn new(settings: &'s Settings, publisher: Publisher, start: Lsn) -> Self {
+    pub fn new(settings: &'s Settings, publisher: Publisher, start: Lsn, suspects: &'s mut Suspects) -> Self {
+        suspects.forget_before(start);
         StreamState {
             settings,
             publisher,
             watermark: AckWatermark::new(start),
             relations: HashMap::new(),
             open: None,
+            suspects,
+            held: None,
+            draining: false,
             received: start,
             reported: start,
             counts: SessionCounts::default(),
+            metrics: crate::metrics::SessionMetrics::default(),
+            lag: super::lag::CommitLag::default(),
         }
     }
 
-    /// Backpressure: stop reading WAL while this many events or bytes are unacknowledged.
+    /// Backpressure: stop reading WAL while this many events or bytes are unacknowledged, while
+    /// as many events of committed transactions await confirmation (what a crash would replay;
+    /// see `AckWatermark::committed_unconfirmed_events`), and while a suspect is held
+    /// (`quarantine.rs`).
     pub fn is_full(&self) -> bool {
-        self.watermark.in_flight_events() >= self.settings.relay.max_in_flight
+        let max = self.settings.relay.max_in_flight;
+        self.watermark.in_flight_events() >= max
             || self.watermark.in_flight_bytes() >= self.settings.relay.max_in_flight_bytes
+            || self.watermark.committed_unconfirmed_events() >= max
+            || self.held.is_some()
     }
 
     pub fn status_interval(&self) -> std::time::Duration {
@@ -104,6 +135,12 @@ impl<'s> StreamState<'s> {
         self.received
     }
 
+    /// Whether the watermark moved past the last reported position (a status update would
+    /// release WAL and shrink what a crash replays).
+    pub fn has_unreported_progress(&self) -> bool {
+        self.watermark.confirmed() > self.reported
+    }
+
     pub fn into_publisher(self) -> Publisher {
         self.publisher
     }
@@ -115,10 +152,18 @@ impl<'s> StreamState<'s> {
                 self.on_message(msg)?;
                 Ok(FrameAction::Nothing)
             }
-            ServerFrame::PrimaryKeepalive { wal_end, reply_requested, .. } => {
+            ServerFrame::PrimaryKeepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
                 self.received = self.received.max(wal_end);
                 self.watermark.keepalive(wal_end);
-                Ok(if reply_requested { FrameAction::ReplyNow } else { FrameAction::Nothing })
+                Ok(if reply_requested {
+                    FrameAction::ReplyNow
+                } else {
+                    FrameAction::Nothing
+                })
             }
         }
     }
@@ -127,24 +172,32 @@ impl<'s> StreamState<'s> {
         match msg {
             LogicalMessage::Begin(b) => {
                 let ticket = self.watermark.begin()?;
-                self.open = Some(OpenTxn { ticket, commit_lsn: b.final_lsn, commit_time: b.commit_time });
+                self.open = Some(OpenTxn {
+                    ticket,
+                    commit_lsn: b.final_lsn,
+                    commit_time: b.commit_time,
+                    events: 0,
+                });
             }
             LogicalMessage::Commit(c) => {
-                let txn = self.open.take().ok_or_else(|| RelayError::Protocol("Commit without Begin".into()))?;
+                let txn = self
+                    .open
+                    .take()
+                    .ok_or_else(|| RelayError::Protocol("Commit without Begin".into()))?;
                 self.watermark.commit(txn.ticket, c.end_lsn)?;
                 self.received = self.received.max(c.end_lsn);
                 self.counts.transactions += 1;
             }
             LogicalMessage::Relation(r) => self.on_relation(r)?,
             LogicalMessage::Insert(i) => self.on_insert(i)?,
+            LogicalMessage::Message(m) => self.on_logical_message(m)?,
             // Updates and deletes of the outbox (a polling relayer's `SET dispatched_at`, an
             // insert-then-delete in one transaction, cleanup jobs) are not events.
             LogicalMessage::Update(_)
             | LogicalMessage::Delete(_)
             | LogicalMessage::Truncate(_)
             | LogicalMessage::Type(_)
-            | LogicalMessage::Origin(_)
-            | LogicalMessage::Message(_) => {}
+            | LogicalMessage::Origin(_) => {}
         }
         Ok(())
     }
@@ -160,82 +213,68 @@ impl<'s> StreamState<'s> {
         } else {
             None
         };
-        self.relations.insert(relation.oid, CachedRelation { relation, layout });
+        self.relations
+            .insert(relation.oid, Arc::new(CachedRelation { relation, layout }));
         Ok(())
     }
 
     fn on_insert(&mut self, insert: Insert) -> Result<(), RelayError> {
-        let cached = self.relations.get(&insert.relation_oid).ok_or_else(|| {
-            RelayError::Protocol(format!("Insert for relation {} before its Relation message", insert.relation_oid))
+        let cached = self.relations.get(&insert.relation_oid).cloned().ok_or_else(|| {
+            RelayError::Protocol(format!(
+                "Insert for relation {} before its Relation message",
+                insert.relation_oid
+            ))
         })?;
         let Some(layout) = &cached.layout else { return Ok(()) };
-        let txn = self.open.as_ref().ok_or_else(|| RelayError::Protocol("Insert outside a transaction".into()))?;
-        let bad = |id: &Bytes, cause: BadEvent| RelayError::BadEvent {
-            id: String::from_utf8_lossy(id).into_owned(),
-            commit_lsn: txn.commit_lsn,
-            cause,
+        let settings = self.settings;
+        let table = || settings.outbox.table.to_string();
+        let txn = self.next_event()?;
+        let row = match layout.extract(&cached.relation, &insert.new) {
+            Ok(row) => row,
+            Err(cause) => {
+                let id = extract_id_for_error(&cached.relation, &insert, &settings.outbox.id);
+                let raw = RawEvent::row(&table(), &cached.relation, &insert.new, None);
+                return self.bad_event(&txn, &id, cause, &raw);
+            }
         };
-        let row = layout.extract(&cached.relation, &insert.new).map_err(|cause| {
-            let id = extract_id_for_error(&cached.relation, &insert, &self.settings.outbox.id);
-            bad(&id, cause)
-        })?;
-        let topic = self.settings.router.route(&row.route_value);
-        validate_topic_name(&topic).map_err(|m| bad(&row.id, BadEvent::Topic(m)))?;
-        let headers: Vec<(&str, Option<Bytes>)> =
-            row.headers.iter().map(|(i, v)| (layout.header_name(*i), v.clone())).collect();
-        let record = OutboundRecord {
-            topic: &topic,
+        let headers: Vec<(&str, Option<Bytes>)> = row
+            .headers
+            .iter()
+            .map(|(i, v)| (layout.header_name(*i), v.clone()))
+            .collect();
+        let event = EventParts {
+            route_value: &row.route_value,
             key: &row.key,
             payload: &row.payload,
-            event_id: &row.id,
+            id: &row.id,
             timestamp_ms: row.timestamp_ms,
             headers: &headers,
         };
-        let bytes = record.size();
-        let tag = Box::new(DeliveryTag {
-            ticket: txn.ticket,
-            bytes,
-            commit_lsn: txn.commit_lsn,
-            commit_time_unix_us: txn.commit_time.to_unix_micros(),
-        });
-        self.watermark.event_sent(txn.ticket, bytes)?;
-        if let Err(rejected) = self.publisher.send(&record, tag) {
-            self.watermark.failed(txn.ticket, bytes)?;
-            if rejected.is_bad_record() {
-                return Err(bad(&row.id, BadEvent::Rejected(rejected.error.to_string())));
-            }
-            return Err(RelayError::DeliveryFailed {
-                failure: Box::new(crate::publisher::DeliveryFailure {
-                    error: rejected.error,
-                    topic: topic.into_owned(),
-                    event_id: Some(String::from_utf8_lossy(&row.id).into_owned()),
-                }),
-                commit_lsn: txn.commit_lsn,
-            });
-        }
-        self.counts.events_sent += 1;
-        Ok(())
+        self.publish(&txn, &event, || {
+            RawEvent::row(&table(), &cached.relation, &insert.new, Some(row.key.clone()))
+        })
     }
 
-    /// Applies one delivery report. A failure poisons the watermark and ends the session.
+    /// Applies one delivery report. A failure poisons the watermark and ends the session,
+    /// unless it is a suspect's verdict that `relay.on_bad_event` settles (see `publish.rs`).
     pub fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         let tag = delivery.tag;
+        self.count_delivery(&tag, delivery.outcome.is_ok());
         match delivery.outcome {
             Ok(()) => {
                 self.watermark.acked(tag.ticket, tag.bytes)?;
                 self.counts.events_acked += 1;
-                Ok(())
+                self.held_accepted(&tag);
             }
-            Err(failure) => {
-                self.watermark.failed(tag.ticket, tag.bytes)?;
-                Err(RelayError::DeliveryFailed { failure: Box::new(failure), commit_lsn: tag.commit_lsn })
-            }
+            Err(failure) => self.on_failed_delivery(&tag, failure)?,
         }
+        self.release_held()
     }
 
     /// Like [`on_delivery`](Self::on_delivery) while winding down after an error: failures
-    /// are already accounted for, so they only stop the watermark.
+    /// are already accounted for, so they only stop the watermark, and nothing new is sent.
     pub fn on_delivery_draining(&mut self, delivery: Delivery) {
+        self.draining = true;
         let _ = self.on_delivery(delivery);
     }
 }

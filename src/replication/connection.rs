@@ -69,25 +69,55 @@ pub struct ReplicationConnection {
 impl ReplicationConnection {
     /// Connects and authenticates, trying each configured host in turn (libpq semantics).
     pub async fn connect(settings: &PostgresSettings, timeout: Duration) -> Result<Self, ReplicationError> {
+        Self::connect_with(settings, timeout, None).await
+    }
+
+    /// Like [`connect`](Self::connect); with `dead_peer_timeout`, a TCP connection whose sent
+    /// data stays unacknowledged that long fails (`TCP_USER_TIMEOUT`, plus keepalive probes
+    /// while idle) instead of hanging on a silently cut network; see [`tune_tcp`].
+    pub async fn connect_with(
+        settings: &PostgresSettings,
+        timeout: Duration,
+        dead_peer_timeout: Option<Duration>,
+    ) -> Result<Self, ReplicationError> {
         let cfg = &settings.connection;
         let mut last_err = None;
         for (i, host) in cfg.get_hosts().iter().enumerate() {
-            let port = cfg.get_ports().get(i).or_else(|| cfg.get_ports().first()).copied().unwrap_or(5432);
-            let attempt = tokio::time::timeout(timeout, Self::connect_host(settings, host, port)).await;
+            let port = cfg
+                .get_ports()
+                .get(i)
+                .or_else(|| cfg.get_ports().first())
+                .copied()
+                .unwrap_or(5432);
+            let attempt =
+                tokio::time::timeout(timeout, Self::connect_host(settings, host, port, dead_peer_timeout)).await;
             match attempt {
                 Ok(Ok(conn)) => return Ok(conn),
                 Ok(Err(e)) => last_err = Some(e),
-                Err(_) => last_err = Some(ReplicationError::Timeout { what: "connecting for replication", after: timeout }),
+                Err(_) => {
+                    last_err = Some(ReplicationError::Timeout {
+                        what: "connecting for replication",
+                        after: timeout,
+                    })
+                }
             }
         }
         Err(last_err.unwrap_or_else(|| ReplicationError::Protocol("postgres.url names no host".into())))
     }
 
-    async fn connect_host(settings: &PostgresSettings, host: &Host, port: u16) -> Result<Self, ReplicationError> {
+    async fn connect_host(
+        settings: &PostgresSettings,
+        host: &Host,
+        port: u16,
+        dead_peer_timeout: Option<Duration>,
+    ) -> Result<Self, ReplicationError> {
         let cfg = &settings.connection;
         let stream = match host {
             Host::Tcp(name) => {
                 let tcp = connect_tcp(name, port).await?;
+                if let Some(limit) = dead_peer_timeout {
+                    tune_tcp(&tcp, limit)?;
+                }
                 negotiate_tls(tcp, name, cfg.get_ssl_mode(), settings).await?
             }
             Host::Unix(dir) => Transport::Unix(UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).await?),
@@ -171,7 +201,9 @@ impl ReplicationConnection {
                         has_scram |= m == sasl::SCRAM_SHA_256;
                     }
                     if !has_scram {
-                        return Err(ReplicationError::Auth("the server offers no SASL mechanism this client supports (SCRAM-SHA-256)".into()));
+                        return Err(ReplicationError::Auth(
+                            "the server offers no SASL mechanism this client supports (SCRAM-SHA-256)".into(),
+                        ));
                     }
                     self.scram(pw).await?;
                 }
@@ -185,12 +217,18 @@ impl ReplicationConnection {
                         _ => err,
                     });
                 }
-                Backend::Other(Message::AuthenticationGss | Message::AuthenticationSspi | Message::AuthenticationKerberosV5) => {
+                Backend::Other(
+                    Message::AuthenticationGss | Message::AuthenticationSspi | Message::AuthenticationKerberosV5,
+                ) => {
                     return Err(ReplicationError::Auth(
                         "the server requests GSSAPI/SSPI/Kerberos authentication, which outbox-relay does not support; use scram-sha-256 in pg_hba.conf".into(),
                     ));
                 }
-                _ => return Err(ReplicationError::Protocol("unexpected message during authentication".into())),
+                _ => {
+                    return Err(ReplicationError::Protocol(
+                        "unexpected message during authentication".into(),
+                    ))
+                }
             }
         }
     }
@@ -238,7 +276,11 @@ impl ReplicationConnection {
                 Backend::Other(Message::ErrorResponse(e)) => error = Some(server_error(&e)),
                 Backend::Other(Message::ReadyForQuery(_)) => break,
                 Backend::Other(_) => {}
-                _ => return Err(ReplicationError::Protocol(format!("unexpected CopyBoth traffic answering {sql:?}"))),
+                _ => {
+                    return Err(ReplicationError::Protocol(format!(
+                        "unexpected CopyBoth traffic answering {sql:?}"
+                    )))
+                }
             }
         }
         match error {
@@ -249,7 +291,9 @@ impl ReplicationConnection {
 
     pub async fn identify_system(&mut self) -> Result<SystemIdentity, ReplicationError> {
         let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
-        let row = rows.first().ok_or_else(|| ReplicationError::Protocol("IDENTIFY_SYSTEM returned no row".into()))?;
+        let row = rows
+            .first()
+            .ok_or_else(|| ReplicationError::Protocol("IDENTIFY_SYSTEM returned no row".into()))?;
         let field = |i: usize| row.get(i).cloned().flatten();
         let xlogpos = field(2)
             .and_then(|s| s.parse::<Lsn>().ok())
@@ -260,6 +304,45 @@ impl ReplicationConnection {
             xlogpos,
             dbname: field(3),
         })
+    }
+
+    /// Creates a logical pgoutput slot and exports the snapshot it was created at, for a backfill.
+    ///
+    /// Returns the slot's consistent point and the snapshot's name. The snapshot sees exactly the
+    /// transactions that committed before the consistent point, and stays importable (`SET
+    /// TRANSACTION SNAPSHOT`) only until this connection runs another command or closes — so
+    /// keep the connection open until the backfill's reading transaction has imported it.
+    /// `slot` must be a validated simple name (config's `SimpleName`).
+    pub async fn create_logical_slot_exporting_snapshot(
+        &mut self,
+        slot: &str,
+    ) -> Result<(Lsn, String), ReplicationError> {
+        // PostgreSQL 15 introduced the parenthesized option list; older servers know only the
+        // keyword form (which 15+ still accept, but may drop).
+        let sql = if self.server_version_num >= 150_000 {
+            format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export')")
+        } else {
+            format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
+        };
+        let rows = self.simple_query(&sql).await?;
+        // Columns: slot_name, consistent_point, snapshot_name, output_plugin.
+        let row = rows
+            .first()
+            .ok_or_else(|| ReplicationError::Protocol("CREATE_REPLICATION_SLOT returned no row".into()))?;
+        let field = |i: usize| row.get(i).cloned().flatten();
+        let consistent_point = field(1)
+            .and_then(|s| s.parse::<Lsn>().ok())
+            .ok_or_else(|| ReplicationError::Protocol("CREATE_REPLICATION_SLOT returned no consistent_point".into()))?;
+        let snapshot = field(2)
+            .ok_or_else(|| ReplicationError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
+        Ok((consistent_point, snapshot))
+    }
+
+    /// Says goodbye (`Terminate`) and closes the connection, so the server logs no lost client.
+    pub async fn close(mut self) {
+        frontend::terminate(&mut self.out);
+        let _ = self.flush_out().await;
+        let _ = self.stream.shutdown().await;
     }
 
     /// Sends `START_REPLICATION` and switches to CopyBoth mode.
@@ -288,12 +371,20 @@ impl ReplicationConnection {
                 Backend::Other(Message::ErrorResponse(e)) => return Err(server_error(&e)),
                 Backend::Other(Message::NoticeResponse(n)) => log_notice(&n),
                 Backend::Other(_) => {}
-                _ => return Err(ReplicationError::Protocol("unexpected reply to START_REPLICATION".into())),
+                _ => {
+                    return Err(ReplicationError::Protocol(
+                        "unexpected reply to START_REPLICATION".into(),
+                    ))
+                }
             }
         }
         let (reader, writer) = tokio::io::split(self.stream);
         Ok((
-            FrameReader { reader, buf: self.buf, copy_done: false },
+            FrameReader {
+                reader,
+                buf: self.buf,
+                copy_done: false,
+            },
             StatusWriter { writer, out: self.out },
         ))
     }
@@ -426,7 +517,10 @@ fn parse_backend(buf: &mut BytesMut) -> Result<Option<Backend>, ReplicationError
     let tag = header[0];
     let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
     if !(4..=MAX_MESSAGE_BYTES).contains(&len) {
-        return Err(ReplicationError::Protocol(format!("invalid message length {len} for tag {:?}", tag as char)));
+        return Err(ReplicationError::Protocol(format!(
+            "invalid message length {len} for tag {:?}",
+            tag as char
+        )));
     }
     if buf.len() < len + 1 {
         return Ok(None);
@@ -452,10 +546,34 @@ fn parse_backend(buf: &mut BytesMut) -> Result<Option<Backend>, ReplicationError
     }
 }
 
+/// Makes a silently dead peer (network cut, host gone) an error within about `limit`.
+///
+/// A walsender never answers data we do not send, and while the relay pauses reading
+/// (backpressure) it cannot notice silence either; but it sends a status update every
+/// `status_interval`. `TCP_USER_TIMEOUT` fails the socket once sent data stays unacknowledged for
+/// `limit`, which catches a cut link whatever the read side is doing. Keepalive probes (first after
+/// a third of `limit`) cover a connection with nothing in flight. Linux only; elsewhere the
+/// session's receive-silence check (`relay/silence.rs`) is the only guard.
+fn tune_tcp(tcp: &tokio::net::TcpStream, limit: Duration) -> Result<(), ReplicationError> {
+    let sock = socket2::SockRef::from(tcp);
+    let idle = (limit / 3).max(Duration::from_secs(1));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval((limit / 6).max(Duration::from_secs(1)));
+    sock.set_tcp_keepalive(&keepalive)?;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    sock.set_tcp_user_timeout(Some(limit))?;
+    Ok(())
+}
+
 async fn connect_tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, ReplicationError> {
     let mut last = None;
     for addr in tokio::net::lookup_host((host, port)).await? {
-        let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
         // Keepalives notice a dead peer (network cut) even while we are not sending.
         socket.set_keepalive(true)?;
         match socket.connect(addr).await {
@@ -467,7 +585,10 @@ async fn connect_tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, Rep
         }
     }
     Err(last.map(ReplicationError::Io).unwrap_or_else(|| {
-        ReplicationError::Io(std::io::Error::new(std::io::ErrorKind::NotFound, format!("host {host:?} did not resolve")))
+        ReplicationError::Io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("host {host:?} did not resolve"),
+        ))
     }))
 }
 
@@ -495,7 +616,9 @@ async fn negotiate_tls(
             "sslmode=require but the server does not support TLS; enable ssl on the server or change sslmode".into(),
         )),
         b'N' => Ok(Transport::Tcp(tcp)),
-        other => Err(ReplicationError::Protocol(format!("unexpected answer {other:#x} to SSLRequest"))),
+        other => Err(ReplicationError::Protocol(format!(
+            "unexpected answer {other:#x} to SSLRequest"
+        ))),
     }
 }
 
@@ -522,7 +645,10 @@ fn server_error(body: &ErrorResponseBody) -> ReplicationError {
 
 fn auth_error(body: &ErrorResponseBody) -> ReplicationError {
     let e = fields_of(&mut body.fields());
-    ReplicationError::Auth(format!("{} ({}). Check the password in postgres.url", e.message, e.code))
+    ReplicationError::Auth(format!(
+        "{} ({}). Check the password in postgres.url",
+        e.message, e.code
+    ))
 }
 
 fn log_notice(body: &postgres_protocol::message::backend::NoticeResponseBody) {
@@ -568,7 +694,10 @@ mod tests {
             Some(Backend::CopyData(b)) => assert_eq!(&b[..], &[1, 2, 3]),
             _ => panic!("expected CopyData"),
         }
-        assert!(matches!(parse_backend(&mut buf).unwrap(), Some(Backend::CopyBothResponse)));
+        assert!(matches!(
+            parse_backend(&mut buf).unwrap(),
+            Some(Backend::CopyBothResponse)
+        ));
         assert!(buf.is_empty());
         let mut bad = BytesMut::from(&[b'd', 0, 0, 0, 2][..]);
         assert!(parse_backend(&mut bad).is_err());

@@ -38,7 +38,10 @@ pub enum ReplicationError {
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
     #[error("{what} timed out after {after:?}")]
-    Timeout { what: &'static str, after: std::time::Duration },
+    Timeout {
+        what: &'static str,
+        after: std::time::Duration,
+    },
     #[error("the server closed the replication stream")]
     Closed,
 }

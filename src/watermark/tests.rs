@@ -33,6 +33,33 @@ fn later_transaction_acked_first_waits_for_the_earlier_one() {
 }
 
 #[test]
+fn out_of_order_acks_stay_counted_until_confirmed() {
+    let mut w = AckWatermark::new(Lsn(0));
+    let a = w.begin().unwrap();
+    w.event_sent(a, 1).unwrap();
+    w.commit(a, Lsn(10)).unwrap();
+    let b = w.begin().unwrap();
+    w.event_sent(b, 1).unwrap();
+    w.event_sent(b, 1).unwrap();
+    w.commit(b, Lsn(20)).unwrap();
+    let open = w.begin().unwrap();
+    w.event_sent(open, 1).unwrap();
+    // The open transaction's events never count (it cannot be confirmed before its commit).
+    assert_eq!(w.committed_unconfirmed_events(), 3);
+    w.acked(b, 1).unwrap();
+    w.acked(b, 1).unwrap();
+    assert_eq!(
+        (w.in_flight_events(), w.committed_unconfirmed_events()),
+        (2, 3),
+        "acked behind a slower one"
+    );
+    w.acked(a, 1).unwrap();
+    assert_eq!(w.committed_unconfirmed_events(), 0);
+    w.commit(open, Lsn(30)).unwrap();
+    assert_eq!(w.committed_unconfirmed_events(), 1);
+}
+
+#[test]
 fn acks_before_commit_do_not_confirm_an_open_transaction() {
     let mut w = AckWatermark::new(Lsn(0));
     let a = w.begin().unwrap();
@@ -40,7 +67,11 @@ fn acks_before_commit_do_not_confirm_an_open_transaction() {
     w.acked(a, 1).unwrap();
     assert_eq!(w.confirmed(), Lsn(0));
     w.keepalive(Lsn(500));
-    assert_eq!(w.confirmed(), Lsn(0), "keepalive inside an open transaction must not confirm");
+    assert_eq!(
+        w.confirmed(),
+        Lsn(0),
+        "keepalive inside an open transaction must not confirm"
+    );
     w.commit(a, Lsn(30)).unwrap();
     assert_eq!(w.confirmed(), Lsn(30));
 }
@@ -105,8 +136,13 @@ struct GenTxn {
 
 fn scenario() -> impl Strategy<Value = (Vec<GenTxn>, Vec<u32>)> {
     prop::collection::vec((0u32..4, any::<bool>()), 1..40).prop_flat_map(|txns| {
-        let txns: Vec<GenTxn> =
-            txns.into_iter().map(|(events, keepalive_after)| GenTxn { events, keepalive_after }).collect();
+        let txns: Vec<GenTxn> = txns
+            .into_iter()
+            .map(|(events, keepalive_after)| GenTxn {
+                events,
+                keepalive_after,
+            })
+            .collect();
         let total: u32 = txns.iter().map(|t| t.events).sum();
         // A random permutation of delivery order, expressed as picks from the remaining set.
         let picks = prop::collection::vec(any::<u32>(), total as usize);

@@ -743,6 +743,7 @@ fn check_json(report: &StatusReport, password: &str) {
     assert_eq!(
         keys(&v),
         [
+            "health",
             "outbox_table",
             "postgres_url",
             "publication",

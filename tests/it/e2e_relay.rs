@@ -1,7 +1,7 @@
 //! End-to-end: real PostgreSQL → `outbox-relay run` (a child process) → Kafka (mock cluster,
 //! or tansu where installed) → an rdkafka consumer.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio_postgres::Client;
@@ -9,10 +9,10 @@ use tokio_postgres::Client;
 use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema, Workload};
 use crate::harness::*;
 
-const PREFIX_REGEX: &str = r"^(?<routedByValue>[^.]+)\..*$";
+pub(crate) const PREFIX_REGEX: &str = r"^(?<routedByValue>[^.]+)\..*$";
 
 /// A database with the given outbox schema, and a relay config for it with `setup` done.
-async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, RelayConfig) {
+pub(crate) async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, RelayConfig) {
     let pg = shared_cluster().await;
     let db = unique_name("e2e");
     pg.create_database(&db).await;
@@ -27,7 +27,7 @@ async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, Rel
     (db, client, config)
 }
 
-async fn setup(config: &RelayConfig) {
+pub(crate) async fn setup(config: &RelayConfig) {
     let out = run_cmd(&["setup"], config).await;
     assert!(
         out.status.success(),
@@ -36,77 +36,9 @@ async fn setup(config: &RelayConfig) {
     );
 }
 
-/// Per key, the `id` headers in the order the consumer read them (offset order per partition).
-fn ids_by_key(records: &[Received]) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for r in records {
-        let id = String::from_utf8_lossy(r.header("id").expect("id header")).into_owned();
-        out.entry(r.key_str().expect("key").to_owned()).or_default().push(id);
-    }
-    out
-}
-
-/// Every committed event was received (at least once), with the right key, payload bytes and
-/// topic; returns how many duplicates there were.
-fn check_delivered(
-    committed: &[ExpectedEvent],
-    records: &[Received],
-    topic_of: impl Fn(&ExpectedEvent) -> String,
-) -> usize {
-    let mut by_id: HashMap<String, Vec<&Received>> = HashMap::new();
-    for r in records {
-        let id = String::from_utf8_lossy(r.header("id").expect("every record has an id header")).into_owned();
-        by_id.entry(id).or_default().push(r);
-    }
-    let mut missing = Vec::new();
-    for ev in committed {
-        match by_id.get(&ev.id) {
-            None => missing.push(ev.id.clone()),
-            Some(rs) => {
-                for r in rs {
-                    assert_eq!(r.key_str(), Some(ev.aggregate_id.as_str()), "key of event {}", ev.id);
-                    assert_eq!(
-                        r.payload_str(),
-                        Some(ev.payload_text.as_str()),
-                        "payload bytes of event {}",
-                        ev.id
-                    );
-                    assert_eq!(r.topic, topic_of(ev), "topic of event {}", ev.id);
-                }
-            }
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "{} committed events never arrived, e.g. {:?}",
-        missing.len(),
-        &missing[..missing.len().min(5)]
-    );
-    let expected: HashSet<&str> = committed.iter().map(|e| e.id.as_str()).collect();
-    let unexpected: Vec<&String> = by_id.keys().filter(|id| !expected.contains(id.as_str())).collect();
-    assert!(
-        unexpected.is_empty(),
-        "records for events that were never committed: {unexpected:?}"
-    );
-    records.len() - by_id.len()
-}
-
-/// First deliveries per aggregate must follow commit order.
-fn check_order(committed: &Committed, records: &[Received]) {
-    let received = ids_by_key(records);
-    for (agg, events) in &committed.by_aggregate {
-        let mut seen = HashSet::new();
-        let firsts: Vec<&String> = received
-            .get(agg)
-            .map(|ids| ids.iter().filter(|id| seen.insert(id.as_str())).collect())
-            .unwrap_or_default();
-        let expected: Vec<&String> = events.iter().map(|e| &e.id).collect();
-        assert_eq!(
-            firsts, expected,
-            "aggregate {agg}: first deliveries out of commit order"
-        );
-    }
-}
+// The delivery checks live in the harness (`harness/checks.rs`); re-exported here for the
+// suites that import them from this module.
+pub(crate) use crate::harness::checks::{check_delivered, check_order};
 
 async fn end_to_end(schema: OutboxSchema) {
     let kafka = MockKafka::new(3);
@@ -281,7 +213,7 @@ async fn restart_after_sigterm_and_after_sigkill_loses_nothing() {
 }
 
 /// The exact end LSN of the commit record of transaction `xid` (pg_walinspect).
-async fn commit_end_lsn(client: &Client, xid: u32, from: u64, to: u64) -> u64 {
+pub(crate) async fn commit_end_lsn(client: &Client, xid: u32, from: u64, to: u64) -> u64 {
     let row = client
         .query_one(
             "SELECT end_lsn::text FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
@@ -356,7 +288,11 @@ async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
         relay.log_text()
     );
     let log = relay.log_text();
-    assert_eq!(log.matches("streaming started").count(), 1, "the paused relay lost its walsender; log:\n{log}");
+    assert_eq!(
+        log.matches("streaming started").count(),
+        1,
+        "the paused relay lost its walsender; log:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -472,28 +408,67 @@ async fn schema_changes_updates_and_deletes_mid_stream() {
     let kafka = MockKafka::new(1);
     let (_db, mut client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
     // Updates and deletes must reach the relay too, to prove they are ignored, not just unpublished.
-    client.batch_execute(&format!("ALTER PUBLICATION {} SET (publish = 'insert, update, delete')", config.publication)).await.unwrap();
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION {} SET (publish = 'insert, update, delete')",
+            config.publication
+        ))
+        .await
+        .unwrap();
     let config = config.route(PREFIX_REGEX, "${routedByValue}");
     let relay = RelayProcess::run(&config);
     let agg = new_uuid();
     let mut expected = insert_multi_row(&client, OutboxSchema::A, &agg, 0, 3).await;
-    client.batch_execute("ALTER TABLE events_outbox ADD COLUMN note text DEFAULT 'n'").await.unwrap();
+    client
+        .batch_execute("ALTER TABLE events_outbox ADD COLUMN note text DEFAULT 'n'")
+        .await
+        .unwrap();
     expected.extend(insert_multi_row(&client, OutboxSchema::A, &agg, 3, 3).await);
-    client.batch_execute("ALTER TABLE events_outbox DROP COLUMN note").await.unwrap();
+    client
+        .batch_execute("ALTER TABLE events_outbox DROP COLUMN note")
+        .await
+        .unwrap();
     expected.extend(insert_multi_row(&client, OutboxSchema::A, &agg, 6, 3).await);
     // The polling relayer's marker, and an outbox kept empty by insert-then-delete.
-    client.batch_execute("UPDATE events_outbox SET dispatched_at = now()").await.unwrap();
+    client
+        .batch_execute("UPDATE events_outbox SET dispatched_at = now()")
+        .await
+        .unwrap();
     let tx = client.transaction().await.unwrap();
     let ev = insert_event(&tx, OutboxSchema::A, &agg, 9).await;
-    tx.execute("DELETE FROM events_outbox WHERE id = $1::text::bigint", &[&ev.id]).await.unwrap();
+    tx.execute("DELETE FROM events_outbox WHERE id = $1::text::bigint", &[&ev.id])
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     expected.push(ev);
-    let records = collect(&kafka.bootstrap_servers(), &["order"], expected.len(), Duration::from_secs(60)).await;
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        expected.len(),
+        Duration::from_secs(60),
+    )
+    .await;
     let dups = check_delivered(&expected, &records, |_| "order".to_owned());
-    assert_eq!(dups, 0, "updates or deletes were published as events; log:\n{}", relay.log_text());
-    let ids: Vec<String> = records.iter().map(|r| String::from_utf8_lossy(r.header("id").unwrap()).into_owned()).collect();
-    assert_eq!(ids, expected.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), "commit order");
-    assert!(relay.log_text().contains("column mapping refreshed"), "{}", relay.log_text());
+    assert_eq!(
+        dups,
+        0,
+        "updates or deletes were published as events; log:\n{}",
+        relay.log_text()
+    );
+    let ids: Vec<String> = records
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.header("id").unwrap()).into_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        expected.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        "commit order"
+    );
+    assert!(
+        relay.log_text().contains("column mapping refreshed"),
+        "{}",
+        relay.log_text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -506,7 +481,11 @@ async fn failed_deliveries_restart_the_stream_and_lose_nothing() {
         .set("relay", "reconnect_backoff_initial_ms", 200)
         .set("relay", "reconnect_backoff_max_ms", 1000);
     let relay = RelayProcess::run(&config);
-    assert!(relay.wait_for_log("streaming started", Duration::from_secs(30)).await, "{}", relay.log_text());
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
     kafka.all_brokers_down();
     let agg = new_uuid();
     let expected = insert_multi_row(&client, OutboxSchema::A, &agg, 0, 20).await;
@@ -515,10 +494,22 @@ async fn failed_deliveries_restart_the_stream_and_lose_nothing() {
         "a final delivery failure must restart streaming; log:\n{}",
         relay.log_text()
     );
-    assert!(relay.log_text().contains("Kafka delivery failed"), "{}", relay.log_text());
+    assert!(
+        relay.log_text().contains("Kafka delivery failed"),
+        "{}",
+        relay.log_text()
+    );
     kafka.all_brokers_up();
-    let records = collect(&kafka.bootstrap_servers(), &["order"], expected.len(), Duration::from_secs(60)).await;
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        expected.len(),
+        Duration::from_secs(60),
+    )
+    .await;
     check_delivered(&expected, &records, |_| "order".to_owned());
-    let committed = Committed { by_aggregate: [(agg, expected)].into_iter().collect() };
+    let committed = Committed {
+        by_aggregate: [(agg, expected)].into_iter().collect(),
+    };
     check_order(&committed, &records);
 }

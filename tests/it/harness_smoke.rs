@@ -323,3 +323,21 @@ fn harness_external_url_rewriting() {
     assert_eq!(url_port("postgres://u:p@h:6543/app"), Some(6543));
     assert_eq!(url_port("postgres://u@h/app"), None);
 }
+
+#[tokio::test]
+async fn harness_tansu_does_not_auto_create_topics() {
+    // The harness docs (and tests using tansu) rely on this: create topics first.
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let Some(tansu) = Tansu::start().await else {
+        return;
+    };
+    let topic = unique_name("no_auto");
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", tansu.bootstrap_servers())
+        .set("message.timeout.ms", "2000")
+        .create()
+        .unwrap();
+    let rec = FutureRecord::<[u8], [u8]>::to(&topic).payload(b"x");
+    let res = producer.send(rec, Duration::from_secs(5)).await;
+    assert!(res.is_err(), "tansu auto-created {topic}; update harness docs");
+}

@@ -53,20 +53,28 @@
 //! and returns what was committed per aggregate in commit order; [`insert_rolled_back`]
 //! and [`insert_multi_row`] cover the other shapes of writes.
 //!
+//! # Checks and scraping
+//! [`check_delivered`] / [`check_order`] / [`ids_by_key`] (`checks.rs`) compare what was
+//! collected with what was committed. [`scrape::http_get`] fetches a relay endpoint and
+//! [`scrape::Metrics`] parses Prometheus text (`/metrics`).
+//!
 //! # Waiting
 //! [`wait_until`] polls an async condition with a deadline; use it instead of sleeps.
 #![allow(dead_code, unused_imports)]
 
+pub mod checks;
 pub mod consumer;
 pub mod kafka;
 pub mod postgres;
 pub mod process;
 pub mod relay_process;
+pub mod scrape;
 pub mod tansu;
 pub mod tls;
 pub mod util;
 pub mod workload;
 
+pub use checks::{check_delivered, check_order, ids_by_key};
 pub use consumer::{collect, collect_matching, collect_with, produce, Received, Topics};
 pub use kafka::MockKafka;
 pub use postgres::{

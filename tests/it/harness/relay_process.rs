@@ -203,6 +203,16 @@ impl RelayProcess {
 
     /// Like [`run`](Self::run) with extra CLI args (after `--config FILE`) and env vars.
     pub fn run_with(config: &RelayConfig, extra_args: &[&str], env: &[(&str, &str)]) -> Self {
+        RelayProcess::start("run", config, extra_args, env)
+    }
+
+    /// `outbox-relay poll --config <dir>/relay.toml` (the polling relayer).
+    pub fn poll(config: &RelayConfig) -> RelayProcess {
+        RelayProcess::start("poll", config, &[], &[])
+    }
+
+    /// Any long-running subcommand (`run`, `poll`) with extra args and env vars.
+    pub fn start(subcommand: &str, config: &RelayConfig, extra_args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("outbox-relay-run-")
             .tempdir()
@@ -215,7 +225,7 @@ impl RelayProcess {
             .open(dir.path().join("relay.log"))
             .expect("open relay log");
         let mut cmd = relay_command(env);
-        cmd.arg("run")
+        cmd.arg(subcommand)
             .arg("--config")
             .arg(&config_path)
             .args(extra_args)

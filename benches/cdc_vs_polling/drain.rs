@@ -1,0 +1,273 @@
+//! Backlog drain: N outbox rows pending in the slot (a relay outage during normal traffic: one
+//! order and one event per transaction), published by the relay, against `pg_recvlogical`
+//! draining a second slot with the same contents to `/dev/null` — the walsender's own limit, as
+//! pgoutput decoding and the replication protocol allow, with no Kafka at all.
+//!
+//! Both slots are created before the fill, so they hold the same transactions. The relay's time
+//! runs from process start until the slot's `confirmed_flush_lsn` reached the end of the fill
+//! (the relay confirms only what Kafka acknowledged; `status_interval_ms = 100` bounds the
+//! confirmation delay). `pg_recvlogical` stops by itself at that LSN (`--endpos`). Optionally the
+//! polling relayer drains the same rows too (they are still pending in its terms).
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::ProgressBar;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use super::pg::{self, BenchPg, RELAY_ROLE};
+use super::procfs;
+use super::relay::{self, Mode, RelayChild, RelayConf};
+use super::steady::{Ctx, SCHEMA};
+
+const DB: &str = "bench_drain";
+const RECV_SLOT: &str = "bench_drain_recv";
+const TOPIC: &str = "bench-drain";
+const FILL_CHUNK: u64 = 20_000;
+const LIMIT: Duration = Duration::from_secs(1800);
+
+const FILL_PROCEDURE: &str = "
+CREATE PROCEDURE bench_fill(n int, topic text) LANGUAGE plpgsql AS $$
+DECLARE i int := 0; o uuid;
+BEGIN
+  WHILE i < n LOOP
+    o := gen_random_uuid();
+    INSERT INTO orders VALUES (o, gen_random_uuid(), 1000 + i % 90000, 'placed');
+    INSERT INTO events_outbox (aggregate_id, type, payload)
+      VALUES (o, topic, jsonb_build_object('order_id', o, 'customer_id', gen_random_uuid(),
+              'total_cents', 1000 + i % 90000, 'currency', 'EUR',
+              'items', jsonb_build_array(jsonb_build_object('sku', 'sku-' || i % 977, 'qty', 1 + i % 3))));
+    COMMIT;
+    i := i + 1;
+  END LOOP;
+END $$;
+";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainOutcome {
+    pub rows: u64,
+    pub wal_mib: f64,
+    pub fill_s: f64,
+    pub recvlogical_s: f64,
+    pub recvlogical_per_s: f64,
+    pub recvlogical_pg_cpu_s: f64,
+    pub relay_s: f64,
+    pub relay_per_s: f64,
+    pub relay_pg_cpu_s: f64,
+    pub relay_cpu_s: f64,
+    pub relay_cpu_us_per_event: f64,
+    pub relay_peak_rss_mib: f64,
+    pub published: u64,
+    /// (seconds, events/s) of the polling relayer (interval 10 ms, batch 100) on the same rows.
+    pub poll: Option<(f64, f64)>,
+}
+
+pub async fn run(ctx: &Ctx<'_>, rows: u64, with_poll: bool, phase: &ProgressBar) -> Result<DrainOutcome> {
+    let admin = pg::connect(&ctx.pg.url("postgres", "postgres")).await?;
+    pg::recreate_database(&admin, DB).await?;
+    let outcome = drain(ctx, &admin, rows, with_poll, phase).await;
+    pg::drop_database(&admin, DB).await?;
+    outcome
+}
+
+async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase: &ProgressBar) -> Result<DrainOutcome> {
+    let db = pg::connect(&ctx.pg.url("postgres", DB)).await?;
+    db.batch_execute(SCHEMA).await?;
+    db.batch_execute(FILL_PROCEDURE).await?;
+    let conf = RelayConf {
+        url: &ctx.pg.url(RELAY_ROLE, DB),
+        slot: DB,
+        bootstrap: ctx.broker.bootstrap(),
+        mode: Mode::Cdc,
+        metrics_port: None,
+        status_interval_ms: 100,
+    };
+    let config = conf.write(ctx.workdir)?;
+    relay::setup(&config, false)?;
+    // A logical slot belongs to the database it was created from.
+    db.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&RECV_SLOT],
+    )
+    .await?;
+
+    phase.set_message(format!("drain: inserting {rows} pending events (one per transaction)"));
+    phase.set_length(rows);
+    phase.set_position(0);
+    let start_lsn = current_lsn(&db).await?;
+    let fill_started = Instant::now();
+    let mut filled = 0;
+    while filled < rows {
+        let n = FILL_CHUNK.min(rows - filled);
+        db.execute("CALL bench_fill($1, $2)", &[&(n as i32), &TOPIC]).await?;
+        filled += n;
+        phase.set_position(filled);
+    }
+    let fill_s = fill_started.elapsed().as_secs_f64();
+    let end_lsn = current_lsn(&db).await?;
+    let wal_bytes: i64 = db
+        .query_one(
+            "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::int8",
+            &[&end_lsn, &start_lsn],
+        )
+        .await?
+        .get(0);
+    let postmaster = ctx.pg.postmaster_pid()?;
+
+    phase.set_message("drain: pg_recvlogical → /dev/null");
+    phase.set_length(0);
+    let pg_cpu = procfs::postgres_cpu(postmaster);
+    let started = Instant::now();
+    let status = Command::new(BenchPg::tool("pg_recvlogical"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &ctx.pg.port().to_string(),
+            "-U",
+            RELAY_ROLE,
+            "-d",
+            DB,
+        ])
+        .args([
+            "--slot",
+            RECV_SLOT,
+            "--start",
+            "--endpos",
+            &end_lsn,
+            "--no-loop",
+            "-F",
+            "0",
+            "-f",
+            "/dev/null",
+        ])
+        .args(["-o", "proto_version=1", "-o", &format!("publication_names={DB}")])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting pg_recvlogical")?
+        .wait_with_output()?;
+    let recvlogical_s = started.elapsed().as_secs_f64();
+    let recvlogical_pg_cpu_s = procfs::postgres_cpu(postmaster) - pg_cpu;
+    if !status.status.success() {
+        bail!("pg_recvlogical failed: {}", String::from_utf8_lossy(&status.stderr));
+    }
+
+    phase.set_message("drain: outbox-relay run → Kafka");
+    ctx.broker.create_topic(TOPIC, 4).await?;
+    let pg_cpu = procfs::postgres_cpu(postmaster);
+    let started = Instant::now();
+    let child = RelayChild::start(&config, Mode::Cdc).await?;
+    let pid = child.pid();
+    loop {
+        let confirmed: Option<String> = admin
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&DB],
+            )
+            .await?
+            .get(0);
+        let done: bool = admin
+            .query_one("SELECT $1::text::pg_lsn >= $2::text::pg_lsn", &[&confirmed, &end_lsn])
+            .await?
+            .get::<_, Option<bool>>(0)
+            .unwrap_or(false);
+        if done {
+            break;
+        }
+        if started.elapsed() > LIMIT {
+            bail!("the relay did not drain {rows} events within {LIMIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let relay_s = started.elapsed().as_secs_f64();
+    let relay_pg_cpu_s = procfs::postgres_cpu(postmaster) - pg_cpu;
+    let relay_cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
+    let relay_peak_rss_mib = procfs::vm_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
+    child.stop().await?;
+    let published = published(ctx.broker.bootstrap(), TOPIC)?;
+
+    let poll = if with_poll {
+        Some(poll_drain(ctx, &db, &config, rows, phase).await?)
+    } else {
+        None
+    };
+    Ok(DrainOutcome {
+        rows,
+        wal_mib: wal_bytes as f64 / (1024.0 * 1024.0),
+        fill_s,
+        recvlogical_s,
+        recvlogical_per_s: rows as f64 / recvlogical_s,
+        recvlogical_pg_cpu_s,
+        relay_s,
+        relay_per_s: rows as f64 / relay_s,
+        relay_pg_cpu_s,
+        relay_cpu_s,
+        relay_cpu_us_per_event: relay_cpu_s * 1e6 / rows as f64,
+        relay_peak_rss_mib,
+        published,
+        poll,
+    })
+}
+
+async fn poll_drain(
+    ctx: &Ctx<'_>,
+    db: &Client,
+    cdc_config: &std::path::Path,
+    rows: u64,
+    phase: &ProgressBar,
+) -> Result<(f64, f64)> {
+    phase.set_message("drain: outbox-relay poll (10 ms, batch 100) → Kafka");
+    // Same rows, same topic: completion is measured in the table (no row left pending).
+    db.batch_execute("ANALYZE events_outbox").await?;
+    let conf = RelayConf {
+        url: &ctx.pg.url(RELAY_ROLE, DB),
+        slot: "bench_drain_poll",
+        bootstrap: ctx.broker.bootstrap(),
+        mode: Mode::Poll { interval_ms: 10 },
+        metrics_port: None,
+        status_interval_ms: 1000,
+    };
+    let config = conf.write(cdc_config.parent().unwrap_or(ctx.workdir))?;
+    relay::setup(&config, true)?;
+    let started = Instant::now();
+    let child = RelayChild::start(&config, conf.mode).await?;
+    loop {
+        let pending: i64 = db
+            .query_one("SELECT count(*) FROM events_outbox WHERE dispatched_at IS NULL", &[])
+            .await?
+            .get(0);
+        phase.set_position(rows.saturating_sub(pending as u64));
+        if pending == 0 {
+            break;
+        }
+        if started.elapsed() > LIMIT {
+            bail!("the polling relayer did not drain {rows} events within {LIMIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    child.stop().await?;
+    Ok((secs, rows as f64 / secs))
+}
+
+async fn current_lsn(db: &Client) -> Result<String> {
+    Ok(db.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.get(0))
+}
+
+/// Records in `topic`: the sum of its partitions' high watermarks.
+fn published(bootstrap: &str, topic: &str) -> Result<u64> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata.topics().first().map_or(0, |t| t.partitions().len());
+    let mut total = 0;
+    for p in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(10))?;
+        total += high.max(0) as u64;
+    }
+    Ok(total)
+}

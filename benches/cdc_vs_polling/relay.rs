@@ -1,0 +1,195 @@
+//! The relay under test, as a child process of the release binary, so its CPU and memory are
+//! its own in `/proc`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Built by cargo for this bench (the bench profile inherits `release`).
+pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// The streaming relay (`outbox-relay run`).
+    Cdc,
+    /// The polling relayer (`outbox-relay poll`), batch size 100, one worker.
+    Poll { interval_ms: u64 },
+}
+
+impl Mode {
+    pub fn label(self) -> String {
+        match self {
+            Mode::Cdc => "CDC".into(),
+            Mode::Poll { interval_ms } if interval_ms >= 1000 => format!("poll {} s", interval_ms / 1000),
+            Mode::Poll { interval_ms } => format!("poll {interval_ms} ms"),
+        }
+    }
+}
+
+pub struct RelayConf<'a> {
+    pub url: &'a str,
+    pub slot: &'a str,
+    pub bootstrap: &'a str,
+    pub mode: Mode,
+    /// `[http] listen` port for the CDC relay's `/metrics` (commit-to-ack histogram).
+    pub metrics_port: Option<u16>,
+    pub status_interval_ms: u64,
+}
+
+impl RelayConf<'_> {
+    fn render(&self) -> String {
+        let mut toml = format!(
+            "[postgres]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{}\"\n\n\
+             [outbox]\ntable = \"public.events_outbox\"\ntimestamp_column = \"created_at\"\n\n\
+             [kafka]\n\"bootstrap.servers\" = \"{}\"\n\n\
+             [relay]\nstatus_interval_ms = {}\n\n\
+             [poll]\nbatch_size = 100\nworkers = 1\ndispatched_column = \"dispatched_at\"\n",
+            self.url, self.slot, self.slot, self.bootstrap, self.status_interval_ms
+        );
+        if let Mode::Poll { interval_ms } = self.mode {
+            toml.push_str(&format!("interval_ms = {interval_ms}\n"));
+        }
+        if let Some(port) = self.metrics_port {
+            toml.push_str(&format!("\n[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+        }
+        toml
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<PathBuf> {
+        let path = dir.join(format!("{}.toml", self.slot));
+        fs::write(&path, self.render())?;
+        Ok(path)
+    }
+}
+
+/// `outbox-relay setup` (or `setup --poll`), bounded.
+pub fn setup(config: &Path, poll: bool) -> Result<()> {
+    let mut cmd = Command::new(RELAY_BIN);
+    cmd.arg("setup").arg("--config").arg(config);
+    if poll {
+        cmd.arg("--poll");
+    }
+    let out = cmd
+        .env("RUST_LOG", "warn")
+        .output()
+        .context("running outbox-relay setup")?;
+    if !out.status.success() {
+        bail!("outbox-relay setup failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+pub struct RelayChild {
+    child: Child,
+    log: PathBuf,
+}
+
+impl RelayChild {
+    /// Starts `run` (CDC) or `poll` and waits until it reports that it is streaming/polling.
+    pub async fn start(config: &Path, mode: Mode) -> Result<RelayChild> {
+        let log = config.with_extension("log");
+        let file = fs::File::create(&log)?;
+        let subcommand = if mode == Mode::Cdc { "run" } else { "poll" };
+        let child = Command::new(RELAY_BIN)
+            .arg(subcommand)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .context("starting the relay")?;
+        let relay = RelayChild { child, log };
+        let ready = if mode == Mode::Cdc {
+            "streaming started"
+        } else {
+            "polling started"
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !relay.log_text().contains(ready) {
+            if Instant::now() >= deadline {
+                bail!("the relay did not start within 30 s; log:\n{}", relay.log_text());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(relay)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then wait (bounded) for the exit; SIGKILL past that.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    bail!("the relay exited with {status}; log:\n{}", tail(&self.log_text()));
+                }
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("the relay did not stop within 40 s of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for RelayChild {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn tail(text: &str) -> &str {
+    let start = text.len().saturating_sub(4000);
+    let start = (start..text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(text.len());
+    &text[start..]
+}
+
+/// Cumulative `le` → count of the relay's commit-to-ack histogram, from its `/metrics`.
+/// `None` when the endpoint does not answer or has no such histogram.
+pub fn scrape_commit_to_ack(port: u16) -> Option<BTreeMap<u64, u64>> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    let prefix = format!("{}_bucket{{", outbox_relay::metrics::COMMIT_TO_ACK_SECONDS);
+    let mut buckets = BTreeMap::new();
+    for line in body.lines().filter(|l| l.starts_with(&prefix)) {
+        let le = line.split("le=\"").nth(1)?.split('"').next()?;
+        let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        // Microseconds as the key keeps the map ordered without float keys; +Inf sorts last.
+        let key = if le == "+Inf" {
+            u64::MAX
+        } else {
+            (le.parse::<f64>().ok()? * 1e6).round() as u64
+        };
+        *buckets.entry(key).or_insert(0) += count as u64;
+    }
+    (!buckets.is_empty()).then_some(buckets)
+}

@@ -1,0 +1,126 @@
+//! Latency statistics: exact percentiles from an HdrHistogram of per-event latencies, and
+//! estimated ones from the relay's Prometheus histogram (bucket bounds only).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::consumer::Receipt;
+use super::load::Commit;
+
+/// Percentiles in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// Commit-to-consumer latencies of the events in `commits`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Delivery {
+    pub delivered: u64,
+    pub missing: u64,
+    pub duplicates: u64,
+    /// Receipts earlier than the generator saw its COMMIT return (the relay was faster than the
+    /// commit's reply); counted as 0 ms.
+    pub before_commit_reply: u64,
+    pub latency: Option<Percentiles>,
+    /// First commit to last receipt.
+    pub span_seconds: f64,
+}
+
+pub fn delivery(commits: &[Commit], receipts: &[Receipt]) -> Delivery {
+    let mut first: HashMap<i64, Instant> = HashMap::with_capacity(receipts.len());
+    let mut seen: HashMap<i64, u32> = HashMap::with_capacity(receipts.len());
+    for (id, at) in receipts {
+        first.entry(*id).or_insert(*at);
+        *seen.entry(*id).or_default() += 1;
+    }
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds");
+    let (mut missing, mut duplicates, mut early) = (0, 0, 0);
+    let mut last_receipt: Option<Instant> = None;
+    for (id, committed) in commits {
+        let Some(received) = first.get(id) else {
+            missing += 1;
+            continue;
+        };
+        duplicates += u64::from(seen[id] - 1);
+        last_receipt = Some(last_receipt.map_or(*received, |l| l.max(*received)));
+        let micros = match received.checked_duration_since(*committed) {
+            Some(d) => d.as_micros() as u64,
+            None => {
+                early += 1;
+                0
+            }
+        };
+        hist.saturating_record(micros.max(1));
+    }
+    let first_commit = commits.iter().map(|(_, c)| *c).min();
+    let span = match (first_commit, last_receipt) {
+        (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
+        _ => 0.0,
+    };
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    Delivery {
+        delivered: hist.len(),
+        missing,
+        duplicates,
+        before_commit_reply: early,
+        latency: (!hist.is_empty()).then(|| Percentiles {
+            p50: ms(0.5),
+            p90: ms(0.9),
+            p99: ms(0.99),
+            max: hist.max() as f64 / 1000.0,
+        }),
+        span_seconds: span,
+    }
+}
+
+/// Quantiles from the difference of two cumulative Prometheus histograms (keys: upper bounds in
+/// µs, `u64::MAX` for +Inf), interpolated linearly inside the bucket like PromQL's
+/// `histogram_quantile`. Returns (count, p50, p90, p99) in ms.
+pub fn bucket_quantiles(before: &BTreeMap<u64, u64>, after: &BTreeMap<u64, u64>) -> Option<(u64, Percentiles)> {
+    let delta: Vec<(u64, u64)> = after
+        .iter()
+        .map(|(le, n)| (*le, n.saturating_sub(before.get(le).copied().unwrap_or(0))))
+        .collect();
+    let total = delta.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    let quantile = |q: f64| -> f64 {
+        let rank = q * total as f64;
+        let mut lower_bound = 0u64;
+        let mut lower_count = 0u64;
+        for (le, cumulative) in &delta {
+            if *cumulative as f64 >= rank {
+                if *le == u64::MAX {
+                    return lower_bound as f64 / 1000.0;
+                }
+                let in_bucket = (*cumulative - lower_count).max(1) as f64;
+                let fraction = (rank - lower_count as f64) / in_bucket;
+                return (lower_bound as f64 + fraction * (*le - lower_bound) as f64) / 1000.0;
+            }
+            lower_bound = *le;
+            lower_count = *cumulative;
+        }
+        lower_bound as f64 / 1000.0
+    };
+    let max = delta
+        .iter()
+        .find(|(_, c)| *c == total)
+        .map_or(f64::NAN, |(le, _)| *le as f64 / 1000.0);
+    Some((
+        total,
+        Percentiles {
+            p50: quantile(0.5),
+            p90: quantile(0.9),
+            p99: quantile(0.99),
+            max,
+        },
+    ))
+}

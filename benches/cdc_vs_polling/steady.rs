@@ -1,0 +1,311 @@
+//! One steady-state run: a fresh database, one relay (or none: the baseline), a fixed arrival
+//! rate (or the maximum), and everything measured over one window.
+//!
+//! Sequence: create database and schema → `setup` (CDC) or `setup --poll` → start the relay and
+//! the consumer → warm-up load (delivered, not measured) → snapshot counters → measured load →
+//! wait until every measured event arrived and at least [`TAIL`] passed → snapshot again. All
+//! per-event figures divide the counter differences by the measured events, so the relay's idle
+//! work between events (empty polls, keepalives) is part of its cost.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use indicatif::ProgressBar;
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use super::broker::Broker;
+use super::consumer::TopicConsumer;
+use super::load::{self, LoadSpec};
+use super::pg::{self, BenchPg, RELAY_ROLE};
+use super::procfs;
+use super::relay::{self, Mode, RelayChild, RelayConf};
+use super::stats::{self, Delivery, Percentiles};
+
+/// Every window lasts at least this long past the end of the load, for every mode alike.
+pub const TAIL: Duration = Duration::from_millis(1500);
+const PARTITIONS: i32 = 4;
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(180);
+
+pub const SCHEMA: &str = "
+CREATE TABLE orders (id uuid PRIMARY KEY, customer_id uuid, total_cents bigint, status text);
+CREATE TABLE events_outbox (
+    id bigserial PRIMARY KEY,
+    aggregate_id uuid NOT NULL,
+    type text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    dispatched_at timestamptz
+);
+CREATE INDEX events_outbox_pending_idx ON events_outbox (created_at) WHERE dispatched_at IS NULL;
+";
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Rate {
+    Fixed(f64),
+    Max,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    /// `None`: no relay at all — the database's own cost of the load, subtracted from the others.
+    #[serde(serialize_with = "serialize_mode")]
+    pub mode: Option<Mode>,
+    pub rate: Rate,
+    pub events_per_txn: usize,
+    pub warmup: Duration,
+    pub measure: Duration,
+}
+
+fn serialize_mode<S: serde::Serializer>(m: &Option<Mode>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&m.map_or("baseline".into(), Mode::label))
+}
+
+impl Scenario {
+    pub fn mode_label(&self) -> String {
+        self.mode.map_or("no relay".into(), Mode::label)
+    }
+
+    pub fn rate_label(&self) -> String {
+        let batch = if self.events_per_txn > 1 {
+            format!(" (×{} per txn)", self.events_per_txn)
+        } else {
+            String::new()
+        };
+        match self.rate {
+            Rate::Fixed(r) => format!("{r:.0}/s{batch}"),
+            Rate::Max => format!("max{batch}"),
+        }
+    }
+
+    fn connections(&self) -> usize {
+        match self.rate {
+            Rate::Fixed(r) if r <= 200.0 => 2,
+            Rate::Fixed(r) if r <= 2_000.0 => 4,
+            _ => 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub mode: String,
+    pub rate: String,
+    pub offered_per_s: f64,
+    pub events: u64,
+    pub achieved_per_s: f64,
+    pub window_s: f64,
+    pub delivery: Option<Delivery>,
+    /// From the relay's own histogram (CDC only): (events, percentiles; bucket-interpolated).
+    pub ack: Option<(u64, Percentiles)>,
+    pub relay_cpu_us_per_event: Option<f64>,
+    pub relay_rss_mib: Option<f64>,
+    pub relay_peak_rss_mib: Option<f64>,
+    pub pg_cpu_us_per_event: f64,
+    /// CPU of the relay's own server processes (walsender, or the polling backend).
+    pub pg_relay_backends_us_per_event: Option<f64>,
+    pub statements_per_event: Option<f64>,
+}
+
+struct Counters {
+    at: Instant,
+    relay_cpu: Option<f64>,
+    pg_cpu: f64,
+    backends_cpu: Option<f64>,
+    statements: i64,
+    ack: Option<BTreeMap<u64, u64>>,
+}
+
+pub struct Ctx<'a> {
+    pub pg: &'a BenchPg,
+    pub broker: &'a Broker,
+    pub workdir: &'a Path,
+}
+
+pub async fn run(ctx: &Ctx<'_>, sc: &Scenario, index: usize, phase: &ProgressBar) -> Result<Outcome> {
+    let db = format!("bench_{index}");
+    let admin = pg::connect(&ctx.pg.url("postgres", "postgres")).await?;
+    pg::recreate_database(&admin, &db).await?;
+    let load_url = ctx.pg.url("postgres", &db);
+    pg::connect(&load_url).await?.batch_execute(SCHEMA).await?;
+    let topic = format!("bench-{index}");
+    let outcome = measure(ctx, sc, &db, &topic, &admin, phase).await;
+    pg::drop_database(&admin, &db).await?;
+    outcome
+}
+
+async fn measure(
+    ctx: &Ctx<'_>,
+    sc: &Scenario,
+    db: &str,
+    topic: &str,
+    admin: &Client,
+    phase: &ProgressBar,
+) -> Result<Outcome> {
+    let load_url = ctx.pg.url("postgres", db);
+    let metrics_port = (sc.mode == Some(Mode::Cdc)).then(pg::free_port);
+    let mut relay_child = None;
+    let mut consumer = None;
+    if let Some(mode) = sc.mode {
+        phase.set_message(format!("{}: setup", mode.label()));
+        ctx.broker.create_topic(topic, PARTITIONS).await?;
+        let conf = RelayConf {
+            url: &ctx.pg.url(RELAY_ROLE, db),
+            slot: db,
+            bootstrap: ctx.broker.bootstrap(),
+            mode,
+            metrics_port,
+            status_interval_ms: 1000,
+        };
+        let path = conf.write(ctx.workdir)?;
+        relay::setup(&path, mode != Mode::Cdc)?;
+        relay_child = Some(RelayChild::start(&path, mode).await?);
+        consumer = Some(TopicConsumer::start(ctx.broker.bootstrap(), topic, PARTITIONS)?);
+    }
+    let spec = |duration| LoadSpec {
+        rate: match sc.rate {
+            Rate::Fixed(r) => Some(r),
+            Rate::Max => None,
+        },
+        events_per_txn: sc.events_per_txn,
+        duration,
+        connections: sc.connections(),
+        event_type: topic.to_owned(),
+    };
+
+    phase.set_message(format!("{} {}: warm-up", sc.mode_label(), sc.rate_label()));
+    phase.set_position(0);
+    let warm = load::run(&load_url, &spec(sc.warmup), phase).await?;
+    if let Some(c) = &consumer {
+        wait_for(c, warm.commits.len() as u64, CATCH_UP_LIMIT).await;
+    }
+    let backends = relay_backends(admin, db, sc.mode).await?;
+    let relay_pid = relay_child.as_ref().map(RelayChild::pid);
+    let before = counters(ctx, admin, db, relay_pid, &backends, metrics_port).await?;
+
+    phase.set_message(format!("{} {}: measuring", sc.mode_label(), sc.rate_label()));
+    phase.set_position(0);
+    let measured = load::run(&load_url, &spec(sc.measure), phase).await?;
+    let load_end = Instant::now();
+    if let Some(c) = &consumer {
+        phase.set_message(format!(
+            "{} {}: waiting for the relay",
+            sc.mode_label(),
+            sc.rate_label()
+        ));
+        wait_for(c, (warm.commits.len() + measured.commits.len()) as u64, CATCH_UP_LIMIT).await;
+    }
+    let tail_end = load_end + TAIL;
+    if tail_end > Instant::now() {
+        tokio::time::sleep_until(tail_end.into()).await;
+    }
+    let after = counters(ctx, admin, db, relay_pid, &backends, metrics_port).await?;
+    let relay_rss = relay_pid
+        .and_then(|p| procfs::vm_kib(p, "VmRSS"))
+        .map(|k| k as f64 / 1024.0);
+    let relay_peak = relay_pid
+        .and_then(|p| procfs::vm_kib(p, "VmHWM"))
+        .map(|k| k as f64 / 1024.0);
+    if let Some(r) = relay_child {
+        r.stop().await?;
+    }
+    let delivery = consumer.map(|c| stats::delivery(&measured.commits, &c.finish()));
+    let events = delivery.as_ref().map_or(measured.commits.len() as u64, |d| d.delivered);
+    if events == 0 {
+        bail!("no event was delivered in {} {}", sc.mode_label(), sc.rate_label());
+    }
+    let per_event_us = |seconds: f64| seconds * 1e6 / events as f64;
+    let achieved = match &delivery {
+        Some(d) if d.span_seconds > 0.0 => d.delivered as f64 / d.span_seconds,
+        _ => measured.events_per_second(),
+    };
+    Ok(Outcome {
+        mode: sc.mode_label(),
+        rate: sc.rate_label(),
+        offered_per_s: measured.events_per_second(),
+        events,
+        achieved_per_s: achieved,
+        window_s: after.at.duration_since(before.at).as_secs_f64(),
+        delivery,
+        ack: before
+            .ack
+            .as_ref()
+            .zip(after.ack.as_ref())
+            .and_then(|(b, a)| stats::bucket_quantiles(b, a)),
+        relay_cpu_us_per_event: before.relay_cpu.zip(after.relay_cpu).map(|(b, a)| per_event_us(a - b)),
+        relay_rss_mib: relay_rss,
+        relay_peak_rss_mib: relay_peak,
+        pg_cpu_us_per_event: per_event_us(after.pg_cpu - before.pg_cpu),
+        pg_relay_backends_us_per_event: before
+            .backends_cpu
+            .zip(after.backends_cpu)
+            .map(|(b, a)| per_event_us(a - b)),
+        statements_per_event: sc
+            .mode
+            .map(|_| (after.statements - before.statements) as f64 / events as f64),
+    })
+}
+
+async fn wait_for(consumer: &TopicConsumer, count: u64, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while consumer.count() < count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The server processes serving the relay: its walsender (CDC) or its polling backend.
+async fn relay_backends(admin: &Client, db: &str, mode: Option<Mode>) -> Result<Vec<u32>> {
+    let rows =
+        match mode {
+            None => return Ok(Vec::new()),
+            Some(Mode::Cdc) => {
+                admin
+                    .query(
+                        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                        &[&db],
+                    )
+                    .await?
+            }
+            Some(Mode::Poll { .. }) => admin
+                .query(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'outbox-relay poll'",
+                    &[&db],
+                )
+                .await?,
+        };
+    Ok(rows.iter().map(|r| r.get::<_, i32>(0) as u32).collect())
+}
+
+async fn counters(
+    ctx: &Ctx<'_>,
+    admin: &Client,
+    db: &str,
+    relay_pid: Option<u32>,
+    backends: &[u32],
+    metrics_port: Option<u16>,
+) -> Result<Counters> {
+    let statements: i64 = admin
+        .query_one(
+            "SELECT coalesce(sum(s.calls), 0)::int8 FROM pg_stat_statements s \
+             JOIN pg_roles r ON r.oid = s.userid JOIN pg_database d ON d.oid = s.dbid \
+             WHERE r.rolname = $1 AND d.datname = $2",
+            &[&RELAY_ROLE, &db],
+        )
+        .await?
+        .get(0);
+    let backends_cpu = if backends.is_empty() {
+        None
+    } else {
+        backends.iter().map(|p| procfs::cpu_seconds(*p)).sum::<Option<f64>>()
+    };
+    Ok(Counters {
+        at: Instant::now(),
+        relay_cpu: relay_pid.and_then(procfs::cpu_seconds),
+        pg_cpu: procfs::postgres_cpu(ctx.pg.postmaster_pid()?),
+        backends_cpu,
+        statements,
+        ack: metrics_port.and_then(relay::scrape_commit_to_ack),
+    })
+}

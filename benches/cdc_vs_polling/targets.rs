@@ -1,0 +1,147 @@
+//! The targets, checked against the measured numbers (and printed whether met or not).
+
+use std::fmt::Write as _;
+
+use super::report::{added_pg_cpu, Results};
+use super::steady::Outcome;
+
+fn find<'a>(r: &'a Results, mode: &str, rate: &str) -> Option<&'a Outcome> {
+    r.steady.iter().find(|o| o.mode == mode && o.rate == rate)
+}
+
+fn p99(o: &Outcome) -> Option<f64> {
+    o.delivery.as_ref()?.latency.map(|l| l.p99)
+}
+
+fn verdict(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "**met**",
+        Some(false) => "**missed**",
+        None => "not measured",
+    }
+}
+
+/// Rates of the single-event runs, in run order.
+fn rates(r: &Results) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for o in r.steady.iter().filter(|o| o.mode == "CDC") {
+        if !out.contains(&o.rate) {
+            out.push(o.rate.clone());
+        }
+    }
+    out
+}
+
+pub fn table(r: &Results) -> String {
+    let mut s = String::from("| target | measured | verdict |\n|---|---|---|\n");
+    let cdc_1k = find(r, "CDC", "1000/s");
+    let poll_1k = find(r, "poll 100 ms", "1000/s");
+
+    let consumer = cdc_1k.and_then(p99);
+    let hist = cdc_1k.and_then(|o| o.ack).map(|(_, p)| p.p99);
+    let ack_ok = hist.or(consumer).map(|v| v <= 20.0);
+    let _ = writeln!(
+        s,
+        "| CDC p99 commit→ack at 1,000 ev/s ≤ 20 ms | relay histogram p99 ≈ {} ms; commit→consumer p99 {} ms (an upper bound) | {} |",
+        fmt(hist, 1),
+        fmt(consumer, 1),
+        verdict(ack_ok)
+    );
+
+    let poll = poll_1k.and_then(p99);
+    let ratio = consumer.zip(poll).map(|(c, p)| p / c);
+    let _ = writeln!(
+        s,
+        "| CDC p99 ≤ 1/10 of polling's (100 ms interval) at 1,000 ev/s | commit→consumer p99: CDC {} ms, poll {} ms (poll/CDC = {}) | {} |",
+        fmt(consumer, 1),
+        fmt(poll, 1),
+        fmt(ratio, 1),
+        verdict(ratio.map(|x| x >= 10.0))
+    );
+
+    let drain_ratio = r.drain.as_ref().map(|d| d.relay_per_s / d.recvlogical_per_s);
+    let _ = writeln!(
+        s,
+        "| Backlog drain ≥ 0.9 × `pg_recvlogical` | {} | {} |",
+        r.drain.as_ref().map_or_else(
+            || "not run".into(),
+            |d| format!(
+                "relay {:.0} ev/s, pg_recvlogical {:.0} ev/s: {:.2}×",
+                d.relay_per_s,
+                d.recvlogical_per_s,
+                d.relay_per_s / d.recvlogical_per_s
+            )
+        ),
+        verdict(drain_ratio.map(|x| x >= 0.9))
+    );
+
+    let mut cpu_parts = Vec::new();
+    let mut cpu_ok = Vec::new();
+    for rate in rates(r) {
+        if let Some(v) = find(r, "CDC", &rate).and_then(|o| o.relay_cpu_us_per_event) {
+            cpu_parts.push(format!("{rate}: {v:.1}"));
+            cpu_ok.push(v <= 10.0);
+        }
+    }
+    if let Some(d) = &r.drain {
+        cpu_parts.push(format!("drain: {:.2}", d.relay_cpu_us_per_event));
+        cpu_ok.push(d.relay_cpu_us_per_event <= 10.0);
+    }
+    let _ = writeln!(
+        s,
+        "| Relay CPU ≤ 10 µs per event (CDC) | {} µs | {} |",
+        cpu_parts.join("; "),
+        all_or_some(&cpu_ok)
+    );
+
+    let steady_peak = r
+        .steady
+        .iter()
+        .filter(|o| o.mode == "CDC")
+        .filter_map(|o| o.relay_peak_rss_mib)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    let _ = writeln!(
+        s,
+        "| Relay RSS ≤ 64 MiB steady (CDC) | peak {} MiB over all steady runs | {} |",
+        fmt(steady_peak, 0),
+        verdict(steady_peak.map(|v| v <= 64.0))
+    );
+    let drain_peak = r.drain.as_ref().map(|d| d.relay_peak_rss_mib);
+    let _ = writeln!(
+        s,
+        "| Relay RSS ≤ 256 MiB draining the backlog | peak {} MiB | {} |",
+        fmt(drain_peak, 0),
+        verdict(drain_peak.map(|v| v <= 256.0))
+    );
+
+    let mut pg_parts = Vec::new();
+    let mut pg_ok = Vec::new();
+    for rate in rates(r) {
+        let cdc = find(r, "CDC", &rate).and_then(|o| added_pg_cpu(&r.steady, o));
+        let poll = find(r, "poll 100 ms", &rate).and_then(|o| added_pg_cpu(&r.steady, o));
+        if let (Some(c), Some(p)) = (cdc, poll) {
+            pg_parts.push(format!("{rate}: CDC {c:.1} vs poll {p:.1}"));
+            pg_ok.push(c <= p / 5.0);
+        }
+    }
+    let _ = writeln!(
+        s,
+        "| CDC adds ≤ 1/5 of the PostgreSQL CPU per event polling (100 ms) adds, same rate | {} µs/ev | {} |",
+        pg_parts.join("; "),
+        all_or_some(&pg_ok)
+    );
+    s
+}
+
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "–".into(), |x| format!("{x:.digits$}"))
+}
+
+fn all_or_some(oks: &[bool]) -> String {
+    match (oks.iter().filter(|o| **o).count(), oks.len()) {
+        (_, 0) => "not measured".into(),
+        (m, n) if m == n => "**met**".into(),
+        (0, _) => "**missed**".into(),
+        (m, n) => format!("**met in {m} of {n}**"),
+    }
+}

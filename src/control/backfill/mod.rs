@@ -1,0 +1,234 @@
+//! `setup --backfill`: moving from a polling relayer to the relay without losing an event.
+//!
+//! A polling relayer marks rows it has published (`dispatched_at = now()`); rows with that
+//! column NULL are still owed to Kafka. A fresh slot only streams what commits *after* its
+//! creation, so switching naively would lose every row pending at that moment. The backfill
+//! closes exactly that gap:
+//!
+//! 1. preflight, and refuse if the slot already exists — the snapshot below can only be taken
+//!    at the moment the slot is created;
+//! 2. create the publication (if missing), then the slot on a replication connection with
+//!    `CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')`, which returns the slot's consistent point
+//!    and an exported snapshot showing precisely the transactions committed before it;
+//! 3. on an ordinary connection, import that snapshot and publish every row whose dispatched
+//!    column is NULL in it ([`pending`]), exactly as streaming would ([`publish`]), and wait for
+//!    Kafka to acknowledge them all;
+//! 4. release the snapshot. `run` then starts at the consistent point.
+//!
+//! No gap: a row committed before the consistent point is in the snapshot (published here if
+//! still pending); a row committed after it is decoded from the slot. No overlap in a clean run:
+//! a transaction is on exactly one side of the consistent point. Rows a poller dispatched
+//! before the snapshot are not republished. Per-aggregate order holds when `run` starts after
+//! the backfill returned (the documented procedure): every backfilled row is acknowledged before
+//! streaming starts, and all of them committed earlier than anything streamed.
+//!
+//! If anything fails after the slot was created, the slot is dropped again (nothing ever
+//! streamed from it), so a second attempt starts from a clean state and at worst republishes
+//! some rows — never skips one.
+
+mod error;
+pub mod pending;
+mod publish;
+
+use std::fmt;
+
+use tokio_postgres::Client;
+use tracing::{info, warn};
+
+pub use error::BackfillError;
+use pending::{PendingOrder, PendingRows};
+use publish::BackfillPublisher;
+
+use super::setup::{ensure_publication, SetupReport, SlotOutcome};
+use super::{connect, describe, preflight, PreflightReport};
+use crate::config::Settings;
+use crate::lsn::Lsn;
+use crate::replication::connection::ReplicationConnection;
+use crate::sql_ident::Ident;
+
+/// The config key that names the dispatched column (shared with the polling relayer).
+pub const DISPATCHED_KEY: &str = "poll.dispatched_column";
+
+/// Id column types whose order is insertion order (sequences).
+const SEQUENTIAL_ID_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
+
+/// What `setup --backfill` did.
+#[derive(Debug, Clone)]
+pub struct BackfillReport {
+    pub setup: SetupReport,
+    pub dispatched_column: Ident,
+    /// Pending rows published and acknowledged by Kafka.
+    pub published: u64,
+    /// Rows committed after this position are streamed by `run`.
+    pub consistent_point: Lsn,
+}
+
+impl fmt::Display for BackfillReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.setup)?;
+        write!(
+            f,
+            "backfill: published {} pending rows ({} IS NULL in the slot's snapshot); Kafka acknowledged all of them. \
+             Start `outbox-relay run` now: it streams every row committed after {}",
+            self.published, self.dispatched_column, self.consistent_point
+        )
+    }
+}
+
+/// Creates the publication and the slot, and publishes the rows still pending at the slot's
+/// consistent point (see the module docs).
+pub async fn setup_with_backfill(settings: &Settings, dispatched: &Ident) -> Result<BackfillReport, BackfillError> {
+    let client = connect(settings).await?;
+    let before = preflight(&client, settings).await?;
+    let slot = settings.postgres.slot.as_str();
+    if before.slot.is_some() {
+        return Err(BackfillError::SlotExists { slot: slot.to_owned() });
+    }
+    check_dispatched_column(&client, &before, dispatched).await?;
+    let mut notices = Vec::new();
+    let publication = ensure_publication(&client, &before, &mut notices).await?;
+
+    let mut repl = ReplicationConnection::connect(&settings.postgres, settings.relay.connect_timeout)
+        .await
+        .map_err(BackfillError::replication("opening a replication connection"))?;
+    // Like any slot creation, this waits for the transactions running right now to finish.
+    let (consistent_point, snapshot) = match repl.create_logical_slot_exporting_snapshot(slot).await {
+        Ok(created) => created,
+        Err(e) if e.sqlstate() == Some("42710") => return Err(BackfillError::SlotExists { slot: slot.to_owned() }),
+        Err(e) => {
+            return Err(BackfillError::replication(
+                "creating the slot with an exported snapshot",
+            )(e))
+        }
+    };
+    info!(%slot, %consistent_point, %snapshot, "slot created; publishing the rows pending in its snapshot");
+
+    let order = PendingOrder {
+        dispatched,
+        id_is_sequential: before
+            .columns
+            .first()
+            .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str())),
+    };
+    let published = match copy_pending(settings, &snapshot, consistent_point, &order).await {
+        Ok(n) => n,
+        Err(cause) => return Err(undo_slot(repl, &client, slot, settings.relay.connect_timeout, cause).await),
+    };
+    // Closing the exporting connection releases the snapshot (and the xmin it held back).
+    repl.close().await;
+    info!(%slot, published, "backfill complete");
+
+    let after = preflight(&client, settings).await?;
+    Ok(BackfillReport {
+        setup: SetupReport {
+            preflight: after,
+            publication,
+            slot: SlotOutcome::Created { consistent_point },
+            notices,
+        },
+        dispatched_column: dispatched.clone(),
+        published,
+        consistent_point,
+    })
+}
+
+async fn check_dispatched_column(
+    client: &Client,
+    pre: &PreflightReport,
+    dispatched: &Ident,
+) -> Result<(), BackfillError> {
+    let rows = client
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped \
+             ORDER BY attnum",
+            &[&pre.table_oid],
+        )
+        .await
+        .map_err(BackfillError::query("listing the outbox table's columns"))?;
+    let columns: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    if columns.iter().any(|c| c == dispatched.as_str()) {
+        return Ok(());
+    }
+    Err(BackfillError::DispatchedColumnMissing {
+        key: DISPATCHED_KEY,
+        column: dispatched.clone(),
+        table: pre.table.clone(),
+        columns,
+    })
+}
+
+/// Reads the pending rows of `snapshot` and publishes them; returns how many Kafka acknowledged.
+async fn copy_pending(
+    settings: &Settings,
+    snapshot: &str,
+    consistent_point: Lsn,
+    order: &PendingOrder<'_>,
+) -> Result<u64, BackfillError> {
+    let mut rows = PendingRows::open(settings, snapshot, order).await?;
+    let mut publisher = BackfillPublisher::new(settings, consistent_point)?;
+    let sent = async {
+        loop {
+            let batch = rows.next_batch().await?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for row in &batch {
+                publisher.publish(row).await?;
+            }
+            if publisher.sent % 10_000 < batch.len() as u64 {
+                info!(published = publisher.sent, "backfill in progress");
+            }
+        }
+    }
+    .await;
+    if let Err(e) = sent {
+        publisher.abandon();
+        return Err(e);
+    }
+    let published = publisher.finish().await?;
+    rows.close().await?;
+    Ok(published)
+}
+
+/// After a failed backfill: drop the slot it created, so the next attempt can start over.
+async fn undo_slot(
+    mut repl: ReplicationConnection,
+    client: &Client,
+    slot: &str,
+    timeout: std::time::Duration,
+    cause: BackfillError,
+) -> BackfillError {
+    warn!(%slot, error = %cause, "backfill failed; dropping the slot it created");
+    let cause = Box::new(cause);
+    // Bounded: the replication connection may be what broke (a dead peer never answers).
+    let sql = format!("DROP_REPLICATION_SLOT {slot}");
+    let drop_slot = repl.simple_query(&sql);
+    let over_replication = match tokio::time::timeout(timeout, drop_slot).await {
+        Ok(result) => result.map(|_| ()).map_err(|e| e.to_string()),
+        Err(_) => Err(format!("DROP_REPLICATION_SLOT did not answer within {timeout:?}")),
+    };
+    repl.close().await;
+    let Err(first) = over_replication else {
+        return BackfillError::RolledBack {
+            slot: slot.to_owned(),
+            cause,
+        };
+    };
+    // Try an ordinary connection instead.
+    let second =
+        match tokio::time::timeout(timeout, client.execute("SELECT pg_drop_replication_slot($1)", &[&slot])).await {
+            Ok(Ok(_)) => {
+                return BackfillError::RolledBack {
+                    slot: slot.to_owned(),
+                    cause,
+                }
+            }
+            Ok(Err(e)) => describe(&e),
+            Err(_) => format!("pg_drop_replication_slot did not answer within {timeout:?}"),
+        };
+    BackfillError::SlotLeftBehind {
+        slot: slot.to_owned(),
+        cause,
+        drop_error: format!("{first}; {second}"),
+    }
+}

@@ -1,0 +1,192 @@
+//! Reading the rows a polling relayer had not yet published, as of the slot's exported snapshot.
+//!
+//! The reading transaction imports the snapshot (`SET TRANSACTION SNAPSHOT`) that
+//! `CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')` exported, so it sees exactly the transactions
+//! that committed before the slot's consistent point: every row it returns was committed before
+//! streaming starts, and every row committed later reaches the relay through the slot. That is
+//! the whole no-gap, no-overlap argument; nothing here may read outside that snapshot.
+//!
+//! Values come back in text format through the simple query protocol, i.e. rendered by each
+//! type's output function — the same function pgoutput uses — under the same session settings
+//! the replication connection pins (`DateStyle=ISO`, `TimeZone=UTC`, `extra_float_digits=3`,
+//! `IntervalStyle=postgres`). A backfilled event therefore carries byte-for-byte what the relay
+//! would have published for the same row from the WAL.
+//!
+//! Memory stays bounded by reading through a cursor, [`FETCH_ROWS`] rows at a time.
+
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use super::error::BackfillError;
+use crate::config::Settings;
+use crate::control::ControlError;
+use crate::sql_ident::Ident;
+
+/// Rows per `FETCH`.
+pub const FETCH_ROWS: usize = 500;
+const CURSOR: &str = "outbox_relay_backfill";
+
+/// One pending row: the mapped columns' text in [`crate::config::OutboxMapping::columns`] order
+/// (`None` = SQL NULL).
+pub type PendingRow = Vec<Option<String>>;
+
+/// An open cursor over the pending rows of the snapshot.
+pub struct PendingRows {
+    client: Client,
+    exhausted: bool,
+}
+
+impl PendingRows {
+    /// Connects, imports `snapshot` and opens the cursor. The replication connection that
+    /// exported `snapshot` must still be open and idle.
+    pub async fn open(settings: &Settings, snapshot: &str, order: &PendingOrder<'_>) -> Result<Self, BackfillError> {
+        if snapshot.is_empty() || !snapshot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(BackfillError::Replication {
+                context: "reading the exported snapshot's name",
+                source: Box::new(crate::replication::error::ReplicationError::Protocol(format!(
+                    "unexpected snapshot name {snapshot:?}"
+                ))),
+            });
+        }
+        let client = crate::pg_client::connect(&settings.postgres, settings.relay.connect_timeout)
+            .await
+            .map_err(ControlError::from)?;
+        client
+            .batch_execute(
+                // Output formats as on the replication connection; and no server-side timeout may
+                // end the transaction while it waits for Kafka between two FETCHes.
+                "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; \
+                 SET IntervalStyle = 'postgres'; SET statement_timeout = 0; \
+                 SET idle_in_transaction_session_timeout = 0",
+            )
+            .await
+            .map_err(BackfillError::query("setting the session's output formats"))?;
+        // SET TRANSACTION SNAPSHOT must be the transaction's first statement.
+        client
+            .batch_execute(&format!(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot}'"
+            ))
+            .await
+            .map_err(BackfillError::query("importing the slot's exported snapshot"))?;
+        client
+            .batch_execute(&format!(
+                "DECLARE {CURSOR} NO SCROLL CURSOR FOR {}",
+                select_pending(settings, order)
+            ))
+            .await
+            .map_err(BackfillError::query("selecting the pending outbox rows"))?;
+        Ok(PendingRows {
+            client,
+            exhausted: false,
+        })
+    }
+
+    /// The next rows in order; empty once all were read.
+    pub async fn next_batch(&mut self) -> Result<Vec<PendingRow>, BackfillError> {
+        if self.exhausted {
+            return Ok(Vec::new());
+        }
+        let messages = self
+            .client
+            .simple_query(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
+            .await
+            .map_err(BackfillError::query("reading pending outbox rows"))?;
+        let mut rows = Vec::with_capacity(FETCH_ROWS);
+        for message in messages {
+            if let SimpleQueryMessage::Row(row) = message {
+                rows.push((0..row.len()).map(|i| row.get(i).map(str::to_owned)).collect());
+            }
+        }
+        self.exhausted = rows.len() < FETCH_ROWS;
+        Ok(rows)
+    }
+
+    /// Ends the reading transaction (it changed nothing).
+    pub async fn close(self) -> Result<(), BackfillError> {
+        self.client
+            .batch_execute("COMMIT")
+            .await
+            .map_err(BackfillError::query("ending the backfill's reading transaction"))
+    }
+}
+
+/// Which rows are pending, and how to order them.
+pub struct PendingOrder<'a> {
+    /// The column a polling relayer sets once it published a row; NULL means pending.
+    pub dispatched: &'a Ident,
+    /// The id column is an integer (a sequence), so its order is insertion order.
+    pub id_is_sequential: bool,
+}
+
+/// `SELECT <mapped columns> FROM <outbox> WHERE <dispatched> IS NULL ORDER BY …`.
+///
+/// Events are published in this order and Kafka keeps it per partition, so it must be
+/// insertion order within an aggregate: a sequence id gives that; otherwise (uuid ids) the
+/// mapped timestamp column (`created_at`) does, with the id only breaking ties.
+pub fn select_pending(settings: &Settings, order: &PendingOrder<'_>) -> String {
+    let mapping = &settings.outbox;
+    let columns: Vec<String> = mapping.columns().iter().map(|(_, c)| c.quoted()).collect();
+    let mut order_by = Vec::new();
+    if let (false, Some(ts)) = (order.id_is_sequential, &mapping.timestamp) {
+        order_by.push(ts.quoted());
+    }
+    order_by.push(mapping.id.quoted());
+    let dispatched = order.dispatched;
+    format!(
+        "SELECT {} FROM {} WHERE {} IS NULL ORDER BY {}",
+        columns.join(", "),
+        mapping.table.quoted(),
+        dispatched.quoted(),
+        order_by.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn settings(outbox: &str) -> Settings {
+        let text = format!(
+            "[postgres]\nurl = \"postgres://relay@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n[outbox]\n{outbox}"
+        );
+        Settings::from_toml_str(&text, Path::new("test.toml"), std::iter::empty()).unwrap()
+    }
+
+    #[test]
+    fn selects_the_mapped_columns_in_record_order_and_quotes_every_name() {
+        let s = settings(
+            "table = '\"Sales\".\"OutBox\"'\ntimestamp_column = \"created_at\"\nheader_columns = { tenant = \"x-tenant\" }\n",
+        );
+        let dispatched = Ident::parse("poll.dispatched_column", "\"SentAt\"").unwrap();
+        let sql = select_pending(
+            &s,
+            &PendingOrder {
+                dispatched: &dispatched,
+                id_is_sequential: true,
+            },
+        );
+        assert_eq!(
+            sql,
+            "SELECT \"id\", \"aggregate_id\", \"type\", \"payload\", \"created_at\", \"tenant\" FROM \"Sales\".\"OutBox\" \
+             WHERE \"SentAt\" IS NULL ORDER BY \"id\""
+        );
+    }
+
+    #[test]
+    fn non_sequential_ids_are_ordered_by_the_timestamp_column_first() {
+        let dispatched = Ident::parse("poll.dispatched_column", "processed_at").unwrap();
+        let order = PendingOrder {
+            dispatched: &dispatched,
+            id_is_sequential: false,
+        };
+        let with_ts = select_pending(&settings("timestamp_column = \"created_at\"\n"), &order);
+        assert!(
+            with_ts.ends_with("WHERE \"processed_at\" IS NULL ORDER BY \"created_at\", \"id\""),
+            "{with_ts}"
+        );
+        // Without a timestamp column the id is all there is.
+        let without = select_pending(&settings(""), &order);
+        assert!(without.ends_with("ORDER BY \"id\""), "{without}");
+    }
+}

@@ -1,0 +1,379 @@
+//! `outbox-relay demo`: the whole pipeline on one machine in one command.
+//!
+//! It starts a throwaway PostgreSQL with `wal_level = logical` ([`postgres`]) and, unless
+//! `--bootstrap` names a broker, an embedded Kafka (librdkafka's mock cluster, [`kafka`]);
+//! creates the first seed's schema; runs `setup`; then runs, all in this process, producers
+//! placing orders at `--rate` ([`producer`]), the relay itself (`relay::run`, the same code as
+//! `outbox-relay run`), and a consumer ([`consumer`]), with a live progress line ([`stats`]).
+//! At the end (`--duration`, or Ctrl-C) it stops the producers, lets the relay and the consumer
+//! drain, stops the relay, and prints a summary.
+//!
+//! Cleanup invariant: whatever happens after PostgreSQL started — success, an error, Ctrl-C —
+//! the server is stopped and its temporary directory removed before the demo exits; a demo
+//! killed outright is covered by the server's watchdog (see [`postgres`]).
+
+pub mod consumer;
+pub mod kafka;
+pub mod postgres;
+pub mod producer;
+pub mod stats;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::config::{ConfigError, Settings};
+use crate::control::ControlError;
+use crate::health::{Mode, RelayHealth};
+use crate::relay::RelayError;
+use consumer::DemoConsumer;
+use kafka::EmbeddedKafka;
+use postgres::ThrowawayPostgres;
+use stats::{ProgressLine, Stats, Summary};
+
+const DATABASE: &str = "shop";
+const SLOT: &str = "outbox_relay_demo";
+/// How long the demo waits, after the producers stopped, for the last events to be consumed.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+const TICK: Duration = Duration::from_millis(250);
+/// How long the demo waits for the relay to start streaming before producing anyway.
+const STREAMING_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Orders per second the producers aim for.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub rate: u32,
+    /// Stop after this many seconds (default: run until Ctrl-C).
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<u64>,
+    /// Use this Kafka (host:port[,host:port…]) instead of the embedded one.
+    #[arg(long, value_name = "SERVERS")]
+    pub bootstrap: Option<String>,
+    /// Directory of the PostgreSQL server binaries (initdb, postgres, pg_ctl); found
+    /// automatically when unset.
+    #[arg(long, value_name = "DIR", env = "OUTBOX_RELAY_PG_BIN")]
+    pub pg_bin: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error(
+        "PostgreSQL server binaries not found ({0}). Install PostgreSQL (e.g. apt-get install postgresql-15) or pass \
+         --pg-bin DIR"
+    )]
+    NoPostgres(String),
+    #[error("the throwaway PostgreSQL did not start: {0}")]
+    PostgresStart(String),
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+    #[error("PostgreSQL, {context}: {source}")]
+    Postgres {
+        context: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("Kafka: {0}")]
+    Kafka(String),
+    #[error("demo configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("setup: {0}")]
+    Setup(#[from] ControlError),
+    #[error("the relay stopped: {0}")]
+    Relay(#[from] RelayError),
+}
+
+impl DemoError {
+    pub(crate) fn postgres(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> DemoError {
+        move |source| DemoError::Postgres { context, source }
+    }
+}
+
+/// Runs the demo; the exit code is 0 when every produced event was consumed.
+pub fn main(args: DemoArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(summary) => {
+            println!("{summary}");
+            if summary.all_consumed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Everything, with cleanup guaranteed once PostgreSQL started.
+pub async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
+    let mut progress = ProgressLine::new();
+    let interrupts = watch_interrupts();
+    let bin = postgres::find_bin_dir(args.pg_bin.as_deref())?;
+    progress.message(&format!("demo: starting a throwaway PostgreSQL ({})", bin.display()));
+    let pg = tokio::task::spawn_blocking(move || ThrowawayPostgres::start(&bin))
+        .await
+        .map_err(|e| DemoError::PostgresStart(e.to_string()))??;
+    let dir = pg.dir().map(Path::to_path_buf).unwrap_or_default();
+    progress.message(&format!(
+        "demo: PostgreSQL is up at {} (cluster directory {})",
+        pg.url(DATABASE),
+        dir.display()
+    ));
+    let kafka = match &args.bootstrap {
+        Some(_) => None,
+        None => Some(EmbeddedKafka::start(producer::EVENT_TYPE)?),
+    };
+    let bootstrap = args
+        .bootstrap
+        .clone()
+        .or_else(|| kafka.as_ref().map(|k| k.bootstrap_servers().to_owned()));
+    let bootstrap = bootstrap.unwrap_or_default();
+
+    let outcome = pipeline(&args, &pg, &bootstrap, kafka.is_some(), interrupts, &mut progress).await;
+
+    progress.finish();
+    let mut pg = pg;
+    let stopped = tokio::task::spawn_blocking(move || pg.stop()).await;
+    drop(kafka);
+    let cleanup = match stopped {
+        Ok(Ok(())) => vec![format!("PostgreSQL stopped and {} removed", dir.display())],
+        Ok(Err(e)) => vec![format!("FAILED: {e}")],
+        Err(e) => vec![format!("FAILED: stopping PostgreSQL panicked: {e}")],
+    };
+    match outcome {
+        Ok(mut summary) => {
+            summary.cleanup = cleanup;
+            Ok(summary)
+        }
+        Err(e) => {
+            for line in cleanup {
+                eprintln!("demo: cleaned up: {line}");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Schema, setup, consumer, relay and producers; then the orderly stop. Returns the summary.
+async fn pipeline(
+    args: &DemoArgs,
+    pg: &ThrowawayPostgres,
+    bootstrap: &str,
+    embedded: bool,
+    mut interrupts: watch::Receiver<u32>,
+    progress: &mut ProgressLine,
+) -> Result<Summary, DemoError> {
+    let admin = producer::connect(&pg.url("postgres")).await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
+        .await
+        .map_err(DemoError::postgres("creating the demo database"))?;
+    let db = producer::connect(&pg.url(DATABASE)).await?;
+    db.batch_execute(producer::SCHEMA)
+        .await
+        .map_err(DemoError::postgres("creating the seed schema"))?;
+
+    let settings = demo_settings(&pg.url(DATABASE), bootstrap)?;
+    let setup = crate::control::setup(&settings).await?;
+    progress.message(&format!("demo: setup done\n{setup}"));
+
+    let run_id = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let topic = settings.router.route(producer::EVENT_TYPE).into_owned();
+    let stats = Arc::new(Stats::new());
+    let consumer_stop = Arc::new(AtomicBool::new(false));
+    let consumer = {
+        let (bootstrap, topic, run_id) = (bootstrap.to_owned(), topic.clone(), run_id.clone());
+        tokio::task::spawn_blocking(move || DemoConsumer::new(&bootstrap, &topic, &run_id))
+            .await
+            .map_err(|e| DemoError::Kafka(e.to_string()))??
+    };
+    let consumer = consumer
+        .spawn(Arc::clone(&stats), Arc::clone(&consumer_stop))
+        .map_err(|e| DemoError::Io("starting the consumer thread".into(), e))?;
+
+    let (relay_stop, relay_stop_rx) = watch::channel(false);
+    let relay_settings = settings.clone();
+    let health = Arc::new(RelayHealth::default());
+    let relay_health = Arc::clone(&health);
+    let mut relay = tokio::spawn(async move { crate::relay::run(&relay_settings, relay_stop_rx, relay_health).await });
+    // Orders placed before the relay streams would only wait in the WAL; start the clock when it streams.
+    let streaming_deadline = Instant::now() + STREAMING_TIMEOUT;
+    while health.mode() != Mode::Streaming && Instant::now() < streaming_deadline && !relay.is_finished() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let (producers_stop, producers_stop_rx) = watch::channel(false);
+    let producers = producer::spawn(
+        &pg.url(DATABASE),
+        args.rate,
+        &run_id,
+        Arc::clone(&stats),
+        producers_stop_rx,
+    )
+    .await?;
+    progress.message(&format!(
+        "demo: placing {} orders/s; the relay publishes them to topic {topic}; {}",
+        args.rate,
+        match args.duration {
+            Some(s) => format!("running for {s} s (Ctrl-C stops early)"),
+            None => "running until Ctrl-C".into(),
+        }
+    ));
+
+    // Produce until the duration is up or Ctrl-C.
+    let started = Instant::now();
+    let deadline = args.duration.map(|s| started + Duration::from_secs(s));
+    let mut relay_result = None;
+    loop {
+        progress.update(&stats.snapshot(started.elapsed()));
+        if deadline.is_some_and(|d| Instant::now() >= d) || *interrupts.borrow() > 0 {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(TICK) => {}
+            _ = interrupts.changed() => {}
+            r = &mut relay => { relay_result = Some(r); break; }
+        }
+    }
+    let production = started.elapsed();
+    let _ = producers_stop.send(true);
+    let mut producer_error = None;
+    for task in producers {
+        if let Ok(Err(e)) = task.await {
+            producer_error.get_or_insert(e);
+        }
+    }
+
+    // Drain: the relay publishes what is left, the consumer reads it. A second Ctrl-C skips it.
+    let drain_deadline = Instant::now() + DRAIN_TIMEOUT;
+    let skip_drain_at = *interrupts.borrow() + 1;
+    while relay_result.is_none()
+        && stats.consumed_distinct() < stats.produced.load(Ordering::Relaxed)
+        && Instant::now() < drain_deadline
+        && *interrupts.borrow() < skip_drain_at
+    {
+        progress.update(&stats.snapshot(production));
+        tokio::select! {
+            _ = tokio::time::sleep(TICK) => {}
+            _ = interrupts.changed() => {}
+            r = &mut relay => relay_result = Some(r),
+        }
+    }
+
+    let _ = relay_stop.send(true);
+    let relay_result = match relay_result {
+        Some(r) => r,
+        None => {
+            match tokio::time::timeout(settings.relay.shutdown_timeout + Duration::from_secs(5), &mut relay).await {
+                Ok(r) => r,
+                Err(_) => {
+                    relay.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
+    let confirmed_lsn = db
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .await
+        .ok()
+        .flatten()
+        .and_then(|r| r.get::<_, Option<String>>(0));
+    // Give the consumer a last look at the watermarks, then stop it.
+    consumer_stop.store(true, Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || consumer.join()).await;
+    let numbers = stats.snapshot(production);
+    progress.update(&numbers);
+
+    if let Ok(Err(e)) = relay_result {
+        return Err(e.into());
+    }
+    if let Some(e) = producer_error {
+        return Err(e);
+    }
+    Ok(Summary {
+        numbers,
+        rate: args.rate,
+        topic,
+        kafka: if embedded {
+            format!("the embedded Kafka ({bootstrap})")
+        } else {
+            bootstrap.to_owned()
+        },
+        slot: SLOT.to_owned(),
+        confirmed_lsn,
+        interrupted: *interrupts.borrow() > 0,
+        cleanup: Vec::new(),
+    })
+}
+
+/// The relay's configuration for the demo database, as a user would write it.
+fn demo_settings(url: &str, bootstrap: &str) -> Result<Settings, DemoError> {
+    let text = format!(
+        r#"
+[postgres]
+url = "{url}"
+slot = "{SLOT}"
+publication = "{SLOT}"
+
+[outbox]
+table = "public.events_outbox"
+timestamp_column = "created_at"
+
+[kafka]
+"bootstrap.servers" = "{bootstrap}"
+
+[relay]
+status_interval_ms = 500
+shutdown_timeout_ms = 10000
+reconnect_backoff_initial_ms = 200
+"#
+    );
+    // The demo ignores OUTBOX_RELAY__* variables: it must not touch a real deployment.
+    Ok(Settings::from_toml_str(&text, Path::new("<demo>"), std::iter::empty())?)
+}
+
+/// Counts SIGINT/SIGTERM: the first stops the producers, a second skips the drain.
+fn watch_interrupts() -> watch::Receiver<u32> {
+    let (tx, rx) = watch::channel(0u32);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tx.send_modify(|n| *n += 1);
+        }
+    });
+    rx
+}

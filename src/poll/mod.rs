@@ -1,0 +1,139 @@
+//! The polling relayer (`outbox-relay poll`): the classic transactional-outbox relay, shipped as
+//! the baseline the WAL-streaming relay is measured against, and for databases where logical
+//! replication is unavailable.
+//!
+//! Each of `poll.workers` workers loops: `BEGIN`; claim up to `poll.batch_size` pending rows
+//! (`<dispatched> IS NULL`) with `FOR UPDATE SKIP LOCKED`; produce each with the same routing,
+//! key, headers and timestamp as the streaming relay; wait until Kafka acknowledged every one;
+//! `UPDATE … SET <dispatched> = now() WHERE id = ANY(…)`; `COMMIT`. A claim that came back short
+//! of a full batch is followed by a pause of `poll.interval_ms`; a full one by the next claim at
+//! once. See [`worker`] for the delivery invariants and [`sql`] for how rows are read so that a
+//! polled record is byte-identical to a streamed one.
+//!
+//! Polling needs no slot, publication or `wal_level = logical`, but costs the database a
+//! transaction, a locking index scan and an UPDATE (a new row version, later vacuumed) per batch —
+//! which `benches/cdc_vs_polling` measures against streaming. `setup --poll` creates the partial
+//! index claims read ([`setup`]).
+
+pub mod config;
+mod error;
+mod record;
+pub mod setup;
+pub mod sql;
+pub mod table;
+mod worker;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+pub use error::PollError;
+pub use worker::WorkerCounts;
+
+use crate::config::Settings;
+use crate::relay::Backoff;
+use sql::PollSql;
+use worker::Worker;
+
+/// Publishes pending rows until `shutdown` turns true (`Ok`, after every worker finished its
+/// current batch) or a fatal error occurs (after the other workers finished theirs).
+pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Result<(), PollError> {
+    let Some(table) = check_table(settings, &mut shutdown).await? else {
+        return Ok(());
+    };
+    match &table.pending_index {
+        None => warn!(
+            table = %settings.outbox.table,
+            "no index on ({}) WHERE {} IS NULL: every claim scans the table. Run `outbox-relay setup --poll` to create it",
+            table.created_at, settings.poll.dispatched
+        ),
+        Some(index) if !index.valid => {
+            warn!(index = %index.name, "the pending-rows index is INVALID; run `outbox-relay setup --poll`")
+        }
+        Some(_) => {}
+    }
+    let sql = Arc::new(PollSql::new(settings, &table.id_type, &table.created_at));
+    let id_type: Arc<str> = table.id_type.into();
+    let poll = &settings.poll;
+    info!(
+        table = %settings.outbox.table,
+        dispatched_column = %poll.dispatched,
+        workers = poll.workers,
+        batch_size = poll.batch_size,
+        interval_ms = poll.interval.as_millis() as u64,
+        "polling started"
+    );
+    let settings = Arc::new(settings.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut workers = JoinSet::new();
+    for index in 0..settings.poll.workers {
+        let worker = Worker::new(Arc::clone(&settings), Arc::clone(&sql), Arc::clone(&id_type), index);
+        workers.spawn(worker.run(stop_rx.clone()));
+    }
+    let mut first_error = None;
+    let mut forwarded = false;
+    loop {
+        tokio::select! {
+            joined = workers.join_next() => match joined {
+                None => break,
+                Some(Ok(Ok(_))) => {}
+                Some(Ok(Err(e))) => {
+                    error!(error = %e, "fatal; stopping the other workers after their current batch");
+                    first_error.get_or_insert(e);
+                    let _ = stop_tx.send(true);
+                }
+                Some(Err(join_error)) => {
+                    first_error.get_or_insert(PollError::WorkerPanicked { message: join_error.to_string() });
+                    let _ = stop_tx.send(true);
+                }
+            },
+            // A request or a dropped sender both mean stop; forward once.
+            _ = shutdown.changed(), if !forwarded => {
+                forwarded = true;
+                let _ = stop_tx.send(true);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => {
+            info!(table = %settings.outbox.table, "polling stopped");
+            Ok(())
+        }
+    }
+}
+
+/// Checks the table (see [`table::check`]), retrying while the database is unreachable.
+/// `None`: shutdown was requested first.
+async fn check_table(
+    settings: &Settings,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<table::PollTable>, PollError> {
+    let mut backoff = Backoff::new(
+        settings.relay.reconnect_backoff_initial,
+        settings.relay.reconnect_backoff_max,
+    );
+    loop {
+        let attempt = async {
+            let client = crate::pg_client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
+            table::check(&client, settings).await
+        };
+        match attempt.await {
+            Ok(table) => return Ok(Some(table)),
+            Err(e) if e.is_transient() => {
+                let delay = backoff.next_delay();
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot check the outbox table yet; retrying");
+                if *shutdown.borrow() {
+                    return Ok(None);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.changed() => return Ok(None),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

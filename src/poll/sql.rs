@@ -1,0 +1,158 @@
+//! The polling relayer's SQL, built once from the configuration (names always quoted).
+//!
+//! # Values rendered like pgoutput
+//! pgoutput sends every column as the text its type's *output function* produces. The claim
+//! selects each mapped column as `format('%s', col)`, which calls exactly that function, so a
+//! polled event carries the same bytes a streamed one does. A plain `col::text` cast would not:
+//! some types have their own cast to text that differs from their output function — `boolean`
+//! (`true` instead of `t`), `char(n)` (trailing blanks stripped), `inet` (netmask added). `format`
+//! turns NULL into an empty string, hence the `CASE` that keeps NULL a NULL.
+//! Session settings that affect output functions are pinned to the replication connection's
+//! values ([`SESSION_SETTINGS`]).
+//!
+//! # Order and index
+//! Claims are ordered by the creation-time column, then the id: per aggregate that is the order
+//! the events were written (a writer's next transaction starts after its previous one
+//! committed), and it is the order of the partial index `… (created_at) WHERE <dispatched> IS
+//! NULL`, so a claim reads `batch_size` index entries instead of sorting every pending row — which
+//! is what keeps a large backlog draining at a constant cost per batch. (`ORDER BY id` alone
+//! could not use that index, and for uuid ids it is no order at all.)
+
+use crate::config::Settings;
+use crate::sql_ident::{quote_ident, Ident};
+
+/// Pinned like the replication connection's startup parameters (`src/replication/connection.rs`),
+/// because these settings change how output functions render timestamps, floats and intervals.
+pub const SESSION_SETTINGS: &str =
+    "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET IntervalStyle = 'postgres'";
+
+/// The statements one worker prepares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollSql {
+    /// `$1`: the batch size (int8). Returns the mapped columns as text, in
+    /// [`crate::config::OutboxMapping::columns`] order.
+    pub claim: String,
+    /// `$1`: the claimed ids as text (`text[]`), cast back to the id column's type so the
+    /// primary-key index serves the lookup.
+    pub mark: String,
+}
+
+impl PollSql {
+    /// `id_type` is the id column's type as `format_type` prints it (valid SQL type syntax);
+    /// `created_at` the column claims are ordered by.
+    pub fn new(settings: &Settings, id_type: &str, created_at: &Ident) -> PollSql {
+        let mapping = &settings.outbox;
+        let table = mapping.table.quoted();
+        let dispatched = settings.poll.dispatched.quoted();
+        let id = mapping.id.quoted();
+        let columns: Vec<String> = mapping.columns().iter().map(|(_, c)| rendered_as_text(c)).collect();
+        let claim = format!(
+            "SELECT {} FROM {table} WHERE {dispatched} IS NULL ORDER BY {}, {id} LIMIT $1 FOR UPDATE SKIP LOCKED",
+            columns.join(", "),
+            created_at.quoted(),
+        );
+        let mark = format!("UPDATE {table} SET {dispatched} = now() WHERE {id} = ANY ($1::text[]::{id_type}[])");
+        PollSql { claim, mark }
+    }
+}
+
+/// `col` as its output function renders it, NULL kept NULL.
+fn rendered_as_text(col: &Ident) -> String {
+    let c = col.quoted();
+    format!("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END")
+}
+
+/// `CREATE INDEX … ON <table> (<created_at>) WHERE <dispatched> IS NULL`. `CONCURRENTLY` (no
+/// write lock on a live outbox) except on a partitioned table, where PostgreSQL does not allow it.
+pub fn create_pending_index(settings: &Settings, index_name: &str, created_at: &Ident, partitioned: bool) -> String {
+    format!(
+        "CREATE INDEX {}IF NOT EXISTS {} ON {} ({}) WHERE {} IS NULL",
+        if partitioned { "" } else { "CONCURRENTLY " },
+        quote_ident(index_name),
+        settings.outbox.table.quoted(),
+        created_at.quoted(),
+        settings.poll.dispatched.quoted()
+    )
+}
+
+/// `<table>_<dispatched>_pending`, shortened to PostgreSQL's 63-byte limit on a character boundary.
+pub fn pending_index_name(settings: &Settings) -> String {
+    let mut name = format!(
+        "{}_{}_pending",
+        settings.outbox.table.name.as_str(),
+        settings.poll.dispatched.as_str()
+    );
+    while name.len() > crate::sql_ident::MAX_IDENTIFIER_BYTES {
+        name.pop();
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn settings(extra: &str) -> Settings {
+        let text = format!(
+            "[postgres]\nurl = \"postgres://relay@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n{extra}"
+        );
+        Settings::from_toml_str(&text, Path::new("t.toml"), std::iter::empty()).unwrap()
+    }
+
+    #[test]
+    fn claim_selects_mapped_columns_as_output_text_in_index_order() {
+        let s = settings("[outbox]\ntimestamp_column = \"created_at\"\nheader_columns = { tenant = \"x-tenant\" }\n");
+        let sql = PollSql::new(&s, "bigint", &Ident::parse("t", "created_at").unwrap());
+        assert_eq!(
+            sql.claim,
+            "SELECT CASE WHEN \"id\" IS NULL THEN NULL ELSE format('%s', \"id\") END, \
+             CASE WHEN \"aggregate_id\" IS NULL THEN NULL ELSE format('%s', \"aggregate_id\") END, \
+             CASE WHEN \"type\" IS NULL THEN NULL ELSE format('%s', \"type\") END, \
+             CASE WHEN \"payload\" IS NULL THEN NULL ELSE format('%s', \"payload\") END, \
+             CASE WHEN \"created_at\" IS NULL THEN NULL ELSE format('%s', \"created_at\") END, \
+             CASE WHEN \"tenant\" IS NULL THEN NULL ELSE format('%s', \"tenant\") END \
+             FROM \"public\".\"events_outbox\" WHERE \"dispatched_at\" IS NULL \
+             ORDER BY \"created_at\", \"id\" LIMIT $1 FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            sql.mark,
+            "UPDATE \"public\".\"events_outbox\" SET \"dispatched_at\" = now() WHERE \"id\" = ANY ($1::text[]::bigint[])"
+        );
+    }
+
+    #[test]
+    fn schema_b_names_and_hostile_names_stay_quoted() {
+        let s = settings(
+            "[outbox]\ntable = 'public.\"Out\"\"box\"'\nid_column = \"event_id\"\n[poll]\ndispatched_column = \"processed_at\"\n",
+        );
+        let sql = PollSql::new(&s, "uuid", &Ident::parse("t", "created_at").unwrap());
+        assert!(
+            sql.claim
+                .contains("FROM \"public\".\"Out\"\"box\" WHERE \"processed_at\" IS NULL"),
+            "{}",
+            sql.claim
+        );
+        assert_eq!(
+            sql.mark,
+            "UPDATE \"public\".\"Out\"\"box\" SET \"processed_at\" = now() WHERE \"event_id\" = ANY ($1::text[]::uuid[])"
+        );
+    }
+
+    #[test]
+    fn pending_index_statement_and_name() {
+        let s = settings("[poll]\ndispatched_column = \"processed_at\"\n");
+        let created = Ident::parse("t", "created_at").unwrap();
+        let name = pending_index_name(&s);
+        assert_eq!(name, "events_outbox_processed_at_pending");
+        assert_eq!(
+            create_pending_index(&s, &name, &created, false),
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"events_outbox_processed_at_pending\" \
+             ON \"public\".\"events_outbox\" (\"created_at\") WHERE \"processed_at\" IS NULL"
+        );
+        assert!(create_pending_index(&s, &name, &created, true).starts_with("CREATE INDEX IF NOT EXISTS"));
+        let long = settings(&format!("[outbox]\ntable = \"{}\"\n", "t".repeat(60)));
+        assert_eq!(pending_index_name(&long).len(), 63);
+    }
+}

@@ -1,0 +1,323 @@
+//! One claimer: begin → claim → produce every row → wait for every ack → mark → commit.
+//!
+//! Invariants:
+//! * A row is marked dispatched only in the transaction that claimed it, and only after Kafka
+//!   acknowledged its record (`acks=all`, idempotent producer). Any failure before the commit
+//!   rolls the transaction back: the row locks are released, the rows stay pending and are
+//!   claimed again (by this or another worker). Nothing is lost; records that had already been
+//!   acknowledged are published again (at-least-once, like the streaming relay's replay).
+//! * After a failed batch the producer is abandoned — its queue purged and its in-flight requests
+//!   awaited (bounded) — *before* the rollback, so the re-claimed rows' new records cannot be
+//!   overtaken by stragglers of the old ones.
+//! * Batches of one worker are strictly sequential, and a batch is produced in claim order; with
+//!   `workers = 1` one aggregate's events therefore reach Kafka in creation order. Several
+//!   workers publish disjoint batches concurrently, which gives up that order (as with any
+//!   number of polling relayers sharing one table).
+//! * Shutdown never interrupts a batch half-way: the current batch still gets its acks, mark and
+//!   commit, bounded by `relay.shutdown_timeout_ms`; past that it is rolled back (and published
+//!   again by the next run).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_postgres::{Client, Statement, Transaction};
+use tracing::{debug, info, warn};
+
+use super::error::PollError;
+use super::record::{ClaimedRow, RowError};
+use super::sql::{PollSql, SESSION_SETTINGS};
+use crate::config::Settings;
+use crate::outbox_event::BadEvent;
+use crate::publisher::{Delivery, DeliveryFailure, Publisher};
+use crate::relay::Backoff;
+
+/// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
+/// a producer that is already abandoned, but the check keeps the count honest regardless.
+#[derive(Debug)]
+pub struct BatchTag {
+    batch: u64,
+}
+
+/// How long an abandoned producer may take to finish requests already on the wire.
+const ABANDON_WAIT: Duration = Duration::from_secs(5);
+const REPORTS_PER_WAKEUP: usize = 4096;
+
+/// What one worker did, for the final log line.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WorkerCounts {
+    pub batches: u64,
+    pub events: u64,
+    pub rolled_back: u64,
+}
+
+struct Connection {
+    client: Client,
+    claim: Statement,
+    mark: Statement,
+}
+
+type Producer = (Publisher<BatchTag>, mpsc::UnboundedReceiver<Delivery<BatchTag>>);
+
+pub struct Worker {
+    settings: Arc<Settings>,
+    sql: Arc<PollSql>,
+    id_type: Arc<str>,
+    index: usize,
+    connection: Option<Connection>,
+    producer: Option<Producer>,
+    next_batch: u64,
+    counts: WorkerCounts,
+}
+
+/// How a batch ended without error.
+enum Claimed {
+    /// This many rows were published and marked (0: nothing was pending).
+    Rows(usize),
+    /// Shutdown outlasted `relay.shutdown_timeout_ms`; the batch was rolled back.
+    GaveUp,
+}
+
+impl Worker {
+    pub fn new(settings: Arc<Settings>, sql: Arc<PollSql>, id_type: Arc<str>, index: usize) -> Worker {
+        Worker {
+            settings,
+            sql,
+            id_type,
+            index,
+            connection: None,
+            producer: None,
+            next_batch: 0,
+            counts: WorkerCounts::default(),
+        }
+    }
+
+    /// Claims batches until `shutdown` turns true (`Ok`) or a fatal error occurs.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<WorkerCounts, PollError> {
+        let relay = &self.settings.relay;
+        let mut backoff = Backoff::new(relay.reconnect_backoff_initial, relay.reconnect_backoff_max);
+        let interval = self.settings.poll.interval;
+        let batch_size = self.settings.poll.batch_size;
+        let outcome = loop {
+            if *shutdown.borrow() {
+                break Ok(());
+            }
+            match self.one_batch(&mut shutdown).await {
+                Ok(Claimed::Rows(n)) => {
+                    backoff.reset();
+                    // A full batch means more may be waiting: claim again at once.
+                    if n < batch_size && pause(interval, &mut shutdown).await {
+                        break Ok(());
+                    }
+                }
+                Ok(Claimed::GaveUp) => break Ok(()),
+                Err(e) if e.is_transient() => {
+                    if e.breaks_connection() {
+                        self.connection = None;
+                    }
+                    let delay = backoff.next_delay();
+                    warn!(worker = self.index, error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; retrying");
+                    if pause(delay, &mut shutdown).await {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if let Some((publisher, _)) = self.producer.take() {
+            let _ = tokio::task::spawn_blocking(move || publisher.abandon(ABANDON_WAIT)).await;
+        }
+        let c = self.counts;
+        info!(
+            worker = self.index,
+            batches = c.batches,
+            events = c.events,
+            rolled_back = c.rolled_back,
+            "poll worker stopped"
+        );
+        outcome.map(|()| c)
+    }
+
+    async fn one_batch(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<Claimed, PollError> {
+        if self.connection.is_none() {
+            self.connection = Some(connect(&self.settings, &self.sql).await?);
+        }
+        if self.producer.is_none() {
+            let producer = Publisher::create(&self.settings.kafka, self.settings.poll.batch_size)
+                .map_err(PollError::ProducerConfig)?;
+            self.producer = Some(producer);
+        }
+        let Some(conn) = self.connection.as_mut() else {
+            unreachable!("connected above")
+        };
+        let batch_size = self.settings.poll.batch_size as i64;
+        let tx = conn
+            .client
+            .transaction()
+            .await
+            .map_err(PollError::query("beginning a claim"))?;
+        let rows = tx
+            .query(&conn.claim, &[&batch_size])
+            .await
+            .map_err(PollError::query("claiming pending rows"))?;
+        if rows.is_empty() {
+            tx.commit().await.map_err(PollError::query("ending an empty claim"))?;
+            return Ok(Claimed::Rows(0));
+        }
+        self.next_batch += 1;
+        let batch = self.next_batch;
+        let Some((publisher, deliveries)) = self.producer.as_mut() else {
+            unreachable!("created above")
+        };
+        let published = publish_and_await(&self.settings, publisher, deliveries, batch, &rows, shutdown).await;
+        let ids = match published {
+            Ok(Some(ids)) => ids,
+            outcome => {
+                // Abandon first, roll back second: see the module docs.
+                if let Some((publisher, _)) = self.producer.take() {
+                    let _ = tokio::task::spawn_blocking(move || publisher.abandon(ABANDON_WAIT)).await;
+                }
+                rollback(tx).await;
+                self.counts.rolled_back += 1;
+                return match outcome {
+                    Ok(_) => {
+                        warn!(worker = self.index, rows = rows.len(), "shutdown timeout passed before Kafka acknowledged the batch; rolled back, it will be published again");
+                        Ok(Claimed::GaveUp)
+                    }
+                    Err(e) => Err(e),
+                };
+            }
+        };
+        let marked = tx
+            .execute(&conn.mark, &[&ids])
+            .await
+            .map_err(PollError::query("marking the batch published"))?;
+        if (marked as usize) < ids.len() {
+            rollback(tx).await;
+            return Err(PollError::MarkedFewer {
+                claimed: ids.len(),
+                marked,
+                id_type: self.id_type.to_string(),
+            });
+        }
+        tx.commit().await.map_err(PollError::query("committing the batch"))?;
+        self.counts.batches += 1;
+        self.counts.events += ids.len() as u64;
+        debug!(worker = self.index, batch, rows = ids.len(), "batch published");
+        Ok(Claimed::Rows(ids.len()))
+    }
+}
+
+/// Opens the worker's connection: output formats pinned, both statements prepared.
+async fn connect(settings: &Settings, sql: &PollSql) -> Result<Connection, PollError> {
+    let mut postgres = settings.postgres.clone();
+    if postgres.connection.get_application_name().is_none() {
+        postgres.connection.application_name("outbox-relay poll");
+    }
+    let client = crate::pg_client::connect(&postgres, settings.relay.connect_timeout).await?;
+    client
+        .batch_execute(SESSION_SETTINGS)
+        .await
+        .map_err(PollError::query("pinning the session's output formats"))?;
+    let claim = client
+        .prepare(&sql.claim)
+        .await
+        .map_err(PollError::query("preparing the claim query"))?;
+    let mark = client
+        .prepare(&sql.mark)
+        .await
+        .map_err(PollError::query("preparing the mark statement"))?;
+    Ok(Connection { client, claim, mark })
+}
+
+/// Produces every claimed row and waits for all acknowledgements. `Ok(Some(ids))`: all
+/// acknowledged; `Ok(None)`: shutdown outlasted its timeout first.
+async fn publish_and_await(
+    settings: &Settings,
+    publisher: &Publisher<BatchTag>,
+    deliveries: &mut mpsc::UnboundedReceiver<Delivery<BatchTag>>,
+    batch: u64,
+    rows: &[tokio_postgres::Row],
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<Vec<String>>, PollError> {
+    let bad = |e: RowError| PollError::BadEvent {
+        id: e.id,
+        cause: e.cause,
+    };
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in rows {
+        let claimed = ClaimedRow::from_row(settings, row).map_err(bad)?;
+        let topic = claimed.topic(settings).map_err(bad)?;
+        let headers = claimed.header_refs();
+        if let Err(rejected) = publisher.send(&claimed.record(&topic, &headers), Box::new(BatchTag { batch })) {
+            if rejected.is_bad_record() {
+                return Err(PollError::BadEvent {
+                    id: claimed.id,
+                    cause: BadEvent::Rejected(rejected.error.to_string()),
+                });
+            }
+            return Err(PollError::Delivery(Box::new(DeliveryFailure {
+                error: rejected.error,
+                topic: topic.into_owned(),
+                event_id: Some(claimed.id),
+            })));
+        }
+        ids.push(claimed.id);
+    }
+    let all_acked = await_batch(deliveries, batch, ids.len(), shutdown, settings.relay.shutdown_timeout).await?;
+    Ok(all_acked.then_some(ids))
+}
+
+/// Waits for `count` reports of `batch`; the first failure ends the wait. `Ok(false)`: shutdown
+/// was requested and `shutdown_timeout` passed before every report arrived.
+async fn await_batch(
+    deliveries: &mut mpsc::UnboundedReceiver<Delivery<BatchTag>>,
+    batch: u64,
+    count: usize,
+    shutdown: &mut watch::Receiver<bool>,
+    shutdown_timeout: Duration,
+) -> Result<bool, PollError> {
+    let mut deadline = shutdown.borrow().then(|| Instant::now() + shutdown_timeout);
+    let mut settled = 0;
+    let mut reports = Vec::with_capacity(count.min(REPORTS_PER_WAKEUP));
+    while settled < count {
+        let give_up_at = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+        tokio::select! {
+            n = deliveries.recv_many(&mut reports, REPORTS_PER_WAKEUP) => {
+                if n == 0 {
+                    return Err(PollError::ProducerGone);
+                }
+                for report in reports.drain(..) {
+                    if report.tag.batch != batch {
+                        continue;
+                    }
+                    settled += 1;
+                    report.outcome.map_err(|f| PollError::Delivery(Box::new(f)))?;
+                }
+            }
+            // Either a request or a dropped sender means stop; start the clock once.
+            _ = shutdown.changed(), if deadline.is_none() => deadline = Some(Instant::now() + shutdown_timeout),
+            _ = tokio::time::sleep_until(give_up_at), if deadline.is_some() => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
+async fn rollback(tx: Transaction<'_>) {
+    if let Err(e) = tx.rollback().await {
+        // The server rolls back by itself when the connection is gone.
+        debug!(error = %e, "rollback failed");
+    }
+}
+
+/// Sleeps; true if shutdown was requested meanwhile.
+async fn pause(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+    if *shutdown.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => *shutdown.borrow(),
+        _ = shutdown.changed() => true,
+    }
+}

@@ -1,0 +1,168 @@
+//! Telling a bad record from its innocent batch-mates.
+//!
+//! When a broker refuses a produce request for the content of its records (`MESSAGE_TOO_LARGE`,
+//! `INVALID_RECORD`, …) it refuses the whole batch, and librdkafka reports that error for every
+//! event in it. Applying `[relay] on_bad_event` to all of them would skip or dead-letter events
+//! whose only fault was sharing a batch with a bad one. So a refused event only becomes a
+//! *suspect*: the session ends (the transaction is poisoned, nothing past it is confirmed) and
+//! the next session replays from the slot. When the replay reaches a suspect, the relay stops
+//! reading, waits until nothing else is in flight, and sends the suspect alone. Accepted, it was
+//! innocent; refused again, it is the bad one and the policy applies.
+//!
+//! Suspects are identified by the commit LSN of their transaction and their position among its
+//! outbox events, which a replay reproduces exactly. They live in the supervisor, across
+//! sessions, and are forgotten once the slot's confirmed position passes their transaction.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+
+use crate::bad_event::RawEvent;
+use crate::lsn::Lsn;
+use crate::publisher::OutboundRecord;
+use crate::watermark::TxnTicket;
+
+/// One outbox event's identity across replays: its transaction's commit LSN and its position
+/// (0-based) among that transaction's outbox events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventRef {
+    pub commit_lsn: Lsn,
+    pub seq: u32,
+}
+
+/// Events Kafka refused in an earlier session, with the refusal.
+#[derive(Debug, Default)]
+pub struct Suspects {
+    events: HashMap<EventRef, String>,
+}
+
+impl Suspects {
+    pub fn insert(&mut self, event: EventRef, cause: String) {
+        self.events.insert(event, cause);
+    }
+
+    pub fn get(&self, event: EventRef) -> Option<&str> {
+        self.events.get(&event).map(String::as_str)
+    }
+
+    /// The event was accepted on its own: it was innocent.
+    pub fn clear(&mut self, event: EventRef) {
+        self.events.remove(&event);
+    }
+
+    /// Drops suspects whose transactions the server will not send again: those whose commit
+    /// record starts before the confirmed position.
+    pub fn forget_before(&mut self, confirmed: Lsn) {
+        self.events.retain(|e, _| e.commit_lsn >= confirmed);
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+}
+
+/// The open transaction's side of one event: what its delivery tag and errors need.
+#[derive(Debug, Clone, Copy)]
+pub struct TxnEvent {
+    pub ticket: TxnTicket,
+    pub commit_time_unix_us: i64,
+    pub event: EventRef,
+}
+
+impl TxnEvent {
+    pub fn commit_lsn(&self) -> Lsn {
+        self.event.commit_lsn
+    }
+}
+
+/// A record kept by value (the borrowed [`OutboundRecord`] cannot outlive its frame).
+#[derive(Debug, Clone)]
+pub struct OwnedRecord {
+    pub topic: String,
+    pub key: Bytes,
+    pub payload: Bytes,
+    pub event_id: Bytes,
+    pub timestamp_ms: Option<i64>,
+    pub headers: Vec<(String, Option<Bytes>)>,
+}
+
+impl OwnedRecord {
+    pub fn of(record: &OutboundRecord<'_>) -> Self {
+        OwnedRecord {
+            topic: record.topic.to_owned(),
+            key: Bytes::copy_from_slice(record.key),
+            payload: Bytes::copy_from_slice(record.payload),
+            event_id: Bytes::copy_from_slice(record.event_id),
+            timestamp_ms: record.timestamp_ms,
+            headers: record
+                .headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Header pairs borrowed for [`OwnedRecord::outbound`].
+    pub fn header_refs(&self) -> Vec<(&str, Option<Bytes>)> {
+        self.headers.iter().map(|(k, v)| (k.as_str(), v.clone())).collect()
+    }
+
+    pub fn outbound<'a>(&'a self, headers: &'a [(&'a str, Option<Bytes>)]) -> OutboundRecord<'a> {
+        OutboundRecord {
+            topic: &self.topic,
+            key: &self.key,
+            payload: &self.payload,
+            event_id: &self.event_id,
+            timestamp_ms: self.timestamp_ms,
+            headers,
+        }
+    }
+}
+
+/// A suspect the replay reached: held (reading paused) until it can go out alone, then until
+/// its delivery report says whether it is bad.
+#[derive(Debug)]
+pub struct Held {
+    pub txn: TxnEvent,
+    pub record: OwnedRecord,
+    pub raw: RawEvent,
+    /// The earlier refusal, for the log.
+    pub earlier: String,
+    pub sent: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suspects_are_forgotten_once_confirmed_past() {
+        let mut s = Suspects::default();
+        let a = EventRef {
+            commit_lsn: Lsn(100),
+            seq: 0,
+        };
+        let b = EventRef {
+            commit_lsn: Lsn(200),
+            seq: 3,
+        };
+        s.insert(a, "too large".into());
+        s.insert(b, "invalid record".into());
+        assert_eq!(s.get(b), Some("invalid record"));
+        assert_eq!(
+            s.get(EventRef {
+                commit_lsn: Lsn(200),
+                seq: 2
+            }),
+            None
+        );
+        s.forget_before(Lsn(150));
+        assert_eq!((s.get(a), s.len()), (None, 1));
+        s.clear(b);
+        assert!(s.is_empty());
+    }
+}

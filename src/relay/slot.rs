@@ -1,0 +1,358 @@
+//! Reading the relay's slot: before streaming, right after `START_REPLICATION`, periodically
+//! (the slot monitor), and when a standby decides whether to take over.
+//!
+//! Invariants:
+//! * **A slot is never created or recreated here.** Missing → [`RelayError::SlotMissing`];
+//!   invalidated → [`RelayError::SlotLost`]. Both are fatal: a fresh slot would start at the
+//!   current WAL position and the events in the lost stretch would vanish without a trace.
+//! * **The server never skips WAL behind the relay's back.** `START_REPLICATION` from a position
+//!   older than the slot's `confirmed_flush_lsn` silently starts at the latter. Right after
+//!   streaming starts (when no one else can move the slot any more) [`verify_start`] re-reads
+//!   the slot; if it moved past the position this session asked for, something else consumed
+//!   that WAL and the relay refuses to continue ([`RelayError::SlotAdvanced`]).
+//! * **Only a stale walsender is ever terminated**, and only when the operator opted in
+//!   (`takeover_after_ms`) or when it is this process's own previous walsender. The staleness
+//!   test and the termination are one SQL statement, so a holder that just recovered is spared.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio_postgres::Client;
+
+use super::error::RelayError;
+use crate::lsn::Lsn;
+
+/// One row of `pg_replication_slots` for the relay's slot, with what the server knows about
+/// the process streaming from it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotRow {
+    pub slot_type: String,
+    pub plugin: Option<String>,
+    pub active_pid: Option<i32>,
+    pub restart_lsn: Option<Lsn>,
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// PostgreSQL 13+: `reserved | extended | unreserved | lost`.
+    pub wal_status: Option<String>,
+    /// PostgreSQL 13+: bytes that can still be written before the slot is in danger of
+    /// invalidation (`None`: unlimited or unknown).
+    pub safe_wal_size: Option<i64>,
+    /// PostgreSQL 17+: why the slot was invalidated.
+    pub invalidation_reason: Option<String>,
+    /// Current WAL position minus `restart_lsn`: what the server keeps for the slot.
+    pub retained_wal_bytes: Option<i64>,
+    pub holder: Option<SlotHolder>,
+}
+
+/// The process holding the slot, as `pg_stat_replication` shows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotHolder {
+    /// The walsender's backend pid (`pg_replication_slots.active_pid`).
+    pub pid: Option<i32>,
+    pub application_name: Option<String>,
+    /// `client_addr:client_port` of the holder's connection.
+    pub client: Option<String>,
+    /// Time since the holder's last standby status update (or since its connection started,
+    /// if it never sent one).
+    pub silent_for: Option<Duration>,
+}
+
+impl SlotHolder {
+    pub fn from_pid(pid: Option<i32>) -> SlotHolder {
+        SlotHolder {
+            pid,
+            ..SlotHolder::default()
+        }
+    }
+}
+
+impl fmt::Display for SlotHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.pid {
+            Some(pid) => write!(f, "walsender pid {pid}")?,
+            None => f.write_str("another process")?,
+        }
+        if let Some(app) = self.application_name.as_deref().filter(|a| !a.is_empty()) {
+            write!(f, " ({app}")?;
+            if let Some(client) = &self.client {
+                write!(f, " at {client}")?;
+            }
+            f.write_str(")")?;
+        } else if let Some(client) = &self.client {
+            write!(f, " (client {client})")?;
+        }
+        if let Some(silent) = self.silent_for {
+            write!(f, ", last status update {:.1} s ago", silent.as_secs_f64())?;
+        }
+        Ok(())
+    }
+}
+
+/// `to_jsonb` keeps one query valid on every server version: columns a version lacks are
+/// simply absent from the JSON.
+#[derive(Deserialize)]
+struct SlotJson {
+    slot_type: String,
+    plugin: Option<String>,
+    active_pid: Option<i32>,
+    restart_lsn: Option<String>,
+    confirmed_flush_lsn: Option<String>,
+    wal_status: Option<String>,
+    safe_wal_size: Option<i64>,
+    invalidation_reason: Option<String>,
+}
+
+const SLOT_QUERY: &str = "
+SELECT to_jsonb(s)::text,
+       pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
+                       s.restart_lsn)::int8,
+       EXTRACT(EPOCH FROM clock_timestamp()
+               - COALESCE((to_jsonb(r) ->> 'reply_time')::timestamptz, r.backend_start))::float8,
+       r.application_name::text,
+       host(r.client_addr) || COALESCE(':' || r.client_port::text, '')
+  FROM pg_replication_slots s
+  LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+ WHERE s.slot_name = $1 AND (s.database IS NULL OR s.database = current_database())";
+
+/// The slot's row, or `None` if this database has no slot of that name.
+pub async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotRow>, RelayError> {
+    let Some(row) = client.query_opt(SLOT_QUERY, &[&slot]).await? else {
+        return Ok(None);
+    };
+    let json: String = row.get(0);
+    let raw: SlotJson = serde_json::from_str(&json)
+        .map_err(|e| RelayError::Protocol(format!("unexpected pg_replication_slots row {json}: {e}")))?;
+    let lsn = |s: Option<String>| s.and_then(|s| s.parse::<Lsn>().ok());
+    let silent_secs: Option<f64> = row.get(2);
+    let holder = raw.active_pid.map(|pid| SlotHolder {
+        pid: Some(pid),
+        application_name: row.get(3),
+        client: row.get(4),
+        silent_for: silent_secs
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64),
+    });
+    Ok(Some(SlotRow {
+        slot_type: raw.slot_type,
+        plugin: raw.plugin,
+        active_pid: raw.active_pid,
+        restart_lsn: lsn(raw.restart_lsn),
+        confirmed_flush_lsn: lsn(raw.confirmed_flush_lsn),
+        wal_status: raw.wal_status,
+        safe_wal_size: raw.safe_wal_size,
+        invalidation_reason: raw.invalidation_reason,
+        retained_wal_bytes: row.get(1),
+        holder,
+    }))
+}
+
+impl SlotRow {
+    /// Why the slot can no longer be used, if it cannot.
+    pub fn invalidated(&self) -> Option<String> {
+        if let Some(reason) = &self.invalidation_reason {
+            return Some(format!("invalidation_reason = {reason}"));
+        }
+        (self.wal_status.as_deref() == Some("lost"))
+            .then(|| "wal_status = lost: WAL it needed was removed after exceeding max_slot_wal_keep_size".into())
+    }
+}
+
+/// What a session may start from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartPoint {
+    pub confirmed_flush: Lsn,
+}
+
+/// Decides whether streaming may start from this slot: the checks that are fatal (missing,
+/// wrong kind, invalidated) and the one that means "stand by" (another process holds it).
+pub fn check_for_start(slot: &str, row: Option<SlotRow>) -> Result<StartPoint, RelayError> {
+    let Some(row) = row else {
+        return Err(RelayError::SlotMissing { slot: slot.to_owned() });
+    };
+    if row.slot_type != "logical" || row.plugin.as_deref() != Some("pgoutput") {
+        return Err(RelayError::WrongSlotPlugin {
+            slot: slot.to_owned(),
+            plugin: row.plugin.unwrap_or(row.slot_type),
+        });
+    }
+    let confirmed_flush = row.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
+    if let Some(cause) = row.invalidated() {
+        return Err(RelayError::SlotLost {
+            slot: slot.to_owned(),
+            confirmed: confirmed_flush,
+            cause,
+        });
+    }
+    if let Some(holder) = row.holder {
+        return Err(RelayError::SlotBusy {
+            slot: slot.to_owned(),
+            holder,
+        });
+    }
+    Ok(StartPoint { confirmed_flush })
+}
+
+/// After `START_REPLICATION` from `requested`: the slot must not have moved past it (see the
+/// module docs). `requested` zero means "wherever the slot is" and is not checked.
+pub fn check_started(slot: &str, requested: Lsn, row: Option<&SlotRow>) -> Result<(), RelayError> {
+    let confirmed = row.and_then(|r| r.confirmed_flush_lsn).unwrap_or(Lsn::ZERO);
+    if !requested.is_zero() && confirmed > requested {
+        return Err(RelayError::SlotAdvanced {
+            slot: slot.to_owned(),
+            requested,
+            confirmed,
+        });
+    }
+    Ok(())
+}
+
+/// Re-reads the slot right after streaming started and applies [`check_started`].
+pub async fn verify_start(client: &Client, slot: &str, requested: Lsn) -> Result<(), RelayError> {
+    let row = read_slot(client, slot).await?;
+    check_started(slot, requested, row.as_ref())
+}
+
+/// Terminates the walsender `pid` if it still holds `slot` and has been silent for at least
+/// `min_silence` (`None`: no silence required — only for this process's own old walsender).
+/// Returns whether a backend was terminated.
+pub async fn terminate_holder(
+    client: &Client,
+    slot: &str,
+    pid: i32,
+    min_silence: Option<Duration>,
+) -> Result<bool, RelayError> {
+    let min_secs = min_silence.map_or(0.0, |d| d.as_secs_f64());
+    let row = client
+        .query_opt(
+            "SELECT pg_terminate_backend(s.active_pid)
+               FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+              WHERE s.slot_name = $1 AND s.active_pid = $2
+                AND EXTRACT(EPOCH FROM clock_timestamp()
+                            - COALESCE((to_jsonb(r) ->> 'reply_time')::timestamptz, r.backend_start))::float8
+                    >= $3::float8",
+            &[&slot, &pid, &min_secs],
+        )
+        .await?;
+    Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
+}
+
+/// The holder's pid from the server's "replication slot \"x\" is active for PID 123" (55006).
+pub fn parse_holder_pid(message: &str) -> Option<i32> {
+    let at = message.rfind("PID ")? + 4;
+    let digits: String = message[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> SlotRow {
+        SlotRow {
+            slot_type: "logical".into(),
+            plugin: Some("pgoutput".into()),
+            confirmed_flush_lsn: Some(Lsn(0x1000)),
+            restart_lsn: Some(Lsn(0x800)),
+            wal_status: Some("reserved".into()),
+            ..SlotRow::default()
+        }
+    }
+
+    #[test]
+    fn a_free_healthy_slot_starts_at_its_confirmed_position() {
+        assert_eq!(
+            check_for_start("s", Some(row())).unwrap(),
+            StartPoint {
+                confirmed_flush: Lsn(0x1000)
+            }
+        );
+    }
+
+    #[test]
+    fn missing_and_lost_slots_are_fatal_with_recovery_steps() {
+        let missing = check_for_start("s", None).unwrap_err();
+        assert!(matches!(missing, RelayError::SlotMissing { .. }) && !missing.is_transient());
+        let lost = check_for_start(
+            "s",
+            Some(SlotRow {
+                wal_status: Some("lost".into()),
+                ..row()
+            }),
+        )
+        .unwrap_err();
+        assert!(!lost.is_transient());
+        let msg = lost.to_string();
+        for needle in [
+            "invalidated",
+            "wal_status = lost",
+            "0/1000",
+            "teardown",
+            "setup",
+            "never recreates",
+        ] {
+            assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+        }
+        let pg17 = SlotRow {
+            invalidation_reason: Some("wal_removed".into()),
+            ..row()
+        };
+        assert!(check_for_start("s", Some(pg17))
+            .unwrap_err()
+            .to_string()
+            .contains("wal_removed"));
+    }
+
+    #[test]
+    fn a_held_slot_means_standing_by_and_names_the_holder() {
+        let holder = SlotHolder {
+            pid: Some(4242),
+            application_name: Some("outbox-relay".into()),
+            client: Some("10.0.0.7:51234".into()),
+            silent_for: Some(Duration::from_millis(1500)),
+        };
+        let err = check_for_start(
+            "s",
+            Some(SlotRow {
+                holder: Some(holder.clone()),
+                ..row()
+            }),
+        )
+        .unwrap_err();
+        assert!(err.is_transient() && err.is_slot_busy());
+        assert_eq!(err.slot_holder(), Some(holder));
+        assert!(
+            err.to_string()
+                .contains("walsender pid 4242 (outbox-relay at 10.0.0.7:51234), last status update 1.5 s ago"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_slot_moved_past_the_requested_start_is_refused() {
+        let moved = SlotRow {
+            confirmed_flush_lsn: Some(Lsn(0x2000)),
+            ..row()
+        };
+        let err = check_started("s", Lsn(0x1000), Some(&moved)).unwrap_err();
+        assert!(
+            matches!(err, RelayError::SlotAdvanced { .. }) && !err.is_transient(),
+            "{err}"
+        );
+        assert!(err.to_string().contains("0/1000") && err.to_string().contains("0/2000"));
+        assert!(check_started("s", Lsn(0x1000), Some(&row())).is_ok());
+        assert!(
+            check_started("s", Lsn(0x3000), Some(&moved)).is_ok(),
+            "behind the request is fine"
+        );
+        assert!(check_started("s", Lsn::ZERO, Some(&moved)).is_ok());
+    }
+
+    #[test]
+    fn holder_pid_comes_from_the_server_message() {
+        assert_eq!(
+            parse_holder_pid("replication slot \"outbox_relay\" is active for PID 31337"),
+            Some(31337)
+        );
+        assert_eq!(parse_holder_pid("something else"), None);
+    }
+}

@@ -1,0 +1,342 @@
+//! The files around the code stay true to it: every key of the example config is in
+//! docs/configuration.md (with its environment variable), the Kubernetes manifests and the
+//! compose file parse and wire up what the relay really serves and exports, and the compose
+//! stack's SQL and config work against a real database.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use outbox_relay::config::Settings;
+use serde_yaml::Value;
+
+use crate::harness::*;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+fn yaml(path: &str) -> Value {
+    serde_yaml::from_str(&read(path)).unwrap_or_else(|e| panic!("{path} is not valid YAML: {e}"))
+}
+
+/// `section.key` for every key set in the example config, plus keys shown commented out
+/// (`# key = …` right under a section, the file's way of documenting optional keys).
+fn example_config_keys() -> BTreeSet<(String, String)> {
+    let text = read("config/outbox-relay.toml");
+    let table: toml::Table = text.parse().expect("config/outbox-relay.toml parses");
+    let mut keys = BTreeSet::new();
+    for (section, value) in &table {
+        for key in value.as_table().expect("sections only").keys() {
+            keys.insert((section.clone(), key.clone()));
+        }
+    }
+    let mut section = String::new();
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+        } else if let Some(rest) = line.strip_prefix("# ") {
+            let Some((key, _)) = rest.split_once(" = ") else {
+                continue;
+            };
+            if !section.is_empty() && !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                keys.insert((section.clone(), key.to_owned()));
+            }
+        }
+    }
+    keys
+}
+
+fn env_var(section: &str, key: &str) -> String {
+    format!(
+        "OUTBOX_RELAY__{}__{}",
+        section.to_uppercase(),
+        key.to_uppercase().replace('.', "_")
+    )
+}
+
+#[test]
+fn every_example_config_key_is_documented_with_its_environment_variable() {
+    let docs = read("docs/configuration.md");
+    let keys = example_config_keys();
+    assert!(keys.len() > 20, "parsed too few keys: {keys:?}");
+    let mut missing = Vec::new();
+    for (section, key) in &keys {
+        let written = if section == "kafka" {
+            format!("`{key}`")
+        } else {
+            format!("`{section}.{key}`")
+        };
+        if !docs.contains(&written) {
+            missing.push(written);
+        }
+        let env = env_var(section, key);
+        if !docs.contains(&env) {
+            missing.push(env);
+        }
+    }
+    assert!(missing.is_empty(), "docs/configuration.md lacks: {missing:?}");
+}
+
+/// Metric names the relay exports (the constants in src/metrics.rs).
+fn exported_metrics() -> BTreeSet<String> {
+    let source = read("src/metrics.rs");
+    let names: BTreeSet<String> = source
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub const "))
+        .filter_map(|l| l.split('"').nth(1))
+        .filter(|n| n.starts_with("outbox_relay_"))
+        .map(str::to_owned)
+        .collect();
+    assert!(names.len() >= 10, "found too few metric constants: {names:?}");
+    names
+}
+
+/// `outbox_relay_*` identifiers in a PromQL expression.
+fn metrics_in(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("outbox_relay_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// GitHub's anchor for a Markdown heading.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+#[test]
+fn kubernetes_manifests_wire_probes_config_and_alerts_to_what_the_relay_serves() {
+    let dir = repo("deploy/kubernetes");
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        serde_yaml::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", f.display()));
+    }
+
+    // The config the pods run with is a valid relay config with the HTTP endpoints on.
+    let configmap = yaml("deploy/kubernetes/configmap.yaml");
+    let toml_text = configmap["data"]["outbox-relay.toml"]
+        .as_str()
+        .expect("config file in the ConfigMap");
+    let settings = Settings::from_toml_str(toml_text, Path::new("configmap"), std::iter::empty())
+        .unwrap_or_else(|e| panic!("the ConfigMap's config is invalid: {e}"));
+    let listen = settings.http.listen.expect("[http] listen is set");
+
+    let deployment = yaml("deploy/kubernetes/deployment.yaml");
+    let spec = &deployment["spec"];
+    assert_eq!(spec["replicas"].as_i64(), Some(2), "one active, one standby");
+    assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"].as_i64(), Some(0));
+    let pod = &spec["template"]["spec"];
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().expect("grace period");
+    assert!(
+        grace > settings.relay.shutdown_timeout.as_secs(),
+        "a draining relay must not be killed: grace {grace} s ≤ shutdown_timeout"
+    );
+    let relay = &pod["containers"][0];
+    let port = relay["ports"][0]["containerPort"].as_u64().expect("container port");
+    assert_eq!(port, u64::from(listen.port()), "probes must hit [http] listen");
+    assert_eq!(relay["livenessProbe"]["httpGet"]["path"].as_str(), Some("/healthz"));
+    assert_eq!(relay["readinessProbe"]["httpGet"]["path"].as_str(), Some("/readyz"));
+    let from_secret = relay["envFrom"][0]["secretRef"]["name"]
+        .as_str()
+        .expect("env from the Secret");
+    let volume_cm = pod["volumes"][0]["configMap"]["name"].as_str().expect("config volume");
+    assert_eq!(volume_cm, configmap["metadata"]["name"].as_str().unwrap());
+
+    let secret = yaml("deploy/kubernetes/secret.yaml");
+    assert_eq!(secret["metadata"]["name"].as_str(), Some(from_secret));
+    let secret_keys: Vec<&str> = secret["stringData"]
+        .as_mapping()
+        .expect("stringData")
+        .keys()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(secret_keys.contains(&"OUTBOX_RELAY__POSTGRES__URL"), "{secret_keys:?}");
+    assert!(
+        secret_keys.iter().all(|k| k.starts_with("OUTBOX_RELAY__")),
+        "{secret_keys:?}"
+    );
+
+    let service = yaml("deploy/kubernetes/service.yaml");
+    let monitor = yaml("deploy/kubernetes/servicemonitor.yaml");
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["port"],
+        service["spec"]["ports"][0]["name"]
+    );
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"].as_str(), Some("/metrics"));
+
+    // Alerts use only metrics the relay exports, and cover the four the issue names.
+    let exported = exported_metrics();
+    let rules = yaml("deploy/kubernetes/prometheusrule.yaml");
+    let operations = read("docs/operations.md");
+    let anchors: BTreeSet<String> = operations
+        .lines()
+        .filter_map(|l| {
+            l.trim_start_matches('#')
+                .strip_prefix(' ')
+                .filter(|_| l.starts_with('#'))
+        })
+        .map(anchor)
+        .collect();
+    let mut exprs = Vec::new();
+    for group in rules["spec"]["groups"].as_sequence().expect("rule groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let expr = rule["expr"].as_str().expect("expr").to_owned();
+            for metric in metrics_in(&expr) {
+                let base = ["_bucket", "_sum", "_count"].iter().fold(metric.clone(), |m, s| {
+                    m.strip_suffix(s)
+                        .filter(|b| exported.contains(*b))
+                        .map_or(m.clone(), str::to_owned)
+                });
+                assert!(
+                    exported.contains(&base),
+                    "alert {:?} uses unknown metric {metric}",
+                    rule["alert"]
+                );
+            }
+            let runbook = rule["annotations"]["runbook"]
+                .as_str()
+                .expect("every alert links its runbook");
+            let section = runbook.split('#').nth(1).expect("runbook anchor");
+            assert!(
+                anchors.contains(section),
+                "docs/operations.md has no section #{section} ({runbook})"
+            );
+            exprs.push(expr);
+        }
+    }
+    let has = |needle: &str| exprs.iter().any(|e| e.contains(needle));
+    assert!(has("outbox_relay_seconds_behind_source"), "lag alert");
+    assert!(has("outbox_relay_slot_retained_wal_bytes"), "retained WAL alert");
+    assert!(has("outbox_relay_events_failed_total"), "failed events alert");
+    // "No standby" must fire when no series is 0 at all, hence the `or vector(0)`.
+    assert!(has("count(outbox_relay_active == 0) or vector(0)"), "no-standby alert");
+}
+
+#[test]
+fn docker_compose_runs_the_pipeline_with_logical_postgres_and_kraft_kafka() {
+    let compose = yaml("docker-compose.yml");
+    let services = &compose["services"];
+    let command: Vec<&str> = services["postgres"]["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        command.windows(2).any(|w| w == ["-c", "wal_level=logical"]),
+        "{command:?}"
+    );
+    let kafka = &services["kafka"];
+    assert!(kafka["image"].as_str().unwrap().starts_with("apache/kafka:"));
+    assert_eq!(
+        kafka["environment"]["KAFKA_PROCESS_ROLES"].as_str(),
+        Some("broker,controller"),
+        "KRaft mode"
+    );
+    assert_eq!(services["relay"]["build"].as_str(), Some("."));
+    // Every bind-mounted file exists.
+    for (_, service) in services.as_mapping().unwrap() {
+        for volume in service["volumes"].as_sequence().into_iter().flatten() {
+            let source = volume.as_str().unwrap().split(':').next().unwrap();
+            assert!(repo(source).exists(), "compose mounts missing {source}");
+        }
+    }
+    // The example services run binaries the Dockerfile builds from examples/.
+    let dockerfile = read("Dockerfile");
+    assert!(dockerfile.contains("FROM debian:bookworm-slim") && dockerfile.contains("ca-certificates"));
+    for service in ["producer", "consumer"] {
+        let program = services[service]["entrypoint"][0].as_str().unwrap();
+        assert!(
+            repo(&format!("examples/{program}.rs")).is_file(),
+            "no example {program}"
+        );
+        assert!(
+            dockerfile.contains(&format!("--example {program}")),
+            "the image lacks {program}"
+        );
+    }
+    // The relay's config plus the compose environment is a valid config.
+    let env: Vec<(String, String)> = services["relay"]["environment"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.as_str().unwrap().to_owned(), v.as_str().unwrap().to_owned()))
+        .collect();
+    let settings = Settings::load_with_env(&repo("deploy/docker/outbox-relay.toml"), env)
+        .unwrap_or_else(|e| panic!("the compose relay config is invalid: {e}"));
+    assert_eq!(
+        settings.kafka.0.get("bootstrap.servers").map(String::as_str),
+        Some("kafka:9092")
+    );
+
+    // Where a compose implementation is installed, let it validate the file too.
+    let implementations: [&[&str]; 2] = [&["docker", "compose"], &["docker-compose"]];
+    let run = |argv: &[&str], extra: &[&str]| {
+        std::process::Command::new(argv[0])
+            .args(&argv[1..])
+            .args(extra)
+            .current_dir(repo("."))
+            .output()
+    };
+    let installed = implementations
+        .into_iter()
+        .find(|argv| run(argv, &["version"]).is_ok_and(|o| o.status.success()));
+    match installed {
+        Some(argv) => {
+            let out = run(argv, &["config", "--quiet"]).expect("run compose config");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "`{} config` rejects docker-compose.yml: {stderr}",
+                argv.join(" ")
+            );
+        }
+        None => eprintln!(
+            "\n!!!!! neither `docker compose` nor `docker-compose` is installed: docker-compose.yml was checked \
+             structurally only !!!!!\n"
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_schema_and_config_pass_setup_on_a_real_database() {
+    let pg = shared_cluster().await;
+    let db = unique_name("compose");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    client
+        .batch_execute(&read("deploy/docker/initdb/01-shop.sql"))
+        .await
+        .expect("compose init SQL");
+    let slot = unique_name("slot");
+    let env = vec![
+        ("OUTBOX_RELAY__POSTGRES__URL".to_owned(), pg.url(&db)),
+        ("OUTBOX_RELAY__POSTGRES__SLOT".to_owned(), slot.clone()),
+        ("OUTBOX_RELAY__POSTGRES__PUBLICATION".to_owned(), unique_name("pub")),
+    ];
+    let settings = Settings::load_with_env(&repo("deploy/docker/outbox-relay.toml"), env).expect("config");
+    let report = outbox_relay::control::setup(&settings)
+        .await
+        .unwrap_or_else(|e| panic!("setup: {e}"));
+    assert!(report.to_string().contains("created"), "{report}");
+    outbox_relay::control::teardown(&settings).await.expect("teardown");
+    assert!(slot_row(&client, &slot).await.is_none());
+}

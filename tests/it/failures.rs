@@ -1,0 +1,973 @@
+//! Failure and bad-input suite: crashes at random moments and at failpoints, broker faults on
+//! the mock cluster, and hostile rows under every `relay.on_bad_event` policy.
+//!
+//! The promise under test: no crash, outage or bad row loses an event, first deliveries per
+//! aggregate follow commit order, and the confirmed LSN never passes an event Kafka has not
+//! acknowledged. `OUTBOX_RELAY_LONG_TESTS=1` runs the long variants (docs/reliability.md).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use tokio_postgres::Client;
+
+use crate::e2e_relay::{prepared, setup, PREFIX_REGEX};
+use crate::fault_support::*;
+use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema, Workload};
+use crate::harness::*;
+
+// ------------------------------------------------------------------------------------------
+// Crash points
+// ------------------------------------------------------------------------------------------
+
+/// Continuous load; the relay is SIGKILLed at random moments (≥ 10, long: ≥ 50) and restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_at_random_moments_under_load_loses_nothing() {
+    let kills_wanted: usize = if long_tests() { 50 } else { 10 };
+    let max_in_flight = 20;
+    let kafka = MockKafka::new(3);
+    let (db, _client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let config = config
+        .route(PREFIX_REGEX, "${routedByValue}")
+        .max_in_flight(max_in_flight)
+        .set("relay", "reconnect_backoff_initial_ms", 100)
+        .set("relay", "reconnect_backoff_max_ms", 500);
+    let url = shared_cluster().await.url(&db);
+    let mut w = Workload::new(OutboxSchema::A, kills_wanted * 250, 40, 4);
+    w.pause = Duration::from_millis(10);
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+
+    let mut kills = 0;
+    while kills < kills_wanted {
+        let relay = RelayProcess::run(&config);
+        // Anywhere from before the replication connection exists to well into streaming.
+        tokio::time::sleep(Duration::from_millis(100 + random_below(1400))).await;
+        assert!(
+            relay.sigkill(),
+            "the relay exited on its own; log:\n{}",
+            relay.log_text()
+        );
+        kills += 1;
+    }
+    let committed = load.await.expect("workload");
+    let _relay = RelayProcess::run(&config);
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        all.len(),
+        Duration::from_secs(120),
+    )
+    .await;
+    let dups = check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+    let bound = kills * max_in_flight as usize;
+    eprintln!(
+        "crash points: {kills} SIGKILLs, {} events, {dups} duplicates (bound {bound})",
+        all.len()
+    );
+    assert!(
+        dups <= bound,
+        "{dups} duplicates after {kills} crashes exceed the in-flight bound {bound}"
+    );
+}
+
+/// Crashes at the failpoints: between "Kafka acknowledged" and "status update sent", and in the
+/// producer restart path (a failed session's producer purged, its requests maybe on the wire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crashes_at_failpoints_lose_nothing() {
+    if !cfg!(feature = "failpoints") {
+        eprintln!(
+            "SKIPPING crashes_at_failpoints_lose_nothing: the relay was built without the `failpoints` feature \
+             (run `cargo test --features failpoints`, the README's test command)"
+        );
+        return;
+    }
+    let crashes_wanted: usize = if long_tests() { 30 } else { 6 };
+    let max_in_flight = 20;
+    let kafka = MockKafka::new(3);
+    let (db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let config = config
+        .route(PREFIX_REGEX, "${routedByValue}")
+        .max_in_flight(max_in_flight)
+        .kafka("message.timeout.ms", "1000")
+        .set("relay", "reconnect_backoff_initial_ms", 100)
+        .set("relay", "reconnect_backoff_max_ms", 500);
+    let url = shared_cluster().await.url(&db);
+    let mut w = Workload::new(OutboxSchema::A, crashes_wanted * 300, 30, 4);
+    w.pause = Duration::from_millis(5);
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+
+    // 1. Acknowledged, not yet confirmed.
+    let mut crashes = 0;
+    let started = Instant::now();
+    while crashes < crashes_wanted {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "only {crashes} failpoint crashes in 120 s"
+        );
+        let mut relay = RelayProcess::run_with(&config, &[], &[("FAILPOINTS", "relay::acked_before_status=3%return")]);
+        let status = relay.wait_exit(Duration::from_secs(20)).await;
+        let log = relay.log_text();
+        match status {
+            Some(s) => {
+                assert!(
+                    !s.success() && log.contains("failpoint relay::acked_before_status"),
+                    "{s:?}; log:\n{log}"
+                );
+                crashes += 1;
+            }
+            // Load over before the failpoint fired: nothing acknowledged any more.
+            None if load.is_finished() => break,
+            None => panic!("no crash in 20 s under load; log:\n{log}"),
+        }
+    }
+    let committed = load.await.expect("workload");
+
+    // 2. The producer restart path: a delivery failure ends the session; the relay dies while
+    // abandoning the failed producer.
+    let mut relay = RelayProcess::run_with(&config, &[], &[("FAILPOINTS", "publisher::abandon=return")]);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    kafka.all_brokers_down();
+    let mut client = client;
+    let agg = new_uuid();
+    let tx = client.transaction().await.unwrap();
+    let mut outage = Vec::new();
+    for seq in 0..5 {
+        outage.push(insert_event(&tx, OutboxSchema::A, &agg, seq).await);
+    }
+    tx.commit().await.unwrap();
+    let status = relay.wait_exit(Duration::from_secs(30)).await;
+    let log = relay.log_text();
+    assert!(
+        status.is_some_and(|s| !s.success()) && log.contains("failpoint publisher::abandon"),
+        "{status:?}; log:\n{log}"
+    );
+    crashes += 1;
+    kafka.all_brokers_up();
+
+    let _relay = RelayProcess::run(&config);
+    let mut committed = committed;
+    committed.by_aggregate.insert(agg, outage);
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        all.len(),
+        Duration::from_secs(120),
+    )
+    .await;
+    let dups = check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+    let bound = crashes * max_in_flight as usize;
+    eprintln!(
+        "failpoints: {crashes} crashes, {} events, {dups} duplicates (bound {bound})",
+        all.len()
+    );
+    assert!(
+        dups <= bound,
+        "{dups} duplicates after {crashes} crashes exceed the in-flight bound {bound}"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// Broker faults (mock cluster)
+// ------------------------------------------------------------------------------------------
+
+/// Commits `count` events of one new aggregate in one transaction.
+async fn commit_batch(client: &mut Client, count: u64) -> (Vec<ExpectedEvent>, CommitPoint) {
+    let agg = new_uuid();
+    let tx = client.transaction().await.unwrap();
+    let probe = TxnProbe::start(&tx).await;
+    let mut events = Vec::new();
+    for seq in 0..count {
+        events.push(insert_event(&tx, OutboxSchema::A, &agg, seq).await);
+    }
+    tx.commit().await.unwrap();
+    (events, probe.finish(client).await)
+}
+
+/// A relay streaming `prepared` schema A through `kafka`, warmed up (one event delivered and
+/// confirmed, so producer id and metadata exist before a fault starts).
+async fn warm_relay(
+    kafka: &MockKafka,
+    tune: impl FnOnce(RelayConfig) -> RelayConfig,
+) -> (Client, RelayConfig, RelayProcess) {
+    let (db, _, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let mut client = shared_cluster().await.client(&db).await;
+    install_walinspect(&client).await;
+    let config = tune(
+        config
+            .route(PREFIX_REGEX, "${routedByValue}")
+            .set("relay", "reconnect_backoff_initial_ms", 200)
+            .set("relay", "reconnect_backoff_max_ms", 1000),
+    );
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let (warm, point) = commit_batch(&mut client, 1).await;
+    let records = collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(30)).await;
+    check_delivered(&warm, &records, |_| "order".to_owned());
+    assert!(
+        confirmed_reaches(&client, &config.slot, point.end_lsn, Duration::from_secs(15)).await,
+        "{}",
+        relay.log_text()
+    );
+    (client, config, relay)
+}
+
+fn expect_all(batches: &[&[ExpectedEvent]]) -> (Vec<ExpectedEvent>, Committed) {
+    let mut committed = Committed::default();
+    for b in batches {
+        for e in b.iter() {
+            committed
+                .by_aggregate
+                .entry(e.aggregate_id.clone())
+                .or_default()
+                .push(e.clone());
+        }
+    }
+    (committed.all().cloned().collect(), committed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn all_brokers_down_for_30_seconds() {
+    let kafka = MockKafka::new(3);
+    // Short message timeout: sessions fail and replay during the outage (the restart path).
+    let (mut client, config, relay) =
+        warm_relay(&kafka, |c| c.max_in_flight(50).kafka("message.timeout.ms", "5000")).await;
+    let warm = collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(5)).await;
+
+    kafka.all_brokers_down();
+    let outage = Instant::now();
+    let (first, first_point) = commit_batch(&mut client, 5).await;
+    let (second, _) = commit_batch(&mut client, 5).await;
+    let remaining = Duration::from_secs(30).saturating_sub(outage.elapsed());
+    assert_never_confirmed_past(&client, &config.slot, first_point.end_lsn, remaining, "brokers down").await;
+    let (third, last_point) = commit_batch(&mut client, 5).await;
+    kafka.all_brokers_up();
+
+    let (all, committed) = expect_all(&[&first, &second, &third]);
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        all.len() + warm.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    let records: Vec<Received> = records
+        .into_iter()
+        .filter(|r| !warm.iter().any(|w| id_of(w) == id_of(r)))
+        .collect();
+    check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+    assert!(
+        confirmed_reaches(&client, &config.slot, last_point.end_lsn, Duration::from_secs(30)).await,
+        "never confirmed after the outage; log:\n{}",
+        relay.log_text()
+    );
+    assert!(
+        relay.log_text().contains("Kafka delivery failed"),
+        "the outage should have failed deliveries"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retriable_produce_errors_are_retried_without_loss_or_duplicates() {
+    let kafka = MockKafka::new(1);
+    kafka.create_topic("order", 1);
+    let (mut client, config, relay) = warm_relay(&kafka, |c| {
+        c.kafka("retry.backoff.ms", "100").kafka("retry.backoff.max.ms", "200")
+    })
+    .await;
+    // Each refused attempt takes at least the round trip, so 20 errors keep the events
+    // unacknowledged for well over the 2 s polled below.
+    kafka.set_round_trip_time(Duration::from_millis(300));
+    let errors: Vec<RDKafkaRespErr> = (0..20)
+        .map(|i| {
+            if i % 2 == 0 {
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION
+            } else {
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS
+            }
+        })
+        .collect();
+    kafka.with_cluster(move |c| c.request_errors(RDKafkaApiKey::Produce, &errors));
+    let (events, point) = commit_batch(&mut client, 5).await;
+    assert_never_confirmed_past(
+        &client,
+        &config.slot,
+        point.end_lsn,
+        Duration::from_secs(2),
+        "retriable errors",
+    )
+    .await;
+    kafka.set_round_trip_time(Duration::ZERO);
+
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        events.len() + 1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let records: Vec<Received> = records
+        .into_iter()
+        .filter(|r| events.iter().any(|e| e.id == id_of(r)))
+        .collect();
+    let dups = check_delivered(&events, &records, |_| "order".to_owned());
+    assert_eq!(dups, 0, "the idempotent producer's retries must not duplicate");
+    let (_, committed) = expect_all(&[&events]);
+    check_order(&committed, &records);
+    assert!(confirmed_reaches(&client, &config.slot, point.end_lsn, Duration::from_secs(30)).await);
+    assert!(
+        !relay.log_text().contains("reconnecting"),
+        "retriable errors must not end the session:\n{}",
+        relay.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn non_retriable_broker_error_replays_without_loss() {
+    let kafka = MockKafka::new(1);
+    kafka.create_topic("order", 1);
+    let (mut client, config, relay) = warm_relay(&kafka, |c| c).await;
+    // TOPIC_AUTHORIZATION_FAILED is permanent for librdkafka, but it is the cluster's verdict on
+    // the relay's credentials, not on the record: the relay replays (with backoff) until it passes.
+    kafka.set_round_trip_time(Duration::from_millis(400));
+    kafka.with_cluster(|c| {
+        c.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 3],
+        )
+    });
+    let (events, point) = commit_batch(&mut client, 5).await;
+    assert_never_confirmed_past(
+        &client,
+        &config.slot,
+        point.end_lsn,
+        Duration::from_millis(1200),
+        "authorization",
+    )
+    .await;
+    kafka.set_round_trip_time(Duration::ZERO);
+
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        events.len() + 1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let records: Vec<Received> = records
+        .into_iter()
+        .filter(|r| events.iter().any(|e| e.id == id_of(r)))
+        .collect();
+    check_delivered(&events, &records, |_| "order".to_owned());
+    let (_, committed) = expect_all(&[&events]);
+    check_order(&committed, &records);
+    assert!(confirmed_reaches(&client, &config.slot, point.end_lsn, Duration::from_secs(30)).await);
+    let log = relay.log_text();
+    assert!(log.contains("reconnecting") && log.contains("uthorization"), "{log}");
+    assert!(
+        !log.contains("bad outbox event"),
+        "an authorization failure is not a bad event:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_second_round_trips() {
+    let kafka = MockKafka::new(3);
+    let (mut client, config, relay) = warm_relay(&kafka, |c| c.max_in_flight(100)).await;
+    kafka.set_round_trip_time(Duration::from_secs(2));
+    let (first, first_point) = commit_batch(&mut client, 5).await;
+    // No acknowledgement can come back before one round trip.
+    assert_never_confirmed_past(
+        &client,
+        &config.slot,
+        first_point.end_lsn,
+        Duration::from_millis(1500),
+        "2 s RTT",
+    )
+    .await;
+    let url = shared_cluster().await.url(&client_db(&client).await);
+    let load = run_workload(&url, &Workload::new(OutboxSchema::A, 200, 10, 4)).await;
+    let (last, last_point) = commit_batch(&mut client, 1).await;
+    // Everything is delivered while the round trips are still 2 s (the consumer below could
+    // not even fetch metadata within its timeouts at that latency).
+    assert!(
+        confirmed_reaches(&client, &config.slot, last_point.end_lsn, Duration::from_secs(60)).await,
+        "not confirmed within 60 s at 2 s round trips; log:\n{}",
+        relay.log_text()
+    );
+    kafka.set_round_trip_time(Duration::ZERO);
+    let mut committed = load;
+    let (_, extra) = expect_all(&[&first, &last]);
+    committed.by_aggregate.extend(extra.by_aggregate);
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        all.len() + 1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let records: Vec<Received> = records
+        .into_iter()
+        .filter(|r| all.iter().any(|e| e.id == id_of(r)))
+        .collect();
+    check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+    let log = relay.log_text();
+    assert_eq!(
+        log.matches("streaming started").count(),
+        1,
+        "slow acks must not cost the walsender:\n{log}"
+    );
+}
+
+async fn client_db(client: &Client) -> String {
+    client
+        .query_one("SELECT current_database()::text", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+// ------------------------------------------------------------------------------------------
+// Bad rows
+// ------------------------------------------------------------------------------------------
+
+const BAD_TABLE: &str = "
+CREATE TABLE bad_outbox (
+    id bigserial PRIMARY KEY,
+    aggregate_id text,
+    type text,
+    payload jsonb,
+    created_at timestamptz NOT NULL DEFAULT now()
+);";
+const MESSAGE_PREFIX: &str = "outbox";
+const DEAD_LETTERS: &str = "outbox.dead-letters";
+/// The producer's message.max.bytes in these tests; the too-large row is over it.
+const MAX_MESSAGE: usize = 100_000;
+const GOOD_KEY: &str = "agg-1";
+
+/// Every kind of bad event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BadCase {
+    NullRoute,
+    NullKey,
+    NullPayload,
+    InvalidTopic,
+    TooLarge,
+    MalformedMessage,
+}
+
+const ALL_CASES: [BadCase; 6] = [
+    BadCase::NullRoute,
+    BadCase::NullKey,
+    BadCase::NullPayload,
+    BadCase::InvalidTopic,
+    BadCase::TooLarge,
+    BadCase::MalformedMessage,
+];
+
+impl BadCase {
+    /// Text the relay's error/log/dead-letter header must contain.
+    fn cause_fragment(self) -> &'static str {
+        match self {
+            BadCase::NullRoute => "\"type\" (route-by value) is NULL",
+            BadCase::NullKey => "\"aggregate_id\" (message key) is NULL",
+            BadCase::NullPayload => "\"payload\" (payload) is NULL",
+            BadCase::InvalidTopic => "contains ' '",
+            BadCase::TooLarge => "Kafka refused the record",
+            BadCase::MalformedMessage => "field \"payload\" is missing or null",
+        }
+    }
+
+    fn metric_cause(self) -> &'static str {
+        match self {
+            BadCase::NullRoute | BadCase::NullKey | BadCase::NullPayload => "null_column",
+            BadCase::InvalidTopic => "invalid_topic",
+            BadCase::TooLarge => "kafka_rejected",
+            BadCase::MalformedMessage => "bad_message",
+        }
+    }
+}
+
+/// A committed row or message.
+#[derive(Debug, Clone)]
+struct Written {
+    id: String,
+    payload: Option<String>,
+    /// The message content, for message events.
+    content: Option<String>,
+    point: CommitPoint,
+}
+
+/// A database with `bad_outbox`, pg_walinspect, and a relay config for it (setup done).
+async fn bad_rows_db(kafka: &MockKafka, policy: &str) -> (Client, RelayConfig) {
+    let pg = shared_cluster().await;
+    let db = unique_name("bad");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    client.batch_execute(BAD_TABLE).await.unwrap();
+    install_walinspect(&client).await;
+    let mut config = RelayConfig::new(&pg.url(&db), &kafka.bootstrap_servers())
+        .route(PREFIX_REGEX, "${routedByValue}")
+        .kafka("message.max.bytes", &MAX_MESSAGE.to_string())
+        .set("outbox", "message_prefix", MESSAGE_PREFIX)
+        .set("relay", "on_bad_event", policy)
+        .set("relay", "reconnect_backoff_initial_ms", 100)
+        .set("relay", "reconnect_backoff_max_ms", 500);
+    config.table = "public.bad_outbox".into();
+    if policy == "dead-letter" {
+        config = config.set("relay", "dead_letter_topic", DEAD_LETTERS);
+    }
+    setup(&config).await;
+    (client, config)
+}
+
+async fn insert_row(client: &mut Client, key: Option<&str>, ty: Option<&str>, payload: Option<&str>) -> Written {
+    let tx = client.transaction().await.unwrap();
+    let probe = TxnProbe::start(&tx).await;
+    let row = tx
+        .query_one(
+            "INSERT INTO bad_outbox (aggregate_id, type, payload) VALUES ($1, $2, $3::text::jsonb)
+             RETURNING id::text, payload::text",
+            &[&key, &ty, &payload],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    Written {
+        id: row.get(0),
+        payload: row.get(1),
+        content: None,
+        point: probe.finish(client).await,
+    }
+}
+
+async fn good(client: &mut Client, n: u32) -> Written {
+    insert_row(
+        client,
+        Some(GOOD_KEY),
+        Some("order.placed"),
+        Some(&format!("{{\"n\": {n}, \"note\": \"ok ✓\"}}")),
+    )
+    .await
+}
+
+async fn bad(client: &mut Client, case: BadCase) -> Written {
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(MAX_MESSAGE + 50_000));
+    match case {
+        BadCase::NullRoute => insert_row(client, Some(GOOD_KEY), None, Some("{}")).await,
+        BadCase::NullKey => insert_row(client, None, Some("order.placed"), Some("{}")).await,
+        BadCase::NullPayload => insert_row(client, Some(GOOD_KEY), Some("order.placed"), None).await,
+        BadCase::InvalidTopic => insert_row(client, Some(GOOD_KEY), Some("bad topic!"), Some("{}")).await,
+        BadCase::TooLarge => insert_row(client, Some(GOOD_KEY), Some("order.placed"), Some(&big)).await,
+        BadCase::MalformedMessage => {
+            let id = format!("msg-{}", new_uuid());
+            let content = format!(r#"{{"id": "{id}", "type": "order.placed", "aggregate_id": "{GOOD_KEY}"}}"#);
+            let tx = client.transaction().await.unwrap();
+            let probe = TxnProbe::start(&tx).await;
+            emit_message(&tx, true, MESSAGE_PREFIX, &content).await;
+            tx.commit().await.unwrap();
+            Written {
+                id,
+                payload: None,
+                content: Some(content),
+                point: probe.finish(client).await,
+            }
+        }
+    }
+}
+
+fn check_goods(goods: &[Written], records: &[Received]) {
+    let ids: Vec<String> = records.iter().filter(|r| r.topic == "order").map(id_of).collect();
+    let expected: Vec<String> = goods.iter().map(|g| g.id.clone()).collect();
+    assert_eq!(
+        ids, expected,
+        "good events around the bad ones, once each, in commit order"
+    );
+    for (r, g) in records.iter().filter(|r| r.topic == "order").zip(goods) {
+        assert_eq!(r.payload_str(), g.payload.as_deref(), "payload of {}", g.id);
+        assert_eq!(r.key_str(), Some(GOOD_KEY));
+    }
+}
+
+async fn fail_case(case: BadCase) {
+    let kafka = MockKafka::new(1);
+    let (mut client, config) = bad_rows_db(&kafka, "fail").await;
+    let mut relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let before = good(&mut client, 1).await;
+    let bad = bad(&mut client, case).await;
+    let after = good(&mut client, 2).await;
+    let status = relay.wait_exit(Duration::from_secs(30)).await;
+    let log = relay.log_text();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "{case:?}: the relay must stop with exit 1; log:\n{log}"
+    );
+    for needle in [
+        format!("id={}", bad.id),
+        format!("committed at {}", format_lsn(bad.point.commit_lsn)),
+    ] {
+        assert!(
+            log.contains(&needle),
+            "{case:?}: the error must name {needle:?}; log:\n{log}"
+        );
+    }
+    assert!(
+        log.contains(case.cause_fragment()),
+        "{case:?}: the error must name the cause; log:\n{log}"
+    );
+    let confirmed = confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0);
+    assert!(
+        confirmed >= before.point.end_lsn && confirmed < bad.point.end_lsn,
+        "{case:?}: confirmed {} must cover the event before ({}) and nothing of the bad one's transaction ({})",
+        format_lsn(confirmed),
+        format_lsn(before.point.end_lsn),
+        format_lsn(bad.point.end_lsn)
+    );
+    let records = collect(&kafka.bootstrap_servers(), &["order"], 2, Duration::from_secs(3)).await;
+    check_goods(&[before], &records);
+    assert!(
+        !records.iter().any(|r| id_of(r) == after.id),
+        "{case:?}: nothing after the bad event is published"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_events_under_fail_stop_naming_id_lsn_and_cause() {
+    let cases: Vec<_> = ALL_CASES.iter().map(|c| tokio::spawn(fail_case(*c))).collect();
+    for (case, task) in ALL_CASES.iter().zip(cases) {
+        if let Err(e) = task.await {
+            panic!("{case:?}: {e}");
+        }
+    }
+}
+
+/// G0, bad1, G1, bad2, … — plus a non-transactional message with the prefix (ignored).
+async fn write_every_bad_case(client: &mut Client) -> (Vec<Written>, Vec<(BadCase, Written)>) {
+    let mut goods = vec![good(client, 0).await];
+    let mut bads = Vec::new();
+    for (i, case) in ALL_CASES.iter().enumerate() {
+        bads.push((*case, bad(client, *case).await));
+        goods.push(good(client, i as u32 + 1).await);
+    }
+    emit_message(
+        &*client,
+        false,
+        MESSAGE_PREFIX,
+        r#"{"id":"nontx","type":"order.placed","aggregate_id":"x","payload":1}"#,
+    )
+    .await;
+    goods.push(good(client, 99).await);
+    (goods, bads)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_events_under_skip_are_logged_counted_and_passed() {
+    let kafka = MockKafka::new(1);
+    let (mut client, config) = bad_rows_db(&kafka, "skip").await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let config = config.set("http", "listen", listen.as_str());
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let (goods, bads) = write_every_bad_case(&mut client).await;
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        goods.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    check_goods(&goods, &records);
+    let last = goods.last().unwrap().point.end_lsn;
+    assert!(
+        confirmed_reaches(&client, &config.slot, last, Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+
+    let log = relay.log_text();
+    for (case, w) in &bads {
+        let line = log
+            .lines()
+            .find(|l| l.contains("skipped a bad outbox event") && l.contains(&format!("id={} ", w.id)))
+            .unwrap_or_else(|| panic!("{case:?}: no WARN line for id {}; log:\n{log}", w.id));
+        assert!(
+            line.contains("WARN") && line.contains(&format_lsn(w.point.commit_lsn)),
+            "{case:?}: {line}"
+        );
+        assert!(
+            line.contains(case.cause_fragment()) || line.contains(&case.cause_fragment().replace('"', "\\\"")),
+            "{case:?}: {line}"
+        );
+    }
+    assert!(
+        log.contains("ignored a non-transactional pg_logical_emit_message"),
+        "{log}"
+    );
+
+    let metrics = http_get(&listen, "/metrics").await;
+    for cause in ["null_column", "invalid_topic", "kafka_rejected", "bad_message"] {
+        let expected = bads.iter().filter(|(c, _)| c.metric_cause() == cause).count() as f64;
+        let got = metric_value(
+            &metrics,
+            "outbox_relay_bad_events_total",
+            &[("policy", "skip"), ("cause", cause)],
+        );
+        assert_eq!(
+            got,
+            Some(expected),
+            "outbox_relay_bad_events_total{{policy=skip,cause={cause}}}; metrics:\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_events_under_dead_letter_are_published_raw_with_the_error() {
+    let kafka = MockKafka::new(1);
+    let (mut client, config) = bad_rows_db(&kafka, "dead-letter").await;
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let (goods, bads) = write_every_bad_case(&mut client).await;
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order", DEAD_LETTERS],
+        goods.len() + bads.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    check_goods(&goods, &records);
+    let last = goods.last().unwrap().point.end_lsn;
+    assert!(
+        confirmed_reaches(&client, &config.slot, last, Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+
+    let letters: Vec<&Received> = records.iter().filter(|r| r.topic == DEAD_LETTERS).collect();
+    assert_eq!(letters.len(), bads.len(), "one dead letter per bad event");
+    for (case, w) in &bads {
+        let letter = letters
+            .iter()
+            .find(|r| id_of(r) == w.id)
+            .unwrap_or_else(|| panic!("{case:?}: no dead letter with id {}", w.id));
+        let header = |name: &str| String::from_utf8_lossy(letter.header(name).unwrap_or_default()).into_owned();
+        assert!(
+            header("outbox-relay-error").contains(case.cause_fragment()),
+            "{case:?}: {}",
+            header("outbox-relay-error")
+        );
+        assert_eq!(header("outbox-relay-lsn"), format_lsn(w.point.commit_lsn), "{case:?}");
+        let content = letter.payload_str().expect("dead letter payload is text");
+        if *case == BadCase::MalformedMessage {
+            assert_eq!(
+                header("outbox-relay-source-table"),
+                format!("pg_logical_emit_message:{MESSAGE_PREFIX}")
+            );
+            assert_eq!(Some(content), w.content.as_deref(), "the message content, unchanged");
+            continue;
+        }
+        assert_eq!(
+            header("outbox-relay-source-table"),
+            r#""public"."bad_outbox""#,
+            "{case:?}"
+        );
+        if *case == BadCase::TooLarge {
+            assert!(
+                letter.header("outbox-relay-truncated-from").is_some(),
+                "oversized raw row cut to fit"
+            );
+            assert!(
+                content.len() < MAX_MESSAGE && content.starts_with(&format!("{{\"id\":\"{}\"", w.id)),
+                "{case:?}"
+            );
+            continue;
+        }
+        let row: serde_json::Value = serde_json::from_str(content).expect("the raw row is a JSON object");
+        assert_eq!(row["id"], w.id.as_str(), "{case:?}: {row}");
+        assert_eq!(row["payload"].as_str(), w.payload.as_deref(), "{case:?}: {row}");
+        let nulls: Vec<&str> = ["aggregate_id", "type", "payload"]
+            .into_iter()
+            .filter(|c| row[*c].is_null())
+            .collect();
+        let expected_null: &[&str] = match case {
+            BadCase::NullRoute => &["type"],
+            BadCase::NullKey => &["aggregate_id"],
+            BadCase::NullPayload => &["payload"],
+            _ => &[],
+        };
+        assert_eq!(nulls, expected_null, "{case:?}: {row}");
+        assert!(row["created_at"].is_string(), "every column is in the raw row: {row}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Broker-side refusals: suspects are isolated before the policy applies
+// ------------------------------------------------------------------------------------------
+
+/// The broker refuses the bad event's produce request twice (the first time as it would refuse
+/// a whole batch, the second time when the relay sends it alone): then the policy applies.
+async fn broker_refusal(policy: &str) {
+    let kafka = MockKafka::new(1);
+    kafka.create_topic("order", 1);
+    let (mut client, config) = bad_rows_db(&kafka, policy).await;
+    let mut relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let before = good(&mut client, 1).await;
+    collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(30)).await;
+    assert!(confirmed_reaches(&client, &config.slot, before.point.end_lsn, Duration::from_secs(15)).await);
+    kafka.with_cluster(|c| {
+        c.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 2],
+        )
+    });
+    let bad = good(&mut client, 2).await;
+    // Only after the verdict: an event written earlier could share the refused request and
+    // take the second injected error in the suspect's place.
+    let verdict = relay
+        .wait_for_log("refused the suspect event again", Duration::from_secs(30))
+        .await;
+    assert!(verdict, "{}", relay.log_text());
+    let after = good(&mut client, 3).await;
+    let topics = ["order", DEAD_LETTERS];
+    match policy {
+        "fail" => {
+            let status = relay.wait_exit(Duration::from_secs(30)).await;
+            let log = relay.log_text();
+            assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+            assert!(
+                log.contains(&format!("id={}", bad.id)) && log.contains("sending alone"),
+                "{log}"
+            );
+            assert!(confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0) < bad.point.end_lsn);
+            let records = collect(&kafka.bootstrap_servers(), &topics, 3, Duration::from_secs(3)).await;
+            check_goods(&[before], &records);
+        }
+        "skip" => {
+            let records = collect(&kafka.bootstrap_servers(), &topics, 2, Duration::from_secs(30)).await;
+            check_goods(&[before, after.clone()], &records);
+            assert!(
+                relay.log_text().contains(&format!("id={} ", bad.id)),
+                "{}",
+                relay.log_text()
+            );
+        }
+        _ => {
+            let records = collect(&kafka.bootstrap_servers(), &topics, 3, Duration::from_secs(30)).await;
+            check_goods(&[before, after.clone()], &records);
+            let letter = records.iter().find(|r| r.topic == DEAD_LETTERS).expect("a dead letter");
+            assert_eq!(id_of(letter), bad.id);
+            let row: serde_json::Value = serde_json::from_slice(letter.payload.as_deref().unwrap()).unwrap();
+            assert_eq!(row["payload"].as_str(), bad.payload.as_deref());
+        }
+    }
+    if policy != "fail" {
+        assert!(confirmed_reaches(&client, &config.slot, after.point.end_lsn, Duration::from_secs(30)).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_refused_record_goes_through_every_policy() {
+    let tasks: Vec<_> = ["fail", "skip", "dead-letter"]
+        .iter()
+        .map(|p| (*p, tokio::spawn(broker_refusal(p))))
+        .collect();
+    for (policy, task) in tasks {
+        if let Err(e) = task.await {
+            panic!("policy {policy}: {e}");
+        }
+    }
+}
+
+/// One refusal of a whole batch: every event in it is a suspect, each is sent alone, each is
+/// accepted — none is skipped although the policy is `skip`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn innocent_batch_mates_of_a_refused_batch_are_delivered() {
+    let kafka = MockKafka::new(1);
+    kafka.create_topic("order", 1);
+    let (mut client, config) = bad_rows_db(&kafka, "skip").await;
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let warm = good(&mut client, 0).await;
+    collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(30)).await;
+    assert!(confirmed_reaches(&client, &config.slot, warm.point.end_lsn, Duration::from_secs(15)).await);
+    kafka.with_cluster(|c| {
+        c.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
+        )
+    });
+    let tx = client.transaction().await.unwrap();
+    let mut batch = Vec::new();
+    for n in 1..=5 {
+        let row = tx
+            .query_one(
+                "INSERT INTO bad_outbox (aggregate_id, type, payload) VALUES ($1, 'order.placed', $2::text::jsonb)
+                 RETURNING id::text, payload::text",
+                &[&GOOD_KEY, &format!("{{\"n\": {n}}}")],
+            )
+            .await
+            .unwrap();
+        batch.push(Written {
+            id: row.get(0),
+            payload: row.get(1),
+            content: None,
+            point: CommitPoint {
+                commit_lsn: 0,
+                end_lsn: 0,
+            },
+        });
+    }
+    tx.commit().await.unwrap();
+    let records = collect(&kafka.bootstrap_servers(), &["order"], 6, Duration::from_secs(30)).await;
+    let ids: HashSet<String> = records.iter().map(id_of).collect();
+    for w in &batch {
+        assert!(
+            ids.contains(&w.id),
+            "innocent event {} was lost; log:\n{}",
+            w.id,
+            relay.log_text()
+        );
+    }
+    let log = relay.log_text();
+    assert!(log.contains("accepted the suspect event on its own"), "{log}");
+    assert!(
+        !log.contains("skipped a bad outbox event"),
+        "an innocent batch-mate was skipped:\n{log}"
+    );
+}
