@@ -451,7 +451,9 @@ pub(crate) async fn check_slot(client: &Client, name: &str, database: &str) -> R
     }
 }
 
-pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<SlotInfo, ControlError> {
+/// The slot is a pgoutput logical slot of this database, i.e. one the relay can stream from
+/// (and so one that `setup` may reuse and `teardown` may drop).
+pub(crate) fn ensure_pgoutput_slot_here(name: &str, database: &str, slot: &SlotRow) -> Result<(), ControlError> {
     let slot_name = name.to_owned();
     if slot.slot_type != "logical" {
         return Err(ControlError::SlotIsPhysical { slot: slot_name });
@@ -471,6 +473,12 @@ pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<
             database: database.to_owned(),
         });
     }
+    Ok(())
+}
+
+pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<SlotInfo, ControlError> {
+    ensure_pgoutput_slot_here(name, database, slot)?;
+    let slot_name = name.to_owned();
     if let Some(reason) = slot.invalidated() {
         return Err(ControlError::SlotInvalidated {
             slot: slot_name,

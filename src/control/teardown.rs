@@ -121,24 +121,7 @@ fn check_droppable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<()
     if let (true, Some(pid)) = (slot.being_created(), slot.active_pid) {
         return Err(ControlError::SlotInUse { slot: slot_name, pid });
     }
-    if slot.slot_type != "logical" {
-        return Err(ControlError::SlotIsPhysical { slot: slot_name });
-    }
-    let plugin = slot.plugin.clone().unwrap_or_default();
-    if plugin != "pgoutput" {
-        return Err(ControlError::SlotWrongPlugin {
-            slot: slot_name,
-            plugin,
-        });
-    }
-    let slot_database = slot.database.clone().unwrap_or_default();
-    if slot_database != database {
-        return Err(ControlError::SlotInOtherDatabase {
-            slot: slot_name,
-            slot_database,
-            database: database.to_owned(),
-        });
-    }
+    super::preflight::ensure_pgoutput_slot_here(name, database, slot)?;
     if let (true, Some(pid)) = (slot.active, slot.active_pid) {
         return Err(ControlError::SlotInUse { slot: slot_name, pid });
     }
