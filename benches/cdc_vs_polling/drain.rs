@@ -85,6 +85,7 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase:
         mode: Mode::Cdc,
         metrics_port: None,
         status_interval_ms: 100,
+        kafka: ctx.kafka,
     };
     let config = conf.write(ctx.workdir)?;
     relay::setup(&config, false)?;
@@ -231,6 +232,7 @@ async fn poll_drain(
         mode: Mode::Poll { interval_ms: 10 },
         metrics_port: None,
         status_interval_ms: 1000,
+        kafka: ctx.kafka,
     };
     let config = conf.write(cdc_config.parent().unwrap_or(ctx.workdir))?;
     relay::setup(&config, true)?;

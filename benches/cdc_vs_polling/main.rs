@@ -54,10 +54,12 @@ struct Options {
     out_dir: PathBuf,
     /// Only runs whose "<relay> at <rate>" label contains this (for profiling one run).
     only: Option<String>,
+    /// Extra librdkafka properties for every relay, e.g. `linger.ms=0`.
+    kafka: Vec<(String, String)>,
 }
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT]";
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]…";
 
 fn options() -> Result<Option<Options>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -81,6 +83,7 @@ fn options() -> Result<Option<Options>> {
             root.join("docs")
         },
         only: None,
+        kafka: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -94,6 +97,13 @@ fn options() -> Result<Option<Options>> {
             "--drain-poll" => o.drain_poll = true,
             "--out-dir" => o.out_dir = PathBuf::from(value()?),
             "--only" => o.only = Some(value()?.clone()),
+            "--kafka" => {
+                let pair = value()?;
+                let (k, v) = pair
+                    .split_once('=')
+                    .with_context(|| format!("--kafka takes KEY=VALUE, got {pair:?}"))?;
+                o.kafka.push((k.to_owned(), v.to_owned()));
+            }
             "--help" | "-h" => {
                 println!("{USAGE}");
                 return Ok(None);
@@ -179,6 +189,7 @@ async fn run(o: Options) -> Result<()> {
         pg: &pg,
         broker: &broker,
         workdir: workdir.path(),
+        kafka: &o.kafka,
     };
     let version: String = pg::connect(&pg.url("postgres", "postgres"))
         .await?
@@ -234,6 +245,7 @@ async fn run(o: Options) -> Result<()> {
     let environment = report::Environment::collect(
         version,
         broker.describe(),
+        o.kafka.clone(),
         o.warmup.as_secs_f64(),
         o.measure.as_secs_f64(),
     );

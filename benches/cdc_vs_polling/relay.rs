@@ -39,14 +39,17 @@ pub struct RelayConf<'a> {
     /// `[http] listen` port for the CDC relay's `/metrics` (commit-to-ack histogram).
     pub metrics_port: Option<u16>,
     pub status_interval_ms: u64,
+    /// Extra `[kafka]` properties (`--kafka KEY=VALUE`), the same for every relay.
+    pub kafka: &'a [(String, String)],
 }
 
 impl RelayConf<'_> {
     fn render(&self) -> String {
+        let kafka: String = self.kafka.iter().map(|(k, v)| format!("\"{k}\" = \"{v}\"\n")).collect();
         let mut toml = format!(
             "[postgres]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{}\"\n\n\
              [outbox]\ntable = \"public.events_outbox\"\ntimestamp_column = \"created_at\"\n\n\
-             [kafka]\n\"bootstrap.servers\" = \"{}\"\n\n\
+             [kafka]\n\"bootstrap.servers\" = \"{}\"\n{kafka}\n\
              [relay]\nstatus_interval_ms = {}\n\n\
              [poll]\nbatch_size = 100\nworkers = 1\ndispatched_column = \"dispatched_at\"\n",
             self.url, self.slot, self.slot, self.bootstrap, self.status_interval_ms

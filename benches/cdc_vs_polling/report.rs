@@ -29,6 +29,8 @@ pub struct Environment {
     pub rustc: String,
     pub relay_version: String,
     pub broker: String,
+    /// `--kafka` overrides of the relays' producer properties.
+    pub kafka: Vec<(String, String)>,
     pub warmup_s: f64,
     pub measure_s: f64,
 }
@@ -51,7 +53,13 @@ fn sh(program: &str, args: &[&str]) -> String {
 }
 
 impl Environment {
-    pub fn collect(postgres: String, broker: String, warmup_s: f64, measure_s: f64) -> Environment {
+    pub fn collect(
+        postgres: String,
+        broker: String,
+        kafka: Vec<(String, String)>,
+        warmup_s: f64,
+        measure_s: f64,
+    ) -> Environment {
         let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
             .lines()
@@ -91,6 +99,7 @@ impl Environment {
             rustc: sh("rustc", &["-V"]),
             relay_version: env!("CARGO_PKG_VERSION").to_owned(),
             broker,
+            kafka,
             warmup_s,
             measure_s,
         }
@@ -134,8 +143,14 @@ pub fn markdown(r: &Results, targets: &str) -> String {
     );
     let _ = writeln!(
         s,
-        "- **Kafka:** {}; producer defaults of the relay (`acks=all`, idempotence, `linger.ms=5`)",
-        e.broker
+        "- **Kafka:** {}; producer defaults of the relay (`acks=all`, idempotence, `linger.ms=5`){}",
+        e.broker,
+        if e.kafka.is_empty() {
+            String::new()
+        } else {
+            let set: Vec<String> = e.kafka.iter().map(|(k, v)| format!("`{k}={v}`")).collect();
+            format!(", overridden for both relays: {}", set.join(", "))
+        }
     );
     let _ = writeln!(
         s,

@@ -122,6 +122,8 @@ pub struct Ctx<'a> {
     pub pg: &'a BenchPg,
     pub broker: &'a Broker,
     pub workdir: &'a Path,
+    /// `--kafka KEY=VALUE` properties for every relay.
+    pub kafka: &'a [(String, String)],
 }
 
 pub async fn run(ctx: &Ctx<'_>, sc: &Scenario, index: usize, phase: &ProgressBar) -> Result<Outcome> {
@@ -158,6 +160,7 @@ async fn measure(
             mode,
             metrics_port,
             status_interval_ms: 1000,
+            kafka: ctx.kafka,
         };
         let path = conf.write(ctx.workdir)?;
         relay::setup(&path, mode != Mode::Cdc)?;
