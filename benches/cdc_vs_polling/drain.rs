@@ -153,6 +153,9 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase:
         .context("starting pg_recvlogical")?
         .wait_with_output()?;
     let recvlogical_s = started.elapsed().as_secs_f64();
+    // Let the walsender exit and be reaped: an exiting process's CPU shows up in the
+    // postmaster's cutime only then.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let recvlogical_pg_cpu_s = procfs::postgres_cpu(postmaster) - pg_cpu;
     if !status.status.success() {
         bail!("pg_recvlogical failed: {}", String::from_utf8_lossy(&status.stderr));

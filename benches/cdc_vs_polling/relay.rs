@@ -98,7 +98,18 @@ impl RelayChild {
         let log = config.with_extension("log");
         let file = fs::File::create(&log)?;
         let subcommand = if mode == Mode::Cdc { "run" } else { "poll" };
-        let child = Command::new(RELAY_BIN)
+        // For profiling: BENCH_RELAY_WRAPPER="valgrind --tool=callgrind" runs the relay under it.
+        let wrapper = std::env::var("BENCH_RELAY_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(RELAY_BIN);
+                c
+            }
+            None => Command::new(RELAY_BIN),
+        };
+        let child = command
             .arg(subcommand)
             .arg("--config")
             .arg(config)
@@ -115,10 +126,10 @@ impl RelayChild {
         } else {
             "polling started"
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(if wrapper.is_empty() { 30 } else { 300 });
         while !relay.log_text().contains(ready) {
             if Instant::now() >= deadline {
-                bail!("the relay did not start within 30 s; log:\n{}", relay.log_text());
+                bail!("the relay did not start in time; log:\n{}", relay.log_text());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

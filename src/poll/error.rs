@@ -93,6 +93,13 @@ pub enum PollError {
     )]
     BadEvent { id: String, cause: BadEvent },
 
+    #[error(
+        "relay.on_bad_event = \"{policy}\" is not supported by `poll`: the polling relayer always stops on a row it \
+         cannot publish, leaving it pending (nothing is skipped or dead-lettered). Set relay.on_bad_event = \"fail\" \
+         (the default) in the config `poll` runs with"
+    )]
+    UnsupportedBadEventPolicy { policy: &'static str },
+
     #[error("cannot create the Kafka producer: {0}. Check the [kafka] properties")]
     ProducerConfig(#[source] KafkaError),
 

@@ -32,6 +32,7 @@ use tracing::{error, info, warn};
 pub use error::PollError;
 pub use worker::WorkerCounts;
 
+use crate::bad_event::BadEventPolicy;
 use crate::config::Settings;
 use crate::relay::Backoff;
 use sql::PollSql;
@@ -40,6 +41,11 @@ use worker::Worker;
 /// Publishes pending rows until `shutdown` turns true (`Ok`, after every worker finished its
 /// current batch) or a fatal error occurs (after the other workers finished theirs).
 pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Result<(), PollError> {
+    if settings.relay.on_bad_event != BadEventPolicy::Fail {
+        return Err(PollError::UnsupportedBadEventPolicy {
+            policy: settings.relay.on_bad_event.label(),
+        });
+    }
     let Some(table) = check_table(settings, &mut shutdown).await? else {
         return Ok(());
     };

@@ -330,6 +330,16 @@ async fn a_bad_row_stops_the_poller_with_its_id_and_stays_pending() {
         .await
         .unwrap();
     let id: String = row.get(0);
+    // Skipping or dead-lettering is the streaming relay's; polling refuses to pretend.
+    let mut skip = RelayProcess::poll(&config.clone().set("relay", "on_bad_event", "skip"));
+    let status = skip.wait_exit(WAIT).await.expect("poll refuses on_bad_event = skip");
+    assert_eq!(status.code(), Some(1), "{}", skip.log_text());
+    assert!(
+        skip.log_text()
+            .contains("relay.on_bad_event = \"skip\" is not supported by `poll`"),
+        "{}",
+        skip.log_text()
+    );
     let mut relay = RelayProcess::poll(&config);
     let status = relay.wait_exit(WAIT).await.expect("the poller stops on a bad row");
     assert_eq!(status.code(), Some(1), "{}", relay.log_text());
