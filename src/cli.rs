@@ -106,7 +106,7 @@ pub fn main() -> ExitCode {
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .enable_all()
         .build()
     {
@@ -208,7 +208,15 @@ async fn run_poll(settings: Settings) -> ExitCode {
     info!(version = env!("CARGO_PKG_VERSION"), postgres = %settings.postgres.url, table = %settings.outbox.table, "outbox-relay poll starting");
     let (tx, rx) = watch::channel(false);
     tokio::spawn(forward_signals(tx));
-    match crate::poll::run(&settings, rx).await {
+    let health = std::sync::Arc::new(crate::health::RelayHealth::default());
+    let _http = match crate::http::start(&settings.http, std::sync::Arc::clone(&health)).await {
+        Ok(server) => server,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    match crate::poll::run(&settings, &health, rx).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");

@@ -23,6 +23,8 @@ pub enum Mode {
     Standby = 2,
     Reconnecting = 3,
     Stopping = 4,
+    /// `outbox-relay poll`: claiming and publishing pending rows.
+    Polling = 5,
 }
 
 impl Mode {
@@ -32,6 +34,7 @@ impl Mode {
             2 => Mode::Standby,
             3 => Mode::Reconnecting,
             4 => Mode::Stopping,
+            5 => Mode::Polling,
             _ => Mode::Starting,
         }
     }
@@ -58,7 +61,11 @@ impl Default for RelayHealth {
 impl RelayHealth {
     pub fn set_mode(&self, mode: Mode) {
         self.mode.store(mode as u8, Ordering::Relaxed);
-        ::metrics::gauge!(metrics::ACTIVE).set(if mode == Mode::Streaming { 1.0 } else { 0.0 });
+        ::metrics::gauge!(metrics::ACTIVE).set(if matches!(mode, Mode::Streaming | Mode::Polling) {
+            1.0
+        } else {
+            0.0
+        });
     }
 
     pub fn mode(&self) -> Mode {
@@ -103,6 +110,7 @@ impl RelayHealth {
                 Some(Err(problem)) => Err(format!("standing by, but the slot check failed: {problem}")),
                 None => Err("standing by; the slot has not been checked yet".into()),
             },
+            Mode::Polling => Ok("polling".into()),
             Mode::Starting => Err("starting".into()),
             Mode::Reconnecting => Err("reconnecting".into()),
             Mode::Stopping => Err("stopping".into()),

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod failpoints;
 pub mod health;
 pub mod http;
+pub mod latency;
 pub mod logging;
 pub mod lsn;
 pub mod metrics;

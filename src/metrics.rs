@@ -28,6 +28,8 @@
 
 use std::collections::HashMap;
 
+use crate::latency::LatencyBatch;
+
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Gauge, Histogram,
 };
@@ -109,10 +111,13 @@ pub fn describe() {
     gauge!(IN_FLIGHT_BYTES).set(0.0);
 }
 
-/// The per-event metrics of one session: per-topic counters and the commit-to-ack histogram.
+/// The per-event metrics of one session: per-topic counters, the commit-to-ack histogram, and
+/// the exact samples for `GET /latency` (see `crate::latency`), folded in by
+/// [`SessionMetrics::fold_latency`] once per batch of delivery reports.
 pub struct SessionMetrics {
     topics: TopicMetrics,
     commit_to_ack: Histogram,
+    exact: LatencyBatch,
 }
 
 impl Default for SessionMetrics {
@@ -120,6 +125,7 @@ impl Default for SessionMetrics {
         SessionMetrics {
             topics: TopicMetrics::default(),
             commit_to_ack: histogram!(COMMIT_TO_ACK_SECONDS),
+            exact: LatencyBatch::default(),
         }
     }
 }
@@ -133,9 +139,15 @@ impl SessionMetrics {
     }
 
     /// Kafka acknowledged an event of a transaction committed at `commit_unix_us`.
-    pub fn published(&self, topic: TopicId, commit_unix_us: i64, now_unix_us: i64) {
+    pub fn published(&mut self, topic: TopicId, commit_unix_us: i64, now_unix_us: i64) {
         self.topics.published(topic);
         self.commit_to_ack.record(seconds_since(commit_unix_us, now_unix_us));
+        self.exact.record(commit_unix_us, now_unix_us);
+    }
+
+    /// Moves the exact samples recorded since the last call into the process-wide window.
+    pub fn fold_latency(&mut self) {
+        crate::latency::commit_to_ack().absorb(&mut self.exact);
     }
 
     pub fn failed(&self, topic: TopicId) {

@@ -8,12 +8,36 @@
 //! back). Each transaction is one round trip (a multi-statement simple query). The generator
 //! records the moment `COMMIT` returned for every event id: the start of the commit-to-Kafka
 //! latencies the benchmark reports.
+//!
+//! The producers' connections ([`Producers`]) live for the whole run and are named
+//! [`APPLICATION_NAME`], so the server CPU of the producers' own sessions can be told apart from
+//! everything else the server does (the relay's share among it).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::ProgressBar;
-use tokio_postgres::SimpleQueryMessage;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// `application_name` of the producers' sessions.
+pub const APPLICATION_NAME: &str = "bench_producer";
+
+/// The producers' connections, one per concurrent transaction stream.
+pub struct Producers(Vec<Arc<Client>>);
+
+impl Producers {
+    /// `url` must not carry query parameters; the application name is added.
+    pub async fn connect(url: &str, connections: usize) -> Result<Producers> {
+        let mut clients = Vec::with_capacity(connections);
+        for _ in 0..connections {
+            clients.push(Arc::new(
+                super::pg::connect(&format!("{url}?application_name={APPLICATION_NAME}")).await?,
+            ));
+        }
+        Ok(Producers(clients))
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct LoadSpec {
@@ -22,7 +46,6 @@ pub struct LoadSpec {
     /// Outbox rows (and order rows) per transaction: 1 as in the seeds, more for batched mode.
     pub events_per_txn: usize,
     pub duration: Duration,
-    pub connections: usize,
     /// The `type` value, i.e. the topic the relays route to.
     pub event_type: String,
 }
@@ -42,12 +65,13 @@ impl LoadResult {
     }
 }
 
-pub async fn run(url: &str, spec: &LoadSpec, progress: &ProgressBar) -> Result<LoadResult> {
+pub async fn run(producers: &Producers, spec: &LoadSpec, progress: &ProgressBar) -> Result<LoadResult> {
     let started = Instant::now() + Duration::from_millis(50);
     let end = started + spec.duration;
+    let connections = producers.0.len();
     let mut tasks = Vec::new();
-    for k in 0..spec.connections {
-        let client = super::pg::connect(url).await?;
+    for (k, client) in producers.0.iter().enumerate() {
+        let client = Arc::clone(client);
         let spec = spec.clone();
         let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
@@ -74,7 +98,7 @@ pub async fn run(url: &str, spec: &LoadSpec, progress: &ProgressBar) -> Result<L
                     }
                 }
                 progress.inc(spec.events_per_txn as u64);
-                i += spec.connections as u64;
+                i += connections as u64;
                 seq += 1;
             }
             anyhow::Ok(commits)

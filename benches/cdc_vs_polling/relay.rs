@@ -1,7 +1,6 @@
 //! The relay under test, as a child process of the release binary, so its CPU and memory are
 //! its own in `/proc`.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -9,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use outbox_relay::latency::LatencySummary;
 
 /// Built by cargo for this bench (the bench profile inherits `release`).
 pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -36,7 +36,7 @@ pub struct RelayConf<'a> {
     pub slot: &'a str,
     pub bootstrap: &'a str,
     pub mode: Mode,
-    /// `[http] listen` port for the CDC relay's `/metrics` (commit-to-ack histogram).
+    /// `[http] listen` port for the relay's `/latency` (exact commit-to-ack window).
     pub metrics_port: Option<u16>,
     pub status_interval_ms: u64,
     /// Extra `[kafka]` properties (`--kafka KEY=VALUE`), the same for every relay.
@@ -182,28 +182,18 @@ fn tail(text: &str) -> &str {
     &text[start..]
 }
 
-/// Cumulative `le` → count of the relay's commit-to-ack histogram, from its `/metrics`.
-/// `None` when the endpoint does not answer or has no such histogram.
-pub fn scrape_commit_to_ack(port: u16) -> Option<BTreeMap<u64, u64>> {
+/// The relay's exact commit-to-ack window (`GET /latency`, HdrHistogram; see
+/// `outbox_relay::latency`); `reset` closes it and opens a new one. `None` when the endpoint does
+/// not answer.
+pub fn latency_window(port: u16, reset: bool) -> Option<LatencySummary> {
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let path = if reset { "/latency?reset=true" } else { "/latency" };
     stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    let prefix = format!("{}_bucket{{", outbox_relay::metrics::COMMIT_TO_ACK_SECONDS);
-    let mut buckets = BTreeMap::new();
-    for line in body.lines().filter(|l| l.starts_with(&prefix)) {
-        let le = line.split("le=\"").nth(1)?.split('"').next()?;
-        let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
-        // Microseconds as the key keeps the map ordered without float keys; +Inf sorts last.
-        let key = if le == "+Inf" {
-            u64::MAX
-        } else {
-            (le.parse::<f64>().ok()? * 1e6).round() as u64
-        };
-        *buckets.entry(key).or_insert(0) += count as u64;
-    }
-    (!buckets.is_empty()).then_some(buckets)
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (_, body) = response.split_once("\r\n\r\n")?;
+    serde_json::from_str(body.trim()).ok()
 }

@@ -1,7 +1,7 @@
-//! Latency statistics: exact percentiles from an HdrHistogram of per-event latencies, and
-//! estimated ones from the relay's Prometheus histogram (bucket bounds only).
+//! Latency statistics: exact percentiles from an HdrHistogram of per-event commit-to-consumer
+//! latencies (the relay's own commit-to-ack window comes from its `/latency`, see `relay.rs`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
@@ -78,49 +78,4 @@ pub fn delivery(commits: &[Commit], receipts: &[Receipt]) -> Delivery {
         }),
         span_seconds: span,
     }
-}
-
-/// Quantiles from the difference of two cumulative Prometheus histograms (keys: upper bounds in
-/// µs, `u64::MAX` for +Inf), interpolated linearly inside the bucket like PromQL's
-/// `histogram_quantile`. Returns (count, p50, p90, p99) in ms.
-pub fn bucket_quantiles(before: &BTreeMap<u64, u64>, after: &BTreeMap<u64, u64>) -> Option<(u64, Percentiles)> {
-    let delta: Vec<(u64, u64)> = after
-        .iter()
-        .map(|(le, n)| (*le, n.saturating_sub(before.get(le).copied().unwrap_or(0))))
-        .collect();
-    let total = delta.last()?.1;
-    if total == 0 {
-        return None;
-    }
-    let quantile = |q: f64| -> f64 {
-        let rank = q * total as f64;
-        let mut lower_bound = 0u64;
-        let mut lower_count = 0u64;
-        for (le, cumulative) in &delta {
-            if *cumulative as f64 >= rank {
-                if *le == u64::MAX {
-                    return lower_bound as f64 / 1000.0;
-                }
-                let in_bucket = (*cumulative - lower_count).max(1) as f64;
-                let fraction = (rank - lower_count as f64) / in_bucket;
-                return (lower_bound as f64 + fraction * (*le - lower_bound) as f64) / 1000.0;
-            }
-            lower_bound = *le;
-            lower_count = *cumulative;
-        }
-        lower_bound as f64 / 1000.0
-    };
-    let max = delta
-        .iter()
-        .find(|(_, c)| *c == total)
-        .map_or(f64::NAN, |(le, _)| *le as f64 / 1000.0);
-    Some((
-        total,
-        Percentiles {
-            p50: quantile(0.5),
-            p90: quantile(0.9),
-            p99: quantile(0.99),
-            max,
-        },
-    ))
 }

@@ -7,18 +7,17 @@
 //! per-event figures divide the counter differences by the measured events, so the relay's idle
 //! work between events (empty polls, keepalives) is part of its cost.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use tokio_postgres::Client;
 
 use super::broker::Broker;
 use super::consumer::TopicConsumer;
-use super::load::{self, LoadSpec};
+use super::load::{self, LoadSpec, Producers};
 use super::pg::{self, BenchPg, RELAY_ROLE};
 use super::procfs;
 use super::relay::{self, Mode, RelayChild, RelayConf};
@@ -98,12 +97,16 @@ pub struct Outcome {
     pub achieved_per_s: f64,
     pub window_s: f64,
     pub delivery: Option<Delivery>,
-    /// From the relay's own histogram (CDC only): (events, percentiles; bucket-interpolated).
+    /// The relay's exact commit-to-ack window over the measured load (`GET /latency`): events
+    /// and percentiles. CDC measures from the WAL commit timestamp, polling from `created_at`.
     pub ack: Option<(u64, Percentiles)>,
     pub relay_cpu_us_per_event: Option<f64>,
     pub relay_rss_mib: Option<f64>,
     pub relay_peak_rss_mib: Option<f64>,
     pub pg_cpu_us_per_event: f64,
+    /// Server CPU outside the producers' own sessions: the relay's backend or walsender, and
+    /// background work (WAL writer, autovacuum, checkpointer) — what a relay can add.
+    pub pg_cpu_besides_producers_us_per_event: f64,
     /// CPU of the relay's own server processes (walsender, or the polling backend).
     pub pg_relay_backends_us_per_event: Option<f64>,
     pub statements_per_event: Option<f64>,
@@ -113,9 +116,9 @@ struct Counters {
     at: Instant,
     relay_cpu: Option<f64>,
     pg_cpu: f64,
+    producers_cpu: f64,
     backends_cpu: Option<f64>,
     statements: i64,
-    ack: Option<BTreeMap<u64, u64>>,
 }
 
 pub struct Ctx<'a> {
@@ -147,7 +150,7 @@ async fn measure(
     phase: &ProgressBar,
 ) -> Result<Outcome> {
     let load_url = ctx.pg.url("postgres", db);
-    let metrics_port = (sc.mode == Some(Mode::Cdc)).then(pg::free_port);
+    let metrics_port = sc.mode.is_some().then(pg::free_port);
     let mut relay_child = None;
     let mut consumer = None;
     if let Some(mode) = sc.mode {
@@ -167,6 +170,8 @@ async fn measure(
         relay_child = Some(RelayChild::start(&path, mode).await?);
         consumer = Some(TopicConsumer::start(ctx.broker.bootstrap(), topic, PARTITIONS)?);
     }
+    let producers = Producers::connect(&load_url, sc.connections()).await?;
+    let producer_pids = session_pids(admin, db, load::APPLICATION_NAME).await?;
     let spec = |duration| LoadSpec {
         rate: match sc.rate {
             Rate::Fixed(r) => Some(r),
@@ -174,23 +179,26 @@ async fn measure(
         },
         events_per_txn: sc.events_per_txn,
         duration,
-        connections: sc.connections(),
         event_type: topic.to_owned(),
     };
 
     phase.set_message(format!("{} {}: warm-up", sc.mode_label(), sc.rate_label()));
     phase.set_position(0);
-    let warm = load::run(&load_url, &spec(sc.warmup), phase).await?;
+    let warm = load::run(&producers, &spec(sc.warmup), phase).await?;
     if let Some(c) = &consumer {
         wait_for(c, warm.commits.len() as u64, CATCH_UP_LIMIT).await;
     }
     let backends = relay_backends(admin, db, sc.mode).await?;
     let relay_pid = relay_child.as_ref().map(RelayChild::pid);
-    let before = counters(ctx, admin, db, relay_pid, &backends, metrics_port).await?;
+    // Opens the measured window: every warm-up event is acknowledged by now (the consumer has it).
+    if let Some(port) = metrics_port {
+        relay::latency_window(port, true).context("the relay's /latency endpoint did not answer")?;
+    }
+    let before = counters(ctx, admin, db, relay_pid, &backends, &producer_pids).await?;
 
     phase.set_message(format!("{} {}: measuring", sc.mode_label(), sc.rate_label()));
     phase.set_position(0);
-    let measured = load::run(&load_url, &spec(sc.measure), phase).await?;
+    let measured = load::run(&producers, &spec(sc.measure), phase).await?;
     let load_end = Instant::now();
     if let Some(c) = &consumer {
         phase.set_message(format!(
@@ -204,7 +212,20 @@ async fn measure(
     if tail_end > Instant::now() {
         tokio::time::sleep_until(tail_end.into()).await;
     }
-    let after = counters(ctx, admin, db, relay_pid, &backends, metrics_port).await?;
+    let after = counters(ctx, admin, db, relay_pid, &backends, &producer_pids).await?;
+    let ack = metrics_port
+        .and_then(|port| relay::latency_window(port, false))
+        .and_then(|w| {
+            Some((
+                w.count,
+                Percentiles {
+                    p50: w.p50_ms?,
+                    p90: w.p90_ms?,
+                    p99: w.p99_ms?,
+                    max: w.max_ms?,
+                },
+            ))
+        });
     let relay_rss = relay_pid
         .and_then(|p| procfs::vm_kib(p, "VmRSS"))
         .map(|k| k as f64 / 1024.0);
@@ -232,15 +253,14 @@ async fn measure(
         achieved_per_s: achieved,
         window_s: after.at.duration_since(before.at).as_secs_f64(),
         delivery,
-        ack: before
-            .ack
-            .as_ref()
-            .zip(after.ack.as_ref())
-            .and_then(|(b, a)| stats::bucket_quantiles(b, a)),
+        ack,
         relay_cpu_us_per_event: before.relay_cpu.zip(after.relay_cpu).map(|(b, a)| per_event_us(a - b)),
         relay_rss_mib: relay_rss,
         relay_peak_rss_mib: relay_peak,
         pg_cpu_us_per_event: per_event_us(after.pg_cpu - before.pg_cpu),
+        pg_cpu_besides_producers_us_per_event: per_event_us(
+            (after.pg_cpu - after.producers_cpu) - (before.pg_cpu - before.producers_cpu),
+        ),
         pg_relay_backends_us_per_event: before
             .backends_cpu
             .zip(after.backends_cpu)
@@ -281,13 +301,24 @@ async fn relay_backends(admin: &Client, db: &str, mode: Option<Mode>) -> Result<
     Ok(rows.iter().map(|r| r.get::<_, i32>(0) as u32).collect())
 }
 
+/// Server processes of the sessions in `db` with this `application_name`.
+async fn session_pids(admin: &Client, db: &str, application_name: &str) -> Result<Vec<u32>> {
+    let rows = admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = $2",
+            &[&db, &application_name],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get::<_, i32>(0) as u32).collect())
+}
+
 async fn counters(
     ctx: &Ctx<'_>,
     admin: &Client,
     db: &str,
     relay_pid: Option<u32>,
     backends: &[u32],
-    metrics_port: Option<u16>,
+    producers: &[u32],
 ) -> Result<Counters> {
     let statements: i64 = admin
         .query_one(
@@ -307,8 +338,14 @@ async fn counters(
         at: Instant::now(),
         relay_cpu: relay_pid.and_then(procfs::cpu_seconds),
         pg_cpu: procfs::postgres_cpu(ctx.pg.postmaster_pid()?),
+        // A producer session that ended would move its CPU into the postmaster's; they all live
+        // until the run ends, so a missing one is a bug worth failing on.
+        producers_cpu: producers
+            .iter()
+            .map(|p| procfs::cpu_seconds(*p))
+            .sum::<Option<f64>>()
+            .context("a producer session ended during the measurement")?,
         backends_cpu,
         statements,
-        ack: metrics_port.and_then(relay::scrape_commit_to_ack),
     })
 }

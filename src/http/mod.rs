@@ -3,7 +3,10 @@
 //! * `GET /metrics` — Prometheus text format (names in `src/metrics.rs`);
 //! * `GET /healthz` — 200 while the process runs (liveness);
 //! * `GET /readyz` — 200 while streaming with lag under `ready_max_lag_seconds`, or standing by
-//!   with a healthy slot; 503 otherwise. The body says why, in one line.
+//!   with a healthy slot (or, for `outbox-relay poll`, while polling); 503 otherwise. The body
+//!   says why, in one line;
+//! * `GET /latency[?reset=true]` — exact commit-to-ack percentiles (JSON, see `crate::latency`)
+//!   since start or the last reset; `reset=true` closes that window and opens a new one.
 //!
 //! The Prometheus recorder is installed without its own listener; this server renders it. The
 //! server lives as long as the returned [`HttpServer`] (it keeps answering while the relay drains
@@ -18,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
@@ -94,13 +97,14 @@ pub async fn start(settings: &HttpSettings, health: Arc<RelayHealth>) -> Result<
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/latency", get(latency))
         .with_state(state);
     let server = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             warn!(error = %e, "the HTTP endpoints stopped");
         }
     });
-    info!(listen = %addr, "serving /metrics, /healthz and /readyz");
+    info!(listen = %addr, "serving /metrics, /healthz, /readyz and /latency");
     Ok(Some(HttpServer {
         addr,
         tasks: vec![server, upkeep],
@@ -109,6 +113,15 @@ pub async fn start(settings: &HttpSettings, health: Arc<RelayHealth>) -> Result<
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], state.metrics.render())
+}
+
+async fn latency(uri: Uri) -> impl IntoResponse {
+    let reset = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "reset=true" || kv == "reset=1"));
+    let summary = crate::latency::commit_to_ack().summary(reset);
+    let body = serde_json::to_string(&summary).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "application/json")], body + "\n")
 }
 
 async fn healthz() -> &'static str {

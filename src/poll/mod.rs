@@ -14,6 +14,9 @@
 //! transaction, a locking index scan and an UPDATE (a new row version, later vacuumed) per batch —
 //! which `benches/cdc_vs_polling` measures against streaming. `setup --poll` creates the partial
 //! index claims read ([`setup`]).
+//!
+//! With `[http] listen` set, `poll` serves the same endpoints as `run` (`src/http/`): `/readyz`
+//! is ready while polling, and `/latency` holds row-timestamp-to-ack samples.
 
 pub mod config;
 mod error;
@@ -34,13 +37,18 @@ pub use worker::WorkerCounts;
 
 use crate::bad_event::BadEventPolicy;
 use crate::config::Settings;
+use crate::health::{Mode, RelayHealth};
 use crate::relay::Backoff;
 use sql::PollSql;
 use worker::Worker;
 
 /// Publishes pending rows until `shutdown` turns true (`Ok`, after every worker finished its
 /// current batch) or a fatal error occurs (after the other workers finished theirs).
-pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Result<(), PollError> {
+pub async fn run(
+    settings: &Settings,
+    health: &RelayHealth,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), PollError> {
     if settings.relay.on_bad_event != BadEventPolicy::Fail {
         return Err(PollError::UnsupportedBadEventPolicy {
             policy: settings.relay.on_bad_event.label(),
@@ -71,6 +79,7 @@ pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Re
         interval_ms = poll.interval.as_millis() as u64,
         "polling started"
     );
+    health.set_mode(Mode::Polling);
     let settings = Arc::new(settings.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut workers = JoinSet::new();
@@ -105,6 +114,7 @@ pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Re
     match first_error {
         Some(e) => Err(e),
         None => {
+            health.set_mode(Mode::Stopping);
             info!(table = %settings.outbox.table, "polling stopped");
             Ok(())
         }

@@ -29,6 +29,8 @@ use super::error::PollError;
 use super::record::{ClaimedRow, RowError};
 use super::sql::{PollSql, SESSION_SETTINGS};
 use crate::config::Settings;
+use crate::latency::LatencyBatch;
+use crate::metrics::now_unix_us;
 use crate::outbox_event::BadEvent;
 use crate::publisher::{Delivery, DeliveryFailure, Publisher};
 use crate::relay::Backoff;
@@ -38,6 +40,8 @@ use crate::relay::Backoff;
 #[derive(Debug)]
 pub struct BatchTag {
     batch: u64,
+    /// The row's timestamp column (µs since the epoch), for `GET /latency`'s window.
+    created_unix_us: Option<i64>,
 }
 
 /// How long an abandoned producer may take to finish requests already on the wire.
@@ -250,7 +254,13 @@ async fn publish_and_await(
         let claimed = ClaimedRow::from_row(settings, row).map_err(bad)?;
         let topic = claimed.topic(settings).map_err(bad)?;
         let headers = claimed.header_refs();
-        if let Err(rejected) = publisher.send(&claimed.record(&topic, &headers), Box::new(BatchTag { batch })) {
+        if let Err(rejected) = publisher.send(
+            &claimed.record(&topic, &headers),
+            Box::new(BatchTag {
+                batch,
+                created_unix_us: claimed.timestamp_ms.map(|ms| ms.saturating_mul(1000)),
+            }),
+        ) {
             if rejected.is_bad_record() {
                 return Err(PollError::BadEvent {
                     id: claimed.id,
@@ -281,6 +291,8 @@ async fn await_batch(
     let mut deadline = shutdown.borrow().then(|| Instant::now() + shutdown_timeout);
     let mut settled = 0;
     let mut reports = Vec::with_capacity(count.min(REPORTS_PER_WAKEUP));
+    let mut latency = LatencyBatch::default();
+    let window = crate::latency::commit_to_ack();
     while settled < count {
         let give_up_at = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         tokio::select! {
@@ -294,7 +306,11 @@ async fn await_batch(
                     }
                     settled += 1;
                     report.outcome.map_err(|f| PollError::Delivery(Box::new(f)))?;
+                    if let Some(created) = report.tag.created_unix_us {
+                        latency.record(created, now_unix_us());
+                    }
                 }
+                window.absorb(&mut latency);
             }
             // Either a request or a dropped sender means stop; start the clock once.
             _ = shutdown.changed(), if deadline.is_none() => deadline = Some(Instant::now() + shutdown_timeout),

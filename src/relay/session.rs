@@ -6,11 +6,17 @@
 //!    busy stream must never starve it (the walsender drops connections that stay silent for
 //!    `wal_sender_timeout`, and it is the only way confirmed LSNs reach the server). The same
 //!    tick checks for a dead connection (`silence.rs`) and publishes progress (metrics, lag);
+//!    Confirmations that acknowledgements make possible go out sooner, on the **confirm timer**
+//!    (right below it): at most one per [`CONFIRM_GAP`], so a quiet stream confirms each
+//!    transaction within milliseconds while a busy one sends a bounded number of updates;
 //! 3. **slot verdict** — the slot monitor task (`slot_monitor.rs`) found the slot lost: stop.
 //!    Rare and cheap, so it sits above the busy arms;
 //! 4. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
 //! 5. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
-//!    TCP then pushes back on the walsender, which keeps answering our status updates).
+//!    TCP then pushes back on the walsender, which keeps answering our status updates);
+//!
+//! Reading a backlog, the loop also rests for [`BACKLOG_READ_PAUSE`] after a read emptied the
+//! socket, so frames and reports come in large batches (see [`rest_while_backlog_accumulates`]).
 //!
 //! Before streaming, the slot is checked (`slot.rs`: missing or lost is fatal, held by someone
 //! else means standing by); right after `START_REPLICATION` it is re-read to make sure the server
@@ -41,6 +47,22 @@ use crate::replication::frames::{now_pg_timestamp, StandbyStatusUpdate};
 /// Frames handled per wake-up before yielding back to the select (keeps timers responsive).
 const FRAME_BATCH: usize = 512;
 const DELIVERY_BATCH: usize = 4096;
+/// Reading a backlog (transactions older than [`BACKLOG_AGE`]), a read that emptied the socket
+/// is followed by this pause, during which neither frames nor delivery reports are taken: the
+/// walsender fills the socket buffer and librdkafka queues up reports meanwhile, and the relay
+/// handles both in large batches instead of waking (epoll, recv, TCP acknowledgements, a
+/// channel wake-up per report) for every few messages. Those wake-ups were most of the relay's
+/// CPU while draining, on the same two cores the walsender needs (benches/cdc_vs_polling). Live
+/// traffic (younger commits) is never paused.
+const BACKLOG_READ_PAUSE: Duration = Duration::from_millis(1);
+const BACKLOG_AGE: Duration = Duration::from_secs(1);
+
+/// Least time between two status updates sent because acknowledgements moved the watermark.
+/// One update per acknowledged transaction cost the relay a write and the walsender a wake-up
+/// per event (benches/cdc_vs_polling: most of the walsender's CPU at 1,000 single-event
+/// transactions/s). A crash replays what was confirmable but not yet confirmed: with this gap,
+/// at most 10 ms of traffic on top of the in-flight bound (`is_full`).
+const CONFIRM_GAP: Duration = Duration::from_millis(10);
 
 /// How a session ended without error.
 #[derive(Debug, PartialEq, Eq)]
@@ -117,6 +139,10 @@ async fn stream(
     let gauges = StreamGauges::default();
     let slot_name = settings.postgres.slot.as_str();
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
+    let mut last_status = Instant::now();
+    let confirm_timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(confirm_timer);
+    let mut confirm_armed = false;
     loop {
         if *shutdown.borrow() {
             return Ok(SessionEnd::Shutdown);
@@ -132,9 +158,17 @@ async fn stream(
             _ = status_timer.tick() => {
                 let ask_for_reply = silence.check(Instant::now())?;
                 send_status(state, writer, ask_for_reply).await?;
+                last_status = Instant::now();
                 let progress = state.progress(now_unix_us());
                 gauges.set(&progress);
                 ctx.health.set_seconds_behind(progress.seconds_behind);
+            }
+            () = &mut confirm_timer, if confirm_armed => {
+                confirm_armed = false;
+                if state.has_unreported_progress() {
+                    send_status(state, writer, false).await?;
+                    last_status = Instant::now();
+                }
             }
             Ok(()) = ctx.slot_verdict.changed() => {
                 if let Some(fatal) = ctx.slot_verdict.borrow_and_update().fatal(slot_name) {
@@ -153,36 +187,62 @@ async fn stream(
                         failure.get_or_insert(e);
                     }
                 }
+                state.fold_latency();
                 // Crash tests: acknowledged by Kafka, not yet confirmed to PostgreSQL.
                 fail::fail_point!("relay::acked_before_status", |_| crate::failpoints::crash("relay::acked_before_status"));
                 if let Some(e) = failure {
                     return Err(e);
                 }
-                // Confirm as soon as acknowledgements complete transactions rather than at the next
-                // tick: what a crash would replay then stays within the in-flight budget.
-                if state.has_unreported_progress() {
-                    send_status(state, writer, false).await?;
+                // Confirm soon after acknowledgements complete transactions rather than at the
+                // next tick: what a crash would replay then stays small (see CONFIRM_GAP).
+                if state.has_unreported_progress() && !confirm_armed {
+                    let due = last_status + CONFIRM_GAP;
+                    if Instant::now() >= due {
+                        send_status(state, writer, false).await?;
+                        last_status = Instant::now();
+                    } else {
+                        confirm_timer.as_mut().reset(due);
+                        confirm_armed = true;
+                    }
                 }
             }
             frame = reader.next_frame(), if !paused => {
                 let Some(frame) = frame? else { return Err(crate::replication::error::ReplicationError::Closed.into()) };
                 silence.heard(Instant::now());
                 let mut reply = state.on_frame(frame)? == FrameAction::ReplyNow;
+                let mut socket_drained = false;
                 for _ in 0..FRAME_BATCH {
                     if state.is_full() {
                         break;
                     }
                     match reader.try_next_frame()? {
                         Some(frame) => reply |= state.on_frame(frame)? == FrameAction::ReplyNow,
-                        None => break,
+                        None => {
+                            socket_drained = true;
+                            break;
+                        }
                     }
                 }
                 if reply {
                     send_status(state, writer, false).await?;
+                    last_status = Instant::now();
+                }
+                if socket_drained && state.catching_up(now_unix_us(), BACKLOG_AGE) {
+                    rest_while_backlog_accumulates();
                 }
             }
         }
     }
+}
+
+/// Blocks this runtime worker for [`BACKLOG_READ_PAUSE`] — on purpose, and only while reading a
+/// backlog. An async sleep would not do: the runtime would keep waking for every TCP segment
+/// the walsender sends (edge-triggered epoll reports each arrival) and for every delivery report,
+/// which is exactly the cost this pause removes. Nothing else on the runtime is latency-critical
+/// at the millisecond scale (HTTP probes, the slot monitor, the heartbeat); the status timer is
+/// checked as soon as the pause ends.
+fn rest_while_backlog_accumulates() {
+    std::thread::sleep(BACKLOG_READ_PAUSE);
 }
 
 /// `reply_requested` makes the walsender answer at once (used to probe a silent connection).
@@ -226,6 +286,7 @@ async fn wind_down(
             }
         }
     }
+    state.fold_latency();
     let sent = send_status(&mut state, writer, false).await;
     let counts = state.counts;
     info!(

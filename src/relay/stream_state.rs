@@ -71,6 +71,9 @@ pub struct StreamState<'s> {
     draining: bool,
     received: Lsn,
     reported: Lsn,
+    /// Commit time (µs since the epoch) of the last transaction that began: how far behind the
+    /// source the reading is (see [`StreamState::catching_up`]).
+    last_commit_unix_us: i64,
     pub counts: SessionCounts,
     /// Per-topic counters and the commit-to-ack histogram (see `progress.rs`).
     metrics: crate::metrics::SessionMetrics,
@@ -91,6 +94,7 @@ impl<'s> StreamState<'s> {
             draining: false,
             received: start,
             reported: start,
+            last_commit_unix_us: i64::MAX,
             counts: SessionCounts::default(),
             metrics: crate::metrics::SessionMetrics::default(),
             lag: super::lag::CommitLag::default(),
@@ -135,6 +139,13 @@ impl<'s> StreamState<'s> {
         self.received
     }
 
+    /// Whether the stream is reading a backlog: the last transaction begun was committed more
+    /// than `age` before `now_unix_us`. Live traffic is never this old.
+    pub fn catching_up(&self, now_unix_us: i64, age: std::time::Duration) -> bool {
+        let age_us = i64::try_from(age.as_micros()).unwrap_or(i64::MAX);
+        now_unix_us.saturating_sub(self.last_commit_unix_us) > age_us
+    }
+
     /// Whether the watermark moved past the last reported position (a status update would
     /// release WAL and shrink what a crash replays).
     pub fn has_unreported_progress(&self) -> bool {
@@ -172,6 +183,7 @@ impl<'s> StreamState<'s> {
         match msg {
             LogicalMessage::Begin(b) => {
                 let ticket = self.watermark.begin()?;
+                self.last_commit_unix_us = b.commit_time.to_unix_micros();
                 self.open = Some(OpenTxn {
                     ticket,
                     commit_lsn: b.final_lsn,

@@ -14,7 +14,7 @@ use tokio_postgres::Client;
 
 use crate::e2e_relay::{prepared, setup, PREFIX_REGEX};
 use crate::harness::process::send_signal;
-use crate::harness::scrape::{http_get, Metrics};
+use crate::harness::scrape::{http_get, latency_window, with_http, Metrics};
 use crate::harness::workload::{event_type, insert_multi_row, new_uuid, payload_json, AGGREGATE_TYPE};
 use crate::harness::*;
 
@@ -34,11 +34,6 @@ const RECONNECTS: &str = "outbox_relay_reconnects_total";
 const ACTIVE: &str = "outbox_relay_active";
 
 /// Gives the config its own `[http] listen` address; returns it.
-fn with_http(config: &RelayConfig) -> (RelayConfig, String) {
-    let addr = format!("127.0.0.1:{}", free_port());
-    (config.clone().set("http", "listen", addr.clone()), addr)
-}
-
 /// Scrapes until `cond` holds (30 s at most); returns the last scrape.
 async fn scrape_until(addr: &str, what: &str, cond: impl Fn(&Metrics) -> bool) -> Metrics {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -639,6 +634,18 @@ async fn metrics_counters_match_the_events_sent() {
     let (code, body) = http_get(&addr, "/readyz").await.expect("readyz");
     assert_eq!(code, 200, "{body}");
     assert!(body.starts_with("ready: streaming"), "{body}");
+
+    // The exact window holds every acknowledgement; a reset hands it over and starts afresh.
+    let window = latency_window(&addr, false).await;
+    assert_eq!(window["count"], all.len(), "{window}");
+    let ms = |w: &serde_json::Value, k: &str| w[k].as_f64().unwrap_or_else(|| panic!("{k} in {w}"));
+    assert!(ms(&window, "p50_ms") > 0.0, "{window}");
+    assert!(ms(&window, "p50_ms") <= ms(&window, "p99_ms"), "{window}");
+    assert!(ms(&window, "p99_ms") <= ms(&window, "max_ms"), "{window}");
+    assert_eq!(latency_window(&addr, true).await["count"], all.len());
+    let fresh = latency_window(&addr, false).await;
+    assert_eq!(fresh["count"], 0, "{fresh}");
+    assert!(fresh["p99_ms"].is_null(), "{fresh}");
 
     let out = run_cmd(&["status", "--json"], &config).await;
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");

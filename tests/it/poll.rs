@@ -9,6 +9,7 @@ use std::time::Duration;
 use regex::Regex;
 use tokio_postgres::Client;
 
+use crate::harness::scrape::{http_get, latency_window, with_http};
 use crate::harness::workload::{insert_event, new_uuid, ExpectedEvent, OutboxSchema, Workload};
 use crate::harness::*;
 
@@ -119,6 +120,7 @@ async fn delivers_every_event_once_and_marks_it(schema: OutboxSchema) {
         poll_config(schema, url, &kafka.bootstrap_servers())
     })
     .await;
+    let (config, addr) = with_http(&config);
     let relay = RelayProcess::poll(&config);
     let committed = run_workload(&config.postgres_url, &Workload::new(schema, 2_000, 40, 6)).await;
     let expected: Vec<ExpectedEvent> = committed.all().cloned().collect();
@@ -148,6 +150,12 @@ async fn delivers_every_event_once_and_marks_it(schema: OutboxSchema) {
         "{} rows still pending",
         pending(&client, schema).await
     );
+    // `poll` serves the same endpoints: ready while polling, one latency sample per event.
+    let (code, body) = http_get(&addr, "/readyz").await.expect("readyz");
+    assert_eq!((code, body.as_str()), (200, "ready: polling\n"));
+    let window = latency_window(&addr, false).await;
+    assert_eq!(window["count"], expected.len(), "{window}");
+    assert!(window["p99_ms"].as_f64().is_some_and(|p99| p99 > 0.0), "{window}");
     let log = stop(relay).await;
     assert!(log.contains("polling started"), "{log}");
 }

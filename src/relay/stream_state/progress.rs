@@ -24,13 +24,18 @@ impl<'s> StreamState<'s> {
     }
 
     /// One delivery report, for the per-topic counters and the commit-to-ack histogram.
-    pub(super) fn count_delivery(&self, tag: &DeliveryTag, delivered: bool) {
+    pub(super) fn count_delivery(&mut self, tag: &DeliveryTag, delivered: bool) {
         if delivered {
             self.metrics
                 .published(tag.topic, tag.commit_time_unix_us, now_unix_us());
         } else {
             self.metrics.failed(tag.topic);
         }
+    }
+
+    /// Folds this batch of acknowledgements' exact latencies into `GET /latency`'s window.
+    pub fn fold_latency(&mut self) {
+        self.metrics.fold_latency();
     }
 
     /// Where the stream stands, once per status interval (also drops confirmed transactions

@@ -7,6 +7,20 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// `config` with `[http] listen` on a free loopback port, and that address.
+pub fn with_http(config: &super::RelayConfig) -> (super::RelayConfig, String) {
+    let addr = format!("127.0.0.1:{}", super::free_port());
+    (config.clone().set("http", "listen", addr.clone()), addr)
+}
+
+/// The relay's exact commit-to-ack window (`GET /latency`, with `?reset=true` when `reset`).
+pub async fn latency_window(addr: &str, reset: bool) -> serde_json::Value {
+    let path = if reset { "/latency?reset=true" } else { "/latency" };
+    let (code, body) = http_get(addr, path).await.expect("/latency answers");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/latency is not JSON ({e}): {body}"))
+}
+
 /// `GET http://{addr}{path}` → (status code, body). `None` if nothing answered within 5 s.
 pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let exchange = async {
