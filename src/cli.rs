@@ -193,7 +193,9 @@ async fn run(settings: Settings) -> ExitCode {
     tokio::spawn(forward_signals(tx));
     let health = std::sync::Arc::new(crate::health::RelayHealth::default());
     // Kept alive until the relay returns, so probes keep answering while it drains.
-    let Ok(_http) = start_http(&settings, &health).await else { return ExitCode::from(1) };
+    let Ok(_http) = start_http(&settings, &health).await else {
+        return ExitCode::from(1);
+    };
     // On a runtime worker, not in `block_on` on the main thread: the workers drive the socket
     // reactor, so a task on one of them runs as soon as its socket is readable, while a
     // `block_on` future must be handed over to the main thread first — two extra context
@@ -217,7 +219,9 @@ async fn run_poll(settings: Settings) -> ExitCode {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(forward_signals(tx));
     let health = std::sync::Arc::new(crate::health::RelayHealth::default());
-    let Ok(_http) = start_http(&settings, &health).await else { return ExitCode::from(1) };
+    let Ok(_http) = start_http(&settings, &health).await else {
+        return ExitCode::from(1);
+    };
     match crate::poll::run(&settings, &health, rx).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
