@@ -6,9 +6,6 @@
 //!    busy stream must never starve it (the walsender drops connections that stay silent for
 //!    `wal_sender_timeout`, and it is the only way confirmed LSNs reach the server). The same
 //!    tick checks for a dead connection (`silence.rs`) and publishes progress (metrics, lag);
-//!    Confirmations that acknowledgements make possible go out sooner, on the **confirm timer**
-//!    (right below it): at most one per [`CONFIRM_GAP`], so a quiet stream confirms each
-//!    transaction within milliseconds while a busy one sends a bounded number of updates;
 //! 3. **slot verdict** — the slot monitor task (`slot_monitor.rs`) found the slot lost: stop.
 //!    Rare and cheap, so it sits above the busy arms;
 //! 4. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
@@ -56,13 +53,6 @@ const DELIVERY_BATCH: usize = 4096;
 /// traffic (younger commits) is never paused.
 const BACKLOG_READ_PAUSE: Duration = Duration::from_millis(1);
 const BACKLOG_AGE: Duration = Duration::from_secs(1);
-
-/// Least time between two status updates sent because acknowledgements moved the watermark.
-/// One update per acknowledged transaction cost the relay a write and the walsender a wake-up
-/// per event (benches/cdc_vs_polling: most of the walsender's CPU at 1,000 single-event
-/// transactions/s). A crash replays what was confirmable but not yet confirmed: with this gap,
-/// at most 10 ms of traffic on top of the in-flight bound (`is_full`).
-const CONFIRM_GAP: Duration = Duration::from_millis(10);
 
 /// How a session ended without error.
 #[derive(Debug, PartialEq, Eq)]
@@ -139,10 +129,6 @@ async fn stream(
     let gauges = StreamGauges::default();
     let slot_name = settings.postgres.slot.as_str();
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
-    let mut last_status = Instant::now();
-    let confirm_timer = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(confirm_timer);
-    let mut confirm_armed = false;
     loop {
         if *shutdown.borrow() {
             return Ok(SessionEnd::Shutdown);
@@ -158,17 +144,9 @@ async fn stream(
             _ = status_timer.tick() => {
                 let ask_for_reply = silence.check(Instant::now())?;
                 send_status(state, writer, ask_for_reply).await?;
-                last_status = Instant::now();
                 let progress = state.progress(now_unix_us());
                 gauges.set(&progress);
                 ctx.health.set_seconds_behind(progress.seconds_behind);
-            }
-            () = &mut confirm_timer, if confirm_armed => {
-                confirm_armed = false;
-                if state.has_unreported_progress() {
-                    send_status(state, writer, false).await?;
-                    last_status = Instant::now();
-                }
             }
             Ok(()) = ctx.slot_verdict.changed() => {
                 if let Some(fatal) = ctx.slot_verdict.borrow_and_update().fatal(slot_name) {
@@ -193,17 +171,12 @@ async fn stream(
                 if let Some(e) = failure {
                     return Err(e);
                 }
-                // Confirm soon after acknowledgements complete transactions rather than at the
-                // next tick: what a crash would replay then stays small (see CONFIRM_GAP).
-                if state.has_unreported_progress() && !confirm_armed {
-                    let due = last_status + CONFIRM_GAP;
-                    if Instant::now() >= due {
-                        send_status(state, writer, false).await?;
-                        last_status = Instant::now();
-                    } else {
-                        confirm_timer.as_mut().reset(due);
-                        confirm_armed = true;
-                    }
+                // Confirm as soon as acknowledgements complete transactions rather than at the next
+                // tick: what a crash would replay then stays within the in-flight budget (the
+                // budget counts only what the watermark has not confirmed, so a confirmation held
+                // back here would be replayed on top of it).
+                if state.has_unreported_progress() {
+                    send_status(state, writer, false).await?;
                 }
             }
             frame = reader.next_frame(), if !paused => {
@@ -225,7 +198,6 @@ async fn stream(
                 }
                 if reply {
                     send_status(state, writer, false).await?;
-                    last_status = Instant::now();
                 }
                 if socket_drained && state.catching_up(now_unix_us(), BACKLOG_AGE) {
                     rest_while_backlog_accumulates();
