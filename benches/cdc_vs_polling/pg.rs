@@ -1,4 +1,7 @@
-//! The benchmark's own throwaway PostgreSQL 15 cluster.
+//! The benchmark's own throwaway PostgreSQL 15 cluster: the demo's
+//! ([`outbox_relay::demo::postgres::ThrowawayPostgres`]: initdb into a temporary directory, a
+//! free loopback port, run as the `postgres` user when root, a watchdog that stops the server and
+//! deletes the directory if the benchmark dies) with the benchmark's settings on top.
 //!
 //! Settings are production-like where they matter for the comparison: autovacuum on (polling's
 //! dead row versions are cleaned up, and that work is counted), `synchronous_commit` on, and
@@ -6,17 +9,14 @@
 //! `fsync = off`, because this class of VM disk takes milliseconds per `fdatasync` (3.3 ms
 //! measured with `pg_test_fsync`), which would make WAL flushes — not the relays — the subject of
 //! the measurement (the walsender only sends flushed WAL, and every polling batch commits). WAL is
-//! still written and read exactly as with `fsync = on`. As in the test
-//! harness, the postmaster runs under a `sh` watchdog that stops it and deletes the cluster
-//! directory when the benchmark process disappears, and as the `postgres` user when root.
+//! still written and read exactly as with `fsync = on`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tempfile::TempDir;
+use outbox_relay::demo::postgres::ThrowawayPostgres;
 use tokio_postgres::{Client, NoTls};
 
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -24,8 +24,7 @@ pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 pub const RELAY_ROLE: &str = "bench_relay";
 
 const SETTINGS: &str = "
-listen_addresses = '127.0.0.1'
-wal_level = logical
+# outbox-relay benchmark
 fsync = off
 max_replication_slots = 16
 max_wal_senders = 16
@@ -37,90 +36,34 @@ shared_preload_libraries = 'pg_stat_statements'
 pg_stat_statements.track_utility = on
 pg_stat_statements.max = 1000
 jit = off
-logging_collector = off
 log_min_messages = warning
 ";
 
-const WATCHDOG: &str = r#"P=$1; ROOT=$2; DATA=$3; LOG=$4; BIN=$5
-"$BIN/postgres" -D "$DATA" >>"$LOG" 2>&1 &
-PG=$!
-( while [ -d /proc/$P ]; do sleep 0.5; done
-  kill -QUIT $PG 2>/dev/null ) &
-W=$!
-wait $PG
-if [ -d /proc/$P ]; then kill $W 2>/dev/null; else rm -rf "$ROOT"; fi
-exit 0"#;
-
 pub struct BenchPg {
-    dir: TempDir,
-    port: u16,
-    as_postgres: bool,
-    server: Option<Child>,
+    cluster: ThrowawayPostgres,
 }
 
 impl BenchPg {
-    /// initdb, configure, start, create the relay role and `pg_stat_statements`. Blocking.
+    /// initdb, configure, start (stopped and deleted on drop). Blocking.
     pub fn start() -> Result<BenchPg> {
         if !Path::new(PG_BIN).join("postgres").exists() {
             bail!("PostgreSQL 15 server binaries not found in {PG_BIN}; install postgresql-15");
         }
-        let dir = tempfile::Builder::new().prefix("outbox-relay-bench-pg-").tempdir()?;
-        let as_postgres = running_as_root();
-        let port = free_port();
-        let mut pg = BenchPg {
-            dir,
-            port,
-            as_postgres,
-            server: None,
-        };
-        if as_postgres {
-            pg.chown()?;
-        }
-        let out = pg
-            .command("initdb")
-            .arg("-D")
-            .arg(pg.data_dir())
-            .args([
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-instructions",
-            ])
-            .output()?;
-        check(&out, "initdb")?;
-        let conf = format!(
-            "{SETTINGS}port = {port}\nunix_socket_directories = '{}'\n",
-            pg.dir.path().display()
-        );
-        let conf_path = pg.data_dir().join("postgresql.conf");
-        let mut text = fs::read_to_string(&conf_path)?;
-        text.push_str(&conf);
-        fs::write(&conf_path, text)?;
-        if as_postgres {
-            pg.chown()?;
-        }
-        pg.spawn()?;
-        Ok(pg)
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        let cluster = ThrowawayPostgres::start_with(Path::new(PG_BIN), SETTINGS, "outbox-relay-bench-pg-")
+            .context("starting the benchmark's PostgreSQL")?;
+        Ok(BenchPg { cluster })
     }
 
     pub fn log_path(&self) -> PathBuf {
-        self.dir.path().join("postgres.log")
+        self.cluster.log_path()
     }
 
     pub fn port(&self) -> u16 {
-        self.port
+        self.cluster.port()
     }
 
     pub fn url(&self, user: &str, db: &str) -> String {
-        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
+        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port())
     }
 
     /// A client tool (pg_recvlogical, …) by absolute path.
@@ -130,50 +73,9 @@ impl BenchPg {
 
     /// The postmaster's pid, from `postmaster.pid`.
     pub fn postmaster_pid(&self) -> Result<u32> {
-        let text = fs::read_to_string(self.data_dir().join("postmaster.pid")).context("reading postmaster.pid")?;
-        Ok(text.lines().next().unwrap_or_default().trim().parse()?)
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let bin = Path::new(PG_BIN).join(program);
-        if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(bin);
-            c
-        } else {
-            Command::new(bin)
-        }
-    }
-
-    fn chown(&self) -> Result<()> {
-        let out = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(self.dir.path())
-            .output()?;
-        check(&out, "chown")
-    }
-
-    fn spawn(&mut self) -> Result<()> {
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", "sh", "-c", WATCHDOG]);
-            c
-        } else {
-            let mut c = Command::new("sh");
-            c.args(["-c", WATCHDOG]);
-            c
-        };
-        cmd.arg("bench-pg-watchdog")
-            .arg(std::process::id().to_string())
-            .arg(self.dir.path())
-            .arg(self.data_dir())
-            .arg(self.log_path())
-            .arg(PG_BIN)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        self.server = Some(cmd.spawn().context("starting postgres")?);
-        Ok(())
+        self.cluster
+            .postmaster_pid()
+            .context("reading the postmaster's pid from postmaster.pid")
     }
 
     /// Waits until the server takes connections, then creates the relay role and the
@@ -196,29 +98,6 @@ impl BenchPg {
             ))
             .await?;
         Ok(())
-    }
-
-    pub fn stop(&mut self) {
-        if self.data_dir().join("postmaster.pid").exists() {
-            let _ = self
-                .command("pg_ctl")
-                .arg("stop")
-                .arg("-D")
-                .arg(self.data_dir())
-                .args(["-m", "fast", "-w", "-t", "60"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-        if let Some(mut c) = self.server.take() {
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for BenchPg {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 
@@ -252,25 +131,6 @@ pub async fn connect(url: &str) -> Result<Client> {
         let _ = conn.await;
     });
     Ok(client)
-}
-
-fn check(out: &Output, what: &str) -> Result<()> {
-    if !out.status.success() {
-        bail!(
-            "{what} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
-
-fn running_as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 /// A free TCP port on 127.0.0.1 (never the system server's 5432).

@@ -1,5 +1,7 @@
-//! A throwaway PostgreSQL cluster for the demo: `initdb` into a temporary directory, one server
-//! on a free loopback port (never 5432) with `wal_level = logical`, stopped and deleted again.
+//! A throwaway PostgreSQL cluster for the demo (and the benchmark, `benches/cdc_vs_polling`,
+//! which adds its own settings through [`ThrowawayPostgres::start_with`]): `initdb` into a
+//! temporary directory, one server on a free loopback port (never 5432) with
+//! `wal_level = logical`, stopped and deleted again.
 //!
 //! Invariants:
 //! * **Nothing outlives the demo.** [`ThrowawayPostgres::stop`] (also run on drop) stops the
@@ -42,13 +44,19 @@ pub struct ThrowawayPostgres {
 impl ThrowawayPostgres {
     /// initdb + start; blocking (run it on a blocking thread).
     pub fn start(bin: &Path) -> Result<ThrowawayPostgres, DemoError> {
+        ThrowawayPostgres::start_with(bin, "", "outbox-relay-demo-")
+    }
+
+    /// Like [`start`](Self::start), with `settings` appended to `postgresql.conf` after the
+    /// demo's own (later lines win) and the temporary directory named with `prefix`.
+    pub fn start_with(bin: &Path, settings: &str, prefix: &str) -> Result<ThrowawayPostgres, DemoError> {
         for tool in ["initdb", "postgres", "pg_ctl"] {
             if !bin.join(tool).is_file() {
                 return Err(DemoError::NoPostgres(format!("{} has no {tool}", bin.display())));
             }
         }
         let dir = tempfile::Builder::new()
-            .prefix("outbox-relay-demo-")
+            .prefix(prefix)
             .tempdir()
             .map_err(|e| DemoError::Io("creating the temporary directory".into(), e))?
             .keep();
@@ -60,6 +68,7 @@ impl ThrowawayPostgres {
             server: None,
         };
         pg.init()?;
+        pg.append_conf(settings)?;
         // Another process can take the free port between our check and the server's bind.
         for _ in 0..3 {
             pg.port = free_port()?;
@@ -79,6 +88,21 @@ impl ThrowawayPostgres {
     /// The superuser URL (trust authentication on loopback) for `db`.
     pub fn url(&self, db: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server log (inside the temporary directory).
+    pub fn log_path(&self) -> PathBuf {
+        self.root().join("postgres.log")
+    }
+
+    /// The postmaster's pid, from `postmaster.pid` (its first line).
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let text = fs::read_to_string(self.data_dir().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
     }
 
     /// The temporary directory (data directory and server log), while it exists.
@@ -103,10 +127,6 @@ impl ThrowawayPostgres {
 
     fn root(&self) -> &Path {
         self.dir.as_deref().unwrap_or(Path::new("/nonexistent"))
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.root().join("postgres.log")
     }
 
     fn init(&self) -> Result<(), DemoError> {
