@@ -122,10 +122,6 @@ impl LatencyBatch {
         self.samples_us.push(u64::try_from(us).unwrap_or(0));
     }
 
-    pub fn len(&self) -> usize {
-        self.samples_us.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.samples_us.is_empty()
     }

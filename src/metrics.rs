@@ -28,11 +28,11 @@
 
 use std::collections::HashMap;
 
-use crate::latency::LatencyBatch;
-
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Gauge, Histogram,
 };
+
+use crate::latency::LatencyBatch;
 
 pub const EVENTS_RECEIVED: &str = "outbox_relay_events_received_total";
 pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";

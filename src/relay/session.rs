@@ -10,7 +10,7 @@
 //!    Rare and cheap, so it sits above the busy arms;
 //! 4. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
 //! 5. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
-//!    TCP then pushes back on the walsender, which keeps answering our status updates);
+//!    TCP then pushes back on the walsender, which keeps answering our status updates).
 //!
 //! Reading a backlog, the loop also rests for [`BACKLOG_READ_PAUSE`] after a read emptied the
 //! socket, so frames and reports come in large batches (see [`rest_while_backlog_accumulates`]).

@@ -223,6 +223,34 @@ async fn warm_relay(
     (client, config, relay)
 }
 
+/// Waits for every one of `events` on topic `order` (other records there are ignored), checks
+/// none is missing and each aggregate's order, and that the slot confirms `point`; returns how
+/// many arrived more than once.
+async fn delivered_in_order_and_confirmed(
+    kafka: &MockKafka,
+    client: &Client,
+    slot: &str,
+    events: &[ExpectedEvent],
+    point: &CommitPoint,
+) -> usize {
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["order"],
+        events.len() + 1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let records: Vec<Received> = records
+        .into_iter()
+        .filter(|r| events.iter().any(|e| e.id == id_of(r)))
+        .collect();
+    let dups = check_delivered(events, &records, |_| "order".to_owned());
+    let (_, committed) = expect_all(&[events]);
+    check_order(&committed, &records);
+    assert!(confirmed_reaches(client, slot, point.end_lsn, Duration::from_secs(30)).await);
+    dups
+}
+
 fn expect_all(batches: &[&[ExpectedEvent]]) -> (Vec<ExpectedEvent>, Committed) {
     let mut committed = Committed::default();
     for b in batches {
@@ -311,22 +339,8 @@ async fn retriable_produce_errors_are_retried_without_loss_or_duplicates() {
     .await;
     kafka.set_round_trip_time(Duration::ZERO);
 
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        events.len() + 1,
-        Duration::from_secs(60),
-    )
-    .await;
-    let records: Vec<Received> = records
-        .into_iter()
-        .filter(|r| events.iter().any(|e| e.id == id_of(r)))
-        .collect();
-    let dups = check_delivered(&events, &records, |_| "order".to_owned());
+    let dups = delivered_in_order_and_confirmed(&kafka, &client, &config.slot, &events, &point).await;
     assert_eq!(dups, 0, "the idempotent producer's retries must not duplicate");
-    let (_, committed) = expect_all(&[&events]);
-    check_order(&committed, &records);
-    assert!(confirmed_reaches(&client, &config.slot, point.end_lsn, Duration::from_secs(30)).await);
     assert!(
         !relay.log_text().contains("reconnecting"),
         "retriable errors must not end the session:\n{}",
@@ -359,21 +373,7 @@ async fn non_retriable_broker_error_replays_without_loss() {
     .await;
     kafka.set_round_trip_time(Duration::ZERO);
 
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        events.len() + 1,
-        Duration::from_secs(60),
-    )
-    .await;
-    let records: Vec<Received> = records
-        .into_iter()
-        .filter(|r| events.iter().any(|e| e.id == id_of(r)))
-        .collect();
-    check_delivered(&events, &records, |_| "order".to_owned());
-    let (_, committed) = expect_all(&[&events]);
-    check_order(&committed, &records);
-    assert!(confirmed_reaches(&client, &config.slot, point.end_lsn, Duration::from_secs(30)).await);
+    delivered_in_order_and_confirmed(&kafka, &client, &config.slot, &events, &point).await;
     let log = relay.log_text();
     assert!(log.contains("reconnecting") && log.contains("uthorization"), "{log}");
     assert!(

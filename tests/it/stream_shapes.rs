@@ -166,15 +166,7 @@ async fn savepoints_prepared_transactions_truncate_and_insert_delete() {
     tx.commit().await.unwrap();
     expected.push(ev);
 
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        expected.len(),
-        Duration::from_secs(60),
-    )
-    .await;
-    let dups = check_delivered(&expected, &records, |_| "order".to_owned());
-    assert_eq!(dups, 0, "log:\n{}", relay.log_text());
+    let records = collect_each_once(&kafka, &expected, &relay).await;
     let ids: Vec<String> = records.iter().map(id_of).collect();
     assert_eq!(
         ids,
@@ -260,6 +252,13 @@ async fn mixed_case_outbox_in_a_non_public_schema() {
             seq,
         });
     }
+    let records = collect_each_once(&kafka, &expected, &relay).await;
+    check_order(&committed_of(&expected), &records);
+}
+
+/// Collects topic `order` until every expected event arrived (60 s at most), asserts each arrived
+/// exactly once, and returns the records for further checks.
+async fn collect_each_once(kafka: &MockKafka, expected: &[ExpectedEvent], relay: &RelayProcess) -> Vec<Received> {
     let records = collect(
         &kafka.bootstrap_servers(),
         &["order"],
@@ -267,13 +266,9 @@ async fn mixed_case_outbox_in_a_non_public_schema() {
         Duration::from_secs(60),
     )
     .await;
-    assert_eq!(
-        check_delivered(&expected, &records, |_| "order".to_owned()),
-        0,
-        "{}",
-        relay.log_text()
-    );
-    check_order(&committed_of(&expected), &records);
+    let dups = check_delivered(expected, &records, |_| "order".to_owned());
+    assert_eq!(dups, 0, "log:\n{}", relay.log_text());
+    records
 }
 
 fn committed_of(events: &[ExpectedEvent]) -> Committed {
@@ -344,19 +339,7 @@ async fn one_megabyte_payload_and_non_ascii_keys_and_payloads() {
     expected.push(insert_payload(&client, &big_key, &format!("{{\"blob\": \"{blob}\"}}")).await);
     let big = expected.last().unwrap().payload_text.len();
     assert!(big >= 1024 * 1024, "the payload is {big} bytes, not ≥ 1 MiB");
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        expected.len(),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_eq!(
-        check_delivered(&expected, &records, |_| "order".to_owned()),
-        0,
-        "{}",
-        relay.log_text()
-    );
+    collect_each_once(&kafka, &expected, &relay).await;
 }
 
 async fn insert_payload(client: &Client, key: &str, payload: &str) -> ExpectedEvent {
