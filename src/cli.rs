@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::config::Settings;
-use crate::logging::{self, LogFormat};
+use crate::ops::logging::{self, LogFormat};
 use crate::{control, relay};
 
 #[derive(Debug, Parser)]
@@ -69,6 +69,7 @@ pub enum Command {
     },
     /// See it work: a throwaway PostgreSQL, an embedded Kafka (unless --bootstrap), producers,
     /// the relay and a consumer, with live progress and a summary. Needs no --config.
+    #[cfg(feature = "demo")]
     Demo(crate::demo::DemoArgs),
     /// Drop the slot and the publication.
     Teardown {
@@ -78,9 +79,19 @@ pub enum Command {
     },
 }
 
+/// The subcommands that read `--config` (all but `demo`).
+enum Configured {
+    Setup { backfill: bool, poll: bool },
+    Run,
+    Poll,
+    Status { json: bool },
+    Teardown { yes: bool },
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
+        #[cfg(feature = "demo")]
         Command::Demo(args) => {
             // The demo's progress line is the interesting output; the relay's info logs would bury it.
             let level = if cli.log_level == "info" {
@@ -91,7 +102,11 @@ pub fn main() -> ExitCode {
             logging::init(cli.log_format, level);
             return crate::demo::main(args);
         }
-        command => command,
+        Command::Setup { backfill, poll } => Configured::Setup { backfill, poll },
+        Command::Run => Configured::Run,
+        Command::Poll => Configured::Poll,
+        Command::Status { json } => Configured::Status { json },
+        Command::Teardown { yes } => Configured::Teardown { yes },
     };
     logging::init(cli.log_format, &cli.log_level);
     let Some(path) = cli.config.clone() else {
@@ -123,23 +138,25 @@ pub fn main() -> ExitCode {
     runtime.block_on(dispatch(command, settings))
 }
 
-async fn dispatch(command: Command, settings: Settings) -> ExitCode {
+async fn dispatch(command: Configured, settings: Settings) -> ExitCode {
     match command {
-        Command::Setup { poll: true, .. } => report(crate::poll::setup::setup(&settings).await.map(|r| r.to_string())),
-        Command::Setup { backfill: false, .. } => report(control::setup(&settings).await.map(|r| r.to_string())),
-        Command::Setup { backfill: true, .. } => report(
+        Configured::Setup { poll: true, .. } => {
+            report(crate::poll::setup::setup(&settings).await.map(|r| r.to_string()))
+        }
+        Configured::Setup { backfill: false, .. } => report(control::setup(&settings).await.map(|r| r.to_string())),
+        Configured::Setup { backfill: true, .. } => report(
             control::setup_with_backfill(&settings, &settings.poll.dispatched)
                 .await
                 .map(|r| r.to_string()),
         ),
-        Command::Status { json } => report(control::status(&settings).await.map(|r| {
+        Configured::Status { json } => report(control::status(&settings).await.map(|r| {
             if json {
                 serde_json::to_string_pretty(&r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
             } else {
                 r.to_string()
             }
         })),
-        Command::Teardown { yes } => {
+        Configured::Teardown { yes } => {
             if !yes {
                 eprintln!(
                     "error: teardown drops slot {:?} and publication {:?}; events not yet delivered can then be lost. Re-run with --yes",
@@ -150,10 +167,8 @@ async fn dispatch(command: Command, settings: Settings) -> ExitCode {
             }
             report(control::teardown(&settings).await.map(|r| r.to_string()))
         }
-        // Handled in `main` before any config is read.
-        Command::Demo(_) => ExitCode::from(2),
-        Command::Run => run(settings).await,
-        Command::Poll => run_poll(settings).await,
+        Configured::Run => run(settings).await,
+        Configured::Poll => run_poll(settings).await,
     }
 }
 
@@ -173,9 +188,9 @@ fn report<E: std::fmt::Display>(result: Result<String, E>) -> ExitCode {
 /// The `[http]` endpoints, if configured; `Err` (already logged) when they cannot start.
 async fn start_http(
     settings: &Settings,
-    health: &std::sync::Arc<crate::health::RelayHealth>,
-) -> Result<Option<crate::http::HttpServer>, ()> {
-    crate::http::start(&settings.http, std::sync::Arc::clone(health))
+    health: &std::sync::Arc<crate::ops::health::RelayHealth>,
+) -> Result<Option<crate::ops::http::HttpServer>, ()> {
+    crate::ops::http::start(&settings.http, std::sync::Arc::clone(health))
         .await
         .map_err(|e| error!("{e}"))
 }
@@ -191,7 +206,7 @@ async fn run(settings: Settings) -> ExitCode {
     );
     let (tx, rx) = watch::channel(false);
     tokio::spawn(forward_signals(tx));
-    let health = std::sync::Arc::new(crate::health::RelayHealth::default());
+    let health = std::sync::Arc::new(crate::ops::health::RelayHealth::default());
     // Kept alive until the relay returns, so probes keep answering while it drains.
     let Ok(_http) = start_http(&settings, &health).await else {
         return ExitCode::from(1);
@@ -218,7 +233,7 @@ async fn run_poll(settings: Settings) -> ExitCode {
     info!(version = env!("CARGO_PKG_VERSION"), postgres = %settings.postgres.url, table = %settings.outbox.table, "outbox-relay poll starting");
     let (tx, rx) = watch::channel(false);
     tokio::spawn(forward_signals(tx));
-    let health = std::sync::Arc::new(crate::health::RelayHealth::default());
+    let health = std::sync::Arc::new(crate::ops::health::RelayHealth::default());
     let Ok(_http) = start_http(&settings, &health).await else {
         return ExitCode::from(1);
     };

@@ -1,30 +1,25 @@
 //! outbox-relay: a transactional-outbox relay from PostgreSQL logical replication to Kafka.
 //!
-//! See `docs/architecture.md` for the path of one event from WAL bytes to Kafka ack to LSN
-//! confirmation, and which module owns each step.
+//! The folders are the architecture (`docs/architecture.md` draws it), lowest layer first:
+//!
+//! | layer | modules | may import |
+//! |---|---|---|
+//! | settings | [`config`] | nothing of the crate |
+//! | adapters | [`postgres`], [`kafka`], [`ops`] | `config` |
+//! | domain | [`outbox`] | `config`, adapters |
+//! | pipelines and control | [`relay`], [`poll`], [`control`] | the layers below (`poll` and `control` never `relay`'s internals) |
+//! | entry points | [`demo`], [`cli`] | everything |
+//!
+//! `tests/it/layering.rs` fails the build's tests if an import goes upward.
 
-pub mod bad_event;
 pub mod cli;
 pub mod config;
 pub mod control;
+#[cfg(feature = "demo")]
 pub mod demo;
-pub mod failpoints;
-pub mod health;
-pub mod http;
-pub mod latency;
-pub mod logging;
-pub mod lsn;
-pub mod metrics;
-pub mod outbox_event;
-pub mod outbox_message;
-pub mod pg_client;
-pub mod pgoutput;
+pub mod kafka;
+pub mod ops;
+pub mod outbox;
 pub mod poll;
-pub mod publisher;
-pub mod redact;
+pub mod postgres;
 pub mod relay;
-pub mod replication;
-pub mod routing;
-pub mod sql_ident;
-pub mod tls;
-pub mod watermark;

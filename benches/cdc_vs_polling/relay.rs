@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use outbox_relay::latency::LatencySummary;
+use outbox_relay::ops::latency::LatencySummary;
 
 /// Built by cargo for this bench (the bench profile inherits `release`).
 pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -183,7 +183,7 @@ fn tail(text: &str) -> &str {
 }
 
 /// The relay's exact commit-to-ack window (`GET /latency`, HdrHistogram; see
-/// `outbox_relay::latency`); `reset` closes it and opens a new one. `None` when the endpoint does
+/// `outbox_relay::ops::latency`); `reset` closes it and opens a new one. `None` when the endpoint does
 /// not answer.
 pub fn latency_window(port: u16, reset: bool) -> Option<LatencySummary> {
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;

@@ -7,8 +7,8 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use outbox_relay::pgoutput::decode;
-use outbox_relay::replication::frames::{decode_server_frame, ServerFrame};
+use outbox_relay::postgres::pgoutput::decode;
+use outbox_relay::postgres::replication::frames::{decode_server_frame, ServerFrame};
 
 fuzz_target!(|data: &[u8]| {
     let input = Bytes::copy_from_slice(data);

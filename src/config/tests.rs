@@ -121,7 +121,7 @@ fn the_shipped_example_config_is_valid() {
 
 #[test]
 fn bad_event_policy_defaults_to_fail_and_dead_letter_needs_a_valid_topic() {
-    use crate::bad_event::BadEventPolicy;
+    use crate::outbox::bad_event::BadEventPolicy;
     assert_eq!(load(MINIMAL, &[]).unwrap().relay.on_bad_event, BadEventPolicy::Fail);
     let skip = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "skip")]).unwrap();
     assert_eq!(skip.relay.on_bad_event, BadEventPolicy::Skip);
@@ -172,7 +172,7 @@ fn message_prefix_is_optional_but_never_empty() {
 
 mod bad_event_props {
     use super::*;
-    use crate::bad_event::BadEventPolicy;
+    use crate::outbox::bad_event::BadEventPolicy;
     use proptest::prelude::*;
 
     proptest! {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tokio_postgres::Client;
 
 use super::ControlError;
-use crate::lsn::Lsn;
+use crate::postgres::lsn::Lsn;
 
 /// Server facts every command needs.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! [`ControlError`]: every way the control plane can refuse, each phrased as problem + fix.
 
-use crate::pg_client::ConnectError;
-use crate::sql_ident::{Ident, TableName};
+use crate::config::ident::{Ident, TableName};
+use crate::postgres::client::ConnectError;
 
 /// Why `setup`, `status`, `teardown` or `preflight` stopped. Every message names what is wrong
 /// and what to do about it; none contains a password (URLs are printed redacted).
@@ -52,14 +52,14 @@ pub enum ControlError {
     #[error(
         "role {role} may not use logical replication: it is neither superuser nor has the REPLICATION \
          attribute. As a superuser run: ALTER ROLE {} WITH REPLICATION",
-        crate::sql_ident::quote_ident(.role)
+        crate::config::ident::quote_ident(.role)
     )]
     NoReplicationPrivilege { role: String },
 
     #[error(
         "role {role} cannot read the outbox table {table}. Run (as the table owner or a superuser): \
          GRANT SELECT ON {table} TO {}",
-        crate::sql_ident::quote_ident(.role)
+        crate::config::ident::quote_ident(.role)
     )]
     NoSelectPrivilege { role: String, table: TableName },
 

@@ -27,8 +27,8 @@
 //! * **Setup only ever adds to a publication** (the outbox table, if the connected role owns the
 //!   publication), never takes away; see [`setup`](mod@setup) for the reasoning.
 //! * **Every error says what to change** (see [`ControlError`]) and no output contains the
-//!   password: URLs print through [`crate::redact::Secret`].
-//! * **Names reach SQL quoted** ([`crate::sql_ident`]); values travel as bind parameters.
+//!   password: URLs print through [`crate::config::secret::Secret`].
+//! * **Names reach SQL quoted** ([`crate::config::ident`]); values travel as bind parameters.
 //!
 //! `status` output is a stable JSON schema, documented in [`status`](mod@status).
 
@@ -51,10 +51,11 @@ pub use status::{status, PublicationStatus, ServerStatus, SlotStatus, StatusRepo
 pub use teardown::{teardown, Dropped, TeardownReport};
 
 use crate::config::Settings;
+pub(crate) use crate::ops::units::human_bytes;
 
 /// Opens the control connection the commands use, as the relay's configured role.
 async fn connect(settings: &Settings) -> Result<tokio_postgres::Client, ControlError> {
-    Ok(crate::pg_client::connect(&settings.postgres, settings.relay.connect_timeout).await?)
+    Ok(crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout).await?)
 }
 
 /// Writes a multi-line report rendered by `render`, without a trailing newline (callers
@@ -66,37 +67,4 @@ fn display_lines(
     let mut text = String::new();
     render(&mut text)?;
     f.write_str(text.trim_end())
-}
-
-/// Bytes in binary units for people: `512 B`, `1.5 KiB`, `16.0 MiB`, `2.3 GiB`.
-pub fn human_bytes(bytes: i64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let sign = if bytes < 0 { "-" } else { "" };
-    let magnitude = bytes.unsigned_abs();
-    if magnitude < 1024 {
-        return format!("{sign}{magnitude} B");
-    }
-    let mut value = magnitude as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{sign}{value:.1} {}", UNITS[unit])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::human_bytes;
-
-    #[test]
-    fn human_bytes_picks_binary_units() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(1023), "1023 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(16 * 1024 * 1024), "16.0 MiB");
-        assert_eq!(human_bytes(5 * 1024 * 1024 * 1024 / 2), "2.5 GiB");
-        assert_eq!(human_bytes(-2048), "-2.0 KiB");
-        assert_eq!(human_bytes(i64::MIN), "-8.0 EiB");
-    }
 }

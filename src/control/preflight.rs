@@ -19,9 +19,9 @@ use tokio_postgres::Client;
 use super::catalog::{self, ServerInfo, SlotRow};
 use super::column_types::ColumnRole;
 use super::ControlError;
+use crate::config::ident::{quote_ident, TableName};
 use crate::config::Settings;
-use crate::lsn::Lsn;
-use crate::sql_ident::{quote_ident, TableName};
+use crate::postgres::lsn::Lsn;
 
 /// The oldest server with pgoutput.
 const MIN_VERSION_NUM: i32 = 100_000;
@@ -61,7 +61,7 @@ pub struct PreflightReport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MappedColumn {
     pub config_key: &'static str,
-    pub column: crate::sql_ident::Ident,
+    pub column: crate::config::ident::Ident,
     /// As `format_type` prints it, e.g. `character varying(255)`.
     pub type_name: String,
 }

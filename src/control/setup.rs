@@ -23,9 +23,9 @@ use tokio_postgres::Client;
 
 use super::preflight::{check_slot, PreflightReport};
 use super::{connect, error::describe, ControlError};
+use crate::config::ident::quote_ident;
 use crate::config::Settings;
-use crate::lsn::Lsn;
-use crate::sql_ident::quote_ident;
+use crate::postgres::lsn::Lsn;
 
 /// What setup did.
 #[derive(Debug, Clone)]

@@ -73,7 +73,7 @@ use super::catalog;
 use super::status_health::{self, Facts, HealthStatus, Thresholds, WalsenderLag};
 use super::{connect, human_bytes, ControlError};
 use crate::config::Settings;
-use crate::lsn::Lsn;
+use crate::postgres::lsn::Lsn;
 
 /// The current version of the JSON schema above.
 pub const STATUS_SCHEMA_VERSION: u32 = 1;
@@ -268,8 +268,8 @@ impl StatusReport {
         writeln!(
             f,
             "outbox table: {}.{}",
-            crate::sql_ident::quote_ident(&t.schema),
-            crate::sql_ident::quote_ident(&t.table)
+            crate::config::ident::quote_ident(&t.schema),
+            crate::config::ident::quote_ident(&t.table)
         )?;
         writeln!(f, "{}", self.slot)?;
         writeln!(f, "{}", self.publication)?;
@@ -358,8 +358,8 @@ impl PublicationStatus {
             .map(|t| {
                 format!(
                     "{}.{}",
-                    crate::sql_ident::quote_ident(&t.schema),
-                    crate::sql_ident::quote_ident(&t.table)
+                    crate::config::ident::quote_ident(&t.schema),
+                    crate::config::ident::quote_ident(&t.table)
                 )
             })
             .collect();
@@ -388,7 +388,7 @@ impl PublicationStatus {
 mod lsn_text {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use crate::lsn::Lsn;
+    use crate::postgres::lsn::Lsn;
 
     pub fn serialize<S: Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::Error> {
         match lsn {

@@ -18,8 +18,8 @@ use tokio_postgres::Client;
 
 use super::catalog::{self, SlotRow};
 use super::{connect, error::describe, human_bytes, ControlError};
+use crate::config::ident::quote_ident;
 use crate::config::Settings;
-use crate::sql_ident::quote_ident;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TeardownReport {

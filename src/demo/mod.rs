@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use crate::config::{ConfigError, Settings};
 use crate::control::ControlError;
-use crate::health::{Mode, RelayHealth};
+use crate::ops::health::{Mode, RelayHealth};
 use crate::relay::RelayError;
 use consumer::DemoConsumer;
 use kafka::EmbeddedKafka;

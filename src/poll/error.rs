@@ -3,11 +3,11 @@
 use rdkafka::error::KafkaError;
 use tokio_postgres::error::SqlState;
 
+use crate::config::ident::TableName;
 use crate::control::{describe, ControlError};
-use crate::outbox_event::BadEvent;
-use crate::pg_client::ConnectError;
-use crate::publisher::DeliveryFailure;
-use crate::sql_ident::TableName;
+use crate::kafka::producer::DeliveryFailure;
+use crate::outbox::event::BadEvent;
+use crate::postgres::client::ConnectError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PollError {
@@ -57,7 +57,7 @@ pub enum PollError {
     #[error(
         "role {role} may not UPDATE {table}, which marks published rows. Run (as the table owner or a superuser): \
          GRANT UPDATE ({column}) ON {table} TO {}",
-        crate::sql_ident::quote_ident(.role)
+        crate::config::ident::quote_ident(.role)
     )]
     NoUpdatePrivilege {
         role: String,

@@ -18,7 +18,6 @@
 //! With `[http] listen` set, `poll` serves the same endpoints as `run` (`src/http/`): `/readyz`
 //! is ready while polling, and `/latency` holds row-timestamp-to-ack samples.
 
-pub mod config;
 mod error;
 mod record;
 pub mod setup;
@@ -35,10 +34,10 @@ use tracing::{error, info, warn};
 pub use error::PollError;
 pub use worker::WorkerCounts;
 
-use crate::bad_event::BadEventPolicy;
 use crate::config::Settings;
-use crate::health::{Mode, RelayHealth};
-use crate::relay::Backoff;
+use crate::ops::health::{Mode, RelayHealth};
+use crate::ops::retry::Backoff;
+use crate::outbox::bad_event::BadEventPolicy;
 use sql::PollSql;
 use worker::Worker;
 
@@ -133,7 +132,7 @@ async fn check_table(
     );
     loop {
         let attempt = async {
-            let client = crate::pg_client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
+            let client = crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
             table::check(&client, settings).await
         };
         match attempt.await {

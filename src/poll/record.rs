@@ -2,7 +2,7 @@
 //!
 //! The same rules as the streaming path (`OutboxLayout::extract` and `StreamState::on_insert`):
 //! id, key, route-by value and payload must not be NULL, the route-by value goes through the
-//! same [`crate::routing::TopicRouter`], the timestamp column becomes the record timestamp, the
+//! same [`crate::outbox::routing::TopicRouter`], the timestamp column becomes the record timestamp, the
 //! header columns become headers in the mapping's order (NULL gives a null header), and the `id`
 //! header comes first. So a polled row and the same row streamed from the WAL give identical
 //! records.
@@ -13,9 +13,9 @@ use bytes::Bytes;
 use tokio_postgres::Row;
 
 use crate::config::Settings;
-use crate::outbox_event::{parse_timestamp_ms, BadEvent};
-use crate::publisher::OutboundRecord;
-use crate::routing::validate_topic_name;
+use crate::kafka::producer::OutboundRecord;
+use crate::outbox::event::{parse_timestamp_ms, BadEvent};
+use crate::outbox::routing::validate_topic_name;
 
 /// One claimed row's mapped values; built by [`ClaimedRow::from_row`], borrowed by the record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,9 +16,9 @@ use tokio_postgres::error::SqlState;
 use super::error::PollError;
 use super::sql::{create_pending_index, pending_index_name};
 use super::table::{self, PollTable};
+use crate::config::ident::Ident;
 use crate::config::Settings;
 use crate::control::describe;
-use crate::sql_ident::Ident;
 
 #[derive(Debug, Clone)]
 pub struct PollSetupReport {
@@ -75,13 +75,13 @@ impl fmt::Display for PollSetupReport {
 
 /// Checks the table and creates the pending-rows index if no usable one exists. Safe to repeat.
 pub async fn setup(settings: &Settings) -> Result<PollSetupReport, PollError> {
-    let client = crate::pg_client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
+    let client = crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
     let table = table::check(&client, settings).await?;
     let table_name = settings.outbox.table.to_string();
     let invalid = |index: &table::PendingIndex| PollError::InvalidIndex {
-        index: crate::sql_ident::quote_ident(&index.name),
+        index: crate::config::ident::quote_ident(&index.name),
         table: settings.outbox.table.clone(),
-        table_schema: crate::sql_ident::quote_ident(&index.schema),
+        table_schema: crate::config::ident::quote_ident(&index.schema),
     };
     let index = match &table.pending_index {
         Some(index) if index.valid => IndexOutcome::AlreadyExists {

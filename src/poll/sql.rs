@@ -18,8 +18,8 @@
 //! is what keeps a large backlog draining at a constant cost per batch. (`ORDER BY id` alone
 //! could not use that index, and for uuid ids it is no order at all.)
 
+use crate::config::ident::{quote_ident, Ident};
 use crate::config::Settings;
-use crate::sql_ident::{quote_ident, Ident};
 
 /// Pinned like the replication connection's startup parameters (`src/replication/connection.rs`),
 /// because these settings change how output functions render timestamps, floats and intervals.
@@ -82,7 +82,7 @@ pub fn pending_index_name(settings: &Settings) -> String {
         settings.outbox.table.name.as_str(),
         settings.poll.dispatched.as_str()
     );
-    while name.len() > crate::sql_ident::MAX_IDENTIFIER_BYTES {
+    while name.len() > crate::config::ident::MAX_IDENTIFIER_BYTES {
         name.pop();
     }
     name

@@ -8,9 +8,9 @@
 use tokio_postgres::Client;
 
 use super::error::PollError;
+use crate::config::ident::Ident;
 use crate::config::Settings;
 use crate::control::preflight::{check_outbox_table, OutboxTableFacts};
-use crate::sql_ident::Ident;
 
 /// `timestamp` and `timestamptz` type OIDs.
 const TIMESTAMP_OIDS: [u32; 2] = [1114, 1184];
@@ -65,7 +65,7 @@ pub async fn check(client: &Client, settings: &Settings) -> Result<PollTable, Po
             table: table.clone(),
             present: columns
                 .iter()
-                .map(|r| crate::sql_ident::quote_ident(r.get(0)))
+                .map(|r| crate::config::ident::quote_ident(r.get(0)))
                 .collect::<Vec<_>>()
                 .join(", "),
         });

@@ -29,11 +29,11 @@ use super::error::PollError;
 use super::record::{ClaimedRow, RowError};
 use super::sql::{PollSql, SESSION_SETTINGS};
 use crate::config::Settings;
-use crate::latency::LatencyBatch;
-use crate::metrics::now_unix_us;
-use crate::outbox_event::BadEvent;
-use crate::publisher::{Delivery, DeliveryFailure, Publisher};
-use crate::relay::Backoff;
+use crate::kafka::producer::{Delivery, DeliveryFailure, Publisher};
+use crate::ops::latency::LatencyBatch;
+use crate::ops::metrics::now_unix_us;
+use crate::ops::retry::Backoff;
+use crate::outbox::event::BadEvent;
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
 /// a producer that is already abandoned, but the check keeps the count honest regardless.
@@ -219,7 +219,7 @@ async fn connect(settings: &Settings, sql: &PollSql) -> Result<Connection, PollE
     if postgres.connection.get_application_name().is_none() {
         postgres.connection.application_name("outbox-relay poll");
     }
-    let client = crate::pg_client::connect(&postgres, settings.relay.connect_timeout).await?;
+    let client = crate::postgres::client::connect(&postgres, settings.relay.connect_timeout).await?;
     client
         .batch_execute(SESSION_SETTINGS)
         .await
@@ -292,7 +292,7 @@ async fn await_batch(
     let mut settled = 0;
     let mut reports = Vec::with_capacity(count.min(REPORTS_PER_WAKEUP));
     let mut latency = LatencyBatch::default();
-    let window = crate::latency::commit_to_ack();
+    let window = crate::ops::latency::commit_to_ack();
     while settled < count {
         let give_up_at = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         tokio::select! {

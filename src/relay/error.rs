@@ -1,12 +1,13 @@
 //! Why a streaming session ended, and whether the supervisor reconnects or stops.
 
-use crate::lsn::Lsn;
-use crate::outbox_event::{BadEvent, LayoutError};
-use crate::pg_client::ConnectError;
-use crate::pgoutput::DecodeError;
-use crate::publisher::DeliveryFailure;
-use crate::replication::error::ReplicationError;
-use crate::watermark::WatermarkError;
+use crate::kafka::producer::DeliveryFailure;
+use crate::outbox::event::{BadEvent, LayoutError};
+use crate::postgres::client::ConnectError;
+use crate::postgres::lsn::Lsn;
+use crate::postgres::pgoutput::DecodeError;
+use crate::postgres::replication::error::ReplicationError;
+use crate::postgres::replication::frames::FrameError;
+use crate::relay::watermark::WatermarkError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -84,7 +85,7 @@ pub enum RelayError {
     #[error("undecodable pgoutput message after {lsn}: {source}")]
     Decode { lsn: Lsn, source: DecodeError },
     #[error("undecodable replication frame: {0}")]
-    Frame(String),
+    Frame(#[from] FrameError),
     #[error("internal bookkeeping error (a bug; please report it): {0}")]
     Watermark(#[from] WatermarkError),
     #[error("replication protocol: {0}")]

@@ -18,7 +18,7 @@ use tokio_postgres::Client;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
-use crate::pg_client;
+use crate::postgres::client as pg_client;
 
 /// The message prefix; consumers of the slot's messages can tell heartbeats apart by it.
 pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";

@@ -11,8 +11,8 @@
 
 use std::collections::VecDeque;
 
-use crate::lsn::Lsn;
-use crate::metrics::seconds_since;
+use crate::ops::metrics::seconds_since;
+use crate::postgres::lsn::Lsn;
 
 #[derive(Debug, Default)]
 pub struct CommitLag {

@@ -12,18 +12,25 @@
 //! of the slot becoming free. A slot monitor task (`slot_monitor.rs`) checks the slot's health
 //! for the whole life of the process, active or standby.
 
-mod backoff;
+// The pipeline, in the order one event goes through it (`stream.rs` draws the table), driven
+// by the event loop in `session.rs`.
+mod confirm;
+mod decode;
+mod publish;
+mod receive;
+mod session;
+mod stream;
+pub mod watermark;
+// Beside the pipeline: what the steps need and what keeps a session healthy.
 pub mod error;
-pub mod ha_config;
 pub mod heartbeat;
 mod lag;
+mod progress;
 pub mod quarantine;
-mod session;
 mod silence;
 pub mod slot;
 pub mod slot_monitor;
 mod standby;
-mod stream_state;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,14 +38,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-pub use backoff::Backoff;
 pub use error::RelayError;
 pub use session::SessionEnd;
 
 use self::slot_monitor::SlotVerdict;
 use self::standby::Standby;
 use crate::config::Settings;
-use crate::health::{Mode, RelayHealth};
+use crate::ops::health::{Mode, RelayHealth};
+use crate::ops::retry::Backoff;
 
 /// A session that streamed at least this long resets the backoff.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
@@ -83,7 +90,7 @@ async fn supervise(
         settings.relay.reconnect_backoff_max,
     );
     let mut standby = Standby::default();
-    let reconnects = ::metrics::counter!(crate::metrics::RECONNECTS);
+    let reconnects = ::metrics::counter!(crate::ops::metrics::RECONNECTS);
     loop {
         let started = Instant::now();
         match session::run_session(settings, shutdown, ctx).await {

@@ -17,10 +17,10 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::bad_event::RawEvent;
-use crate::lsn::Lsn;
-use crate::publisher::OutboundRecord;
-use crate::watermark::TxnTicket;
+use crate::kafka::producer::OutboundRecord;
+use crate::outbox::bad_event::RawEvent;
+use crate::postgres::lsn::Lsn;
+use crate::relay::watermark::TxnTicket;
 
 /// One outbox event's identity across replays: its transaction's commit LSN and its position
 /// (0-based) among that transaction's outbox events.

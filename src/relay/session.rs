@@ -12,8 +12,8 @@
 //! 5. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
 //!    TCP then pushes back on the walsender, which keeps answering our status updates).
 //!
-//! Reading a backlog, the loop also rests for [`BACKLOG_READ_PAUSE`] after a read emptied the
-//! socket, so frames and reports come in large batches (see [`rest_while_backlog_accumulates`]).
+//! Reading a backlog, the loop also rests after a read emptied the socket, so frames and reports
+//! come in large batches (`receive.rs`).
 //!
 //! Before streaming, the slot is checked (`slot.rs`: missing or lost is fatal, held by someone
 //! else means standing by); right after `START_REPLICATION` it is re-read to make sure the server
@@ -30,29 +30,19 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::error::RelayError;
+use super::publish::{Delivery, Publisher};
+use super::receive;
 use super::silence::Silence;
-use super::stream_state::{FrameAction, StreamState};
+use super::stream::StreamState;
 use super::{heartbeat, slot, SessionContext};
 use crate::config::Settings;
-use crate::health::Mode;
-use crate::metrics::{now_unix_us, StreamGauges};
-use crate::pg_client;
-use crate::publisher::{Delivery, Publisher};
-use crate::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
-use crate::replication::frames::{now_pg_timestamp, StandbyStatusUpdate};
+use crate::ops::health::Mode;
+use crate::ops::metrics::{now_unix_us, StreamGauges};
+use crate::postgres::client as pg_client;
+use crate::postgres::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
+use crate::postgres::replication::error::ReplicationError;
 
-/// Frames handled per wake-up before yielding back to the select (keeps timers responsive).
-const FRAME_BATCH: usize = 512;
 const DELIVERY_BATCH: usize = 4096;
-/// Reading a backlog (transactions older than [`BACKLOG_AGE`]), a read that emptied the socket
-/// is followed by this pause, during which neither frames nor delivery reports are taken: the
-/// walsender fills the socket buffer and librdkafka queues up reports meanwhile, and the relay
-/// handles both in large batches instead of waking (epoll, recv, TCP acknowledgements, a
-/// channel wake-up per report) for every few messages. Those wake-ups were most of the relay's
-/// CPU while draining, on the same two cores the walsender needs (benches/cdc_vs_polling). Live
-/// traffic (younger commits) is never paused.
-const BACKLOG_READ_PAUSE: Duration = Duration::from_millis(1);
-const BACKLOG_AGE: Duration = Duration::from_secs(1);
 
 /// How a session ended without error.
 #[derive(Debug, PartialEq, Eq)]
@@ -83,7 +73,7 @@ pub async fn run_session(
     ctx.last_walsender = Some(backend_pid);
     slot::verify_start(&control, slot_name, slot.confirmed_flush).await?;
     let (publisher, mut deliveries) =
-        Publisher::new(&settings.kafka, settings.relay.max_in_flight).map_err(RelayError::ProducerConfig)?;
+        Publisher::create(&settings.kafka, settings.relay.max_in_flight).map_err(RelayError::ProducerConfig)?;
     info!(
         slot = %settings.postgres.slot,
         publication = %settings.postgres.publication,
@@ -143,7 +133,7 @@ async fn stream(
             _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
             _ = status_timer.tick() => {
                 let ask_for_reply = silence.check(Instant::now())?;
-                send_status(state, writer, ask_for_reply).await?;
+                state.send_status(writer, ask_for_reply).await?;
                 let progress = state.progress(now_unix_us());
                 gauges.set(&progress);
                 ctx.health.set_seconds_behind(progress.seconds_behind);
@@ -167,7 +157,7 @@ async fn stream(
                 }
                 state.fold_latency();
                 // Crash tests: acknowledged by Kafka, not yet confirmed to PostgreSQL.
-                fail::fail_point!("relay::acked_before_status", |_| crate::failpoints::crash("relay::acked_before_status"));
+                fail::fail_point!("relay::acked_before_status", |_| crate::ops::failpoints::crash("relay::acked_before_status"));
                 if let Some(e) = failure {
                     return Err(e);
                 }
@@ -176,63 +166,20 @@ async fn stream(
                 // budget counts only what the watermark has not confirmed, so a confirmation held
                 // back here would be replayed on top of it).
                 if state.has_unreported_progress() {
-                    send_status(state, writer, false).await?;
+                    state.send_status(writer, false).await?;
                 }
             }
             frame = reader.next_frame(), if !paused => {
-                let Some(frame) = frame? else { return Err(crate::replication::error::ReplicationError::Closed.into()) };
+                let Some(frame) = frame? else { return Err(ReplicationError::Closed.into()) };
                 silence.heard(Instant::now());
-                let mut reply = state.on_frame(frame)? == FrameAction::ReplyNow;
-                let mut socket_drained = false;
-                for _ in 0..FRAME_BATCH {
-                    if state.is_full() {
-                        break;
-                    }
-                    match reader.try_next_frame()? {
-                        Some(frame) => reply |= state.on_frame(frame)? == FrameAction::ReplyNow,
-                        None => {
-                            socket_drained = true;
-                            break;
-                        }
-                    }
+                let received = receive::take_batch(frame, reader, state)?;
+                if received.reply_requested {
+                    state.send_status(writer, false).await?;
                 }
-                if reply {
-                    send_status(state, writer, false).await?;
-                }
-                if socket_drained && state.catching_up(now_unix_us(), BACKLOG_AGE) {
-                    rest_while_backlog_accumulates();
-                }
+                received.pace(state);
             }
         }
     }
-}
-
-/// Blocks this runtime worker for [`BACKLOG_READ_PAUSE`] — on purpose, and only while reading a
-/// backlog. An async sleep would not do: the runtime would keep waking for every TCP segment
-/// the walsender sends (edge-triggered epoll reports each arrival) and for every delivery report,
-/// which is exactly the cost this pause removes. Nothing else on the runtime is latency-critical
-/// at the millisecond scale (HTTP probes, the slot monitor, the heartbeat); the status timer is
-/// checked as soon as the pause ends.
-fn rest_while_backlog_accumulates() {
-    std::thread::sleep(BACKLOG_READ_PAUSE);
-}
-
-/// `reply_requested` makes the walsender answer at once (used to probe a silent connection).
-async fn send_status(
-    state: &mut StreamState<'_>,
-    writer: &mut StatusWriter,
-    reply_requested: bool,
-) -> Result<(), RelayError> {
-    let (write, flush) = state.status_position();
-    let update = StandbyStatusUpdate {
-        write,
-        flush,
-        apply: flush,
-        client_time: now_pg_timestamp(),
-        reply_requested,
-    };
-    writer.send_copy_data(|out| update.encode(out)).await?;
-    Ok(())
 }
 
 async fn wind_down(
@@ -259,7 +206,7 @@ async fn wind_down(
         }
     }
     state.fold_latency();
-    let sent = send_status(&mut state, writer, false).await;
+    let sent = state.send_status(writer, false).await;
     let counts = state.counts;
     info!(
         confirmed_lsn = %state.confirmed(),
@@ -275,7 +222,7 @@ async fn wind_down(
         reader.finish(Duration::from_secs(2)).await;
     }
     writer.terminate().await;
-    let publisher: Publisher = state.into_publisher();
+    let publisher = state.into_publisher();
     // Awaited: the next session's producer must not start replaying while this one's requests
     // are still on the wire.
     let _ = tokio::task::spawn_blocking(move || publisher.abandon(Duration::from_secs(5))).await;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::replication::error::ReplicationError;
+use crate::postgres::replication::error::ReplicationError;
 
 #[derive(Debug)]
 pub struct Silence {

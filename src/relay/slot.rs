@@ -21,7 +21,7 @@ use serde::Deserialize;
 use tokio_postgres::Client;
 
 use super::error::RelayError;
-use crate::lsn::Lsn;
+use crate::postgres::lsn::Lsn;
 
 /// One row of `pg_replication_slots` for the relay's slot, with what the server knows about
 /// the process streaming from it.

@@ -22,10 +22,11 @@ use tracing::{error, info, warn};
 use super::error::RelayError;
 use super::slot::{read_slot, SlotRow};
 use crate::config::Settings;
-use crate::control::human_bytes;
-use crate::health::RelayHealth;
-use crate::lsn::Lsn;
-use crate::{metrics, pg_client};
+use crate::ops::health::RelayHealth;
+use crate::ops::metrics;
+use crate::ops::units::human_bytes;
+use crate::postgres::client as pg_client;
+use crate::postgres::lsn::Lsn;
 
 /// While a warning condition lasts, it is repeated this often (not at every check).
 const WARN_REPEAT: Duration = Duration::from_secs(300);

@@ -21,8 +21,8 @@ use super::error::RelayError;
 use super::slot::{terminate_holder, SlotHolder};
 use super::SessionContext;
 use crate::config::Settings;
-use crate::health::Mode;
-use crate::pg_client;
+use crate::ops::health::Mode;
+use crate::postgres::client as pg_client;
 
 /// After terminating a holder, the next attempt comes this soon (its walsender needs a moment
 /// to release the slot).

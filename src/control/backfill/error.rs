@@ -1,10 +1,10 @@
 //! [`BackfillError`]: every way `setup --backfill` can stop, each phrased as problem + fix.
 
+use crate::config::ident::{Ident, TableName};
 use crate::control::{describe, ControlError};
-use crate::outbox_event::BadEvent;
-use crate::publisher::DeliveryFailure;
-use crate::replication::error::ReplicationError;
-use crate::sql_ident::{Ident, TableName};
+use crate::kafka::producer::DeliveryFailure;
+use crate::outbox::event::BadEvent;
+use crate::postgres::replication::error::ReplicationError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackfillError {

@@ -41,10 +41,10 @@ use publish::BackfillPublisher;
 
 use super::setup::{ensure_publication, SetupReport, SlotOutcome};
 use super::{connect, describe, preflight, PreflightReport};
+use crate::config::ident::Ident;
 use crate::config::Settings;
-use crate::lsn::Lsn;
-use crate::replication::connection::ReplicationConnection;
-use crate::sql_ident::Ident;
+use crate::postgres::lsn::Lsn;
+use crate::postgres::replication::connection::ReplicationConnection;
 
 /// The config key that names the dispatched column (shared with the polling relayer).
 pub const DISPATCHED_KEY: &str = "poll.dispatched_column";
@@ -110,7 +110,7 @@ pub async fn setup_with_backfill(settings: &Settings, dispatched: &Ident) -> Res
             .first()
             .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str())),
     };
-    let published = match copy_pending(settings, &snapshot, consistent_point, &order).await {
+    let published = match copy_pending(settings, &snapshot, &order).await {
         Ok(n) => n,
         Err(cause) => return Err(undo_slot(repl, &client, slot, settings.relay.connect_timeout, cause).await),
     };
@@ -158,14 +158,9 @@ async fn check_dispatched_column(
 }
 
 /// Reads the pending rows of `snapshot` and publishes them; returns how many Kafka acknowledged.
-async fn copy_pending(
-    settings: &Settings,
-    snapshot: &str,
-    consistent_point: Lsn,
-    order: &PendingOrder<'_>,
-) -> Result<u64, BackfillError> {
+async fn copy_pending(settings: &Settings, snapshot: &str, order: &PendingOrder<'_>) -> Result<u64, BackfillError> {
     let mut rows = PendingRows::open(settings, snapshot, order).await?;
-    let mut publisher = BackfillPublisher::new(settings, consistent_point)?;
+    let mut publisher = BackfillPublisher::new(settings)?;
     let sent = async {
         loop {
             let batch = rows.next_batch().await?;

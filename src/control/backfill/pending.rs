@@ -17,9 +17,9 @@
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::error::BackfillError;
+use crate::config::ident::Ident;
 use crate::config::Settings;
 use crate::control::ControlError;
-use crate::sql_ident::Ident;
 
 /// Rows per `FETCH`.
 pub const FETCH_ROWS: usize = 500;
@@ -42,12 +42,12 @@ impl PendingRows {
         if snapshot.is_empty() || !snapshot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             return Err(BackfillError::Replication {
                 context: "reading the exported snapshot's name",
-                source: Box::new(crate::replication::error::ReplicationError::Protocol(format!(
-                    "unexpected snapshot name {snapshot:?}"
-                ))),
+                source: Box::new(crate::postgres::replication::error::ReplicationError::Protocol(
+                    format!("unexpected snapshot name {snapshot:?}"),
+                )),
             });
         }
-        let client = crate::pg_client::connect(&settings.postgres, settings.relay.connect_timeout)
+        let client = crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout)
             .await
             .map_err(ControlError::from)?;
         client

@@ -2,9 +2,8 @@
 //! (topic from the route-by value, key, payload bytes, `id` header, timestamp, extra headers),
 //! through the same idempotent [`Publisher`], with the same in-flight budget.
 //!
-//! The backfill succeeds only when Kafka acknowledged every record: all rows are one
-//! [`AckWatermark`] "transaction" that is committed at the slot's consistent point after the last
-//! send, and the watermark reaching that point is the proof (a failed delivery poisons it).
+//! The backfill succeeds only when Kafka acknowledged every record: [`BackfillPublisher::finish`]
+//! waits until nothing is in flight, and the first failed delivery ends the backfill.
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -12,36 +11,40 @@ use tokio::sync::mpsc;
 use super::error::BackfillError;
 use super::pending::PendingRow;
 use crate::config::Settings;
-use crate::lsn::Lsn;
-use crate::outbox_event::{parse_timestamp_ms, BadEvent};
-use crate::publisher::{Delivery, DeliveryTag, OutboundRecord, Publisher};
-use crate::routing::validate_topic_name;
-use crate::watermark::{AckWatermark, TxnTicket};
+use crate::kafka::producer::{Delivery, OutboundRecord, Publisher};
+use crate::outbox::event::{parse_timestamp_ms, BadEvent};
+use crate::outbox::routing::validate_topic_name;
+
+/// What rides with each backfilled record: its size, returned to the byte budget on delivery.
+#[derive(Debug)]
+pub struct BackfillTag {
+    bytes: usize,
+}
+
+/// Records handed to Kafka and not yet reported, against `relay.max_in_flight(_bytes)`.
+#[derive(Debug, Default)]
+struct InFlight {
+    events: usize,
+    bytes: usize,
+}
 
 pub struct BackfillPublisher<'s> {
     settings: &'s Settings,
-    publisher: Publisher,
-    deliveries: mpsc::UnboundedReceiver<Delivery>,
-    watermark: AckWatermark,
-    ticket: TxnTicket,
-    consistent_point: Lsn,
+    publisher: Publisher<BackfillTag>,
+    deliveries: mpsc::UnboundedReceiver<Delivery<BackfillTag>>,
+    in_flight: InFlight,
     pub sent: u64,
 }
 
 impl<'s> BackfillPublisher<'s> {
-    pub fn new(settings: &'s Settings, consistent_point: Lsn) -> Result<Self, BackfillError> {
+    pub fn new(settings: &'s Settings) -> Result<Self, BackfillError> {
         let (publisher, deliveries) =
-            Publisher::new(&settings.kafka, settings.relay.max_in_flight).map_err(BackfillError::Producer)?;
-        // Starts below the consistent point so that reaching it means "all acknowledged".
-        let mut watermark = AckWatermark::new(Lsn::ZERO);
-        let ticket = watermark.begin().map_err(internal)?;
+            Publisher::create(&settings.kafka, settings.relay.max_in_flight).map_err(BackfillError::Producer)?;
         Ok(BackfillPublisher {
             settings,
             publisher,
             deliveries,
-            watermark,
-            ticket,
-            consistent_point,
+            in_flight: InFlight::default(),
             sent: 0,
         })
     }
@@ -49,9 +52,7 @@ impl<'s> BackfillPublisher<'s> {
     /// Hands one pending row to Kafka, first waiting for room in the in-flight budget.
     pub async fn publish(&mut self, row: &PendingRow) -> Result<(), BackfillError> {
         let relay = &self.settings.relay;
-        while self.watermark.in_flight_events() >= relay.max_in_flight
-            || self.watermark.in_flight_bytes() >= relay.max_in_flight_bytes
-        {
+        while self.in_flight.events >= relay.max_in_flight || self.in_flight.bytes >= relay.max_in_flight_bytes {
             self.settle_next().await?;
         }
         let mapping = &self.settings.outbox;
@@ -93,27 +94,20 @@ impl<'s> BackfillPublisher<'s> {
             headers: &headers,
         };
         let bytes = record.size();
-        let tag = Box::new(DeliveryTag {
-            ticket: self.ticket,
-            bytes,
-            commit_lsn: self.consistent_point,
-            commit_time_unix_us: timestamp_ms.map_or(0, |ms| ms * 1000),
-            event_seq: u32::try_from(self.sent).unwrap_or(u32::MAX),
-            dead_letter: false,
-            topic: crate::metrics::TopicId::default(),
-        });
-        self.watermark.event_sent(self.ticket, bytes).map_err(internal)?;
-        if let Err(rejected) = self.publisher.send(&record, tag) {
-            self.watermark.failed(self.ticket, bytes).map_err(internal)?;
+        if let Err(rejected) = self.publisher.send(&record, Box::new(BackfillTag { bytes })) {
             if rejected.is_bad_record() {
                 return Err(bad(BadEvent::Rejected(rejected.error.to_string())));
             }
-            return Err(BackfillError::Delivery(Box::new(crate::publisher::DeliveryFailure {
-                error: rejected.error,
-                topic: topic.into_owned(),
-                event_id: Some(event_id),
-            })));
+            return Err(BackfillError::Delivery(Box::new(
+                crate::kafka::producer::DeliveryFailure {
+                    error: rejected.error,
+                    topic: topic.into_owned(),
+                    event_id: Some(event_id),
+                },
+            )));
         }
+        self.in_flight.events += 1;
+        self.in_flight.bytes += bytes;
         self.sent += 1;
         while let Ok(delivery) = self.deliveries.try_recv() {
             self.settle(delivery)?;
@@ -123,18 +117,8 @@ impl<'s> BackfillPublisher<'s> {
 
     /// Waits until Kafka acknowledged every record sent; returns how many there were.
     pub async fn finish(mut self) -> Result<u64, BackfillError> {
-        while self.watermark.in_flight_events() > 0 {
+        while self.in_flight.events > 0 {
             self.settle_next().await?;
-        }
-        self.watermark
-            .commit(self.ticket, self.consistent_point)
-            .map_err(internal)?;
-        if self.watermark.confirmed() != self.consistent_point {
-            return Err(internal(format!(
-                "backfill watermark stopped at {} before the consistent point {}",
-                self.watermark.confirmed(),
-                self.consistent_point
-            )));
         }
         Ok(self.sent)
     }
@@ -154,15 +138,12 @@ impl<'s> BackfillPublisher<'s> {
         self.settle(delivery)
     }
 
-    fn settle(&mut self, delivery: Delivery) -> Result<(), BackfillError> {
-        let bytes = delivery.tag.bytes;
-        match delivery.outcome {
-            Ok(()) => self.watermark.acked(self.ticket, bytes).map_err(internal),
-            Err(failure) => {
-                self.watermark.failed(self.ticket, bytes).map_err(internal)?;
-                Err(BackfillError::Delivery(Box::new(failure)))
-            }
-        }
+    fn settle(&mut self, delivery: Delivery<BackfillTag>) -> Result<(), BackfillError> {
+        self.in_flight.events -= 1;
+        self.in_flight.bytes -= delivery.tag.bytes;
+        delivery
+            .outcome
+            .map_err(|failure| BackfillError::Delivery(Box::new(failure)))
     }
 }
 

@@ -1,0 +1,292 @@
+//! Prometheus metrics: every metric name the relay exports, in one place.
+//!
+//! Other code (and tests, and dashboards) refer to these constants, never to string literals.
+//! Metrics go through the `metrics` facade; `outbox-relay run` installs the Prometheus recorder
+//! only when `[http] listen` is set (see `src/http/`), otherwise every update is a no-op.
+//!
+//! Hot-path rule: nothing per event allocates. Per-topic counters are registered once per topic
+//! and session in a [`TopicMetrics`] table; each event carries the table index
+//! ([`TopicId`]) in its delivery tag, so an acknowledgement costs one atomic add.
+//!
+//! | name | type | meaning |
+//! |---|---|---|
+//! | `outbox_relay_events_received_total{topic}` | counter | outbox inserts decoded and routed to `topic` |
+//! | `outbox_relay_events_published_total{topic}` | counter | events Kafka acknowledged (replays count again) |
+//! | `outbox_relay_events_failed_total{topic}` | counter | events Kafka finally refused (the session then replays) |
+//! | `outbox_relay_in_flight_events` | gauge | events handed to Kafka and not yet acknowledged |
+//! | `outbox_relay_in_flight_bytes` | gauge | their bytes (keys + values + headers) |
+//! | `outbox_relay_commit_to_ack_seconds` | histogram | PostgreSQL commit time to Kafka acknowledgement |
+//! | `outbox_relay_seconds_behind_source` | gauge | age of the oldest received, unconfirmed transaction's commit (0 when caught up) |
+//! | `outbox_relay_received_lsn` | gauge | highest WAL position received from the server |
+//! | `outbox_relay_flushed_lsn` | gauge | WAL position confirmed to the server (everything before it is in Kafka) |
+//! | `outbox_relay_slot_retained_wal_bytes` | gauge | WAL the server keeps for the slot (current LSN − `restart_lsn`) |
+//! | `outbox_relay_reconnects_total` | counter | sessions restarted after a transient error |
+//! | `outbox_relay_active` | gauge | 1 while this instance streams, 0 while it stands by or reconnects |
+//! | `outbox_relay_bad_events_total{policy,cause}` | counter | events `relay.on_bad_event` handled (`policy`: fail, skip, dead-letter; `cause`: see `BadEvent::label`) |
+//!
+//! LSNs are exported as numbers (bytes since the start of WAL); `f64` is exact up to 8 PiB.
+
+use std::collections::HashMap;
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Gauge, Histogram,
+};
+
+use crate::ops::latency::LatencyBatch;
+
+pub const EVENTS_RECEIVED: &str = "outbox_relay_events_received_total";
+pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
+pub const EVENTS_FAILED: &str = "outbox_relay_events_failed_total";
+pub const IN_FLIGHT_EVENTS: &str = "outbox_relay_in_flight_events";
+pub const IN_FLIGHT_BYTES: &str = "outbox_relay_in_flight_bytes";
+pub const COMMIT_TO_ACK_SECONDS: &str = "outbox_relay_commit_to_ack_seconds";
+pub const SECONDS_BEHIND_SOURCE: &str = "outbox_relay_seconds_behind_source";
+pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
+pub const FLUSHED_LSN: &str = "outbox_relay_flushed_lsn";
+pub const SLOT_RETAINED_WAL_BYTES: &str = "outbox_relay_slot_retained_wal_bytes";
+pub const RECONNECTS: &str = "outbox_relay_reconnects_total";
+pub const ACTIVE: &str = "outbox_relay_active";
+pub const BAD_EVENTS: &str = "outbox_relay_bad_events_total";
+
+/// The label of the per-topic counters.
+pub const TOPIC_LABEL: &str = "topic";
+
+/// Upper bounds (seconds) of the commit-to-ack histogram: 1 ms … 60 s, roughly ×2.5 apart.
+pub const COMMIT_TO_ACK_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Help texts, and the process-wide series registered up front so a scrape shows them (at 0)
+/// before the first event or reconnect. Call once, after a recorder is installed.
+pub fn describe() {
+    describe_counter!(
+        EVENTS_RECEIVED,
+        "Outbox inserts decoded from the WAL and routed, by topic."
+    );
+    describe_counter!(
+        EVENTS_PUBLISHED,
+        "Events acknowledged by Kafka, by topic (replays after a restart count again)."
+    );
+    describe_counter!(
+        EVENTS_FAILED,
+        "Events Kafka finally refused, by topic; the session then replays from the slot."
+    );
+    describe_gauge!(IN_FLIGHT_EVENTS, "Events handed to Kafka and not yet acknowledged.");
+    describe_gauge!(
+        IN_FLIGHT_BYTES,
+        "Bytes (keys + values + headers) of the in-flight events."
+    );
+    describe_histogram!(
+        COMMIT_TO_ACK_SECONDS,
+        "Seconds from the PostgreSQL commit of an event to its Kafka acknowledgement."
+    );
+    describe_gauge!(
+        SECONDS_BEHIND_SOURCE,
+        "Seconds since the commit of the oldest received transaction not yet confirmed (0 when caught up)."
+    );
+    describe_gauge!(RECEIVED_LSN, "Highest WAL position received from PostgreSQL (bytes).");
+    describe_gauge!(
+        FLUSHED_LSN,
+        "WAL position confirmed to PostgreSQL: everything before it is in Kafka (bytes)."
+    );
+    describe_gauge!(
+        SLOT_RETAINED_WAL_BYTES,
+        "WAL kept on the server for the slot: current WAL position minus restart_lsn."
+    );
+    describe_counter!(
+        RECONNECTS,
+        "Streaming sessions restarted after a transient error (PostgreSQL or Kafka)."
+    );
+    describe_gauge!(
+        ACTIVE,
+        "1 while this instance streams from the slot, 0 while it stands by or reconnects."
+    );
+    describe_counter!(
+        BAD_EVENTS,
+        "Outbox events that can never be published, by relay.on_bad_event policy and cause."
+    );
+    counter!(RECONNECTS).absolute(0);
+    gauge!(ACTIVE).set(0.0);
+    gauge!(IN_FLIGHT_EVENTS).set(0.0);
+    gauge!(IN_FLIGHT_BYTES).set(0.0);
+}
+
+/// The per-event metrics of one session: per-topic counters, the commit-to-ack histogram, and
+/// the exact samples for `GET /latency` (see `crate::ops::latency`), folded in by
+/// [`SessionMetrics::fold_latency`] once per batch of delivery reports.
+pub struct SessionMetrics {
+    topics: TopicMetrics,
+    commit_to_ack: Histogram,
+    exact: LatencyBatch,
+}
+
+impl Default for SessionMetrics {
+    fn default() -> Self {
+        SessionMetrics {
+            topics: TopicMetrics::default(),
+            commit_to_ack: histogram!(COMMIT_TO_ACK_SECONDS),
+            exact: LatencyBatch::default(),
+        }
+    }
+}
+
+impl SessionMetrics {
+    /// An event was routed to `topic`: counts it and returns the id its delivery tag carries.
+    pub fn received(&mut self, topic: &str) -> TopicId {
+        let id = self.topics.id(topic);
+        self.topics.received(id);
+        id
+    }
+
+    /// Kafka acknowledged an event of a transaction committed at `commit_unix_us`.
+    pub fn published(&mut self, topic: TopicId, commit_unix_us: i64, now_unix_us: i64) {
+        self.topics.published(topic);
+        self.commit_to_ack.record(seconds_since(commit_unix_us, now_unix_us));
+        self.exact.record(commit_unix_us, now_unix_us);
+    }
+
+    /// Moves the exact samples recorded since the last call into the process-wide window.
+    pub fn fold_latency(&mut self) {
+        crate::ops::latency::commit_to_ack().absorb(&mut self.exact);
+    }
+
+    pub fn failed(&self, topic: TopicId) {
+        self.topics.failed(topic);
+    }
+}
+
+/// Index of a topic in a session's [`TopicMetrics`]; travels in each event's delivery tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TopicId(u32);
+
+/// The per-topic counter handles of one session.
+#[derive(Default)]
+pub struct TopicMetrics {
+    ids: HashMap<String, TopicId>,
+    counters: Vec<TopicCounters>,
+}
+
+struct TopicCounters {
+    received: Counter,
+    published: Counter,
+    failed: Counter,
+}
+
+impl TopicMetrics {
+    /// The id of `topic`, registering its counters the first time (the only allocation).
+    pub fn id(&mut self, topic: &str) -> TopicId {
+        if let Some(id) = self.ids.get(topic) {
+            return *id;
+        }
+        let label = || [(TOPIC_LABEL, topic.to_owned())];
+        let id = TopicId(u32::try_from(self.counters.len()).unwrap_or(u32::MAX));
+        self.counters.push(TopicCounters {
+            received: counter!(EVENTS_RECEIVED, &label()),
+            published: counter!(EVENTS_PUBLISHED, &label()),
+            failed: counter!(EVENTS_FAILED, &label()),
+        });
+        self.ids.insert(topic.to_owned(), id);
+        id
+    }
+
+    pub fn received(&self, id: TopicId) {
+        if let Some(c) = self.counters.get(id.0 as usize) {
+            c.received.increment(1);
+        }
+    }
+
+    pub fn published(&self, id: TopicId) {
+        if let Some(c) = self.counters.get(id.0 as usize) {
+            c.published.increment(1);
+        }
+    }
+
+    pub fn failed(&self, id: TopicId) {
+        if let Some(c) = self.counters.get(id.0 as usize) {
+            c.failed.increment(1);
+        }
+    }
+}
+
+/// The process-wide gauges a session updates once per status interval.
+pub struct StreamGauges {
+    in_flight_events: Gauge,
+    in_flight_bytes: Gauge,
+    seconds_behind: Gauge,
+    received_lsn: Gauge,
+    flushed_lsn: Gauge,
+}
+
+/// One status interval's view of the stream, for [`StreamGauges::set`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StreamSnapshot {
+    pub in_flight_events: usize,
+    pub in_flight_bytes: usize,
+    pub seconds_behind: f64,
+    pub received_lsn: u64,
+    pub flushed_lsn: u64,
+}
+
+impl Default for StreamGauges {
+    fn default() -> Self {
+        StreamGauges {
+            in_flight_events: gauge!(IN_FLIGHT_EVENTS),
+            in_flight_bytes: gauge!(IN_FLIGHT_BYTES),
+            seconds_behind: gauge!(SECONDS_BEHIND_SOURCE),
+            received_lsn: gauge!(RECEIVED_LSN),
+            flushed_lsn: gauge!(FLUSHED_LSN),
+        }
+    }
+}
+
+impl StreamGauges {
+    /// No session streams: nothing is in flight (LSN gauges keep their last values).
+    pub fn set_idle(&self) {
+        self.in_flight_events.set(0.0);
+        self.in_flight_bytes.set(0.0);
+    }
+
+    pub fn set(&self, s: &StreamSnapshot) {
+        self.in_flight_events.set(s.in_flight_events as f64);
+        self.in_flight_bytes.set(s.in_flight_bytes as f64);
+        self.seconds_behind.set(s.seconds_behind);
+        self.received_lsn.set(s.received_lsn as f64);
+        self.flushed_lsn.set(s.flushed_lsn as f64);
+    }
+}
+
+/// Seconds between a commit (µs since the Unix epoch) and `now_us`; never negative (clocks of
+/// the database and this host may disagree slightly).
+pub fn seconds_since(commit_unix_us: i64, now_us: i64) -> f64 {
+    (now_us.saturating_sub(commit_unix_us)).max(0) as f64 / 1e6
+}
+
+/// Now, in µs since the Unix epoch.
+pub fn now_unix_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_ids_are_stable_and_allocated_once() {
+        let mut m = TopicMetrics::default();
+        let a = m.id("order.placed");
+        let b = m.id("order.paid");
+        assert_ne!(a, b);
+        assert_eq!(m.id("order.placed"), a);
+        assert_eq!(m.counters.len(), 2);
+        // Unknown ids (impossible in practice) are ignored rather than panicking.
+        m.published(TopicId(99));
+    }
+
+    #[test]
+    fn commit_latency_never_goes_negative() {
+        assert_eq!(seconds_since(2_000_000, 1_000_000), 0.0);
+        assert_eq!(seconds_since(1_000_000, 3_500_000), 2.5);
+    }
+}

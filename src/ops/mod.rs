@@ -1,0 +1,14 @@
+//! Operating the process: metrics (every name in one place), health for the probes, the exact
+//! commit-to-ack latency window, the HTTP server that serves them, logging, retry backoff and
+//! failpoints for crash tests.
+//!
+//! Invariant: used by the pipeline, the poller and the control plane; imports only `config`.
+
+pub mod failpoints;
+pub mod health;
+pub mod http;
+pub mod latency;
+pub mod logging;
+pub mod metrics;
+pub mod retry;
+pub mod units;

@@ -1,0 +1,367 @@
+//! What happens to an outbox event that can never become a Kafka record.
+//!
+//! A *bad event* is one whose own content is the problem: a NULL in a mapped column, a route
+//! value that makes an illegal topic name, a record Kafka refuses for its size or shape, a
+//! malformed `pg_logical_emit_message` event. Replaying it cannot help, so the relay applies the
+//! operator's [`BadEventPolicy`] (`[relay] on_bad_event`):
+//!
+//! * `fail` (default): stop with an error naming the event id, the commit LSN and the cause;
+//!   the event's transaction is never confirmed, so nothing from it on is lost or skipped.
+//! * `dead-letter`: publish the raw event to `[relay] dead_letter_topic` — for a row, every column
+//!   as a JSON object of column → text (or null); for a message, its content as-is — with the
+//!   error in headers ([`DeadLetter`]). It goes through the same producer and counts in the
+//!   watermark like any event, so the WAL is only released once the dead letter is in Kafka.
+//! * `skip`: log at WARN with id, LSN and cause, count it, go on.
+//!
+//! Whatever the policy, every bad event is counted in
+//! [`crate::ops::metrics::BAD_EVENTS_TOTAL`]`{policy, cause}`.
+
+use bytes::Bytes;
+
+use crate::config::KafkaProperties;
+use crate::outbox::event::BadEvent;
+use crate::outbox::routing::validate_topic_name;
+use crate::postgres::lsn::Lsn;
+use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
+
+/// Header names of a dead-letter record (besides `id`, the event id as for every record).
+pub const HEADER_ERROR: &str = "outbox-relay-error";
+pub const HEADER_LSN: &str = "outbox-relay-lsn";
+pub const HEADER_SOURCE: &str = "outbox-relay-source-table";
+/// Present only when the raw content was cut to fit `message.max.bytes`: the original length.
+pub const HEADER_TRUNCATED: &str = "outbox-relay-truncated-from";
+
+/// librdkafka's default `message.max.bytes`.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+/// Room left for the record framing librdkafka counts against `message.max.bytes`.
+const RECORD_OVERHEAD: usize = 4096;
+
+/// `[relay] on_bad_event`, validated (dead-letter carries its topic).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadEventPolicy {
+    Fail,
+    Skip,
+    DeadLetter { topic: String },
+}
+
+impl BadEventPolicy {
+    /// Builds the policy from the two config keys; the error is a sentence for the config author.
+    pub fn from_config(policy: &str, dead_letter_topic: Option<&str>) -> Result<Self, String> {
+        match policy {
+            "fail" => Ok(BadEventPolicy::Fail),
+            "skip" => Ok(BadEventPolicy::Skip),
+            "dead-letter" => {
+                let Some(topic) = dead_letter_topic else {
+                    return Err(
+                        "on_bad_event = \"dead-letter\" needs relay.dead_letter_topic, the topic bad events are published to"
+                            .into(),
+                    );
+                };
+                validate_topic_name(topic).map_err(|m| format!("relay.dead_letter_topic: {m}"))?;
+                Ok(BadEventPolicy::DeadLetter {
+                    topic: topic.to_owned(),
+                })
+            }
+            other => Err(format!(
+                "{other:?} is not a policy; use \"fail\" (the default), \"dead-letter\" or \"skip\""
+            )),
+        }
+    }
+
+    /// The metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BadEventPolicy::Fail => "fail",
+            BadEventPolicy::Skip => "skip",
+            BadEventPolicy::DeadLetter { .. } => "dead-letter",
+        }
+    }
+}
+
+/// The event as it was written, for a dead letter.
+#[derive(Debug, Clone)]
+pub struct RawEvent {
+    /// `schema.table` of the row, or `pg_logical_emit_message:<prefix>`.
+    pub source: String,
+    /// A row as a JSON object of column → text/null; a message's content unchanged.
+    pub content: Bytes,
+    /// The record key to use, when the event has a usable one (keeps the dead letter next to
+    /// its aggregate's other events).
+    pub key: Option<Bytes>,
+}
+
+impl RawEvent {
+    pub fn row(table: &str, relation: &Relation, tuple: &TupleData, key: Option<Bytes>) -> Self {
+        RawEvent {
+            source: table.to_owned(),
+            content: Bytes::from(row_json(relation, tuple)),
+            key,
+        }
+    }
+
+    pub fn message(prefix: &str, content: Bytes) -> Self {
+        RawEvent {
+            source: format!("pg_logical_emit_message:{prefix}"),
+            content,
+            key: None,
+        }
+    }
+}
+
+/// Renders a row as `{"column": "text" | null, …}` in column order. Values that are not text
+/// (the relay never asks for binary values, and inserts never carry unchanged-TOAST markers)
+/// are rendered as null; bytes that are not UTF-8 are replaced, since JSON cannot carry them.
+pub fn row_json(relation: &Relation, tuple: &TupleData) -> String {
+    let mut out = String::with_capacity(64 + tuple.columns.iter().map(value_len).sum::<usize>());
+    out.push('{');
+    for (i, value) in tuple.columns.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let name = relation
+            .columns
+            .get(i)
+            .map_or_else(|| format!("#{i}"), |c| c.name.clone());
+        push_json_string(&mut out, &name);
+        out.push(':');
+        match value {
+            ColumnValue::Text(b) => push_json_string(&mut out, &String::from_utf8_lossy(b)),
+            ColumnValue::Null | ColumnValue::UnchangedToast | ColumnValue::Binary(_) => out.push_str("null"),
+        }
+    }
+    out.push('}');
+    out
+}
+
+fn value_len(v: &ColumnValue) -> usize {
+    match v {
+        ColumnValue::Text(b) | ColumnValue::Binary(b) => b.len() + 8,
+        ColumnValue::Null | ColumnValue::UnchangedToast => 8,
+    }
+}
+
+fn push_json_string(out: &mut String, s: &str) {
+    // serde_json's escaping; a String never fails to serialize.
+    out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into()));
+}
+
+/// A dead-letter record, owned, ready for [`crate::kafka::producer::OutboundRecord`].
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub topic: String,
+    pub key: Bytes,
+    pub payload: Bytes,
+    pub event_id: Bytes,
+    pub headers: Vec<(&'static str, Option<Bytes>)>,
+}
+
+impl DeadLetter {
+    /// The dead letter of `raw`, rejected for `cause`, from the transaction committed at
+    /// `commit_lsn`. The content is cut (at a character boundary when it is text) so the record
+    /// fits the producer's `message.max.bytes`: a dead letter that Kafka refused in turn would
+    /// stall the relay, and the header [`HEADER_TRUNCATED`] says how long it was.
+    pub fn new(
+        topic: &str,
+        event_id: &[u8],
+        commit_lsn: Lsn,
+        cause: &BadEvent,
+        raw: &RawEvent,
+        kafka: &KafkaProperties,
+    ) -> DeadLetter {
+        let mut headers: Vec<(&'static str, Option<Bytes>)> = vec![
+            (HEADER_ERROR, Some(Bytes::from(cause.to_string()))),
+            (HEADER_LSN, Some(Bytes::from(commit_lsn.to_string()))),
+            (HEADER_SOURCE, Some(Bytes::from(raw.source.clone()))),
+        ];
+        let key = raw.key.clone().unwrap_or_default();
+        let fixed = key.len()
+            + event_id.len()
+            + headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len))
+                .sum::<usize>()
+            + HEADER_TRUNCATED.len()
+            + 20;
+        let limit = message_max_bytes(kafka)
+            .saturating_sub(fixed + RECORD_OVERHEAD)
+            .max(1024);
+        let payload = if raw.content.len() > limit {
+            headers.push((HEADER_TRUNCATED, Some(Bytes::from(raw.content.len().to_string()))));
+            raw.content.slice(..char_boundary_at_or_before(&raw.content, limit))
+        } else {
+            raw.content.clone()
+        };
+        DeadLetter {
+            topic: topic.to_owned(),
+            key,
+            payload,
+            event_id: Bytes::copy_from_slice(event_id),
+            headers,
+        }
+    }
+}
+
+/// The producer's `message.max.bytes` (librdkafka's default when unset or unreadable).
+pub fn message_max_bytes(kafka: &KafkaProperties) -> usize {
+    kafka
+        .0
+        .get("message.max.bytes")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
+}
+
+/// The largest cut ≤ `limit` that does not split a UTF-8 sequence (any cut for non-text).
+fn char_boundary_at_or_before(content: &[u8], limit: usize) -> usize {
+    if std::str::from_utf8(content).is_err() {
+        return limit.min(content.len());
+    }
+    let mut cut = limit.min(content.len());
+    // UTF-8 continuation bytes are 0b10xx_xxxx.
+    while cut > 0 && content.get(cut).is_some_and(|b| b & 0xC0 == 0x80) {
+        cut -= 1;
+    }
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::postgres::pgoutput::RelationColumn;
+
+    fn relation(names: &[&str]) -> Relation {
+        Relation {
+            oid: 1,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: names
+                .iter()
+                .map(|n| RelationColumn {
+                    flags: 0,
+                    name: (*n).into(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+
+    fn kafka(max: Option<&str>) -> KafkaProperties {
+        let mut m = BTreeMap::new();
+        if let Some(v) = max {
+            m.insert("message.max.bytes".to_string(), v.to_string());
+        }
+        KafkaProperties(m)
+    }
+
+    #[test]
+    fn policy_parsing() {
+        assert_eq!(BadEventPolicy::from_config("fail", None), Ok(BadEventPolicy::Fail));
+        assert_eq!(
+            BadEventPolicy::from_config("skip", Some("ignored")),
+            Ok(BadEventPolicy::Skip)
+        );
+        assert_eq!(
+            BadEventPolicy::from_config("dead-letter", Some("outbox.dlq")),
+            Ok(BadEventPolicy::DeadLetter {
+                topic: "outbox.dlq".into()
+            })
+        );
+        assert!(BadEventPolicy::from_config("dead-letter", None)
+            .unwrap_err()
+            .contains("dead_letter_topic"));
+        assert!(BadEventPolicy::from_config("dead-letter", Some("bad topic"))
+            .unwrap_err()
+            .contains("dead_letter_topic"));
+        assert!(BadEventPolicy::from_config("ignore", None)
+            .unwrap_err()
+            .contains("\"skip\""));
+    }
+
+    #[test]
+    fn rows_render_as_json_objects_in_column_order() {
+        let rel = relation(&["id", "type", "payload", "note"]);
+        let tuple = TupleData {
+            columns: vec![
+                ColumnValue::Text(Bytes::from_static(b"7")),
+                ColumnValue::Null,
+                ColumnValue::Text(Bytes::from_static(r#"{"a": "ü\"x"}"#.as_bytes())),
+                ColumnValue::Binary(Bytes::from_static(b"\x00")),
+            ],
+        };
+        let json = row_json(&rel, &tuple);
+        assert_eq!(
+            json,
+            r#"{"id":"7","type":null,"payload":"{\"a\": \"ü\\\"x\"}","note":null}"#
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed["payload"], r#"{"a": "ü\"x"}"#);
+    }
+
+    #[test]
+    fn dead_letter_headers_and_truncation() {
+        let raw = RawEvent {
+            source: "public.outbox".into(),
+            content: Bytes::from("é".repeat(10_000)),
+            key: Some(Bytes::from_static(b"agg")),
+        };
+        let cause = BadEvent::Null {
+            column: "type".into(),
+            role: "route-by value",
+        };
+        let small = DeadLetter::new("dlq", b"42", Lsn(0x16B3748), &cause, &raw, &kafka(Some("8192")));
+        assert!(
+            small.payload.len() < 8192 && small.payload.len() >= 1024,
+            "{}",
+            small.payload.len()
+        );
+        assert!(std::str::from_utf8(&small.payload).is_ok(), "cut inside a character");
+        let header = |name: &str| {
+            small
+                .headers
+                .iter()
+                .find(|(k, _)| *k == name)
+                .and_then(|(_, v)| v.clone())
+        };
+        assert_eq!(header(HEADER_TRUNCATED).unwrap(), "20000");
+        assert_eq!(header(HEADER_LSN).unwrap(), "0/16B3748");
+        assert_eq!(header(HEADER_SOURCE).unwrap(), "public.outbox");
+        assert!(String::from_utf8_lossy(&header(HEADER_ERROR).unwrap()).contains("\"type\""));
+        assert_eq!(small.key, "agg");
+        let whole = DeadLetter::new("dlq", b"42", Lsn(1), &cause, &raw, &kafka(None));
+        assert_eq!(whole.payload.len(), 20_000);
+        assert!(whole.headers.iter().all(|(k, _)| *k != HEADER_TRUNCATED));
+    }
+
+    proptest! {
+        #[test]
+        fn row_json_is_always_valid_json(values in proptest::collection::vec(proptest::option::of(any::<Vec<u8>>()), 0..6)) {
+            let names: Vec<String> = (0..values.len()).map(|i| format!("c\"{i}")).collect();
+            let rel = relation(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            let tuple = TupleData {
+                columns: values
+                    .iter()
+                    .map(|v| v.as_ref().map_or(ColumnValue::Null, |b| ColumnValue::Text(Bytes::from(b.clone()))))
+                    .collect(),
+            };
+            let parsed: serde_json::Value = serde_json::from_str(&row_json(&rel, &tuple)).unwrap();
+            prop_assert_eq!(parsed.as_object().unwrap().len(), values.len());
+        }
+
+        #[test]
+        fn truncation_respects_the_limit(len in 0usize..40_000, max in 2_000usize..30_000, multibyte in any::<bool>()) {
+            let text = if multibyte { "ü".repeat(len / 2) } else { "x".repeat(len) };
+            let raw = RawEvent { source: "s".into(), content: Bytes::from(text), key: None };
+            let cause = BadEvent::Topic("t".into());
+            let dl = DeadLetter::new("dlq", b"1", Lsn(1), &cause, &raw, &kafka(Some(&max.to_string())));
+            let total = dl.payload.len() + dl.key.len() + dl.event_id.len()
+                + dl.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len)).sum::<usize>();
+            prop_assert!(total <= max.max(1024 + total - dl.payload.len()));
+            prop_assert!(std::str::from_utf8(&dl.payload).is_ok());
+        }
+    }
+}

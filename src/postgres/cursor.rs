@@ -1,0 +1,152 @@
+//! A bounds-checked cursor over one received message.
+//!
+//! Every read checks the remaining length first and reports a [`Short`] instead of
+//! panicking, so decoders built on it are panic-free on arbitrary input. Reads of byte runs
+//! are zero-copy: they return `Bytes` that share the input's allocation.
+
+use std::fmt::Write as _;
+
+use bytes::{Buf, Bytes};
+
+/// A read needed more bytes than were left. Callers add what they were reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Short {
+    pub needed: usize,
+    pub remaining: usize,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Reader {
+    buf: Bytes,
+}
+
+impl Reader {
+    pub(crate) fn new(buf: Bytes) -> Self {
+        Reader { buf }
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn ensure(&self, needed: usize) -> Result<(), Short> {
+        let remaining = self.buf.len();
+        if remaining < needed {
+            return Err(Short { needed, remaining });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, Short> {
+        self.ensure(1)?;
+        Ok(self.buf.get_u8())
+    }
+
+    pub(crate) fn u16(&mut self) -> Result<u16, Short> {
+        self.ensure(2)?;
+        Ok(self.buf.get_u16())
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, Short> {
+        self.ensure(4)?;
+        Ok(self.buf.get_u32())
+    }
+
+    pub(crate) fn i32(&mut self) -> Result<i32, Short> {
+        self.ensure(4)?;
+        Ok(self.buf.get_i32())
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, Short> {
+        self.ensure(8)?;
+        Ok(self.buf.get_u64())
+    }
+
+    pub(crate) fn i64(&mut self) -> Result<i64, Short> {
+        self.ensure(8)?;
+        Ok(self.buf.get_i64())
+    }
+
+    /// The next `n` bytes, sharing the input's allocation.
+    pub(crate) fn bytes(&mut self, n: usize) -> Result<Bytes, Short> {
+        self.ensure(n)?;
+        Ok(self.buf.split_to(n))
+    }
+
+    /// A NUL-terminated string's bytes (without the NUL), or `None` when no NUL is left.
+    pub(crate) fn cstr(&mut self) -> Option<Bytes> {
+        let end = self.buf.iter().position(|&b| b == 0)?;
+        let s = self.buf.split_to(end);
+        // The NUL found above is now the first byte.
+        self.buf.advance(1);
+        Some(s)
+    }
+
+    /// Everything that is left.
+    pub(crate) fn rest(&mut self) -> Bytes {
+        std::mem::take(&mut self.buf)
+    }
+}
+
+/// Error-message helpers shared by the frame codec and the pgoutput decoder.
+pub(crate) fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// A protocol byte as both hex and, when printable, the character the docs use for it.
+pub(crate) fn show_byte(b: u8) -> String {
+    let mut s = format!("0x{b:02X}");
+    if b.is_ascii_graphic() {
+        let _ = write!(s, " ('{}')", char::from(b));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_big_endian_and_reports_short_reads() {
+        let mut r = Reader::new(Bytes::from_static(&[0, 1, 0, 0, 0, 2, 0xFF]));
+        assert_eq!(r.u16(), Ok(1));
+        assert_eq!(r.u32(), Ok(2));
+        assert_eq!(
+            r.u16(),
+            Err(Short {
+                needed: 2,
+                remaining: 1
+            })
+        );
+        // A failed read consumes nothing.
+        assert_eq!(r.u8(), Ok(0xFF));
+        assert_eq!(r.remaining(), 0);
+    }
+
+    #[test]
+    fn cstr_needs_a_terminator() {
+        let mut r = Reader::new(Bytes::from_static(b"ab\0cd"));
+        assert_eq!(r.cstr().as_deref(), Some(&b"ab"[..]));
+        assert_eq!(r.cstr(), None);
+        assert_eq!(r.rest(), Bytes::from_static(b"cd"));
+    }
+
+    #[test]
+    fn byte_runs_share_the_input() {
+        let input = Bytes::from_static(b"hello");
+        let mut r = Reader::new(input.clone());
+        let head = r.bytes(4).unwrap();
+        assert_eq!(head.as_ptr(), input.as_ptr());
+        assert_eq!(
+            r.bytes(2),
+            Err(Short {
+                needed: 2,
+                remaining: 1
+            })
+        );
+    }
+}

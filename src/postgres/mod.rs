@@ -1,0 +1,19 @@
+//! The PostgreSQL adapter: everything that speaks to the database.
+//!
+//! - [`replication`]: our own replication-protocol transport (startup, auth, TLS,
+//!   `START_REPLICATION`, CopyBoth frames split into a reader and a status writer);
+//! - [`pgoutput`]: the pure, panic-free decoder of the pgoutput logical-decoding plugin;
+//! - [`cursor`]: the byte cursor both share (the transport never imports the decoder);
+//! - [`client`], [`tls`]: ordinary (control-plane) connections;
+//! - [`lsn`]: WAL positions; [`slot`]: the one query and row type for a replication slot.
+//!
+//! Invariant: this layer knows nothing of outbox events, Kafka or the relay; it imports only
+//! `config`.
+
+pub mod client;
+pub(crate) mod cursor;
+pub mod lsn;
+pub mod pgoutput;
+pub mod replication;
+pub mod timestamp;
+pub mod tls;

@@ -1,0 +1,529 @@
+//! Hand-built messages: every field, every error path, and property tests.
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::*;
+use crate::postgres::lsn::Lsn;
+
+/// Builds a message the way the server's `pq_send*` functions do.
+#[derive(Default)]
+struct Msg(Vec<u8>);
+
+impl Msg {
+    fn tag(t: u8) -> Self {
+        Msg(vec![t])
+    }
+    fn u8(mut self, v: u8) -> Self {
+        self.0.push(v);
+        self
+    }
+    fn i16(mut self, v: i16) -> Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn i32(mut self, v: i32) -> Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn u32(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn i64(mut self, v: i64) -> Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn raw(mut self, v: &[u8]) -> Self {
+        self.0.extend_from_slice(v);
+        self
+    }
+    fn str(self, s: &str) -> Self {
+        self.raw(s.as_bytes()).u8(0)
+    }
+    fn text(self, s: &str) -> Self {
+        let len = i32::try_from(s.len()).unwrap();
+        self.u8(b't').i32(len).raw(s.as_bytes())
+    }
+    fn bytes(self) -> Bytes {
+        Bytes::from(self.0)
+    }
+}
+
+fn text(s: &'static str) -> ColumnValue {
+    ColumnValue::Text(Bytes::from_static(s.as_bytes()))
+}
+
+#[test]
+fn decodes_begin_and_commit() {
+    let begin = Msg::tag(b'B').u64(0x16_B374_D848).i64(42).u32(7).bytes();
+    assert_eq!(
+        decode(begin),
+        Ok(LogicalMessage::Begin(Begin {
+            final_lsn: Lsn(0x16_B374_D848),
+            commit_time: PgTimestamp(42),
+            xid: 7,
+        }))
+    );
+    let commit = Msg::tag(b'C').u8(0).u64(10).u64(20).i64(-1).bytes();
+    assert_eq!(
+        decode(commit),
+        Ok(LogicalMessage::Commit(Commit {
+            flags: 0,
+            commit_lsn: Lsn(10),
+            end_lsn: Lsn(20),
+            commit_time: PgTimestamp(-1),
+        }))
+    );
+}
+
+#[test]
+fn decodes_origin_type_and_message() {
+    let origin = Msg::tag(b'O').u64(5).str("node_a").bytes();
+    assert_eq!(
+        decode(origin),
+        Ok(LogicalMessage::Origin(Origin {
+            commit_lsn: Lsn(5),
+            name: "node_a".into(),
+        }))
+    );
+    let ty = Msg::tag(b'Y').u32(16_386).str("public").str("mood").bytes();
+    assert_eq!(
+        decode(ty),
+        Ok(LogicalMessage::Type(TypeInfo {
+            oid: 16_386,
+            namespace: "public".into(),
+            name: "mood".into(),
+        }))
+    );
+    // Content is raw bytes: it need not be UTF-8 and may contain NULs.
+    let msg = Msg::tag(b'M').u8(0).u64(9).str("").i32(3).raw(&[0xFF, 0, 1]).bytes();
+    assert_eq!(
+        decode(msg),
+        Ok(LogicalMessage::Message(LogicalDecodingMessage {
+            transactional: false,
+            lsn: Lsn(9),
+            prefix: String::new(),
+            content: Bytes::from_static(&[0xFF, 0, 1]),
+        }))
+    );
+}
+
+#[test]
+fn decodes_relation() {
+    let rel = Msg::tag(b'R')
+        .u32(16_391)
+        .str("public")
+        .str("outbox")
+        .u8(b'd')
+        .i16(2)
+        .u8(1)
+        .str("id")
+        .u32(20)
+        .i32(-1)
+        .u8(0)
+        .str("topic")
+        .u32(1043)
+        .i32(68)
+        .bytes();
+    let LogicalMessage::Relation(rel) = decode(rel).unwrap() else {
+        panic!("not a relation");
+    };
+    assert_eq!(
+        (rel.oid, &*rel.namespace, &*rel.name, rel.replica_identity),
+        (16_391, "public", "outbox", b'd')
+    );
+    assert_eq!(
+        rel.columns,
+        vec![
+            RelationColumn {
+                flags: 1,
+                name: "id".into(),
+                type_oid: 20,
+                type_modifier: -1
+            },
+            RelationColumn {
+                flags: 0,
+                name: "topic".into(),
+                type_oid: 1043,
+                type_modifier: 68
+            },
+        ]
+    );
+    assert!(rel.columns[0].is_key() && !rel.columns[1].is_key());
+}
+
+#[test]
+fn decodes_every_column_kind_zero_copy() {
+    let input = Msg::tag(b'I')
+        .u32(1)
+        .u8(b'N')
+        .i16(4)
+        .u8(b'n')
+        .text("héllo")
+        .u8(b'b')
+        .i32(2)
+        .raw(&[0, 42])
+        .text("")
+        .bytes();
+    let LogicalMessage::Insert(insert) = decode(input.clone()).unwrap() else {
+        panic!("not an insert");
+    };
+    assert_eq!(insert.relation_oid, 1);
+    assert_eq!(
+        insert.new.columns,
+        vec![
+            ColumnValue::Null,
+            text("héllo"),
+            ColumnValue::Binary(Bytes::from_static(&[0, 42])),
+            text(""),
+        ]
+    );
+    let ColumnValue::Text(value) = &insert.new.columns[1] else {
+        unreachable!()
+    };
+    let offset = 1 + 4 + 1 + 2 + 1 + 1 + 4;
+    assert_eq!(value.as_ptr(), input[offset..].as_ptr());
+}
+
+#[test]
+fn decodes_update_variants() {
+    let new_only = Msg::tag(b'U').u32(3).u8(b'N').i16(1).u8(b'u').bytes();
+    assert_eq!(
+        decode(new_only),
+        Ok(LogicalMessage::Update(Update {
+            relation_oid: 3,
+            old: None,
+            new: TupleData {
+                columns: vec![ColumnValue::UnchangedToast]
+            },
+        }))
+    );
+    for (marker, wrap) in [
+        (b'K', OldTuple::Key as fn(TupleData) -> OldTuple),
+        (b'O', OldTuple::Full),
+    ] {
+        let msg = Msg::tag(b'U')
+            .u32(3)
+            .u8(marker)
+            .i16(1)
+            .text("old")
+            .u8(b'N')
+            .i16(1)
+            .text("new")
+            .bytes();
+        let LogicalMessage::Update(update) = decode(msg).unwrap() else {
+            panic!("not an update");
+        };
+        let old = update.old.unwrap();
+        assert_eq!(
+            old,
+            wrap(TupleData {
+                columns: vec![text("old")]
+            })
+        );
+        assert_eq!(old.tuple().columns, vec![text("old")]);
+        assert_eq!(update.new.columns, vec![text("new")]);
+    }
+}
+
+#[test]
+fn decodes_delete_and_truncate() {
+    let delete = Msg::tag(b'D').u32(4).u8(b'K').i16(1).text("7").bytes();
+    assert_eq!(
+        decode(delete),
+        Ok(LogicalMessage::Delete(Delete {
+            relation_oid: 4,
+            old: OldTuple::Key(TupleData {
+                columns: vec![text("7")]
+            }),
+        }))
+    );
+    let truncate = Msg::tag(b'T').i32(2).u8(2).u32(10).u32(11).bytes();
+    let LogicalMessage::Truncate(t) = decode(truncate).unwrap() else {
+        panic!("not a truncate");
+    };
+    assert_eq!(t.relation_oids, vec![10, 11]);
+    assert!(!t.cascade() && t.restart_identity());
+}
+
+#[test]
+fn empty_and_unknown_tags() {
+    assert_eq!(
+        decode(Bytes::new()),
+        Err(DecodeError::UnexpectedEof {
+            message: "",
+            reading: "message tag",
+            column: None,
+            needed: 1,
+            remaining: 0,
+        })
+    );
+    // 'S' (stream start) and 'b' (begin prepare) belong to later protocol versions.
+    for tag in [b'S', b'b', 0, 0xFF] {
+        assert_eq!(
+            decode(Msg::tag(tag).u64(0).bytes()),
+            Err(DecodeError::UnknownMessageTag(tag))
+        );
+    }
+}
+
+#[test]
+fn short_column_value_names_the_column() {
+    let msg = Msg::tag(b'I')
+        .u32(1)
+        .u8(b'N')
+        .i16(3)
+        .u8(b'n')
+        .text("a")
+        .u8(b't')
+        .i32(12)
+        .raw(b"abcd")
+        .bytes();
+    let err = decode(msg).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::UnexpectedEof {
+            message: "Insert",
+            reading: "value",
+            column: Some(3),
+            needed: 12,
+            remaining: 4,
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "pgoutput Insert message ends early while reading column 3 value: need 12 bytes, 4 left"
+    );
+}
+
+#[test]
+fn unknown_tuple_kind_and_markers() {
+    let kind = Msg::tag(b'I').u32(1).u8(b'N').i16(1).u8(b'x').bytes();
+    assert_eq!(decode(kind), Err(DecodeError::UnknownTupleKind(b'x')));
+
+    let update = Msg::tag(b'U').u32(1).u8(b'X').bytes();
+    assert_eq!(decode(update), Err(DecodeError::UnknownOldTupleMarker(b'X')));
+    // A delete always has an old tuple; 'N' is not valid there.
+    let delete = Msg::tag(b'D').u32(1).u8(b'N').i16(0).bytes();
+    assert_eq!(decode(delete), Err(DecodeError::UnknownOldTupleMarker(b'N')));
+
+    let insert = Msg::tag(b'I').u32(1).u8(b'K').i16(0).bytes();
+    assert_eq!(
+        decode(insert),
+        Err(DecodeError::UnexpectedTupleMarker {
+            message: "Insert",
+            expected: b'N',
+            found: b'K'
+        })
+    );
+    let update = Msg::tag(b'U').u32(1).u8(b'K').i16(0).u8(b'O').i16(0).bytes();
+    assert_eq!(
+        decode(update),
+        Err(DecodeError::UnexpectedTupleMarker {
+            message: "Update",
+            expected: b'N',
+            found: b'O'
+        })
+    );
+}
+
+#[test]
+fn negative_lengths_are_rejected() {
+    let value = Msg::tag(b'I').u32(1).u8(b'N').i16(1).u8(b'b').i32(-1).bytes();
+    assert_eq!(
+        decode(value),
+        Err(DecodeError::NegativeLength {
+            message: "Insert",
+            field: "value length",
+            column: Some(1),
+            length: -1,
+        })
+    );
+    let content = Msg::tag(b'M').u8(1).u64(0).str("p").i32(i32::MIN).bytes();
+    assert!(matches!(
+        decode(content),
+        Err(DecodeError::NegativeLength {
+            field: "content length",
+            length: i32::MIN,
+            ..
+        })
+    ));
+    let truncate = Msg::tag(b'T').i32(-3).u8(0).bytes();
+    assert!(matches!(
+        decode(truncate),
+        Err(DecodeError::NegativeLength {
+            message: "Truncate",
+            field: "relation count",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn hostile_counts_fail_fast() {
+    let columns = Msg::tag(b'I').u32(1).u8(b'N').u8(0xFF).u8(0xFF).bytes();
+    assert!(matches!(
+        decode(columns),
+        Err(DecodeError::UnexpectedEof {
+            reading: "kind",
+            column: Some(1),
+            ..
+        })
+    ));
+    let relations = Msg::tag(b'T').i32(i32::MAX).u8(0).u32(1).bytes();
+    assert!(matches!(
+        decode(relations),
+        Err(DecodeError::UnexpectedEof {
+            reading: "relation OID",
+            needed: 4,
+            remaining: 0,
+            ..
+        })
+    ));
+    let relation = Msg::tag(b'R')
+        .u32(1)
+        .str("s")
+        .str("t")
+        .u8(b'd')
+        .u8(0xFF)
+        .u8(0xFF)
+        .bytes();
+    assert!(matches!(
+        decode(relation),
+        Err(DecodeError::UnexpectedEof {
+            reading: "flags",
+            column: Some(1),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn strings_must_be_terminated_utf8() {
+    let unterminated = Msg::tag(b'Y').u32(1).str("public").raw(b"mood").bytes();
+    assert_eq!(
+        decode(unterminated),
+        Err(DecodeError::UnterminatedString {
+            message: "Type",
+            field: "type name",
+            column: None
+        })
+    );
+    let bad_utf8 = Msg::tag(b'R')
+        .u32(1)
+        .str("public")
+        .str("t")
+        .u8(b'f')
+        .i16(1)
+        .u8(0)
+        .raw(&[0xC3, 0x28, 0])
+        .u32(25)
+        .i32(-1)
+        .bytes();
+    let err = decode(bad_utf8).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::InvalidUtf8 {
+            message: "Relation",
+            field: "name",
+            column: Some(1)
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "pgoutput Relation message has invalid UTF-8 in column 1 name"
+    );
+}
+
+#[test]
+fn trailing_bytes_are_rejected() {
+    let begin = Msg::tag(b'B').u64(1).i64(2).u32(3).u8(0).bytes();
+    assert_eq!(
+        decode(begin),
+        Err(DecodeError::TrailingBytes {
+            message: "Begin",
+            remaining: 1
+        })
+    );
+}
+
+/// One valid message per tag, for mutation-based property tests.
+fn valid_messages() -> Vec<Vec<u8>> {
+    vec![
+        Msg::tag(b'B').u64(1).i64(2).u32(3).0,
+        Msg::tag(b'C').u8(0).u64(1).u64(2).i64(3).0,
+        Msg::tag(b'O').u64(1).str("o").0,
+        Msg::tag(b'R')
+            .u32(1)
+            .str("s")
+            .str("t")
+            .u8(b'd')
+            .i16(1)
+            .u8(1)
+            .str("id")
+            .u32(20)
+            .i32(-1)
+            .0,
+        Msg::tag(b'Y').u32(1).str("s").str("t").0,
+        Msg::tag(b'I').u32(1).u8(b'N').i16(2).text("x").u8(b'n').0,
+        Msg::tag(b'U')
+            .u32(1)
+            .u8(b'O')
+            .i16(1)
+            .text("a")
+            .u8(b'N')
+            .i16(1)
+            .u8(b'u')
+            .0,
+        Msg::tag(b'D').u32(1).u8(b'K').i16(1).text("k").0,
+        Msg::tag(b'T').i32(2).u8(3).u32(1).u32(2).0,
+        Msg::tag(b'M').u8(1).u64(1).str("p").i32(1).raw(b"c").0,
+    ]
+}
+
+#[test]
+fn every_prefix_of_a_valid_message_errors() {
+    for full in valid_messages() {
+        assert!(decode(Bytes::from(full.clone())).is_ok(), "{full:?}");
+        for cut in 0..full.len() {
+            let result = decode(Bytes::copy_from_slice(&full[..cut]));
+            assert!(result.is_err(), "prefix {cut} of {full:?} decoded");
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+        let _ = decode(Bytes::from(bytes));
+    }
+
+    #[test]
+    fn never_panics_after_a_valid_tag(
+        tag in prop::sample::select(b"BCORYIUDTM".to_vec()),
+        rest in proptest::collection::vec(any::<u8>(), 0..128),
+    ) {
+        let mut v = vec![tag];
+        v.extend(rest);
+        let _ = decode(Bytes::from(v));
+    }
+
+    #[test]
+    fn never_panics_on_mutated_valid_messages(
+        index in 0usize..10,
+        position in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut v = valid_messages().swap_remove(index);
+        let at = position.index(v.len());
+        v[at] = byte;
+        v.truncate(cut.index(v.len() + 1));
+        let _ = decode(Bytes::from(v));
+    }
+}

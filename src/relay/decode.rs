@@ -1,0 +1,161 @@
+//! Step 2, decode: a replication frame → a pgoutput message → an outbox event.
+//!
+//! Transactions open a watermark ticket at Begin and close it at Commit (which must carry the
+//! LSN Begin announced); Relation messages (re)resolve the outbox column mapping; Inserts into
+//! the outbox table and logical messages with the outbox prefix become events for the publish
+//! step. Keepalives move the received position and, when nothing is in flight, the watermark.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tracing::info;
+
+use super::error::RelayError;
+use super::publish::EventParts;
+use super::stream::{CachedRelation, FrameAction, OpenTxn, StreamState};
+use crate::config::ident::Ident;
+use crate::outbox::bad_event::RawEvent;
+use crate::outbox::event::OutboxLayout;
+use crate::postgres::pgoutput::{self, Insert, LogicalMessage, Relation};
+use crate::postgres::replication::frames::{decode_server_frame, ServerFrame};
+
+impl StreamState<'_> {
+    pub fn on_frame(&mut self, frame: Bytes) -> Result<FrameAction, RelayError> {
+        match decode_server_frame(frame)? {
+            ServerFrame::XLogData {
+                wal_start,
+                send_time,
+                data,
+                ..
+            } => {
+                self.last_send_unix_us = send_time.to_unix_micros();
+                let msg = pgoutput::decode(data).map_err(|source| RelayError::Decode { lsn: wal_start, source })?;
+                self.on_message(msg)?;
+                Ok(FrameAction::Nothing)
+            }
+            ServerFrame::PrimaryKeepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
+                self.received = self.received.max(wal_end);
+                self.watermark.keepalive(wal_end);
+                Ok(if reply_requested {
+                    FrameAction::ReplyNow
+                } else {
+                    FrameAction::Nothing
+                })
+            }
+        }
+    }
+
+    fn on_message(&mut self, msg: LogicalMessage) -> Result<(), RelayError> {
+        match msg {
+            LogicalMessage::Begin(b) => {
+                let ticket = self.watermark.begin()?;
+                self.behind_us = self.last_send_unix_us.saturating_sub(b.commit_time.to_unix_micros());
+                self.open = Some(OpenTxn {
+                    ticket,
+                    commit_lsn: b.final_lsn,
+                    commit_time: b.commit_time,
+                    events: 0,
+                });
+            }
+            LogicalMessage::Commit(c) => {
+                let txn = self
+                    .open
+                    .take()
+                    .ok_or_else(|| RelayError::Protocol("Commit without Begin".into()))?;
+                // The commit must be the one Begin announced; anything else means frames were
+                // lost or reordered, and confirming this transaction could skip another.
+                if c.commit_lsn != txn.commit_lsn {
+                    return Err(RelayError::Protocol(format!(
+                        "Commit at {} does not match its Begin's final LSN {}",
+                        c.commit_lsn, txn.commit_lsn
+                    )));
+                }
+                self.watermark.commit(txn.ticket, c.end_lsn)?;
+                self.received = self.received.max(c.end_lsn);
+                self.counts.transactions += 1;
+            }
+            LogicalMessage::Relation(r) => self.on_relation(r)?,
+            LogicalMessage::Insert(i) => self.on_insert(i)?,
+            LogicalMessage::Message(m) => self.on_logical_message(m)?,
+            // Updates and deletes of the outbox (a polling relayer's `SET dispatched_at`, an
+            // insert-then-delete in one transaction, cleanup jobs) are not events.
+            LogicalMessage::Update(_)
+            | LogicalMessage::Delete(_)
+            | LogicalMessage::Truncate(_)
+            | LogicalMessage::Type(_)
+            | LogicalMessage::Origin(_) => {}
+        }
+        Ok(())
+    }
+
+    fn on_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
+        let table = &self.settings.outbox.table;
+        let layout = if relation.namespace == table.schema.as_str() && relation.name == table.name.as_str() {
+            let layout = OutboxLayout::resolve(&self.settings.outbox, &relation)?;
+            if self.relations.contains_key(&relation.oid) {
+                info!(table = %table, columns = relation.columns.len(), "outbox table changed shape; column mapping refreshed");
+            }
+            Some(layout)
+        } else {
+            None
+        };
+        self.relations
+            .insert(relation.oid, Arc::new(CachedRelation { relation, layout }));
+        Ok(())
+    }
+
+    fn on_insert(&mut self, insert: Insert) -> Result<(), RelayError> {
+        let cached = self.relations.get(&insert.relation_oid).cloned().ok_or_else(|| {
+            RelayError::Protocol(format!(
+                "Insert for relation {} before its Relation message",
+                insert.relation_oid
+            ))
+        })?;
+        let Some(layout) = &cached.layout else { return Ok(()) };
+        let settings = self.settings;
+        let table = || settings.outbox.table.to_string();
+        let txn = self.next_event()?;
+        let row = match layout.extract(&cached.relation, &insert.new) {
+            Ok(row) => row,
+            Err(cause) => {
+                let id = extract_id_for_error(&cached.relation, &insert, &settings.outbox.id);
+                let raw = RawEvent::row(&table(), &cached.relation, &insert.new, None);
+                return self.bad_event(&txn, &id, cause, &raw);
+            }
+        };
+        let headers: Vec<(&str, Option<Bytes>)> = row
+            .headers
+            .iter()
+            .map(|(i, v)| (layout.header_name(*i), v.clone()))
+            .collect();
+        let event = EventParts {
+            route_value: &row.route_value,
+            key: &row.key,
+            payload: &row.payload,
+            id: &row.id,
+            timestamp_ms: row.timestamp_ms,
+            headers: &headers,
+        };
+        self.publish(&txn, &event, || {
+            RawEvent::row(&table(), &cached.relation, &insert.new, Some(row.key.clone()))
+        })
+    }
+}
+
+/// The event id of a row that failed extraction, best effort, for the error message.
+fn extract_id_for_error(relation: &Relation, insert: &Insert, id_col: &Ident) -> Bytes {
+    relation
+        .columns
+        .iter()
+        .position(|c| c.name == id_col.as_str())
+        .and_then(|i| insert.new.columns.get(i))
+        .and_then(|v| match v {
+            pgoutput::ColumnValue::Text(b) => Some(b.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| Bytes::from_static(b"?"))
+}

@@ -1,0 +1,352 @@
+//! Step 3, publish: one outbox event — a row or a logical decoding message — and what happens when
+//! it cannot be published.
+//!
+//! * Routing or extraction fails, or librdkafka refuses the record locally for what it is
+//!   (`is_record_rejection`): the event is bad; `relay.on_bad_event` applies at once.
+//! * The broker refuses it in a delivery report for what it is: it may have been refused with
+//!   its whole batch, so it becomes a suspect and the session replays (`quarantine.rs`); the
+//!   replay sends it alone and the policy applies only if it is refused again.
+//! * Any other failure (transport, timeout, a broken producer) poisons the transaction and the
+//!   session replays, whatever the policy.
+//!
+//! Watermark accounting: an event counts as in flight only once librdkafka queued it. A skipped
+//! event never counts; a dead letter counts in its transaction like the event it replaces, so
+//! the transaction is confirmed only once the dead letter is in Kafka.
+
+use bytes::Bytes;
+use metrics::counter;
+use rdkafka::error::KafkaError;
+use tracing::{info, warn};
+
+use super::stream::{Phase, StreamState};
+use crate::kafka::producer::{is_record_rejection, DeliveryFailure, OutboundRecord};
+use crate::ops::metrics::BAD_EVENTS;
+use crate::outbox::bad_event::{BadEventPolicy, DeadLetter, RawEvent};
+use crate::outbox::event::BadEvent;
+use crate::outbox::message::OutboxMessage;
+use crate::outbox::routing::validate_topic_name;
+use crate::postgres::lsn::Lsn;
+use crate::postgres::pgoutput::LogicalDecodingMessage;
+use crate::relay::error::RelayError;
+use crate::relay::quarantine::{EventRef, Held, OwnedRecord, TxnEvent};
+use crate::relay::watermark::TxnTicket;
+
+/// Rides along with each record and comes back in its delivery report.
+#[derive(Debug)]
+pub(crate) struct DeliveryTag {
+    pub ticket: TxnTicket,
+    pub bytes: usize,
+    /// Commit LSN of the event's transaction, for error messages.
+    pub commit_lsn: Lsn,
+    /// Commit time (µs since the Unix epoch), for latency measurements.
+    pub commit_time_unix_us: i64,
+    /// Position among its transaction's outbox events (with `commit_lsn`, the event's identity
+    /// across replays; see `relay::quarantine`).
+    pub event_seq: u32,
+    /// A dead letter (`[relay] on_bad_event = "dead-letter"`): its failure is a plain delivery
+    /// failure, never another bad event.
+    pub dead_letter: bool,
+    /// The event's topic in the session's per-topic metrics (`crate::ops::metrics::SessionMetrics`).
+    pub topic: crate::ops::metrics::TopicId,
+}
+
+/// The relay's producer and its delivery reports, tagged with [`DeliveryTag`]s.
+pub(crate) type Publisher = crate::kafka::producer::Publisher<DeliveryTag>;
+pub(crate) type Delivery = crate::kafka::producer::Delivery<DeliveryTag>;
+
+/// The parts of an event before routing (borrowed from the decoded row or message).
+pub(super) struct EventParts<'a> {
+    pub route_value: &'a str,
+    pub key: &'a [u8],
+    pub payload: &'a [u8],
+    pub id: &'a [u8],
+    pub timestamp_ms: Option<i64>,
+    pub headers: &'a [(&'a str, Option<Bytes>)],
+}
+
+impl StreamState<'_> {
+    /// The identity of the open transaction's next outbox event.
+    pub(super) fn next_event(&mut self) -> Result<TxnEvent, RelayError> {
+        let txn = self
+            .open
+            .as_mut()
+            .ok_or_else(|| RelayError::Protocol("outbox event outside a transaction".into()))?;
+        let seq = txn.events;
+        txn.events += 1;
+        Ok(TxnEvent {
+            ticket: txn.ticket,
+            commit_time_unix_us: txn.commit_time.to_unix_micros(),
+            event: EventRef {
+                commit_lsn: txn.commit_lsn,
+                seq,
+            },
+        })
+    }
+
+    /// A transactional `pg_logical_emit_message` with the configured prefix is an event; other
+    /// messages are not (see `outbox_message.rs` for why non-transactional ones are ignored).
+    pub(super) fn on_logical_message(&mut self, message: LogicalDecodingMessage) -> Result<(), RelayError> {
+        let settings = self.settings;
+        let Some(prefix) = settings.outbox.message_prefix.as_deref() else {
+            return Ok(());
+        };
+        if message.prefix != prefix {
+            return Ok(());
+        }
+        if !message.transactional {
+            warn!(
+                prefix,
+                lsn = %message.lsn,
+                "ignored a non-transactional pg_logical_emit_message with the outbox prefix: it is not atomic with \
+                 the business write (it is decoded even if its transaction rolls back). Emit events with \
+                 pg_logical_emit_message(true, …)"
+            );
+            return Ok(());
+        }
+        let txn = self.next_event()?;
+        let raw = || RawEvent::message(prefix, message.content.clone());
+        match OutboxMessage::parse(&message.content) {
+            Ok(m) => {
+                let event = EventParts {
+                    route_value: &m.route_value,
+                    key: &m.key,
+                    payload: &m.payload,
+                    id: &m.id,
+                    timestamp_ms: None,
+                    headers: &[],
+                };
+                self.publish(&txn, &event, raw)
+            }
+            Err(cause) => {
+                let id = OutboxMessage::best_effort_id(&message.content);
+                self.bad_event(&txn, id.as_bytes(), cause, &raw())
+            }
+        }
+    }
+
+    /// Routes and sends one event. `raw` renders the event for a dead letter (only when needed).
+    pub(super) fn publish(
+        &mut self,
+        txn: &TxnEvent,
+        event: &EventParts<'_>,
+        raw: impl FnOnce() -> RawEvent,
+    ) -> Result<(), RelayError> {
+        let settings = self.settings;
+        let topic = settings.router.route(event.route_value);
+        if let Err(message) = validate_topic_name(&topic) {
+            return self.bad_event(txn, event.id, BadEvent::Topic(message), &raw());
+        }
+        let record = OutboundRecord {
+            topic: &topic,
+            key: event.key,
+            payload: event.payload,
+            event_id: event.id,
+            timestamp_ms: event.timestamp_ms,
+            headers: event.headers,
+        };
+        if let Some(earlier) = self.suspects.get(txn.event) {
+            self.phase = Phase::Holding(Held {
+                txn: *txn,
+                record: OwnedRecord::of(&record),
+                raw: raw(),
+                earlier: earlier.to_owned(),
+                sent: false,
+            });
+            return self.release_held();
+        }
+        match self.send(txn, &record, false)? {
+            None => Ok(()),
+            Some(error) if is_record_rejection(&error) => {
+                self.bad_event(txn, event.id, BadEvent::Rejected(error.to_string()), &raw())
+            }
+            Some(error) => Err(delivery_failed(error, &topic, event.id, txn.commit_lsn())),
+        }
+    }
+
+    /// Hands a record to librdkafka; `Some(error)` when it refused it (nothing was counted then).
+    fn send(
+        &mut self,
+        txn: &TxnEvent,
+        record: &OutboundRecord<'_>,
+        dead_letter: bool,
+    ) -> Result<Option<KafkaError>, RelayError> {
+        let bytes = record.size();
+        let topic = self.count_sent(record.topic, txn.commit_lsn(), txn.commit_time_unix_us);
+        let tag = Box::new(DeliveryTag {
+            ticket: txn.ticket,
+            bytes,
+            commit_lsn: txn.commit_lsn(),
+            commit_time_unix_us: txn.commit_time_unix_us,
+            event_seq: txn.event.seq,
+            dead_letter,
+            topic,
+        });
+        if let Err(rejected) = self.publisher.send(record, tag) {
+            self.count_delivery(&rejected.tag, false);
+            return Ok(Some(rejected.error));
+        }
+        self.watermark.event_sent(txn.ticket, bytes)?;
+        self.counts.events_sent += 1;
+        Ok(None)
+    }
+
+    /// Applies `relay.on_bad_event` to an event that can never be published.
+    pub(super) fn bad_event(
+        &mut self,
+        txn: &TxnEvent,
+        id: &[u8],
+        cause: BadEvent,
+        raw: &RawEvent,
+    ) -> Result<(), RelayError> {
+        let settings = self.settings;
+        let policy = &settings.relay.on_bad_event;
+        counter!(BAD_EVENTS, "policy" => policy.label(), "cause" => cause.label()).increment(1);
+        self.counts.bad_events += 1;
+        let id_text = String::from_utf8_lossy(id);
+        let commit_lsn = txn.commit_lsn();
+        match policy {
+            BadEventPolicy::Fail => Err(RelayError::BadEvent {
+                id: id_text.into_owned(),
+                commit_lsn,
+                cause,
+            }),
+            BadEventPolicy::Skip => {
+                warn!(
+                    id = %id_text,
+                    commit_lsn = %commit_lsn,
+                    source = %raw.source,
+                    cause = %cause,
+                    "skipped a bad outbox event (relay.on_bad_event = \"skip\")"
+                );
+                Ok(())
+            }
+            BadEventPolicy::DeadLetter { topic } => {
+                let letter = DeadLetter::new(topic, id, commit_lsn, &cause, raw, &settings.kafka);
+                warn!(
+                    id = %id_text,
+                    commit_lsn = %commit_lsn,
+                    source = %raw.source,
+                    cause = %cause,
+                    dead_letter_topic = %topic,
+                    "dead-lettering a bad outbox event (relay.on_bad_event = \"dead-letter\")"
+                );
+                let headers: Vec<(&str, Option<Bytes>)> = letter.headers.iter().map(|(k, v)| (*k, v.clone())).collect();
+                let record = OutboundRecord {
+                    topic: &letter.topic,
+                    key: &letter.key,
+                    payload: &letter.payload,
+                    event_id: &letter.event_id,
+                    timestamp_ms: None,
+                    headers: &headers,
+                };
+                match self.send(txn, &record, true)? {
+                    None => Ok(()),
+                    Some(error) => Err(delivery_failed(error, topic, id, commit_lsn)),
+                }
+            }
+        }
+    }
+
+    /// A failed delivery report: a suspect's verdict, a new suspect, or a plain failure.
+    pub(super) fn on_failed_delivery(&mut self, tag: &DeliveryTag, failure: DeliveryFailure) -> Result<(), RelayError> {
+        let event = EventRef {
+            commit_lsn: tag.commit_lsn,
+            seq: tag.event_seq,
+        };
+        let refused = !tag.dead_letter && is_record_rejection(&failure.error);
+        let verdict = refused && matches!(&self.phase, Phase::Holding(h) if h.sent && h.txn.event == event);
+        if let (true, Some(held)) = (verdict, self.phase.take_held()) {
+            info!(
+                id = %String::from_utf8_lossy(&held.record.event_id),
+                commit_lsn = %tag.commit_lsn,
+                "Kafka refused the suspect event again on its own: it is a bad event"
+            );
+            let cause = BadEvent::Rejected(failure.error.to_string());
+            return match self.bad_event(&held.txn, &held.record.event_id, cause, &held.raw) {
+                // Skipped, or replaced by its dead letter (counted in flight by now).
+                Ok(()) => Ok(self.watermark.acked(tag.ticket, tag.bytes)?),
+                Err(e) => {
+                    self.watermark.failed(tag.ticket, tag.bytes)?;
+                    Err(e)
+                }
+            };
+        }
+        self.watermark.failed(tag.ticket, tag.bytes)?;
+        if refused {
+            self.suspects.insert(event, failure.error.to_string());
+            return Err(RelayError::RecordRejected {
+                failure: Box::new(failure),
+                commit_lsn: tag.commit_lsn,
+            });
+        }
+        Err(RelayError::DeliveryFailed {
+            failure: Box::new(failure),
+            commit_lsn: tag.commit_lsn,
+        })
+    }
+
+    /// An acknowledgement: if it is the held suspect's, that event was innocent.
+    pub(super) fn held_accepted(&mut self, tag: &DeliveryTag) {
+        let event = EventRef {
+            commit_lsn: tag.commit_lsn,
+            seq: tag.event_seq,
+        };
+        if tag.dead_letter || !self.phase.held().is_some_and(|h| h.sent && h.txn.event == event) {
+            return;
+        }
+        info!(commit_lsn = %tag.commit_lsn, seq = tag.event_seq, "Kafka accepted the suspect event on its own: it only shared a batch with a bad record");
+        self.suspects.clear(event);
+        self.phase.take_held();
+    }
+
+    /// Sends the held suspect once nothing else is in flight (so it travels in a batch of its own).
+    pub(super) fn release_held(&mut self) -> Result<(), RelayError> {
+        let Phase::Holding(held) = &self.phase else {
+            return Ok(());
+        };
+        if held.sent || self.watermark.in_flight_events() > 0 {
+            return Ok(());
+        }
+        let Some(mut held) = self.phase.take_held() else {
+            return Ok(());
+        };
+        info!(
+            id = %String::from_utf8_lossy(&held.record.event_id),
+            commit_lsn = %held.txn.commit_lsn(),
+            earlier = %held.earlier,
+            "sending alone an event Kafka refused earlier, to tell whether it is the bad one"
+        );
+        let headers = held.record.header_refs();
+        let record = held.record.outbound(&headers);
+        match self.send(&held.txn, &record, false)? {
+            None => {
+                held.sent = true;
+                self.phase = Phase::Holding(held);
+                Ok(())
+            }
+            Some(error) if is_record_rejection(&error) => self.bad_event(
+                &held.txn,
+                &held.record.event_id,
+                BadEvent::Rejected(error.to_string()),
+                &held.raw,
+            ),
+            Some(error) => Err(delivery_failed(
+                error,
+                &held.record.topic,
+                &held.record.event_id,
+                held.txn.commit_lsn(),
+            )),
+        }
+    }
+}
+
+fn delivery_failed(error: KafkaError, topic: &str, id: &[u8], commit_lsn: Lsn) -> RelayError {
+    RelayError::DeliveryFailed {
+        failure: Box::new(DeliveryFailure {
+            error,
+            topic: topic.to_owned(),
+            event_id: Some(String::from_utf8_lossy(id).into_owned()),
+        }),
+        commit_lsn,
+    }
+}

@@ -1,0 +1,256 @@
+//! The ack watermark: the only producer of the flush LSN sent to PostgreSQL.
+//!
+//! Invariant: the reported LSN is the end LSN of the latest transaction T such that every outbox
+//! event of T *and of every transaction before T* has been acknowledged by Kafka. Confirming an
+//! LSN lets the server discard the WAL before it and, on the next `START_REPLICATION`, skip every
+//! transaction whose commit record lies before it — so confirming too early loses events forever,
+//! while confirming too late only costs duplicates after a restart.
+//!
+//! Transactions arrive in commit order (pgoutput sends each one whole at its commit, protocol
+//! version 1), so a FIFO of transactions is enough: deliveries may complete in any order across
+//! partitions, and the watermark only advances over a contiguous prefix of finished transactions.
+//!
+//! Keepalives: when the server reports `wal_end` in a keepalive, every change before it has been
+//! streamed to us. If nothing is in flight and no transaction is open, `wal_end` itself is safe to
+//! confirm — that is what keeps a quiet outbox from pinning WAL while other tables are busy.
+//! Otherwise it is queued as an event-less "transaction" behind the pending ones.
+//!
+//! A failed delivery poisons its transaction: the watermark never advances past it again. The
+//! relay then restarts streaming from the last confirmed LSN and republishes.
+//!
+//! Reported LSNs never go backwards.
+
+use std::collections::VecDeque;
+
+use crate::postgres::lsn::Lsn;
+
+/// Identifies one transaction for the deliveries of its events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TxnTicket(u64);
+
+#[derive(Debug)]
+struct PendingTxn {
+    /// `None` until the transaction's Commit arrives.
+    end_lsn: Option<Lsn>,
+    outstanding: u32,
+    events: u32,
+    poisoned: bool,
+}
+
+impl PendingTxn {
+    fn is_done(&self) -> bool {
+        self.end_lsn.is_some() && self.outstanding == 0 && !self.poisoned
+    }
+
+    fn is_empty_marker(&self) -> bool {
+        self.end_lsn.is_some() && self.events == 0
+    }
+}
+
+#[derive(Debug)]
+pub struct AckWatermark {
+    pending: VecDeque<PendingTxn>,
+    /// Ticket number of `pending[0]`.
+    front_seq: u64,
+    confirmed: Lsn,
+    in_flight_events: usize,
+    in_flight_bytes: usize,
+    /// Events sent in pending (not yet confirmed) transactions, acknowledged or not.
+    unconfirmed_events: usize,
+    poisoned: bool,
+}
+
+/// A ticket that does not belong to a pending transaction: a bug in the caller, never ignored.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WatermarkError {
+    #[error("delivery for unknown transaction ticket {0}")]
+    UnknownTicket(u64),
+    #[error("transaction ticket {0} has no outstanding events")]
+    NothingOutstanding(u64),
+    #[error("a transaction is already open")]
+    AlreadyOpen,
+    #[error("commit for a transaction that is not the open one")]
+    NotOpen,
+}
+
+impl AckWatermark {
+    /// Starts at `start`, the slot's confirmed position (already safe).
+    pub fn new(start: Lsn) -> Self {
+        AckWatermark {
+            pending: VecDeque::new(),
+            front_seq: 0,
+            confirmed: start,
+            in_flight_events: 0,
+            in_flight_bytes: 0,
+            unconfirmed_events: 0,
+            poisoned: false,
+        }
+    }
+
+    /// The LSN that is safe to report as flushed.
+    pub fn confirmed(&self) -> Lsn {
+        self.confirmed
+    }
+
+    pub fn in_flight_events(&self) -> usize {
+        self.in_flight_events
+    }
+
+    pub fn in_flight_bytes(&self) -> usize {
+        self.in_flight_bytes
+    }
+
+    /// Events of *committed* transactions that are not yet confirmed, acknowledged or not: what
+    /// a crash now would publish again (besides the open transaction's events). Acknowledgements
+    /// that arrive out of order (another partition was slower) leave events here although they
+    /// are no longer in flight, so this — not just the in-flight count — bounds the replay.
+    pub fn committed_unconfirmed_events(&self) -> usize {
+        self.unconfirmed_events - self.open_txn().map_or(0, |t| t.events as usize)
+    }
+
+    /// True once any delivery failed; nothing is confirmed past it afterwards.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// Nothing in flight and no open transaction.
+    pub fn is_idle(&self) -> bool {
+        self.pending.iter().all(|t| t.is_empty_marker())
+    }
+
+    fn open_txn(&self) -> Option<&PendingTxn> {
+        self.pending.back().filter(|t| t.end_lsn.is_none())
+    }
+
+    /// A transaction's Begin.
+    pub fn begin(&mut self) -> Result<TxnTicket, WatermarkError> {
+        if self.open_txn().is_some() {
+            return Err(WatermarkError::AlreadyOpen);
+        }
+        self.pending.push_back(PendingTxn {
+            end_lsn: None,
+            outstanding: 0,
+            events: 0,
+            poisoned: false,
+        });
+        Ok(TxnTicket(self.front_seq + self.pending.len() as u64 - 1))
+    }
+
+    /// One event of the open transaction was handed to Kafka.
+    pub fn event_sent(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+        let txn = self.get_mut(ticket)?;
+        txn.outstanding += 1;
+        txn.events += 1;
+        self.in_flight_events += 1;
+        self.unconfirmed_events += 1;
+        self.in_flight_bytes += bytes;
+        Ok(())
+    }
+
+    /// The open transaction's Commit: it may complete as soon as its events are acknowledged.
+    pub fn commit(&mut self, ticket: TxnTicket, end_lsn: Lsn) -> Result<(), WatermarkError> {
+        let is_open = self.open_txn().is_some() && ticket.0 == self.front_seq + self.pending.len() as u64 - 1;
+        if !is_open {
+            return Err(WatermarkError::NotOpen);
+        }
+        let txn = self.get_mut(ticket)?;
+        txn.end_lsn = Some(end_lsn);
+        if txn.events == 0 {
+            self.merge_trailing_markers();
+        }
+        self.advance();
+        Ok(())
+    }
+
+    /// Kafka acknowledged one event.
+    pub fn acked(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+        self.settle(ticket, bytes)?;
+        self.advance();
+        Ok(())
+    }
+
+    /// Kafka finally failed one event: its transaction (and so everything after) is never confirmed.
+    pub fn failed(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+        self.settle(ticket, bytes)?;
+        self.get_mut(ticket)?.poisoned = true;
+        self.poisoned = true;
+        Ok(())
+    }
+
+    /// A keepalive (or any server report) saying everything before `wal_end` was streamed.
+    pub fn keepalive(&mut self, wal_end: Lsn) {
+        if self.open_txn().is_some() || wal_end <= self.confirmed {
+            return;
+        }
+        if self.pending.is_empty() {
+            if !self.poisoned {
+                self.confirmed = wal_end;
+            }
+            return;
+        }
+        self.pending.push_back(PendingTxn {
+            end_lsn: Some(wal_end),
+            outstanding: 0,
+            events: 0,
+            poisoned: false,
+        });
+        self.merge_trailing_markers();
+        self.advance();
+    }
+
+    fn settle(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+        let txn = self.get_mut(ticket)?;
+        if txn.outstanding == 0 {
+            return Err(WatermarkError::NothingOutstanding(ticket.0));
+        }
+        txn.outstanding -= 1;
+        self.in_flight_events -= 1;
+        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(bytes);
+        Ok(())
+    }
+
+    fn get_mut(&mut self, ticket: TxnTicket) -> Result<&mut PendingTxn, WatermarkError> {
+        let idx = ticket
+            .0
+            .checked_sub(self.front_seq)
+            .ok_or(WatermarkError::UnknownTicket(ticket.0))?;
+        self.pending
+            .get_mut(idx as usize)
+            .ok_or(WatermarkError::UnknownTicket(ticket.0))
+    }
+
+    /// Two event-less finished entries at the back carry no information but the later LSN;
+    /// folding them keeps the queue bounded by the number of in-flight events however idle
+    /// the outbox is. Ticket numbers stay valid because only the last entry is removed and no
+    /// ticket is held for an already-committed, event-less transaction.
+    fn merge_trailing_markers(&mut self) {
+        while self.pending.len() >= 2 {
+            let n = self.pending.len();
+            if !(self.pending[n - 1].is_empty_marker() && self.pending[n - 2].is_empty_marker()) {
+                break;
+            }
+            let last = self.pending.pop_back().and_then(|t| t.end_lsn);
+            if let Some(prev) = self.pending.back_mut() {
+                prev.end_lsn = last.max(prev.end_lsn);
+            }
+        }
+    }
+
+    fn advance(&mut self) {
+        while let Some(front) = self.pending.front() {
+            if !front.is_done() {
+                break;
+            }
+            if let Some(end) = front.end_lsn {
+                self.confirmed = self.confirmed.max(end);
+            }
+            self.unconfirmed_events -= front.events as usize;
+            self.pending.pop_front();
+            self.front_seq += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "watermark_tests.rs"]
+mod tests;
