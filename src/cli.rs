@@ -120,7 +120,8 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // One worker: the relay is one event loop plus light side tasks, and librdkafka brings its own
+    // One worker for the side tasks (HTTP, slot monitor, heartbeats, signals; the stream has its
+    // own thread), and librdkafka brings its own
     // threads. With two workers, every socket or channel wake-up also woke the idle worker to
     // look for work to steal — twice the context switches, which dominated the relay's CPU per
     // event (benches/cdc_vs_polling: 41 → 20 µs per event draining a backlog).
@@ -211,10 +212,7 @@ async fn run(settings: Settings) -> ExitCode {
     let Ok(_http) = start_http(&settings, &health).await else {
         return ExitCode::from(1);
     };
-    // On a runtime worker, not in `block_on` on the main thread: the workers drive the socket
-    // reactor, so a task on one of them runs as soon as its socket is readable, while a
-    // `block_on` future must be handed over to the main thread first — two extra context
-    // switches per wake-up, which dominated the relay's CPU per event.
+    // The stream itself runs on a thread of its own (`relay::run`); this task only waits for it.
     let relay = tokio::spawn(async move { relay::run(&settings, rx, health).await });
     match relay.await {
         Ok(Ok(())) => ExitCode::SUCCESS,

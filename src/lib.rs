@@ -4,7 +4,7 @@
 //!
 //! | layer | modules | may import |
 //! |---|---|---|
-//! | settings | [`config`] | nothing of the crate |
+//! | leaves | [`config`], [`failpoints`] | nothing of the crate |
 //! | adapters | [`postgres`], [`kafka`], [`ops`] | `config` |
 //! | domain | [`outbox`] | `config`, adapters |
 //! | pipelines and control | [`relay`], [`poll`], [`control`] | the layers below (`poll` and `control` never `relay`'s internals) |
@@ -17,6 +17,7 @@ pub mod config;
 pub mod control;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod failpoints;
 pub mod kafka;
 pub mod ops;
 pub mod outbox;

@@ -209,9 +209,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
     pub fn abandon(self, wait: Duration) {
         self.producer.purge(PurgeConfig::default().queue());
         // Crash tests: die while the abandoned producer's requests may still be on the wire.
-        fail::fail_point!("publisher::abandon", |_| crate::ops::failpoints::crash(
-            "publisher::abandon"
-        ));
+        fail::fail_point!("publisher::abandon", |_| crate::failpoints::crash("publisher::abandon"));
         if let Err(e) = self.producer.flush(wait) {
             warn!(error = %e, "abandoned producer still had requests in flight");
         }

@@ -1,8 +1,11 @@
-//! Capped exponential backoff with jitter, so a fleet of relays does not reconnect in lockstep.
+//! Waiting to try again: capped exponential backoff with jitter (so a fleet of relays does not
+//! reconnect in lockstep), and the one shutdown-aware wait every retry loop uses.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
+
+use tokio::sync::watch;
 
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -42,6 +45,18 @@ fn random_unit() -> f64 {
             .map_or(0, |d| d.as_nanos() as u64),
     );
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Sleeps for `delay` unless shutdown is requested first; true if shutdown was requested
+/// (before or during the wait).
+pub async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+    if *shutdown.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => *shutdown.borrow(),
+        _ = shutdown.changed() => true,
+    }
 }
 
 #[cfg(test)]

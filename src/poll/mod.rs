@@ -36,7 +36,7 @@ pub use worker::WorkerCounts;
 
 use crate::config::Settings;
 use crate::ops::health::{Mode, RelayHealth};
-use crate::ops::retry::Backoff;
+use crate::ops::retry::{wait_or_shutdown, Backoff};
 use crate::outbox::bad_event::BadEventPolicy;
 use sql::PollSql;
 use worker::Worker;
@@ -140,12 +140,8 @@ async fn check_table(
             Err(e) if e.is_transient() => {
                 let delay = backoff.next_delay();
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot check the outbox table yet; retrying");
-                if *shutdown.borrow() {
+                if wait_or_shutdown(delay, shutdown).await {
                     return Ok(None);
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.changed() => return Ok(None),
                 }
             }
             Err(e) => return Err(e),

@@ -32,7 +32,7 @@ use crate::config::Settings;
 use crate::kafka::producer::{Delivery, DeliveryFailure, Publisher};
 use crate::ops::latency::LatencyBatch;
 use crate::ops::metrics::now_unix_us;
-use crate::ops::retry::Backoff;
+use crate::ops::retry::{wait_or_shutdown, Backoff};
 use crate::outbox::event::BadEvent;
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
@@ -111,7 +111,7 @@ impl Worker {
                 Ok(Claimed::Rows(n)) => {
                     backoff.reset();
                     // A full batch means more may be waiting: claim again at once.
-                    if n < batch_size && pause(interval, &mut shutdown).await {
+                    if n < batch_size && wait_or_shutdown(interval, &mut shutdown).await {
                         break Ok(());
                     }
                 }
@@ -122,7 +122,7 @@ impl Worker {
                     }
                     let delay = backoff.next_delay();
                     warn!(worker = self.index, error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; retrying");
-                    if pause(delay, &mut shutdown).await {
+                    if wait_or_shutdown(delay, &mut shutdown).await {
                         break Ok(());
                     }
                 }
@@ -324,16 +324,5 @@ async fn rollback(tx: Transaction<'_>) {
     if let Err(e) = tx.rollback().await {
         // The server rolls back by itself when the connection is gone.
         debug!(error = %e, "rollback failed");
-    }
-}
-
-/// Sleeps; true if shutdown was requested meanwhile.
-async fn pause(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
-    if *shutdown.borrow() {
-        return true;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => *shutdown.borrow(),
-        _ = shutdown.changed() => true,
     }
 }

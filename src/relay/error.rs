@@ -90,6 +90,8 @@ pub enum RelayError {
     Watermark(#[from] WatermarkError),
     #[error("replication protocol: {0}")]
     Protocol(String),
+    #[error("cannot start the stream's thread or runtime: {0}")]
+    StreamThread(#[source] std::io::Error),
 }
 
 impl RelayError {
@@ -113,7 +115,8 @@ impl RelayError {
             | RelayError::Decode { .. }
             | RelayError::Frame(_)
             | RelayError::Watermark(_)
-            | RelayError::Protocol(_) => false,
+            | RelayError::Protocol(_)
+            | RelayError::StreamThread(_) => false,
         }
     }
 

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tokio_postgres::Client;
@@ -20,9 +21,21 @@ use tracing::{debug, info, warn};
 use crate::config::Settings;
 use crate::postgres::client as pg_client;
 
+/// Written once, for both the constant and the statement (a literal in the SQL: no prepare
+/// round trip per heartbeat).
+macro_rules! heartbeat_prefix {
+    () => {
+        "outbox-relay-heartbeat"
+    };
+}
+
 /// The message prefix; consumers of the slot's messages can tell heartbeats apart by it.
-pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
-const HEARTBEAT_SQL: &str = "SELECT pg_logical_emit_message(false, 'outbox-relay-heartbeat', ''::text)::text";
+pub const HEARTBEAT_PREFIX: &str = heartbeat_prefix!();
+const HEARTBEAT_SQL: &str = concat!(
+    "SELECT pg_logical_emit_message(false, '",
+    heartbeat_prefix!(),
+    "', ''::text)::text"
+);
 
 /// The heartbeat task of one session; dropping it stops the heartbeats.
 pub struct Heartbeat(JoinHandle<()>);
@@ -33,14 +46,14 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Starts heartbeats if `relay.heartbeat_interval_ms` is set, on `client` (reconnecting when
-/// it breaks).
-pub fn spawn(settings: &Settings, client: Client) -> Option<Heartbeat> {
+/// Starts heartbeats on `runtime` if `relay.heartbeat_interval_ms` is set, on a connection of
+/// their own (reconnecting when it breaks).
+pub fn spawn(settings: &Settings, runtime: &Handle) -> Option<Heartbeat> {
     let every = settings.relay.heartbeat_interval?;
     let postgres = settings.postgres.clone();
     let connect_timeout = settings.relay.connect_timeout;
-    Some(Heartbeat(tokio::spawn(async move {
-        let mut client = Some(client);
+    Some(Heartbeat(runtime.spawn(async move {
+        let mut client: Option<Client> = None;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut failing = false;
@@ -83,6 +96,19 @@ fn report_failure(failing: &mut bool, error: &str) {
         warn!(
             error,
             "heartbeat failed (pg_logical_emit_message); retrying every interval. The role needs EXECUTE on it"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statement_emits_the_documented_prefix() {
+        assert_eq!(
+            HEARTBEAT_SQL,
+            format!("SELECT pg_logical_emit_message(false, '{HEARTBEAT_PREFIX}', ''::text)::text")
         );
     }
 }

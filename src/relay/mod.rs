@@ -45,7 +45,7 @@ use self::slot_monitor::SlotVerdict;
 use self::standby::Standby;
 use crate::config::Settings;
 use crate::ops::health::{Mode, RelayHealth};
-use crate::ops::retry::Backoff;
+use crate::ops::retry::{wait_or_shutdown, Backoff};
 
 /// A session that streamed at least this long resets the backoff.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
@@ -53,6 +53,9 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 /// What sessions share across reconnects.
 pub struct SessionContext {
     pub health: Arc<RelayHealth>,
+    /// The process's main runtime, for side tasks (heartbeats) that must not wait on the
+    /// stream thread (see [`run`]).
+    pub side: tokio::runtime::Handle,
     /// The slot monitor's latest verdict; a streaming session ends on a fatal one.
     pub slot_verdict: watch::Receiver<SlotVerdict>,
     /// Backend pid of this process's most recent walsender (set once streaming started).
@@ -63,20 +66,47 @@ pub struct SessionContext {
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
 /// it does to `health` (for `/readyz`; pass `Arc::default()` when nothing reads it).
+///
+/// The stream's event loop runs on a thread of its own, on a single-threaded runtime: while
+/// reading a backlog it rests on purpose (`receive.rs`), and that rest must hold up nothing
+/// else — the HTTP endpoints, the slot monitor and the heartbeats stay on the caller's runtime.
+/// A single-threaded runtime also polls the loop on the thread that waits for its socket, with
+/// no hand-over between threads per wake-up.
 pub async fn run(
     settings: &Settings,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     health: Arc<RelayHealth>,
 ) -> Result<(), RelayError> {
     let (_monitor, slot_verdict) = slot_monitor::spawn(settings, Arc::clone(&health));
-    let mut ctx = SessionContext {
-        health,
+    let ctx = SessionContext {
+        health: Arc::clone(&health),
+        side: tokio::runtime::Handle::current(),
         slot_verdict,
         last_walsender: None,
         suspects: Default::default(),
     };
-    let outcome = supervise(settings, &mut shutdown, &mut ctx).await;
-    ctx.health.set_mode(Mode::Stopping);
+    let (done, outcome) = tokio::sync::oneshot::channel();
+    let settings = settings.clone();
+    std::thread::Builder::new()
+        .name("outbox-relay-stream".into())
+        .spawn(move || {
+            let outcome = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(RelayError::StreamThread)
+                .and_then(|runtime| {
+                    let (mut ctx, mut shutdown) = (ctx, shutdown);
+                    runtime.block_on(supervise(&settings, &mut shutdown, &mut ctx))
+                });
+            let _ = done.send(outcome);
+        })
+        .map_err(RelayError::StreamThread)?;
+    let outcome = outcome.await.unwrap_or_else(|_| {
+        Err(RelayError::Protocol(
+            "the stream thread ended without a result (it panicked; see the log)".into(),
+        ))
+    });
+    health.set_mode(Mode::Stopping);
     outcome
 }
 
@@ -123,16 +153,5 @@ async fn supervise(
                 return Err(e);
             }
         }
-    }
-}
-
-/// Sleeps; true if shutdown was requested meanwhile.
-async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
-    if *shutdown.borrow() {
-        return true;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => *shutdown.borrow(),
-        _ = shutdown.changed() => true,
     }
 }

@@ -68,10 +68,12 @@ impl Received {
     }
 }
 
-/// Blocks this runtime worker for [`BACKLOG_READ_PAUSE`] — on purpose, and only while reading a
-/// backlog. An async sleep would not do: the runtime would keep waking for every TCP segment
-/// the walsender sends (edge-triggered epoll reports each arrival) and for every delivery report,
-/// which is exactly the cost this pause removes.
+/// Blocks the stream thread for [`BACKLOG_READ_PAUSE`] — on purpose, and only while reading a
+/// backlog. The stream runs alone on that thread's runtime (`relay::run`), so nothing else
+/// waits: HTTP, the slot monitor and heartbeats run on the process's main runtime. An async
+/// sleep would not do: the runtime would keep waking for every TCP segment the walsender sends
+/// (edge-triggered epoll reports each arrival, and pgoutput flushes each message on its own)
+/// and for every delivery report, which is exactly the cost this pause removes.
 fn rest_while_backlog_accumulates() {
     std::thread::sleep(BACKLOG_READ_PAUSE);
 }

@@ -82,7 +82,8 @@ pub async fn run_session(
         "streaming started"
     );
     ctx.health.set_mode(Mode::Streaming);
-    let _heartbeat = heartbeat::spawn(settings, control);
+    drop(control);
+    let _heartbeat = heartbeat::spawn(settings, &ctx.side);
     // Lent to the session's state and handed back after the wind-down, for the next session.
     let mut suspects = std::mem::take(&mut ctx.suspects);
     let mut state = StreamState::new(settings, publisher, slot.confirmed_flush, &mut suspects);
@@ -157,7 +158,7 @@ async fn stream(
                 }
                 state.fold_latency();
                 // Crash tests: acknowledged by Kafka, not yet confirmed to PostgreSQL.
-                fail::fail_point!("relay::acked_before_status", |_| crate::ops::failpoints::crash("relay::acked_before_status"));
+                fail::fail_point!("relay::acked_before_status", |_| crate::failpoints::crash("relay::acked_before_status"));
                 if let Some(e) = failure {
                     return Err(e);
                 }

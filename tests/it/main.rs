@@ -14,5 +14,6 @@ mod fault_support;
 mod ha_and_metrics;
 mod harness;
 mod harness_smoke;
+mod layering;
 mod poll;
 mod stream_shapes;

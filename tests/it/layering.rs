@@ -1,0 +1,176 @@
+//! The layout is the architecture: this test fails when an import goes upward.
+//!
+//! Layers, lowest first (`src/lib.rs` and `docs/architecture.md` say the same):
+//! leaves (`config`, `failpoints`) ← adapters (`postgres`, `kafka`, `ops`) ← domain (`outbox`)
+//! ← pipelines and control (`relay`, `control`, `poll`) ← entry points (`demo`, `cli`).
+//! Modules of one layer do not import each other, except `poll` → `control` (the poller reuses
+//! the setup checks). The graph of top-level modules must also be acyclic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Each top-level module and the modules it may import.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("config", &[]),
+    ("failpoints", &[]),
+    ("postgres", &["config", "failpoints"]),
+    ("kafka", &["config", "failpoints"]),
+    ("ops", &["config", "failpoints"]),
+    ("outbox", &["config", "failpoints", "postgres", "kafka"]),
+    ("relay", &["config", "failpoints", "postgres", "kafka", "ops", "outbox"]),
+    (
+        "control",
+        &["config", "failpoints", "postgres", "kafka", "ops", "outbox"],
+    ),
+    (
+        "poll",
+        &["config", "failpoints", "postgres", "kafka", "ops", "outbox", "control"],
+    ),
+    (
+        "demo",
+        &[
+            "config",
+            "failpoints",
+            "postgres",
+            "kafka",
+            "ops",
+            "outbox",
+            "relay",
+            "control",
+            "poll",
+        ],
+    ),
+    (
+        "cli",
+        &[
+            "config",
+            "failpoints",
+            "postgres",
+            "kafka",
+            "ops",
+            "outbox",
+            "relay",
+            "control",
+            "poll",
+            "demo",
+        ],
+    ),
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src/") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `crate::name` references in code (comments dropped), as top-level module names.
+fn crate_references(source: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for line in source.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let after = &rest[at + "crate::".len()..];
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                found.insert(name);
+            }
+            rest = after;
+        }
+    }
+    found
+}
+
+/// Top-level module → the other top-level modules its files name.
+fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src/");
+        let first = relative
+            .components()
+            .next()
+            .expect("a component")
+            .as_os_str()
+            .to_string_lossy();
+        let module = first.trim_end_matches(".rs").to_owned();
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let edges = graph.entry(module.clone()).or_default();
+        edges.extend(crate_references(&text).into_iter().filter(|m| *m != module));
+    }
+    graph
+}
+
+#[test]
+fn imports_only_go_down_the_layers() {
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let mut violations = Vec::new();
+    for (module, imports) in import_graph() {
+        let Some(may) = allowed.get(module.as_str()) else {
+            violations.push(format!(
+                "src/{module} is a top-level module this test does not know: add it to ALLOWED in tests/it/layering.rs at its layer"
+            ));
+            continue;
+        };
+        for import in imports {
+            if !may.contains(&import.as_str()) {
+                violations.push(format!(
+                    "src/{module} imports crate::{import}, a layer above or beside it"
+                ));
+            }
+        }
+    }
+    assert!(violations.is_empty(), "layering violations:\n{}", violations.join("\n"));
+}
+
+#[test]
+fn top_level_modules_form_no_cycle() {
+    let graph = import_graph();
+    // Kahn's algorithm: whatever cannot be ordered lies on a cycle.
+    let mut indegree: BTreeMap<&str, usize> = graph.keys().map(|m| (m.as_str(), 0)).collect();
+    for imports in graph.values() {
+        for i in imports {
+            if let Some(d) = indegree.get_mut(i.as_str()) {
+                *d += 1;
+            }
+        }
+    }
+    let mut ready: Vec<&str> = indegree.iter().filter(|(_, d)| **d == 0).map(|(m, _)| *m).collect();
+    let mut ordered = 0;
+    while let Some(m) = ready.pop() {
+        ordered += 1;
+        for i in &graph[m] {
+            if let Some(d) = indegree.get_mut(i.as_str()) {
+                *d -= 1;
+                if *d == 0 {
+                    ready.push(i.as_str());
+                }
+            }
+        }
+    }
+    let cyclic: Vec<&str> = indegree.iter().filter(|(_, d)| **d > 0).map(|(m, _)| *m).collect();
+    assert_eq!(ordered, graph.len(), "import cycle among: {cyclic:?}");
+}
+
+#[test]
+fn the_scanner_sees_paths_and_skips_comments() {
+    let refs =
+        crate_references("use crate::config::Settings; // crate::relay\nlet x = crate::ops::units::human_bytes(1);");
+    assert_eq!(
+        refs.into_iter().collect::<Vec<_>>(),
+        vec!["config".to_owned(), "ops".to_owned()]
+    );
+}
