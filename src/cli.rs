@@ -121,8 +121,7 @@ pub fn main() -> ExitCode {
         }
     };
     // One worker for the side tasks (HTTP, slot monitor, heartbeats, signals; the stream has its
-    // own thread), and librdkafka brings its own
-    // threads. With two workers, every socket or channel wake-up also woke the idle worker to
+    // own thread, and librdkafka brings its own threads). With two workers, every socket or channel wake-up also woke the idle worker to
     // look for work to steal — twice the context switches, which dominated the relay's CPU per
     // event (benches/cdc_vs_polling: 41 → 20 µs per event draining a backlog).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
