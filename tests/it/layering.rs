@@ -174,3 +174,30 @@ fn the_scanner_sees_paths_and_skips_comments() {
         vec!["config".to_owned(), "ops".to_owned()]
     );
 }
+
+/// `docs/architecture.md` is the map newcomers read first: every file and folder it names under
+/// `src/` must exist.
+#[test]
+fn the_architecture_page_names_only_files_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/architecture.md")).expect("read docs/architecture.md");
+    let mut named = BTreeSet::new();
+    let mut rest = page.as_str();
+    while let Some(at) = rest.find("src/") {
+        let path: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '.' | '-'))
+            .collect();
+        named.insert(path.trim_end_matches('.').to_owned());
+        rest = &rest[at + 4..];
+    }
+    assert!(
+        named.len() > 20,
+        "expected the page to name the files of each step, found {named:?}"
+    );
+    let missing: Vec<&String> = named.iter().filter(|p| !root.join(p).exists()).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names files that do not exist: {missing:?}"
+    );
+}
