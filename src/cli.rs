@@ -124,14 +124,10 @@ pub fn main() -> ExitCode {
     // own thread, and librdkafka brings its own threads). With two workers, every socket or channel wake-up also woke the idle worker to
     // look for work to steal — twice the context switches, which dominated the relay's CPU per
     // event (benches/cdc_vs_polling: 41 → 20 µs per event draining a backlog).
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::ops::runtime(1) {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            eprintln!("error: {e}");
             return ExitCode::from(1);
         }
     };

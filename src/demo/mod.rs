@@ -95,14 +95,10 @@ impl DemoError {
 
 /// Runs the demo; the exit code is 0 when every produced event was consumed.
 pub fn main(args: DemoArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::ops::runtime(2) {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            eprintln!("error: {e}");
             return ExitCode::from(1);
         }
     };

@@ -11,3 +11,13 @@ pub mod logging;
 pub mod metrics;
 pub mod retry;
 pub mod units;
+
+/// A multi-threaded runtime with `workers` worker threads and every driver on; the error is a
+/// sentence for stderr.
+pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
