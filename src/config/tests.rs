@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 
 fn load(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
@@ -121,7 +123,7 @@ fn the_shipped_example_config_is_valid() {
 
 #[test]
 fn bad_event_policy_defaults_to_fail_and_dead_letter_needs_a_valid_topic() {
-    use crate::outbox::bad_event::BadEventPolicy;
+    use crate::config::relay::BadEventPolicy;
     assert_eq!(load(MINIMAL, &[]).unwrap().relay.on_bad_event, BadEventPolicy::Fail);
     let skip = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "skip")]).unwrap();
     assert_eq!(skip.relay.on_bad_event, BadEventPolicy::Skip);
@@ -172,7 +174,7 @@ fn message_prefix_is_optional_but_never_empty() {
 
 mod bad_event_props {
     use super::*;
-    use crate::outbox::bad_event::BadEventPolicy;
+    use crate::config::relay::BadEventPolicy;
     use proptest::prelude::*;
 
     proptest! {
