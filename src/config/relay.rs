@@ -75,6 +75,7 @@ pub struct RelaySettings {
     pub status_interval: Duration,
     pub shutdown_timeout: Duration,
     pub reconnect_backoff_initial: Duration,
+    /// Never below `reconnect_backoff_initial`.
     pub reconnect_backoff_max: Duration,
     pub connect_timeout: Duration,
     /// How often a standby retries the busy slot (takeover latency).
@@ -151,13 +152,24 @@ impl RelaySection {
         };
         let ms = Duration::from_millis;
         let backoff_initial = positive("relay.reconnect_backoff_initial_ms", self.reconnect_backoff_initial_ms)?;
+        if self.reconnect_backoff_max_ms < backoff_initial {
+            return Err(ConfigError::Invalid {
+                key: "relay.reconnect_backoff_max_ms",
+                message: format!(
+                    "{} ms is below relay.reconnect_backoff_initial_ms ({backoff_initial} ms), so the cap would \
+                     undercut the first delay; raise relay.reconnect_backoff_max_ms to at least {backoff_initial} \
+                     or lower relay.reconnect_backoff_initial_ms",
+                    self.reconnect_backoff_max_ms
+                ),
+            });
+        }
         let relay = RelaySettings {
             max_in_flight: positive("relay.max_in_flight", self.max_in_flight)? as usize,
             max_in_flight_bytes: positive("relay.max_in_flight_bytes", self.max_in_flight_bytes)? as usize,
             status_interval: ms(positive("relay.status_interval_ms", self.status_interval_ms)?),
             shutdown_timeout: ms(self.shutdown_timeout_ms),
             reconnect_backoff_initial: ms(backoff_initial),
-            reconnect_backoff_max: ms(self.reconnect_backoff_max_ms.max(backoff_initial)),
+            reconnect_backoff_max: ms(self.reconnect_backoff_max_ms),
             connect_timeout: ms(positive("relay.connect_timeout_ms", self.connect_timeout_ms)?),
             standby_poll: ms(self.standby_poll_ms),
             takeover_after: (self.takeover_after_ms > 0).then(|| ms(self.takeover_after_ms)),
@@ -289,6 +301,34 @@ mod tests {
             let err = load(extra, &[]).unwrap_err().to_string();
             assert!(err.contains(key), "{extra:?}: {err}");
         }
+    }
+
+    #[test]
+    fn reconnect_backoff_max_below_initial_is_refused_naming_both_keys() {
+        let err = load(
+            "[relay]\nreconnect_backoff_initial_ms = 2000\nreconnect_backoff_max_ms = 1000\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("relay.reconnect_backoff_max_ms"), "{err}");
+        assert!(err.contains("relay.reconnect_backoff_initial_ms"), "{err}");
+        assert!(err.contains("1000 ms") && err.contains("at least 2000"), "{err}");
+        let env = load("", &[("OUTBOX_RELAY__RELAY__RECONNECT_BACKOFF_MAX_MS", "499")])
+            .unwrap_err()
+            .to_string();
+        assert!(env.contains("relay.reconnect_backoff_max_ms"), "{env}");
+        let equal = load(
+            "[relay]\nreconnect_backoff_initial_ms = 1000\nreconnect_backoff_max_ms = 1000\n",
+            &[],
+        )
+        .unwrap()
+        .relay;
+        assert_eq!(equal.reconnect_backoff_initial, Duration::from_secs(1));
+        assert_eq!(equal.reconnect_backoff_max, Duration::from_secs(1));
+        let defaults = load("", &[]).unwrap().relay;
+        assert_eq!(defaults.reconnect_backoff_initial, Duration::from_millis(500));
+        assert_eq!(defaults.reconnect_backoff_max, Duration::from_secs(30));
     }
 
     #[test]
