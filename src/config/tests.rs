@@ -218,3 +218,48 @@ mod props {
         }
     }
 }
+
+/// Whether `line` names a path of the crate outside `config` (a `crate` path not into `config`).
+fn names_outside_config(line: &str) -> bool {
+    let needle = concat!("crate", "::");
+    line.match_indices(needle).any(|(i, m)| {
+        let rest = &line[i + m.len()..];
+        !(rest.starts_with("config") && !rest[6..].starts_with(|c: char| c.is_alphanumeric() || c == '_'))
+    })
+}
+
+/// config/ is the leaf layer: its files may name no other part of the crate (not even in docs,
+/// which keeps this check a plain text search).
+#[test]
+fn config_imports_nothing_from_the_rest_of_the_crate() {
+    let c = concat!("crate", "::");
+    assert!(names_outside_config(&format!("use {c}outbox::routing::TopicRouter;")));
+    assert!(names_outside_config(&format!("use {c}config::X; use {c}relay::Y;")));
+    assert!(names_outside_config(&format!("{c}configuration")));
+    assert!(!names_outside_config(&format!(
+        "use {c}config::ident::Ident; {c}config;"
+    )));
+
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/config"));
+    let mut checked = 0;
+    let mut offending = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        checked += 1;
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if names_outside_config(line) {
+                offending.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(checked >= 9, "found only {checked} files under {}", dir.display());
+    assert!(
+        offending.is_empty(),
+        "config must not depend on other modules:\n{}",
+        offending.join("\n")
+    );
+}
