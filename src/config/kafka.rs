@@ -10,7 +10,7 @@ use crate::config::secret::is_secret_key;
 use crate::config::ConfigError;
 
 /// Longest topic name Kafka accepts.
-pub const MAX_TOPIC_LEN: usize = 249;
+pub(crate) const MAX_TOPIC_LEN: usize = 249;
 
 /// A librdkafka property value: TOML strings, integers, floats and booleans are all accepted
 /// and passed to librdkafka as their text form.
@@ -66,7 +66,7 @@ const KAFKA_DEFAULTS: &[(&str, &str)] = &[
 impl KafkaProperties {
     /// Validates the `[kafka]` table: bootstrap servers present, durability not weakened,
     /// no transactions; fills in [`KAFKA_DEFAULTS`].
-    pub fn validate(raw: BTreeMap<String, KafkaValue>) -> Result<KafkaProperties, ConfigError> {
+    pub(crate) fn validate(raw: BTreeMap<String, KafkaValue>) -> Result<KafkaProperties, ConfigError> {
         let mut props: BTreeMap<String, String> = raw.into_iter().map(|(k, v)| (k, v.0)).collect();
         if !props.contains_key("bootstrap.servers") && !props.contains_key("metadata.broker.list") {
             return Err(ConfigError::Invalid {
@@ -113,7 +113,7 @@ impl KafkaProperties {
 
 /// Checks Kafka's topic-name rules (1–249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`);
 /// the error says what is wrong with the name.
-pub fn validate_topic_name(topic: &str) -> Result<(), String> {
+pub(crate) fn validate_topic_name(topic: &str) -> Result<(), String> {
     if topic.is_empty() {
         return Err("the routed topic name is empty".into());
     }

@@ -89,7 +89,7 @@ impl OutboxMapping {
 }
 
 impl OutboxSection {
-    pub fn validate(self) -> Result<OutboxMapping, ConfigError> {
+    pub(crate) fn validate(self) -> Result<OutboxMapping, ConfigError> {
         let col = |key: &'static str, v: &str| Ident::parse(key, v).map_err(named(key));
         let mut headers = Vec::with_capacity(self.header_columns.len());
         for (column, header) in &self.header_columns {
@@ -148,7 +148,7 @@ impl Default for RouteSection {
 }
 
 impl RouteSection {
-    pub fn validate(self) -> Result<TopicRoute, ConfigError> {
+    pub(crate) fn validate(self) -> Result<TopicRoute, ConfigError> {
         TopicRoute::new(&self.topic_regex, &self.topic_replacement).map_err(|message| ConfigError::Invalid {
             key: "route.topic_regex",
             message,
@@ -169,7 +169,7 @@ pub struct TopicRoute {
 
 impl TopicRoute {
     /// Compiles the route regex; the error is a sentence for the config file's author.
-    pub fn new(topic_regex: &str, replacement: &str) -> Result<Self, String> {
+    pub(crate) fn new(topic_regex: &str, replacement: &str) -> Result<Self, String> {
         let anchored = Regex::new(&format!("^(?:{topic_regex})$")).map_err(|e| {
             format!("{topic_regex:?} is not a valid regular expression ({e}); the default is {DEFAULT_TOPIC_REGEX:?}")
         })?;

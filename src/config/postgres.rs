@@ -37,7 +37,7 @@ pub struct PostgresSettings {
 }
 
 impl PostgresSection {
-    pub fn validate(self) -> Result<PostgresSettings, ConfigError> {
+    pub(crate) fn validate(self) -> Result<PostgresSettings, ConfigError> {
         let connection: tokio_postgres::Config =
             self.url.expose().parse().map_err(|e: tokio_postgres::Error| ConfigError::Invalid {
                 key: "postgres.url",

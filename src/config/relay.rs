@@ -10,7 +10,7 @@ use crate::config::kafka::validate_topic_name;
 use crate::config::{number_or_numeric_string, ConfigError};
 
 /// Above this a standby reacts too slowly for the takeover promise in the docs to mean much.
-pub const MAX_STANDBY_POLL: Duration = Duration::from_secs(60);
+const MAX_STANDBY_POLL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -106,7 +106,7 @@ pub enum BadEventPolicy {
 
 impl BadEventPolicy {
     /// Builds the policy from the two config keys; the error is a sentence for the config author.
-    pub fn from_config(policy: &str, dead_letter_topic: Option<&str>) -> Result<Self, String> {
+    pub(crate) fn from_config(policy: &str, dead_letter_topic: Option<&str>) -> Result<Self, String> {
         match policy {
             "fail" => Ok(BadEventPolicy::Fail),
             "skip" => Ok(BadEventPolicy::Skip),
@@ -139,7 +139,7 @@ impl BadEventPolicy {
 }
 
 impl RelaySection {
-    pub fn validate(self) -> Result<RelaySettings, ConfigError> {
+    pub(crate) fn validate(self) -> Result<RelaySettings, ConfigError> {
         let positive = |key: &'static str, v: u64| {
             if v == 0 {
                 Err(ConfigError::Invalid {
@@ -258,32 +258,18 @@ mod tests {
         assert_eq!(r.retained_wal_warn_bytes, Some(1 << 30));
         assert_eq!(r.heartbeat_interval, None);
         assert_eq!(r.receive_timeout, Duration::from_secs(30));
-        let http = load("", &[]).unwrap().http;
-        assert_eq!(http.listen, None);
-        assert_eq!(http.ready_max_lag, Duration::from_secs(60));
     }
 
     #[test]
     fn keys_come_from_the_file_and_the_environment() {
         let s = load(
-            "[relay]\ntakeover_after_ms = 5000\nretained_wal_warn_bytes = 0\n[http]\nlisten = \"127.0.0.1:9187\"\n",
-            &[
-                ("OUTBOX_RELAY__RELAY__HEARTBEAT_INTERVAL_MS", "250"),
-                ("OUTBOX_RELAY__HTTP__READY_MAX_LAG_SECONDS", "5"),
-            ],
+            "[relay]\ntakeover_after_ms = 5000\nretained_wal_warn_bytes = 0\n",
+            &[("OUTBOX_RELAY__RELAY__HEARTBEAT_INTERVAL_MS", "250")],
         )
         .unwrap();
         assert_eq!(s.relay.takeover_after, Some(Duration::from_secs(5)));
         assert_eq!(s.relay.retained_wal_warn_bytes, None, "0 disables the warning");
         assert_eq!(s.relay.heartbeat_interval, Some(Duration::from_millis(250)));
-        assert_eq!(s.http.listen, Some("127.0.0.1:9187".parse().unwrap()));
-        assert_eq!(s.http.ready_max_lag, Duration::from_secs(5));
-        let off = load(
-            "[http]\nlisten = \"127.0.0.1:9187\"\n",
-            &[("OUTBOX_RELAY__HTTP__LISTEN", "")],
-        )
-        .unwrap();
-        assert_eq!(off.http.listen, None, "an empty override turns the server off");
     }
 
     #[test]
@@ -294,9 +280,6 @@ mod tests {
             ("[relay]\ntakeover_after_ms = 1500\n", "relay.takeover_after_ms"),
             ("[relay]\nslot_check_interval_ms = 0\n", "relay.slot_check_interval_ms"),
             ("[relay]\nreceive_timeout_ms = 1500\n", "relay.receive_timeout_ms"),
-            ("[http]\nlisten = \"localhost\"\n", "http.listen"),
-            ("[http]\nready_max_lag_seconds = 0\n", "http.ready_max_lag_seconds"),
-            ("[http]\nport = 9187\n", "port"),
         ] {
             let err = load(extra, &[]).unwrap_err().to_string();
             assert!(err.contains(key), "{extra:?}: {err}");

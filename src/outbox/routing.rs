@@ -10,7 +10,7 @@ use crate::config::outbox::TopicRoute;
 use crate::outbox::event::BadEvent;
 
 /// The Kafka topic for one route-by value, or why the event cannot have one.
-pub fn topic<'a>(route: &TopicRoute, routed_by_value: &'a str) -> Result<Cow<'a, str>, BadEvent> {
+pub(crate) fn topic<'a>(route: &TopicRoute, routed_by_value: &'a str) -> Result<Cow<'a, str>, BadEvent> {
     let topic = route.route(routed_by_value);
     validate_topic_name(&topic).map_err(BadEvent::Topic)?;
     Ok(topic)
