@@ -224,7 +224,10 @@ fn names_outside_config(line: &str) -> bool {
     let needle = concat!("crate", "::");
     line.match_indices(needle).any(|(i, m)| {
         let rest = &line[i + m.len()..];
-        !(rest.starts_with("config") && !rest[6..].starts_with(|c: char| c.is_alphanumeric() || c == '_'))
+        let into_config = rest
+            .strip_prefix("config")
+            .is_some_and(|after| !after.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
+        !into_config
     })
 }
 
