@@ -34,7 +34,7 @@ pub struct HttpSettings {
 }
 
 impl HttpSection {
-    pub fn validate(self) -> Result<HttpSettings, ConfigError> {
+    pub(crate) fn validate(self) -> Result<HttpSettings, ConfigError> {
         let listen = match self.listen.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| ConfigError::Invalid {
@@ -52,5 +52,57 @@ impl HttpSection {
             listen,
             ready_max_lag: Duration::from_secs(self.ready_max_lag_seconds),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use crate::config::{ConfigError, Settings};
+
+    const MINIMAL: &str =
+        "[postgres]\nurl = \"postgres://relay:pw@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n";
+
+    fn load(extra: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        Settings::from_toml_str(&format!("{MINIMAL}{extra}"), Path::new("t.toml"), env)
+    }
+
+    #[test]
+    fn defaults_serve_nothing_and_allow_a_minute_of_lag() {
+        let http = load("", &[]).unwrap().http;
+        assert_eq!(http.listen, None);
+        assert_eq!(http.ready_max_lag, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn keys_come_from_the_file_and_the_environment() {
+        let s = load(
+            "[http]\nlisten = \"127.0.0.1:9187\"\n",
+            &[("OUTBOX_RELAY__HTTP__READY_MAX_LAG_SECONDS", "5")],
+        )
+        .unwrap();
+        assert_eq!(s.http.listen, Some("127.0.0.1:9187".parse().unwrap()));
+        assert_eq!(s.http.ready_max_lag, Duration::from_secs(5));
+        let off = load(
+            "[http]\nlisten = \"127.0.0.1:9187\"\n",
+            &[("OUTBOX_RELAY__HTTP__LISTEN", "")],
+        )
+        .unwrap();
+        assert_eq!(off.http.listen, None, "an empty override turns the server off");
+    }
+
+    #[test]
+    fn unusable_values_are_refused_with_the_key_named() {
+        for (extra, key) in [
+            ("[http]\nlisten = \"localhost\"\n", "http.listen"),
+            ("[http]\nready_max_lag_seconds = 0\n", "http.ready_max_lag_seconds"),
+            ("[http]\nport = 9187\n", "port"),
+        ] {
+            let err = load(extra, &[]).unwrap_err().to_string();
+            assert!(err.contains(key), "{extra:?}: {err}");
+        }
     }
 }

@@ -54,7 +54,7 @@ pub struct PollSettings {
 }
 
 impl PollSection {
-    pub fn validate(self) -> Result<PollSettings, ConfigError> {
+    pub(crate) fn validate(self) -> Result<PollSettings, ConfigError> {
         let in_range = |key: &'static str, v: u64, max: u64| {
             if v == 0 || v > max {
                 Err(ConfigError::Invalid {

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 
 fn load(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
@@ -121,7 +123,7 @@ fn the_shipped_example_config_is_valid() {
 
 #[test]
 fn bad_event_policy_defaults_to_fail_and_dead_letter_needs_a_valid_topic() {
-    use crate::outbox::bad_event::BadEventPolicy;
+    use crate::config::relay::BadEventPolicy;
     assert_eq!(load(MINIMAL, &[]).unwrap().relay.on_bad_event, BadEventPolicy::Fail);
     let skip = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "skip")]).unwrap();
     assert_eq!(skip.relay.on_bad_event, BadEventPolicy::Skip);
@@ -172,7 +174,7 @@ fn message_prefix_is_optional_but_never_empty() {
 
 mod bad_event_props {
     use super::*;
-    use crate::outbox::bad_event::BadEventPolicy;
+    use crate::config::relay::BadEventPolicy;
     use proptest::prelude::*;
 
     proptest! {
@@ -215,4 +217,52 @@ mod props {
             let _ = load(&text, &[]);
         }
     }
+}
+
+/// Whether `line` names a path of the crate outside `config` (a `crate` path not into `config`).
+fn names_outside_config(line: &str) -> bool {
+    let needle = concat!("crate", "::");
+    line.match_indices(needle).any(|(i, m)| {
+        let rest = &line[i + m.len()..];
+        let into_config = rest
+            .strip_prefix("config")
+            .is_some_and(|after| !after.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
+        !into_config
+    })
+}
+
+/// config/ is the leaf layer: its files may name no other part of the crate (not even in docs,
+/// which keeps this check a plain text search).
+#[test]
+fn config_imports_nothing_from_the_rest_of_the_crate() {
+    let c = concat!("crate", "::");
+    assert!(names_outside_config(&format!("use {c}outbox::routing::TopicRouter;")));
+    assert!(names_outside_config(&format!("use {c}config::X; use {c}relay::Y;")));
+    assert!(names_outside_config(&format!("{c}configuration")));
+    assert!(!names_outside_config(&format!(
+        "use {c}config::ident::Ident; {c}config;"
+    )));
+
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/config"));
+    let mut checked = 0;
+    let mut offending = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        checked += 1;
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if names_outside_config(line) {
+                offending.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(checked >= 9, "found only {checked} files under {}", dir.display());
+    assert!(
+        offending.is_empty(),
+        "config must not depend on other modules:\n{}",
+        offending.join("\n")
+    );
 }

@@ -25,7 +25,7 @@ pub(crate) enum ColumnRole {
 }
 
 impl ColumnRole {
-    /// The role of a column named by a config key of [`crate::config::OutboxMapping::columns`].
+    /// The role of a column named by a config key of [`crate::config::outbox::OutboxMapping::columns`].
     pub(crate) fn for_config_key(key: &str) -> ColumnRole {
         match key {
             "outbox.id_column" => ColumnRole::Id,

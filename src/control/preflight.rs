@@ -46,7 +46,7 @@ pub struct PreflightReport {
     pub table_oid: u32,
     pub table_owner: String,
     pub partitioned: bool,
-    /// The mapped columns in [`crate::config::OutboxMapping::columns`] order.
+    /// The mapped columns in [`crate::config::outbox::OutboxMapping::columns`] order.
     pub columns: Vec<MappedColumn>,
     pub slot_name: String,
     /// `None`: the slot does not exist yet.
@@ -204,7 +204,7 @@ pub struct OutboxTableFacts {
     pub table_oid: u32,
     pub table_owner: String,
     pub partitioned: bool,
-    /// The mapped columns in [`crate::config::OutboxMapping::columns`] order.
+    /// The mapped columns in [`crate::config::outbox::OutboxMapping::columns`] order.
     pub columns: Vec<MappedColumn>,
 }
 

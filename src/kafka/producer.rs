@@ -26,7 +26,7 @@ use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::config::KafkaProperties;
+use crate::config::kafka::KafkaProperties;
 
 /// The outcome of one event.
 #[derive(Debug)]

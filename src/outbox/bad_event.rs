@@ -3,7 +3,7 @@
 //! A *bad event* is one whose own content is the problem: a NULL in a mapped column, a route
 //! value that makes an illegal topic name, a record Kafka refuses for its size or shape, a
 //! malformed `pg_logical_emit_message` event. Replaying it cannot help, so the relay applies the
-//! operator's [`BadEventPolicy`] (`[relay] on_bad_event`):
+//! operator's [`BadEventPolicy`](crate::config::relay::BadEventPolicy) (`[relay] on_bad_event`):
 //!
 //! * `fail` (default): stop with an error naming the event id, the commit LSN and the cause;
 //!   the event's transaction is never confirmed, so nothing from it on is lost or skipped.
@@ -18,9 +18,8 @@
 
 use bytes::Bytes;
 
-use crate::config::KafkaProperties;
+use crate::config::kafka::KafkaProperties;
 use crate::outbox::event::BadEvent;
-use crate::outbox::routing::validate_topic_name;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 
@@ -35,48 +34,6 @@ pub const HEADER_TRUNCATED: &str = "outbox-relay-truncated-from";
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 /// Room left for the record framing librdkafka counts against `message.max.bytes`.
 const RECORD_OVERHEAD: usize = 4096;
-
-/// `[relay] on_bad_event`, validated (dead-letter carries its topic).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BadEventPolicy {
-    Fail,
-    Skip,
-    DeadLetter { topic: String },
-}
-
-impl BadEventPolicy {
-    /// Builds the policy from the two config keys; the error is a sentence for the config author.
-    pub fn from_config(policy: &str, dead_letter_topic: Option<&str>) -> Result<Self, String> {
-        match policy {
-            "fail" => Ok(BadEventPolicy::Fail),
-            "skip" => Ok(BadEventPolicy::Skip),
-            "dead-letter" => {
-                let Some(topic) = dead_letter_topic else {
-                    return Err(
-                        "on_bad_event = \"dead-letter\" needs relay.dead_letter_topic, the topic bad events are published to"
-                            .into(),
-                    );
-                };
-                validate_topic_name(topic).map_err(|m| format!("relay.dead_letter_topic: {m}"))?;
-                Ok(BadEventPolicy::DeadLetter {
-                    topic: topic.to_owned(),
-                })
-            }
-            other => Err(format!(
-                "{other:?} is not a policy; use \"fail\" (the default), \"dead-letter\" or \"skip\""
-            )),
-        }
-    }
-
-    /// The metric label.
-    pub fn label(&self) -> &'static str {
-        match self {
-            BadEventPolicy::Fail => "fail",
-            BadEventPolicy::Skip => "skip",
-            BadEventPolicy::DeadLetter { .. } => "dead-letter",
-        }
-    }
-}
 
 /// The event as it was written, for a dead letter.
 #[derive(Debug, Clone)]
@@ -256,30 +213,6 @@ mod tests {
             m.insert("message.max.bytes".to_string(), v.to_string());
         }
         KafkaProperties(m)
-    }
-
-    #[test]
-    fn policy_parsing() {
-        assert_eq!(BadEventPolicy::from_config("fail", None), Ok(BadEventPolicy::Fail));
-        assert_eq!(
-            BadEventPolicy::from_config("skip", Some("ignored")),
-            Ok(BadEventPolicy::Skip)
-        );
-        assert_eq!(
-            BadEventPolicy::from_config("dead-letter", Some("outbox.dlq")),
-            Ok(BadEventPolicy::DeadLetter {
-                topic: "outbox.dlq".into()
-            })
-        );
-        assert!(BadEventPolicy::from_config("dead-letter", None)
-            .unwrap_err()
-            .contains("dead_letter_topic"));
-        assert!(BadEventPolicy::from_config("dead-letter", Some("bad topic"))
-            .unwrap_err()
-            .contains("dead_letter_topic"));
-        assert!(BadEventPolicy::from_config("ignore", None)
-            .unwrap_err()
-            .contains("\"skip\""));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 
-use crate::config::OutboxMapping;
+use crate::config::outbox::OutboxMapping;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 
 /// Positions of the mapped columns in the current Relation of the outbox table.

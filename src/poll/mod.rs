@@ -34,10 +34,10 @@ use tracing::{error, info, warn};
 pub use error::PollError;
 pub use worker::WorkerCounts;
 
+use crate::config::relay::BadEventPolicy;
 use crate::config::Settings;
 use crate::ops::health::{Mode, RelayHealth};
 use crate::ops::retry::{wait_or_shutdown, Backoff};
-use crate::outbox::bad_event::BadEventPolicy;
 use sql::PollSql;
 use worker::Worker;
 

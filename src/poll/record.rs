@@ -2,7 +2,7 @@
 //!
 //! The same rules as the streaming path (`OutboxLayout::extract` and `StreamState::on_insert`):
 //! id, key, route-by value and payload must not be NULL, the route-by value goes through the
-//! same [`crate::outbox::routing::TopicRouter`], the timestamp column becomes the record timestamp, the
+//! same [`crate::outbox::routing::topic`], the timestamp column becomes the record timestamp, the
 //! header columns become headers in the mapping's order (NULL gives a null header), and the `id`
 //! header comes first. So a polled row and the same row streamed from the WAL give identical
 //! records.
@@ -15,7 +15,7 @@ use tokio_postgres::Row;
 use crate::config::Settings;
 use crate::kafka::producer::OutboundRecord;
 use crate::outbox::event::{parse_timestamp_ms, BadEvent};
-use crate::outbox::routing::validate_topic_name;
+use crate::outbox::routing;
 
 /// One claimed row's mapped values; built by [`ClaimedRow::from_row`], borrowed by the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub struct RowError {
 }
 
 impl ClaimedRow {
-    /// `values` are the mapped columns' text in [`crate::config::OutboxMapping::columns`] order.
+    /// `values` are the mapped columns' text in [`crate::config::outbox::OutboxMapping::columns`] order.
     pub fn from_values(settings: &Settings, values: &[Option<&str>]) -> Result<ClaimedRow, RowError> {
         let mapping = &settings.outbox;
         let columns = mapping.columns();
@@ -110,12 +110,10 @@ impl ClaimedRow {
 
     /// The routed topic, checked against Kafka's naming rules.
     pub fn topic<'a>(&'a self, settings: &Settings) -> Result<Cow<'a, str>, RowError> {
-        let topic = settings.router.route(&self.route_value);
-        validate_topic_name(&topic).map_err(|m| RowError {
+        routing::topic(&settings.router, &self.route_value).map_err(|cause| RowError {
             id: self.id.clone(),
-            cause: BadEvent::Topic(m),
-        })?;
-        Ok(topic)
+            cause,
+        })
     }
 
     /// The record; `headers` must come from [`ClaimedRow::header_refs`].

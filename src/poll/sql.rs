@@ -30,7 +30,7 @@ pub const SESSION_SETTINGS: &str =
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PollSql {
     /// `$1`: the batch size (int8). Returns the mapped columns as text, in
-    /// [`crate::config::OutboxMapping::columns`] order.
+    /// [`crate::config::outbox::OutboxMapping::columns`] order.
     pub claim: String,
     /// `$1`: the claimed ids as text (`text[]`), cast back to the id column's type so the
     /// primary-key index serves the lookup.

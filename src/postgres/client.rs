@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use tracing::debug;
 
-use crate::config::PostgresSettings;
+use crate::config::postgres::PostgresSettings;
 use crate::postgres::tls;
 
 #[derive(Debug, thiserror::Error)]

@@ -19,12 +19,13 @@ use rdkafka::error::KafkaError;
 use tracing::{info, warn};
 
 use super::stream::{Phase, StreamState};
+use crate::config::relay::BadEventPolicy;
 use crate::kafka::producer::{is_record_rejection, DeliveryFailure, OutboundRecord};
 use crate::ops::metrics::BAD_EVENTS;
-use crate::outbox::bad_event::{BadEventPolicy, DeadLetter, RawEvent};
+use crate::outbox::bad_event::{DeadLetter, RawEvent};
 use crate::outbox::event::BadEvent;
 use crate::outbox::message::OutboxMessage;
-use crate::outbox::routing::validate_topic_name;
+use crate::outbox::routing;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::LogicalDecodingMessage;
 use crate::relay::error::RelayError;
@@ -132,10 +133,10 @@ impl StreamState<'_> {
         raw: impl FnOnce() -> RawEvent,
     ) -> Result<(), RelayError> {
         let settings = self.settings;
-        let topic = settings.router.route(event.route_value);
-        if let Err(message) = validate_topic_name(&topic) {
-            return self.bad_event(txn, event.id, BadEvent::Topic(message), &raw());
-        }
+        let topic = match routing::topic(&settings.router, event.route_value) {
+            Ok(topic) => topic,
+            Err(cause) => return self.bad_event(txn, event.id, cause, &raw()),
+        };
         let record = OutboundRecord {
             topic: &topic,
             key: event.key,

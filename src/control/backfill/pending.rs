@@ -25,7 +25,7 @@ use crate::control::ControlError;
 pub const FETCH_ROWS: usize = 500;
 const CURSOR: &str = "outbox_relay_backfill";
 
-/// One pending row: the mapped columns' text in [`crate::config::OutboxMapping::columns`] order
+/// One pending row: the mapped columns' text in [`crate::config::outbox::OutboxMapping::columns`] order
 /// (`None` = SQL NULL).
 pub type PendingRow = Vec<Option<String>>;
 

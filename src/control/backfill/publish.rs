@@ -13,7 +13,7 @@ use super::pending::PendingRow;
 use crate::config::Settings;
 use crate::kafka::producer::{Delivery, OutboundRecord, Publisher};
 use crate::outbox::event::{parse_timestamp_ms, BadEvent};
-use crate::outbox::routing::validate_topic_name;
+use crate::outbox::routing;
 
 /// What rides with each backfilled record: its size, returned to the byte budget on delivery.
 #[derive(Debug)]
@@ -83,8 +83,7 @@ impl<'s> BackfillPublisher<'s> {
             .enumerate()
             .map(|(i, (_, name))| (name.as_str(), value(next + i).map(Bytes::from)))
             .collect();
-        let topic = self.settings.router.route(&route_value);
-        validate_topic_name(&topic).map_err(|m| bad(BadEvent::Topic(m)))?;
+        let topic = routing::topic(&self.settings.router, &route_value).map_err(bad)?;
         let record = OutboundRecord {
             topic: &topic,
             key: key.as_bytes(),

@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use super::error::{ReplicationError, ServerError};
 use super::transport::Transport;
-use crate::config::PostgresSettings;
+use crate::config::postgres::PostgresSettings;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::tls;
 

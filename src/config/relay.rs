@@ -1,0 +1,340 @@
+//! `[relay]`: flow control, timeouts, reconnect backoff, standby/takeover, slot health,
+//! heartbeats, dead-connection detection, and the bad-event policy ([`BadEventPolicy`]); each
+//! key validated against the others it interacts with.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::kafka::validate_topic_name;
+use crate::config::{number_or_numeric_string, ConfigError};
+
+/// Above this a standby reacts too slowly for the takeover promise in the docs to mean much.
+const MAX_STANDBY_POLL: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelaySection {
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub max_in_flight: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub max_in_flight_bytes: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub status_interval_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub shutdown_timeout_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub reconnect_backoff_initial_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub reconnect_backoff_max_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub connect_timeout_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub standby_poll_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub takeover_after_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub slot_check_interval_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub retained_wal_warn_bytes: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub heartbeat_interval_ms: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub receive_timeout_ms: u64,
+    /// `fail` | `dead-letter` | `skip` (see [`BadEventPolicy`]).
+    pub on_bad_event: String,
+    pub dead_letter_topic: Option<String>,
+}
+
+impl Default for RelaySection {
+    fn default() -> Self {
+        RelaySection {
+            max_in_flight: 10_000,
+            max_in_flight_bytes: 64 * 1024 * 1024,
+            status_interval_ms: 1_000,
+            shutdown_timeout_ms: 30_000,
+            reconnect_backoff_initial_ms: 500,
+            reconnect_backoff_max_ms: 30_000,
+            connect_timeout_ms: 10_000,
+            standby_poll_ms: 2_000,
+            takeover_after_ms: 0,
+            slot_check_interval_ms: 10_000,
+            retained_wal_warn_bytes: 1 << 30,
+            heartbeat_interval_ms: 0,
+            receive_timeout_ms: 30_000,
+            on_bad_event: "fail".into(),
+            dead_letter_topic: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelaySettings {
+    pub max_in_flight: usize,
+    pub max_in_flight_bytes: usize,
+    pub status_interval: Duration,
+    pub shutdown_timeout: Duration,
+    pub reconnect_backoff_initial: Duration,
+    /// Never below `reconnect_backoff_initial`.
+    pub reconnect_backoff_max: Duration,
+    pub connect_timeout: Duration,
+    /// How often a standby retries the busy slot (takeover latency).
+    pub standby_poll: Duration,
+    /// Terminate a slot holder whose walsender heard no status update for this long (opt-in).
+    pub takeover_after: Option<Duration>,
+    /// How often `pg_replication_slots` is read for slot health.
+    pub slot_check_interval: Duration,
+    /// Warn when the slot retains more WAL than this (`None`: never).
+    pub retained_wal_warn_bytes: Option<u64>,
+    /// Emit `pg_logical_emit_message` heartbeats this often while streaming (`None`: off).
+    pub heartbeat_interval: Option<Duration>,
+    /// Silence from the server (while reading) after which the connection counts as dead;
+    /// also the replication socket's `TCP_USER_TIMEOUT`.
+    pub receive_timeout: Duration,
+    /// What to do with an event that can never be published.
+    pub on_bad_event: BadEventPolicy,
+}
+
+/// `[relay] on_bad_event`, validated (dead-letter carries its topic). What each policy does is
+/// described with the dead letter (`outbox::bad_event`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadEventPolicy {
+    Fail,
+    Skip,
+    DeadLetter { topic: String },
+}
+
+impl BadEventPolicy {
+    /// Builds the policy from the two config keys; the error is a sentence for the config author.
+    pub(crate) fn from_config(policy: &str, dead_letter_topic: Option<&str>) -> Result<Self, String> {
+        match policy {
+            "fail" => Ok(BadEventPolicy::Fail),
+            "skip" => Ok(BadEventPolicy::Skip),
+            "dead-letter" => {
+                let Some(topic) = dead_letter_topic else {
+                    return Err(
+                        "on_bad_event = \"dead-letter\" needs relay.dead_letter_topic, the topic bad events are published to"
+                            .into(),
+                    );
+                };
+                validate_topic_name(topic).map_err(|m| format!("relay.dead_letter_topic: {m}"))?;
+                Ok(BadEventPolicy::DeadLetter {
+                    topic: topic.to_owned(),
+                })
+            }
+            other => Err(format!(
+                "{other:?} is not a policy; use \"fail\" (the default), \"dead-letter\" or \"skip\""
+            )),
+        }
+    }
+
+    /// The metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BadEventPolicy::Fail => "fail",
+            BadEventPolicy::Skip => "skip",
+            BadEventPolicy::DeadLetter { .. } => "dead-letter",
+        }
+    }
+}
+
+impl RelaySection {
+    pub(crate) fn validate(self) -> Result<RelaySettings, ConfigError> {
+        let positive = |key: &'static str, v: u64| {
+            if v == 0 {
+                Err(ConfigError::Invalid {
+                    key,
+                    message: "must be greater than zero".into(),
+                })
+            } else {
+                Ok(v)
+            }
+        };
+        let ms = Duration::from_millis;
+        let backoff_initial = positive("relay.reconnect_backoff_initial_ms", self.reconnect_backoff_initial_ms)?;
+        if self.reconnect_backoff_max_ms < backoff_initial {
+            return Err(ConfigError::Invalid {
+                key: "relay.reconnect_backoff_max_ms",
+                message: format!(
+                    "{} ms is below relay.reconnect_backoff_initial_ms ({backoff_initial} ms), so the cap would \
+                     undercut the first delay; raise relay.reconnect_backoff_max_ms to at least {backoff_initial} \
+                     or lower relay.reconnect_backoff_initial_ms",
+                    self.reconnect_backoff_max_ms
+                ),
+            });
+        }
+        let relay = RelaySettings {
+            max_in_flight: positive("relay.max_in_flight", self.max_in_flight)? as usize,
+            max_in_flight_bytes: positive("relay.max_in_flight_bytes", self.max_in_flight_bytes)? as usize,
+            status_interval: ms(positive("relay.status_interval_ms", self.status_interval_ms)?),
+            shutdown_timeout: ms(self.shutdown_timeout_ms),
+            reconnect_backoff_initial: ms(backoff_initial),
+            reconnect_backoff_max: ms(self.reconnect_backoff_max_ms),
+            connect_timeout: ms(positive("relay.connect_timeout_ms", self.connect_timeout_ms)?),
+            standby_poll: ms(self.standby_poll_ms),
+            takeover_after: (self.takeover_after_ms > 0).then(|| ms(self.takeover_after_ms)),
+            slot_check_interval: ms(self.slot_check_interval_ms),
+            retained_wal_warn_bytes: (self.retained_wal_warn_bytes > 0).then_some(self.retained_wal_warn_bytes),
+            heartbeat_interval: (self.heartbeat_interval_ms > 0).then(|| ms(self.heartbeat_interval_ms)),
+            receive_timeout: ms(self.receive_timeout_ms),
+            on_bad_event: BadEventPolicy::from_config(&self.on_bad_event, self.dead_letter_topic.as_deref()).map_err(
+                |message| ConfigError::Invalid {
+                    key: "relay.on_bad_event",
+                    message,
+                },
+            )?,
+        };
+        validate_ha(&relay)?;
+        Ok(relay)
+    }
+}
+
+/// The standby/takeover, slot-health and dead-connection keys, which only make sense together.
+fn validate_ha(r: &RelaySettings) -> Result<(), ConfigError> {
+    let invalid = |key: &'static str, message: String| Err(ConfigError::Invalid { key, message });
+    if r.standby_poll.is_zero() || r.standby_poll > MAX_STANDBY_POLL {
+        return invalid(
+            "relay.standby_poll_ms",
+            format!(
+                "must be between 1 and {} ms; it bounds how long a standby waits before taking over (default 2000)",
+                MAX_STANDBY_POLL.as_millis()
+            ),
+        );
+    }
+    if let Some(t) = r.takeover_after {
+        // A healthy holder replies once per status interval; anything shorter than two
+        // intervals would terminate instances that are merely busy.
+        if t < r.status_interval * 2 {
+            return invalid(
+                "relay.takeover_after_ms",
+                format!(
+                    "{} ms is less than two status intervals ({} ms), so a healthy holder could be terminated; \
+                     raise it or set 0 to never terminate a holder",
+                    t.as_millis(),
+                    (r.status_interval * 2).as_millis()
+                ),
+            );
+        }
+    }
+    if r.slot_check_interval.is_zero() {
+        return invalid("relay.slot_check_interval_ms", "must be greater than zero".into());
+    }
+    let min_receive = (r.status_interval * 2).max(Duration::from_secs(1));
+    if r.receive_timeout < min_receive {
+        return invalid(
+            "relay.receive_timeout_ms",
+            format!(
+                "must be at least {} ms (two status intervals, and at least 1 s): the relay probes the server \
+                 halfway through it",
+                min_receive.as_millis()
+            ),
+        );
+    }
+    Ok(())
+}
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Settings;
+
+    use super::*;
+
+    const MINIMAL: &str =
+        "[postgres]\nurl = \"postgres://relay:pw@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n";
+
+    fn load(extra: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        Settings::from_toml_str(&format!("{MINIMAL}{extra}"), Path::new("t.toml"), env)
+    }
+
+    #[test]
+    fn defaults_keep_takeover_within_five_seconds_and_terminate_nobody() {
+        let r = load("", &[]).unwrap().relay;
+        assert_eq!(r.standby_poll, Duration::from_secs(2));
+        assert!(r.standby_poll <= Duration::from_secs(5));
+        assert_eq!(r.takeover_after, None);
+        assert_eq!(r.slot_check_interval, Duration::from_secs(10));
+        assert_eq!(r.retained_wal_warn_bytes, Some(1 << 30));
+        assert_eq!(r.heartbeat_interval, None);
+        assert_eq!(r.receive_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn keys_come_from_the_file_and_the_environment() {
+        let s = load(
+            "[relay]\ntakeover_after_ms = 5000\nretained_wal_warn_bytes = 0\n",
+            &[("OUTBOX_RELAY__RELAY__HEARTBEAT_INTERVAL_MS", "250")],
+        )
+        .unwrap();
+        assert_eq!(s.relay.takeover_after, Some(Duration::from_secs(5)));
+        assert_eq!(s.relay.retained_wal_warn_bytes, None, "0 disables the warning");
+        assert_eq!(s.relay.heartbeat_interval, Some(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn unsafe_or_useless_values_are_refused_with_the_key_named() {
+        for (extra, key) in [
+            ("[relay]\nstandby_poll_ms = 0\n", "relay.standby_poll_ms"),
+            ("[relay]\nstandby_poll_ms = 600000\n", "relay.standby_poll_ms"),
+            ("[relay]\ntakeover_after_ms = 1500\n", "relay.takeover_after_ms"),
+            ("[relay]\nslot_check_interval_ms = 0\n", "relay.slot_check_interval_ms"),
+            ("[relay]\nreceive_timeout_ms = 1500\n", "relay.receive_timeout_ms"),
+        ] {
+            let err = load(extra, &[]).unwrap_err().to_string();
+            assert!(err.contains(key), "{extra:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn reconnect_backoff_max_below_initial_is_refused_naming_both_keys() {
+        let err = load(
+            "[relay]\nreconnect_backoff_initial_ms = 2000\nreconnect_backoff_max_ms = 1000\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("relay.reconnect_backoff_max_ms"), "{err}");
+        assert!(err.contains("relay.reconnect_backoff_initial_ms"), "{err}");
+        assert!(err.contains("1000 ms") && err.contains("at least 2000"), "{err}");
+        let env = load("", &[("OUTBOX_RELAY__RELAY__RECONNECT_BACKOFF_MAX_MS", "499")])
+            .unwrap_err()
+            .to_string();
+        assert!(env.contains("relay.reconnect_backoff_max_ms"), "{env}");
+        let equal = load(
+            "[relay]\nreconnect_backoff_initial_ms = 1000\nreconnect_backoff_max_ms = 1000\n",
+            &[],
+        )
+        .unwrap()
+        .relay;
+        assert_eq!(equal.reconnect_backoff_initial, Duration::from_secs(1));
+        assert_eq!(equal.reconnect_backoff_max, Duration::from_secs(1));
+        let defaults = load("", &[]).unwrap().relay;
+        assert_eq!(defaults.reconnect_backoff_initial, Duration::from_millis(500));
+        assert_eq!(defaults.reconnect_backoff_max, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn policy_parsing() {
+        assert_eq!(BadEventPolicy::from_config("fail", None), Ok(BadEventPolicy::Fail));
+        assert_eq!(
+            BadEventPolicy::from_config("skip", Some("ignored")),
+            Ok(BadEventPolicy::Skip)
+        );
+        assert_eq!(
+            BadEventPolicy::from_config("dead-letter", Some("outbox.dlq")),
+            Ok(BadEventPolicy::DeadLetter {
+                topic: "outbox.dlq".into()
+            })
+        );
+        assert!(BadEventPolicy::from_config("dead-letter", None)
+            .unwrap_err()
+            .contains("dead_letter_topic"));
+        assert!(BadEventPolicy::from_config("dead-letter", Some("bad topic"))
+            .unwrap_err()
+            .contains("dead_letter_topic"));
+        assert!(BadEventPolicy::from_config("ignore", None)
+            .unwrap_err()
+            .contains("\"skip\""));
+    }
+}
