@@ -57,11 +57,16 @@ impl std::fmt::Display for DeliveryFailure {
 /// One extra header of a record: name and value (`None`: a null header).
 pub type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
 
-/// One record ready for Kafka, in the adapter's own shape: what [`Publisher::send`] hands to
-/// librdkafka (which copies it), borrowed from whatever the caller keeps. Outbox events become
-/// records through `crate::outbox::event::OutboxEvent::record`, dead letters through
-/// `crate::outbox::bad_event::RawEvent::dead_letter`. The topic is a `Cow` because routing may
-/// build it; the headers are a `Cow` so a dead letter can own the ones it makes up.
+/// One record ready for Kafka: what [`Publisher::send`] hands to librdkafka (which copies it),
+/// borrowed from whatever the caller keeps.
+///
+/// It stays a shape of its own, apart from the domain's `OutboxEvent`, because the adapter
+/// knows nothing of outbox events (dependencies point from the domain to the adapters), and
+/// because not every record is an event: a dead letter is a record made from an event's raw
+/// form. Events become records only through `crate::outbox::event::OutboxEvent::record`, dead
+/// letters through `crate::outbox::bad_event::RawEvent::dead_letter`. The topic is a `Cow`
+/// because routing may build it; the headers are a `Cow` so a dead letter can own the ones it
+/// makes up while an event's record borrows the event's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboundRecord<'a> {
     pub topic: Cow<'a, str>,

@@ -1,9 +1,10 @@
-//! A claimed row as the domain's [`OutboxEvent`].
+//! A claimed row as the domain's [`OutboxEvent`](crate::outbox::event::OutboxEvent).
 //!
 //! The claim query selects the mapped columns as text (see [`super::sql`]), in
-//! [`crate::config::OutboxMapping::columns`] order: exactly what [`OutboxEvent::from_columns`]
-//! takes, which applies the streaming path's rules. So a polled row and the same row streamed
-//! from the WAL give identical records (`OutboxEvent::record`; `tests/it/poll.rs`).
+//! [`crate::config::OutboxMapping::columns`] order: exactly what
+//! [`OutboxEvent::from_columns`](crate::outbox::event::OutboxEvent::from_columns) takes, which
+//! applies the streaming path's rules. So a polled row and the same row streamed from the WAL
+//! give identical records (`OutboxEvent::record`; `tests/it/poll.rs`).
 
 use tokio_postgres::Row;
 
