@@ -15,9 +15,9 @@
 //! The tag is the caller's: the relay's carries its watermark ticket, the poller's its claimed
 //! batch, the backfill's only its size. This adapter never looks inside it.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
-use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
@@ -54,14 +54,29 @@ impl std::fmt::Display for DeliveryFailure {
     }
 }
 
-/// One outbox event ready for Kafka.
+/// One extra header of a record: name and value (`None`: a null header).
+pub type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
+
+/// One record ready for Kafka: what [`Publisher::send`] hands to librdkafka (which copies it),
+/// borrowed from whatever the caller keeps.
+///
+/// It stays a shape of its own, apart from the domain's `OutboxEvent`, because the adapter
+/// knows nothing of outbox events (dependencies point from the domain to the adapters), and
+/// because not every record is an event: a dead letter is a record made from an event's raw
+/// form. Events become records only through `crate::outbox::event::OutboxEvent::record`, dead
+/// letters through `crate::outbox::bad_event::RawEvent::dead_letter`. The topic is a `Cow`
+/// because routing may build it; the headers are a `Cow` so a dead letter can own the ones it
+/// makes up while an event's record borrows the event's.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboundRecord<'a> {
-    pub topic: &'a str,
+    pub topic: Cow<'a, str>,
     pub key: &'a [u8],
     pub payload: &'a [u8],
+    /// Sent as the first header, `id`.
     pub event_id: &'a [u8],
     pub timestamp_ms: Option<i64>,
-    pub headers: &'a [(&'a str, Option<Bytes>)],
+    /// Sent after `id`, in this order.
+    pub headers: Cow<'a, [RecordHeader<'a>]>,
 }
 
 impl OutboundRecord<'_> {
@@ -180,13 +195,13 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
             key: "id",
             value: Some(record.event_id),
         });
-        for (name, value) in record.headers {
+        for (name, value) in record.headers.iter() {
             headers = headers.insert(Header {
                 key: name,
                 value: value.as_deref(),
             });
         }
-        let mut base = BaseRecord::with_opaque_to(record.topic, tag)
+        let mut base = BaseRecord::with_opaque_to(&record.topic, tag)
             .key(record.key)
             .payload(record.payload)
             .headers(headers);

@@ -9,16 +9,19 @@
 //!   the event's transaction is never confirmed, so nothing from it on is lost or skipped.
 //! * `dead-letter`: publish the raw event to `[relay] dead_letter_topic` — for a row, every column
 //!   as a JSON object of column → text (or null); for a message, its content as-is — with the
-//!   error in headers ([`DeadLetter`]). It goes through the same producer and counts in the
+//!   error in headers ([`RawEvent::dead_letter`]). It goes through the same producer and counts in the
 //!   watermark like any event, so the WAL is only released once the dead letter is in Kafka.
 //! * `skip`: log at WARN with id, LSN and cause, count it, go on.
 //!
 //! Whatever the policy, every bad event is counted in
 //! [`crate::ops::metrics::BAD_EVENTS_TOTAL`]`{policy, cause}`.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use crate::config::kafka::KafkaProperties;
+use crate::kafka::producer::{OutboundRecord, RecordHeader};
 use crate::outbox::event::BadEvent;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
@@ -35,7 +38,10 @@ const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 /// Room left for the record framing librdkafka counts against `message.max.bytes`.
 const RECORD_OVERHEAD: usize = 4096;
 
-/// The event as it was written, for a dead letter.
+/// The event as it was written, for a dead letter: not the mapped [`crate::outbox::event::OutboxEvent`]
+/// (which may be what failed, and leaves unmapped columns out) but the whole row or message.
+/// Rendering a row costs an allocation, so callers build it only when a bad event needs it, or
+/// keep it with a suspect the relay holds back (`relay::quarantine`).
 #[derive(Debug, Clone)]
 pub struct RawEvent {
     /// `schema.table` of the row, or `pg_logical_emit_message:<prefix>`.
@@ -102,58 +108,55 @@ fn push_json_string(out: &mut String, s: &str) {
     out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into()));
 }
 
-/// A dead-letter record, owned, ready for [`crate::kafka::producer::OutboundRecord`].
-#[derive(Debug, Clone)]
-pub struct DeadLetter {
-    pub topic: String,
-    pub key: Bytes,
-    pub payload: Bytes,
-    pub event_id: Bytes,
-    pub headers: Vec<(&'static str, Option<Bytes>)>,
-}
-
-impl DeadLetter {
-    /// The dead letter of `raw`, rejected for `cause`, from the transaction committed at
-    /// `commit_lsn`. The content is cut (at a character boundary when it is text) so the record
-    /// fits the producer's `message.max.bytes`: a dead letter that Kafka refused in turn would
-    /// stall the relay, and the header [`HEADER_TRUNCATED`] says how long it was.
-    pub fn new(
-        topic: &str,
-        event_id: &[u8],
+impl RawEvent {
+    /// The dead-letter record of this event, rejected for `cause`, from the transaction
+    /// committed at `commit_lsn`: to `topic`, with the event's key when it has a usable one, the
+    /// raw content as the value, `id` as for every record, and the cause in headers. The content
+    /// is cut (at a character boundary when it is text) so the record fits the producer's
+    /// `message.max.bytes`: a dead letter that Kafka refused in turn would stall the relay, and
+    /// the header [`HEADER_TRUNCATED`] says how long it was.
+    pub fn dead_letter<'a>(
+        &'a self,
+        topic: &'a str,
+        event_id: &'a [u8],
         commit_lsn: Lsn,
         cause: &BadEvent,
-        raw: &RawEvent,
         kafka: &KafkaProperties,
-    ) -> DeadLetter {
-        let mut headers: Vec<(&'static str, Option<Bytes>)> = vec![
-            (HEADER_ERROR, Some(Bytes::from(cause.to_string()))),
-            (HEADER_LSN, Some(Bytes::from(commit_lsn.to_string()))),
-            (HEADER_SOURCE, Some(Bytes::from(raw.source.clone()))),
+    ) -> OutboundRecord<'a> {
+        let text = |s: String| Some(Cow::Owned(s.into_bytes()));
+        let mut headers: Vec<RecordHeader<'a>> = vec![
+            (Cow::Borrowed(HEADER_ERROR), text(cause.to_string())),
+            (Cow::Borrowed(HEADER_LSN), text(commit_lsn.to_string())),
+            (
+                Cow::Borrowed(HEADER_SOURCE),
+                Some(Cow::Borrowed(self.source.as_bytes())),
+            ),
         ];
-        let key = raw.key.clone().unwrap_or_default();
+        let key: &[u8] = self.key.as_deref().unwrap_or_default();
         let fixed = key.len()
             + event_id.len()
             + headers
                 .iter()
-                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len))
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()))
                 .sum::<usize>()
             + HEADER_TRUNCATED.len()
             + 20;
         let limit = message_max_bytes(kafka)
             .saturating_sub(fixed + RECORD_OVERHEAD)
             .max(1024);
-        let payload = if raw.content.len() > limit {
-            headers.push((HEADER_TRUNCATED, Some(Bytes::from(raw.content.len().to_string()))));
-            raw.content.slice(..char_boundary_at_or_before(&raw.content, limit))
+        let payload = if self.content.len() > limit {
+            headers.push((Cow::Borrowed(HEADER_TRUNCATED), text(self.content.len().to_string())));
+            &self.content[..char_boundary_at_or_before(&self.content, limit)]
         } else {
-            raw.content.clone()
+            &self.content[..]
         };
-        DeadLetter {
-            topic: topic.to_owned(),
+        OutboundRecord {
+            topic: Cow::Borrowed(topic),
             key,
             payload,
-            event_id: Bytes::copy_from_slice(event_id),
-            headers,
+            event_id,
+            timestamp_ms: None,
+            headers: Cow::Owned(headers),
         }
     }
 }
@@ -246,26 +249,31 @@ mod tests {
             column: "type".into(),
             role: "route-by value",
         };
-        let small = DeadLetter::new("dlq", b"42", Lsn(0x16B3748), &cause, &raw, &kafka(Some("8192")));
+        let small = raw.dead_letter("dlq", b"42", Lsn(0x16B3748), &cause, &kafka(Some("8192")));
         assert!(
             small.payload.len() < 8192 && small.payload.len() >= 1024,
             "{}",
             small.payload.len()
         );
-        assert!(std::str::from_utf8(&small.payload).is_ok(), "cut inside a character");
+        assert!(std::str::from_utf8(small.payload).is_ok(), "cut inside a character");
         let header = |name: &str| {
             small
                 .headers
                 .iter()
                 .find(|(k, _)| *k == name)
                 .and_then(|(_, v)| v.clone())
+                .map(|v| Bytes::from(v.into_owned()))
         };
         assert_eq!(header(HEADER_TRUNCATED).unwrap(), "20000");
         assert_eq!(header(HEADER_LSN).unwrap(), "0/16B3748");
         assert_eq!(header(HEADER_SOURCE).unwrap(), "public.outbox");
         assert!(String::from_utf8_lossy(&header(HEADER_ERROR).unwrap()).contains("\"type\""));
-        assert_eq!(small.key, "agg");
-        let whole = DeadLetter::new("dlq", b"42", Lsn(1), &cause, &raw, &kafka(None));
+        assert_eq!(small.key, b"agg");
+        assert_eq!(
+            (&*small.topic, small.event_id, small.timestamp_ms),
+            ("dlq", &b"42"[..], None)
+        );
+        let whole = raw.dead_letter("dlq", b"42", Lsn(1), &cause, &kafka(None));
         assert_eq!(whole.payload.len(), 20_000);
         assert!(whole.headers.iter().all(|(k, _)| *k != HEADER_TRUNCATED));
     }
@@ -290,11 +298,11 @@ mod tests {
             let text = if multibyte { "ü".repeat(len / 2) } else { "x".repeat(len) };
             let raw = RawEvent { source: "s".into(), content: Bytes::from(text), key: None };
             let cause = BadEvent::Topic("t".into());
-            let dl = DeadLetter::new("dlq", b"1", Lsn(1), &cause, &raw, &kafka(Some(&max.to_string())));
+            let dl = raw.dead_letter("dlq", b"1", Lsn(1), &cause, &kafka(Some(&max.to_string())));
             let total = dl.payload.len() + dl.key.len() + dl.event_id.len()
-                + dl.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len)).sum::<usize>();
+                + dl.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len())).sum::<usize>();
             prop_assert!(total <= max.max(1024 + total - dl.payload.len()));
-            prop_assert!(std::str::from_utf8(&dl.payload).is_ok());
+            prop_assert!(std::str::from_utf8(dl.payload).is_ok());
         }
     }
 }

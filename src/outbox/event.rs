@@ -1,43 +1,33 @@
-//! From a decoded outbox row to the parts of a Kafka record.
+//! [`OutboxEvent`]: one outbox event, whatever it was read from, and the one way it becomes a
+//! Kafka record.
 //!
-//! pgoutput describes a table once per session (and again after any `ALTER TABLE`) in a Relation
-//! message, then sends rows as positional tuples. [`OutboxLayout`] resolves the configured column
-//! names to positions for the current Relation, so a column added or dropped mid-stream only
-//! shifts positions; a *mapped* column disappearing is an error the operator must act on.
+//! Four sources give an event, each in one place:
 //!
-//! Values arrive in text format, i.e. exactly as PostgreSQL's output functions render them (for
-//! `jsonb` that is its canonical text), and are passed through as bytes without re-encoding.
+//! | source | where | produced by |
+//! |---|---|---|
+//! | an inserted row, streamed (pgoutput) | `relay::decode` | [`OutboxLayout::extract`](super::layout::OutboxLayout::extract) |
+//! | a `pg_logical_emit_message`, streamed | `relay::publish` | [`OutboxEvent::from_message`] (`message.rs`) |
+//! | a row claimed by the polling relayer | `poll::worker` | [`OutboxEvent::from_columns`] |
+//! | a pending row read by the backfill | `control::backfill` | [`OutboxEvent::from_columns`] |
+//!
+//! and [`OutboxEvent::record`] is the only way to a record: the route-by value goes through the
+//! [`TopicRoute`], the topic is checked against Kafka's rules, the id becomes the first header
+//! (`id`), the extra headers follow in the mapping's order. So the same content gives
+//! byte-identical records from every source (the unit tests below, and `tests/it/poll.rs`
+//! against a broker).
+//!
+//! An event borrows from what it was read from (the decoded WAL message, the claimed row): on
+//! the streaming path, building it allocates nothing but the header list, and only when header
+//! columns are mapped. [`OutboxEvent::into_owned`] detaches it where it must outlive its source.
 
-use bytes::Bytes;
+use std::borrow::Cow;
 
-use crate::config::outbox::OutboxMapping;
-use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
+use crate::config::outbox::{OutboxMapping, TopicRoute};
+use crate::kafka::producer::{OutboundRecord, RecordHeader};
+use crate::outbox::routing;
+use crate::outbox::timestamp::parse_timestamp_ms;
 
-/// Positions of the mapped columns in the current Relation of the outbox table.
-#[derive(Debug, Clone)]
-pub struct OutboxLayout {
-    id: usize,
-    key: usize,
-    route_by: usize,
-    payload: usize,
-    timestamp: Option<usize>,
-    headers: Vec<(usize, String)>,
-}
-
-/// The outbox table changed shape in a way the mapping cannot follow.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "column {column:?} ({config_key}) is no longer in table {table} (it now has: {present}); it was dropped or renamed \
-     while the relay was streaming. Restore the column or change {config_key}, then restart"
-)]
-pub struct LayoutError {
-    pub column: String,
-    pub config_key: &'static str,
-    pub table: String,
-    pub present: String,
-}
-
-/// Why one row cannot become a Kafka record.
+/// Why one event cannot become a Kafka record.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BadEvent {
     #[error("column {column:?} ({role}) is NULL")]
@@ -71,286 +61,115 @@ impl BadEvent {
     }
 }
 
-/// The mapped values of one outbox row (cheap `Bytes` slices of the WAL message).
-#[derive(Debug, Clone)]
-pub struct OutboxRow {
-    pub id: Bytes,
-    pub key: Bytes,
-    pub route_value: String,
-    pub payload: Bytes,
+/// One outbox event: the values its record is made of, before routing.
+///
+/// Values are the text PostgreSQL's output functions render (for a message, the JSON text as
+/// written), passed through as bytes. Fields are `Cow`s: borrowed from the source where it
+/// holds them as they are (rows; a message's payload), owned where the source had to make them
+/// (a message's id and key, which may be JSON numbers or escaped strings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEvent<'a> {
+    /// The `id` header.
+    pub id: Cow<'a, [u8]>,
+    /// The record key (the aggregate id).
+    pub key: Cow<'a, [u8]>,
+    /// What the topic is routed from (Debezium's `routedByValue`).
+    pub route_value: Cow<'a, str>,
+    /// The record value.
+    pub payload: Cow<'a, [u8]>,
+    /// The record timestamp; `None` leaves it to the producer.
     pub timestamp_ms: Option<i64>,
-    pub headers: Vec<(usize, Option<Bytes>)>,
+    /// Headers after `id`, in the mapping's order (`header_columns`); a NULL gives a null header.
+    pub headers: Vec<RecordHeader<'a>>,
 }
 
-impl OutboxLayout {
-    pub fn resolve(mapping: &OutboxMapping, relation: &Relation) -> Result<Self, LayoutError> {
-        let find = |col: &crate::config::ident::Ident, config_key: &'static str| {
-            relation
-                .columns
-                .iter()
-                .position(|c| c.name == col.as_str())
-                .ok_or_else(|| LayoutError {
-                    column: col.as_str().to_owned(),
-                    config_key,
-                    table: mapping.table.to_string(),
-                    present: relation
-                        .columns
-                        .iter()
-                        .map(|c| c.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })
-        };
-        let mut headers = Vec::with_capacity(mapping.headers.len());
-        for (col, header) in &mapping.headers {
-            headers.push((find(col, "outbox.header_columns")?, header.clone()));
-        }
-        Ok(OutboxLayout {
-            id: find(&mapping.id, "outbox.id_column")?,
-            key: find(&mapping.key, "outbox.key_column")?,
-            route_by: find(&mapping.route_by, "outbox.route_by_column")?,
-            payload: find(&mapping.payload, "outbox.payload_column")?,
-            timestamp: mapping
-                .timestamp
-                .as_ref()
-                .map(|c| find(c, "outbox.timestamp_column"))
-                .transpose()?,
-            headers,
+impl<'a> OutboxEvent<'a> {
+    /// The Kafka record of this event: topic routed by `router` and checked against Kafka's
+    /// naming rules (an illegal topic is [`BadEvent::Topic`]); everything else borrowed.
+    pub fn record<'r>(&'r self, router: &TopicRoute) -> Result<OutboundRecord<'r>, BadEvent> {
+        let topic = routing::topic(router, &self.route_value)?;
+        Ok(OutboundRecord {
+            topic,
+            key: &self.key,
+            payload: &self.payload,
+            event_id: &self.id,
+            timestamp_ms: self.timestamp_ms,
+            headers: Cow::Borrowed(&self.headers),
         })
     }
 
-    /// Header names, in the order of [`OutboxRow::headers`].
-    pub fn header_name(&self, i: usize) -> &str {
-        self.headers.get(i).map_or("", |(_, name)| name.as_str())
+    /// The same event owning all its values, to outlive its source (a suspect the relay holds
+    /// back, `relay::quarantine`). Copies; never on the streaming path's normal course.
+    pub fn into_owned(self) -> OutboxEvent<'static> {
+        OutboxEvent {
+            id: Cow::Owned(self.id.into_owned()),
+            key: Cow::Owned(self.key.into_owned()),
+            route_value: Cow::Owned(self.route_value.into_owned()),
+            payload: Cow::Owned(self.payload.into_owned()),
+            timestamp_ms: self.timestamp_ms,
+            headers: self
+                .headers
+                .into_iter()
+                .map(|(name, value)| (Cow::Owned(name.into_owned()), value.map(|v| Cow::Owned(v.into_owned()))))
+                .collect(),
+        }
     }
 
-    /// Extracts the mapped values; column names in errors come from `relation`.
-    pub fn extract(&self, relation: &Relation, tuple: &TupleData) -> Result<OutboxRow, BadEvent> {
-        let text = |idx: usize, role: &'static str| -> Result<Option<Bytes>, BadEvent> {
-            let column = || {
-                relation
-                    .columns
-                    .get(idx)
-                    .map_or_else(|| format!("#{idx}"), |c| c.name.clone())
-            };
-            match tuple.columns.get(idx) {
-                None => Err(BadEvent::ShortTuple {
-                    got: tuple.columns.len(),
-                    expected: relation.columns.len(),
-                }),
-                Some(ColumnValue::Text(b)) => Ok(Some(b.clone())),
-                Some(ColumnValue::Null) => Ok(None),
-                // Inserts always carry full values; an unchanged-TOAST marker here means the row
-                // came from an UPDATE, which the caller never passes in.
-                Some(ColumnValue::UnchangedToast) => Ok(None),
-                Some(ColumnValue::Binary(_)) => Err(BadEvent::Binary { column: column() }),
-            }
-            .and_then(|v| match v {
-                Some(b) => Ok(Some(b)),
-                None if role == "header" => Ok(None),
-                None => Err(BadEvent::Null { column: column(), role }),
+    /// The event of a row read with SQL: `values` are the mapped columns' text in
+    /// [`OutboxMapping::columns`] order (`None` = NULL), as the polling relayer's claim query
+    /// and the backfill's snapshot read select them (in text format, under the replication
+    /// connection's output settings, so the text is what pgoutput would have sent).
+    ///
+    /// The rules are the streaming path's: id, key, route-by value and payload must not be
+    /// NULL; an unparseable timestamp leaves the record timestamp to the producer; a NULL header
+    /// column gives a null header.
+    pub fn from_columns(mapping: &'a OutboxMapping, values: &[Option<&'a str>]) -> Result<Self, BadEvent> {
+        let value = |i: usize| values.get(i).copied().flatten();
+        let required = |i: usize, role: &'static str| {
+            value(i).ok_or_else(|| BadEvent::Null {
+                column: mapping.columns()[i].1.as_str().to_owned(),
+                role,
             })
         };
-        let id = text(self.id, "event id")?.unwrap_or_default();
-        let key = text(self.key, "message key")?.unwrap_or_default();
-        let route_raw = text(self.route_by, "route-by value")?.unwrap_or_default();
-        let route_value = String::from_utf8(route_raw.to_vec()).map_err(|_| BadEvent::NotUtf8 {
-            column: relation
-                .columns
-                .get(self.route_by)
-                .map_or_else(String::new, |c| c.name.clone()),
-            role: "route-by value",
-        })?;
-        let payload = text(self.payload, "payload")?.unwrap_or_default();
-        let timestamp_ms = match self.timestamp {
-            Some(idx) => text(idx, "header")?.and_then(|b| parse_timestamp_ms(&b)),
-            None => None,
+        let id = required(0, "event id")?;
+        let key = required(1, "message key")?;
+        let route_value = required(2, "route-by value")?;
+        let payload = required(3, "payload")?;
+        let mut next = 4;
+        let timestamp_ms = if mapping.timestamp.is_some() {
+            next += 1;
+            value(4).and_then(|t| parse_timestamp_ms(t.as_bytes()))
+        } else {
+            None
         };
-        let mut headers = Vec::with_capacity(self.headers.len());
-        for (i, (idx, _)) in self.headers.iter().enumerate() {
-            headers.push((i, text(*idx, "header")?));
-        }
-        Ok(OutboxRow {
-            id,
-            key,
-            route_value,
-            payload,
+        let headers = mapping
+            .headers
+            .iter()
+            .enumerate()
+            .map(|(i, (_, name))| {
+                (
+                    Cow::Borrowed(name.as_str()),
+                    value(next + i).map(|v| Cow::Borrowed(v.as_bytes())),
+                )
+            })
+            .collect();
+        Ok(OutboxEvent {
+            id: Cow::Borrowed(id.as_bytes()),
+            key: Cow::Borrowed(key.as_bytes()),
+            route_value: Cow::Borrowed(route_value),
+            payload: Cow::Borrowed(payload.as_bytes()),
             timestamp_ms,
             headers,
         })
     }
-}
 
-/// Parses a `timestamp`/`timestamptz` rendered with `DateStyle=ISO, TimeZone=UTC`
-/// (`2026-11-22 15:20:00.123456+00`, offset optional) into Unix milliseconds.
-/// Values Kafka cannot carry (`infinity`, BC dates, before 1970) give `None`, and the record
-/// then gets the producer's own timestamp.
-pub fn parse_timestamp_ms(text: &[u8]) -> Option<i64> {
-    // Byte-wise: this runs for every event, and the generic `str` splitting and parsing it
-    // replaced cost as much as decoding the whole row (callgrind, benches/cdc_vs_polling).
-    if !text.is_ascii() {
-        return None;
+    /// The event id of `values` (as for [`from_columns`](Self::from_columns)) for error
+    /// messages, also when they are no event: `?` when the id itself is NULL.
+    pub fn id_of_columns<'v>(values: &[Option<&'v str>]) -> &'v str {
+        values.first().copied().flatten().unwrap_or("?")
     }
-    let space = text.iter().position(|&b| b == b' ')?;
-    let (date, rest) = (&text[..space], &text[space + 1..]);
-    let mut d = date.splitn(3, |&b| b == b'-');
-    let year = digits(d.next()?)?;
-    let month = digits(d.next()?)?;
-    let day = digits(d.next()?)?;
-    if rest.ends_with(b"BC") || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return None;
-    }
-    let (time, offset) = match rest.iter().position(|&b| b == b'+' || b == b'-') {
-        Some(i) => (&rest[..i], Some(&rest[i..])),
-        None => (rest, None),
-    };
-    let mut t = time.splitn(3, |&b| b == b':');
-    let hour = digits(t.next()?)?;
-    let minute = digits(t.next()?)?;
-    let sec_text = t.next()?;
-    let (whole, frac) = match sec_text.iter().position(|&b| b == b'.') {
-        Some(i) => (&sec_text[..i], &sec_text[i + 1..]),
-        None => (sec_text, &[][..]),
-    };
-    let second = digits(whole)?;
-    let mut millis: i64 = 0;
-    for (i, &b) in frac.iter().take(3).enumerate() {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        millis += i64::from(b - b'0') * 10_i64.pow(2 - i as u32);
-    }
-    let offset_secs = match offset {
-        None => 0,
-        Some(o) => {
-            let sign = if o.first() == Some(&b'-') { -1 } else { 1 };
-            let mut parts = o[1..].split(|&b| b == b':');
-            let h = digits(parts.next()?)?;
-            let m = parts.next().map_or(Some(0), digits)?;
-            let s = parts.next().map_or(Some(0), digits)?;
-            sign * (h * 3600 + m * 60 + s)
-        }
-    };
-    let days = days_from_civil(year, month as u32, day as u32);
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
-    let ms = secs.checked_mul(1000)?.checked_add(millis)?;
-    (ms >= 0).then_some(ms)
-}
-
-/// A field of 1 to 9 ASCII digits. PostgreSQL's fields are shorter (years end at 294276); the
-/// bound keeps every later multiplication far from overflowing.
-fn digits(field: &[u8]) -> Option<i64> {
-    if field.is_empty() || field.len() > 9 || !field.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(field.iter().fold(0, |n, &b| n * 10 + i64::from(b - b'0')))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_iso_timestamps() {
-        assert_eq!(parse_timestamp_ms(b"1970-01-01 00:00:00+00"), Some(0));
-        assert_eq!(
-            parse_timestamp_ms(b"2026-11-22 15:20:00.123456+00"),
-            Some(1_795_360_800_123)
-        );
-        assert_eq!(parse_timestamp_ms(b"2026-11-22 16:20:00.5+01"), Some(1_795_360_800_500));
-        assert_eq!(parse_timestamp_ms(b"2026-11-22 15:20:00"), Some(1_795_360_800_000));
-        assert_eq!(parse_timestamp_ms(b"2000-02-29 00:00:00-05:30"), Some(951_802_200_000));
-        assert_eq!(parse_timestamp_ms(b"infinity"), None);
-        assert_eq!(parse_timestamp_ms(b"0044-03-15 12:00:00+00 BC"), None);
-        assert_eq!(parse_timestamp_ms(b"garbage here"), None);
-        assert_eq!(parse_timestamp_ms(b"\xff"), None);
-    }
-
-    /// The `str`-based parser the byte-wise one replaced, kept as the oracle for well-formed input.
-    fn reference_parse(text: &[u8]) -> Option<i64> {
-        let s = std::str::from_utf8(text).ok()?;
-        let (date, rest) = s.split_once(' ')?;
-        let mut d = date.splitn(3, '-');
-        let year: i64 = d.next()?.parse().ok()?;
-        let month: u32 = d.next()?.parse().ok()?;
-        let day: u32 = d.next()?.parse().ok()?;
-        if rest.ends_with("BC") || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-            return None;
-        }
-        let (time, offset) = match rest.find(['+', '-']) {
-            Some(i) => (&rest[..i], Some(&rest[i..])),
-            None => (rest, None),
-        };
-        let mut t = time.splitn(3, ':');
-        let hour: i64 = t.next()?.parse().ok()?;
-        let minute: i64 = t.next()?.parse().ok()?;
-        let sec_text = t.next()?;
-        let (whole, frac) = sec_text.split_once('.').unwrap_or((sec_text, ""));
-        let second: i64 = whole.parse().ok()?;
-        let mut millis: i64 = 0;
-        for (i, c) in frac.chars().take(3).enumerate() {
-            millis += i64::from(c.to_digit(10)?) * 10_i64.pow(2 - i as u32);
-        }
-        let offset_secs = match offset {
-            None => 0,
-            Some(o) => {
-                let sign = if o.starts_with('-') { -1 } else { 1 };
-                let mut parts = o[1..].split(':');
-                let h: i64 = parts.next()?.parse().ok()?;
-                let m: i64 = parts.next().map_or(Some(0), |p| p.parse().ok())?;
-                let s: i64 = parts.next().map_or(Some(0), |p| p.parse().ok())?;
-                sign * (h * 3600 + m * 60 + s)
-            }
-        };
-        let secs = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
-        let ms = secs.checked_mul(1000)?.checked_add(millis)?;
-        (ms >= 0).then_some(ms)
-    }
-
-    proptest::proptest! {
-        /// Everything PostgreSQL renders for timestamp/timestamptz in ISO style, and near misses.
-        #[test]
-        fn byte_parser_agrees_with_the_reference(
-            year in 1i64..=294_276, month in 0u32..=13, day in 0u32..=32,
-            hour in 0u32..=24, minute in 0u32..=59, second in 0u32..=60,
-            frac in proptest::option::of("[0-9]{1,6}"),
-            offset in proptest::option::of((proptest::bool::ANY, 0u32..=15, proptest::option::of((0u32..=59, proptest::option::of(0u32..=59))))),
-            bc in proptest::bool::ANY,
-        ) {
-            let mut text = format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}");
-            if let Some(f) = frac {
-                text.push('.');
-                text.push_str(&f);
-            }
-            if let Some((negative, h, rest)) = offset {
-                text.push_str(&format!("{}{h:02}", if negative { '-' } else { '+' }));
-                if let Some((m, s)) = rest {
-                    text.push_str(&format!(":{m:02}"));
-                    if let Some(s) = s {
-                        text.push_str(&format!(":{s:02}"));
-                    }
-                }
-            }
-            if bc {
-                text.push_str(" BC");
-            }
-            proptest::prop_assert_eq!(parse_timestamp_ms(text.as_bytes()), reference_parse(text.as_bytes()), "{}", text);
-        }
-
-        #[test]
-        fn byte_parser_never_panics(text in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
-            let _ = parse_timestamp_ms(&text);
-        }
-    }
-}
+#[path = "event_tests.rs"]
+mod tests;

@@ -24,20 +24,12 @@
 //! that emitted them rolls back — publishing them would announce business changes that never
 //! happened, and their position is not tied to any commit the relay could confirm.
 
-use bytes::Bytes;
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::outbox::event::BadEvent;
-
-/// The parts of a message event (cheap `Bytes` slices of the message content).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxMessage {
-    pub id: Bytes,
-    pub key: Bytes,
-    pub route_value: String,
-    pub payload: Bytes,
-}
+use crate::outbox::event::{BadEvent, OutboxEvent};
 
 #[derive(Deserialize)]
 struct Wire<'a> {
@@ -58,9 +50,10 @@ enum Scalar {
     Other(serde::de::IgnoredAny),
 }
 
-impl OutboxMessage {
-    /// Parses one message's content.
-    pub fn parse(content: &Bytes) -> Result<OutboxMessage, BadEvent> {
+impl<'a> OutboxEvent<'a> {
+    /// The event of one message's content: the payload borrowed from `content`, the id and key
+    /// made from their JSON (strings unescaped, numbers as their JSON text).
+    pub fn from_message(content: &'a [u8]) -> Result<Self, BadEvent> {
         let text =
             std::str::from_utf8(content).map_err(|_| BadEvent::Message("the content is not UTF-8 text".into()))?;
         let wire: Wire<'_> = serde_json::from_str(text).map_err(|e| {
@@ -75,38 +68,38 @@ impl OutboxMessage {
         let key = scalar_text("aggregate_id", wire.aggregate_id)?;
         let id = scalar_text("id", wire.id)?;
         let payload = match wire.payload {
-            Some(raw) if raw.get() != "null" => content.slice_ref(raw.get().as_bytes()),
+            Some(raw) if raw.get() != "null" => raw.get().as_bytes(),
             _ => return Err(BadEvent::Message("field \"payload\" is missing or null".into())),
         };
-        Ok(OutboxMessage {
-            id,
-            key,
-            route_value,
-            payload,
+        Ok(OutboxEvent {
+            id: Cow::Owned(id),
+            key: Cow::Owned(key),
+            route_value: Cow::Owned(route_value),
+            payload: Cow::Borrowed(payload),
+            timestamp_ms: None,
+            headers: Vec::new(),
         })
     }
 }
 
-impl OutboxMessage {
-    /// The `id` of content that failed [`parse`](Self::parse), for error messages: `?` when
-    /// there is none to find.
-    pub fn best_effort_id(content: &[u8]) -> String {
-        match serde_json::from_slice::<serde_json::Value>(content)
-            .ok()
-            .as_ref()
-            .and_then(|v| v.get("id"))
-        {
-            Some(serde_json::Value::String(s)) => s.clone(),
-            Some(serde_json::Value::Number(n)) => n.to_string(),
-            _ => "?".into(),
-        }
+/// The `id` of content that failed [`OutboxEvent::from_message`], for error messages: `?` when
+/// there is none to find.
+pub fn best_effort_id(content: &[u8]) -> String {
+    match serde_json::from_slice::<serde_json::Value>(content)
+        .ok()
+        .as_ref()
+        .and_then(|v| v.get("id"))
+    {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Number(n)) => n.to_string(),
+        _ => "?".into(),
     }
 }
 
-fn scalar_text(field: &'static str, value: Option<Scalar>) -> Result<Bytes, BadEvent> {
+fn scalar_text(field: &'static str, value: Option<Scalar>) -> Result<Vec<u8>, BadEvent> {
     match value {
-        Some(Scalar::Text(s)) => Ok(Bytes::from(s)),
-        Some(Scalar::Number(n)) => Ok(Bytes::from(n.to_string())),
+        Some(Scalar::Text(s)) => Ok(s.into_bytes()),
+        Some(Scalar::Number(n)) => Ok(n.to_string().into_bytes()),
         other => Err(field_error(field, other.as_ref(), "a string or a number")),
     }
 }
@@ -126,8 +119,8 @@ mod tests {
 
     use super::*;
 
-    fn parse(s: &str) -> Result<OutboxMessage, BadEvent> {
-        OutboxMessage::parse(&Bytes::copy_from_slice(s.as_bytes()))
+    fn parse(s: &str) -> Result<OutboxEvent<'_>, BadEvent> {
+        OutboxEvent::from_message(s.as_bytes())
     }
 
     #[test]
@@ -135,9 +128,17 @@ mod tests {
         let m =
             parse(r#"{"type":"order.placed","aggregate_id":"a-1","id":"e-1","payload": {"b": 1,  "a": [2]}}"#).unwrap();
         assert_eq!(m.route_value, "order.placed");
-        assert_eq!(m.key, "a-1");
-        assert_eq!(m.id, "e-1");
-        assert_eq!(m.payload, r#"{"b": 1,  "a": [2]}"#, "payload bytes exactly as written");
+        assert_eq!(&*m.key, b"a-1");
+        assert_eq!(&*m.id, b"e-1");
+        assert_eq!(
+            &*m.payload, br#"{"b": 1,  "a": [2]}"#,
+            "payload bytes exactly as written"
+        );
+        assert!(
+            matches!(m.payload, Cow::Borrowed(_)),
+            "the payload is borrowed from the content"
+        );
+        assert_eq!((m.timestamp_ms, m.headers.len()), (None, 0));
     }
 
     #[test]
@@ -160,7 +161,7 @@ mod tests {
         assert!(err(r#"{"type":"t","aggregate_id":"a","id":{},"payload":1}"#).contains("\"id\" has the wrong type"));
         assert!(err(r#"{"type":"t","aggregate_id":"a","id":"i","payload":null}"#).contains("\"payload\""));
         assert!(err(r#"{"type":"t","aggregate_id":"a","id":"i"}"#).contains("\"payload\""));
-        assert!(OutboxMessage::parse(&Bytes::from_static(b"\xff\xfe"))
+        assert!(OutboxEvent::from_message(b"\xff\xfe")
             .unwrap_err()
             .to_string()
             .contains("UTF-8"));
@@ -169,16 +170,16 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_content_never_panics(content in any::<Vec<u8>>()) {
-            let _ = OutboxMessage::parse(&Bytes::from(content));
+            let _ = OutboxEvent::from_message(&content);
         }
 
         #[test]
         fn well_formed_messages_round_trip(ty in "[a-z.]{1,20}", agg in "\\PC{0,20}", id in "\\PC{0,20}", n in any::<i64>()) {
             let content = serde_json::json!({"type": ty, "aggregate_id": agg, "id": id, "payload": {"n": n}}).to_string();
-            let m = OutboxMessage::parse(&Bytes::from(content)).unwrap();
+            let m = OutboxEvent::from_message(content.as_bytes()).unwrap();
             prop_assert_eq!(m.route_value, ty);
-            prop_assert_eq!(m.key, agg.as_bytes());
-            prop_assert_eq!(m.id, id.as_bytes());
+            prop_assert_eq!(&*m.key, agg.as_bytes());
+            prop_assert_eq!(&*m.id, id.as_bytes());
             let payload: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
             prop_assert_eq!(payload["n"].as_i64(), Some(n));
         }

@@ -1,13 +1,18 @@
 //! The domain: what an outbox event is, independent of how it was read or where it goes.
 //!
-//! - [`event`]: column mapping and extraction of an event from an outbox row;
-//! - [`message`]: events sent as `pg_logical_emit_message`;
+//! - [`event`]: [`event::OutboxEvent`], the one event type every source produces, and the one way
+//!   from an event to a Kafka record; [`event::BadEvent`], why that can fail;
+//! - [`layout`]: the event of a streamed row (column mapping over pgoutput Relations);
+//! - [`message`]: the event of a `pg_logical_emit_message`;
+//! - [`timestamp`]: the record timestamp from the timestamp column's text;
 //! - [`routing`]: the topic of an event (the configured `[route]` rule, then Kafka's name rule);
-//! - [`bad_event`]: why an event cannot be published, and its dead letter.
+//! - [`bad_event`]: what happens to a bad event, and its dead letter.
 //!
 //! Invariant: pure (no I/O); imports only `config` and the adapters' value types.
 
 pub mod bad_event;
 pub mod event;
+pub mod layout;
 pub mod message;
 pub mod routing;
+pub mod timestamp;

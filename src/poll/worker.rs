@@ -26,14 +26,14 @@ use tokio_postgres::{Client, Statement, Transaction};
 use tracing::{debug, info, warn};
 
 use super::error::PollError;
-use super::record::{ClaimedRow, RowError};
+use super::record::claimed_values;
 use super::sql::{PollSql, SESSION_SETTINGS};
 use crate::config::Settings;
 use crate::kafka::producer::{Delivery, DeliveryFailure, Publisher};
 use crate::ops::latency::LatencyBatch;
 use crate::ops::metrics::now_unix_us;
 use crate::ops::retry::{wait_or_shutdown, Backoff};
-use crate::outbox::event::BadEvent;
+use crate::outbox::event::{BadEvent, OutboxEvent};
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
 /// a producer that is already abandoned, but the check keeps the count honest regardless.
@@ -245,35 +245,33 @@ async fn publish_and_await(
     rows: &[tokio_postgres::Row],
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<Vec<String>>, PollError> {
-    let bad = |e: RowError| PollError::BadEvent {
-        id: e.id,
-        cause: e.cause,
-    };
     let mut ids = Vec::with_capacity(rows.len());
     for row in rows {
-        let claimed = ClaimedRow::from_row(settings, row).map_err(bad)?;
-        let topic = claimed.topic(settings).map_err(bad)?;
-        let headers = claimed.header_refs();
+        let values = claimed_values(row)?;
+        let id = OutboxEvent::id_of_columns(&values);
+        let bad = |cause: BadEvent| PollError::BadEvent {
+            id: id.to_owned(),
+            cause,
+        };
+        let event = OutboxEvent::from_columns(&settings.outbox, &values).map_err(bad)?;
+        let record = event.record(&settings.router).map_err(bad)?;
         if let Err(rejected) = publisher.send(
-            &claimed.record(&topic, &headers),
+            &record,
             Box::new(BatchTag {
                 batch,
-                created_unix_us: claimed.timestamp_ms.map(|ms| ms.saturating_mul(1000)),
+                created_unix_us: event.timestamp_ms.map(|ms| ms.saturating_mul(1000)),
             }),
         ) {
             if rejected.is_bad_record() {
-                return Err(PollError::BadEvent {
-                    id: claimed.id,
-                    cause: BadEvent::Rejected(rejected.error.to_string()),
-                });
+                return Err(bad(BadEvent::Rejected(rejected.error.to_string())));
             }
             return Err(PollError::Delivery(Box::new(DeliveryFailure {
                 error: rejected.error,
-                topic: topic.into_owned(),
-                event_id: Some(claimed.id),
+                topic: record.topic.into_owned(),
+                event_id: Some(id.to_owned()),
             })));
         }
-        ids.push(claimed.id);
+        ids.push(id.to_owned());
     }
     let all_acked = await_batch(deliveries, batch, ids.len(), shutdown, settings.relay.shutdown_timeout).await?;
     Ok(all_acked.then_some(ids))

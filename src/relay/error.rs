@@ -1,7 +1,8 @@
 //! Why a streaming session ended, and whether the supervisor reconnects or stops.
 
 use crate::kafka::producer::DeliveryFailure;
-use crate::outbox::event::{BadEvent, LayoutError};
+use crate::outbox::event::BadEvent;
+use crate::outbox::layout::LayoutError;
 use crate::postgres::client::ConnectError;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::DecodeError;

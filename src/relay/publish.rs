@@ -13,7 +13,6 @@
 //! event never counts; a dead letter counts in its transaction like the event it replaces, so
 //! the transaction is confirmed only once the dead letter is in Kafka.
 
-use bytes::Bytes;
 use metrics::counter;
 use rdkafka::error::KafkaError;
 use tracing::{info, warn};
@@ -22,14 +21,13 @@ use super::stream::{Phase, StreamState};
 use crate::config::relay::BadEventPolicy;
 use crate::kafka::producer::{is_record_rejection, DeliveryFailure, OutboundRecord};
 use crate::ops::metrics::BAD_EVENTS;
-use crate::outbox::bad_event::{DeadLetter, RawEvent};
-use crate::outbox::event::BadEvent;
-use crate::outbox::message::OutboxMessage;
-use crate::outbox::routing;
+use crate::outbox::bad_event::RawEvent;
+use crate::outbox::event::{BadEvent, OutboxEvent};
+use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::LogicalDecodingMessage;
 use crate::relay::error::RelayError;
-use crate::relay::quarantine::{EventRef, Held, OwnedRecord, TxnEvent};
+use crate::relay::quarantine::{EventRef, Held, TxnEvent};
 use crate::relay::watermark::TxnTicket;
 
 /// Rides along with each record and comes back in its delivery report.
@@ -55,16 +53,6 @@ pub(crate) struct DeliveryTag {
 pub(crate) type Publisher = crate::kafka::producer::Publisher<DeliveryTag>;
 pub(crate) type Delivery = crate::kafka::producer::Delivery<DeliveryTag>;
 
-/// The parts of an event before routing (borrowed from the decoded row or message).
-pub(super) struct EventParts<'a> {
-    pub route_value: &'a str,
-    pub key: &'a [u8],
-    pub payload: &'a [u8],
-    pub id: &'a [u8],
-    pub timestamp_ms: Option<i64>,
-    pub headers: &'a [(&'a str, Option<Bytes>)],
-}
-
 impl StreamState<'_> {
     /// The identity of the open transaction's next outbox event.
     pub(super) fn next_event(&mut self) -> Result<TxnEvent, RelayError> {
@@ -85,7 +73,7 @@ impl StreamState<'_> {
     }
 
     /// A transactional `pg_logical_emit_message` with the configured prefix is an event; other
-    /// messages are not (see `outbox_message.rs` for why non-transactional ones are ignored).
+    /// messages are not (see `outbox/message.rs` for why non-transactional ones are ignored).
     pub(super) fn on_logical_message(&mut self, message: LogicalDecodingMessage) -> Result<(), RelayError> {
         let settings = self.settings;
         let Some(prefix) = settings.outbox.message_prefix.as_deref() else {
@@ -106,20 +94,10 @@ impl StreamState<'_> {
         }
         let txn = self.next_event()?;
         let raw = || RawEvent::message(prefix, message.content.clone());
-        match OutboxMessage::parse(&message.content) {
-            Ok(m) => {
-                let event = EventParts {
-                    route_value: &m.route_value,
-                    key: &m.key,
-                    payload: &m.payload,
-                    id: &m.id,
-                    timestamp_ms: None,
-                    headers: &[],
-                };
-                self.publish(&txn, &event, raw)
-            }
+        match OutboxEvent::from_message(&message.content) {
+            Ok(event) => self.publish(&txn, &event, raw),
             Err(cause) => {
-                let id = OutboxMessage::best_effort_id(&message.content);
+                let id = best_effort_id(&message.content);
                 self.bad_event(&txn, id.as_bytes(), cause, &raw())
             }
         }
@@ -129,26 +107,18 @@ impl StreamState<'_> {
     pub(super) fn publish(
         &mut self,
         txn: &TxnEvent,
-        event: &EventParts<'_>,
+        event: &OutboxEvent<'_>,
         raw: impl FnOnce() -> RawEvent,
     ) -> Result<(), RelayError> {
         let settings = self.settings;
-        let topic = match routing::topic(&settings.router, event.route_value) {
-            Ok(topic) => topic,
-            Err(cause) => return self.bad_event(txn, event.id, cause, &raw()),
-        };
-        let record = OutboundRecord {
-            topic: &topic,
-            key: event.key,
-            payload: event.payload,
-            event_id: event.id,
-            timestamp_ms: event.timestamp_ms,
-            headers: event.headers,
+        let record = match event.record(&settings.router) {
+            Ok(record) => record,
+            Err(cause) => return self.bad_event(txn, &event.id, cause, &raw()),
         };
         if let Some(earlier) = self.suspects.get(txn.event) {
             self.phase = Phase::Holding(Held {
                 txn: *txn,
-                record: OwnedRecord::of(&record),
+                event: event.clone().into_owned(),
                 raw: raw(),
                 earlier: earlier.to_owned(),
                 sent: false,
@@ -158,9 +128,9 @@ impl StreamState<'_> {
         match self.send(txn, &record, false)? {
             None => Ok(()),
             Some(error) if is_record_rejection(&error) => {
-                self.bad_event(txn, event.id, BadEvent::Rejected(error.to_string()), &raw())
+                self.bad_event(txn, &event.id, BadEvent::Rejected(error.to_string()), &raw())
             }
-            Some(error) => Err(delivery_failed(error, &topic, event.id, txn.commit_lsn())),
+            Some(error) => Err(delivery_failed(error, &record.topic, &event.id, txn.commit_lsn())),
         }
     }
 
@@ -172,7 +142,7 @@ impl StreamState<'_> {
         dead_letter: bool,
     ) -> Result<Option<KafkaError>, RelayError> {
         let bytes = record.size();
-        let topic = self.count_sent(record.topic, txn.commit_lsn(), txn.commit_time_unix_us);
+        let topic = self.count_sent(&record.topic, txn.commit_lsn(), txn.commit_time_unix_us);
         let tag = Box::new(DeliveryTag {
             ticket: txn.ticket,
             bytes,
@@ -222,7 +192,7 @@ impl StreamState<'_> {
                 Ok(())
             }
             BadEventPolicy::DeadLetter { topic } => {
-                let letter = DeadLetter::new(topic, id, commit_lsn, &cause, raw, &settings.kafka);
+                let record = raw.dead_letter(topic, id, commit_lsn, &cause, &settings.kafka);
                 warn!(
                     id = %id_text,
                     commit_lsn = %commit_lsn,
@@ -231,15 +201,6 @@ impl StreamState<'_> {
                     dead_letter_topic = %topic,
                     "dead-lettering a bad outbox event (relay.on_bad_event = \"dead-letter\")"
                 );
-                let headers: Vec<(&str, Option<Bytes>)> = letter.headers.iter().map(|(k, v)| (*k, v.clone())).collect();
-                let record = OutboundRecord {
-                    topic: &letter.topic,
-                    key: &letter.key,
-                    payload: &letter.payload,
-                    event_id: &letter.event_id,
-                    timestamp_ms: None,
-                    headers: &headers,
-                };
                 match self.send(txn, &record, true)? {
                     None => Ok(()),
                     Some(error) => Err(delivery_failed(error, topic, id, commit_lsn)),
@@ -258,12 +219,12 @@ impl StreamState<'_> {
         let verdict = refused && matches!(&self.phase, Phase::Holding(h) if h.sent && h.txn.event == event);
         if let (true, Some(held)) = (verdict, self.phase.take_held()) {
             info!(
-                id = %String::from_utf8_lossy(&held.record.event_id),
+                id = %String::from_utf8_lossy(&held.event.id),
                 commit_lsn = %tag.commit_lsn,
                 "Kafka refused the suspect event again on its own: it is a bad event"
             );
             let cause = BadEvent::Rejected(failure.error.to_string());
-            return match self.bad_event(&held.txn, &held.record.event_id, cause, &held.raw) {
+            return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw) {
                 // Skipped, or replaced by its dead letter (counted in flight by now).
                 Ok(()) => Ok(self.watermark.acked(tag.ticket, tag.bytes)?),
                 Err(e) => {
@@ -312,13 +273,17 @@ impl StreamState<'_> {
             return Ok(());
         };
         info!(
-            id = %String::from_utf8_lossy(&held.record.event_id),
+            id = %String::from_utf8_lossy(&held.event.id),
             commit_lsn = %held.txn.commit_lsn(),
             earlier = %held.earlier,
             "sending alone an event Kafka refused earlier, to tell whether it is the bad one"
         );
-        let headers = held.record.header_refs();
-        let record = held.record.outbound(&headers);
+        let settings = self.settings;
+        let record = match held.event.record(&settings.router) {
+            Ok(record) => record,
+            // It was routed before it was held, and routing depends on nothing else.
+            Err(cause) => return self.bad_event(&held.txn, &held.event.id, cause, &held.raw),
+        };
         match self.send(&held.txn, &record, false)? {
             None => {
                 held.sent = true;
@@ -327,14 +292,14 @@ impl StreamState<'_> {
             }
             Some(error) if is_record_rejection(&error) => self.bad_event(
                 &held.txn,
-                &held.record.event_id,
+                &held.event.id,
                 BadEvent::Rejected(error.to_string()),
                 &held.raw,
             ),
             Some(error) => Err(delivery_failed(
                 error,
-                &held.record.topic,
-                &held.record.event_id,
+                &record.topic,
+                &held.event.id,
                 held.txn.commit_lsn(),
             )),
         }

@@ -15,10 +15,8 @@
 
 use std::collections::HashMap;
 
-use bytes::Bytes;
-
-use crate::kafka::producer::OutboundRecord;
 use crate::outbox::bad_event::RawEvent;
+use crate::outbox::event::OutboxEvent;
 use crate::postgres::lsn::Lsn;
 use crate::relay::watermark::TxnTicket;
 
@@ -79,56 +77,15 @@ impl TxnEvent {
     }
 }
 
-/// A record kept by value (the borrowed [`OutboundRecord`] cannot outlive its frame).
-#[derive(Debug, Clone)]
-pub struct OwnedRecord {
-    pub topic: String,
-    pub key: Bytes,
-    pub payload: Bytes,
-    pub event_id: Bytes,
-    pub timestamp_ms: Option<i64>,
-    pub headers: Vec<(String, Option<Bytes>)>,
-}
-
-impl OwnedRecord {
-    pub fn of(record: &OutboundRecord<'_>) -> Self {
-        OwnedRecord {
-            topic: record.topic.to_owned(),
-            key: Bytes::copy_from_slice(record.key),
-            payload: Bytes::copy_from_slice(record.payload),
-            event_id: Bytes::copy_from_slice(record.event_id),
-            timestamp_ms: record.timestamp_ms,
-            headers: record
-                .headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), v.clone()))
-                .collect(),
-        }
-    }
-
-    /// Header pairs borrowed for [`OwnedRecord::outbound`].
-    pub fn header_refs(&self) -> Vec<(&str, Option<Bytes>)> {
-        self.headers.iter().map(|(k, v)| (k.as_str(), v.clone())).collect()
-    }
-
-    pub fn outbound<'a>(&'a self, headers: &'a [(&'a str, Option<Bytes>)]) -> OutboundRecord<'a> {
-        OutboundRecord {
-            topic: &self.topic,
-            key: &self.key,
-            payload: &self.payload,
-            event_id: &self.event_id,
-            timestamp_ms: self.timestamp_ms,
-            headers,
-        }
-    }
-}
-
 /// A suspect the replay reached: held (reading paused) until it can go out alone, then until
 /// its delivery report says whether it is bad.
 #[derive(Debug)]
 pub struct Held {
     pub txn: TxnEvent,
-    pub record: OwnedRecord,
+    /// The event, owned: the WAL frame it was decoded from is gone by the time it goes out,
+    /// once everything sent before it is settled. Routed again then (routing is a pure
+    /// function of the event), so no record shape of its own is kept.
+    pub event: OutboxEvent<'static>,
     pub raw: RawEvent,
     /// The earlier refusal, for the log.
     pub earlier: String,

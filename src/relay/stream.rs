@@ -21,7 +21,7 @@ use super::error::RelayError;
 use super::publish::{Delivery, Publisher};
 use super::quarantine::{Held, Suspects};
 use crate::config::Settings;
-use crate::outbox::event::OutboxLayout;
+use crate::outbox::layout::OutboxLayout;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{PgTimestamp, Relation};
 use crate::relay::watermark::{AckWatermark, TxnTicket};

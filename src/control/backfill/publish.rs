@@ -1,19 +1,18 @@
 //! Publishing backfilled rows: the same Kafka record a streamed insert of that row would give
-//! (topic from the route-by value, key, payload bytes, `id` header, timestamp, extra headers),
+//! (topic from the route-by value, key, payload bytes, `id` header, timestamp, extra headers:
+//! [`OutboxEvent::from_columns`] then [`OutboxEvent::record`], as the polling relayer does),
 //! through the same idempotent [`Publisher`], with the same in-flight budget.
 //!
 //! The backfill succeeds only when Kafka acknowledged every record: [`BackfillPublisher::finish`]
 //! waits until nothing is in flight, and the first failed delivery ends the backfill.
 
-use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::error::BackfillError;
 use super::pending::PendingRow;
 use crate::config::Settings;
-use crate::kafka::producer::{Delivery, OutboundRecord, Publisher};
-use crate::outbox::event::{parse_timestamp_ms, BadEvent};
-use crate::outbox::routing;
+use crate::kafka::producer::{Delivery, Publisher};
+use crate::outbox::event::{BadEvent, OutboxEvent};
 
 /// What rides with each backfilled record: its size, returned to the byte budget on delivery.
 #[derive(Debug)]
@@ -55,43 +54,14 @@ impl<'s> BackfillPublisher<'s> {
         while self.in_flight.events >= relay.max_in_flight || self.in_flight.bytes >= relay.max_in_flight_bytes {
             self.settle_next().await?;
         }
-        let mapping = &self.settings.outbox;
-        let columns = mapping.columns();
-        let value = |i: usize| row.get(i).cloned().flatten();
-        let required = |i: usize, role: &'static str| {
-            value(i).ok_or_else(|| BadEvent::Null {
-                column: columns[i].1.as_str().to_owned(),
-                role,
-            })
+        let values: Vec<Option<&str>> = row.iter().map(Option::as_deref).collect();
+        let id = OutboxEvent::id_of_columns(&values);
+        let bad = |cause: BadEvent| BackfillError::BadRow {
+            id: id.to_owned(),
+            cause,
         };
-        let id = value(0).unwrap_or_else(|| "?".into());
-        let bad = |cause: BadEvent| BackfillError::BadRow { id: id.clone(), cause };
-        let event_id = required(0, "event id").map_err(bad)?;
-        let key = required(1, "message key").map_err(bad)?;
-        let route_value = required(2, "route-by value").map_err(bad)?;
-        let payload = required(3, "payload").map_err(bad)?;
-        let mut next = 4;
-        let timestamp_ms = if mapping.timestamp.is_some() {
-            next += 1;
-            value(4).and_then(|t| parse_timestamp_ms(t.as_bytes()))
-        } else {
-            None
-        };
-        let headers: Vec<(&str, Option<Bytes>)> = mapping
-            .headers
-            .iter()
-            .enumerate()
-            .map(|(i, (_, name))| (name.as_str(), value(next + i).map(Bytes::from)))
-            .collect();
-        let topic = routing::topic(&self.settings.router, &route_value).map_err(bad)?;
-        let record = OutboundRecord {
-            topic: &topic,
-            key: key.as_bytes(),
-            payload: payload.as_bytes(),
-            event_id: event_id.as_bytes(),
-            timestamp_ms,
-            headers: &headers,
-        };
+        let event = OutboxEvent::from_columns(&self.settings.outbox, &values).map_err(bad)?;
+        let record = event.record(&self.settings.router).map_err(bad)?;
         let bytes = record.size();
         if let Err(rejected) = self.publisher.send(&record, Box::new(BackfillTag { bytes })) {
             if rejected.is_bad_record() {
@@ -100,8 +70,8 @@ impl<'s> BackfillPublisher<'s> {
             return Err(BackfillError::Delivery(Box::new(
                 crate::kafka::producer::DeliveryFailure {
                     error: rejected.error,
-                    topic: topic.into_owned(),
-                    event_id: Some(event_id),
+                    topic: record.topic.into_owned(),
+                    event_id: Some(id.to_owned()),
                 },
             )));
         }

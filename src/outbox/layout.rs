@@ -1,0 +1,147 @@
+//! From a streamed outbox row (a pgoutput Insert) to an [`OutboxEvent`].
+//!
+//! pgoutput describes a table once per session (and again after any `ALTER TABLE`) in a Relation
+//! message, then sends rows as positional tuples. [`OutboxLayout`] resolves the configured column
+//! names to positions for the current Relation, so a column added or dropped mid-stream only
+//! shifts positions; a *mapped* column disappearing is an error the operator must act on.
+//!
+//! Values arrive in text format, i.e. exactly as PostgreSQL's output functions render them (for
+//! `jsonb` that is its canonical text), and are passed through as bytes without re-encoding.
+
+use std::borrow::Cow;
+
+use crate::config::outbox::OutboxMapping;
+use crate::outbox::event::{BadEvent, OutboxEvent};
+use crate::outbox::timestamp::parse_timestamp_ms;
+use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
+
+/// Positions of the mapped columns in the current Relation of the outbox table.
+#[derive(Debug, Clone)]
+pub struct OutboxLayout {
+    id: usize,
+    key: usize,
+    route_by: usize,
+    payload: usize,
+    timestamp: Option<usize>,
+    headers: Vec<(usize, String)>,
+}
+
+/// The outbox table changed shape in a way the mapping cannot follow.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "column {column:?} ({config_key}) is no longer in table {table} (it now has: {present}); it was dropped or renamed \
+     while the relay was streaming. Restore the column or change {config_key}, then restart"
+)]
+pub struct LayoutError {
+    pub column: String,
+    pub config_key: &'static str,
+    pub table: String,
+    pub present: String,
+}
+
+impl OutboxLayout {
+    pub fn resolve(mapping: &OutboxMapping, relation: &Relation) -> Result<Self, LayoutError> {
+        let find = |col: &crate::config::ident::Ident, config_key: &'static str| {
+            relation
+                .columns
+                .iter()
+                .position(|c| c.name == col.as_str())
+                .ok_or_else(|| LayoutError {
+                    column: col.as_str().to_owned(),
+                    config_key,
+                    table: mapping.table.to_string(),
+                    present: relation
+                        .columns
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+        };
+        let mut headers = Vec::with_capacity(mapping.headers.len());
+        for (col, header) in &mapping.headers {
+            headers.push((find(col, "outbox.header_columns")?, header.clone()));
+        }
+        Ok(OutboxLayout {
+            id: find(&mapping.id, "outbox.id_column")?,
+            key: find(&mapping.key, "outbox.key_column")?,
+            route_by: find(&mapping.route_by, "outbox.route_by_column")?,
+            payload: find(&mapping.payload, "outbox.payload_column")?,
+            timestamp: mapping
+                .timestamp
+                .as_ref()
+                .map(|c| find(c, "outbox.timestamp_column"))
+                .transpose()?,
+            headers,
+        })
+    }
+
+    /// The event of one inserted row, borrowing its values from `tuple` and its header names
+    /// from the layout; column names in errors come from `relation`.
+    pub fn extract<'a>(&'a self, relation: &Relation, tuple: &'a TupleData) -> Result<OutboxEvent<'a>, BadEvent> {
+        let column = |idx: usize| {
+            relation
+                .columns
+                .get(idx)
+                .map_or_else(|| format!("#{idx}"), |c| c.name.clone())
+        };
+        let text = |idx: usize, role: &'static str| -> Result<Option<&'a [u8]>, BadEvent> {
+            match tuple.columns.get(idx) {
+                None => Err(BadEvent::ShortTuple {
+                    got: tuple.columns.len(),
+                    expected: relation.columns.len(),
+                }),
+                Some(ColumnValue::Text(b)) => Ok(Some(&b[..])),
+                Some(ColumnValue::Null) => Ok(None),
+                // Inserts always carry full values; an unchanged-TOAST marker here means the row
+                // came from an UPDATE, which the caller never passes in.
+                Some(ColumnValue::UnchangedToast) => Ok(None),
+                Some(ColumnValue::Binary(_)) => Err(BadEvent::Binary { column: column(idx) }),
+            }
+            .and_then(|v| match v {
+                Some(b) => Ok(Some(b)),
+                None if role == "header" => Ok(None),
+                None => Err(BadEvent::Null {
+                    column: column(idx),
+                    role,
+                }),
+            })
+        };
+        let id = text(self.id, "event id")?.unwrap_or_default();
+        let key = text(self.key, "message key")?.unwrap_or_default();
+        let route_raw = text(self.route_by, "route-by value")?.unwrap_or_default();
+        let route_value = std::str::from_utf8(route_raw).map_err(|_| BadEvent::NotUtf8 {
+            column: relation
+                .columns
+                .get(self.route_by)
+                .map_or_else(String::new, |c| c.name.clone()),
+            role: "route-by value",
+        })?;
+        let payload = text(self.payload, "payload")?.unwrap_or_default();
+        let timestamp_ms = match self.timestamp {
+            Some(idx) => text(idx, "header")?.and_then(parse_timestamp_ms),
+            None => None,
+        };
+        let mut headers = Vec::with_capacity(self.headers.len());
+        for (idx, name) in &self.headers {
+            headers.push((Cow::Borrowed(name.as_str()), text(*idx, "header")?.map(Cow::Borrowed)));
+        }
+        Ok(OutboxEvent {
+            id: Cow::Borrowed(id),
+            key: Cow::Borrowed(key),
+            route_value: Cow::Borrowed(route_value),
+            payload: Cow::Borrowed(payload),
+            timestamp_ms,
+            headers,
+        })
+    }
+
+    /// The event id of a row [`extract`](Self::extract) refused, best effort, for the error
+    /// message: `?` when the id column holds no text.
+    pub fn id_for_error<'a>(&self, tuple: &'a TupleData) -> &'a [u8] {
+        match tuple.columns.get(self.id) {
+            Some(ColumnValue::Text(b)) => b,
+            _ => b"?",
+        }
+    }
+}
