@@ -57,18 +57,10 @@ impl HttpSection {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
+
     use std::time::Duration;
 
-    use crate::config::{ConfigError, Settings};
-
-    const MINIMAL: &str =
-        "[postgres]\nurl = \"postgres://relay:pw@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n";
-
-    fn load(extra: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
-        Settings::from_toml_str(&format!("{MINIMAL}{extra}"), Path::new("t.toml"), env)
-    }
+    use crate::config::test_support::load;
 
     #[test]
     fn defaults_serve_nothing_and_allow_a_minute_of_lag() {

@@ -212,3 +212,29 @@ fn apply_env_overrides(
 
 #[cfg(test)]
 mod tests;
+
+/// Settings for unit tests anywhere in the crate.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::Path;
+
+    use super::{ConfigError, Settings};
+
+    /// The smallest valid file: a database URL and a broker.
+    pub(crate) const MINIMAL: &str =
+        "[postgres]\nurl = \"postgres://relay:pw@127.0.0.1:5432/app\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n";
+
+    /// [`MINIMAL`] followed by `extra`, with `env` as the environment overrides.
+    pub(crate) fn load(extra: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        Settings::from_toml_str(
+            &format!("{MINIMAL}{extra}"),
+            Path::new("test.toml"),
+            env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        )
+    }
+
+    /// [`MINIMAL`] followed by `extra`, which must be valid.
+    pub(crate) fn settings(extra: &str) -> Settings {
+        load(extra, &[]).expect("valid test settings")
+    }
+}

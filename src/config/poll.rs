@@ -84,24 +84,8 @@ impl PollSection {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
 
-    use crate::config::{ConfigError, Settings};
-
-    const MINIMAL: &str = r#"
-[postgres]
-url = "postgres://relay:pw@127.0.0.1:5432/app"
-[kafka]
-"bootstrap.servers" = "127.0.0.1:9092"
-"#;
-
-    fn load(extra: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        Settings::from_toml_str(
-            &format!("{MINIMAL}{extra}"),
-            Path::new("test.toml"),
-            env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-        )
-    }
+    use crate::config::test_support::load;
 
     #[test]
     fn defaults_without_a_poll_section() {

@@ -234,19 +234,10 @@ fn validate_ha(r: &RelaySettings) -> Result<(), ConfigError> {
 }
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use crate::config::Settings;
 
     use super::*;
 
-    const MINIMAL: &str =
-        "[postgres]\nurl = \"postgres://relay:pw@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n";
-
-    fn load(extra: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
-        Settings::from_toml_str(&format!("{MINIMAL}{extra}"), Path::new("t.toml"), env)
-    }
+    use crate::config::test_support::load;
 
     #[test]
     fn defaults_keep_takeover_within_five_seconds_and_terminate_nobody() {

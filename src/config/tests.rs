@@ -10,12 +10,7 @@ fn load(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     )
 }
 
-const MINIMAL: &str = r#"
-[postgres]
-url = "postgres://relay:pw@127.0.0.1:5432/app"
-[kafka]
-"bootstrap.servers" = "127.0.0.1:9092"
-"#;
+use super::test_support::MINIMAL;
 
 #[test]
 fn minimal_config_gets_documented_defaults() {

@@ -175,22 +175,16 @@ mod tests {
     //! [`OutboxEvent`] from every source, and its record.
 
     use std::borrow::Cow;
-    use std::path::Path;
 
     use bytes::Bytes;
     use proptest::prelude::*;
 
     use super::*;
-    use crate::config::Settings;
+
     use crate::outbox::layout::OutboxLayout;
     use crate::postgres::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
 
-    fn settings(extra: &str) -> Settings {
-        let text = format!(
-            "[postgres]\nurl = \"postgres://relay@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n{extra}"
-        );
-        Settings::from_toml_str(&text, Path::new("t.toml"), std::iter::empty()).unwrap()
-    }
+    use crate::config::test_support::settings;
 
     /// A timestamp column, two header columns and a prefix-routing rule.
     const FULL: &str =

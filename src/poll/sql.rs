@@ -90,16 +90,10 @@ pub fn pending_index_name(settings: &Settings) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
 
     use super::*;
 
-    fn settings(extra: &str) -> Settings {
-        let text = format!(
-            "[postgres]\nurl = \"postgres://relay@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n{extra}"
-        );
-        Settings::from_toml_str(&text, Path::new("t.toml"), std::iter::empty()).unwrap()
-    }
+    use crate::config::test_support::settings;
 
     #[test]
     fn claim_selects_mapped_columns_as_output_text_in_index_order() {

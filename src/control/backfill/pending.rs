@@ -142,15 +142,14 @@ pub fn select_pending(settings: &Settings, order: &PendingOrder<'_>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
 
     use super::*;
 
     fn settings(outbox: &str) -> Settings {
-        let text = format!(
-            "[postgres]\nurl = \"postgres://relay@127.0.0.1/app\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n[outbox]\n{outbox}"
-        );
-        Settings::from_toml_str(&text, Path::new("test.toml"), std::iter::empty()).unwrap()
+        crate::config::test_support::settings(&format!(
+            "[outbox]
+{outbox}"
+        ))
     }
 
     #[test]
