@@ -137,6 +137,17 @@ pub(crate) fn validate_topic_name(topic: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Kafka's topic-name rule, written independently of [`validate_topic_name`] (for tests that
+/// check the two agree).
+#[cfg(test)]
+pub(crate) fn legal_topic(t: &str) -> bool {
+    (1..=MAX_TOPIC_LEN).contains(&t.len())
+        && t != "."
+        && t != ".."
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,15 +162,6 @@ mod tests {
         assert!(validate_topic_name("ünï").is_err());
         assert!(validate_topic_name(&"a".repeat(250)).is_err());
         assert!(validate_topic_name(&"a".repeat(249)).is_ok());
-    }
-
-    /// Kafka's rule, written independently of `validate_topic_name`.
-    fn legal_topic(t: &str) -> bool {
-        (1..=MAX_TOPIC_LEN).contains(&t.len())
-            && t != "."
-            && t != ".."
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
     }
 
     proptest! {

@@ -190,24 +190,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::postgres::pgoutput::RelationColumn;
 
     fn relation(names: &[&str]) -> Relation {
-        Relation {
-            oid: 1,
-            namespace: "public".into(),
-            name: "outbox".into(),
-            replica_identity: b'd',
-            columns: names
-                .iter()
-                .map(|n| RelationColumn {
-                    flags: 0,
-                    name: (*n).into(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        }
+        Relation::text_columns("public", "outbox", names)
     }
 
     fn kafka(max: Option<&str>) -> KafkaProperties {

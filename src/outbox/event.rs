@@ -182,7 +182,7 @@ mod tests {
     use super::*;
 
     use crate::outbox::layout::OutboxLayout;
-    use crate::postgres::pgoutput::{ColumnValue, Relation, RelationColumn, TupleData};
+    use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 
     use crate::config::test_support::settings;
 
@@ -192,21 +192,7 @@ mod tests {
                         [route]\ntopic_regex = '^(?<routedByValue>[^.]+)\\..*$'\n";
 
     fn relation(names: &[&str]) -> Relation {
-        Relation {
-            oid: 1,
-            namespace: "public".into(),
-            name: "outbox".into(),
-            replica_identity: b'd',
-            columns: names
-                .iter()
-                .map(|n| RelationColumn {
-                    flags: 0,
-                    name: (*n).into(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        }
+        Relation::text_columns("public", "outbox", names)
     }
 
     fn tuple(values: &[Option<&str>]) -> TupleData {

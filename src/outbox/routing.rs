@@ -19,18 +19,9 @@ pub(crate) fn topic<'a>(route: &TopicRoute, routed_by_value: &'a str) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::kafka::MAX_TOPIC_LEN;
+    use crate::config::kafka::legal_topic;
     use crate::config::outbox::DEFAULT_TOPIC_REGEX;
     use proptest::prelude::*;
-
-    /// Kafka's rule, written independently of `validate_topic_name`.
-    fn legal_topic(t: &str) -> bool {
-        (1..=MAX_TOPIC_LEN).contains(&t.len())
-            && t != "."
-            && t != ".."
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
-    }
 
     #[test]
     fn an_illegal_routed_name_is_a_bad_event_naming_the_topic() {

@@ -187,3 +187,25 @@ pub enum ColumnValue {
     /// 'b': the type's binary send format; only with the `binary 'true'` option.
     Binary(Bytes),
 }
+
+#[cfg(test)]
+impl Relation {
+    /// A relation of `text` columns, as unit tests of the layers above need one.
+    pub(crate) fn text_columns(namespace: &str, name: &str, columns: &[&str]) -> Relation {
+        Relation {
+            oid: 1,
+            namespace: namespace.into(),
+            name: name.into(),
+            replica_identity: b'd',
+            columns: columns
+                .iter()
+                .map(|n| RelationColumn {
+                    flags: 0,
+                    name: (*n).into(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+}
