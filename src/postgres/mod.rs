@@ -15,5 +15,6 @@ pub(crate) mod cursor;
 pub mod lsn;
 pub mod pgoutput;
 pub mod replication;
+pub mod slot;
 pub mod timestamp;
 pub mod tls;

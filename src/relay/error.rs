@@ -7,6 +7,7 @@ use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::DecodeError;
 use crate::postgres::replication::error::ReplicationError;
 use crate::postgres::replication::frames::FrameError;
+use crate::postgres::slot::SlotQueryError;
 use crate::relay::watermark::WatermarkError;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +18,8 @@ pub enum RelayError {
     Connect(#[from] ConnectError),
     #[error("control query failed: {0}")]
     Control(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Slot(#[from] SlotQueryError),
     #[error(
         "replication slot {slot:?} does not exist in this database. Create it with `outbox-relay setup --config …` \
          (if it existed before, it was dropped: events in WAL it retained may be gone — see docs/operations.md)"
@@ -103,6 +106,7 @@ impl RelayError {
             | RelayError::DeliveryFailed { .. }
             | RelayError::RecordRejected { .. }
             | RelayError::SlotBusy { .. } => true,
+            RelayError::Slot(e) => e.postgres().is_some(),
             RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::SlotLost { .. }
