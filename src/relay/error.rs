@@ -3,6 +3,7 @@
 use crate::kafka::producer::DeliveryFailure;
 use crate::outbox::event::{BadEvent, LayoutError};
 use crate::postgres::client::ConnectError;
+use crate::postgres::failure::{describe_pg, is_transient_pg};
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::DecodeError;
 use crate::postgres::replication::error::ReplicationError;
@@ -16,7 +17,7 @@ pub enum RelayError {
     Replication(#[from] ReplicationError),
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    #[error("control query failed: {0}")]
+    #[error("control query failed: {}", describe_pg(.0))]
     Control(#[from] tokio_postgres::Error),
     #[error(transparent)]
     Slot(#[from] SlotQueryError),
@@ -100,13 +101,10 @@ impl RelayError {
     pub fn is_transient(&self) -> bool {
         match self {
             RelayError::Replication(e) => e.is_transient(),
-            RelayError::Connect(ConnectError::Tls(_)) => false,
-            RelayError::Connect(_)
-            | RelayError::Control(_)
-            | RelayError::DeliveryFailed { .. }
-            | RelayError::RecordRejected { .. }
-            | RelayError::SlotBusy { .. } => true,
-            RelayError::Slot(e) => e.postgres().is_some(),
+            RelayError::Connect(e) => e.is_transient(),
+            RelayError::Control(e) => is_transient_pg(e),
+            RelayError::Slot(e) => e.postgres().is_some_and(is_transient_pg),
+            RelayError::DeliveryFailed { .. } | RelayError::RecordRejected { .. } | RelayError::SlotBusy { .. } => true,
             RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::SlotLost { .. }

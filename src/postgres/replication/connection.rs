@@ -120,7 +120,15 @@ impl ReplicationConnection {
                 }
                 negotiate_tls(tcp, name, cfg.get_ssl_mode(), settings).await?
             }
-            Host::Unix(dir) => Transport::Unix(UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).await?),
+            Host::Unix(dir) => Transport::Unix(
+                UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))
+                    .await
+                    .map_err(|source| ReplicationError::Connect {
+                        host: dir.display().to_string(),
+                        port,
+                        source,
+                    })?,
+            ),
         };
         let mut conn = ReplicationConnection {
             stream,
@@ -567,8 +575,13 @@ fn tune_tcp(tcp: &tokio::net::TcpStream, limit: Duration) -> Result<(), Replicat
 }
 
 async fn connect_tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, ReplicationError> {
+    let failed = |source: std::io::Error| ReplicationError::Connect {
+        host: host.to_owned(),
+        port,
+        source,
+    };
     let mut last = None;
-    for addr in tokio::net::lookup_host((host, port)).await? {
+    for addr in tokio::net::lookup_host((host, port)).await.map_err(failed)? {
         let socket = if addr.is_ipv4() {
             TcpSocket::new_v4()?
         } else {
@@ -584,12 +597,9 @@ async fn connect_tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, Rep
             Err(e) => last = Some(e),
         }
     }
-    Err(last.map(ReplicationError::Io).unwrap_or_else(|| {
-        ReplicationError::Io(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("host {host:?} did not resolve"),
-        ))
-    }))
+    Err(failed(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, format!("host {host:?} did not resolve"))
+    })))
 }
 
 async fn negotiate_tls(
@@ -662,8 +672,14 @@ fn log_notice(body: &postgres_protocol::message::backend::NoticeResponseBody) {
 
 /// `server_version` such as "15.4 (Debian …)" → 150004, for servers that do not report
 /// `server_version_num` at startup (it became a reported parameter only in PostgreSQL 16).
+/// Pre-releases ("17beta1", "18rc1", "16devel") are the major with minor 0: the digits after
+/// "beta"/"rc" number the pre-release, not a minor version.
 fn parse_server_version(v: &str) -> u32 {
-    let mut parts = v.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
+    let version = v.split_whitespace().next().unwrap_or_default();
+    let numeric_end = version
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(version.len());
+    let mut parts = version[..numeric_end].split('.').filter(|s| !s.is_empty());
     let major: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     let minor: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     if major >= 10 {
@@ -679,9 +695,15 @@ mod tests {
 
     #[test]
     fn server_version_strings_parse() {
+        assert_eq!(parse_server_version("15.4"), 150004);
         assert_eq!(parse_server_version("15.4 (Debian 15.4-1)"), 150004);
+        assert_eq!(parse_server_version("14.10 (Debian 14.10-1)"), 140010);
         assert_eq!(parse_server_version("9.6.2"), 90600);
-        assert_eq!(parse_server_version("17beta1"), 170001);
+        // Pre-releases: the major, minor 0 (the number after beta/rc is not a minor version).
+        assert_eq!(parse_server_version("17beta1"), 170000);
+        assert_eq!(parse_server_version("18rc1"), 180000);
+        assert_eq!(parse_server_version("16devel"), 160000);
+        assert_eq!(parse_server_version("9.6beta2"), 90600);
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! Errors of the replication connection, classified by what the caller does with them.
+//! Errors of the replication connection, classified by what the caller does with them (with the
+//! SQLSTATE classification the control connection uses too, [`crate::postgres::failure`]).
 
 use std::fmt;
+
+use crate::postgres::failure::{io_hint, is_transient_sqlstate, sqlstate_hint};
 
 /// An `ErrorResponse` from the server, with the fields an operator needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,7 +32,14 @@ impl fmt::Display for ServerError {
 pub enum ReplicationError {
     #[error("replication connection I/O error: {0}")]
     Io(#[from] std::io::Error),
-    #[error("server error: {0}")]
+    #[error("cannot connect to {host}:{port} for replication: {source}. Hint: {}", io_hint(.source))]
+    Connect {
+        host: String,
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server error: {}{}", .0, server_hint(.0))]
     Server(ServerError),
     #[error("replication protocol violation: {0}")]
     Protocol(String),
@@ -50,7 +60,10 @@ impl ReplicationError {
     /// True when reconnecting later can succeed without anyone changing anything.
     pub fn is_transient(&self) -> bool {
         match self {
-            ReplicationError::Io(_) | ReplicationError::Timeout { .. } | ReplicationError::Closed => true,
+            ReplicationError::Io(_)
+            | ReplicationError::Connect { .. }
+            | ReplicationError::Timeout { .. }
+            | ReplicationError::Closed => true,
             ReplicationError::Server(e) => is_transient_sqlstate(&e.code),
             ReplicationError::Protocol(_) | ReplicationError::Auth(_) | ReplicationError::Tls(_) => false,
         }
@@ -65,18 +78,9 @@ impl ReplicationError {
     }
 }
 
-/// SQLSTATEs after which a retry can succeed: the slot is busy (another instance streams),
-/// the server is shutting down or restarting, connections are exhausted, or the link broke.
-pub fn is_transient_sqlstate(code: &str) -> bool {
-    matches!(
-        code,
-        "55006" // object_in_use: the slot is active for another walsender
-            | "57P01" // admin_shutdown (also pg_terminate_backend)
-            | "57P02" // crash_shutdown
-            | "57P03" // cannot_connect_now (starting up / recovery)
-            | "53300" // too_many_connections
-            | "53400" // configuration_limit_exceeded (max_wal_senders)
-            | "40001"
-            | "40P01"
-    ) || code.starts_with("08")
+/// ". Hint: …" for a server error whose SQLSTATE has one.
+fn server_hint(e: &ServerError) -> String {
+    sqlstate_hint(&e.code)
+        .map(|h| format!(". Hint: {h}"))
+        .unwrap_or_default()
 }
