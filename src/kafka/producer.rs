@@ -54,6 +54,12 @@ impl std::fmt::Display for DeliveryFailure {
     }
 }
 
+impl std::error::Error for DeliveryFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 /// One outbox event ready for Kafka.
 pub struct OutboundRecord<'a> {
     pub topic: &'a str,

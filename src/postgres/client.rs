@@ -77,3 +77,19 @@ pub async fn connect(settings: &PostgresSettings, timeout: Duration) -> Result<C
     });
     Ok(client)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_retried_and_tls_setup_errors_are_not() {
+        let timeout = ConnectError::Timeout {
+            url: "postgres://relay:********@db/app".into(),
+            after: Duration::from_secs(5),
+        };
+        assert!(timeout.is_transient() && timeout.sqlstate().is_none());
+        let tls = ConnectError::Tls(tls::client_config(Some(std::path::Path::new("/nonexistent/ca.pem"))).unwrap_err());
+        assert!(!tls.is_transient());
+    }
+}

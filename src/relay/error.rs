@@ -59,9 +59,10 @@ pub enum RelayError {
         confirmed: Lsn,
     },
     #[error("cannot create the Kafka producer: {0}. Check the [kafka] properties")]
-    ProducerConfig(rdkafka::error::KafkaError),
+    ProducerConfig(#[source] rdkafka::error::KafkaError),
     #[error("Kafka delivery failed for the transaction committed at {commit_lsn}: {failure}; replaying from the last confirmed LSN")]
     DeliveryFailed {
+        #[source]
         failure: Box<DeliveryFailure>,
         commit_lsn: Lsn,
     },
@@ -73,6 +74,7 @@ pub enum RelayError {
     BadEvent {
         id: String,
         commit_lsn: Lsn,
+        #[source]
         cause: BadEvent,
     },
     #[error(
@@ -81,6 +83,7 @@ pub enum RelayError {
          relay.on_bad_event applies if it is refused again"
     )]
     RecordRejected {
+        #[source]
         failure: Box<DeliveryFailure>,
         commit_lsn: Lsn,
     },

@@ -216,13 +216,15 @@ impl ReplicationConnection {
                     self.scram(pw).await?;
                 }
                 Backend::Other(Message::ErrorResponse(e)) => {
-                    let err = server_error(&e);
-                    return Err(match &err {
-                        ReplicationError::Server(s) if s.code.starts_with("28") => ReplicationError::Auth(format!(
-                            "{}. Check the user and password in postgres.url, and that pg_hba.conf has a `replication` line for this user and host",
-                            s.message
-                        )),
-                        _ => err,
+                    let server = fields_of(&mut e.fields());
+                    return Err(if server.code.starts_with("28") {
+                        ReplicationError::AuthRefused {
+                            server,
+                            hint: "Check the user and password in postgres.url, and that pg_hba.conf has a \
+                                   `replication` line for this user and host",
+                        }
+                    } else {
+                        ReplicationError::Server(server)
                     });
                 }
                 Backend::Other(
@@ -654,11 +656,10 @@ fn server_error(body: &ErrorResponseBody) -> ReplicationError {
 }
 
 fn auth_error(body: &ErrorResponseBody) -> ReplicationError {
-    let e = fields_of(&mut body.fields());
-    ReplicationError::Auth(format!(
-        "{} ({}). Check the password in postgres.url",
-        e.message, e.code
-    ))
+    ReplicationError::AuthRefused {
+        server: fields_of(&mut body.fields()),
+        hint: "Check the password in postgres.url",
+    }
 }
 
 fn log_notice(body: &postgres_protocol::message::backend::NoticeResponseBody) {

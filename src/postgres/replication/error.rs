@@ -15,6 +15,8 @@ pub struct ServerError {
     pub hint: Option<String>,
 }
 
+impl std::error::Error for ServerError {}
+
 impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}: {}", self.severity, self.code, self.message)?;
@@ -43,8 +45,16 @@ pub enum ReplicationError {
     Server(ServerError),
     #[error("replication protocol violation: {0}")]
     Protocol(String),
+    /// Authentication cannot even be attempted (no password, unsupported method, no TLS).
     #[error("authentication failed: {0}")]
     Auth(String),
+    /// The server refused the credentials (SQLSTATE class 28).
+    #[error("authentication failed: {server}. {hint}")]
+    AuthRefused {
+        #[source]
+        server: ServerError,
+        hint: &'static str,
+    },
     #[error(transparent)]
     Tls(#[from] crate::postgres::tls::TlsError),
     #[error("{what} timed out after {after:?}")]
@@ -65,14 +75,17 @@ impl ReplicationError {
             | ReplicationError::Timeout { .. }
             | ReplicationError::Closed => true,
             ReplicationError::Server(e) => is_transient_sqlstate(&e.code),
-            ReplicationError::Protocol(_) | ReplicationError::Auth(_) | ReplicationError::Tls(_) => false,
+            ReplicationError::Protocol(_)
+            | ReplicationError::Auth(_)
+            | ReplicationError::AuthRefused { .. }
+            | ReplicationError::Tls(_) => false,
         }
     }
 
     /// The server error code, if the server sent one.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            ReplicationError::Server(e) => Some(&e.code),
+            ReplicationError::Server(e) | ReplicationError::AuthRefused { server: e, .. } => Some(&e.code),
             _ => None,
         }
     }
@@ -83,4 +96,58 @@ fn server_hint(e: &ServerError) -> String {
     sqlstate_hint(&e.code)
         .map(|h| format!(". Hint: {h}"))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    fn server(code: &str, message: &str) -> ServerError {
+        ServerError {
+            severity: "FATAL".into(),
+            code: code.into(),
+            message: message.into(),
+            ..ServerError::default()
+        }
+    }
+
+    #[test]
+    fn a_refused_login_is_fatal_and_keeps_the_server_error() {
+        let err = ReplicationError::AuthRefused {
+            server: server("28P01", "password authentication failed for user \"relay\""),
+            hint: "Check the password in postgres.url",
+        };
+        assert!(!err.is_transient());
+        assert_eq!(err.sqlstate(), Some("28P01"));
+        let source = err.source().and_then(|s| s.downcast_ref::<ServerError>());
+        assert_eq!(source.map(|s| s.code.as_str()), Some("28P01"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("password authentication failed") && msg.contains("Check the password"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn server_errors_are_classified_by_sqlstate_with_a_hint() {
+        let busy = ReplicationError::Server(server("53300", "sorry, too many clients already"));
+        assert!(busy.is_transient());
+        assert!(busy.to_string().contains("max_connections"), "{busy}");
+        for code in ["42501", "3D000", "28000"] {
+            assert!(!ReplicationError::Server(server(code, "x")).is_transient(), "{code}");
+        }
+        let refused = ReplicationError::Connect {
+            host: "db.internal".into(),
+            port: 5433,
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        assert!(refused.is_transient());
+        let msg = refused.to_string();
+        assert!(
+            msg.contains("db.internal:5433") && msg.contains("server is running"),
+            "{msg}"
+        );
+    }
 }
