@@ -455,7 +455,7 @@ pub(crate) async fn check_slot(client: &Client, name: &str, database: &str) -> R
 /// error (slot names are cluster-wide, so setup could not create one here either).
 pub(crate) fn slot_here(name: &str, database: &str, lookup: SlotLookup) -> Result<Option<SlotRow>, ControlError> {
     match lookup {
-        SlotLookup::Found(row) => Ok(Some(row)),
+        SlotLookup::Found(row) => Ok(Some(*row)),
         SlotLookup::Missing => Ok(None),
         SlotLookup::InOtherDatabase {
             database: slot_database,

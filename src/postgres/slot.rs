@@ -116,7 +116,7 @@ impl fmt::Display for SlotHolder {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SlotLookup {
     /// A slot of this database (or a physical slot).
-    Found(SlotRow),
+    Found(Box<SlotRow>),
     /// No slot of this database has the name, but a logical slot of another database does.
     InOtherDatabase {
         database: String,
@@ -128,7 +128,7 @@ impl SlotLookup {
     /// The slot of this database, if there is one.
     pub fn here(self) -> Option<SlotRow> {
         match self {
-            SlotLookup::Found(row) => Some(row),
+            SlotLookup::Found(row) => Some(*row),
             SlotLookup::InOtherDatabase { .. } | SlotLookup::Missing => None,
         }
     }
@@ -223,7 +223,7 @@ pub async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLookup, Slot
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64),
     });
-    Ok(SlotLookup::Found(SlotRow {
+    Ok(SlotLookup::Found(Box::new(SlotRow {
         slot_type: raw.slot_type,
         plugin: raw.plugin,
         database: raw.database,
@@ -237,7 +237,7 @@ pub async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLookup, Slot
         retained_wal_bytes: row.get(2),
         lag_bytes: row.get(3),
         holder,
-    }))
+    })))
 }
 
 /// The slot's row, or `None` if this database has no slot of that name.
@@ -274,6 +274,6 @@ mod tests {
             .here(),
             None
         );
-        assert!(SlotLookup::Found(SlotRow::default()).here().is_some());
+        assert!(SlotLookup::Found(Box::default()).here().is_some());
     }
 }

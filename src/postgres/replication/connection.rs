@@ -218,13 +218,9 @@ impl ReplicationConnection {
                 Backend::Other(Message::ErrorResponse(e)) => {
                     let server = fields_of(&mut e.fields());
                     return Err(if server.code.starts_with("28") {
-                        ReplicationError::AuthRefused {
-                            server,
-                            hint: "Check the user and password in postgres.url, and that pg_hba.conf has a \
-                                   `replication` line for this user and host",
-                        }
+                        ReplicationError::AuthRefused { server }
                     } else {
-                        ReplicationError::Server(server)
+                        ReplicationError::Server(Box::new(server))
                     });
                 }
                 Backend::Other(
@@ -652,13 +648,12 @@ fn fields_of(fields: &mut postgres_protocol::message::backend::ErrorFields<'_>) 
 }
 
 fn server_error(body: &ErrorResponseBody) -> ReplicationError {
-    ReplicationError::Server(fields_of(&mut body.fields()))
+    ReplicationError::Server(Box::new(fields_of(&mut body.fields())))
 }
 
 fn auth_error(body: &ErrorResponseBody) -> ReplicationError {
     ReplicationError::AuthRefused {
         server: fields_of(&mut body.fields()),
-        hint: "Check the password in postgres.url",
     }
 }
 

@@ -42,18 +42,17 @@ pub enum ReplicationError {
         source: std::io::Error,
     },
     #[error("server error: {}{}", .0, server_hint(.0))]
-    Server(ServerError),
+    Server(Box<ServerError>),
     #[error("replication protocol violation: {0}")]
     Protocol(String),
     /// Authentication cannot even be attempted (no password, unsupported method, no TLS).
     #[error("authentication failed: {0}")]
     Auth(String),
     /// The server refused the credentials (SQLSTATE class 28).
-    #[error("authentication failed: {server}. {hint}")]
+    #[error("authentication failed: {server}{}", server_hint(server))]
     AuthRefused {
         #[source]
         server: ServerError,
-        hint: &'static str,
     },
     #[error(transparent)]
     Tls(#[from] crate::postgres::tls::TlsError),
@@ -85,7 +84,8 @@ impl ReplicationError {
     /// The server error code, if the server sent one.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            ReplicationError::Server(e) | ReplicationError::AuthRefused { server: e, .. } => Some(&e.code),
+            ReplicationError::Server(e) => Some(&e.code),
+            ReplicationError::AuthRefused { server, .. } => Some(&server.code),
             _ => None,
         }
     }
@@ -117,7 +117,6 @@ mod tests {
     fn a_refused_login_is_fatal_and_keeps_the_server_error() {
         let err = ReplicationError::AuthRefused {
             server: server("28P01", "password authentication failed for user \"relay\""),
-            hint: "Check the password in postgres.url",
         };
         assert!(!err.is_transient());
         assert_eq!(err.sqlstate(), Some("28P01"));
@@ -125,18 +124,21 @@ mod tests {
         assert_eq!(source.map(|s| s.code.as_str()), Some("28P01"));
         let msg = err.to_string();
         assert!(
-            msg.contains("password authentication failed") && msg.contains("Check the password"),
+            msg.contains("password authentication failed") && msg.contains("pg_hba.conf"),
             "{msg}"
         );
     }
 
     #[test]
     fn server_errors_are_classified_by_sqlstate_with_a_hint() {
-        let busy = ReplicationError::Server(server("53300", "sorry, too many clients already"));
+        let busy = ReplicationError::Server(Box::new(server("53300", "sorry, too many clients already")));
         assert!(busy.is_transient());
         assert!(busy.to_string().contains("max_connections"), "{busy}");
         for code in ["42501", "3D000", "28000"] {
-            assert!(!ReplicationError::Server(server(code, "x")).is_transient(), "{code}");
+            assert!(
+                !ReplicationError::Server(Box::new(server(code, "x"))).is_transient(),
+                "{code}"
+            );
         }
         let refused = ReplicationError::Connect {
             host: "db.internal".into(),
