@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio_postgres::Client;
 
+use crate::postgres::failure::describe_pg;
 use crate::postgres::lsn::Lsn;
 
 /// One row of `pg_replication_slots` for a slot of this database, with WAL distances computed
@@ -137,7 +138,7 @@ impl SlotLookup {
 /// The slot query failed, or returned a row this code cannot read.
 #[derive(Debug, thiserror::Error)]
 pub enum SlotQueryError {
-    #[error("reading replication slot {slot} failed: {source}")]
+    #[error("reading replication slot {slot} failed: {}", describe_pg(.source))]
     Query {
         slot: String,
         #[source]

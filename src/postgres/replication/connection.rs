@@ -617,7 +617,10 @@ async fn negotiate_tls(
         b'S' => {
             let config = tls::client_config(settings.sslrootcert.as_deref())?;
             let connector = tokio_rustls::TlsConnector::from(config);
-            let tls = connector.connect(tls::server_name(host)?, tcp).await?;
+            let tls = connector
+                .connect(tls::server_name(host)?, tcp)
+                .await
+                .map_err(tls_handshake_error)?;
             Ok(Transport::Tls(Box::new(tls)))
         }
         b'N' if mode == SslMode::Require => Err(ReplicationError::Auth(
@@ -627,6 +630,20 @@ async fn negotiate_tls(
         other => Err(ReplicationError::Protocol(format!(
             "unexpected answer {other:#x} to SSLRequest"
         ))),
+    }
+}
+
+/// A failed TLS handshake: a certificate that does not verify (or another TLS refusal) is a
+/// configuration problem, not worth a reconnect; anything else is I/O.
+fn tls_handshake_error(e: std::io::Error) -> ReplicationError {
+    if !e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+        return ReplicationError::Io(e);
+    }
+    let kind = e.kind();
+    match e.into_inner().map(|inner| inner.downcast::<rustls::Error>()) {
+        Some(Ok(tls)) => ReplicationError::Tls(tls::TlsError::Rustls(*tls)),
+        Some(Err(inner)) => ReplicationError::Io(std::io::Error::new(kind, inner)),
+        None => ReplicationError::Io(kind.into()),
     }
 }
 
@@ -700,6 +717,24 @@ mod tests {
         assert_eq!(parse_server_version("18rc1"), 180000);
         assert_eq!(parse_server_version("16devel"), 160000);
         assert_eq!(parse_server_version("9.6beta2"), 90600);
+    }
+
+    #[test]
+    fn tls_refusals_are_fatal_and_other_handshake_errors_are_io() {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let err = tls_handshake_error(refused);
+        assert!(
+            matches!(err, ReplicationError::Tls(_)) && !err.is_transient(),
+            "{err:?}"
+        );
+        let reset = tls_handshake_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(
+            matches!(reset, ReplicationError::Io(_)) && reset.is_transient(),
+            "{reset:?}"
+        );
     }
 
     #[test]
