@@ -115,7 +115,7 @@ impl fmt::Display for SlotHolder {
 
 /// What the slot query found under a name.
 #[derive(Debug, Clone, PartialEq)]
-pub enum SlotLookup {
+pub(crate) enum SlotLookup {
     /// A slot of this database (or a physical slot).
     Found(Box<SlotRow>),
     /// No slot of this database has the name, but a logical slot of another database does.
@@ -127,7 +127,7 @@ pub enum SlotLookup {
 
 impl SlotLookup {
     /// The slot of this database, if there is one.
-    pub fn here(self) -> Option<SlotRow> {
+    pub(crate) fn here(self) -> Option<SlotRow> {
         match self {
             SlotLookup::Found(row) => Some(*row),
             SlotLookup::InOtherDatabase { .. } | SlotLookup::Missing => None,
@@ -154,7 +154,7 @@ pub enum SlotQueryError {
 
 impl SlotQueryError {
     /// The server's error, when the query itself failed.
-    pub fn postgres(&self) -> Option<&tokio_postgres::Error> {
+    pub(crate) fn postgres(&self) -> Option<&tokio_postgres::Error> {
         match self {
             SlotQueryError::Query { source, .. } => Some(source),
             SlotQueryError::Row { .. } => None,
@@ -196,7 +196,7 @@ SELECT CASE WHEN s.database IS NULL OR s.database = current_database() THEN to_j
  WHERE s.slot_name = $1";
 
 /// Looks the slot up: this database's, another database's, or none.
-pub async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLookup, SlotQueryError> {
+pub(crate) async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLookup, SlotQueryError> {
     let row = client
         .query_opt(SLOT_QUERY, &[&slot])
         .await
@@ -242,7 +242,7 @@ pub async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLookup, Slot
 }
 
 /// The slot's row, or `None` if this database has no slot of that name.
-pub async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotRow>, SlotQueryError> {
+pub(crate) async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotRow>, SlotQueryError> {
     Ok(lookup_slot(client, slot).await?.here())
 }
 

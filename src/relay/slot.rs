@@ -1,6 +1,9 @@
 //! Reading the relay's slot: before streaming, right after `START_REPLICATION`, periodically
 //! (the slot monitor), and when a standby decides whether to take over.
 //!
+//! The row and the query are the adapter's ([`crate::postgres::slot`]), the same `status`, `setup`
+//! and `teardown` use; what the relay decides from them lives here.
+//!
 //! Invariants:
 //! * **A slot is never created or recreated here.** Missing → [`RelayError::SlotMissing`];
 //!   invalidated → [`RelayError::SlotLost`]. Both are fatal: a fresh slot would start at the
