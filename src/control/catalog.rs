@@ -1,9 +1,9 @@
 //! Catalog reads shared by preflight, setup, status and teardown.
 //!
-//! Slot and publication rows are fetched as `to_jsonb(row)::text`, so one query works on every
-//! supported server version: a column that version lacks (`wal_status` before 13,
-//! `invalidation_reason` before 17, `pubtruncate` before 11) simply comes back absent instead of
-//! failing the query.
+//! Publication rows are fetched as `to_jsonb(row)::text`, so one query works on every supported
+//! server version: a column that version lacks (`pubtruncate` before 11) simply comes back absent
+//! instead of failing the query. Slots are read with the adapter's one slot query
+//! ([`crate::postgres::slot`]), the same the relay uses.
 
 use serde::Deserialize;
 use tokio_postgres::Client;
@@ -43,74 +43,27 @@ pub(crate) async fn server_info(client: &Client) -> Result<ServerInfo, ControlEr
     })
 }
 
-/// One row of `pg_replication_slots`, plus WAL distances computed by the server.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct SlotRow {
-    pub slot_type: String,
-    pub plugin: Option<String>,
-    pub database: Option<String>,
-    pub active: bool,
-    pub active_pid: Option<i32>,
-    pub restart_lsn: Option<String>,
-    pub confirmed_flush_lsn: Option<String>,
-    pub wal_status: Option<String>,
-    pub safe_wal_size: Option<i64>,
-    pub invalidation_reason: Option<String>,
-    /// WAL between `restart_lsn` and the current position: what the slot keeps on disk.
-    #[serde(skip)]
-    pub retained_wal_bytes: Option<i64>,
-    /// WAL between `confirmed_flush_lsn` and the current position: not yet confirmed by the relay.
-    #[serde(skip)]
-    pub lag_bytes: Option<i64>,
-}
-
-impl SlotRow {
-    pub fn restart(&self) -> Option<Lsn> {
-        self.restart_lsn.as_deref().and_then(|s| s.parse().ok())
-    }
-
-    pub fn confirmed_flush(&self) -> Option<Lsn> {
-        self.confirmed_flush_lsn.as_deref().and_then(|s| s.parse().ok())
-    }
-
-    /// Another session is inside `pg_create_logical_replication_slot`: the slot is already
-    /// listed (held by that session) but its plugin is not recorded yet.
-    pub fn being_created(&self) -> bool {
-        self.slot_type == "logical" && self.active && self.plugin.as_deref().unwrap_or_default().is_empty()
-    }
-
-    /// Why the slot can no longer be used, if it cannot: `wal_status = 'lost'` (13+), or an
-    /// explicit `invalidation_reason` (17+).
-    pub fn invalidated(&self) -> Option<String> {
-        if let Some(reason) = &self.invalidation_reason {
-            return Some(reason.clone());
-        }
-        (self.wal_status.as_deref() == Some("lost")).then(|| "wal_status = lost".to_owned())
-    }
-}
+pub(crate) use crate::postgres::slot::{SlotLookup, SlotRow};
 
 /// The current WAL position: the insert position on a primary, the replay position on a standby.
 const CURRENT_LSN: &str = "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END";
 
-pub(crate) async fn slot(client: &Client, name: &str) -> Result<Option<SlotRow>, ControlError> {
-    let sql = format!(
-        "SELECT to_jsonb(s)::text, pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8, \
-                pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn)::int8 \
-         FROM pg_replication_slots s, (SELECT {CURRENT_LSN} AS lsn) w WHERE s.slot_name = $1"
-    );
-    let Some(row) = client
-        .query_opt(&sql, &[&name])
+/// The slot named `name`, through the one slot query the relay uses too
+/// ([`crate::postgres::slot`]): `status` and `run` never disagree about whether it exists.
+pub(crate) async fn slot_lookup(client: &Client, name: &str) -> Result<SlotLookup, ControlError> {
+    crate::postgres::slot::lookup_slot(client, name)
         .await
-        .map_err(ControlError::query(format!("reading replication slot {name}")))?
-    else {
-        return Ok(None);
-    };
-    let json: String = row.get(0);
-    let mut slot: SlotRow = serde_json::from_str(&json)
-        .map_err(|e| ControlError::Unexpected(format!("pg_replication_slots row {json}: {e}")))?;
-    slot.retained_wal_bytes = row.get(1);
-    slot.lag_bytes = row.get(2);
-    Ok(Some(slot))
+        .map_err(|e| match e {
+            crate::postgres::slot::SlotQueryError::Query { source, .. } => {
+                ControlError::query(format!("reading replication slot {name}"))(source)
+            }
+            e @ crate::postgres::slot::SlotQueryError::Row { .. } => ControlError::Unexpected(e.to_string()),
+        })
+}
+
+/// The slot of this database named `name`, if any.
+pub(crate) async fn slot(client: &Client, name: &str) -> Result<Option<SlotRow>, ControlError> {
+    Ok(slot_lookup(client, name).await?.here())
 }
 
 pub(crate) async fn current_wal_lsn(client: &Client) -> Result<Option<Lsn>, ControlError> {

@@ -233,23 +233,10 @@ impl ControlError {
     }
 }
 
-/// A server error as an operator wants it: message, SQLSTATE, detail and hint; other errors as is.
+/// A server error as an operator wants it: message, SQLSTATE, detail and hint; other errors
+/// with their causes (e.g. the operating system's error).
 pub fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => {
-            let mut s = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-            if let Some(detail) = db.detail() {
-                s.push_str("; detail: ");
-                s.push_str(detail);
-            }
-            if let Some(hint) = db.hint() {
-                s.push_str("; hint: ");
-                s.push_str(hint);
-            }
-            s
-        }
-        None => e.to_string(),
-    }
+    crate::postgres::failure::describe_pg(e)
 }
 
 fn similar_hint(similar: &[String]) -> String {

@@ -16,7 +16,7 @@ use std::fmt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::catalog::{self, ServerInfo, SlotRow};
+use super::catalog::{self, ServerInfo, SlotLookup, SlotRow};
 use super::column_types::ColumnRole;
 use super::ControlError;
 use crate::config::ident::{quote_ident, TableName};
@@ -434,7 +434,7 @@ async fn check_select(client: &Client, table: &TableFacts, server: &ServerInfo) 
 pub(crate) async fn check_slot(client: &Client, name: &str, database: &str) -> Result<Option<SlotInfo>, ControlError> {
     let deadline = tokio::time::Instant::now() + SLOT_CREATION_WAIT;
     loop {
-        let Some(slot) = catalog::slot(client, name).await? else {
+        let Some(slot) = slot_here(name, database, catalog::slot_lookup(client, name).await?)? else {
             return Ok(None);
         };
         if !slot.being_created() {
@@ -448,6 +448,22 @@ pub(crate) async fn check_slot(client: &Client, name: &str, database: &str) -> R
             });
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// This database's slot from a lookup; a logical slot of that name in another database is an
+/// error (slot names are cluster-wide, so setup could not create one here either).
+pub(crate) fn slot_here(name: &str, database: &str, lookup: SlotLookup) -> Result<Option<SlotRow>, ControlError> {
+    match lookup {
+        SlotLookup::Found(row) => Ok(Some(*row)),
+        SlotLookup::Missing => Ok(None),
+        SlotLookup::InOtherDatabase {
+            database: slot_database,
+        } => Err(ControlError::SlotInOtherDatabase {
+            slot: name.to_owned(),
+            slot_database,
+            database: database.to_owned(),
+        }),
     }
 }
 
@@ -487,8 +503,8 @@ pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<
     }
     Ok(SlotInfo {
         active_pid: slot.active_pid.filter(|_| slot.active),
-        confirmed_flush_lsn: slot.confirmed_flush(),
-        restart_lsn: slot.restart(),
+        confirmed_flush_lsn: slot.confirmed_flush_lsn,
+        restart_lsn: slot.restart_lsn,
         wal_status: slot.wal_status.clone(),
     })
 }

@@ -146,8 +146,8 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         Some(s) => SlotStatus {
             name: slot_name.to_owned(),
             exists: true,
-            confirmed_flush_lsn: s.confirmed_flush(),
-            restart_lsn: s.restart(),
+            confirmed_flush_lsn: s.confirmed_flush_lsn,
+            restart_lsn: s.restart_lsn,
             slot_type: Some(s.slot_type),
             plugin: s.plugin,
             database: s.database,

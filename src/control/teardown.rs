@@ -17,6 +17,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use super::catalog::{self, SlotRow};
+use super::preflight::slot_here;
 use super::{connect, error::describe, human_bytes, ControlError};
 use crate::config::ident::quote_ident;
 use crate::config::Settings;
@@ -74,7 +75,11 @@ pub async fn teardown(settings: &Settings) -> Result<TeardownReport, ControlErro
     let slot_name = settings.postgres.slot.as_str();
     let publication_name = settings.postgres.publication.as_str();
 
-    let slot = catalog::slot(&client, slot_name).await?;
+    let slot = slot_here(
+        slot_name,
+        &server.database,
+        catalog::slot_lookup(&client, slot_name).await?,
+    )?;
     if let Some(s) = &slot {
         check_droppable_slot(slot_name, &server.database, s)?;
     }

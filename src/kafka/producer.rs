@@ -54,6 +54,12 @@ impl std::fmt::Display for DeliveryFailure {
     }
 }
 
+impl std::error::Error for DeliveryFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 /// One extra header of a record: name and value (`None`: a null header).
 pub type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
 

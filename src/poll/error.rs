@@ -133,8 +133,8 @@ impl PollError {
     /// claimed batch was rolled back, so its rows are claimed again; nothing is lost.
     pub fn is_transient(&self) -> bool {
         match self {
-            PollError::Connect(_) | PollError::Delivery(_) | PollError::ProducerGone => true,
-            PollError::Table(ControlError::Connect(_)) => true,
+            PollError::Connect(e) | PollError::Table(ControlError::Connect(e)) => e.is_transient(),
+            PollError::Delivery(_) | PollError::ProducerGone => true,
             PollError::Table(ControlError::Query { source, .. }) | PollError::Query { source, .. } => {
                 transient_pg(source)
             }

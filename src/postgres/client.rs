@@ -1,5 +1,9 @@
 //! Ordinary (non-replication) PostgreSQL connections for the control plane: preflight checks,
 //! publication and slot management, `status`, slot health.
+//!
+//! A failed connection says why ([`ConnectError`]'s message carries the server's message and
+//! SQLSTATE, or the operating system's error, and a hint) and whether retrying can help
+//! ([`ConnectError::is_transient`], the same classification as the replication connection's).
 
 use std::time::Duration;
 
@@ -7,16 +11,47 @@ use tokio_postgres::Client;
 use tracing::debug;
 
 use crate::config::postgres::PostgresSettings;
+use crate::postgres::failure;
 use crate::postgres::tls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("cannot connect to PostgreSQL at {url}: {source}")]
-    Postgres { url: String, source: tokio_postgres::Error },
+    /// `url` is the redacted URL (no password).
+    #[error("cannot connect to PostgreSQL at {url}: {}{}", failure::describe_pg(.source), hint_suffix(.source))]
+    Postgres {
+        url: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
     #[error("connecting to PostgreSQL at {url} timed out after {after:?}; check the host, port and firewall")]
     Timeout { url: String, after: Duration },
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+}
+
+fn hint_suffix(e: &tokio_postgres::Error) -> String {
+    failure::pg_hint(e).map(|h| format!(". Hint: {h}")).unwrap_or_default()
+}
+
+impl ConnectError {
+    /// True when connecting again later can succeed without anyone changing anything: the
+    /// server was unreachable, busy or restarting. A wrong password, a missing database or
+    /// privilege, or a TLS problem is fatal.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ConnectError::Postgres { source, .. } => failure::is_transient_pg(source),
+            ConnectError::Timeout { .. } => true,
+            ConnectError::Tls(_) => false,
+        }
+    }
+
+    /// The server's error code, if the server refused the connection.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            ConnectError::Postgres { source, .. } => source.as_db_error().map(|db| db.code().code()),
+            _ => None,
+        }
+    }
 }
 
 /// Opens a control connection; the connection task runs until the returned client is dropped.
@@ -41,4 +76,20 @@ pub async fn connect(settings: &PostgresSettings, timeout: Duration) -> Result<C
         }
     });
     Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_retried_and_tls_setup_errors_are_not() {
+        let timeout = ConnectError::Timeout {
+            url: "postgres://relay:********@db/app".into(),
+            after: Duration::from_secs(5),
+        };
+        assert!(timeout.is_transient() && timeout.sqlstate().is_none());
+        let tls = ConnectError::Tls(tls::client_config(Some(std::path::Path::new("/nonexistent/ca.pem"))).unwrap_err());
+        assert!(!tls.is_transient());
+    }
 }

@@ -5,6 +5,7 @@
 //! - [`pgoutput`]: the pure, panic-free decoder of the pgoutput logical-decoding plugin;
 //! - [`cursor`]: the byte cursor both share (the transport never imports the decoder);
 //! - [`client`], [`tls`]: ordinary (control-plane) connections;
+//! - [`failure`]: which errors are worth a reconnect, and how to explain them (both connections);
 //! - [`lsn`]: WAL positions; [`slot`]: the one query and row type for a replication slot.
 //!
 //! Invariant: this layer knows nothing of outbox events, Kafka or the relay; it imports only
@@ -12,8 +13,10 @@
 
 pub mod client;
 pub(crate) mod cursor;
+pub(crate) mod failure;
 pub mod lsn;
 pub mod pgoutput;
 pub mod replication;
+pub mod slot;
 pub mod timestamp;
 pub mod tls;

@@ -16,10 +16,31 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read CA certificates from {path}: {message}. Point postgres.sslrootcert at a PEM file")]
-    CaFile { path: String, message: String },
+    #[error("cannot read CA certificates from {path}: {source}. Point postgres.sslrootcert at a PEM file")]
+    CaFile {
+        path: String,
+        #[source]
+        source: CaFileError,
+    },
     #[error("TLS setup failed: {0}")]
     Rustls(#[from] rustls::Error),
+    #[error("invalid TLS server name {host:?}: {source}")]
+    ServerName {
+        host: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+}
+
+/// Why the CA file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CaFileError {
+    #[error(transparent)]
+    Pem(#[from] rustls::pki_types::pem::Error),
+    #[error(transparent)]
+    Certificate(#[from] rustls::Error),
+    #[error("no certificate found in the file")]
+    Empty,
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -31,19 +52,19 @@ pub fn client_config(sslrootcert: Option<&Path>) -> Result<Arc<ClientConfig>, Tl
     let builder = ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let config = match sslrootcert {
         Some(path) => {
-            let ca_err = |message: String| TlsError::CaFile {
+            let ca_err = |source: CaFileError| TlsError::CaFile {
                 path: path.display().to_string(),
-                message,
+                source,
             };
             let mut roots = RootCertStore::empty();
-            let certs = CertificateDer::pem_file_iter(path).map_err(|e| ca_err(e.to_string()))?;
+            let certs = CertificateDer::pem_file_iter(path).map_err(|e| ca_err(e.into()))?;
             for cert in certs {
                 roots
-                    .add(cert.map_err(|e| ca_err(e.to_string()))?)
-                    .map_err(|e| ca_err(e.to_string()))?;
+                    .add(cert.map_err(|e| ca_err(e.into()))?)
+                    .map_err(|e| ca_err(e.into()))?;
             }
             if roots.is_empty() {
-                return Err(ca_err("no certificate found in the file".into()));
+                return Err(ca_err(CaFileError::Empty));
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         }
@@ -57,8 +78,10 @@ pub fn client_config(sslrootcert: Option<&Path>) -> Result<Arc<ClientConfig>, Tl
 
 /// The server name to present (SNI) and verify, from a host string.
 pub fn server_name(host: &str) -> Result<ServerName<'static>, TlsError> {
-    ServerName::try_from(host.to_owned())
-        .map_err(|e| TlsError::Rustls(rustls::Error::General(format!("invalid TLS server name {host:?}: {e}"))))
+    ServerName::try_from(host.to_owned()).map_err(|source| TlsError::ServerName {
+        host: host.to_owned(),
+        source,
+    })
 }
 
 /// Accepts any certificate but still checks the handshake signatures, i.e. `sslmode=require`.
@@ -97,5 +120,33 @@ impl ServerCertVerifier for EncryptOnly {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn ca_file_errors_keep_their_typed_cause() {
+        let err = client_config(Some(Path::new("/nonexistent/ca.pem"))).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                TlsError::CaFile {
+                    source: CaFileError::Pem(_),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.source().is_some_and(|s| s.is::<CaFileError>()), "{err:?}");
+        assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+
+        let err = server_name("not a host name").unwrap_err();
+        assert!(matches!(&err, TlsError::ServerName { .. }), "{err:?}");
+        assert!(err.source().is_some(), "{err:?}");
     }
 }

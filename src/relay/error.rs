@@ -4,10 +4,12 @@ use crate::kafka::producer::DeliveryFailure;
 use crate::outbox::event::BadEvent;
 use crate::outbox::layout::LayoutError;
 use crate::postgres::client::ConnectError;
+use crate::postgres::failure::{describe_pg, is_transient_pg};
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::DecodeError;
 use crate::postgres::replication::error::ReplicationError;
 use crate::postgres::replication::frames::FrameError;
+use crate::postgres::slot::SlotQueryError;
 use crate::relay::watermark::WatermarkError;
 
 #[derive(Debug, thiserror::Error)]
@@ -16,8 +18,10 @@ pub enum RelayError {
     Replication(#[from] ReplicationError),
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    #[error("control query failed: {0}")]
+    #[error("control query failed: {}", describe_pg(.0))]
     Control(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Slot(#[from] SlotQueryError),
     #[error(
         "replication slot {slot:?} does not exist in this database. Create it with `outbox-relay setup --config …` \
          (if it existed before, it was dropped: events in WAL it retained may be gone — see docs/operations.md)"
@@ -56,9 +60,10 @@ pub enum RelayError {
         confirmed: Lsn,
     },
     #[error("cannot create the Kafka producer: {0}. Check the [kafka] properties")]
-    ProducerConfig(rdkafka::error::KafkaError),
+    ProducerConfig(#[source] rdkafka::error::KafkaError),
     #[error("Kafka delivery failed for the transaction committed at {commit_lsn}: {failure}; replaying from the last confirmed LSN")]
     DeliveryFailed {
+        #[source]
         failure: Box<DeliveryFailure>,
         commit_lsn: Lsn,
     },
@@ -70,6 +75,7 @@ pub enum RelayError {
     BadEvent {
         id: String,
         commit_lsn: Lsn,
+        #[source]
         cause: BadEvent,
     },
     #[error(
@@ -78,6 +84,7 @@ pub enum RelayError {
          relay.on_bad_event applies if it is refused again"
     )]
     RecordRejected {
+        #[source]
         failure: Box<DeliveryFailure>,
         commit_lsn: Lsn,
     },
@@ -100,12 +107,10 @@ impl RelayError {
     pub fn is_transient(&self) -> bool {
         match self {
             RelayError::Replication(e) => e.is_transient(),
-            RelayError::Connect(ConnectError::Tls(_)) => false,
-            RelayError::Connect(_)
-            | RelayError::Control(_)
-            | RelayError::DeliveryFailed { .. }
-            | RelayError::RecordRejected { .. }
-            | RelayError::SlotBusy { .. } => true,
+            RelayError::Connect(e) => e.is_transient(),
+            RelayError::Control(e) => is_transient_pg(e),
+            RelayError::Slot(e) => e.postgres().is_some_and(is_transient_pg),
+            RelayError::DeliveryFailed { .. } | RelayError::RecordRejected { .. } | RelayError::SlotBusy { .. } => true,
             RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::SlotLost { .. }

@@ -1,6 +1,9 @@
 //! Reading the relay's slot: before streaming, right after `START_REPLICATION`, periodically
 //! (the slot monitor), and when a standby decides whether to take over.
 //!
+//! The row and the query are the adapter's ([`crate::postgres::slot`]), the same `status`, `setup`
+//! and `teardown` use; what the relay decides from them lives here.
+//!
 //! Invariants:
 //! * **A slot is never created or recreated here.** Missing → [`RelayError::SlotMissing`];
 //!   invalidated → [`RelayError::SlotLost`]. Both are fatal: a fresh slot would start at the
@@ -14,147 +17,18 @@
 //!   (`takeover_after_ms`) or when it is this process's own previous walsender. The staleness
 //!   test and the termination are one SQL statement, so a holder that just recovered is spared.
 
-use std::fmt;
 use std::time::Duration;
 
-use serde::Deserialize;
 use tokio_postgres::Client;
 
 use super::error::RelayError;
 use crate::postgres::lsn::Lsn;
+pub use crate::postgres::slot::{SlotHolder, SlotRow};
 
-/// One row of `pg_replication_slots` for the relay's slot, with what the server knows about
-/// the process streaming from it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SlotRow {
-    pub slot_type: String,
-    pub plugin: Option<String>,
-    pub active_pid: Option<i32>,
-    pub restart_lsn: Option<Lsn>,
-    pub confirmed_flush_lsn: Option<Lsn>,
-    /// PostgreSQL 13+: `reserved | extended | unreserved | lost`.
-    pub wal_status: Option<String>,
-    /// PostgreSQL 13+: bytes that can still be written before the slot is in danger of
-    /// invalidation (`None`: unlimited or unknown).
-    pub safe_wal_size: Option<i64>,
-    /// PostgreSQL 17+: why the slot was invalidated.
-    pub invalidation_reason: Option<String>,
-    /// Current WAL position minus `restart_lsn`: what the server keeps for the slot.
-    pub retained_wal_bytes: Option<i64>,
-    pub holder: Option<SlotHolder>,
-}
-
-/// The process holding the slot, as `pg_stat_replication` shows it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SlotHolder {
-    /// The walsender's backend pid (`pg_replication_slots.active_pid`).
-    pub pid: Option<i32>,
-    pub application_name: Option<String>,
-    /// `client_addr:client_port` of the holder's connection.
-    pub client: Option<String>,
-    /// Time since the holder's last standby status update (or since its connection started,
-    /// if it never sent one).
-    pub silent_for: Option<Duration>,
-}
-
-impl SlotHolder {
-    pub fn from_pid(pid: Option<i32>) -> SlotHolder {
-        SlotHolder {
-            pid,
-            ..SlotHolder::default()
-        }
-    }
-}
-
-impl fmt::Display for SlotHolder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.pid {
-            Some(pid) => write!(f, "walsender pid {pid}")?,
-            None => f.write_str("another process")?,
-        }
-        if let Some(app) = self.application_name.as_deref().filter(|a| !a.is_empty()) {
-            write!(f, " ({app}")?;
-            if let Some(client) = &self.client {
-                write!(f, " at {client}")?;
-            }
-            f.write_str(")")?;
-        } else if let Some(client) = &self.client {
-            write!(f, " (client {client})")?;
-        }
-        if let Some(silent) = self.silent_for {
-            write!(f, ", last status update {:.1} s ago", silent.as_secs_f64())?;
-        }
-        Ok(())
-    }
-}
-
-/// `to_jsonb` keeps one query valid on every server version: columns a version lacks are
-/// simply absent from the JSON.
-#[derive(Deserialize)]
-struct SlotJson {
-    slot_type: String,
-    plugin: Option<String>,
-    active_pid: Option<i32>,
-    restart_lsn: Option<String>,
-    confirmed_flush_lsn: Option<String>,
-    wal_status: Option<String>,
-    safe_wal_size: Option<i64>,
-    invalidation_reason: Option<String>,
-}
-
-const SLOT_QUERY: &str = "
-SELECT to_jsonb(s)::text,
-       pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
-                       s.restart_lsn)::int8,
-       EXTRACT(EPOCH FROM clock_timestamp()
-               - COALESCE((to_jsonb(r) ->> 'reply_time')::timestamptz, r.backend_start))::float8,
-       r.application_name::text,
-       host(r.client_addr) || COALESCE(':' || r.client_port::text, '')
-  FROM pg_replication_slots s
-  LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
- WHERE s.slot_name = $1 AND (s.database IS NULL OR s.database = current_database())";
-
-/// The slot's row, or `None` if this database has no slot of that name.
+/// The slot's row, or `None` if this database has no slot of that name (the one shared query,
+/// [`crate::postgres::slot`], so `run` and `status` always agree).
 pub async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotRow>, RelayError> {
-    let Some(row) = client.query_opt(SLOT_QUERY, &[&slot]).await? else {
-        return Ok(None);
-    };
-    let json: String = row.get(0);
-    let raw: SlotJson = serde_json::from_str(&json)
-        .map_err(|e| RelayError::Protocol(format!("unexpected pg_replication_slots row {json}: {e}")))?;
-    let lsn = |s: Option<String>| s.and_then(|s| s.parse::<Lsn>().ok());
-    let silent_secs: Option<f64> = row.get(2);
-    let holder = raw.active_pid.map(|pid| SlotHolder {
-        pid: Some(pid),
-        application_name: row.get(3),
-        client: row.get(4),
-        silent_for: silent_secs
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64),
-    });
-    Ok(Some(SlotRow {
-        slot_type: raw.slot_type,
-        plugin: raw.plugin,
-        active_pid: raw.active_pid,
-        restart_lsn: lsn(raw.restart_lsn),
-        confirmed_flush_lsn: lsn(raw.confirmed_flush_lsn),
-        wal_status: raw.wal_status,
-        safe_wal_size: raw.safe_wal_size,
-        invalidation_reason: raw.invalidation_reason,
-        retained_wal_bytes: row.get(1),
-        holder,
-    }))
-}
-
-impl SlotRow {
-    /// Why the slot can no longer be used, if it cannot.
-    pub fn invalidated(&self) -> Option<String> {
-        if let Some(reason) = &self.invalidation_reason {
-            return Some(format!("invalidation_reason = {reason}"));
-        }
-        (self.wal_status.as_deref() == Some("lost"))
-            .then(|| "wal_status = lost: WAL it needed was removed after exceeding max_slot_wal_keep_size".into())
-    }
+    Ok(crate::postgres::slot::read_slot(client, slot).await?)
 }
 
 /// What a session may start from.

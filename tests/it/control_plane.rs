@@ -15,8 +15,11 @@ use outbox_relay::control::{
 use tokio_postgres::Client;
 
 use crate::harness::postgres::PG_BIN;
+use outbox_relay::postgres::replication::connection::ReplicationConnection;
+
 use crate::harness::{
-    create_schema_a, run_cmd, shared_cluster, slot_row, unique_name, wait_until, PgCluster, RelayConfig,
+    create_schema_a, free_port, run_cmd, shared_cluster, slot_row, unique_name, wait_until, PgCluster, RelayConfig,
+    RelayProcess,
 };
 
 // ------------------------------------------------------------------ local helpers
@@ -626,6 +629,95 @@ async fn foreign_slots_are_refused_by_setup_and_teardown() {
         .execute("SELECT pg_drop_replication_slot($1)", &[&cfg.slot])
         .await
         .unwrap();
+    finish(pg, &db).await;
+}
+
+// ------------------------------------------------------------------ connection errors
+
+/// A wrong password is fatal on both connections and says so (server message, SQLSTATE, what to
+/// check), never showing the password; a closed port is transient and shows the OS error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_errors_show_their_cause_and_whether_retrying_helps() {
+    let (pg, db, admin) = fresh_db("cp_conn").await;
+    let (role, password) = create_role(&admin, "cp_conn", "REPLICATION").await;
+    let wrong = "not-the-Password-9";
+    let settings = Cfg::schema_a(&url_as(&pg.url(&db), &role, wrong)).settings();
+
+    let err = control::status(&settings).await.expect_err("wrong password");
+    let ControlError::Connect(connect) = &err else {
+        panic!("expected a connect error: {err:?}")
+    };
+    assert!(!connect.is_transient(), "a wrong password is not worth retrying: {err}");
+    assert_eq!(connect.sqlstate(), Some("28P01"), "{err}");
+    let msg = err.to_string();
+    for needle in [
+        "password authentication failed",
+        "28P01",
+        "pg_hba.conf",
+        "cannot connect",
+    ] {
+        assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+    }
+    assert!(!msg.contains(wrong) && !msg.contains("db error"), "{msg}");
+
+    let err = ReplicationConnection::connect(&settings.postgres, Duration::from_secs(15))
+        .await
+        .err()
+        .expect("replication with a wrong password");
+    assert!(!err.is_transient(), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("password authentication failed") && msg.contains("28P01"),
+        "{msg}"
+    );
+    assert!(!msg.contains(wrong), "{msg}");
+
+    // Nothing listens on a port just freed.
+    let port = free_port();
+    let closed = Cfg::schema_a(&format!("postgres://{role}:{password}@127.0.0.1:{port}/{db}")).settings();
+    let err = control::status(&closed).await.expect_err("closed port");
+    let ControlError::Connect(connect) = &err else {
+        panic!("expected a connect error: {err:?}")
+    };
+    assert!(connect.is_transient(), "an unreachable server may come back: {err}");
+    let msg = err.to_string();
+    for needle in ["Connection refused", "server is running", &format!("127.0.0.1:{port}")] {
+        assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+    }
+    assert!(!msg.contains(&password), "{msg}");
+
+    let err = ReplicationConnection::connect(&closed.postgres, Duration::from_secs(15))
+        .await
+        .err()
+        .expect("replication to a closed port");
+    assert!(err.is_transient(), "{err}");
+    let msg = err.to_string();
+    for needle in ["Connection refused", "server is running", &format!("127.0.0.1:{port}")] {
+        assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+    }
+    finish(pg, &db).await;
+}
+
+/// `run` connects the control connection first: a wrong password there stops the relay at once
+/// with the server's reason, instead of reconnecting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_a_wrong_password_exits_at_once_naming_authentication() {
+    let (pg, db, admin) = fresh_db("cp_run_pw").await;
+    let (role, _password) = create_role(&admin, "cp_run_pw", "REPLICATION").await;
+    let wrong = "not-the-Password-9";
+    let config = RelayConfig::new(&url_as(&pg.url(&db), &role, wrong), "127.0.0.1:9");
+    let mut relay = RelayProcess::run(&config);
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("the relay kept retrying:\n{}", relay.log_text()));
+    assert_eq!(status.code(), Some(1), "{}", relay.log_text());
+    let log = relay.log_text();
+    for needle in ["password authentication failed", "28P01", "pg_hba.conf"] {
+        assert!(log.contains(needle), "{needle:?} not in the log:\n{log}");
+    }
+    assert!(!log.contains("reconnecting"), "a wrong password was retried:\n{log}");
+    assert!(!log.contains(wrong), "the password reached the log:\n{log}");
     finish(pg, &db).await;
 }
 

@@ -531,6 +531,50 @@ async fn a_missing_slot_stops_the_relay_without_creating_one() {
     assert!(slot_row(&client, &config.slot).await.is_none(), "a slot was created");
 }
 
+/// Slot names are cluster-wide: a slot of the configured name in another database is not this
+/// database's slot. `status` and `run` ask the same query, so both say it is missing; `setup`
+/// (which could not create one of that name) names the database that holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_of_another_database_is_missing_for_status_and_run_alike() {
+    let kafka = MockKafka::new(1);
+    let (_db, _client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let pg = shared_cluster().await;
+    let other_db = unique_name("other_db");
+    pg.create_database(&other_db).await;
+    let other = pg.client(&other_db).await;
+    let slot = unique_name("elsewhere");
+    other
+        .execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot])
+        .await
+        .expect("slot in the other database");
+    let config = config.slot(&slot);
+
+    let out = run_cmd(&["status", "--json"], &config).await;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status JSON: {e}; stderr: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(report["slot"]["exists"], false, "{report:#}");
+
+    let mut relay = RelayProcess::run(&config);
+    let status = relay.wait_exit(Duration::from_secs(30)).await.expect("exits");
+    assert_eq!(status.code(), Some(1), "{}", relay.log_text());
+    assert!(
+        relay.log_text().contains("does not exist in this database"),
+        "{}",
+        relay.log_text()
+    );
+    assert!(!relay.log_text().contains("streaming started"), "{}", relay.log_text());
+
+    let out = run_cmd(&["setup"], &config).await;
+    assert!(!out.status.success(), "setup must not claim the other database's slot");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("belongs to database {other_db}")), "{stderr}");
+
+    other
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .expect("drop the other database's slot");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn heartbeats_are_written_while_streaming_and_the_slot_moves_past_them() {
     let kafka = MockKafka::new(1);

@@ -120,7 +120,15 @@ impl ReplicationConnection {
                 }
                 negotiate_tls(tcp, name, cfg.get_ssl_mode(), settings).await?
             }
-            Host::Unix(dir) => Transport::Unix(UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).await?),
+            Host::Unix(dir) => Transport::Unix(
+                UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))
+                    .await
+                    .map_err(|source| ReplicationError::Connect {
+                        host: dir.display().to_string(),
+                        port,
+                        source,
+                    })?,
+            ),
         };
         let mut conn = ReplicationConnection {
             stream,
@@ -208,13 +216,11 @@ impl ReplicationConnection {
                     self.scram(pw).await?;
                 }
                 Backend::Other(Message::ErrorResponse(e)) => {
-                    let err = server_error(&e);
-                    return Err(match &err {
-                        ReplicationError::Server(s) if s.code.starts_with("28") => ReplicationError::Auth(format!(
-                            "{}. Check the user and password in postgres.url, and that pg_hba.conf has a `replication` line for this user and host",
-                            s.message
-                        )),
-                        _ => err,
+                    let server = fields_of(&mut e.fields());
+                    return Err(if server.code.starts_with("28") {
+                        ReplicationError::AuthRefused { server }
+                    } else {
+                        ReplicationError::Server(Box::new(server))
                     });
                 }
                 Backend::Other(
@@ -567,8 +573,13 @@ fn tune_tcp(tcp: &tokio::net::TcpStream, limit: Duration) -> Result<(), Replicat
 }
 
 async fn connect_tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, ReplicationError> {
+    let failed = |source: std::io::Error| ReplicationError::Connect {
+        host: host.to_owned(),
+        port,
+        source,
+    };
     let mut last = None;
-    for addr in tokio::net::lookup_host((host, port)).await? {
+    for addr in tokio::net::lookup_host((host, port)).await.map_err(failed)? {
         let socket = if addr.is_ipv4() {
             TcpSocket::new_v4()?
         } else {
@@ -584,12 +595,9 @@ async fn connect_tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, Rep
             Err(e) => last = Some(e),
         }
     }
-    Err(last.map(ReplicationError::Io).unwrap_or_else(|| {
-        ReplicationError::Io(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("host {host:?} did not resolve"),
-        ))
-    }))
+    Err(failed(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, format!("host {host:?} did not resolve"))
+    })))
 }
 
 async fn negotiate_tls(
@@ -609,7 +617,10 @@ async fn negotiate_tls(
         b'S' => {
             let config = tls::client_config(settings.sslrootcert.as_deref())?;
             let connector = tokio_rustls::TlsConnector::from(config);
-            let tls = connector.connect(tls::server_name(host)?, tcp).await?;
+            let tls = connector
+                .connect(tls::server_name(host)?, tcp)
+                .await
+                .map_err(tls_handshake_error)?;
             Ok(Transport::Tls(Box::new(tls)))
         }
         b'N' if mode == SslMode::Require => Err(ReplicationError::Auth(
@@ -619,6 +630,20 @@ async fn negotiate_tls(
         other => Err(ReplicationError::Protocol(format!(
             "unexpected answer {other:#x} to SSLRequest"
         ))),
+    }
+}
+
+/// A failed TLS handshake: a certificate that does not verify (or another TLS refusal) is a
+/// configuration problem, not worth a reconnect; anything else is I/O.
+fn tls_handshake_error(e: std::io::Error) -> ReplicationError {
+    if !e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+        return ReplicationError::Io(e);
+    }
+    let kind = e.kind();
+    match e.into_inner().map(|inner| inner.downcast::<rustls::Error>()) {
+        Some(Ok(tls)) => ReplicationError::Tls(tls::TlsError::Rustls(*tls)),
+        Some(Err(inner)) => ReplicationError::Io(std::io::Error::new(kind, inner)),
+        None => ReplicationError::Io(kind.into()),
     }
 }
 
@@ -640,15 +665,13 @@ fn fields_of(fields: &mut postgres_protocol::message::backend::ErrorFields<'_>) 
 }
 
 fn server_error(body: &ErrorResponseBody) -> ReplicationError {
-    ReplicationError::Server(fields_of(&mut body.fields()))
+    ReplicationError::Server(Box::new(fields_of(&mut body.fields())))
 }
 
 fn auth_error(body: &ErrorResponseBody) -> ReplicationError {
-    let e = fields_of(&mut body.fields());
-    ReplicationError::Auth(format!(
-        "{} ({}). Check the password in postgres.url",
-        e.message, e.code
-    ))
+    ReplicationError::AuthRefused {
+        server: fields_of(&mut body.fields()),
+    }
 }
 
 fn log_notice(body: &postgres_protocol::message::backend::NoticeResponseBody) {
@@ -662,8 +685,14 @@ fn log_notice(body: &postgres_protocol::message::backend::NoticeResponseBody) {
 
 /// `server_version` such as "15.4 (Debian …)" → 150004, for servers that do not report
 /// `server_version_num` at startup (it became a reported parameter only in PostgreSQL 16).
+/// Pre-releases ("17beta1", "18rc1", "16devel") are the major with minor 0: the digits after
+/// "beta"/"rc" number the pre-release, not a minor version.
 fn parse_server_version(v: &str) -> u32 {
-    let mut parts = v.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
+    let version = v.split_whitespace().next().unwrap_or_default();
+    let numeric_end = version
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(version.len());
+    let mut parts = version[..numeric_end].split('.').filter(|s| !s.is_empty());
     let major: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     let minor: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     if major >= 10 {
@@ -679,9 +708,33 @@ mod tests {
 
     #[test]
     fn server_version_strings_parse() {
+        assert_eq!(parse_server_version("15.4"), 150004);
         assert_eq!(parse_server_version("15.4 (Debian 15.4-1)"), 150004);
+        assert_eq!(parse_server_version("14.10 (Debian 14.10-1)"), 140010);
         assert_eq!(parse_server_version("9.6.2"), 90600);
-        assert_eq!(parse_server_version("17beta1"), 170001);
+        // Pre-releases: the major, minor 0 (the number after beta/rc is not a minor version).
+        assert_eq!(parse_server_version("17beta1"), 170000);
+        assert_eq!(parse_server_version("18rc1"), 180000);
+        assert_eq!(parse_server_version("16devel"), 160000);
+        assert_eq!(parse_server_version("9.6beta2"), 90600);
+    }
+
+    #[test]
+    fn tls_refusals_are_fatal_and_other_handshake_errors_are_io() {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let err = tls_handshake_error(refused);
+        assert!(
+            matches!(err, ReplicationError::Tls(_)) && !err.is_transient(),
+            "{err:?}"
+        );
+        let reset = tls_handshake_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(
+            matches!(reset, ReplicationError::Io(_)) && reset.is_transient(),
+            "{reset:?}"
+        );
     }
 
     #[test]

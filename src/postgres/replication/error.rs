@@ -1,6 +1,9 @@
-//! Errors of the replication connection, classified by what the caller does with them.
+//! Errors of the replication connection, classified by what the caller does with them (with the
+//! SQLSTATE classification the control connection uses too, [`crate::postgres::failure`]).
 
 use std::fmt;
+
+use crate::postgres::failure::{io_hint, is_transient_sqlstate, sqlstate_hint};
 
 /// An `ErrorResponse` from the server, with the fields an operator needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -11,6 +14,8 @@ pub struct ServerError {
     pub detail: Option<String>,
     pub hint: Option<String>,
 }
+
+impl std::error::Error for ServerError {}
 
 impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -29,12 +34,26 @@ impl fmt::Display for ServerError {
 pub enum ReplicationError {
     #[error("replication connection I/O error: {0}")]
     Io(#[from] std::io::Error),
-    #[error("server error: {0}")]
-    Server(ServerError),
+    #[error("cannot connect to {host}:{port} for replication: {source}. Hint: {}", io_hint(.source))]
+    Connect {
+        host: String,
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server error: {}{}", .0, server_hint(.0))]
+    Server(Box<ServerError>),
     #[error("replication protocol violation: {0}")]
     Protocol(String),
+    /// Authentication cannot even be attempted (no password, unsupported method, no TLS).
     #[error("authentication failed: {0}")]
     Auth(String),
+    /// The server refused the credentials (SQLSTATE class 28).
+    #[error("authentication failed: {server}{}", server_hint(server))]
+    AuthRefused {
+        #[source]
+        server: ServerError,
+    },
     #[error(transparent)]
     Tls(#[from] crate::postgres::tls::TlsError),
     #[error("{what} timed out after {after:?}")]
@@ -50,9 +69,15 @@ impl ReplicationError {
     /// True when reconnecting later can succeed without anyone changing anything.
     pub fn is_transient(&self) -> bool {
         match self {
-            ReplicationError::Io(_) | ReplicationError::Timeout { .. } | ReplicationError::Closed => true,
+            ReplicationError::Io(_)
+            | ReplicationError::Connect { .. }
+            | ReplicationError::Timeout { .. }
+            | ReplicationError::Closed => true,
             ReplicationError::Server(e) => is_transient_sqlstate(&e.code),
-            ReplicationError::Protocol(_) | ReplicationError::Auth(_) | ReplicationError::Tls(_) => false,
+            ReplicationError::Protocol(_)
+            | ReplicationError::Auth(_)
+            | ReplicationError::AuthRefused { .. }
+            | ReplicationError::Tls(_) => false,
         }
     }
 
@@ -60,23 +85,71 @@ impl ReplicationError {
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             ReplicationError::Server(e) => Some(&e.code),
+            ReplicationError::AuthRefused { server, .. } => Some(&server.code),
             _ => None,
         }
     }
 }
 
-/// SQLSTATEs after which a retry can succeed: the slot is busy (another instance streams),
-/// the server is shutting down or restarting, connections are exhausted, or the link broke.
-pub fn is_transient_sqlstate(code: &str) -> bool {
-    matches!(
-        code,
-        "55006" // object_in_use: the slot is active for another walsender
-            | "57P01" // admin_shutdown (also pg_terminate_backend)
-            | "57P02" // crash_shutdown
-            | "57P03" // cannot_connect_now (starting up / recovery)
-            | "53300" // too_many_connections
-            | "53400" // configuration_limit_exceeded (max_wal_senders)
-            | "40001"
-            | "40P01"
-    ) || code.starts_with("08")
+/// ". Hint: …" for a server error whose SQLSTATE has one.
+fn server_hint(e: &ServerError) -> String {
+    sqlstate_hint(&e.code)
+        .map(|h| format!(". Hint: {h}"))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    fn server(code: &str, message: &str) -> ServerError {
+        ServerError {
+            severity: "FATAL".into(),
+            code: code.into(),
+            message: message.into(),
+            ..ServerError::default()
+        }
+    }
+
+    #[test]
+    fn a_refused_login_is_fatal_and_keeps_the_server_error() {
+        let err = ReplicationError::AuthRefused {
+            server: server("28P01", "password authentication failed for user \"relay\""),
+        };
+        assert!(!err.is_transient());
+        assert_eq!(err.sqlstate(), Some("28P01"));
+        let source = err.source().and_then(|s| s.downcast_ref::<ServerError>());
+        assert_eq!(source.map(|s| s.code.as_str()), Some("28P01"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("password authentication failed") && msg.contains("pg_hba.conf"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn server_errors_are_classified_by_sqlstate_with_a_hint() {
+        let busy = ReplicationError::Server(Box::new(server("53300", "sorry, too many clients already")));
+        assert!(busy.is_transient());
+        assert!(busy.to_string().contains("max_connections"), "{busy}");
+        for code in ["42501", "3D000", "28000"] {
+            assert!(
+                !ReplicationError::Server(Box::new(server(code, "x"))).is_transient(),
+                "{code}"
+            );
+        }
+        let refused = ReplicationError::Connect {
+            host: "db.internal".into(),
+            port: 5433,
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        assert!(refused.is_transient());
+        let msg = refused.to_string();
+        assert!(
+            msg.contains("db.internal:5433") && msg.contains("server is running"),
+            "{msg}"
+        );
+    }
 }

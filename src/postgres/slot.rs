@@ -1,0 +1,280 @@
+//! The one query and the one row type for a replication slot, shared by `run` (the relay's slot
+//! checks, the slot monitor, the standby) and the control plane (preflight, `setup`, `status`,
+//! `teardown`).
+//!
+//! Invariant: **everyone asks the same question, so everyone gets the same answer.** A slot
+//! "exists" for the relay only if it is a slot of the *current* database (`database =
+//! current_database()`) or a physical slot (no database; cluster-wide, reported so callers can
+//! refuse it by its kind). Slot names are cluster-wide, though: a logical slot of the same name in
+//! another database is not this database's slot — [`read_slot`] says it is missing — but the
+//! same query reports which database holds it ([`SlotLookup::InOtherDatabase`]), so `setup`,
+//! which could not create a slot of that name, can say why.
+//!
+//! Rows are fetched as `to_jsonb(row)::text`, so one query works on every supported server
+//! version: a column that version lacks (`wal_status` before 13, `invalidation_reason` before
+//! 17) comes back absent instead of failing the query.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio_postgres::Client;
+
+use crate::postgres::failure::describe_pg;
+use crate::postgres::lsn::Lsn;
+
+/// One row of `pg_replication_slots` for a slot of this database, with WAL distances computed
+/// by the server and what it knows about the process streaming from it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotRow {
+    /// `logical` or `physical`.
+    pub slot_type: String,
+    pub plugin: Option<String>,
+    /// `None` for a physical slot.
+    pub database: Option<String>,
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    pub restart_lsn: Option<Lsn>,
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// PostgreSQL 13+: `reserved | extended | unreserved | lost`.
+    pub wal_status: Option<String>,
+    /// PostgreSQL 13+: bytes that can still be written before the slot is in danger of
+    /// invalidation (`None`: unlimited or unknown).
+    pub safe_wal_size: Option<i64>,
+    /// PostgreSQL 17+: why the slot was invalidated.
+    pub invalidation_reason: Option<String>,
+    /// Current WAL position minus `restart_lsn`: what the server keeps for the slot.
+    pub retained_wal_bytes: Option<i64>,
+    /// Current WAL position minus `confirmed_flush_lsn`: not yet confirmed by the relay.
+    pub lag_bytes: Option<i64>,
+    /// The walsender streaming from the slot, if any.
+    pub holder: Option<SlotHolder>,
+}
+
+impl SlotRow {
+    /// Why the slot can no longer be used, if it cannot: an explicit `invalidation_reason`
+    /// (17+), or `wal_status = 'lost'` (13+).
+    pub fn invalidated(&self) -> Option<String> {
+        if let Some(reason) = &self.invalidation_reason {
+            return Some(format!("invalidation_reason = {reason}"));
+        }
+        (self.wal_status.as_deref() == Some("lost"))
+            .then(|| "wal_status = lost: WAL it needed was removed after exceeding max_slot_wal_keep_size".into())
+    }
+
+    /// Another session is inside `pg_create_logical_replication_slot`: the slot is already
+    /// listed (held by that session) but its plugin is not recorded yet.
+    pub fn being_created(&self) -> bool {
+        self.slot_type == "logical" && self.active && self.plugin.as_deref().unwrap_or_default().is_empty()
+    }
+}
+
+/// The process holding the slot, as `pg_stat_replication` shows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotHolder {
+    /// The walsender's backend pid (`pg_replication_slots.active_pid`).
+    pub pid: Option<i32>,
+    pub application_name: Option<String>,
+    /// `client_addr:client_port` of the holder's connection.
+    pub client: Option<String>,
+    /// Time since the holder's last standby status update (or since its connection started,
+    /// if it never sent one).
+    pub silent_for: Option<Duration>,
+}
+
+impl SlotHolder {
+    pub fn from_pid(pid: Option<i32>) -> SlotHolder {
+        SlotHolder {
+            pid,
+            ..SlotHolder::default()
+        }
+    }
+}
+
+impl fmt::Display for SlotHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.pid {
+            Some(pid) => write!(f, "walsender pid {pid}")?,
+            None => f.write_str("another process")?,
+        }
+        if let Some(app) = self.application_name.as_deref().filter(|a| !a.is_empty()) {
+            write!(f, " ({app}")?;
+            if let Some(client) = &self.client {
+                write!(f, " at {client}")?;
+            }
+            f.write_str(")")?;
+        } else if let Some(client) = &self.client {
+            write!(f, " (client {client})")?;
+        }
+        if let Some(silent) = self.silent_for {
+            write!(f, ", last status update {:.1} s ago", silent.as_secs_f64())?;
+        }
+        Ok(())
+    }
+}
+
+/// What the slot query found under a name.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum SlotLookup {
+    /// A slot of this database (or a physical slot).
+    Found(Box<SlotRow>),
+    /// No slot of this database has the name, but a logical slot of another database does.
+    InOtherDatabase {
+        database: String,
+    },
+    Missing,
+}
+
+impl SlotLookup {
+    /// The slot of this database, if there is one.
+    pub(crate) fn here(self) -> Option<SlotRow> {
+        match self {
+            SlotLookup::Found(row) => Some(*row),
+            SlotLookup::InOtherDatabase { .. } | SlotLookup::Missing => None,
+        }
+    }
+}
+
+/// The slot query failed, or returned a row this code cannot read.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotQueryError {
+    #[error("reading replication slot {slot} failed: {}", describe_pg(.source))]
+    Query {
+        slot: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("unexpected pg_replication_slots row {json}: {source}")]
+    Row {
+        json: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl SlotQueryError {
+    /// The server's error, when the query itself failed.
+    pub(crate) fn postgres(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            SlotQueryError::Query { source, .. } => Some(source),
+            SlotQueryError::Row { .. } => None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct SlotJson {
+    slot_type: String,
+    plugin: Option<String>,
+    database: Option<String>,
+    #[serde(default)]
+    active: bool,
+    active_pid: Option<i32>,
+    restart_lsn: Option<String>,
+    confirmed_flush_lsn: Option<String>,
+    wal_status: Option<String>,
+    safe_wal_size: Option<i64>,
+    invalidation_reason: Option<String>,
+}
+
+/// The only query of `pg_replication_slots` for one slot. Column 0 is the row (as JSON) only
+/// when the slot belongs to this database or is physical; column 1 is the slot's database
+/// either way.
+const SLOT_QUERY: &str = "
+SELECT CASE WHEN s.database IS NULL OR s.database = current_database() THEN to_jsonb(s)::text END,
+       s.database::text,
+       pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8,
+       pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn)::int8,
+       EXTRACT(EPOCH FROM clock_timestamp()
+               - COALESCE((to_jsonb(r) ->> 'reply_time')::timestamptz, r.backend_start))::float8,
+       r.application_name::text,
+       host(r.client_addr) || COALESCE(':' || r.client_port::text, '')
+  FROM pg_replication_slots s
+  CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                          ELSE pg_current_wal_lsn() END AS lsn) w
+  LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+ WHERE s.slot_name = $1";
+
+/// Looks the slot up: this database's, another database's, or none.
+pub(crate) async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLookup, SlotQueryError> {
+    let row = client
+        .query_opt(SLOT_QUERY, &[&slot])
+        .await
+        .map_err(|source| SlotQueryError::Query {
+            slot: slot.to_owned(),
+            source,
+        })?;
+    let Some(row) = row else {
+        return Ok(SlotLookup::Missing);
+    };
+    let Some(json) = row.get::<_, Option<String>>(0) else {
+        let database: Option<String> = row.get(1);
+        return Ok(SlotLookup::InOtherDatabase {
+            database: database.unwrap_or_default(),
+        });
+    };
+    let raw: SlotJson = serde_json::from_str(&json).map_err(|source| SlotQueryError::Row { json, source })?;
+    let lsn = |s: Option<String>| s.and_then(|s| s.parse::<Lsn>().ok());
+    let silent_secs: Option<f64> = row.get(4);
+    let holder = raw.active_pid.map(|pid| SlotHolder {
+        pid: Some(pid),
+        application_name: row.get(5),
+        client: row.get(6),
+        silent_for: silent_secs
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64),
+    });
+    Ok(SlotLookup::Found(Box::new(SlotRow {
+        slot_type: raw.slot_type,
+        plugin: raw.plugin,
+        database: raw.database,
+        active: raw.active,
+        active_pid: raw.active_pid,
+        restart_lsn: lsn(raw.restart_lsn),
+        confirmed_flush_lsn: lsn(raw.confirmed_flush_lsn),
+        wal_status: raw.wal_status,
+        safe_wal_size: raw.safe_wal_size,
+        invalidation_reason: raw.invalidation_reason,
+        retained_wal_bytes: row.get(2),
+        lag_bytes: row.get(3),
+        holder,
+    })))
+}
+
+/// The slot's row, or `None` if this database has no slot of that name.
+pub(crate) async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotRow>, SlotQueryError> {
+    Ok(lookup_slot(client, slot).await?.here())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalidation_names_the_cause() {
+        let lost = SlotRow {
+            wal_status: Some("lost".into()),
+            ..SlotRow::default()
+        };
+        assert!(lost.invalidated().unwrap().contains("wal_status = lost"));
+        let pg17 = SlotRow {
+            invalidation_reason: Some("wal_removed".into()),
+            ..lost
+        };
+        assert_eq!(pg17.invalidated().unwrap(), "invalidation_reason = wal_removed");
+        assert_eq!(SlotRow::default().invalidated(), None);
+    }
+
+    #[test]
+    fn only_this_database_counts_as_found() {
+        assert_eq!(SlotLookup::Missing.here(), None);
+        assert_eq!(
+            SlotLookup::InOtherDatabase {
+                database: "other".into()
+            }
+            .here(),
+            None
+        );
+        assert!(SlotLookup::Found(Box::default()).here().is_some());
+    }
+}
