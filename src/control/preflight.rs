@@ -87,6 +87,15 @@ pub struct PublicationInfo {
     pub via_partition_root: bool,
 }
 
+/// The mapped columns for a report line: `id_column = id bigint, …`.
+pub(crate) fn column_list(columns: &[MappedColumn]) -> String {
+    let cols: Vec<String> = columns
+        .iter()
+        .map(|c| format!("{} = {} {}", c.config_key, c.column, c.type_name))
+        .collect();
+    cols.join(", ")
+}
+
 impl PreflightReport {
     /// Whether pgoutput takes the `messages` option (PostgreSQL 14+); older servers reject it.
     pub fn supports_messages_option(&self) -> bool {
@@ -139,12 +148,12 @@ impl PreflightReport {
             "preflight: PostgreSQL {}, database {}, wal_level = logical, role {} ({privilege})",
             self.server_version, self.database, self.role
         )?;
-        let cols: Vec<String> = self
-            .columns
-            .iter()
-            .map(|c| format!("{} = {} {}", c.config_key, c.column, c.type_name))
-            .collect();
-        writeln!(f, "preflight: outbox table {}: {}", self.table, cols.join(", "))?;
+        writeln!(
+            f,
+            "preflight: outbox table {}: {}",
+            self.table,
+            column_list(&self.columns)
+        )?;
         for note in &self.notes {
             writeln!(f, "note: {note}")?;
         }

@@ -19,6 +19,7 @@ use super::table::{self, PollTable};
 use crate::config::ident::Ident;
 use crate::config::Settings;
 use crate::control::describe;
+use crate::control::preflight::column_list;
 
 #[derive(Debug, Clone)]
 pub struct PollSetupReport {
@@ -42,16 +43,11 @@ impl fmt::Display for PollSetupReport {
             "preflight (poll): PostgreSQL {}, database {}, role {}",
             facts.server_version, facts.database, facts.role
         )?;
-        let cols: Vec<String> = facts
-            .columns
-            .iter()
-            .map(|c| format!("{} = {} {}", c.config_key, c.column, c.type_name))
-            .collect();
         writeln!(
             f,
             "preflight (poll): outbox table {}: {}",
             self.table_name,
-            cols.join(", ")
+            column_list(&facts.columns)
         )?;
         writeln!(
             f,
