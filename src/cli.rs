@@ -1,5 +1,5 @@
 //! Command-line interface. Every subcommand reads the same TOML file (`--config`), with
-//! `OUTBOX_RELAY__<SECTION>__<KEY>` environment overrides (see `config.rs`).
+//! `OUTBOX_RELAY__<SECTION>__<KEY>` environment overrides (see `src/config/`).
 //!
 //! Exit codes: 0 success; 1 a runtime failure (connection, fatal relay error); 2 a usage or
 //! configuration error.

@@ -1,6 +1,6 @@
 //! The HTTP endpoints of `outbox-relay run` (`[http] listen`; no server when it is absent):
 //!
-//! * `GET /metrics` — Prometheus text format (names in `src/metrics.rs`);
+//! * `GET /metrics` — Prometheus text format (names in `src/ops/metrics.rs`);
 //! * `GET /healthz` — 200 while the process runs (liveness);
 //! * `GET /readyz` — 200 while streaming with lag under `ready_max_lag_seconds`, or standing by
 //!   with a healthy slot (or, for `outbox-relay poll`, while polling); 503 otherwise. The body

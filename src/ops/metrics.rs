@@ -2,7 +2,7 @@
 //!
 //! Other code (and tests, and dashboards) refer to these constants, never to string literals.
 //! Metrics go through the `metrics` facade; `outbox-relay run` installs the Prometheus recorder
-//! only when `[http] listen` is set (see `src/http/`), otherwise every update is a no-op.
+//! only when `[http] listen` is set (see `src/ops/http.rs`), otherwise every update is a no-op.
 //!
 //! Hot-path rule: nothing per event allocates. Per-topic counters are registered once per topic
 //! and session in a [`TopicMetrics`] table; each event carries the table index

@@ -15,7 +15,7 @@
 //! which `benches/cdc_vs_polling` measures against streaming. `setup --poll` creates the partial
 //! index claims read ([`setup`]).
 //!
-//! With `[http] listen` set, `poll` serves the same endpoints as `run` (`src/http/`): `/readyz`
+//! With `[http] listen` set, `poll` serves the same endpoints as `run` (`src/ops/http.rs`): `/readyz`
 //! is ready while polling, and `/latency` holds row-timestamp-to-ack samples.
 
 mod error;

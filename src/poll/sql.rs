@@ -21,7 +21,7 @@
 use crate::config::ident::{quote_ident, Ident};
 use crate::config::Settings;
 
-/// Pinned like the replication connection's startup parameters (`src/replication/connection.rs`),
+/// Pinned like the replication connection's startup parameters (`src/postgres/replication/connection.rs`),
 /// because these settings change how output functions render timestamps, floats and intervals.
 pub const SESSION_SETTINGS: &str =
     "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET IntervalStyle = 'postgres'";
