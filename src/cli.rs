@@ -21,10 +21,10 @@ use crate::{control, relay};
     version,
     about = "Transactional-outbox relay: PostgreSQL WAL (pgoutput) to Kafka, confirmed only after Kafka acknowledged"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// The TOML configuration file (see config/outbox-relay.toml).
     #[arg(long, short = 'c', global = true, env = "OUTBOX_RELAY_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Log format on stderr.
     #[arg(
         long,
@@ -33,16 +33,16 @@ pub struct Cli {
         default_value = "text",
         env = "OUTBOX_RELAY_LOG_FORMAT"
     )]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
     /// Default log level (RUST_LOG overrides it).
     #[arg(long, global = true, default_value = "info", env = "OUTBOX_RELAY_LOG_LEVEL")]
-    pub log_level: String,
+    pub(crate) log_level: String,
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Check the database and create the publication and logical slot (idempotent).
     Setup {
         /// Migrating from a polling relayer: create the slot with an exported snapshot and first

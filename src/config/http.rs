@@ -9,11 +9,11 @@ use crate::config::{number_or_numeric_string, ConfigError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct HttpSection {
+pub(crate) struct HttpSection {
     /// `host:port`; absent or empty: no HTTP server.
-    pub listen: Option<String>,
+    pub(crate) listen: Option<String>,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub ready_max_lag_seconds: u64,
+    pub(crate) ready_max_lag_seconds: u64,
 }
 
 impl Default for HttpSection {
@@ -30,7 +30,7 @@ pub struct HttpSettings {
     pub listen: Option<SocketAddr>,
     /// `/readyz` fails while the relay streams more than this far behind the source; `status`
     /// warns from here and calls it critical from ten times this.
-    pub ready_max_lag: Duration,
+    pub(crate) ready_max_lag: Duration,
 }
 
 impl HttpSection {

@@ -15,7 +15,7 @@ pub(crate) const MAX_TOPIC_LEN: usize = 249;
 /// A librdkafka property value: TOML strings, integers, floats and booleans are all accepted
 /// and passed to librdkafka as their text form.
 #[derive(Debug, Clone, PartialEq)]
-pub struct KafkaValue(pub String);
+pub(crate) struct KafkaValue(pub String);
 
 impl<'de> Deserialize<'de> for KafkaValue {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -22,14 +22,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub mod http;
-pub mod ident;
-pub mod kafka;
-pub mod outbox;
-pub mod poll;
-pub mod postgres;
-pub mod relay;
-pub mod secret;
+pub(crate) mod http;
+pub(crate) mod ident;
+pub(crate) mod kafka;
+pub(crate) mod outbox;
+pub(crate) mod poll;
+pub(crate) mod postgres;
+pub(crate) mod relay;
+pub(crate) mod secret;
 
 use self::http::{HttpSection, HttpSettings};
 use self::ident::IdentError;
@@ -40,7 +40,7 @@ use self::postgres::{PostgresSection, PostgresSettings};
 use self::relay::{RelaySection, RelaySettings};
 
 /// Prefix of environment variables that override file settings.
-pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
+pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY__";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -64,20 +64,20 @@ pub(crate) fn named(key: &'static str) -> impl FnOnce(IdentError) -> ConfigError
 /// The file as parsed: one raw section per table.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub postgres: PostgresSection,
+pub(crate) struct FileConfig {
+    pub(crate) postgres: PostgresSection,
     #[serde(default)]
-    pub outbox: OutboxSection,
+    pub(crate) outbox: OutboxSection,
     #[serde(default)]
-    pub route: RouteSection,
+    pub(crate) route: RouteSection,
     #[serde(default)]
-    pub kafka: BTreeMap<String, KafkaValue>,
+    pub(crate) kafka: BTreeMap<String, KafkaValue>,
     #[serde(default)]
-    pub relay: RelaySection,
+    pub(crate) relay: RelaySection,
     #[serde(default)]
-    pub poll: PollSection,
+    pub(crate) poll: PollSection,
     #[serde(default)]
-    pub http: HttpSection,
+    pub(crate) http: HttpSection,
 }
 
 /// Numbers may also be written as numeric strings (what environment overrides produce).
@@ -148,7 +148,7 @@ impl Settings {
     }
 
     /// Validates every section, in file order; the first error wins.
-    pub fn validate(file: FileConfig) -> Result<Settings, ConfigError> {
+    pub(crate) fn validate(file: FileConfig) -> Result<Settings, ConfigError> {
         Ok(Settings {
             postgres: file.postgres.validate()?,
             outbox: file.outbox.validate()?,

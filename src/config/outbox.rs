@@ -22,21 +22,21 @@ use serde::Deserialize;
 use crate::config::ident::{Ident, TableName};
 use crate::config::{named, ConfigError};
 
-pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
-pub const DEFAULT_TOPIC_REPLACEMENT: &str = "${routedByValue}";
+pub(crate) const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
+pub(crate) const DEFAULT_TOPIC_REPLACEMENT: &str = "${routedByValue}";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct OutboxSection {
-    pub table: String,
-    pub id_column: String,
-    pub key_column: String,
-    pub route_by_column: String,
-    pub payload_column: String,
-    pub timestamp_column: Option<String>,
-    pub header_columns: BTreeMap<String, String>,
+pub(crate) struct OutboxSection {
+    pub(crate) table: String,
+    pub(crate) id_column: String,
+    pub(crate) key_column: String,
+    pub(crate) route_by_column: String,
+    pub(crate) payload_column: String,
+    pub(crate) timestamp_column: Option<String>,
+    pub(crate) header_columns: BTreeMap<String, String>,
     /// Transactional `pg_logical_emit_message` events with this prefix are outbox events too.
-    pub message_prefix: Option<String>,
+    pub(crate) message_prefix: Option<String>,
 }
 
 impl Default for OutboxSection {
@@ -57,21 +57,21 @@ impl Default for OutboxSection {
 /// Which outbox columns carry which part of the Kafka record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxMapping {
-    pub table: TableName,
-    pub id: Ident,
-    pub key: Ident,
-    pub route_by: Ident,
-    pub payload: Ident,
-    pub timestamp: Option<Ident>,
+    pub(crate) table: TableName,
+    pub(crate) id: Ident,
+    pub(crate) key: Ident,
+    pub(crate) route_by: Ident,
+    pub(crate) payload: Ident,
+    pub(crate) timestamp: Option<Ident>,
     /// (column, header name), in a stable order.
-    pub headers: Vec<(Ident, String)>,
+    pub(crate) headers: Vec<(Ident, String)>,
     /// Prefix of `pg_logical_emit_message` events (`None`: messages are not events).
-    pub message_prefix: Option<String>,
+    pub(crate) message_prefix: Option<String>,
 }
 
 impl OutboxMapping {
     /// Every mapped column with the config key that names it, for preflight checks.
-    pub fn columns(&self) -> Vec<(&'static str, &Ident)> {
+    pub(crate) fn columns(&self) -> Vec<(&'static str, &Ident)> {
         let mut cols = vec![
             ("outbox.id_column", &self.id),
             ("outbox.key_column", &self.key),
@@ -133,9 +133,9 @@ impl OutboxSection {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RouteSection {
-    pub topic_regex: String,
-    pub topic_replacement: String,
+pub(crate) struct RouteSection {
+    pub(crate) topic_regex: String,
+    pub(crate) topic_replacement: String,
 }
 
 impl Default for RouteSection {
@@ -192,7 +192,7 @@ impl TopicRoute {
     }
 
     /// The topic for one route-by value (not yet checked against Kafka's naming rules).
-    pub fn route<'a>(&self, routed_by_value: &'a str) -> Cow<'a, str> {
+    pub(crate) fn route<'a>(&self, routed_by_value: &'a str) -> Cow<'a, str> {
         if self.identity {
             return Cow::Borrowed(routed_by_value);
         }

@@ -13,20 +13,20 @@ use crate::config::ConfigError;
 
 /// Most rows one claim may hold. A batch is one transaction holding row locks while Kafka
 /// acknowledges every row, and the producer's local queue is sized for it.
-pub const MAX_BATCH_SIZE: u64 = 100_000;
+pub(crate) const MAX_BATCH_SIZE: u64 = 100_000;
 /// Most concurrent claimers; each holds a PostgreSQL connection and a Kafka producer.
-pub const MAX_WORKERS: u64 = 64;
+pub(crate) const MAX_WORKERS: u64 = 64;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct PollSection {
+pub(crate) struct PollSection {
     #[serde(deserialize_with = "crate::config::number_or_numeric_string")]
-    pub interval_ms: u64,
+    pub(crate) interval_ms: u64,
     #[serde(deserialize_with = "crate::config::number_or_numeric_string")]
-    pub batch_size: u64,
+    pub(crate) batch_size: u64,
     #[serde(deserialize_with = "crate::config::number_or_numeric_string")]
-    pub workers: u64,
-    pub dispatched_column: String,
+    pub(crate) workers: u64,
+    pub(crate) dispatched_column: String,
 }
 
 impl Default for PollSection {
@@ -44,13 +44,13 @@ impl Default for PollSection {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PollSettings {
     /// How long a worker sleeps after a claim that found fewer rows than `batch_size`.
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// Rows per claim (`LIMIT`).
-    pub batch_size: usize,
+    pub(crate) batch_size: usize,
     /// Concurrent claimers (`FOR UPDATE SKIP LOCKED` keeps their batches disjoint).
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// Set to `now()` once a row was published; `NULL` means pending.
-    pub dispatched: Ident,
+    pub(crate) dispatched: Ident,
 }
 
 impl PollSection {

@@ -11,15 +11,15 @@ use crate::config::{named, ConfigError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PostgresSection {
-    pub url: Secret,
+pub(crate) struct PostgresSection {
+    pub(crate) url: Secret,
     #[serde(default = "default_slot")]
-    pub slot: String,
+    pub(crate) slot: String,
     #[serde(default = "default_slot")]
-    pub publication: String,
+    pub(crate) publication: String,
     /// CA bundle (PEM) to verify the server certificate against; enables verify-full.
     #[serde(default)]
-    pub sslrootcert: Option<PathBuf>,
+    pub(crate) sslrootcert: Option<PathBuf>,
 }
 
 fn default_slot() -> String {
@@ -29,11 +29,11 @@ fn default_slot() -> String {
 #[derive(Debug, Clone)]
 pub struct PostgresSettings {
     /// The URL as configured (password inside; prints redacted).
-    pub url: Secret,
-    pub connection: tokio_postgres::Config,
+    pub(crate) url: Secret,
+    pub(crate) connection: tokio_postgres::Config,
     pub slot: SimpleName,
-    pub publication: SimpleName,
-    pub sslrootcert: Option<PathBuf>,
+    pub(crate) publication: SimpleName,
+    pub(crate) sslrootcert: Option<PathBuf>,
 }
 
 impl PostgresSection {

@@ -14,36 +14,36 @@ const MAX_STANDBY_POLL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RelaySection {
+pub(crate) struct RelaySection {
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub max_in_flight: u64,
+    pub(crate) max_in_flight: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub max_in_flight_bytes: u64,
+    pub(crate) max_in_flight_bytes: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub status_interval_ms: u64,
+    pub(crate) status_interval_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub shutdown_timeout_ms: u64,
+    pub(crate) shutdown_timeout_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub reconnect_backoff_initial_ms: u64,
+    pub(crate) reconnect_backoff_initial_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub reconnect_backoff_max_ms: u64,
+    pub(crate) reconnect_backoff_max_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub connect_timeout_ms: u64,
+    pub(crate) connect_timeout_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub standby_poll_ms: u64,
+    pub(crate) standby_poll_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub takeover_after_ms: u64,
+    pub(crate) takeover_after_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub slot_check_interval_ms: u64,
+    pub(crate) slot_check_interval_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub retained_wal_warn_bytes: u64,
+    pub(crate) retained_wal_warn_bytes: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub heartbeat_interval_ms: u64,
+    pub(crate) heartbeat_interval_ms: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
-    pub receive_timeout_ms: u64,
+    pub(crate) receive_timeout_ms: u64,
     /// `fail` | `dead-letter` | `skip` (see [`BadEventPolicy`]).
-    pub on_bad_event: String,
-    pub dead_letter_topic: Option<String>,
+    pub(crate) on_bad_event: String,
+    pub(crate) dead_letter_topic: Option<String>,
 }
 
 impl Default for RelaySection {
@@ -70,35 +70,35 @@ impl Default for RelaySection {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelaySettings {
-    pub max_in_flight: usize,
-    pub max_in_flight_bytes: usize,
-    pub status_interval: Duration,
+    pub(crate) max_in_flight: usize,
+    pub(crate) max_in_flight_bytes: usize,
+    pub(crate) status_interval: Duration,
     pub shutdown_timeout: Duration,
-    pub reconnect_backoff_initial: Duration,
+    pub(crate) reconnect_backoff_initial: Duration,
     /// Never below `reconnect_backoff_initial`.
-    pub reconnect_backoff_max: Duration,
-    pub connect_timeout: Duration,
+    pub(crate) reconnect_backoff_max: Duration,
+    pub(crate) connect_timeout: Duration,
     /// How often a standby retries the busy slot (takeover latency).
-    pub standby_poll: Duration,
+    pub(crate) standby_poll: Duration,
     /// Terminate a slot holder whose walsender heard no status update for this long (opt-in).
-    pub takeover_after: Option<Duration>,
+    pub(crate) takeover_after: Option<Duration>,
     /// How often `pg_replication_slots` is read for slot health.
-    pub slot_check_interval: Duration,
+    pub(crate) slot_check_interval: Duration,
     /// Warn when the slot retains more WAL than this (`None`: never).
-    pub retained_wal_warn_bytes: Option<u64>,
+    pub(crate) retained_wal_warn_bytes: Option<u64>,
     /// Emit `pg_logical_emit_message` heartbeats this often while streaming (`None`: off).
-    pub heartbeat_interval: Option<Duration>,
+    pub(crate) heartbeat_interval: Option<Duration>,
     /// Silence from the server (while reading) after which the connection counts as dead;
     /// also the replication socket's `TCP_USER_TIMEOUT`.
-    pub receive_timeout: Duration,
+    pub(crate) receive_timeout: Duration,
     /// What to do with an event that can never be published.
-    pub on_bad_event: BadEventPolicy,
+    pub(crate) on_bad_event: BadEventPolicy,
 }
 
 /// `[relay] on_bad_event`, validated (dead-letter carries its topic). What each policy does is
 /// described with the dead letter (`outbox::bad_event`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BadEventPolicy {
+pub(crate) enum BadEventPolicy {
     Fail,
     Skip,
     DeadLetter { topic: String },
@@ -129,7 +129,7 @@ impl BadEventPolicy {
     }
 
     /// The metric label.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             BadEventPolicy::Fail => "fail",
             BadEventPolicy::Skip => "skip",

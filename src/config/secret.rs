@@ -11,15 +11,16 @@ const MASK: &str = "********";
 
 /// A configuration value that must never be printed.
 #[derive(Clone, PartialEq, Eq, Default)]
-pub struct Secret(String);
+pub(crate) struct Secret(String);
 
 impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(value: impl Into<String>) -> Self {
         Secret(value.into())
     }
 
     /// The real value, for handing to a client library only.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -44,7 +45,7 @@ impl<'de> serde::Deserialize<'de> for Secret {
 
 /// Replaces the password of a URL or key/value connection string with a mask.
 /// Strings without a password come back unchanged (so it is safe on any text).
-pub fn redact_connection_string(s: &str) -> String {
+pub(crate) fn redact_connection_string(s: &str) -> String {
     if let Some(scheme_end) = s.find("://") {
         let rest_start = scheme_end + 3;
         let rest = &s[rest_start..];
@@ -126,7 +127,7 @@ fn redact_key_value_password(s: &str) -> String {
 }
 
 /// Configuration keys (Postgres or librdkafka) whose values are secrets.
-pub fn is_secret_key(key: &str) -> bool {
+pub(crate) fn is_secret_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
     k.contains("password") || k.contains("secret") || k.ends_with(".key.pem") || k == "sslpassword"
 }

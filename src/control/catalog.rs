@@ -14,13 +14,13 @@ use crate::postgres::lsn::Lsn;
 /// Server facts every command needs.
 #[derive(Debug, Clone)]
 pub(crate) struct ServerInfo {
-    pub version_num: i32,
+    pub(crate) version_num: i32,
     /// The version without the distribution suffix, e.g. `15.20`.
-    pub version: String,
-    pub wal_level: String,
-    pub in_recovery: bool,
-    pub database: String,
-    pub role: String,
+    pub(crate) version: String,
+    pub(crate) wal_level: String,
+    pub(crate) in_recovery: bool,
+    pub(crate) database: String,
+    pub(crate) role: String,
 }
 
 pub(crate) async fn server_info(client: &Client) -> Result<ServerInfo, ControlError> {
@@ -78,26 +78,26 @@ pub(crate) async fn current_wal_lsn(client: &Client) -> Result<Option<Lsn>, Cont
 /// One row of `pg_publication`, plus ownership.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct PublicationRow {
-    pub puballtables: bool,
-    pub pubinsert: bool,
-    pub pubupdate: bool,
-    pub pubdelete: bool,
+    pub(crate) puballtables: bool,
+    pub(crate) pubinsert: bool,
+    pub(crate) pubupdate: bool,
+    pub(crate) pubdelete: bool,
     #[serde(default)]
-    pub pubtruncate: bool,
+    pub(crate) pubtruncate: bool,
     #[serde(default)]
-    pub pubviaroot: bool,
+    pub(crate) pubviaroot: bool,
     #[serde(skip)]
-    pub oid: u32,
+    pub(crate) oid: u32,
     #[serde(skip)]
-    pub owner: String,
+    pub(crate) owner: String,
     /// The connected role is the owner itself (not merely a superuser who could act as one).
     #[serde(skip)]
-    pub owned_by_current_role: bool,
+    pub(crate) owned_by_current_role: bool,
 }
 
 impl PublicationRow {
     /// The published actions in PostgreSQL's order, as `publish = '…'` spells them.
-    pub fn actions(&self) -> Vec<String> {
+    pub(crate) fn actions(&self) -> Vec<String> {
         [
             (self.pubinsert, "insert"),
             (self.pubupdate, "update"),

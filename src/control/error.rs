@@ -196,15 +196,6 @@ pub enum ControlError {
     )]
     SlotBeingCreated { slot: String, pid: i32 },
 
-    #[error("replication slot {slot} does not exist. Run `outbox-relay setup` to create it")]
-    SlotMissing { slot: String },
-
-    #[error("publication {publication} does not exist. Run `outbox-relay setup` to create it")]
-    PublicationMissing { publication: String },
-
-    #[error("publication {publication} does not include {table}. Run `outbox-relay setup` to add it")]
-    PublicationNotReady { publication: String, table: TableName },
-
     #[error(
         "publication {publication} also publishes {others}, so it may serve other subscribers; teardown drops \
          only a publication of the outbox table alone. Drop it yourself if you are sure: DROP PUBLICATION \
@@ -235,7 +226,7 @@ impl ControlError {
 
 /// A server error as an operator wants it: message, SQLSTATE, detail and hint; other errors
 /// with their causes (e.g. the operating system's error).
-pub fn describe(e: &tokio_postgres::Error) -> String {
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     crate::postgres::failure::describe_pg(e)
 }
 

@@ -32,20 +32,21 @@
 //!
 //! `status` output is a stable JSON schema, documented in [`status`](mod@status).
 
-pub mod backfill;
+pub(crate) mod backfill;
 mod catalog;
 mod column_types;
 mod error;
-pub mod preflight;
+pub(crate) mod preflight;
 mod publication;
-pub mod setup;
-pub mod status;
-pub mod status_health;
-pub mod teardown;
+pub(crate) mod setup;
+pub(crate) mod status;
+pub(crate) mod status_health;
+pub(crate) mod teardown;
 
-pub use backfill::{setup_with_backfill, BackfillError, BackfillReport};
-pub use error::{describe, ControlError};
-pub use preflight::{preflight, MappedColumn, PreflightReport, PublicationInfo, SlotInfo};
+pub(crate) use backfill::setup_with_backfill;
+pub(crate) use error::describe;
+pub use error::ControlError;
+pub(crate) use preflight::{preflight, PreflightReport};
 pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
 pub use status::{status, PublicationStatus, ServerStatus, SlotStatus, StatusReport, TableRef, STATUS_SCHEMA_VERSION};
 pub use teardown::{teardown, Dropped, TeardownReport};

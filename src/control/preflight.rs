@@ -6,8 +6,8 @@
 //! check is returned as a [`ControlError`] that says what to change; everything that is merely
 //! worth knowing lands in [`PreflightReport::notes`].
 //!
-//! A missing slot or publication is not an error here (setup creates them); `run` asks
-//! [`PreflightReport::ensure_ready_to_stream`] for that. A publication that exists but lacks the
+//! A missing slot or publication is not an error here (setup creates them); `run` checks its
+//! slot itself (`relay/slot.rs`). A publication that exists but lacks the
 //! outbox table is an error only when the connected role does not own it — its owner's setup
 //! adds the table (see [`super::setup`](mod@super::setup)).
 
@@ -36,55 +36,53 @@ const SLOT_CREATION_WAIT: std::time::Duration = std::time::Duration::from_secs(1
 #[derive(Debug, Clone)]
 pub struct PreflightReport {
     /// e.g. `15.20`.
-    pub server_version: String,
-    /// e.g. `150020`.
-    pub server_version_num: i32,
-    pub database: String,
-    pub role: String,
-    pub superuser: bool,
-    pub table: TableName,
-    pub table_oid: u32,
-    pub table_owner: String,
-    pub partitioned: bool,
+    pub(crate) server_version: String,
+    pub(crate) database: String,
+    pub(crate) role: String,
+    pub(crate) superuser: bool,
+    pub(crate) table: TableName,
+    pub(crate) table_oid: u32,
+    pub(crate) table_owner: String,
+    pub(crate) partitioned: bool,
     /// The mapped columns in [`crate::config::outbox::OutboxMapping::columns`] order.
-    pub columns: Vec<MappedColumn>,
-    pub slot_name: String,
+    pub(crate) columns: Vec<MappedColumn>,
+    pub(crate) slot_name: String,
     /// `None`: the slot does not exist yet.
-    pub slot: Option<SlotInfo>,
-    pub publication_name: String,
+    pub(crate) slot: Option<SlotInfo>,
+    pub(crate) publication_name: String,
     /// `None`: the publication does not exist yet.
-    pub publication: Option<PublicationInfo>,
+    pub(crate) publication: Option<PublicationInfo>,
     /// Things worth knowing that do not stop the relay.
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MappedColumn {
-    pub config_key: &'static str,
-    pub column: crate::config::ident::Ident,
+pub(crate) struct MappedColumn {
+    pub(crate) config_key: &'static str,
+    pub(crate) column: crate::config::ident::Ident,
     /// As `format_type` prints it, e.g. `character varying(255)`.
-    pub type_name: String,
+    pub(crate) type_name: String,
 }
 
 /// A usable logical pgoutput slot of this database.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotInfo {
-    pub active_pid: Option<i32>,
-    pub confirmed_flush_lsn: Option<Lsn>,
-    pub restart_lsn: Option<Lsn>,
-    pub wal_status: Option<String>,
+pub(crate) struct SlotInfo {
+    pub(crate) active_pid: Option<i32>,
+    pub(crate) confirmed_flush_lsn: Option<Lsn>,
+    pub(crate) restart_lsn: Option<Lsn>,
+    pub(crate) wal_status: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublicationInfo {
-    pub owner: String,
+pub(crate) struct PublicationInfo {
+    pub(crate) owner: String,
     /// The connected role owns it, so setup may add the outbox table to it.
-    pub owned_by_current_role: bool,
-    pub all_tables: bool,
-    pub includes_table: bool,
+    pub(crate) owned_by_current_role: bool,
+    pub(crate) all_tables: bool,
+    pub(crate) includes_table: bool,
     /// Always exactly `["insert"]` once preflight passed.
-    pub actions: Vec<String>,
-    pub via_partition_root: bool,
+    pub(crate) actions: Vec<String>,
+    pub(crate) via_partition_root: bool,
 }
 
 /// The mapped columns for a report line: `id_column = id bigint, …`.
@@ -94,43 +92,6 @@ pub(crate) fn column_list(columns: &[MappedColumn]) -> String {
         .map(|c| format!("{} = {} {}", c.config_key, c.column, c.type_name))
         .collect();
     cols.join(", ")
-}
-
-impl PreflightReport {
-    /// Whether pgoutput takes the `messages` option (PostgreSQL 14+); older servers reject it.
-    pub fn supports_messages_option(&self) -> bool {
-        self.server_version_num >= MESSAGES_OPTION_VERSION_NUM
-    }
-
-    /// For `run`: the slot and the publication exist, the publication covers the outbox table,
-    /// and no other process streams from the slot. (After a crash the old WAL sender can hold
-    /// the slot until `wal_sender_timeout` passes, so a restarting relay should retry
-    /// [`ControlError::SlotInUse`] for a while rather than give up at once.)
-    pub fn ensure_ready_to_stream(&self) -> Result<(), ControlError> {
-        let Some(publication) = &self.publication else {
-            return Err(ControlError::PublicationMissing {
-                publication: self.publication_name.clone(),
-            });
-        };
-        if !publication.includes_table {
-            return Err(ControlError::PublicationNotReady {
-                publication: self.publication_name.clone(),
-                table: self.table.clone(),
-            });
-        }
-        let Some(slot) = &self.slot else {
-            return Err(ControlError::SlotMissing {
-                slot: self.slot_name.clone(),
-            });
-        };
-        if let Some(pid) = slot.active_pid {
-            return Err(ControlError::SlotInUse {
-                slot: self.slot_name.clone(),
-                pid,
-            });
-        }
-        Ok(())
-    }
 }
 
 impl fmt::Display for PreflightReport {
@@ -162,7 +123,7 @@ impl PreflightReport {
 }
 
 /// Runs every check against `client` (connected as the relay will connect) for `settings`.
-pub async fn preflight(client: &Client, settings: &Settings) -> Result<PreflightReport, ControlError> {
+pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<PreflightReport, ControlError> {
     let server = catalog::server_info(client).await?;
     check_server(&server)?;
     let superuser = check_role(client, &server).await?;
@@ -187,7 +148,6 @@ pub async fn preflight(client: &Client, settings: &Settings) -> Result<Preflight
     }
     Ok(PreflightReport {
         server_version: server.version,
-        server_version_num: server.version_num,
         database: server.database,
         role: server.role,
         superuser,
@@ -206,21 +166,21 @@ pub async fn preflight(client: &Client, settings: &Settings) -> Result<Preflight
 
 /// The outbox table as the polling relayer needs it (see [`check_outbox_table`]).
 #[derive(Debug, Clone)]
-pub struct OutboxTableFacts {
-    pub server_version: String,
-    pub database: String,
-    pub role: String,
-    pub table_oid: u32,
-    pub table_owner: String,
-    pub partitioned: bool,
+pub(crate) struct OutboxTableFacts {
+    pub(crate) server_version: String,
+    pub(crate) database: String,
+    pub(crate) role: String,
+    pub(crate) table_oid: u32,
+    pub(crate) table_owner: String,
+    pub(crate) partitioned: bool,
     /// The mapped columns in [`crate::config::outbox::OutboxMapping::columns`] order.
-    pub columns: Vec<MappedColumn>,
+    pub(crate) columns: Vec<MappedColumn>,
 }
 
 /// Only the outbox-table part of preflight: the table exists, the mapped columns exist with
 /// usable types, and the role may read it. Nothing about `wal_level`, slots or publications —
 /// the polling relayer (`crate::poll`) needs none of them.
-pub async fn check_outbox_table(client: &Client, settings: &Settings) -> Result<OutboxTableFacts, ControlError> {
+pub(crate) async fn check_outbox_table(client: &Client, settings: &Settings) -> Result<OutboxTableFacts, ControlError> {
     let server = catalog::server_info(client).await?;
     let table = find_table(client, settings, &server).await?;
     let columns = check_columns(client, settings, &table).await?;
@@ -276,10 +236,10 @@ async fn check_role(client: &Client, server: &ServerInfo) -> Result<bool, Contro
 
 /// The outbox table as the catalogs know it.
 pub(crate) struct TableFacts {
-    pub name: TableName,
-    pub oid: u32,
-    pub owner: String,
-    pub partitioned: bool,
+    pub(crate) name: TableName,
+    pub(crate) oid: u32,
+    pub(crate) owner: String,
+    pub(crate) partitioned: bool,
 }
 
 async fn find_table(client: &Client, settings: &Settings, server: &ServerInfo) -> Result<TableFacts, ControlError> {

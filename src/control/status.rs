@@ -390,14 +390,14 @@ mod lsn_text {
 
     use crate::postgres::lsn::Lsn;
 
-    pub fn serialize<S: Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::Error> {
         match lsn {
             Some(l) => s.collect_str(l),
             None => s.serialize_none(),
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Lsn>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Lsn>, D::Error> {
         Option::<String>::deserialize(d)?
             .map(|s| s.parse().map_err(serde::de::Error::custom))
             .transpose()

@@ -25,15 +25,15 @@ use tokio_postgres::Client;
 use super::{human_bytes, ControlError};
 
 /// Critical lag is this many times the warn (readiness) threshold.
-pub const LAG_CRITICAL_FACTOR: u64 = 10;
+pub(crate) const LAG_CRITICAL_FACTOR: u64 = 10;
 /// Critical retained WAL is this many times the warn threshold.
-pub const RETAINED_CRITICAL_FACTOR: u64 = 4;
+pub(crate) const RETAINED_CRITICAL_FACTOR: u64 = 4;
 /// Critical when less than this share of the slot's WAL budget (`max_slot_wal_keep_size`) is left.
-pub const SAFE_WAL_CRITICAL_RATIO: f64 = 0.2;
+pub(crate) const SAFE_WAL_CRITICAL_RATIO: f64 = 0.2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Ok,
     Warn,
     Critical,
@@ -50,17 +50,17 @@ impl fmt::Display for Verdict {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Thresholds {
-    pub lag_warn_seconds: u64,
-    pub lag_critical_seconds: u64,
+pub(crate) struct Thresholds {
+    pub(crate) lag_warn_seconds: u64,
+    pub(crate) lag_critical_seconds: u64,
     /// `null` when `relay.retained_wal_warn_bytes = 0` (retained WAL never warns).
-    pub retained_wal_warn_bytes: Option<u64>,
-    pub retained_wal_critical_bytes: Option<u64>,
-    pub safe_wal_critical_ratio: f64,
+    pub(crate) retained_wal_warn_bytes: Option<u64>,
+    pub(crate) retained_wal_critical_bytes: Option<u64>,
+    pub(crate) safe_wal_critical_ratio: f64,
 }
 
 impl Thresholds {
-    pub fn new(ready_max_lag: Duration, retained_wal_warn_bytes: Option<u64>) -> Thresholds {
+    pub(crate) fn new(ready_max_lag: Duration, retained_wal_warn_bytes: Option<u64>) -> Thresholds {
         let lag = ready_max_lag.as_secs().max(1);
         Thresholds {
             lag_warn_seconds: lag,
@@ -75,22 +75,22 @@ impl Thresholds {
 /// The `health` object of the status report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HealthStatus {
-    pub verdict: Verdict,
+    pub(crate) verdict: Verdict,
     /// One sentence per finding, most severe first; empty when the verdict is ok.
-    pub reasons: Vec<String>,
+    pub(crate) reasons: Vec<String>,
     /// Seconds from WAL written to confirmed by the relay (`pg_stat_replication.flush_lag` of the
     /// walsender streaming from the slot); `null` when none streams or there was no recent traffic.
-    pub lag_seconds: Option<f64>,
+    pub(crate) lag_seconds: Option<f64>,
     /// Seconds since the streaming relay's last status update; `null` when none streams.
-    pub last_status_update_seconds: Option<f64>,
-    pub thresholds: Thresholds,
+    pub(crate) last_status_update_seconds: Option<f64>,
+    pub(crate) thresholds: Thresholds,
 }
 
 /// What the walsender streaming from the slot reports (`pg_stat_replication`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct WalsenderLag {
-    pub flush_lag_seconds: Option<f64>,
-    pub last_reply_seconds: Option<f64>,
+pub(crate) struct WalsenderLag {
+    pub(crate) flush_lag_seconds: Option<f64>,
+    pub(crate) last_reply_seconds: Option<f64>,
 }
 
 pub(crate) async fn walsender_lag(client: &Client, pid: i32) -> Result<WalsenderLag, ControlError> {
@@ -112,21 +112,21 @@ pub(crate) async fn walsender_lag(client: &Client, pid: i32) -> Result<Walsender
 
 /// The facts the verdict is made of (a flat view of the status report).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Facts {
-    pub slot_name: String,
-    pub slot_exists: bool,
-    pub slot_usable_plugin: bool,
-    pub slot_active: bool,
-    pub wal_status: Option<String>,
-    pub retained_wal_bytes: Option<i64>,
-    pub safe_wal_size: Option<i64>,
-    pub wal_level_logical: bool,
-    pub publication_ok: bool,
-    pub lag: WalsenderLag,
+pub(crate) struct Facts {
+    pub(crate) slot_name: String,
+    pub(crate) slot_exists: bool,
+    pub(crate) slot_usable_plugin: bool,
+    pub(crate) slot_active: bool,
+    pub(crate) wal_status: Option<String>,
+    pub(crate) retained_wal_bytes: Option<i64>,
+    pub(crate) safe_wal_size: Option<i64>,
+    pub(crate) wal_level_logical: bool,
+    pub(crate) publication_ok: bool,
+    pub(crate) lag: WalsenderLag,
 }
 
 /// Pure: the verdict and its reasons.
-pub fn assess(facts: &Facts, thresholds: Thresholds) -> HealthStatus {
+pub(crate) fn assess(facts: &Facts, thresholds: Thresholds) -> HealthStatus {
     let mut found: Vec<(Verdict, String)> = Vec::new();
     let mut add = |v: Verdict, reason: String| found.push((v, reason));
     let slot = &facts.slot_name;
@@ -249,7 +249,7 @@ pub fn assess(facts: &Facts, thresholds: Thresholds) -> HealthStatus {
 }
 
 /// Seconds for people: `850 ms`, `12.3 s`, `5 min 3 s`, `2 h 5 min`.
-pub fn human_seconds(seconds: f64) -> String {
+pub(crate) fn human_seconds(seconds: f64) -> String {
     if !seconds.is_finite() || seconds < 0.0 {
         return "unknown".into();
     }

@@ -5,4 +5,4 @@
 //! attach their own tag to each record and get it back with the outcome. It imports only
 //! `config`.
 
-pub mod producer;
+pub(crate) mod producer;

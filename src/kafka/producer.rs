@@ -30,16 +30,16 @@ use crate::config::kafka::KafkaProperties;
 
 /// The outcome of one event.
 #[derive(Debug)]
-pub struct Delivery<Tag> {
-    pub tag: Box<Tag>,
-    pub outcome: Result<(), DeliveryFailure>,
+pub(crate) struct Delivery<Tag> {
+    pub(crate) tag: Box<Tag>,
+    pub(crate) outcome: Result<(), DeliveryFailure>,
 }
 
 #[derive(Debug, Clone)]
 pub struct DeliveryFailure {
-    pub error: KafkaError,
-    pub topic: String,
-    pub event_id: Option<String>,
+    pub(crate) error: KafkaError,
+    pub(crate) topic: String,
+    pub(crate) event_id: Option<String>,
 }
 
 impl std::fmt::Display for DeliveryFailure {
@@ -61,7 +61,7 @@ impl std::error::Error for DeliveryFailure {
 }
 
 /// One extra header of a record: name and value (`None`: a null header).
-pub type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
+pub(crate) type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
 
 /// One record ready for Kafka: what [`Publisher::send`] hands to librdkafka (which copies it),
 /// borrowed from whatever the caller keeps.
@@ -74,20 +74,20 @@ pub type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
 /// because routing may build it; the headers are a `Cow` so a dead letter can own the ones it
 /// makes up while an event's record borrows the event's.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboundRecord<'a> {
-    pub topic: Cow<'a, str>,
-    pub key: &'a [u8],
-    pub payload: &'a [u8],
+pub(crate) struct OutboundRecord<'a> {
+    pub(crate) topic: Cow<'a, str>,
+    pub(crate) key: &'a [u8],
+    pub(crate) payload: &'a [u8],
     /// Sent as the first header, `id`.
-    pub event_id: &'a [u8],
-    pub timestamp_ms: Option<i64>,
+    pub(crate) event_id: &'a [u8],
+    pub(crate) timestamp_ms: Option<i64>,
     /// Sent after `id`, in this order.
-    pub headers: Cow<'a, [RecordHeader<'a>]>,
+    pub(crate) headers: Cow<'a, [RecordHeader<'a>]>,
 }
 
 impl OutboundRecord<'_> {
     /// What this record costs against the in-flight byte budget.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.key.len()
             + self.payload.len()
             + self.event_id.len()
@@ -101,14 +101,14 @@ impl OutboundRecord<'_> {
 
 /// librdkafka refused a record before queueing it.
 #[derive(Debug)]
-pub struct Rejected<Tag> {
-    pub tag: Box<Tag>,
-    pub error: KafkaError,
+pub(crate) struct Rejected<Tag> {
+    pub(crate) tag: Box<Tag>,
+    pub(crate) error: KafkaError,
 }
 
 impl<Tag> Rejected<Tag> {
     /// The record itself is unacceptable (too large, bad topic), as opposed to the producer.
-    pub fn is_bad_record(&self) -> bool {
+    pub(crate) fn is_bad_record(&self) -> bool {
         is_record_rejection(&self.error)
     }
 }
@@ -118,7 +118,7 @@ impl<Tag> Rejected<Tag> {
 /// succeed. Everything else (timeouts, transport, leadership, authorization, a broken
 /// producer) is the cluster's or the producer's problem, and the relay replays.
 /// docs/reliability.md has the table, with the reasons.
-pub fn is_record_rejection(error: &KafkaError) -> bool {
+pub(crate) fn is_record_rejection(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(
@@ -138,7 +138,7 @@ pub fn is_record_rejection(error: &KafkaError) -> bool {
     )
 }
 
-pub struct DeliveryReports<Tag> {
+pub(crate) struct DeliveryReports<Tag> {
     tx: mpsc::UnboundedSender<Delivery<Tag>>,
 }
 
@@ -166,14 +166,14 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
     }
 }
 
-pub struct Publisher<Tag: Send + Sync + 'static> {
+pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
     producer: ThreadedProducer<DeliveryReports<Tag>>,
 }
 
 impl<Tag: Send + Sync + 'static> Publisher<Tag> {
     /// A producer whose records carry the caller's `Tag`. `max_in_flight` sizes librdkafka's
     /// local queue so it never rejects a record the caller's own budget allows.
-    pub fn create(
+    pub(crate) fn create(
         props: &KafkaProperties,
         max_in_flight: usize,
     ) -> Result<(Publisher<Tag>, mpsc::UnboundedReceiver<Delivery<Tag>>), KafkaError> {
@@ -195,7 +195,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         Ok((Publisher { producer }, rx))
     }
 
-    pub fn send(&self, record: &OutboundRecord<'_>, tag: Box<Tag>) -> Result<(), Rejected<Tag>> {
+    pub(crate) fn send(&self, record: &OutboundRecord<'_>, tag: Box<Tag>) -> Result<(), Rejected<Tag>> {
         let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len());
         headers = headers.insert(Header {
             key: "id",
@@ -220,14 +220,9 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         })
     }
 
-    /// Records queued or on the wire.
-    pub fn in_flight(&self) -> i32 {
-        self.producer.in_flight_count()
-    }
-
     /// Gives up on this producer: drops what is still queued locally, and waits (bounded) for
     /// requests already on the wire, so a replay by the next producer cannot overtake them.
-    pub fn abandon(self, wait: Duration) {
+    pub(crate) fn abandon(self, wait: Duration) {
         self.producer.purge(PurgeConfig::default().queue());
         // Crash tests: die while the abandoned producer's requests may still be on the wire.
         fail::fail_point!("publisher::abandon", |_| crate::failpoints::crash("publisher::abandon"));

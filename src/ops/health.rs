@@ -17,7 +17,7 @@ use crate::ops::metrics;
 /// What the relay is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Mode {
+pub(crate) enum Mode {
     Starting = 0,
     Streaming = 1,
     Standby = 2,
@@ -41,7 +41,7 @@ impl Mode {
 }
 
 #[derive(Debug)]
-pub struct RelayHealth {
+pub(crate) struct RelayHealth {
     mode: AtomicU8,
     seconds_behind_bits: AtomicU64,
     /// The last slot check's verdict: `None` until the first check, then `Ok` or the problem.
@@ -59,7 +59,7 @@ impl Default for RelayHealth {
 }
 
 impl RelayHealth {
-    pub fn set_mode(&self, mode: Mode) {
+    pub(crate) fn set_mode(&self, mode: Mode) {
         self.mode.store(mode as u8, Ordering::Relaxed);
         ::metrics::gauge!(metrics::ACTIVE).set(if matches!(mode, Mode::Streaming | Mode::Polling) {
             1.0
@@ -68,20 +68,20 @@ impl RelayHealth {
         });
     }
 
-    pub fn mode(&self) -> Mode {
+    pub(crate) fn mode(&self) -> Mode {
         Mode::from_u8(self.mode.load(Ordering::Relaxed))
     }
 
-    pub fn set_seconds_behind(&self, seconds: f64) {
+    pub(crate) fn set_seconds_behind(&self, seconds: f64) {
         self.seconds_behind_bits.store(seconds.to_bits(), Ordering::Relaxed);
     }
 
-    pub fn seconds_behind(&self) -> f64 {
+    pub(crate) fn seconds_behind(&self) -> f64 {
         f64::from_bits(self.seconds_behind_bits.load(Ordering::Relaxed))
     }
 
     /// Records the outcome of a slot check (`Err` says what is wrong).
-    pub fn set_slot_check(&self, outcome: Result<(), String>) {
+    pub(crate) fn set_slot_check(&self, outcome: Result<(), String>) {
         if let Ok(mut slot) = self.slot.lock() {
             *slot = Some(outcome);
         }
@@ -92,7 +92,7 @@ impl RelayHealth {
     }
 
     /// `Ok(why ready)` or `Err(why not)`, for `/readyz`.
-    pub fn readiness(&self, max_lag: Duration) -> Result<String, String> {
+    pub(crate) fn readiness(&self, max_lag: Duration) -> Result<String, String> {
         match self.mode() {
             Mode::Streaming => {
                 let behind = self.seconds_behind();

@@ -36,7 +36,7 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[derive(Debug, thiserror::Error)]
-pub enum HttpError {
+pub(crate) enum HttpError {
     #[error("cannot listen on {addr} ([http] listen): {source}. Pick a free address, or remove the key to run without the HTTP endpoints")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("cannot install the Prometheus metrics recorder: {0}")]
@@ -44,8 +44,7 @@ pub enum HttpError {
 }
 
 /// The running server; dropping it stops the server.
-pub struct HttpServer {
-    pub addr: SocketAddr,
+pub(crate) struct HttpServer {
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -64,7 +63,7 @@ struct AppState {
 }
 
 /// Installs the metrics recorder and starts serving, if `[http] listen` is set.
-pub async fn start(settings: &HttpSettings, health: Arc<RelayHealth>) -> Result<Option<HttpServer>, HttpError> {
+pub(crate) async fn start(settings: &HttpSettings, health: Arc<RelayHealth>) -> Result<Option<HttpServer>, HttpError> {
     let Some(addr) = settings.listen else { return Ok(None) };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -104,7 +103,6 @@ pub async fn start(settings: &HttpSettings, health: Arc<RelayHealth>) -> Result<
     });
     info!(listen = %addr, "serving /metrics, /healthz, /readyz and /latency");
     Ok(Some(HttpServer {
-        addr,
         tasks: vec![server, upkeep],
     }))
 }

@@ -26,12 +26,12 @@ const MAX_US: u64 = 3_600_000_000;
 const SIGNIFICANT_DIGITS: u8 = 3;
 
 /// The process-wide commit-to-ack window (both relay modes record into it).
-pub fn commit_to_ack() -> &'static LatencyWindow {
+pub(crate) fn commit_to_ack() -> &'static LatencyWindow {
     static WINDOW: OnceLock<LatencyWindow> = OnceLock::new();
     WINDOW.get_or_init(LatencyWindow::new)
 }
 
-pub struct LatencyWindow {
+pub(crate) struct LatencyWindow {
     inner: Mutex<Window>,
 }
 
@@ -53,7 +53,7 @@ pub struct LatencySummary {
 }
 
 impl LatencyWindow {
-    pub fn new() -> LatencyWindow {
+    pub(crate) fn new() -> LatencyWindow {
         LatencyWindow {
             inner: Mutex::new(Window {
                 histogram: new_histogram(),
@@ -63,7 +63,7 @@ impl LatencyWindow {
     }
 
     /// Folds `batch` into the window and empties it (keeping its capacity).
-    pub fn absorb(&self, batch: &mut LatencyBatch) {
+    pub(crate) fn absorb(&self, batch: &mut LatencyBatch) {
         if batch.samples_us.is_empty() {
             return;
         }
@@ -77,7 +77,7 @@ impl LatencyWindow {
     }
 
     /// The window's percentiles; with `reset`, the window is closed and a new one opened.
-    pub fn summary(&self, reset: bool) -> LatencySummary {
+    pub(crate) fn summary(&self, reset: bool) -> LatencySummary {
         let mut w = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let h = &w.histogram;
         let ms = |q: f64| (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0);
@@ -110,19 +110,20 @@ fn new_histogram() -> Histogram<u64> {
 
 /// Samples collected between two folds into the shared window.
 #[derive(Debug, Default)]
-pub struct LatencyBatch {
+pub(crate) struct LatencyBatch {
     samples_us: Vec<u64>,
 }
 
 impl LatencyBatch {
     /// One acknowledgement at `now_unix_us` of an event whose clock started at `since_unix_us`
     /// (a clock disagreement that makes it negative counts as 0).
-    pub fn record(&mut self, since_unix_us: i64, now_unix_us: i64) {
+    pub(crate) fn record(&mut self, since_unix_us: i64, now_unix_us: i64) {
         let us = now_unix_us.saturating_sub(since_unix_us).max(0);
         self.samples_us.push(u64::try_from(us).unwrap_or(0));
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.samples_us.is_empty()
     }
 }

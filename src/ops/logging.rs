@@ -4,12 +4,12 @@
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
 
-pub fn init(format: LogFormat, default_level: &str) {
+pub(crate) fn init(format: LogFormat, default_level: &str) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rdkafka=warn,librdkafka=warn")));
     let builder = tracing_subscriber::fmt()

@@ -34,31 +34,31 @@ use metrics::{
 
 use crate::ops::latency::LatencyBatch;
 
-pub const EVENTS_RECEIVED: &str = "outbox_relay_events_received_total";
-pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
-pub const EVENTS_FAILED: &str = "outbox_relay_events_failed_total";
-pub const IN_FLIGHT_EVENTS: &str = "outbox_relay_in_flight_events";
-pub const IN_FLIGHT_BYTES: &str = "outbox_relay_in_flight_bytes";
-pub const COMMIT_TO_ACK_SECONDS: &str = "outbox_relay_commit_to_ack_seconds";
-pub const SECONDS_BEHIND_SOURCE: &str = "outbox_relay_seconds_behind_source";
-pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
-pub const FLUSHED_LSN: &str = "outbox_relay_flushed_lsn";
-pub const SLOT_RETAINED_WAL_BYTES: &str = "outbox_relay_slot_retained_wal_bytes";
-pub const RECONNECTS: &str = "outbox_relay_reconnects_total";
-pub const ACTIVE: &str = "outbox_relay_active";
-pub const BAD_EVENTS: &str = "outbox_relay_bad_events_total";
+pub(crate) const EVENTS_RECEIVED: &str = "outbox_relay_events_received_total";
+pub(crate) const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
+pub(crate) const EVENTS_FAILED: &str = "outbox_relay_events_failed_total";
+pub(crate) const IN_FLIGHT_EVENTS: &str = "outbox_relay_in_flight_events";
+pub(crate) const IN_FLIGHT_BYTES: &str = "outbox_relay_in_flight_bytes";
+pub(crate) const COMMIT_TO_ACK_SECONDS: &str = "outbox_relay_commit_to_ack_seconds";
+pub(crate) const SECONDS_BEHIND_SOURCE: &str = "outbox_relay_seconds_behind_source";
+pub(crate) const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
+pub(crate) const FLUSHED_LSN: &str = "outbox_relay_flushed_lsn";
+pub(crate) const SLOT_RETAINED_WAL_BYTES: &str = "outbox_relay_slot_retained_wal_bytes";
+pub(crate) const RECONNECTS: &str = "outbox_relay_reconnects_total";
+pub(crate) const ACTIVE: &str = "outbox_relay_active";
+pub(crate) const BAD_EVENTS: &str = "outbox_relay_bad_events_total";
 
 /// The label of the per-topic counters.
-pub const TOPIC_LABEL: &str = "topic";
+pub(crate) const TOPIC_LABEL: &str = "topic";
 
 /// Upper bounds (seconds) of the commit-to-ack histogram: 1 ms … 60 s, roughly ×2.5 apart.
-pub const COMMIT_TO_ACK_BUCKETS: &[f64] = &[
+pub(crate) const COMMIT_TO_ACK_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
 /// Help texts, and the process-wide series registered up front so a scrape shows them (at 0)
 /// before the first event or reconnect. Call once, after a recorder is installed.
-pub fn describe() {
+pub(crate) fn describe() {
     describe_counter!(
         EVENTS_RECEIVED,
         "Outbox inserts decoded from the WAL and routed, by topic."
@@ -114,7 +114,7 @@ pub fn describe() {
 /// The per-event metrics of one session: per-topic counters, the commit-to-ack histogram, and
 /// the exact samples for `GET /latency` (see `crate::ops::latency`), folded in by
 /// [`SessionMetrics::fold_latency`] once per batch of delivery reports.
-pub struct SessionMetrics {
+pub(crate) struct SessionMetrics {
     topics: TopicMetrics,
     commit_to_ack: Histogram,
     exact: LatencyBatch,
@@ -132,36 +132,36 @@ impl Default for SessionMetrics {
 
 impl SessionMetrics {
     /// An event was routed to `topic`: counts it and returns the id its delivery tag carries.
-    pub fn received(&mut self, topic: &str) -> TopicId {
+    pub(crate) fn received(&mut self, topic: &str) -> TopicId {
         let id = self.topics.id(topic);
         self.topics.received(id);
         id
     }
 
     /// Kafka acknowledged an event of a transaction committed at `commit_unix_us`.
-    pub fn published(&mut self, topic: TopicId, commit_unix_us: i64, now_unix_us: i64) {
+    pub(crate) fn published(&mut self, topic: TopicId, commit_unix_us: i64, now_unix_us: i64) {
         self.topics.published(topic);
         self.commit_to_ack.record(seconds_since(commit_unix_us, now_unix_us));
         self.exact.record(commit_unix_us, now_unix_us);
     }
 
     /// Moves the exact samples recorded since the last call into the process-wide window.
-    pub fn fold_latency(&mut self) {
+    pub(crate) fn fold_latency(&mut self) {
         crate::ops::latency::commit_to_ack().absorb(&mut self.exact);
     }
 
-    pub fn failed(&self, topic: TopicId) {
+    pub(crate) fn failed(&self, topic: TopicId) {
         self.topics.failed(topic);
     }
 }
 
 /// Index of a topic in a session's [`TopicMetrics`]; travels in each event's delivery tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TopicId(u32);
+pub(crate) struct TopicId(u32);
 
 /// The per-topic counter handles of one session.
 #[derive(Default)]
-pub struct TopicMetrics {
+pub(crate) struct TopicMetrics {
     ids: HashMap<String, TopicId>,
     counters: Vec<TopicCounters>,
 }
@@ -174,7 +174,7 @@ struct TopicCounters {
 
 impl TopicMetrics {
     /// The id of `topic`, registering its counters the first time (the only allocation).
-    pub fn id(&mut self, topic: &str) -> TopicId {
+    pub(crate) fn id(&mut self, topic: &str) -> TopicId {
         if let Some(id) = self.ids.get(topic) {
             return *id;
         }
@@ -189,19 +189,19 @@ impl TopicMetrics {
         id
     }
 
-    pub fn received(&self, id: TopicId) {
+    pub(crate) fn received(&self, id: TopicId) {
         if let Some(c) = self.counters.get(id.0 as usize) {
             c.received.increment(1);
         }
     }
 
-    pub fn published(&self, id: TopicId) {
+    pub(crate) fn published(&self, id: TopicId) {
         if let Some(c) = self.counters.get(id.0 as usize) {
             c.published.increment(1);
         }
     }
 
-    pub fn failed(&self, id: TopicId) {
+    pub(crate) fn failed(&self, id: TopicId) {
         if let Some(c) = self.counters.get(id.0 as usize) {
             c.failed.increment(1);
         }
@@ -209,7 +209,7 @@ impl TopicMetrics {
 }
 
 /// The process-wide gauges a session updates once per status interval.
-pub struct StreamGauges {
+pub(crate) struct StreamGauges {
     in_flight_events: Gauge,
     in_flight_bytes: Gauge,
     seconds_behind: Gauge,
@@ -219,12 +219,12 @@ pub struct StreamGauges {
 
 /// One status interval's view of the stream, for [`StreamGauges::set`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StreamSnapshot {
-    pub in_flight_events: usize,
-    pub in_flight_bytes: usize,
-    pub seconds_behind: f64,
-    pub received_lsn: u64,
-    pub flushed_lsn: u64,
+pub(crate) struct StreamSnapshot {
+    pub(crate) in_flight_events: usize,
+    pub(crate) in_flight_bytes: usize,
+    pub(crate) seconds_behind: f64,
+    pub(crate) received_lsn: u64,
+    pub(crate) flushed_lsn: u64,
 }
 
 impl Default for StreamGauges {
@@ -241,12 +241,12 @@ impl Default for StreamGauges {
 
 impl StreamGauges {
     /// No session streams: nothing is in flight (LSN gauges keep their last values).
-    pub fn set_idle(&self) {
+    pub(crate) fn set_idle(&self) {
         self.in_flight_events.set(0.0);
         self.in_flight_bytes.set(0.0);
     }
 
-    pub fn set(&self, s: &StreamSnapshot) {
+    pub(crate) fn set(&self, s: &StreamSnapshot) {
         self.in_flight_events.set(s.in_flight_events as f64);
         self.in_flight_bytes.set(s.in_flight_bytes as f64);
         self.seconds_behind.set(s.seconds_behind);
@@ -257,12 +257,12 @@ impl StreamGauges {
 
 /// Seconds between a commit (µs since the Unix epoch) and `now_us`; never negative (clocks of
 /// the database and this host may disagree slightly).
-pub fn seconds_since(commit_unix_us: i64, now_us: i64) -> f64 {
+pub(crate) fn seconds_since(commit_unix_us: i64, now_us: i64) -> f64 {
     (now_us.saturating_sub(commit_unix_us)).max(0) as f64 / 1e6
 }
 
 /// Now, in µs since the Unix epoch.
-pub fn now_unix_us() -> i64 {
+pub(crate) fn now_unix_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))

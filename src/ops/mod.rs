@@ -4,17 +4,17 @@
 //!
 //! Invariant: used by the pipeline, the poller and the control plane; imports only `config`.
 
-pub mod health;
-pub mod http;
+pub(crate) mod health;
+pub(crate) mod http;
 pub mod latency;
-pub mod logging;
-pub mod metrics;
-pub mod retry;
-pub mod units;
+pub(crate) mod logging;
+pub(crate) mod metrics;
+pub(crate) mod retry;
+pub(crate) mod units;
 
 /// A multi-threaded runtime with `workers` worker threads and every driver on; the error is a
 /// sentence for stderr.
-pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
+pub(crate) fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()

@@ -8,14 +8,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     max: Duration,
     attempt: u32,
 }
 
 impl Backoff {
-    pub fn new(initial: Duration, max: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
         Backoff {
             initial,
             max: max.max(initial),
@@ -24,14 +24,14 @@ impl Backoff {
     }
 
     /// The next delay: `initial * 2^attempt`, capped, then scaled by a random factor in [0.5, 1.0].
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let exp = self.initial.saturating_mul(1u32 << self.attempt.min(20));
         self.attempt = self.attempt.saturating_add(1);
         let capped = exp.min(self.max);
         capped.mul_f64(0.5 + 0.5 * random_unit())
     }
 
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.attempt = 0;
     }
 }
@@ -49,7 +49,7 @@ fn random_unit() -> f64 {
 
 /// Sleeps for `delay` unless shutdown is requested first; true if shutdown was requested
 /// (before or during the wait).
-pub async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+pub(crate) async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
     if *shutdown.borrow() {
         return true;
     }

@@ -1,7 +1,7 @@
 //! Quantities for people: byte counts in binary units.
 
 /// Bytes in binary units for people: `512 B`, `1.5 KiB`, `16.0 MiB`, `2.3 GiB`.
-pub fn human_bytes(bytes: i64) -> String {
+pub(crate) fn human_bytes(bytes: i64) -> String {
     const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let sign = if bytes < 0 { "-" } else { "" };
     let magnitude = bytes.unsigned_abs();

@@ -27,11 +27,11 @@ use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 
 /// Header names of a dead-letter record (besides `id`, the event id as for every record).
-pub const HEADER_ERROR: &str = "outbox-relay-error";
-pub const HEADER_LSN: &str = "outbox-relay-lsn";
-pub const HEADER_SOURCE: &str = "outbox-relay-source-table";
+pub(crate) const HEADER_ERROR: &str = "outbox-relay-error";
+pub(crate) const HEADER_LSN: &str = "outbox-relay-lsn";
+pub(crate) const HEADER_SOURCE: &str = "outbox-relay-source-table";
 /// Present only when the raw content was cut to fit `message.max.bytes`: the original length.
-pub const HEADER_TRUNCATED: &str = "outbox-relay-truncated-from";
+pub(crate) const HEADER_TRUNCATED: &str = "outbox-relay-truncated-from";
 
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
@@ -43,18 +43,18 @@ const RECORD_OVERHEAD: usize = 4096;
 /// Rendering a row costs an allocation, so callers build it only when a bad event needs it, or
 /// keep it with a suspect the relay holds back (`relay::quarantine`).
 #[derive(Debug, Clone)]
-pub struct RawEvent {
+pub(crate) struct RawEvent {
     /// `schema.table` of the row, or `pg_logical_emit_message:<prefix>`.
-    pub source: String,
+    pub(crate) source: String,
     /// A row as a JSON object of column → text/null; a message's content unchanged.
-    pub content: Bytes,
+    pub(crate) content: Bytes,
     /// The record key to use, when the event has a usable one (keeps the dead letter next to
     /// its aggregate's other events).
-    pub key: Option<Bytes>,
+    pub(crate) key: Option<Bytes>,
 }
 
 impl RawEvent {
-    pub fn row(table: &str, relation: &Relation, tuple: &TupleData, key: Option<Bytes>) -> Self {
+    pub(crate) fn row(table: &str, relation: &Relation, tuple: &TupleData, key: Option<Bytes>) -> Self {
         RawEvent {
             source: table.to_owned(),
             content: Bytes::from(row_json(relation, tuple)),
@@ -62,7 +62,7 @@ impl RawEvent {
         }
     }
 
-    pub fn message(prefix: &str, content: Bytes) -> Self {
+    pub(crate) fn message(prefix: &str, content: Bytes) -> Self {
         RawEvent {
             source: format!("pg_logical_emit_message:{prefix}"),
             content,
@@ -74,7 +74,7 @@ impl RawEvent {
 /// Renders a row as `{"column": "text" | null, …}` in column order. Values that are not text
 /// (the relay never asks for binary values, and inserts never carry unchanged-TOAST markers)
 /// are rendered as null; bytes that are not UTF-8 are replaced, since JSON cannot carry them.
-pub fn row_json(relation: &Relation, tuple: &TupleData) -> String {
+pub(crate) fn row_json(relation: &Relation, tuple: &TupleData) -> String {
     let mut out = String::with_capacity(64 + tuple.columns.iter().map(value_len).sum::<usize>());
     out.push('{');
     for (i, value) in tuple.columns.iter().enumerate() {
@@ -115,7 +115,7 @@ impl RawEvent {
     /// is cut (at a character boundary when it is text) so the record fits the producer's
     /// `message.max.bytes`: a dead letter that Kafka refused in turn would stall the relay, and
     /// the header [`HEADER_TRUNCATED`] says how long it was.
-    pub fn dead_letter<'a>(
+    pub(crate) fn dead_letter<'a>(
         &'a self,
         topic: &'a str,
         event_id: &'a [u8],
@@ -162,7 +162,7 @@ impl RawEvent {
 }
 
 /// The producer's `message.max.bytes` (librdkafka's default when unset or unreadable).
-pub fn message_max_bytes(kafka: &KafkaProperties) -> usize {
+pub(crate) fn message_max_bytes(kafka: &KafkaProperties) -> usize {
     kafka
         .0
         .get("message.max.bytes")

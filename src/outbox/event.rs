@@ -48,7 +48,7 @@ pub enum BadEvent {
 
 impl BadEvent {
     /// The `cause` label of `outbox_relay_bad_events_total`.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             BadEvent::Null { .. } => "null_column",
             BadEvent::NotUtf8 { .. } => "not_utf8",
@@ -68,25 +68,25 @@ impl BadEvent {
 /// holds them as they are (rows; a message's payload), owned where the source had to make them
 /// (a message's id and key, which may be JSON numbers or escaped strings).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxEvent<'a> {
+pub(crate) struct OutboxEvent<'a> {
     /// The `id` header.
-    pub id: Cow<'a, [u8]>,
+    pub(crate) id: Cow<'a, [u8]>,
     /// The record key (the aggregate id).
-    pub key: Cow<'a, [u8]>,
+    pub(crate) key: Cow<'a, [u8]>,
     /// What the topic is routed from (Debezium's `routedByValue`).
-    pub route_value: Cow<'a, str>,
+    pub(crate) route_value: Cow<'a, str>,
     /// The record value.
-    pub payload: Cow<'a, [u8]>,
+    pub(crate) payload: Cow<'a, [u8]>,
     /// The record timestamp; `None` leaves it to the producer.
-    pub timestamp_ms: Option<i64>,
+    pub(crate) timestamp_ms: Option<i64>,
     /// Headers after `id`, in the mapping's order (`header_columns`); a NULL gives a null header.
-    pub headers: Vec<RecordHeader<'a>>,
+    pub(crate) headers: Vec<RecordHeader<'a>>,
 }
 
 impl<'a> OutboxEvent<'a> {
     /// The Kafka record of this event: topic routed by `router` and checked against Kafka's
     /// naming rules (an illegal topic is [`BadEvent::Topic`]); everything else borrowed.
-    pub fn record<'r>(&'r self, router: &TopicRoute) -> Result<OutboundRecord<'r>, BadEvent> {
+    pub(crate) fn record<'r>(&'r self, router: &TopicRoute) -> Result<OutboundRecord<'r>, BadEvent> {
         let topic = routing::topic(router, &self.route_value)?;
         Ok(OutboundRecord {
             topic,
@@ -100,7 +100,7 @@ impl<'a> OutboxEvent<'a> {
 
     /// The same event owning all its values, to outlive its source (a suspect the relay holds
     /// back, `relay::quarantine`). Copies; never on the streaming path's normal course.
-    pub fn into_owned(self) -> OutboxEvent<'static> {
+    pub(crate) fn into_owned(self) -> OutboxEvent<'static> {
         OutboxEvent {
             id: Cow::Owned(self.id.into_owned()),
             key: Cow::Owned(self.key.into_owned()),
@@ -123,7 +123,7 @@ impl<'a> OutboxEvent<'a> {
     /// The rules are the streaming path's: id, key, route-by value and payload must not be
     /// NULL; an unparseable timestamp leaves the record timestamp to the producer; a NULL header
     /// column gives a null header.
-    pub fn from_columns(mapping: &'a OutboxMapping, values: &[Option<&'a str>]) -> Result<Self, BadEvent> {
+    pub(crate) fn from_columns(mapping: &'a OutboxMapping, values: &[Option<&'a str>]) -> Result<Self, BadEvent> {
         let value = |i: usize| values.get(i).copied().flatten();
         let required = |i: usize, role: &'static str| {
             value(i).ok_or_else(|| BadEvent::Null {
@@ -165,7 +165,7 @@ impl<'a> OutboxEvent<'a> {
 
     /// The event id of `values` (as for [`from_columns`](Self::from_columns)) for error
     /// messages, also when they are no event: `?` when the id itself is NULL.
-    pub fn id_of_columns<'v>(values: &[Option<&'v str>]) -> &'v str {
+    pub(crate) fn id_of_columns<'v>(values: &[Option<&'v str>]) -> &'v str {
         values.first().copied().flatten().unwrap_or("?")
     }
 }

@@ -17,7 +17,7 @@ use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 
 /// Positions of the mapped columns in the current Relation of the outbox table.
 #[derive(Debug, Clone)]
-pub struct OutboxLayout {
+pub(crate) struct OutboxLayout {
     id: usize,
     key: usize,
     route_by: usize,
@@ -33,14 +33,14 @@ pub struct OutboxLayout {
      while the relay was streaming. Restore the column or change {config_key}, then restart"
 )]
 pub struct LayoutError {
-    pub column: String,
-    pub config_key: &'static str,
-    pub table: String,
-    pub present: String,
+    pub(crate) column: String,
+    pub(crate) config_key: &'static str,
+    pub(crate) table: String,
+    pub(crate) present: String,
 }
 
 impl OutboxLayout {
-    pub fn resolve(mapping: &OutboxMapping, relation: &Relation) -> Result<Self, LayoutError> {
+    pub(crate) fn resolve(mapping: &OutboxMapping, relation: &Relation) -> Result<Self, LayoutError> {
         let find = |col: &crate::config::ident::Ident, config_key: &'static str| {
             relation
                 .columns
@@ -78,7 +78,11 @@ impl OutboxLayout {
 
     /// The event of one inserted row, borrowing its values from `tuple` and its header names
     /// from the layout; column names in errors come from `relation`.
-    pub fn extract<'a>(&'a self, relation: &Relation, tuple: &'a TupleData) -> Result<OutboxEvent<'a>, BadEvent> {
+    pub(crate) fn extract<'a>(
+        &'a self,
+        relation: &Relation,
+        tuple: &'a TupleData,
+    ) -> Result<OutboxEvent<'a>, BadEvent> {
         let column = |idx: usize| {
             relation
                 .columns
@@ -138,7 +142,7 @@ impl OutboxLayout {
 
     /// The event id of a row [`extract`](Self::extract) refused, best effort, for the error
     /// message: `?` when the id column holds no text.
-    pub fn id_for_error<'a>(&self, tuple: &'a TupleData) -> &'a [u8] {
+    pub(crate) fn id_for_error<'a>(&self, tuple: &'a TupleData) -> &'a [u8] {
         match tuple.columns.get(self.id) {
             Some(ColumnValue::Text(b)) => b,
             _ => b"?",

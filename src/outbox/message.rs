@@ -53,7 +53,7 @@ enum Scalar {
 impl<'a> OutboxEvent<'a> {
     /// The event of one message's content: the payload borrowed from `content`, the id and key
     /// made from their JSON (strings unescaped, numbers as their JSON text).
-    pub fn from_message(content: &'a [u8]) -> Result<Self, BadEvent> {
+    pub(crate) fn from_message(content: &'a [u8]) -> Result<Self, BadEvent> {
         let text =
             std::str::from_utf8(content).map_err(|_| BadEvent::Message("the content is not UTF-8 text".into()))?;
         let wire: Wire<'_> = serde_json::from_str(text).map_err(|e| {
@@ -84,7 +84,7 @@ impl<'a> OutboxEvent<'a> {
 
 /// The `id` of content that failed [`OutboxEvent::from_message`], for error messages: `?` when
 /// there is none to find.
-pub fn best_effort_id(content: &[u8]) -> String {
+pub(crate) fn best_effort_id(content: &[u8]) -> String {
     match serde_json::from_slice::<serde_json::Value>(content)
         .ok()
         .as_ref()

@@ -10,9 +10,9 @@
 //!
 //! Invariant: pure (no I/O); imports only `config` and the adapters' value types.
 
-pub mod bad_event;
-pub mod event;
-pub mod layout;
-pub mod message;
-pub mod routing;
-pub mod timestamp;
+pub(crate) mod bad_event;
+pub(crate) mod event;
+pub(crate) mod layout;
+pub(crate) mod message;
+pub(crate) mod routing;
+pub(crate) mod timestamp;

@@ -4,7 +4,7 @@
 /// (`2026-11-22 15:20:00.123456+00`, offset optional) into Unix milliseconds.
 /// Values Kafka cannot carry (`infinity`, BC dates, before 1970) give `None`, and the record
 /// then gets the producer's own timestamp.
-pub fn parse_timestamp_ms(text: &[u8]) -> Option<i64> {
+pub(crate) fn parse_timestamp_ms(text: &[u8]) -> Option<i64> {
     // Byte-wise: this runs for every event, and the generic `str` splitting and parsing it
     // replaced cost as much as decoding the whole row (callgrind, benches/cdc_vs_polling).
     if !text.is_ascii() {

@@ -10,7 +10,7 @@ use crate::outbox::event::BadEvent;
 use crate::postgres::client::ConnectError;
 
 #[derive(Debug, thiserror::Error)]
-pub enum PollError {
+pub(crate) enum PollError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
 
@@ -131,7 +131,7 @@ impl PollError {
 
     /// Worth another attempt after a pause: the database or Kafka was unreachable or busy. The
     /// claimed batch was rolled back, so its rows are claimed again; nothing is lost.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         match self {
             PollError::Connect(e) | PollError::Table(ControlError::Connect(e)) => e.is_transient(),
             PollError::Delivery(_) | PollError::ProducerGone => true,
@@ -143,7 +143,7 @@ impl PollError {
     }
 
     /// The PostgreSQL connection cannot be used any more and must be reopened.
-    pub fn breaks_connection(&self) -> bool {
+    pub(crate) fn breaks_connection(&self) -> bool {
         match self {
             PollError::Query { source, .. } => source.is_closed() || source.as_db_error().is_none(),
             PollError::Connect(_) | PollError::Table(_) => true,

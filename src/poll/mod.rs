@@ -20,9 +20,9 @@
 
 mod error;
 mod record;
-pub mod setup;
-pub mod sql;
-pub mod table;
+pub(crate) mod setup;
+pub(crate) mod sql;
+pub(crate) mod table;
 mod worker;
 
 use std::sync::Arc;
@@ -31,8 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-pub use error::PollError;
-pub use worker::WorkerCounts;
+pub(crate) use error::PollError;
 
 use crate::config::relay::BadEventPolicy;
 use crate::config::Settings;
@@ -43,7 +42,7 @@ use worker::Worker;
 
 /// Publishes pending rows until `shutdown` turns true (`Ok`, after every worker finished its
 /// current batch) or a fatal error occurs (after the other workers finished theirs).
-pub async fn run(
+pub(crate) async fn run(
     settings: &Settings,
     health: &RelayHealth,
     mut shutdown: watch::Receiver<bool>,

@@ -13,7 +13,7 @@ use crate::outbox::event::BadEvent;
 
 /// The claim query's columns as text (`None` = NULL), borrowed from `row`, for
 /// [`OutboxEvent::from_columns`](crate::outbox::event::OutboxEvent::from_columns).
-pub fn claimed_values(row: &Row) -> Result<Vec<Option<&str>>, PollError> {
+pub(crate) fn claimed_values(row: &Row) -> Result<Vec<Option<&str>>, PollError> {
     (0..row.len())
         .map(|i| {
             // Every column is `format(…)` text; a decoding failure is impossible short of a bug.

@@ -22,15 +22,15 @@ use crate::control::describe;
 use crate::control::preflight::column_list;
 
 #[derive(Debug, Clone)]
-pub struct PollSetupReport {
-    pub table: PollTable,
-    pub table_name: String,
-    pub dispatched: Ident,
-    pub index: IndexOutcome,
+pub(crate) struct PollSetupReport {
+    pub(crate) table: PollTable,
+    pub(crate) table_name: String,
+    pub(crate) dispatched: Ident,
+    pub(crate) index: IndexOutcome,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IndexOutcome {
+pub(crate) enum IndexOutcome {
     Created { name: String },
     AlreadyExists { name: String },
 }
@@ -70,7 +70,7 @@ impl fmt::Display for PollSetupReport {
 }
 
 /// Checks the table and creates the pending-rows index if no usable one exists. Safe to repeat.
-pub async fn setup(settings: &Settings) -> Result<PollSetupReport, PollError> {
+pub(crate) async fn setup(settings: &Settings) -> Result<PollSetupReport, PollError> {
     let client = crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
     let table = table::check(&client, settings).await?;
     let table_name = settings.outbox.table.to_string();

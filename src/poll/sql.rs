@@ -23,24 +23,24 @@ use crate::config::Settings;
 
 /// Pinned like the replication connection's startup parameters (`src/postgres/replication/connection.rs`),
 /// because these settings change how output functions render timestamps, floats and intervals.
-pub const SESSION_SETTINGS: &str =
+pub(crate) const SESSION_SETTINGS: &str =
     "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET IntervalStyle = 'postgres'";
 
 /// The statements one worker prepares.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PollSql {
+pub(crate) struct PollSql {
     /// `$1`: the batch size (int8). Returns the mapped columns as text, in
     /// [`crate::config::outbox::OutboxMapping::columns`] order.
-    pub claim: String,
+    pub(crate) claim: String,
     /// `$1`: the claimed ids as text (`text[]`), cast back to the id column's type so the
     /// primary-key index serves the lookup.
-    pub mark: String,
+    pub(crate) mark: String,
 }
 
 impl PollSql {
     /// `id_type` is the id column's type as `format_type` prints it (valid SQL type syntax);
     /// `created_at` the column claims are ordered by.
-    pub fn new(settings: &Settings, id_type: &str, created_at: &Ident) -> PollSql {
+    pub(crate) fn new(settings: &Settings, id_type: &str, created_at: &Ident) -> PollSql {
         let mapping = &settings.outbox;
         let table = mapping.table.quoted();
         let dispatched = settings.poll.dispatched.quoted();
@@ -64,7 +64,12 @@ fn rendered_as_text(col: &Ident) -> String {
 
 /// `CREATE INDEX … ON <table> (<created_at>) WHERE <dispatched> IS NULL`. `CONCURRENTLY` (no
 /// write lock on a live outbox) except on a partitioned table, where PostgreSQL does not allow it.
-pub fn create_pending_index(settings: &Settings, index_name: &str, created_at: &Ident, partitioned: bool) -> String {
+pub(crate) fn create_pending_index(
+    settings: &Settings,
+    index_name: &str,
+    created_at: &Ident,
+    partitioned: bool,
+) -> String {
     format!(
         "CREATE INDEX {}IF NOT EXISTS {} ON {} ({}) WHERE {} IS NULL",
         if partitioned { "" } else { "CONCURRENTLY " },
@@ -76,7 +81,7 @@ pub fn create_pending_index(settings: &Settings, index_name: &str, created_at: &
 }
 
 /// `<table>_<dispatched>_pending`, shortened to PostgreSQL's 63-byte limit on a character boundary.
-pub fn pending_index_name(settings: &Settings) -> String {
+pub(crate) fn pending_index_name(settings: &Settings) -> String {
     let mut name = format!(
         "{}_{}_pending",
         settings.outbox.table.name.as_str(),

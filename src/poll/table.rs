@@ -17,25 +17,25 @@ const TIMESTAMP_OIDS: [u32; 2] = [1114, 1184];
 
 /// The outbox table, checked for polling.
 #[derive(Debug, Clone)]
-pub struct PollTable {
-    pub facts: OutboxTableFacts,
+pub(crate) struct PollTable {
+    pub(crate) facts: OutboxTableFacts,
     /// The id column's type as `format_type` prints it, e.g. `bigint`, `uuid`.
-    pub id_type: String,
+    pub(crate) id_type: String,
     /// The column claims are ordered by and the pending index is built on.
-    pub created_at: Ident,
+    pub(crate) created_at: Ident,
     /// An index usable for claims: `(created_at …) WHERE <dispatched> IS NULL`, if one exists.
-    pub pending_index: Option<PendingIndex>,
+    pub(crate) pending_index: Option<PendingIndex>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingIndex {
-    pub name: String,
-    pub schema: String,
-    pub valid: bool,
+pub(crate) struct PendingIndex {
+    pub(crate) name: String,
+    pub(crate) schema: String,
+    pub(crate) valid: bool,
 }
 
 /// `outbox.timestamp_column` when set, else `created_at`.
-pub fn created_at_column(settings: &Settings) -> Ident {
+pub(crate) fn created_at_column(settings: &Settings) -> Ident {
     settings
         .outbox
         .timestamp
@@ -43,7 +43,7 @@ pub fn created_at_column(settings: &Settings) -> Ident {
         .unwrap_or_else(|| Ident::parse("created_at", "created_at").expect("literal"))
 }
 
-pub async fn check(client: &Client, settings: &Settings) -> Result<PollTable, PollError> {
+pub(crate) async fn check(client: &Client, settings: &Settings) -> Result<PollTable, PollError> {
     let facts = check_outbox_table(client, settings).await.map_err(PollError::Table)?;
     let table = &settings.outbox.table;
     let columns = client

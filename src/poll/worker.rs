@@ -38,7 +38,7 @@ use crate::outbox::event::{BadEvent, OutboxEvent};
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
 /// a producer that is already abandoned, but the check keeps the count honest regardless.
 #[derive(Debug)]
-pub struct BatchTag {
+pub(crate) struct BatchTag {
     batch: u64,
     /// The row's timestamp column (µs since the epoch), for `GET /latency`'s window.
     created_unix_us: Option<i64>,
@@ -50,10 +50,10 @@ const REPORTS_PER_WAKEUP: usize = 4096;
 
 /// What one worker did, for the final log line.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct WorkerCounts {
-    pub batches: u64,
-    pub events: u64,
-    pub rolled_back: u64,
+pub(crate) struct WorkerCounts {
+    pub(crate) batches: u64,
+    pub(crate) events: u64,
+    pub(crate) rolled_back: u64,
 }
 
 struct Connection {
@@ -64,7 +64,7 @@ struct Connection {
 
 type Producer = (Publisher<BatchTag>, mpsc::UnboundedReceiver<Delivery<BatchTag>>);
 
-pub struct Worker {
+pub(crate) struct Worker {
     settings: Arc<Settings>,
     sql: Arc<PollSql>,
     id_type: Arc<str>,
@@ -84,7 +84,7 @@ enum Claimed {
 }
 
 impl Worker {
-    pub fn new(settings: Arc<Settings>, sql: Arc<PollSql>, id_type: Arc<str>, index: usize) -> Worker {
+    pub(crate) fn new(settings: Arc<Settings>, sql: Arc<PollSql>, id_type: Arc<str>, index: usize) -> Worker {
         Worker {
             settings,
             sql,
@@ -98,7 +98,7 @@ impl Worker {
     }
 
     /// Claims batches until `shutdown` turns true (`Ok`) or a fatal error occurs.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<WorkerCounts, PollError> {
+    pub(crate) async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<WorkerCounts, PollError> {
         let relay = &self.settings.relay;
         let mut backoff = Backoff::new(relay.reconnect_backoff_initial, relay.reconnect_backoff_max);
         let interval = self.settings.poll.interval;

@@ -55,7 +55,7 @@ impl ConnectError {
 }
 
 /// Opens a control connection; the connection task runs until the returned client is dropped.
-pub async fn connect(settings: &PostgresSettings, timeout: Duration) -> Result<Client, ConnectError> {
+pub(crate) async fn connect(settings: &PostgresSettings, timeout: Duration) -> Result<Client, ConnectError> {
     let url = settings.url.to_string();
     let mut config = settings.connection.clone();
     if config.get_application_name().is_none() {

@@ -11,8 +11,8 @@ use bytes::{Buf, Bytes};
 /// A read needed more bytes than were left. Callers add what they were reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Short {
-    pub needed: usize,
-    pub remaining: usize,
+    pub(crate) needed: usize,
+    pub(crate) remaining: usize,
 }
 
 #[derive(Debug, Clone)]

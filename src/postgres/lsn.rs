@@ -12,7 +12,7 @@ use std::str::FromStr;
 pub struct Lsn(pub u64);
 
 impl Lsn {
-    pub const ZERO: Lsn = Lsn(0);
+    pub(crate) const ZERO: Lsn = Lsn(0);
 
     pub fn is_zero(self) -> bool {
         self.0 == 0

@@ -11,12 +11,12 @@
 //! Invariant: this layer knows nothing of outbox events, Kafka or the relay; it imports only
 //! `config`.
 
-pub mod client;
+pub(crate) mod client;
 pub(crate) mod cursor;
 pub(crate) mod failure;
-pub mod lsn;
+pub(crate) mod lsn;
 pub mod pgoutput;
 pub mod replication;
-pub mod slot;
-pub mod timestamp;
-pub mod tls;
+pub(crate) mod slot;
+pub(crate) mod timestamp;
+pub(crate) mod tls;

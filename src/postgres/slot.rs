@@ -26,35 +26,35 @@ use crate::postgres::lsn::Lsn;
 /// One row of `pg_replication_slots` for a slot of this database, with WAL distances computed
 /// by the server and what it knows about the process streaming from it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct SlotRow {
+pub(crate) struct SlotRow {
     /// `logical` or `physical`.
-    pub slot_type: String,
-    pub plugin: Option<String>,
+    pub(crate) slot_type: String,
+    pub(crate) plugin: Option<String>,
     /// `None` for a physical slot.
-    pub database: Option<String>,
-    pub active: bool,
-    pub active_pid: Option<i32>,
-    pub restart_lsn: Option<Lsn>,
-    pub confirmed_flush_lsn: Option<Lsn>,
+    pub(crate) database: Option<String>,
+    pub(crate) active: bool,
+    pub(crate) active_pid: Option<i32>,
+    pub(crate) restart_lsn: Option<Lsn>,
+    pub(crate) confirmed_flush_lsn: Option<Lsn>,
     /// PostgreSQL 13+: `reserved | extended | unreserved | lost`.
-    pub wal_status: Option<String>,
+    pub(crate) wal_status: Option<String>,
     /// PostgreSQL 13+: bytes that can still be written before the slot is in danger of
     /// invalidation (`None`: unlimited or unknown).
-    pub safe_wal_size: Option<i64>,
+    pub(crate) safe_wal_size: Option<i64>,
     /// PostgreSQL 17+: why the slot was invalidated.
-    pub invalidation_reason: Option<String>,
+    pub(crate) invalidation_reason: Option<String>,
     /// Current WAL position minus `restart_lsn`: what the server keeps for the slot.
-    pub retained_wal_bytes: Option<i64>,
+    pub(crate) retained_wal_bytes: Option<i64>,
     /// Current WAL position minus `confirmed_flush_lsn`: not yet confirmed by the relay.
-    pub lag_bytes: Option<i64>,
+    pub(crate) lag_bytes: Option<i64>,
     /// The walsender streaming from the slot, if any.
-    pub holder: Option<SlotHolder>,
+    pub(crate) holder: Option<SlotHolder>,
 }
 
 impl SlotRow {
     /// Why the slot can no longer be used, if it cannot: an explicit `invalidation_reason`
     /// (17+), or `wal_status = 'lost'` (13+).
-    pub fn invalidated(&self) -> Option<String> {
+    pub(crate) fn invalidated(&self) -> Option<String> {
         if let Some(reason) = &self.invalidation_reason {
             return Some(format!("invalidation_reason = {reason}"));
         }
@@ -64,7 +64,7 @@ impl SlotRow {
 
     /// Another session is inside `pg_create_logical_replication_slot`: the slot is already
     /// listed (held by that session) but its plugin is not recorded yet.
-    pub fn being_created(&self) -> bool {
+    pub(crate) fn being_created(&self) -> bool {
         self.slot_type == "logical" && self.active && self.plugin.as_deref().unwrap_or_default().is_empty()
     }
 }
@@ -73,17 +73,17 @@ impl SlotRow {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SlotHolder {
     /// The walsender's backend pid (`pg_replication_slots.active_pid`).
-    pub pid: Option<i32>,
-    pub application_name: Option<String>,
+    pub(crate) pid: Option<i32>,
+    pub(crate) application_name: Option<String>,
     /// `client_addr:client_port` of the holder's connection.
-    pub client: Option<String>,
+    pub(crate) client: Option<String>,
     /// Time since the holder's last standby status update (or since its connection started,
     /// if it never sent one).
-    pub silent_for: Option<Duration>,
+    pub(crate) silent_for: Option<Duration>,
 }
 
 impl SlotHolder {
-    pub fn from_pid(pid: Option<i32>) -> SlotHolder {
+    pub(crate) fn from_pid(pid: Option<i32>) -> SlotHolder {
         SlotHolder {
             pid,
             ..SlotHolder::default()

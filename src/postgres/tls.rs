@@ -48,7 +48,7 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// Builds the client TLS configuration (see module docs for the verification rules).
-pub fn client_config(sslrootcert: Option<&Path>) -> Result<Arc<ClientConfig>, TlsError> {
+pub(crate) fn client_config(sslrootcert: Option<&Path>) -> Result<Arc<ClientConfig>, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let config = match sslrootcert {
         Some(path) => {
@@ -77,7 +77,7 @@ pub fn client_config(sslrootcert: Option<&Path>) -> Result<Arc<ClientConfig>, Tl
 }
 
 /// The server name to present (SNI) and verify, from a host string.
-pub fn server_name(host: &str) -> Result<ServerName<'static>, TlsError> {
+pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>, TlsError> {
     ServerName::try_from(host.to_owned()).map_err(|source| TlsError::ServerName {
         host: host.to_owned(),
         source,

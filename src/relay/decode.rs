@@ -18,7 +18,7 @@ use crate::postgres::pgoutput::{self, Insert, LogicalMessage, Relation};
 use crate::postgres::replication::frames::{decode_server_frame, ServerFrame};
 
 impl StreamState<'_> {
-    pub fn on_frame(&mut self, frame: Bytes) -> Result<FrameAction, RelayError> {
+    pub(crate) fn on_frame(&mut self, frame: Bytes) -> Result<FrameAction, RelayError> {
         match decode_server_frame(frame)? {
             ServerFrame::XLogData {
                 wal_start,

@@ -104,7 +104,7 @@ pub enum RelayError {
 
 impl RelayError {
     /// Whether reconnecting (with backoff) can fix this without an operator.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         match self {
             RelayError::Replication(e) => e.is_transient(),
             RelayError::Connect(e) => e.is_transient(),
@@ -127,14 +127,14 @@ impl RelayError {
     }
 
     /// Another instance holds the slot: this one is a standby.
-    pub fn is_slot_busy(&self) -> bool {
+    pub(crate) fn is_slot_busy(&self) -> bool {
         self.slot_holder().is_some()
     }
 
     /// Who holds the slot, when that is why the session ended: from the slot check before
     /// streaming, or from the server's refusal of `START_REPLICATION` (SQLSTATE 55006, "… is
     /// active for PID n") when another instance won the race in between.
-    pub fn slot_holder(&self) -> Option<super::slot::SlotHolder> {
+    pub(crate) fn slot_holder(&self) -> Option<super::slot::SlotHolder> {
         match self {
             RelayError::SlotBusy { holder, .. } => Some(holder.clone()),
             RelayError::Replication(ReplicationError::Server(e)) if e.code == "55006" => Some(

@@ -21,16 +21,14 @@ use tracing::{debug, info, warn};
 use crate::config::Settings;
 use crate::postgres::client as pg_client;
 
-/// Written once, for both the constant and the statement (a literal in the SQL: no prepare
-/// round trip per heartbeat).
+/// The message prefix (docs/operations.md): consumers of the slot's messages tell heartbeats
+/// apart by it. A literal in the statement, so no prepare round trip per heartbeat.
 macro_rules! heartbeat_prefix {
     () => {
         "outbox-relay-heartbeat"
     };
 }
 
-/// The message prefix; consumers of the slot's messages can tell heartbeats apart by it.
-pub const HEARTBEAT_PREFIX: &str = heartbeat_prefix!();
 const HEARTBEAT_SQL: &str = concat!(
     "SELECT pg_logical_emit_message(false, '",
     heartbeat_prefix!(),
@@ -38,7 +36,7 @@ const HEARTBEAT_SQL: &str = concat!(
 );
 
 /// The heartbeat task of one session; dropping it stops the heartbeats.
-pub struct Heartbeat(JoinHandle<()>);
+pub(crate) struct Heartbeat(JoinHandle<()>);
 
 impl Drop for Heartbeat {
     fn drop(&mut self) {
@@ -48,7 +46,7 @@ impl Drop for Heartbeat {
 
 /// Starts heartbeats on `runtime` if `relay.heartbeat_interval_ms` is set, on a connection of
 /// their own (reconnecting when it breaks).
-pub fn spawn(settings: &Settings, runtime: &Handle) -> Option<Heartbeat> {
+pub(crate) fn spawn(settings: &Settings, runtime: &Handle) -> Option<Heartbeat> {
     let every = settings.relay.heartbeat_interval?;
     let postgres = settings.postgres.clone();
     let connect_timeout = settings.relay.connect_timeout;
@@ -108,7 +106,7 @@ mod tests {
     fn the_statement_emits_the_documented_prefix() {
         assert_eq!(
             HEARTBEAT_SQL,
-            format!("SELECT pg_logical_emit_message(false, '{HEARTBEAT_PREFIX}', ''::text)::text")
+            "SELECT pg_logical_emit_message(false, 'outbox-relay-heartbeat', ''::text)::text"
         );
     }
 }

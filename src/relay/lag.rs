@@ -15,14 +15,14 @@ use crate::ops::metrics::seconds_since;
 use crate::postgres::lsn::Lsn;
 
 #[derive(Debug, Default)]
-pub struct CommitLag {
+pub(crate) struct CommitLag {
     /// (commit LSN, commit time µs) of unconfirmed transactions with events, in commit order.
     pending: VecDeque<(Lsn, i64)>,
 }
 
 impl CommitLag {
     /// An event of the transaction committed at `commit_lsn` was sent.
-    pub fn event_sent(&mut self, commit_lsn: Lsn, commit_unix_us: i64) {
+    pub(crate) fn event_sent(&mut self, commit_lsn: Lsn, commit_unix_us: i64) {
         if self.pending.back().is_none_or(|(lsn, _)| *lsn != commit_lsn) {
             self.pending.push_back((commit_lsn, commit_unix_us));
         }
@@ -32,7 +32,7 @@ impl CommitLag {
     ///
     /// A confirmed position is always the end of a transaction (or a keepalive position with
     /// nothing pending), so "commit record starts before it" means "confirmed".
-    pub fn seconds_behind(&mut self, confirmed: Lsn, now_unix_us: i64) -> f64 {
+    pub(crate) fn seconds_behind(&mut self, confirmed: Lsn, now_unix_us: i64) -> f64 {
         while self.pending.front().is_some_and(|(lsn, _)| *lsn < confirmed) {
             self.pending.pop_front();
         }

@@ -20,16 +20,16 @@ mod publish;
 mod receive;
 mod session;
 mod stream;
-pub mod watermark;
+pub(crate) mod watermark;
 // Beside the pipeline: what the steps need and what keeps a session healthy.
-pub mod error;
-pub mod heartbeat;
+pub(crate) mod error;
+pub(crate) mod heartbeat;
 mod lag;
 mod progress;
-pub mod quarantine;
+pub(crate) mod quarantine;
 mod silence;
-pub mod slot;
-pub mod slot_monitor;
+pub(crate) mod slot;
+pub(crate) mod slot_monitor;
 mod standby;
 
 use std::sync::Arc;
@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-pub use error::RelayError;
-pub use session::SessionEnd;
+pub(crate) use error::RelayError;
+pub(crate) use session::SessionEnd;
 
 use self::slot_monitor::SlotVerdict;
 use self::standby::Standby;
@@ -51,17 +51,17 @@ use crate::ops::retry::{wait_or_shutdown, Backoff};
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 
 /// What sessions share across reconnects.
-pub struct SessionContext {
-    pub health: Arc<RelayHealth>,
+pub(crate) struct SessionContext {
+    pub(crate) health: Arc<RelayHealth>,
     /// The process's main runtime, for side tasks (heartbeats) that must not wait on the
     /// stream thread (see [`run`]).
-    pub side: tokio::runtime::Handle,
+    pub(crate) side: tokio::runtime::Handle,
     /// The slot monitor's latest verdict; a streaming session ends on a fatal one.
-    pub slot_verdict: watch::Receiver<SlotVerdict>,
+    pub(crate) slot_verdict: watch::Receiver<SlotVerdict>,
     /// Backend pid of this process's most recent walsender (set once streaming started).
-    pub last_walsender: Option<i32>,
+    pub(crate) last_walsender: Option<i32>,
     /// Events Kafka refused in an earlier session, to be sent alone on replay (`quarantine.rs`).
-    pub suspects: quarantine::Suspects,
+    pub(crate) suspects: quarantine::Suspects,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
@@ -72,7 +72,7 @@ pub struct SessionContext {
 /// else — the HTTP endpoints, the slot monitor and the heartbeats stay on the caller's runtime.
 /// A single-threaded runtime also polls the loop on the thread that waits for its socket, with
 /// no hand-over between threads per wake-up.
-pub async fn run(
+pub(crate) async fn run(
     settings: &Settings,
     shutdown: watch::Receiver<bool>,
     health: Arc<RelayHealth>,

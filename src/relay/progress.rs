@@ -11,7 +11,7 @@ use crate::postgres::lsn::Lsn;
 
 impl<'s> StreamState<'s> {
     /// The configuration this session runs with (for the event loop's own timers).
-    pub fn settings(&self) -> &'s Settings {
+    pub(crate) fn settings(&self) -> &'s Settings {
         self.settings
     }
 
@@ -34,13 +34,13 @@ impl<'s> StreamState<'s> {
     }
 
     /// Folds this batch of acknowledgements' exact latencies into `GET /latency`'s window.
-    pub fn fold_latency(&mut self) {
+    pub(crate) fn fold_latency(&mut self) {
         self.metrics.fold_latency();
     }
 
     /// Where the stream stands, once per status interval (also drops confirmed transactions
     /// from the lag bookkeeping).
-    pub fn progress(&mut self, now_unix_us: i64) -> StreamSnapshot {
+    pub(crate) fn progress(&mut self, now_unix_us: i64) -> StreamSnapshot {
         let flushed = self.confirmed();
         StreamSnapshot {
             in_flight_events: self.watermark.in_flight_events(),

@@ -33,20 +33,20 @@ use crate::relay::watermark::TxnTicket;
 /// Rides along with each record and comes back in its delivery report.
 #[derive(Debug)]
 pub(crate) struct DeliveryTag {
-    pub ticket: TxnTicket,
-    pub bytes: usize,
+    pub(crate) ticket: TxnTicket,
+    pub(crate) bytes: usize,
     /// Commit LSN of the event's transaction, for error messages.
-    pub commit_lsn: Lsn,
+    pub(crate) commit_lsn: Lsn,
     /// Commit time (µs since the Unix epoch), for latency measurements.
-    pub commit_time_unix_us: i64,
+    pub(crate) commit_time_unix_us: i64,
     /// Position among its transaction's outbox events (with `commit_lsn`, the event's identity
     /// across replays; see `relay::quarantine`).
-    pub event_seq: u32,
+    pub(crate) event_seq: u32,
     /// A dead letter (`[relay] on_bad_event = "dead-letter"`): its failure is a plain delivery
     /// failure, never another bad event.
-    pub dead_letter: bool,
+    pub(crate) dead_letter: bool,
     /// The event's topic in the session's per-topic metrics (`crate::ops::metrics::SessionMetrics`).
-    pub topic: crate::ops::metrics::TopicId,
+    pub(crate) topic: crate::ops::metrics::TopicId,
 }
 
 /// The relay's producer and its delivery reports, tagged with [`DeliveryTag`]s.

@@ -23,56 +23,58 @@ use crate::relay::watermark::TxnTicket;
 /// One outbox event's identity across replays: its transaction's commit LSN and its position
 /// (0-based) among that transaction's outbox events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct EventRef {
-    pub commit_lsn: Lsn,
-    pub seq: u32,
+pub(crate) struct EventRef {
+    pub(crate) commit_lsn: Lsn,
+    pub(crate) seq: u32,
 }
 
 /// Events Kafka refused in an earlier session, with the refusal.
 #[derive(Debug, Default)]
-pub struct Suspects {
+pub(crate) struct Suspects {
     events: HashMap<EventRef, String>,
 }
 
 impl Suspects {
-    pub fn insert(&mut self, event: EventRef, cause: String) {
+    pub(crate) fn insert(&mut self, event: EventRef, cause: String) {
         self.events.insert(event, cause);
     }
 
-    pub fn get(&self, event: EventRef) -> Option<&str> {
+    pub(crate) fn get(&self, event: EventRef) -> Option<&str> {
         self.events.get(&event).map(String::as_str)
     }
 
     /// The event was accepted on its own: it was innocent.
-    pub fn clear(&mut self, event: EventRef) {
+    pub(crate) fn clear(&mut self, event: EventRef) {
         self.events.remove(&event);
     }
 
     /// Drops suspects whose transactions the server will not send again: those whose commit
     /// record starts before the confirmed position.
-    pub fn forget_before(&mut self, confirmed: Lsn) {
+    pub(crate) fn forget_before(&mut self, confirmed: Lsn) {
         self.events.retain(|e, _| e.commit_lsn >= confirmed);
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.events.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.events.is_empty()
     }
 }
 
 /// The open transaction's side of one event: what its delivery tag and errors need.
 #[derive(Debug, Clone, Copy)]
-pub struct TxnEvent {
-    pub ticket: TxnTicket,
-    pub commit_time_unix_us: i64,
-    pub event: EventRef,
+pub(crate) struct TxnEvent {
+    pub(crate) ticket: TxnTicket,
+    pub(crate) commit_time_unix_us: i64,
+    pub(crate) event: EventRef,
 }
 
 impl TxnEvent {
-    pub fn commit_lsn(&self) -> Lsn {
+    pub(crate) fn commit_lsn(&self) -> Lsn {
         self.event.commit_lsn
     }
 }
@@ -80,16 +82,16 @@ impl TxnEvent {
 /// A suspect the replay reached: held (reading paused) until it can go out alone, then until
 /// its delivery report says whether it is bad.
 #[derive(Debug)]
-pub struct Held {
-    pub txn: TxnEvent,
+pub(crate) struct Held {
+    pub(crate) txn: TxnEvent,
     /// The event, owned: the WAL frame it was decoded from is gone by the time it goes out,
     /// once everything sent before it is settled. Routed again then (routing is a pure
     /// function of the event), so no record shape of its own is kept.
-    pub event: OutboxEvent<'static>,
-    pub raw: RawEvent,
+    pub(crate) event: OutboxEvent<'static>,
+    pub(crate) raw: RawEvent,
     /// The earlier refusal, for the log.
-    pub earlier: String,
-    pub sent: bool,
+    pub(crate) earlier: String,
+    pub(crate) sent: bool,
 }
 
 #[cfg(test)]

@@ -46,11 +46,11 @@ const DELIVERY_BATCH: usize = 4096;
 
 /// How a session ended without error.
 #[derive(Debug, PartialEq, Eq)]
-pub enum SessionEnd {
+pub(crate) enum SessionEnd {
     Shutdown,
 }
 
-pub async fn run_session(
+pub(crate) async fn run_session(
     settings: &Settings,
     shutdown: &mut watch::Receiver<bool>,
     ctx: &mut SessionContext,
@@ -59,9 +59,12 @@ pub async fn run_session(
     let timeout = settings.relay.connect_timeout;
     let control = pg_client::connect(&settings.postgres, timeout).await?;
     let slot = slot::check_for_start(slot_name, slot::read_slot(&control, slot_name).await?)?;
-    let conn =
+    let mut conn =
         ReplicationConnection::connect_with(&settings.postgres, timeout, Some(settings.relay.receive_timeout)).await?;
     let backend_pid = conn.backend_pid;
+    // Which cluster and timeline this session reads: after a failover or a restore the
+    // operator can tell from the log which server the events came from.
+    let system = conn.identify_system().await?;
     let (mut reader, mut writer) = conn
         .start_replication(
             slot_name,
@@ -79,6 +82,9 @@ pub async fn run_session(
         publication = %settings.postgres.publication,
         start_lsn = %slot.confirmed_flush,
         walsender_pid = backend_pid,
+        system_id = %system.system_id,
+        timeline = system.timeline,
+        server_wal_lsn = %system.xlogpos,
         "streaming started"
     );
     ctx.health.set_mode(Mode::Streaming);

@@ -19,24 +19,24 @@ use tokio::time::Instant;
 use crate::postgres::replication::error::ReplicationError;
 
 #[derive(Debug)]
-pub struct Silence {
+pub(crate) struct Silence {
     limit: Duration,
     last_heard: Instant,
 }
 
 impl Silence {
-    pub fn new(limit: Duration, now: Instant) -> Self {
+    pub(crate) fn new(limit: Duration, now: Instant) -> Self {
         Silence { limit, last_heard: now }
     }
 
     /// A frame arrived (or the relay is deliberately not reading).
-    pub fn heard(&mut self, now: Instant) {
+    pub(crate) fn heard(&mut self, now: Instant) {
         self.last_heard = now;
     }
 
     /// `Ok(true)`: ask the server for a reply in this status update; `Ok(false)`: all is well;
     /// `Err`: nothing was heard for `limit`.
-    pub fn check(&self, now: Instant) -> Result<bool, ReplicationError> {
+    pub(crate) fn check(&self, now: Instant) -> Result<bool, ReplicationError> {
         let quiet = now.saturating_duration_since(self.last_heard);
         if quiet >= self.limit {
             return Err(ReplicationError::Timeout {

@@ -23,23 +23,23 @@ use tokio_postgres::Client;
 
 use super::error::RelayError;
 use crate::postgres::lsn::Lsn;
-pub use crate::postgres::slot::{SlotHolder, SlotRow};
+pub(crate) use crate::postgres::slot::{SlotHolder, SlotRow};
 
 /// The slot's row, or `None` if this database has no slot of that name (the one shared query,
 /// [`crate::postgres::slot`], so `run` and `status` always agree).
-pub async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotRow>, RelayError> {
+pub(crate) async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotRow>, RelayError> {
     Ok(crate::postgres::slot::read_slot(client, slot).await?)
 }
 
 /// What a session may start from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StartPoint {
-    pub confirmed_flush: Lsn,
+pub(crate) struct StartPoint {
+    pub(crate) confirmed_flush: Lsn,
 }
 
 /// Decides whether streaming may start from this slot: the checks that are fatal (missing,
 /// wrong kind, invalidated) and the one that means "stand by" (another process holds it).
-pub fn check_for_start(slot: &str, row: Option<SlotRow>) -> Result<StartPoint, RelayError> {
+pub(crate) fn check_for_start(slot: &str, row: Option<SlotRow>) -> Result<StartPoint, RelayError> {
     let Some(row) = row else {
         return Err(RelayError::SlotMissing { slot: slot.to_owned() });
     };
@@ -68,7 +68,7 @@ pub fn check_for_start(slot: &str, row: Option<SlotRow>) -> Result<StartPoint, R
 
 /// After `START_REPLICATION` from `requested`: the slot must not have moved past it (see the
 /// module docs). `requested` zero means "wherever the slot is" and is not checked.
-pub fn check_started(slot: &str, requested: Lsn, row: Option<&SlotRow>) -> Result<(), RelayError> {
+pub(crate) fn check_started(slot: &str, requested: Lsn, row: Option<&SlotRow>) -> Result<(), RelayError> {
     let confirmed = row.and_then(|r| r.confirmed_flush_lsn).unwrap_or(Lsn::ZERO);
     if !requested.is_zero() && confirmed > requested {
         return Err(RelayError::SlotAdvanced {
@@ -81,7 +81,7 @@ pub fn check_started(slot: &str, requested: Lsn, row: Option<&SlotRow>) -> Resul
 }
 
 /// Re-reads the slot right after streaming started and applies [`check_started`].
-pub async fn verify_start(client: &Client, slot: &str, requested: Lsn) -> Result<(), RelayError> {
+pub(crate) async fn verify_start(client: &Client, slot: &str, requested: Lsn) -> Result<(), RelayError> {
     let row = read_slot(client, slot).await?;
     check_started(slot, requested, row.as_ref())
 }
@@ -89,7 +89,7 @@ pub async fn verify_start(client: &Client, slot: &str, requested: Lsn) -> Result
 /// Terminates the walsender `pid` if it still holds `slot` and has been silent for at least
 /// `min_silence` (`None`: no silence required — only for this process's own old walsender).
 /// Returns whether a backend was terminated.
-pub async fn terminate_holder(
+pub(crate) async fn terminate_holder(
     client: &Client,
     slot: &str,
     pid: i32,
@@ -111,7 +111,7 @@ pub async fn terminate_holder(
 }
 
 /// The holder's pid from the server's "replication slot \"x\" is active for PID 123" (55006).
-pub fn parse_holder_pid(message: &str) -> Option<i32> {
+pub(crate) fn parse_holder_pid(message: &str) -> Option<i32> {
     let at = message.rfind("PID ")? + 4;
     let digits: String = message[at..].chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()

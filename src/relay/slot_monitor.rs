@@ -33,7 +33,7 @@ const WARN_REPEAT: Duration = Duration::from_secs(300);
 
 /// What the last check found.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub enum SlotVerdict {
+pub(crate) enum SlotVerdict {
     /// Not checked yet, or the last check failed.
     #[default]
     Unknown,
@@ -47,7 +47,7 @@ pub enum SlotVerdict {
 
 impl SlotVerdict {
     /// The fatal error this verdict means for a streaming session, if any.
-    pub fn fatal(&self, slot: &str) -> Option<RelayError> {
+    pub(crate) fn fatal(&self, slot: &str) -> Option<RelayError> {
         match self {
             SlotVerdict::Missing => Some(RelayError::SlotMissing { slot: slot.to_owned() }),
             SlotVerdict::Lost { confirmed, cause } => Some(RelayError::SlotLost {
@@ -62,13 +62,13 @@ impl SlotVerdict {
 
 /// One check's findings: the verdict and the warnings worth logging.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Assessment {
-    pub verdict: SlotVerdict,
-    pub warnings: Vec<String>,
+pub(crate) struct Assessment {
+    pub(crate) verdict: SlotVerdict,
+    pub(crate) warnings: Vec<String>,
 }
 
 /// Pure: what a slot row means, given the retained-WAL warning threshold.
-pub fn assess(row: Option<&SlotRow>, retained_warn_bytes: Option<u64>) -> Assessment {
+pub(crate) fn assess(row: Option<&SlotRow>, retained_warn_bytes: Option<u64>) -> Assessment {
     let Some(row) = row else {
         return Assessment {
             verdict: SlotVerdict::Missing,
@@ -107,7 +107,7 @@ pub fn assess(row: Option<&SlotRow>, retained_warn_bytes: Option<u64>) -> Assess
 }
 
 /// The monitor task; dropping it stops the checks.
-pub struct SlotMonitor(JoinHandle<()>);
+pub(crate) struct SlotMonitor(JoinHandle<()>);
 
 impl Drop for SlotMonitor {
     fn drop(&mut self) {
@@ -115,7 +115,7 @@ impl Drop for SlotMonitor {
     }
 }
 
-pub fn spawn(settings: &Settings, health: Arc<RelayHealth>) -> (SlotMonitor, watch::Receiver<SlotVerdict>) {
+pub(crate) fn spawn(settings: &Settings, health: Arc<RelayHealth>) -> (SlotMonitor, watch::Receiver<SlotVerdict>) {
     let (tx, rx) = watch::channel(SlotVerdict::Unknown);
     let settings = settings.clone();
     let task = tokio::spawn(async move {

@@ -30,7 +30,7 @@ const AFTER_TERMINATE: Duration = Duration::from_millis(200);
 
 /// The standby's memory between polls, so the log says things once, not every poll.
 #[derive(Debug, Default)]
-pub struct Standby {
+pub(crate) struct Standby {
     announced_holder: Option<Option<i32>>,
     /// Our own old walsender, once asked to terminate: if it lingers (a frozen backend handles
     /// the signal only when it runs again), later attempts wait a standby poll, not a moment.
@@ -39,7 +39,12 @@ pub struct Standby {
 
 impl Standby {
     /// The slot was busy; returns how long to wait before the next attempt.
-    pub async fn on_busy(&mut self, settings: &Settings, ctx: &mut SessionContext, holder: &SlotHolder) -> Duration {
+    pub(crate) async fn on_busy(
+        &mut self,
+        settings: &Settings,
+        ctx: &mut SessionContext,
+        holder: &SlotHolder,
+    ) -> Duration {
         let slot = settings.postgres.slot.as_str();
         if let Some(pid) = holder.pid.filter(|pid| Some(*pid) == ctx.last_walsender) {
             if self.terminated_own == Some(pid) {
@@ -81,7 +86,7 @@ impl Standby {
     }
 
     /// The slot was acquired (or the session ended for another reason).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.announced_holder = None;
         self.terminated_own = None;
     }

@@ -80,11 +80,11 @@ impl Phase {
 /// Counters for logs (and, later, metrics).
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct SessionCounts {
-    pub transactions: u64,
-    pub events_sent: u64,
-    pub events_acked: u64,
+    pub(crate) transactions: u64,
+    pub(crate) events_sent: u64,
+    pub(crate) events_acked: u64,
     /// Events handled by `relay.on_bad_event`.
-    pub bad_events: u64,
+    pub(crate) bad_events: u64,
 }
 
 /// What the event loop must do after a frame.
@@ -120,7 +120,7 @@ pub(crate) struct StreamState<'s> {
 }
 
 impl<'s> StreamState<'s> {
-    pub fn new(settings: &'s Settings, publisher: Publisher, start: Lsn, suspects: &'s mut Suspects) -> Self {
+    pub(crate) fn new(settings: &'s Settings, publisher: Publisher, start: Lsn, suspects: &'s mut Suspects) -> Self {
         suspects.forget_before(start);
         StreamState {
             settings,
@@ -144,7 +144,7 @@ impl<'s> StreamState<'s> {
     /// as many events of committed transactions await confirmation (what a crash would replay;
     /// see `AckWatermark::committed_unconfirmed_events`), and while a suspect is held
     /// (`quarantine.rs`).
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         let max = self.settings.relay.max_in_flight;
         self.watermark.in_flight_events() >= max
             || self.watermark.in_flight_bytes() >= self.settings.relay.max_in_flight_bytes
@@ -152,36 +152,36 @@ impl<'s> StreamState<'s> {
             || matches!(self.phase, Phase::Holding(_))
     }
 
-    pub fn status_interval(&self) -> std::time::Duration {
+    pub(crate) fn status_interval(&self) -> std::time::Duration {
         self.settings.relay.status_interval
     }
 
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.watermark.in_flight_events()
     }
 
-    pub fn confirmed(&self) -> Lsn {
+    pub(crate) fn confirmed(&self) -> Lsn {
         self.confirm.confirmed(&self.watermark)
     }
 
-    pub fn received(&self) -> Lsn {
+    pub(crate) fn received(&self) -> Lsn {
         self.received
     }
 
     /// Whether the stream is reading a backlog: the server sent the last transaction begun more
     /// than `age` after committing it. Both times are the server's, so this host's clock does
     /// not matter; live traffic is sent within milliseconds of its commit.
-    pub fn catching_up(&self, age: std::time::Duration) -> bool {
+    pub(crate) fn catching_up(&self, age: std::time::Duration) -> bool {
         self.behind_us > i64::try_from(age.as_micros()).unwrap_or(i64::MAX)
     }
 
-    pub fn into_publisher(self) -> Publisher {
+    pub(crate) fn into_publisher(self) -> Publisher {
         self.publisher
     }
 
     /// Applies one delivery report. A failure poisons the watermark and ends the session,
     /// unless it is a suspect's verdict that `relay.on_bad_event` settles (see `publish.rs`).
-    pub fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
+    pub(crate) fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         let tag = delivery.tag;
         self.count_delivery(&tag, delivery.outcome.is_ok());
         match delivery.outcome {
@@ -197,7 +197,7 @@ impl<'s> StreamState<'s> {
 
     /// Like [`on_delivery`](Self::on_delivery) while winding down after an error: failures
     /// are already accounted for, so they only stop the watermark, and nothing new is sent.
-    pub fn on_delivery_draining(&mut self, delivery: Delivery) {
+    pub(crate) fn on_delivery_draining(&mut self, delivery: Delivery) {
         if !self.phase.is_draining() {
             self.phase = Phase::Draining(self.phase.take_held());
         }

@@ -26,7 +26,7 @@ use crate::postgres::lsn::Lsn;
 
 /// Identifies one transaction for the deliveries of its events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TxnTicket(u64);
+pub(crate) struct TxnTicket(u64);
 
 #[derive(Debug)]
 struct PendingTxn {
@@ -48,7 +48,7 @@ impl PendingTxn {
 }
 
 #[derive(Debug)]
-pub struct AckWatermark {
+pub(crate) struct AckWatermark {
     pending: VecDeque<PendingTxn>,
     /// Ticket number of `pending[0]`.
     front_seq: u64,
@@ -75,7 +75,7 @@ pub enum WatermarkError {
 
 impl AckWatermark {
     /// Starts at `start`, the slot's confirmed position (already safe).
-    pub fn new(start: Lsn) -> Self {
+    pub(crate) fn new(start: Lsn) -> Self {
         AckWatermark {
             pending: VecDeque::new(),
             front_seq: 0,
@@ -88,15 +88,15 @@ impl AckWatermark {
     }
 
     /// The LSN that is safe to report as flushed.
-    pub fn confirmed(&self) -> Lsn {
+    pub(crate) fn confirmed(&self) -> Lsn {
         self.confirmed
     }
 
-    pub fn in_flight_events(&self) -> usize {
+    pub(crate) fn in_flight_events(&self) -> usize {
         self.in_flight_events
     }
 
-    pub fn in_flight_bytes(&self) -> usize {
+    pub(crate) fn in_flight_bytes(&self) -> usize {
         self.in_flight_bytes
     }
 
@@ -104,17 +104,19 @@ impl AckWatermark {
     /// a crash now would publish again (besides the open transaction's events). Acknowledgements
     /// that arrive out of order (another partition was slower) leave events here although they
     /// are no longer in flight, so this — not just the in-flight count — bounds the replay.
-    pub fn committed_unconfirmed_events(&self) -> usize {
+    pub(crate) fn committed_unconfirmed_events(&self) -> usize {
         self.unconfirmed_events - self.open_txn().map_or(0, |t| t.events as usize)
     }
 
     /// True once any delivery failed; nothing is confirmed past it afterwards.
-    pub fn is_poisoned(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_poisoned(&self) -> bool {
         self.poisoned
     }
 
     /// Nothing in flight and no open transaction.
-    pub fn is_idle(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_idle(&self) -> bool {
         self.pending.iter().all(|t| t.is_empty_marker())
     }
 
@@ -123,7 +125,7 @@ impl AckWatermark {
     }
 
     /// A transaction's Begin.
-    pub fn begin(&mut self) -> Result<TxnTicket, WatermarkError> {
+    pub(crate) fn begin(&mut self) -> Result<TxnTicket, WatermarkError> {
         if self.open_txn().is_some() {
             return Err(WatermarkError::AlreadyOpen);
         }
@@ -137,7 +139,7 @@ impl AckWatermark {
     }
 
     /// One event of the open transaction was handed to Kafka.
-    pub fn event_sent(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+    pub(crate) fn event_sent(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         let txn = self.get_mut(ticket)?;
         txn.outstanding += 1;
         txn.events += 1;
@@ -148,7 +150,7 @@ impl AckWatermark {
     }
 
     /// The open transaction's Commit: it may complete as soon as its events are acknowledged.
-    pub fn commit(&mut self, ticket: TxnTicket, end_lsn: Lsn) -> Result<(), WatermarkError> {
+    pub(crate) fn commit(&mut self, ticket: TxnTicket, end_lsn: Lsn) -> Result<(), WatermarkError> {
         let is_open = self.open_txn().is_some() && ticket.0 == self.front_seq + self.pending.len() as u64 - 1;
         if !is_open {
             return Err(WatermarkError::NotOpen);
@@ -163,14 +165,14 @@ impl AckWatermark {
     }
 
     /// Kafka acknowledged one event.
-    pub fn acked(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+    pub(crate) fn acked(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         self.settle(ticket, bytes)?;
         self.advance();
         Ok(())
     }
 
     /// Kafka finally failed one event: its transaction (and so everything after) is never confirmed.
-    pub fn failed(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+    pub(crate) fn failed(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         self.settle(ticket, bytes)?;
         self.get_mut(ticket)?.poisoned = true;
         self.poisoned = true;
@@ -178,7 +180,7 @@ impl AckWatermark {
     }
 
     /// A keepalive (or any server report) saying everything before `wal_end` was streamed.
-    pub fn keepalive(&mut self, wal_end: Lsn) {
+    pub(crate) fn keepalive(&mut self, wal_end: Lsn) {
         if self.open_txn().is_some() || wal_end <= self.confirmed {
             return;
         }

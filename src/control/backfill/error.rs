@@ -7,7 +7,7 @@ use crate::outbox::event::BadEvent;
 use crate::postgres::replication::error::ReplicationError;
 
 #[derive(Debug, thiserror::Error)]
-pub enum BackfillError {
+pub(crate) enum BackfillError {
     #[error(transparent)]
     Control(#[from] ControlError),
 

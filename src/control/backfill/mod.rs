@@ -27,7 +27,7 @@
 //! some rows — never skips one.
 
 mod error;
-pub mod pending;
+pub(crate) mod pending;
 mod publish;
 
 use std::fmt;
@@ -35,7 +35,7 @@ use std::fmt;
 use tokio_postgres::Client;
 use tracing::{info, warn};
 
-pub use error::BackfillError;
+pub(crate) use error::BackfillError;
 use pending::{PendingOrder, PendingRows};
 use publish::BackfillPublisher;
 
@@ -47,20 +47,20 @@ use crate::postgres::lsn::Lsn;
 use crate::postgres::replication::connection::ReplicationConnection;
 
 /// The config key that names the dispatched column (shared with the polling relayer).
-pub const DISPATCHED_KEY: &str = "poll.dispatched_column";
+pub(crate) const DISPATCHED_KEY: &str = "poll.dispatched_column";
 
 /// Id column types whose order is insertion order (sequences).
 const SEQUENTIAL_ID_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
 
 /// What `setup --backfill` did.
 #[derive(Debug, Clone)]
-pub struct BackfillReport {
-    pub setup: SetupReport,
-    pub dispatched_column: Ident,
+pub(crate) struct BackfillReport {
+    pub(crate) setup: SetupReport,
+    pub(crate) dispatched_column: Ident,
     /// Pending rows published and acknowledged by Kafka.
-    pub published: u64,
+    pub(crate) published: u64,
     /// Rows committed after this position are streamed by `run`.
-    pub consistent_point: Lsn,
+    pub(crate) consistent_point: Lsn,
 }
 
 impl fmt::Display for BackfillReport {
@@ -77,7 +77,10 @@ impl fmt::Display for BackfillReport {
 
 /// Creates the publication and the slot, and publishes the rows still pending at the slot's
 /// consistent point (see the module docs).
-pub async fn setup_with_backfill(settings: &Settings, dispatched: &Ident) -> Result<BackfillReport, BackfillError> {
+pub(crate) async fn setup_with_backfill(
+    settings: &Settings,
+    dispatched: &Ident,
+) -> Result<BackfillReport, BackfillError> {
     let client = connect(settings).await?;
     let before = preflight(&client, settings).await?;
     let slot = settings.postgres.slot.as_str();

@@ -22,15 +22,15 @@ use crate::config::Settings;
 use crate::control::ControlError;
 
 /// Rows per `FETCH`.
-pub const FETCH_ROWS: usize = 500;
+pub(crate) const FETCH_ROWS: usize = 500;
 const CURSOR: &str = "outbox_relay_backfill";
 
 /// One pending row: the mapped columns' text in [`crate::config::outbox::OutboxMapping::columns`] order
 /// (`None` = SQL NULL).
-pub type PendingRow = Vec<Option<String>>;
+pub(crate) type PendingRow = Vec<Option<String>>;
 
 /// An open cursor over the pending rows of the snapshot.
-pub struct PendingRows {
+pub(crate) struct PendingRows {
     client: Client,
     exhausted: bool,
 }
@@ -38,7 +38,11 @@ pub struct PendingRows {
 impl PendingRows {
     /// Connects, imports `snapshot` and opens the cursor. The replication connection that
     /// exported `snapshot` must still be open and idle.
-    pub async fn open(settings: &Settings, snapshot: &str, order: &PendingOrder<'_>) -> Result<Self, BackfillError> {
+    pub(crate) async fn open(
+        settings: &Settings,
+        snapshot: &str,
+        order: &PendingOrder<'_>,
+    ) -> Result<Self, BackfillError> {
         if snapshot.is_empty() || !snapshot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             return Err(BackfillError::Replication {
                 context: "reading the exported snapshot's name",
@@ -81,7 +85,7 @@ impl PendingRows {
     }
 
     /// The next rows in order; empty once all were read.
-    pub async fn next_batch(&mut self) -> Result<Vec<PendingRow>, BackfillError> {
+    pub(crate) async fn next_batch(&mut self) -> Result<Vec<PendingRow>, BackfillError> {
         if self.exhausted {
             return Ok(Vec::new());
         }
@@ -101,7 +105,7 @@ impl PendingRows {
     }
 
     /// Ends the reading transaction (it changed nothing).
-    pub async fn close(self) -> Result<(), BackfillError> {
+    pub(crate) async fn close(self) -> Result<(), BackfillError> {
         self.client
             .batch_execute("COMMIT")
             .await
@@ -110,11 +114,11 @@ impl PendingRows {
 }
 
 /// Which rows are pending, and how to order them.
-pub struct PendingOrder<'a> {
+pub(crate) struct PendingOrder<'a> {
     /// The column a polling relayer sets once it published a row; NULL means pending.
-    pub dispatched: &'a Ident,
+    pub(crate) dispatched: &'a Ident,
     /// The id column is an integer (a sequence), so its order is insertion order.
-    pub id_is_sequential: bool,
+    pub(crate) id_is_sequential: bool,
 }
 
 /// `SELECT <mapped columns> FROM <outbox> WHERE <dispatched> IS NULL ORDER BY …`.
@@ -122,7 +126,7 @@ pub struct PendingOrder<'a> {
 /// Events are published in this order and Kafka keeps it per partition, so it must be
 /// insertion order within an aggregate: a sequence id gives that; otherwise (uuid ids) the
 /// mapped timestamp column (`created_at`) does, with the id only breaking ties.
-pub fn select_pending(settings: &Settings, order: &PendingOrder<'_>) -> String {
+pub(crate) fn select_pending(settings: &Settings, order: &PendingOrder<'_>) -> String {
     let mapping = &settings.outbox;
     let columns: Vec<String> = mapping.columns().iter().map(|(_, c)| c.quoted()).collect();
     let mut order_by = Vec::new();

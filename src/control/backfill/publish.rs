@@ -16,7 +16,7 @@ use crate::outbox::event::{BadEvent, OutboxEvent};
 
 /// What rides with each backfilled record: its size, returned to the byte budget on delivery.
 #[derive(Debug)]
-pub struct BackfillTag {
+pub(crate) struct BackfillTag {
     bytes: usize,
 }
 
@@ -27,16 +27,16 @@ struct InFlight {
     bytes: usize,
 }
 
-pub struct BackfillPublisher<'s> {
+pub(crate) struct BackfillPublisher<'s> {
     settings: &'s Settings,
     publisher: Publisher<BackfillTag>,
     deliveries: mpsc::UnboundedReceiver<Delivery<BackfillTag>>,
     in_flight: InFlight,
-    pub sent: u64,
+    pub(crate) sent: u64,
 }
 
 impl<'s> BackfillPublisher<'s> {
-    pub fn new(settings: &'s Settings) -> Result<Self, BackfillError> {
+    pub(crate) fn new(settings: &'s Settings) -> Result<Self, BackfillError> {
         let (publisher, deliveries) =
             Publisher::create(&settings.kafka, settings.relay.max_in_flight).map_err(BackfillError::Producer)?;
         Ok(BackfillPublisher {
@@ -49,7 +49,7 @@ impl<'s> BackfillPublisher<'s> {
     }
 
     /// Hands one pending row to Kafka, first waiting for room in the in-flight budget.
-    pub async fn publish(&mut self, row: &PendingRow) -> Result<(), BackfillError> {
+    pub(crate) async fn publish(&mut self, row: &PendingRow) -> Result<(), BackfillError> {
         let relay = &self.settings.relay;
         while self.in_flight.events >= relay.max_in_flight || self.in_flight.bytes >= relay.max_in_flight_bytes {
             self.settle_next().await?;
@@ -85,7 +85,7 @@ impl<'s> BackfillPublisher<'s> {
     }
 
     /// Waits until Kafka acknowledged every record sent; returns how many there were.
-    pub async fn finish(mut self) -> Result<u64, BackfillError> {
+    pub(crate) async fn finish(mut self) -> Result<u64, BackfillError> {
         while self.in_flight.events > 0 {
             self.settle_next().await?;
         }
@@ -93,7 +93,7 @@ impl<'s> BackfillPublisher<'s> {
     }
 
     /// Gives up: drops queued records and waits (bounded) for those on the wire.
-    pub fn abandon(self) {
+    pub(crate) fn abandon(self) {
         self.publisher.abandon(self.settings.relay.shutdown_timeout);
     }
 

@@ -50,11 +50,10 @@ enum Backend {
 
 /// What `IDENTIFY_SYSTEM` reports.
 #[derive(Debug, Clone)]
-pub struct SystemIdentity {
-    pub system_id: String,
-    pub timeline: u32,
-    pub xlogpos: Lsn,
-    pub dbname: Option<String>,
+pub(crate) struct SystemIdentity {
+    pub(crate) system_id: String,
+    pub(crate) timeline: u32,
+    pub(crate) xlogpos: Lsn,
 }
 
 /// An authenticated replication connection, before streaming starts.
@@ -62,8 +61,8 @@ pub struct ReplicationConnection {
     stream: Transport,
     buf: BytesMut,
     out: BytesMut,
-    pub server_version_num: u32,
-    pub backend_pid: i32,
+    pub(crate) server_version_num: u32,
+    pub(crate) backend_pid: i32,
 }
 
 impl ReplicationConnection {
@@ -75,7 +74,7 @@ impl ReplicationConnection {
     /// Like [`connect`](Self::connect); with `dead_peer_timeout`, a TCP connection whose sent
     /// data stays unacknowledged that long fails (`TCP_USER_TIMEOUT`, plus keepalive probes
     /// while idle) instead of hanging on a silently cut network; see [`tune_tcp`].
-    pub async fn connect_with(
+    pub(crate) async fn connect_with(
         settings: &PostgresSettings,
         timeout: Duration,
         dead_peer_timeout: Option<Duration>,
@@ -259,7 +258,7 @@ impl ReplicationConnection {
     }
 
     /// Runs one simple-protocol command and returns its rows as text.
-    pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, ReplicationError> {
+    pub(crate) async fn simple_query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, ReplicationError> {
         frontend::query(sql, &mut self.out)?;
         self.flush_out().await?;
         let mut rows = Vec::new();
@@ -295,7 +294,7 @@ impl ReplicationConnection {
         }
     }
 
-    pub async fn identify_system(&mut self) -> Result<SystemIdentity, ReplicationError> {
+    pub(crate) async fn identify_system(&mut self) -> Result<SystemIdentity, ReplicationError> {
         let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
         let row = rows
             .first()
@@ -308,7 +307,6 @@ impl ReplicationConnection {
             system_id: field(0).unwrap_or_default(),
             timeline: field(1).and_then(|s| s.parse().ok()).unwrap_or(0),
             xlogpos,
-            dbname: field(3),
         })
     }
 
@@ -319,7 +317,7 @@ impl ReplicationConnection {
     /// TRANSACTION SNAPSHOT`) only until this connection runs another command or closes — so
     /// keep the connection open until the backfill's reading transaction has imported it.
     /// `slot` must be a validated simple name (config's `SimpleName`).
-    pub async fn create_logical_slot_exporting_snapshot(
+    pub(crate) async fn create_logical_slot_exporting_snapshot(
         &mut self,
         slot: &str,
     ) -> Result<(Lsn, String), ReplicationError> {
@@ -345,7 +343,7 @@ impl ReplicationConnection {
     }
 
     /// Says goodbye (`Terminate`) and closes the connection, so the server logs no lost client.
-    pub async fn close(mut self) {
+    pub(crate) async fn close(mut self) {
         frontend::terminate(&mut self.out);
         let _ = self.flush_out().await;
         let _ = self.stream.shutdown().await;
@@ -355,7 +353,7 @@ impl ReplicationConnection {
     ///
     /// `start` of zero lets the server resume at the slot's `confirmed_flush_lsn`; transactions
     /// that committed before the resume point are never sent again.
-    pub async fn start_replication(
+    pub(crate) async fn start_replication(
         mut self,
         slot: &str,
         start: Lsn,
@@ -416,7 +414,7 @@ impl ReplicationConnection {
 }
 
 /// The receiving half during streaming: yields the payload of each `CopyData` frame.
-pub struct FrameReader {
+pub(crate) struct FrameReader {
     reader: ReadHalf<Transport>,
     buf: BytesMut,
     copy_done: bool,
@@ -427,7 +425,7 @@ impl FrameReader {
     ///
     /// Cancel-safe: all state lives in `self.buf`, and `read_buf` is cancel-safe, so this can
     /// sit in a `tokio::select!` arm.
-    pub async fn next_frame(&mut self) -> Result<Option<Bytes>, ReplicationError> {
+    pub(crate) async fn next_frame(&mut self) -> Result<Option<Bytes>, ReplicationError> {
         loop {
             if let Some(frame) = self.try_next_frame()? {
                 return Ok(Some(frame));
@@ -443,7 +441,7 @@ impl FrameReader {
     }
 
     /// A frame already buffered, without waiting for the socket.
-    pub fn try_next_frame(&mut self) -> Result<Option<Bytes>, ReplicationError> {
+    pub(crate) fn try_next_frame(&mut self) -> Result<Option<Bytes>, ReplicationError> {
         while !self.copy_done {
             match parse_backend(&mut self.buf)? {
                 Some(Backend::CopyData(data)) => return Ok(Some(data)),
@@ -458,7 +456,7 @@ impl FrameReader {
     }
 
     /// After our CopyDone: drains the server's CopyDone / CommandComplete / ReadyForQuery.
-    pub async fn finish(&mut self, timeout: Duration) {
+    pub(crate) async fn finish(&mut self, timeout: Duration) {
         let drain = async {
             loop {
                 match parse_backend(&mut self.buf) {
@@ -479,14 +477,14 @@ impl FrameReader {
 }
 
 /// The sending half during streaming: standby status updates and the final CopyDone.
-pub struct StatusWriter {
+pub(crate) struct StatusWriter {
     writer: WriteHalf<Transport>,
     out: BytesMut,
 }
 
 impl StatusWriter {
     /// Sends one `CopyData` frame whose payload `encode` writes.
-    pub async fn send_copy_data(&mut self, encode: impl FnOnce(&mut BytesMut)) -> Result<(), ReplicationError> {
+    pub(crate) async fn send_copy_data(&mut self, encode: impl FnOnce(&mut BytesMut)) -> Result<(), ReplicationError> {
         self.out.clear();
         self.out.put_u8(b'd');
         self.out.put_i32(0);
@@ -500,7 +498,7 @@ impl StatusWriter {
     }
 
     /// Ends the stream from our side (`CopyDone`), then says goodbye (`Terminate`) when asked.
-    pub async fn send_copy_done(&mut self) -> Result<(), ReplicationError> {
+    pub(crate) async fn send_copy_done(&mut self) -> Result<(), ReplicationError> {
         self.out.clear();
         frontend::copy_done(&mut self.out);
         self.writer.write_all(&self.out).await?;
@@ -508,7 +506,7 @@ impl StatusWriter {
         Ok(())
     }
 
-    pub async fn terminate(&mut self) {
+    pub(crate) async fn terminate(&mut self) {
         self.out.clear();
         frontend::terminate(&mut self.out);
         let _ = self.writer.write_all(&self.out).await;

@@ -8,11 +8,11 @@ use crate::postgres::failure::{io_hint, is_transient_sqlstate, sqlstate_hint};
 /// An `ErrorResponse` from the server, with the fields an operator needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerError {
-    pub severity: String,
-    pub code: String,
-    pub message: String,
-    pub detail: Option<String>,
-    pub hint: Option<String>,
+    pub(crate) severity: String,
+    pub(crate) code: String,
+    pub(crate) message: String,
+    pub(crate) detail: Option<String>,
+    pub(crate) hint: Option<String>,
 }
 
 impl std::error::Error for ServerError {}
@@ -82,7 +82,7 @@ impl ReplicationError {
     }
 
     /// The server error code, if the server sent one.
-    pub fn sqlstate(&self) -> Option<&str> {
+    pub(crate) fn sqlstate(&self) -> Option<&str> {
         match self {
             ReplicationError::Server(e) => Some(&e.code),
             ReplicationError::AuthRefused { server, .. } => Some(&server.code),

@@ -124,23 +124,23 @@ pub fn decode_server_frame(buf: Bytes) -> Result<ServerFrame, FrameError> {
 
 /// The client → server 'r' message: how far the relay has got.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StandbyStatusUpdate {
+pub(crate) struct StandbyStatusUpdate {
     /// Received and written (to our own buffers, for a logical client).
-    pub write: Lsn,
+    pub(crate) write: Lsn,
     /// Durably handled: becomes the slot's `confirmed_flush_lsn`.
-    pub flush: Lsn,
-    pub apply: Lsn,
-    pub client_time: PgTimestamp,
+    pub(crate) flush: Lsn,
+    pub(crate) apply: Lsn,
+    pub(crate) client_time: PgTimestamp,
     /// Ask the server to answer with a keepalive right away (useful as a ping).
-    pub reply_requested: bool,
+    pub(crate) reply_requested: bool,
 }
 
 impl StandbyStatusUpdate {
     /// Length of the encoded body, tag included.
-    pub const ENCODED_LEN: usize = 1 + 8 * 4 + 1;
+    pub(crate) const ENCODED_LEN: usize = 1 + 8 * 4 + 1;
 
     /// Appends the 'r' body (34 bytes); the caller wraps it in a CopyData message.
-    pub fn encode(&self, out: &mut BytesMut) {
+    pub(crate) fn encode(&self, out: &mut BytesMut) {
         out.reserve(Self::ENCODED_LEN);
         out.put_u8(b'r');
         out.put_u64(self.write.0);
@@ -152,7 +152,7 @@ impl StandbyStatusUpdate {
 }
 
 /// The current time in PostgreSQL's form, for [`StandbyStatusUpdate::client_time`].
-pub fn now_pg_timestamp() -> PgTimestamp {
+pub(crate) fn now_pg_timestamp() -> PgTimestamp {
     PgTimestamp::from_system_time(std::time::SystemTime::now())
 }
 

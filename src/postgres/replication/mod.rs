@@ -2,6 +2,6 @@
 //! ([`connection`]), the CopyBoth frame codec ([`frames`]) and error classification ([`error`]).
 
 pub mod connection;
-pub mod error;
+pub(crate) mod error;
 pub mod frames;
 mod transport;

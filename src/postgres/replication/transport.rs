@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 
-pub enum Transport {
+pub(crate) enum Transport {
     Tcp(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
     Unix(UnixStream),
