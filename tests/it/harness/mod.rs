@@ -58,12 +58,18 @@
 //! collected with what was committed. [`scrape::http_get`] fetches a relay endpoint and
 //! [`scrape::Metrics`] parses Prometheus text (`/metrics`).
 //!
+//! # Faults
+//! [`fault_support`]: commit LSNs of a transaction ([`fault_support::TxnProbe`]), the
+//! "confirmed never passes an unacknowledged commit" check, logical messages, and
+//! `OUTBOX_RELAY_LONG_TESTS` for the long variants of the failure suites.
+//!
 //! # Waiting
 //! [`wait_until`] polls an async condition with a deadline; use it instead of sleeps.
 #![allow(dead_code, unused_imports)]
 
 pub mod checks;
 pub mod consumer;
+pub mod fault_support;
 pub mod kafka;
 pub mod postgres;
 pub mod process;
