@@ -16,7 +16,9 @@
 //!   Option<PgCluster>`: a private cluster for tests that stop, restart, kill or
 //!   reconfigure the server. `None` (after a loud message) when the external server is
 //!   in use: such tests must `return` then.
-//! * Every local cluster is PostgreSQL 15 on 127.0.0.1 on a free port (never 5432),
+//! * Every local cluster is the library's throwaway cluster (`outbox_relay::demo::postgres`,
+//!   also behind `outbox-relay demo` and the benchmark), configured by [`postgres`]:
+//!   PostgreSQL 15 on 127.0.0.1 on a free port (never 5432),
 //!   `wal_level=logical`, 64 slots/senders, `wal_sender_timeout=5s`, `fsync=off`, TLS on with
 //!   a throwaway CA ([`PgCluster::ca_cert_path`]); users: `postgres` (trust) and
 //!   [`SCRAM_USER`] (superuser, SCRAM password [`SCRAM_PASSWORD`], TLS only except for

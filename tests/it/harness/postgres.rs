@@ -117,11 +117,12 @@ impl PgCluster {
                 .password_superuser(SCRAM_USER, SCRAM_PASSWORD),
             |options, (name, value)| options.setting(name, value),
         );
-        let cluster =
-            tokio::task::spawn_blocking(move || ThrowawayPostgres::start_with_options(Path::new(PG_BIN), &options))
-                .await
-                .expect("initdb task")
-                .unwrap_or_else(|e| panic!("{e}"));
+        let start =
+            move || ThrowawayPostgres::start_with_options(Path::new(PG_BIN), &options).map_err(|e| e.to_string());
+        let cluster = tokio::task::spawn_blocking(start)
+            .await
+            .expect("initdb task")
+            .unwrap_or_else(|e| panic!("{e}"));
         // The CA that signed the server's certificate, for clients that verify it; it goes
         // with the cluster's directory.
         let ca = cluster
