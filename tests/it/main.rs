@@ -3,7 +3,7 @@
 //! One binary keeps link time down and lets every test share one lazily started
 //! PostgreSQL cluster (see `harness`). Layout: the test suites are the files next to this
 //! one (add them as plain `mod` lines); everything they share — servers, the relay process,
-//! workloads, checks, fault helpers — lives under `harness/`.
+//! workloads, checks, fault helpers — lives under `harness/`, and no suite imports another.
 
 mod backfill;
 mod control_plane;
