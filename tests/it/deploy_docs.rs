@@ -81,9 +81,9 @@ fn every_example_config_key_is_documented_with_its_environment_variable() {
     assert!(missing.is_empty(), "docs/configuration.md lacks: {missing:?}");
 }
 
-/// Metric names the relay exports (the constants in src/metrics.rs).
+/// Metric names the relay exports (the constants in src/ops/metrics.rs).
 fn exported_metrics() -> BTreeSet<String> {
-    let source = read("src/metrics.rs");
+    let source = read("src/ops/metrics.rs");
     let names: BTreeSet<String> = source
         .lines()
         .filter_map(|l| l.trim().strip_prefix("pub const "))

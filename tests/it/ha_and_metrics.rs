@@ -17,7 +17,7 @@ use crate::harness::scrape::{http_get, latency_window, with_http, Metrics};
 use crate::harness::workload::{event_type, insert_multi_row, new_uuid, payload_json, AGGREGATE_TYPE};
 use crate::harness::*;
 
-// Metric names, as src/metrics.rs defines them (the test binary cannot import the crate's
+// Metric names, as src/ops/metrics.rs defines them (the test binary cannot import the crate's
 // private constants without depending on the library's internals; the names are the contract).
 const RECEIVED: &str = "outbox_relay_events_received_total";
 const PUBLISHED: &str = "outbox_relay_events_published_total";
