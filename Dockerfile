@@ -13,7 +13,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin outbox-relay --example place_order --example idempotent_consumer \
+RUN cargo build --release --locked --no-default-features --bin outbox-relay --example place_order --example idempotent_consumer \
     && mkdir -p /out \
     && cp target/release/outbox-relay target/release/examples/place_order \
           target/release/examples/idempotent_consumer /out/

@@ -69,6 +69,8 @@ pub enum DemoError {
     NoPostgres(String),
     #[error("the throwaway PostgreSQL did not start: {0}")]
     PostgresStart(String),
+    #[error("stopping the throwaway PostgreSQL: {0}")]
+    PostgresStop(String),
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
     #[error("PostgreSQL, {context}: {source}")]

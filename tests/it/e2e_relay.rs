@@ -9,37 +9,6 @@ use tokio_postgres::Client;
 use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema, Workload};
 use crate::harness::*;
 
-pub(crate) const PREFIX_REGEX: &str = r"^(?<routedByValue>[^.]+)\..*$";
-
-/// A database with the given outbox schema, and a relay config for it with `setup` done.
-pub(crate) async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, RelayConfig) {
-    let pg = shared_cluster().await;
-    let db = unique_name("e2e");
-    pg.create_database(&db).await;
-    let client = pg.client(&db).await;
-    create_schema(&client, schema).await;
-    client
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        .await
-        .expect("pg_walinspect");
-    let config = RelayConfig::for_schema(schema, &pg.url(&db), bootstrap);
-    setup(&config).await;
-    (db, client, config)
-}
-
-pub(crate) async fn setup(config: &RelayConfig) {
-    let out = run_cmd(&["setup"], config).await;
-    assert!(
-        out.status.success(),
-        "setup failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-// The delivery checks live in the harness (`harness/checks.rs`); re-exported here for the
-// suites that import them from this module.
-pub(crate) use crate::harness::checks::{check_delivered, check_order};
-
 async fn end_to_end(schema: OutboxSchema) {
     let kafka = MockKafka::new(3);
     let (db, mut client, mut config) = prepared(schema, &kafka.bootstrap_servers()).await;

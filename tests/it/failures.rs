@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use tokio_postgres::Client;
 
-use crate::e2e_relay::{prepared, setup, PREFIX_REGEX};
-use crate::fault_support::*;
+use crate::harness::fault_support::*;
 use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema, Workload};
 use crate::harness::*;
 

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 
-use crate::e2e_relay::{prepared, setup, PREFIX_REGEX};
 use crate::harness::process::send_signal;
 use crate::harness::scrape::{http_get, latency_window, with_http, Metrics};
 use crate::harness::workload::{event_type, insert_multi_row, new_uuid, payload_json, AGGREGATE_TYPE};

@@ -1,7 +1,9 @@
 //! The single integration-test binary (`cargo test --test it`).
 //!
 //! One binary keeps link time down and lets every test share one lazily started
-//! PostgreSQL cluster (see `harness`). Add test modules as plain `mod` lines.
+//! PostgreSQL cluster (see `harness`). Layout: the test suites are the files next to this
+//! one (add them as plain `mod` lines); everything they share — servers, the relay process,
+//! workloads, checks, fault helpers — lives under `harness/`, and no suite imports another.
 
 mod backfill;
 mod control_plane;
@@ -10,7 +12,6 @@ mod deploy_docs;
 mod e2e_relay;
 mod examples;
 mod failures;
-mod fault_support;
 mod ha_and_metrics;
 mod harness;
 mod harness_smoke;

@@ -13,7 +13,6 @@ use crate::harness::scrape::{http_get, latency_window, with_http};
 use crate::harness::workload::{insert_event, new_uuid, ExpectedEvent, OutboxSchema, Workload};
 use crate::harness::*;
 
-const PREFIX_REGEX: &str = r"^(?<routedByValue>[^.]+)\..*$";
 const WAIT: Duration = Duration::from_secs(90);
 
 fn dispatched_column(schema: OutboxSchema) -> &'static str {

@@ -16,7 +16,9 @@
 //!   Option<PgCluster>`: a private cluster for tests that stop, restart, kill or
 //!   reconfigure the server. `None` (after a loud message) when the external server is
 //!   in use: such tests must `return` then.
-//! * Every local cluster is PostgreSQL 15 on 127.0.0.1 on a free port (never 5432),
+//! * Every local cluster is the library's throwaway cluster (`outbox_relay::demo::postgres`,
+//!   also behind `outbox-relay demo` and the benchmark), configured by [`postgres`]:
+//!   PostgreSQL 15 on 127.0.0.1 on a free port (never 5432),
 //!   `wal_level=logical`, 64 slots/senders, `wal_sender_timeout=5s`, `fsync=off`, TLS on with
 //!   a throwaway CA ([`PgCluster::ca_cert_path`]); users: `postgres` (trust) and
 //!   [`SCRAM_USER`] (superuser, SCRAM password [`SCRAM_PASSWORD`], TLS only except for
@@ -58,12 +60,18 @@
 //! collected with what was committed. [`scrape::http_get`] fetches a relay endpoint and
 //! [`scrape::Metrics`] parses Prometheus text (`/metrics`).
 //!
+//! # Faults
+//! [`fault_support`]: commit LSNs of a transaction ([`fault_support::TxnProbe`]), the
+//! "confirmed never passes an unacknowledged commit" check, logical messages, and
+//! `OUTBOX_RELAY_LONG_TESTS` for the long variants of the failure suites.
+//!
 //! # Waiting
 //! [`wait_until`] polls an async condition with a deadline; use it instead of sleeps.
 #![allow(dead_code, unused_imports)]
 
 pub mod checks;
 pub mod consumer;
+pub mod fault_support;
 pub mod kafka;
 pub mod postgres;
 pub mod process;
@@ -81,7 +89,7 @@ pub use postgres::{
     confirmed_flush_lsn, current_wal_lsn, format_lsn, parse_lsn, shared_cluster, slot_row, PgCluster, SlotRow,
     EXTERNAL_PG_ENV, SCRAM_PASSWORD, SCRAM_USER,
 };
-pub use relay_process::{run_cmd, RelayConfig, RelayProcess, RELAY_BIN};
+pub use relay_process::{prepared, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN};
 pub use tansu::Tansu;
 pub use util::{free_port, unique_name, wait_until};
 pub use workload::{

@@ -1,30 +1,32 @@
-//! Throwaway PostgreSQL 15 clusters (or an external server) for integration tests.
+//! PostgreSQL for integration tests: the library's throwaway cluster
+//! ([`outbox_relay::demo::postgres::ThrowawayPostgres`], which owns initdb, ports, the watchdog,
+//! start, stop and cleanup) configured the way the tests need it, or an external server.
 //!
-//! See the `harness` module docs for the overview. Design notes:
-//! * Postgres refuses to run as root, so when the tests run as root every server
-//!   command goes through `runuser -u postgres` and the cluster directory is chowned.
-//! * The postmaster is started by a small `sh` script that also watches this test
-//!   process through `/proc/<pid>`; when the test process disappears (even by SIGKILL,
-//!   and always for the never-dropped shared cluster) the script sends SIGQUIT
-//!   (immediate shutdown) and deletes the cluster directory.
-//! * All settings go into `postgresql.conf` rather than `-c` flags so that `ALTER SYSTEM`
-//!   followed by [`PgCluster::restart`] still works.
+//! See the `harness` module docs for the overview. What this layer adds is test policy:
+//! * one lazily started cluster per test binary ([`shared_cluster`]; never dropped — the
+//!   library's watchdog removes it when the test process exits) and private ones
+//!   ([`PgCluster::start_dedicated`]) for tests that stop, kill or reconfigure the server;
+//! * the test settings (64 slots and senders, `wal_sender_timeout = 5s`, …), TLS with a
+//!   throwaway CA ([`PgCluster::ca_cert_path`]), the TLS-only SCRAM superuser [`SCRAM_USER`]
+//!   and the `pg_hba.conf` that enforces it;
+//! * the external-server mode ([`EXTERNAL_PG_ENV`]), in which no local cluster is started;
+//! * async waiting (a restart never blocks the test's runtime while the server comes up) and
+//!   slot/LSN helpers.
+//!
+//! Invariant: every local cluster is started with the same [`Options`], so a test sees the
+//! same server whether it shares the cluster or has its own (plus its own settings).
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
+use outbox_relay::demo::postgres::{Options, Readiness, Shutdown, ThrowawayPostgres, START_TIMEOUT};
 use tokio::sync::OnceCell;
 use tokio_postgres::{Client, NoTls};
 
-use super::process::{run_bounded, running_as_root};
 use super::tls::generate_server_tls;
-use super::util::{free_port, wait_until};
+use super::util::wait_until;
 
 /// Where Debian puts the PostgreSQL 15 server binaries.
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -34,8 +36,16 @@ pub const EXTERNAL_PG_ENV: &str = "OUTBOX_RELAY_TEST_PG_URL";
 pub const SCRAM_USER: &str = "relay_scram";
 pub const SCRAM_PASSWORD: &str = "scram-Secret-42";
 
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-const CMD_TIMEOUT: Duration = Duration::from_secs(120);
+/// Settings of every local cluster, on top of the library's defaults (`wal_level = logical`,
+/// `fsync = off`, loopback only); a test's own settings come after these.
+const TEST_SETTINGS: &[(&str, &str)] = &[
+    ("max_replication_slots", "64"),
+    ("max_wal_senders", "64"),
+    ("wal_sender_timeout", "5s"),
+    ("max_connections", "200"),
+    ("shared_buffers", "32MB"),
+    ("password_encryption", "scram-sha-256"),
+];
 
 /// A PostgreSQL server the tests may use: a local throwaway cluster, or the external
 /// server named by [`EXTERNAL_PG_ENV`].
@@ -44,16 +54,8 @@ pub struct PgCluster {
 }
 
 enum Inner {
-    Local(LocalPg),
+    Local(ThrowawayPostgres),
     External { base_url: String, port: u16 },
-}
-
-struct LocalPg {
-    dir: TempDir,
-    port: AtomicU16,
-    as_postgres: bool,
-    /// The watchdog script that runs the postmaster (via `runuser` when root).
-    server: Mutex<Option<Child>>,
 }
 
 static SHARED: OnceCell<PgCluster> = OnceCell::const_new();
@@ -104,65 +106,34 @@ impl PgCluster {
             Path::new(PG_BIN).join("postgres").exists(),
             "PostgreSQL 15 server binaries not found in {PG_BIN} (apt-get install postgresql-15)"
         );
-        let settings: Vec<(String, String)> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let local = tokio::task::spawn_blocking(move || LocalPg::init(&settings))
+        let tls = generate_server_tls();
+        let options = TEST_SETTINGS.iter().chain(settings).fold(
+            Options::default()
+                .prefix("outbox-relay-pg-")
+                .tls(&tls.cert_pem, &tls.key_pem)
+                .hba(HBA)
+                // Superuser so TLS e2e tests can run `setup` (publication on a table it does
+                // not own); tests about missing privileges create their own roles.
+                .password_superuser(SCRAM_USER, SCRAM_PASSWORD),
+            |options, (name, value)| options.setting(name, value),
+        );
+        let start =
+            move || ThrowawayPostgres::start_with_options(Path::new(PG_BIN), &options).map_err(|e| e.to_string());
+        let cluster = tokio::task::spawn_blocking(start)
             .await
-            .expect("initdb task");
-        let pg = PgCluster {
-            inner: Inner::Local(local),
-        };
-        pg.start_with_port_retries().await;
-        pg.create_scram_user().await;
-        pg
-    }
-
-    async fn start_with_port_retries(&self) {
-        let local = self.local("start");
-        for attempt in 0..3 {
-            local.spawn_server();
-            if self.wait_ready().await {
-                return;
-            }
-            let _ = local.wait_server_exit(Duration::from_secs(10));
-            let log = self.log_text();
-            let port_clash = log.contains("could not bind") || log.contains("already in use");
-            if attempt < 2 && port_clash {
-                local.set_port(free_port());
-                continue;
-            }
-            panic!("postgres did not become ready; log:\n{}", tail(&log, 4000));
+            .expect("initdb task")
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The CA that signed the server's certificate, for clients that verify it; it goes
+        // with the cluster's directory.
+        let ca = cluster
+            .dir()
+            .expect("a running cluster has its directory")
+            .join("ca.crt");
+        fs::write(&ca, &tls.ca_pem).unwrap_or_else(|e| panic!("write {}: {e}", ca.display()));
+        fs::set_permissions(&ca, fs::Permissions::from_mode(0o644)).expect("chmod ca.crt");
+        PgCluster {
+            inner: Inner::Local(cluster),
         }
-    }
-
-    async fn wait_ready(&self) -> bool {
-        let local = self.local("start");
-        let deadline = Instant::now() + START_TIMEOUT;
-        while Instant::now() < deadline {
-            if !local.server_running() {
-                return false;
-            }
-            if let Ok(c) = self.try_client(&self.admin_db()).await {
-                // Another cluster may have grabbed the same port first; make sure we
-                // are talking to ours.
-                let dir = c.query_one("SELECT current_setting('data_directory')", &[]).await;
-                let ours = local.data_dir();
-                return dir.is_ok_and(|r| Path::new(r.get::<_, &str>(0)) == ours);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        false
-    }
-
-    async fn create_scram_user(&self) {
-        let c = self.client("postgres").await;
-        // Superuser so TLS e2e tests can run `setup` (publication on a table it does
-        // not own); tests about missing privileges create their own roles.
-        c.batch_execute(&format!(
-            "SET password_encryption = 'scram-sha-256';
-             CREATE ROLE {SCRAM_USER} LOGIN SUPERUSER REPLICATION PASSWORD '{SCRAM_PASSWORD}';"
-        ))
-        .await
-        .expect("create scram user");
     }
 
     /// Whether this is a throwaway local cluster (false for the external server).
@@ -180,7 +151,7 @@ impl PgCluster {
     /// Superuser URL for database `db` (`postgres` with trust auth on local clusters).
     pub fn url(&self, db: &str) -> String {
         match &self.inner {
-            Inner::Local(_) => format!("postgres://postgres@127.0.0.1:{}/{db}", self.port()),
+            Inner::Local(l) => l.url(db),
             Inner::External { base_url, .. } => replace_url_db(base_url, db),
         }
     }
@@ -199,7 +170,7 @@ impl PgCluster {
     /// PEM file of the CA that signed the local server's certificate.
     pub fn ca_cert_path(&self) -> Option<PathBuf> {
         match &self.inner {
-            Inner::Local(l) => Some(l.dir.path().join("ca.crt")),
+            Inner::Local(l) => l.dir().map(|dir| dir.join("ca.crt")),
             Inner::External { .. } => None,
         }
     }
@@ -301,19 +272,30 @@ impl PgCluster {
 
     /// Fast shutdown (clean: checkpoint, walsenders flushed). Local clusters only.
     pub fn stop(&self) {
-        self.local("stop").pg_ctl_stop("fast");
+        report(self.local("stop").stop_server(Shutdown::Fast));
     }
 
     /// Immediate shutdown: no checkpoint, crash recovery on the next start.
     pub fn kill(&self) {
-        self.local("kill").pg_ctl_stop("immediate");
+        report(self.local("kill").stop_server(Shutdown::Immediate));
     }
 
     /// Starts a stopped/killed cluster again on the same port and data directory.
     pub async fn start(&self) {
         let local = self.local("start");
-        local.spawn_server();
-        if !self.wait_ready().await {
+        local.spawn_server().unwrap_or_else(|e| panic!("{e}"));
+        // Polled here rather than with the library's blocking `wait_ready`, so the test's
+        // runtime keeps running its other tasks meanwhile.
+        let deadline = Instant::now() + START_TIMEOUT;
+        let ready = loop {
+            match local.readiness() {
+                Readiness::Ready => break true,
+                Readiness::Exited => break false,
+                Readiness::Starting if Instant::now() >= deadline => break false,
+                Readiness::Starting => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
+        if !ready {
             panic!("postgres did not come back; log:\n{}", tail(&self.log_text(), 4000));
         }
     }
@@ -324,7 +306,7 @@ impl PgCluster {
         self.start().await;
     }
 
-    fn local(&self, what: &str) -> &LocalPg {
+    fn local(&self, what: &str) -> &ThrowawayPostgres {
         match &self.inner {
             Inner::Local(l) => l,
             Inner::External { .. } => {
@@ -336,198 +318,19 @@ impl PgCluster {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
+        // A crash stop, quicker than the library's own fast one on drop (which then only
+        // removes the directory).
         if let Inner::Local(l) = &self.inner {
-            l.pg_ctl_stop("immediate");
+            report(l.stop_server(Shutdown::Immediate));
         }
     }
 }
 
-impl LocalPg {
-    /// initdb plus config files; blocking.
-    fn init(settings: &[(String, String)]) -> LocalPg {
-        let dir = tempfile::Builder::new()
-            .prefix("outbox-relay-pg-")
-            .tempdir()
-            .expect("tempdir");
-        let as_postgres = running_as_root();
-        if as_postgres {
-            chown_postgres(dir.path());
-        }
-        let local = LocalPg {
-            dir,
-            port: AtomicU16::new(free_port()),
-            as_postgres,
-            server: Mutex::new(None),
-        };
-        let data = local.data_dir();
-        let out = run_bounded(
-            local
-                .pg_command("initdb")
-                .arg("-D")
-                .arg(&data)
-                .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C"])
-                .args(["--no-sync", "--no-instructions"]),
-            CMD_TIMEOUT,
-        );
-        assert!(
-            out.status.success(),
-            "initdb failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-
-        let tls = generate_server_tls();
-        write(&local.dir.path().join("ca.crt"), &tls.ca_pem, 0o644);
-        write(&data.join("server.crt"), &tls.cert_pem, 0o644);
-        write(&data.join("server.key"), &tls.key_pem, 0o600);
-        write(&data.join("pg_hba.conf"), HBA, 0o600);
-
-        let mut conf = format!(
-            "\n# --- outbox-relay test harness ---\n\
-             listen_addresses = '127.0.0.1'\n\
-             port = {port}\n\
-             unix_socket_directories = '{sock}'\n\
-             wal_level = logical\n\
-             max_replication_slots = 64\n\
-             max_wal_senders = 64\n\
-             wal_sender_timeout = '5s'\n\
-             fsync = off\n\
-             max_connections = 200\n\
-             shared_buffers = '32MB'\n\
-             logging_collector = off\n\
-             ssl = on\n\
-             ssl_cert_file = 'server.crt'\n\
-             ssl_key_file = 'server.key'\n\
-             password_encryption = 'scram-sha-256'\n",
-            port = local.port(),
-            sock = local.dir.path().display(),
-        );
-        for (k, v) in settings {
-            conf.push_str(&format!("{k} = '{}'\n", v.replace('\'', "''")));
-        }
-        append(&data.join("postgresql.conf"), &conf);
-        if as_postgres {
-            chown_postgres(local.dir.path());
-        }
-        local
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("postgres.log")
-    }
-
-    fn port(&self) -> u16 {
-        self.port.load(Ordering::Relaxed)
-    }
-
-    /// Before the first successful start only, when another process took the port.
-    fn set_port(&self, port: u16) {
-        // A later `port =` line overrides the earlier one.
-        append(&self.data_dir().join("postgresql.conf"), &format!("port = {port}\n"));
-        self.port.store(port, Ordering::Relaxed);
-    }
-
-    fn pg_command(&self, program: &str) -> Command {
-        let bin = Path::new(PG_BIN).join(program);
-        if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(bin);
-            c
-        } else {
-            Command::new(bin)
-        }
-    }
-
-    fn spawn_server(&self) {
-        let script = r#"P=$1; ROOT=$2; DATA=$3; LOG=$4; BIN=$5
-"$BIN/postgres" -D "$DATA" >>"$LOG" 2>&1 &
-PG=$!
-( while [ -d /proc/$P ]; do sleep 0.5; done
-  kill -QUIT $PG 2>/dev/null ) &
-W=$!
-wait $PG
-if [ -d /proc/$P ]; then kill $W 2>/dev/null; else rm -rf "$ROOT"; fi
-exit 0"#;
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", "sh", "-c", script]);
-            c
-        } else {
-            let mut c = Command::new("sh");
-            c.args(["-c", script]);
-            c
-        };
-        cmd.arg("pg-watchdog")
-            .arg(std::process::id().to_string())
-            .arg(self.dir.path())
-            .arg(self.data_dir())
-            .arg(self.log_path())
-            .arg(PG_BIN)
-            // Not the test's stdout/stderr: cargo waits for those pipes to close.
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = cmd.spawn().expect("spawn postgres watchdog");
-        let old = self.server.lock().unwrap().replace(child);
-        if let Some(mut old) = old {
-            let _ = old.wait();
-        }
-    }
-
-    fn server_running(&self) -> bool {
-        let mut guard = self.server.lock().unwrap();
-        match guard.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
-    }
-
-    fn wait_server_exit(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut guard = self.server.lock().unwrap();
-        let Some(child) = guard.as_mut() else {
-            return true;
-        };
-        loop {
-            if let Ok(Some(_)) = child.try_wait() {
-                *guard = None;
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn pg_ctl_stop(&self, mode: &str) {
-        if self.data_dir().join("postmaster.pid").exists() {
-            let out = run_bounded(
-                self.pg_command("pg_ctl")
-                    .arg("stop")
-                    .arg("-D")
-                    .arg(self.data_dir())
-                    .args(["-m", mode, "-w", "-t", "60"]),
-                CMD_TIMEOUT,
-            );
-            if !out.status.success() {
-                eprintln!(
-                    "pg_ctl stop -m {mode}: {}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
-        if !self.wait_server_exit(Duration::from_secs(30)) {
-            if let Some(mut c) = self.server.lock().unwrap().take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
+/// `pg_ctl stop` failures are worth a line in the test output, not a failure of their own:
+/// the server is stopped either way (or the test notices when it talks to it).
+fn report(stopped: Result<(), outbox_relay::demo::DemoError>) {
+    if let Err(e) = stopped {
+        eprintln!("{e}");
     }
 }
 
@@ -547,28 +350,6 @@ host      replication  postgres      127.0.0.1/32   trust
 host      all          all           127.0.0.1/32   scram-sha-256
 host      replication  all           127.0.0.1/32   scram-sha-256
 ";
-
-fn write(path: &Path, text: &str, mode: u32) {
-    fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
-fn append(path: &Path, text: &str) {
-    use std::io::Write;
-    let mut f = fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    f.write_all(text.as_bytes()).expect("append");
-}
-
-fn chown_postgres(path: &Path) {
-    let out = run_bounded(
-        Command::new("chown").args(["-R", "postgres:postgres"]).arg(path),
-        CMD_TIMEOUT,
-    );
-    assert!(out.status.success(), "chown -R postgres {}", path.display());
-}
 
 fn tail(s: &str, max: usize) -> &str {
     let start = s.len().saturating_sub(max);

@@ -1,10 +1,9 @@
-//! Child-process plumbing: signals, watchdogs and bounded command runs.
+//! Child-process plumbing: signals, watchdogs and bounded waits for children.
+//! (PostgreSQL's own commands run in the library's throwaway cluster, which bounds them.)
 //!
 //! Signals go through the `kill` command because the crate denies `unsafe` (no libc).
 
-use std::io::Read;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::thread;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Sends `signal` (a name such as `TERM`, `KILL`, `STOP`, `CONT`, `QUIT`) to `pid`.
@@ -74,55 +73,4 @@ pub async fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStat
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-}
-
-/// Runs `cmd` to completion, killing it after `timeout`. Blocking: for short setup
-/// commands (initdb, pg_ctl) only. Panics with the command's output on timeout.
-pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Output {
-    let desc = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {desc}: {e}"));
-    // Drain the pipes on threads so a chatty command cannot fill them and block.
-    let mut out = child.stdout.take().expect("stdout piped");
-    let mut err = child.stderr.take().expect("stderr piped");
-    let out_t = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err_t = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{desc} did not finish within {timeout:?}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: out_t.join().unwrap_or_default(),
-        stderr: err_t.join().unwrap_or_default(),
-    }
-}
-
-/// Is the process running as root? Decides whether Postgres needs `runuser`.
-pub fn running_as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }

@@ -1,4 +1,5 @@
-//! The relay binary as a child process, and the TOML config it reads.
+//! The relay binary as a child process, the TOML config it reads, and a database made
+//! ready for it (`prepared`: schema, `pg_walinspect`, `setup` done).
 //!
 //! Each process gets its own temp dir holding `relay.toml` and `relay.log` (stdout and
 //! stderr appended). `RUST_LOG` defaults to `info` so tests can wait on log lines. When a
@@ -11,11 +12,13 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 use tempfile::TempDir;
+use tokio_postgres::Client;
 use toml::{Table, Value};
 
+use super::postgres::shared_cluster;
 use super::process::{send_signal, wait_child, Watchdog};
 use super::util::{unique_name, wait_until};
-use super::workload::OutboxSchema;
+use super::workload::{create_schema, OutboxSchema};
 
 /// Path of the relay binary built by cargo for this test run.
 pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -371,4 +374,33 @@ pub async fn run_cmd_with(args: &[&str], config: &RelayConfig, env: &[(&str, &st
         stdout: fs::read(&out_path).unwrap_or_default(),
         stderr: fs::read(&err_path).unwrap_or_default(),
     }
+}
+
+/// A route regex for [`RelayConfig::route`]: the topic is the routed-by value up to its first dot.
+pub const PREFIX_REGEX: &str = r"^(?<routedByValue>[^.]+)\..*$";
+
+/// A database with the given outbox schema, and a relay config for it with `setup` done.
+pub async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, RelayConfig) {
+    let pg = shared_cluster().await;
+    let db = unique_name("e2e");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    create_schema(&client, schema).await;
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .await
+        .expect("pg_walinspect");
+    let config = RelayConfig::for_schema(schema, &pg.url(&db), bootstrap);
+    setup(&config).await;
+    (db, client, config)
+}
+
+/// Runs `outbox-relay setup` for `config`; panics with its stderr when it fails.
+pub async fn setup(config: &RelayConfig) {
+    let out = run_cmd(&["setup"], config).await;
+    assert!(
+        out.status.success(),
+        "setup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

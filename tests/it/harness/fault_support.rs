@@ -1,11 +1,16 @@
-//! Helpers shared by the failure and stream-shape suites (`failures.rs`, `stream_shapes.rs`).
+//! Fault-injection helpers shared by the failure and stream-shape suites (`failures.rs`,
+//! `stream_shapes.rs`): commit LSNs from the WAL (pg_walinspect), "never confirmed past"
+//! checks, logical messages, metrics and RSS probes, and the long-test switch.
+//!
+//! Invariant, like the rest of the harness: every wait here is bounded (a timeout or a
+//! window), so a relay that misbehaves fails the test instead of hanging it.
 
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::{Client, GenericClient, Transaction};
 
-use crate::harness::*;
+use super::*;
 
 /// Long variants (≥ 50 crashes, …) run only with `OUTBOX_RELAY_LONG_TESTS=1`.
 pub fn long_tests() -> bool {
