@@ -4,23 +4,28 @@
 //!
 //! | layer | modules | may import |
 //! |---|---|---|
-//! | leaves | [`config`], [`failpoints`] | nothing of the crate |
-//! | adapters | [`postgres`], [`kafka`], [`ops`] | `config` |
-//! | domain | [`outbox`] | `config`, adapters |
-//! | pipelines and control | [`relay`], [`poll`], [`control`] | the layers below (`poll` and `control` never `relay`'s internals) |
-//! | entry points | [`demo`], [`cli`] | everything |
+//! | leaves | [`config`], `failpoints` | nothing of the crate |
+//! | adapters | [`postgres`], `kafka`, [`ops`] | `config` |
+//! | domain | `outbox` | `config`, adapters |
+//! | pipelines and control | `relay`, `poll`, [`control`] | the layers below (`poll` and `control` never `relay`'s internals) |
+//! | entry points | `demo`, [`cli`] | everything |
 //!
 //! `tests/it/layering.rs` fails the build's tests if an import goes upward.
+//!
+//! The public surface is what the binary, the integration tests, the fuzz target and the
+//! benchmark use: [`cli::main`], [`config::Settings`], [`control`]'s `setup` / `status` /
+//! `teardown` and their reports, the pgoutput decoder and frame codec ([`postgres`]), the latency
+//! summary ([`ops`]) and the throwaway cluster (`demo`). Everything else is `pub(crate)`.
 
 pub mod cli;
 pub mod config;
 pub mod control;
 #[cfg(feature = "demo")]
 pub mod demo;
-pub mod failpoints;
-pub mod kafka;
+pub(crate) mod failpoints;
+pub(crate) mod kafka;
 pub mod ops;
-pub mod outbox;
-pub mod poll;
+pub(crate) mod outbox;
+pub(crate) mod poll;
 pub mod postgres;
-pub mod relay;
+pub(crate) mod relay;

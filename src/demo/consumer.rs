@@ -25,7 +25,7 @@ use super::DemoError;
 const REFRESH: Duration = Duration::from_secs(1);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub struct DemoConsumer {
+pub(crate) struct DemoConsumer {
     consumer: BaseConsumer,
     topic: String,
     run_id: String,
@@ -35,7 +35,7 @@ pub struct DemoConsumer {
 
 impl DemoConsumer {
     /// Connects and records where the topic stands before the demo produces anything.
-    pub fn new(bootstrap: &str, topic: &str, run_id: &str) -> Result<DemoConsumer, DemoError> {
+    pub(crate) fn new(bootstrap: &str, topic: &str, run_id: &str) -> Result<DemoConsumer, DemoError> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("group.id", format!("outbox-relay-demo-{run_id}"))
@@ -61,7 +61,7 @@ impl DemoConsumer {
     }
 
     /// Runs on its own thread until `stop`.
-    pub fn spawn(mut self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+    pub(crate) fn spawn(mut self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
         std::thread::Builder::new()
             .name("demo-consumer".into())
             .spawn(move || self.run(&stats, &stop))

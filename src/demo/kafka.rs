@@ -17,7 +17,7 @@ use super::DemoError;
 const BROKERS: i32 = 3;
 const PARTITIONS: i32 = 4;
 
-pub struct EmbeddedKafka {
+pub(crate) struct EmbeddedKafka {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
     bootstrap: String,
@@ -26,7 +26,7 @@ pub struct EmbeddedKafka {
 impl EmbeddedKafka {
     /// Starts the cluster with `topic` already created, so the first events do not wait for
     /// auto-creation.
-    pub fn start(topic: &str) -> Result<EmbeddedKafka, DemoError> {
+    pub(crate) fn start(topic: &str) -> Result<EmbeddedKafka, DemoError> {
         let topic = topic.to_owned();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let (boot_tx, boot_rx) = mpsc::channel::<Result<String, String>>();
@@ -58,7 +58,7 @@ impl EmbeddedKafka {
         })
     }
 
-    pub fn bootstrap_servers(&self) -> &str {
+    pub(crate) fn bootstrap_servers(&self) -> &str {
         &self.bootstrap
     }
 }

@@ -12,11 +12,11 @@
 //! the server is stopped and its temporary directory removed before the demo exits; a demo
 //! killed outright is covered by the server's watchdog (see [`postgres`]).
 
-pub mod consumer;
-pub mod kafka;
+pub(crate) mod consumer;
+pub(crate) mod kafka;
 pub mod postgres;
-pub mod producer;
-pub mod stats;
+pub(crate) mod producer;
+pub(crate) mod stats;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -44,20 +44,20 @@ const TICK: Duration = Duration::from_millis(250);
 const STREAMING_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Orders per second the producers aim for.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub rate: u32,
+    pub(crate) rate: u32,
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long, value_name = "SECONDS")]
-    pub duration: Option<u64>,
+    pub(crate) duration: Option<u64>,
     /// Use this Kafka (host:port[,host:port…]) instead of the embedded one.
     #[arg(long, value_name = "SERVERS")]
-    pub bootstrap: Option<String>,
+    pub(crate) bootstrap: Option<String>,
     /// Directory of the PostgreSQL server binaries (initdb, postgres, pg_ctl); found
     /// automatically when unset.
     #[arg(long, value_name = "DIR", env = "OUTBOX_RELAY_PG_BIN")]
-    pub pg_bin: Option<PathBuf>,
+    pub(crate) pg_bin: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +96,7 @@ impl DemoError {
 }
 
 /// Runs the demo; the exit code is 0 when every produced event was consumed.
-pub fn main(args: DemoArgs) -> ExitCode {
+pub(crate) fn main(args: DemoArgs) -> ExitCode {
     let runtime = match crate::ops::runtime(2) {
         Ok(rt) => rt,
         Err(e) => {
@@ -121,7 +121,7 @@ pub fn main(args: DemoArgs) -> ExitCode {
 }
 
 /// Everything, with cleanup guaranteed once PostgreSQL started.
-pub async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
+pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
     let mut progress = ProgressLine::new();
     let interrupts = watch_interrupts();
     let bin = postgres::find_bin_dir(args.pg_bin.as_deref())?;

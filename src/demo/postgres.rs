@@ -88,7 +88,7 @@ impl Options {
     }
 
     /// `postgresql.conf` lines, appended after the defaults (later lines win).
-    pub fn settings(mut self, text: &str) -> Options {
+    pub(crate) fn settings(mut self, text: &str) -> Options {
         self.settings.push_str(text);
         if !text.is_empty() && !text.ends_with('\n') {
             self.settings.push('\n');
@@ -174,7 +174,7 @@ pub struct ThrowawayPostgres {
 
 impl ThrowawayPostgres {
     /// initdb + start with [`Options::default`]; blocking (run it on a blocking thread).
-    pub fn start(bin: &Path) -> Result<ThrowawayPostgres, DemoError> {
+    pub(crate) fn start(bin: &Path) -> Result<ThrowawayPostgres, DemoError> {
         ThrowawayPostgres::start_with_options(bin, &Options::default())
     }
 
@@ -270,7 +270,7 @@ impl ThrowawayPostgres {
     }
 
     /// Stops the server (fast shutdown) and removes the directory. Idempotent.
-    pub fn stop(&mut self) -> Result<(), DemoError> {
+    pub(crate) fn stop(&mut self) -> Result<(), DemoError> {
         // Whatever pg_ctl said, the watchdog is gone now; removing the directory is what counts.
         let _ = self.stop_server(Shutdown::Fast);
         if let Some(dir) = self.dir.take() {
@@ -380,7 +380,7 @@ impl ThrowawayPostgres {
     }
 
     /// Blocks until the server is ready (true), or has exited or `timeout` passed (false).
-    pub fn wait_ready(&self, timeout: Duration) -> bool {
+    pub(crate) fn wait_ready(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
             match self.readiness() {
@@ -393,7 +393,7 @@ impl ThrowawayPostgres {
     }
 
     /// The last 2000 bytes of the server log.
-    pub fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let log = fs::read_to_string(self.log_path()).unwrap_or_default();
         let start = log.len().saturating_sub(2000);
         let start = (start..log.len())
@@ -538,7 +538,7 @@ impl Drop for ThrowawayPostgres {
 /// Where the PostgreSQL server binaries are: `--pg-bin`, else `pg_config --bindir`, else the
 /// newest `/usr/lib/postgresql/<version>/bin` (Debian/Ubuntu), else the directory of `initdb` on
 /// the PATH.
-pub fn find_bin_dir(explicit: Option<&Path>) -> Result<PathBuf, DemoError> {
+pub(crate) fn find_bin_dir(explicit: Option<&Path>) -> Result<PathBuf, DemoError> {
     if let Some(dir) = explicit {
         return Ok(dir.to_owned());
     }

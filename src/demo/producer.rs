@@ -15,7 +15,7 @@ use super::DemoError;
 
 /// The first seed's schema: the business table and the outbox table (with the polling-era
 /// `dispatched_at` column, unused by the relay).
-pub const SCHEMA: &str = "
+pub(crate) const SCHEMA: &str = "
 CREATE TABLE orders (
     id           uuid PRIMARY KEY,
     customer_id  uuid NOT NULL,
@@ -33,14 +33,14 @@ CREATE TABLE events_outbox (
 ";
 
 /// The event type, and so (with the default routing) the topic.
-pub const EVENT_TYPE: &str = "order.placed";
+pub(crate) const EVENT_TYPE: &str = "order.placed";
 
 /// Rate one connection is asked to sustain at most; more connections share higher rates.
 const RATE_PER_CONNECTION: u32 = 250;
 const MAX_CONNECTIONS: u32 = 16;
 
 /// Starts the producer connections; they stop when `stop` turns true.
-pub async fn spawn(
+pub(crate) async fn spawn(
     url: &str,
     rate: u32,
     run_id: &str,
@@ -78,7 +78,7 @@ pub async fn spawn(
 }
 
 /// One business transaction: the order and its `order.placed` event commit together or not at all.
-pub async fn place_order(client: &mut Client, run_id: &str, total_cents: i64) -> Result<(), DemoError> {
+pub(crate) async fn place_order(client: &mut Client, run_id: &str, total_cents: i64) -> Result<(), DemoError> {
     let placed_at_us = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64);
@@ -111,7 +111,7 @@ pub async fn place_order(client: &mut Client, run_id: &str, total_cents: i64) ->
     tx.commit().await.map_err(DemoError::postgres("COMMIT"))
 }
 
-pub async fn connect(url: &str) -> Result<Client, DemoError> {
+pub(crate) async fn connect(url: &str) -> Result<Client, DemoError> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
         .map_err(DemoError::postgres("connecting"))?;

@@ -14,17 +14,17 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 /// Counters shared by the producer tasks, the consumer thread and the progress printer.
-pub struct Stats {
-    pub produced: AtomicU64,
+pub(crate) struct Stats {
+    pub(crate) produced: AtomicU64,
     /// Records in the demo topic since the demo started (sum of partition high watermarks).
-    pub published: AtomicU64,
-    pub consumed_records: AtomicU64,
+    pub(crate) published: AtomicU64,
+    pub(crate) consumed_records: AtomicU64,
     consumed_ids: Mutex<HashSet<i64>>,
     latency_us: Mutex<Histogram<u64>>,
 }
 
 impl Stats {
-    pub fn new() -> Stats {
+    pub(crate) fn new() -> Stats {
         Stats {
             produced: AtomicU64::new(0),
             published: AtomicU64::new(0),
@@ -36,7 +36,7 @@ impl Stats {
     }
 
     /// One record read by the consumer: its event id and its end-to-end latency.
-    pub fn consumed(&self, event_id: i64, latency: Duration) {
+    pub(crate) fn consumed(&self, event_id: i64, latency: Duration) {
         self.consumed_records.fetch_add(1, Ordering::Relaxed);
         let first = self
             .consumed_ids
@@ -52,11 +52,11 @@ impl Stats {
     }
 
     /// Distinct events consumed.
-    pub fn consumed_distinct(&self) -> u64 {
+    pub(crate) fn consumed_distinct(&self) -> u64 {
         self.consumed_ids.lock().unwrap_or_else(|e| e.into_inner()).len() as u64
     }
 
-    pub fn snapshot(&self, elapsed: Duration) -> Snapshot {
+    pub(crate) fn snapshot(&self, elapsed: Duration) -> Snapshot {
         let h = self.latency_us.lock().unwrap_or_else(|e| e.into_inner());
         let ms = |q: f64| (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0);
         let consumed_records = self.consumed_records.load(Ordering::Relaxed);
@@ -82,20 +82,20 @@ impl Default for Stats {
 
 /// The numbers at one moment.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
-    pub elapsed: Duration,
-    pub produced: u64,
-    pub published: u64,
-    pub consumed: u64,
-    pub duplicates: u64,
-    pub p50_ms: Option<f64>,
-    pub p99_ms: Option<f64>,
-    pub max_ms: Option<f64>,
+pub(crate) struct Snapshot {
+    pub(crate) elapsed: Duration,
+    pub(crate) produced: u64,
+    pub(crate) published: u64,
+    pub(crate) consumed: u64,
+    pub(crate) duplicates: u64,
+    pub(crate) p50_ms: Option<f64>,
+    pub(crate) p99_ms: Option<f64>,
+    pub(crate) max_ms: Option<f64>,
 }
 
 impl Snapshot {
     /// Events produced but not consumed yet.
-    pub fn lag(&self) -> u64 {
+    pub(crate) fn lag(&self) -> u64 {
         self.produced.saturating_sub(self.consumed)
     }
 }
@@ -128,14 +128,14 @@ impl fmt::Display for Snapshot {
 
 /// The live line on stderr: redrawn in place on a terminal, one line every few seconds
 /// otherwise (logs, CI).
-pub struct ProgressLine {
+pub(crate) struct ProgressLine {
     terminal: bool,
     last_plain: Option<Instant>,
     drawn: bool,
 }
 
 impl ProgressLine {
-    pub fn new() -> ProgressLine {
+    pub(crate) fn new() -> ProgressLine {
         ProgressLine {
             terminal: std::io::stderr().is_terminal(),
             last_plain: None,
@@ -143,7 +143,7 @@ impl ProgressLine {
         }
     }
 
-    pub fn update(&mut self, snapshot: &Snapshot) {
+    pub(crate) fn update(&mut self, snapshot: &Snapshot) {
         let mut err = std::io::stderr().lock();
         if self.terminal {
             let _ = write!(err, "\r\x1b[2K{snapshot}");
@@ -156,7 +156,7 @@ impl ProgressLine {
     }
 
     /// Prints a message on its own line without garbling the live line.
-    pub fn message(&mut self, text: &str) {
+    pub(crate) fn message(&mut self, text: &str) {
         let mut err = std::io::stderr().lock();
         if self.drawn {
             let _ = write!(err, "\r\x1b[2K");
@@ -166,7 +166,7 @@ impl ProgressLine {
     }
 
     /// Leaves the last drawn line in place and moves below it.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if self.drawn {
             let _ = writeln!(std::io::stderr());
             self.drawn = false;
@@ -182,20 +182,20 @@ impl Default for ProgressLine {
 
 /// What the demo prints at the end (stdout).
 #[derive(Debug, Clone)]
-pub struct Summary {
-    pub numbers: Snapshot,
-    pub rate: u32,
-    pub topic: String,
-    pub kafka: String,
-    pub slot: String,
-    pub confirmed_lsn: Option<String>,
-    pub interrupted: bool,
-    pub cleanup: Vec<String>,
+pub(crate) struct Summary {
+    pub(crate) numbers: Snapshot,
+    pub(crate) rate: u32,
+    pub(crate) topic: String,
+    pub(crate) kafka: String,
+    pub(crate) slot: String,
+    pub(crate) confirmed_lsn: Option<String>,
+    pub(crate) interrupted: bool,
+    pub(crate) cleanup: Vec<String>,
 }
 
 impl Summary {
     /// Every produced event reached the consumer.
-    pub fn all_consumed(&self) -> bool {
+    pub(crate) fn all_consumed(&self) -> bool {
         self.numbers.consumed >= self.numbers.produced
     }
 }
