@@ -86,7 +86,10 @@ fn exported_metrics() -> BTreeSet<String> {
     let source = read("src/ops/metrics.rs");
     let names: BTreeSet<String> = source
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub const "))
+        .filter_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("pub(crate) const ").or_else(|| l.strip_prefix("pub const "))
+        })
         .filter_map(|l| l.split('"').nth(1))
         .filter(|n| n.starts_with("outbox_relay_"))
         .map(str::to_owned)
