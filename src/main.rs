@@ -1,3 +1,5 @@
+//! The `outbox-relay` binary: the CLI and everything behind it live in the library (`src/cli.rs`).
+
 fn main() -> std::process::ExitCode {
     // Crash tests configure failpoints through FAILPOINTS (see src/failpoints.rs).
     #[cfg(feature = "failpoints")]

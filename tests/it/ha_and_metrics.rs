@@ -74,20 +74,6 @@ async fn wait_holder(client: &Client, slot: &str, not: Option<i32>) -> i32 {
     panic!("no new walsender took slot {slot} within 30 s");
 }
 
-/// A database on `pg` with the outbox schema, pg_walinspect, and `setup` done.
-async fn prepared_on(pg: &PgCluster, schema: OutboxSchema, bootstrap: &str) -> (String, Client, RelayConfig) {
-    let db = unique_name("ha");
-    pg.create_database(&db).await;
-    let client = pg.client(&db).await;
-    create_schema(&client, schema).await;
-    client
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        .await
-        .expect("pg_walinspect");
-    let config = RelayConfig::for_schema(schema, &pg.url(&db), bootstrap);
-    setup(&config).await;
-    (db, client, config)
-}
 
 // ------------------------------------------------------------------ a workload that survives restarts
 
@@ -289,7 +275,7 @@ async fn takeover_after_terminates_a_frozen_holder_but_never_a_healthy_one() {
         return;
     };
     let kafka = MockKafka::new(1);
-    let (_db, client, config) = prepared_on(&pg, OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let (_db, client, config) = prepared_on(&pg, "ha", OutboxSchema::A, &kafka.bootstrap_servers()).await;
     let config = config
         .route(PREFIX_REGEX, "${routedByValue}")
         .status_interval_ms(300)
@@ -342,7 +328,7 @@ async fn walsender_terminations_and_a_server_restart_lose_nothing_and_count_reco
         return;
     };
     let kafka = MockKafka::new(3);
-    let (db, client, config) = prepared_on(&pg, OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    let (db, client, config) = prepared_on(&pg, "ha", OutboxSchema::B, &kafka.bootstrap_servers()).await;
     let (config, addr) = with_http(&config.set("relay", "reconnect_backoff_initial_ms", 100).set(
         "relay",
         "reconnect_backoff_max_ms",
@@ -448,7 +434,7 @@ async fn an_invalidated_slot_stops_the_relay_with_the_cause_and_recovery_steps()
         return;
     };
     let kafka = MockKafka::new(1);
-    let (_db, client, config) = prepared_on(&pg, OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let (_db, client, config) = prepared_on(&pg, "ha", OutboxSchema::A, &kafka.bootstrap_servers()).await;
     let config = config.route(PREFIX_REGEX, "${routedByValue}").status_interval_ms(500);
     let mut relay = RelayProcess::run(&config);
     wait_log(&relay, "streaming started", Duration::from_secs(30)).await;

@@ -89,7 +89,7 @@ pub use postgres::{
     confirmed_flush_lsn, current_wal_lsn, format_lsn, parse_lsn, shared_cluster, slot_row, PgCluster, SlotRow,
     EXTERNAL_PG_ENV, SCRAM_PASSWORD, SCRAM_USER,
 };
-pub use relay_process::{prepared, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN};
+pub use relay_process::{prepared, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN};
 pub use tansu::Tansu;
 pub use util::{free_port, unique_name, wait_until};
 pub use workload::{

@@ -15,7 +15,7 @@ use tempfile::TempDir;
 use tokio_postgres::Client;
 use toml::{Table, Value};
 
-use super::postgres::shared_cluster;
+use super::postgres::{shared_cluster, PgCluster};
 use super::process::{send_signal, wait_child, Watchdog};
 use super::util::{unique_name, wait_until};
 use super::workload::{create_schema, OutboxSchema};
@@ -379,10 +379,20 @@ pub async fn run_cmd_with(args: &[&str], config: &RelayConfig, env: &[(&str, &st
 /// A route regex for [`RelayConfig::route`]: the topic is the routed-by value up to its first dot.
 pub const PREFIX_REGEX: &str = r"^(?<routedByValue>[^.]+)\..*$";
 
-/// A database with the given outbox schema, and a relay config for it with `setup` done.
+/// A database on the shared cluster with the given outbox schema, pg_walinspect, and a relay
+/// config for it with `setup` done.
 pub async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, RelayConfig) {
-    let pg = shared_cluster().await;
-    let db = unique_name("e2e");
+    prepared_on(shared_cluster().await, "e2e", schema, bootstrap).await
+}
+
+/// Like [`prepared`], on `pg`, the database named after `prefix`.
+pub async fn prepared_on(
+    pg: &PgCluster,
+    prefix: &str,
+    schema: OutboxSchema,
+    bootstrap: &str,
+) -> (String, Client, RelayConfig) {
+    let db = unique_name(prefix);
     pg.create_database(&db).await;
     let client = pg.client(&db).await;
     create_schema(&client, schema).await;
