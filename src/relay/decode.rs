@@ -132,3 +132,88 @@ impl StreamState<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::{BufMut, BytesMut};
+
+    use super::*;
+    use crate::config::test_support::settings;
+    use crate::postgres::lsn::Lsn;
+    use crate::relay::publish::Publisher;
+    use crate::relay::quarantine::Suspects;
+
+    const SECOND_US: i64 = 1_000_000;
+    /// A commit time, µs since 2000-01-01 (PostgreSQL's epoch).
+    const COMMITTED: i64 = 800_000_000 * SECOND_US;
+
+    /// An XLogData frame the server sent at `send_time` carrying `message`.
+    fn xlog(send_time: i64, message: &[u8]) -> Bytes {
+        let mut b = BytesMut::new();
+        b.put_u8(b'w');
+        b.put_u64(0x100);
+        b.put_u64(0x100);
+        b.put_i64(send_time);
+        b.put_slice(message);
+        b.freeze()
+    }
+
+    fn begin(final_lsn: u64) -> Vec<u8> {
+        let mut b = vec![b'B'];
+        b.put_u64(final_lsn);
+        b.put_i64(COMMITTED);
+        b.put_u32(7);
+        b
+    }
+
+    fn commit(commit_lsn: u64, end_lsn: u64) -> Vec<u8> {
+        let mut b = vec![b'C', 0];
+        b.put_u64(commit_lsn);
+        b.put_u64(end_lsn);
+        b.put_i64(COMMITTED);
+        b
+    }
+
+    /// A session state whose producer never sends anything (no event in these frames).
+    fn with_state(test: impl FnOnce(&mut StreamState<'_>)) {
+        let settings = settings("");
+        let (publisher, _reports) = Publisher::create(&settings.kafka, 16).expect("a producer");
+        let mut suspects = Suspects::default();
+        let mut state = StreamState::new(&settings, publisher, Lsn(0x10), &mut suspects);
+        test(&mut state);
+    }
+
+    #[test]
+    fn a_commit_must_be_the_one_its_begin_announced() {
+        with_state(|state| {
+            state.on_frame(xlog(COMMITTED, &begin(0x500))).unwrap();
+            let err = state.on_frame(xlog(COMMITTED, &commit(0x600, 0x610))).unwrap_err();
+            assert!(matches!(err, RelayError::Protocol(_)), "{err}");
+            assert!(
+                err.to_string().contains("0/600") && err.to_string().contains("0/500"),
+                "{err}"
+            );
+            // A protocol violation stops the relay for an operator rather than looping.
+            assert!(!err.is_transient(), "{err}");
+        });
+        with_state(|state| {
+            state.on_frame(xlog(COMMITTED, &begin(0x500))).unwrap();
+            state.on_frame(xlog(COMMITTED, &commit(0x500, 0x510))).unwrap();
+            // The empty transaction is confirmed at its end.
+            assert_eq!(state.confirmed(), Lsn(0x510));
+        });
+    }
+
+    #[test]
+    fn backlog_is_judged_by_the_servers_clock_alone() {
+        with_state(|state| {
+            // Sent 10 ms after its commit: live, whatever this host's clock says.
+            state.on_frame(xlog(COMMITTED + 10_000, &begin(0x500))).unwrap();
+            assert!(!state.catching_up(std::time::Duration::from_secs(1)));
+            state.on_frame(xlog(COMMITTED + 10_000, &commit(0x500, 0x510))).unwrap();
+            // Sent a minute after its commit: the stream is reading a backlog.
+            state.on_frame(xlog(COMMITTED + 60 * SECOND_US, &begin(0x600))).unwrap();
+            assert!(state.catching_up(std::time::Duration::from_secs(1)));
+        });
+    }
+}

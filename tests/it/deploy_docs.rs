@@ -88,7 +88,8 @@ fn exported_metrics() -> BTreeSet<String> {
         .lines()
         .filter_map(|l| {
             let l = l.trim();
-            l.strip_prefix("pub(crate) const ").or_else(|| l.strip_prefix("pub const "))
+            l.strip_prefix("pub(crate) const ")
+                .or_else(|| l.strip_prefix("pub const "))
         })
         .filter_map(|l| l.split('"').nth(1))
         .filter(|n| n.starts_with("outbox_relay_"))

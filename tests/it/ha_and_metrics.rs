@@ -74,7 +74,6 @@ async fn wait_holder(client: &Client, slot: &str, not: Option<i32>) -> i32 {
     panic!("no new walsender took slot {slot} within 30 s");
 }
 
-
 // ------------------------------------------------------------------ a workload that survives restarts
 
 /// Commits schema-B events (client-chosen uuids) from several tasks until stopped, riding out
