@@ -9,6 +9,7 @@ use serde::Deserialize;
 use tokio_postgres::Client;
 
 use super::ControlError;
+use crate::config::ident::TableName;
 use crate::postgres::lsn::Lsn;
 
 /// Server facts every command needs.
@@ -143,4 +144,12 @@ pub(crate) async fn publication_tables(client: &Client, name: &str) -> Result<Ve
         .await
         .map_err(ControlError::query(format!("listing the tables of publication {name}")))?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The outbox table as the catalogs know it.
+pub(crate) struct TableFacts {
+    pub(crate) name: TableName,
+    pub(crate) oid: u32,
+    pub(crate) owner: String,
+    pub(crate) partitioned: bool,
 }

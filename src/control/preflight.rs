@@ -16,8 +16,9 @@ use std::fmt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::catalog::{self, ServerInfo, SlotLookup, SlotRow};
+use super::catalog::{self, ServerInfo, SlotLookup, SlotRow, TableFacts};
 use super::column_types::ColumnRole;
+pub(crate) use super::publication::PublicationInfo;
 use super::ControlError;
 use crate::config::ident::{quote_ident, TableName};
 use crate::config::Settings;
@@ -71,18 +72,6 @@ pub(crate) struct SlotInfo {
     pub(crate) confirmed_flush_lsn: Option<Lsn>,
     pub(crate) restart_lsn: Option<Lsn>,
     pub(crate) wal_status: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PublicationInfo {
-    pub(crate) owner: String,
-    /// The connected role owns it, so setup may add the outbox table to it.
-    pub(crate) owned_by_current_role: bool,
-    pub(crate) all_tables: bool,
-    pub(crate) includes_table: bool,
-    /// Always exactly `["insert"]` once preflight passed.
-    pub(crate) actions: Vec<String>,
-    pub(crate) via_partition_root: bool,
 }
 
 /// The mapped columns for a report line: `id_column = id bigint, …`.
@@ -232,14 +221,6 @@ async fn check_role(client: &Client, server: &ServerInfo) -> Result<bool, Contro
         });
     }
     Ok(superuser)
-}
-
-/// The outbox table as the catalogs know it.
-pub(crate) struct TableFacts {
-    pub(crate) name: TableName,
-    pub(crate) oid: u32,
-    pub(crate) owner: String,
-    pub(crate) partitioned: bool,
 }
 
 async fn find_table(client: &Client, settings: &Settings, server: &ServerInfo) -> Result<TableFacts, ControlError> {

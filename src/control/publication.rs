@@ -8,10 +8,22 @@
 
 use tokio_postgres::Client;
 
-use super::catalog::{self, PublicationRow, ServerInfo};
-use super::preflight::{PublicationInfo, TableFacts};
+use super::catalog::{self, PublicationRow, ServerInfo, TableFacts};
 use super::ControlError;
 use crate::config::Settings;
+
+/// What preflight found of the configured publication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PublicationInfo {
+    pub(crate) owner: String,
+    /// The connected role owns it, so setup may add the outbox table to it.
+    pub(crate) owned_by_current_role: bool,
+    pub(crate) all_tables: bool,
+    pub(crate) includes_table: bool,
+    /// Always exactly `["insert"]` once preflight passed.
+    pub(crate) actions: Vec<String>,
+    pub(crate) via_partition_root: bool,
+}
 
 /// The configured publication, if it exists, checked against what the relay needs.
 pub(crate) async fn check_publication(

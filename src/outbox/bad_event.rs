@@ -22,9 +22,42 @@ use bytes::Bytes;
 
 use crate::config::kafka::KafkaProperties;
 use crate::kafka::producer::{OutboundRecord, RecordHeader};
-use crate::outbox::event::BadEvent;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
+
+/// Why one event cannot become a Kafka record.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BadEvent {
+    #[error("column {column:?} ({role}) is NULL")]
+    Null { column: String, role: &'static str },
+    #[error("column {column:?} ({role}) is not valid UTF-8 text")]
+    NotUtf8 { column: String, role: &'static str },
+    #[error("column {column:?} arrived in binary format, which the relay never requests")]
+    Binary { column: String },
+    #[error("the row has {got} columns but the table's Relation message described {expected}")]
+    ShortTuple { got: usize, expected: usize },
+    #[error("{0}")]
+    Topic(String),
+    #[error("Kafka refused the record: {0}")]
+    Rejected(String),
+    #[error("logical decoding message: {0}")]
+    Message(String),
+}
+
+impl BadEvent {
+    /// The `cause` label of `outbox_relay_bad_events_total`.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            BadEvent::Null { .. } => "null_column",
+            BadEvent::NotUtf8 { .. } => "not_utf8",
+            BadEvent::Binary { .. } => "binary_value",
+            BadEvent::ShortTuple { .. } => "short_tuple",
+            BadEvent::Topic(_) => "invalid_topic",
+            BadEvent::Rejected(_) => "kafka_rejected",
+            BadEvent::Message(_) => "bad_message",
+        }
+    }
+}
 
 /// Header names of a dead-letter record (besides `id`, the event id as for every record).
 pub(crate) const HEADER_ERROR: &str = "outbox-relay-error";

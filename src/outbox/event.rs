@@ -24,42 +24,9 @@ use std::borrow::Cow;
 
 use crate::config::outbox::{OutboxMapping, TopicRoute};
 use crate::kafka::producer::{OutboundRecord, RecordHeader};
+use crate::outbox::bad_event::BadEvent;
 use crate::outbox::routing;
 use crate::outbox::timestamp::parse_timestamp_ms;
-
-/// Why one event cannot become a Kafka record.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum BadEvent {
-    #[error("column {column:?} ({role}) is NULL")]
-    Null { column: String, role: &'static str },
-    #[error("column {column:?} ({role}) is not valid UTF-8 text")]
-    NotUtf8 { column: String, role: &'static str },
-    #[error("column {column:?} arrived in binary format, which the relay never requests")]
-    Binary { column: String },
-    #[error("the row has {got} columns but the table's Relation message described {expected}")]
-    ShortTuple { got: usize, expected: usize },
-    #[error("{0}")]
-    Topic(String),
-    #[error("Kafka refused the record: {0}")]
-    Rejected(String),
-    #[error("logical decoding message: {0}")]
-    Message(String),
-}
-
-impl BadEvent {
-    /// The `cause` label of `outbox_relay_bad_events_total`.
-    pub(crate) fn label(&self) -> &'static str {
-        match self {
-            BadEvent::Null { .. } => "null_column",
-            BadEvent::NotUtf8 { .. } => "not_utf8",
-            BadEvent::Binary { .. } => "binary_value",
-            BadEvent::ShortTuple { .. } => "short_tuple",
-            BadEvent::Topic(_) => "invalid_topic",
-            BadEvent::Rejected(_) => "kafka_rejected",
-            BadEvent::Message(_) => "bad_message",
-        }
-    }
-}
 
 /// One outbox event: the values its record is made of, before routing.
 ///

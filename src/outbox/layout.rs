@@ -11,7 +11,8 @@
 use std::borrow::Cow;
 
 use crate::config::outbox::OutboxMapping;
-use crate::outbox::event::{BadEvent, OutboxEvent};
+use crate::outbox::bad_event::BadEvent;
+use crate::outbox::event::OutboxEvent;
 use crate::outbox::timestamp::parse_timestamp_ms;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 

@@ -29,7 +29,8 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::outbox::event::{BadEvent, OutboxEvent};
+use crate::outbox::bad_event::BadEvent;
+use crate::outbox::event::OutboxEvent;
 
 #[derive(Deserialize)]
 struct Wire<'a> {

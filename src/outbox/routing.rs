@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use crate::config::kafka::validate_topic_name;
 use crate::config::outbox::TopicRoute;
-use crate::outbox::event::BadEvent;
+use crate::outbox::bad_event::BadEvent;
 
 /// The Kafka topic for one route-by value, or why the event cannot have one.
 pub(crate) fn topic<'a>(route: &TopicRoute, routed_by_value: &'a str) -> Result<Cow<'a, str>, BadEvent> {

@@ -6,7 +6,7 @@ use tokio_postgres::error::SqlState;
 use crate::config::ident::TableName;
 use crate::control::{describe, ControlError};
 use crate::kafka::producer::DeliveryFailure;
-use crate::outbox::event::BadEvent;
+use crate::outbox::bad_event::BadEvent;
 use crate::postgres::client::ConnectError;
 
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@
 use tokio_postgres::Row;
 
 use super::error::PollError;
-use crate::outbox::event::BadEvent;
+use crate::outbox::bad_event::BadEvent;
 
 /// The claim query's columns as text (`None` = NULL), borrowed from `row`, for
 /// [`OutboxEvent::from_columns`](crate::outbox::event::OutboxEvent::from_columns).

@@ -33,7 +33,8 @@ use crate::kafka::producer::{Delivery, DeliveryFailure, Publisher};
 use crate::ops::latency::LatencyBatch;
 use crate::ops::metrics::now_unix_us;
 use crate::ops::retry::{wait_or_shutdown, Backoff};
-use crate::outbox::event::{BadEvent, OutboxEvent};
+use crate::outbox::bad_event::BadEvent;
+use crate::outbox::event::OutboxEvent;
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
 /// a producer that is already abandoned, but the check keeps the count honest regardless.

@@ -13,7 +13,6 @@
 use tracing::debug;
 
 use super::error::RelayError;
-use super::stream::StreamState;
 use super::watermark::AckWatermark;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::replication::connection::StatusWriter;
@@ -62,26 +61,18 @@ impl Confirm {
             reply_requested,
         }
     }
-}
 
-impl StreamState<'_> {
-    /// Sends a standby status update with everything confirmed. `reply_requested` makes the
-    /// walsender answer at once (used to probe a silent connection).
-    pub(crate) async fn send_status(
+    /// Sends the next update on `writer`.
+    pub(crate) async fn send(
         &mut self,
+        watermark: &AckWatermark,
+        received: Lsn,
         writer: &mut StatusWriter,
         reply_requested: bool,
     ) -> Result<(), RelayError> {
-        let update = self
-            .confirm
-            .next_update(&self.watermark, self.received, reply_requested);
+        let update = self.next_update(watermark, received, reply_requested);
         writer.send_copy_data(|out| update.encode(out)).await?;
         Ok(())
-    }
-
-    /// Whether acknowledgements moved the watermark past what PostgreSQL was told.
-    pub(crate) fn has_unreported_progress(&self) -> bool {
-        self.confirm.has_unreported(&self.watermark)
     }
 }
 

@@ -140,8 +140,8 @@ mod tests {
     use super::*;
     use crate::config::test_support::settings;
     use crate::postgres::lsn::Lsn;
-    use crate::relay::publish::Publisher;
     use crate::relay::quarantine::Suspects;
+    use crate::relay::stream::Publisher;
 
     const SECOND_US: i64 = 1_000_000;
     /// A commit time, µs since 2000-01-01 (PostgreSQL's epoch).

@@ -1,7 +1,7 @@
 //! Why a streaming session ended, and whether the supervisor reconnects or stops.
 
 use crate::kafka::producer::DeliveryFailure;
-use crate::outbox::event::BadEvent;
+use crate::outbox::bad_event::BadEvent;
 use crate::outbox::layout::LayoutError;
 use crate::postgres::client::ConnectError;
 use crate::postgres::failure::{describe_pg, is_transient_pg};
@@ -9,7 +9,7 @@ use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::DecodeError;
 use crate::postgres::replication::error::ReplicationError;
 use crate::postgres::replication::frames::FrameError;
-use crate::postgres::slot::SlotQueryError;
+use crate::postgres::slot::{SlotHolder, SlotQueryError};
 use crate::relay::watermark::WatermarkError;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,10 +43,7 @@ pub enum RelayError {
         cause: String,
     },
     #[error("replication slot {slot:?} is in use by {holder}; standing by")]
-    SlotBusy {
-        slot: String,
-        holder: super::slot::SlotHolder,
-    },
+    SlotBusy { slot: String, holder: SlotHolder },
     #[error(
         "replication slot {slot:?} was advanced by something other than this relay: streaming was requested from \
          {requested}, but the slot's confirmed_flush_lsn is {confirmed}, so the server would skip the WAL in between \
@@ -134,13 +131,34 @@ impl RelayError {
     /// Who holds the slot, when that is why the session ended: from the slot check before
     /// streaming, or from the server's refusal of `START_REPLICATION` (SQLSTATE 55006, "… is
     /// active for PID n") when another instance won the race in between.
-    pub(crate) fn slot_holder(&self) -> Option<super::slot::SlotHolder> {
+    pub(crate) fn slot_holder(&self) -> Option<SlotHolder> {
         match self {
             RelayError::SlotBusy { holder, .. } => Some(holder.clone()),
-            RelayError::Replication(ReplicationError::Server(e)) if e.code == "55006" => Some(
-                super::slot::SlotHolder::from_pid(super::slot::parse_holder_pid(&e.message)),
-            ),
+            RelayError::Replication(ReplicationError::Server(e)) if e.code == "55006" => {
+                Some(SlotHolder::from_pid(parse_holder_pid(&e.message)))
+            }
             _ => None,
         }
+    }
+}
+
+/// The holder's pid from the server's "replication slot \"x\" is active for PID 123" (55006).
+pub(crate) fn parse_holder_pid(message: &str) -> Option<i32> {
+    let at = message.rfind("PID ")? + 4;
+    let digits: String = message[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holder_pid_comes_from_the_server_message() {
+        assert_eq!(
+            parse_holder_pid("replication slot \"outbox_relay\" is active for PID 31337"),
+            Some(31337)
+        );
+        assert_eq!(parse_holder_pid("something else"), None);
     }
 }

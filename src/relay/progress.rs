@@ -3,8 +3,7 @@
 //! Kept out of the steps' files: the hooks there are one call each
 //! (`count_sent`, `count_delivery`), and everything they need lives here.
 
-use super::publish::DeliveryTag;
-use super::stream::StreamState;
+use super::stream::{DeliveryTag, StreamState};
 use crate::config::Settings;
 use crate::ops::metrics::{now_unix_us, StreamSnapshot, TopicId};
 use crate::postgres::lsn::Lsn;

@@ -17,41 +17,18 @@ use metrics::counter;
 use rdkafka::error::KafkaError;
 use tracing::{info, warn};
 
-use super::stream::{Phase, StreamState};
+use super::stream::{DeliveryTag, Phase, StreamState};
 use crate::config::relay::BadEventPolicy;
 use crate::kafka::producer::{is_record_rejection, DeliveryFailure, OutboundRecord};
 use crate::ops::metrics::BAD_EVENTS;
+use crate::outbox::bad_event::BadEvent;
 use crate::outbox::bad_event::RawEvent;
-use crate::outbox::event::{BadEvent, OutboxEvent};
+use crate::outbox::event::OutboxEvent;
 use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::LogicalDecodingMessage;
 use crate::relay::error::RelayError;
 use crate::relay::quarantine::{EventRef, Held, TxnEvent};
-use crate::relay::watermark::TxnTicket;
-
-/// Rides along with each record and comes back in its delivery report.
-#[derive(Debug)]
-pub(crate) struct DeliveryTag {
-    pub(crate) ticket: TxnTicket,
-    pub(crate) bytes: usize,
-    /// Commit LSN of the event's transaction, for error messages.
-    pub(crate) commit_lsn: Lsn,
-    /// Commit time (µs since the Unix epoch), for latency measurements.
-    pub(crate) commit_time_unix_us: i64,
-    /// Position among its transaction's outbox events (with `commit_lsn`, the event's identity
-    /// across replays; see `relay::quarantine`).
-    pub(crate) event_seq: u32,
-    /// A dead letter (`[relay] on_bad_event = "dead-letter"`): its failure is a plain delivery
-    /// failure, never another bad event.
-    pub(crate) dead_letter: bool,
-    /// The event's topic in the session's per-topic metrics (`crate::ops::metrics::SessionMetrics`).
-    pub(crate) topic: crate::ops::metrics::TopicId,
-}
-
-/// The relay's producer and its delivery reports, tagged with [`DeliveryTag`]s.
-pub(crate) type Publisher = crate::kafka::producer::Publisher<DeliveryTag>;
-pub(crate) type Delivery = crate::kafka::producer::Delivery<DeliveryTag>;
 
 impl StreamState<'_> {
     /// The identity of the open transaction's next outbox event.

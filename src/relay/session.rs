@@ -30,10 +30,9 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::error::RelayError;
-use super::publish::{Delivery, Publisher};
 use super::receive;
 use super::silence::Silence;
-use super::stream::StreamState;
+use super::stream::{Delivery, Publisher, StreamState};
 use super::{heartbeat, slot, SessionContext};
 use crate::config::Settings;
 use crate::ops::health::Mode;

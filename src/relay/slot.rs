@@ -110,13 +110,6 @@ pub(crate) async fn terminate_holder(
     Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
 }
 
-/// The holder's pid from the server's "replication slot \"x\" is active for PID 123" (55006).
-pub(crate) fn parse_holder_pid(message: &str) -> Option<i32> {
-    let at = message.rfind("PID ")? + 4;
-    let digits: String = message[at..].chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,14 +212,5 @@ mod tests {
             "behind the request is fine"
         );
         assert!(check_started("s", Lsn::ZERO, Some(&moved)).is_ok());
-    }
-
-    #[test]
-    fn holder_pid_comes_from_the_server_message() {
-        assert_eq!(
-            parse_holder_pid("replication slot \"outbox_relay\" is active for PID 31337"),
-            Some(31337)
-        );
-        assert_eq!(parse_holder_pid("something else"), None);
     }
 }

@@ -18,13 +18,36 @@ use std::sync::Arc;
 
 use super::confirm::Confirm;
 use super::error::RelayError;
-use super::publish::{Delivery, Publisher};
 use super::quarantine::{Held, Suspects};
 use crate::config::Settings;
 use crate::outbox::layout::OutboxLayout;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{PgTimestamp, Relation};
+use crate::postgres::replication::connection::StatusWriter;
 use crate::relay::watermark::{AckWatermark, TxnTicket};
+
+/// Rides along with each record and comes back in its delivery report.
+#[derive(Debug)]
+pub(crate) struct DeliveryTag {
+    pub(crate) ticket: TxnTicket,
+    pub(crate) bytes: usize,
+    /// Commit LSN of the event's transaction, for error messages.
+    pub(crate) commit_lsn: Lsn,
+    /// Commit time (µs since the Unix epoch), for latency measurements.
+    pub(crate) commit_time_unix_us: i64,
+    /// Position among its transaction's outbox events (with `commit_lsn`, the event's identity
+    /// across replays; see `relay::quarantine`).
+    pub(crate) event_seq: u32,
+    /// A dead letter (`[relay] on_bad_event = "dead-letter"`): its failure is a plain delivery
+    /// failure, never another bad event.
+    pub(crate) dead_letter: bool,
+    /// The event's topic in the session's per-topic metrics (`crate::ops::metrics::SessionMetrics`).
+    pub(crate) topic: crate::ops::metrics::TopicId,
+}
+
+/// The relay's producer and its delivery reports, tagged with [`DeliveryTag`]s.
+pub(crate) type Publisher = crate::kafka::producer::Publisher<DeliveryTag>;
+pub(crate) type Delivery = crate::kafka::producer::Delivery<DeliveryTag>;
 
 pub(super) struct CachedRelation {
     pub(super) relation: Relation,
@@ -158,6 +181,23 @@ impl<'s> StreamState<'s> {
 
     pub(crate) fn in_flight(&self) -> usize {
         self.watermark.in_flight_events()
+    }
+
+    /// Sends a standby status update with everything confirmed (`confirm.rs` has the rule).
+    /// `reply_requested` makes the walsender answer at once (used to probe a silent connection).
+    pub(crate) async fn send_status(
+        &mut self,
+        writer: &mut StatusWriter,
+        reply_requested: bool,
+    ) -> Result<(), RelayError> {
+        self.confirm
+            .send(&self.watermark, self.received, writer, reply_requested)
+            .await
+    }
+
+    /// Whether acknowledgements moved the watermark past what PostgreSQL was told.
+    pub(crate) fn has_unreported_progress(&self) -> bool {
+        self.confirm.has_unreported(&self.watermark)
     }
 
     pub(crate) fn confirmed(&self) -> Lsn {

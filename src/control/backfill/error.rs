@@ -3,7 +3,7 @@
 use crate::config::ident::{Ident, TableName};
 use crate::control::{describe, ControlError};
 use crate::kafka::producer::DeliveryFailure;
-use crate::outbox::event::BadEvent;
+use crate::outbox::bad_event::BadEvent;
 use crate::postgres::replication::error::ReplicationError;
 
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,8 @@ use super::error::BackfillError;
 use super::pending::PendingRow;
 use crate::config::Settings;
 use crate::kafka::producer::{Delivery, Publisher};
-use crate::outbox::event::{BadEvent, OutboxEvent};
+use crate::outbox::bad_event::BadEvent;
+use crate::outbox::event::OutboxEvent;
 
 /// What rides with each backfilled record: its size, returned to the byte budget on delivery.
 #[derive(Debug)]
