@@ -22,6 +22,7 @@ pub(crate) use super::publication::PublicationInfo;
 use super::ControlError;
 use crate::config::ident::{quote_ident, TableName};
 use crate::config::Settings;
+use crate::outbox::payload::{PayloadFormat, BYTEA_OID};
 use crate::postgres::lsn::Lsn;
 
 /// The oldest server with pgoutput.
@@ -63,6 +64,17 @@ pub(crate) struct MappedColumn {
     pub(crate) column: crate::config::ident::Ident,
     /// As `format_type` prints it, e.g. `character varying(255)`.
     pub(crate) type_name: String,
+    /// Its base type (a domain resolved to the type it is built on) is `bytea`.
+    pub(crate) bytea: bool,
+}
+
+/// How the payload column's text becomes the record value, from its checked type: `bytea` (or a
+/// domain over it) is decoded to its bytes, everything else passes as text.
+pub(crate) fn payload_format(columns: &[MappedColumn]) -> PayloadFormat {
+    match columns.iter().find(|c| c.config_key == "outbox.payload_column") {
+        Some(c) if c.bytea => PayloadFormat::Bytea,
+        _ => PayloadFormat::Text,
+    }
 }
 
 /// A usable logical pgoutput slot of this database.
@@ -347,7 +359,8 @@ async fn check_columns(
         };
         let type_name: String = row.get(1);
         let role = ColumnRole::for_config_key(config_key);
-        if !role.accepts(row.get(2), row.get::<_, &str>(3), row.get::<_, &str>(4)) {
+        let base_oid: u32 = row.get(2);
+        if !role.accepts(base_oid, row.get::<_, &str>(3), row.get::<_, &str>(4)) {
             return Err(ControlError::UnusableColumnType {
                 key: config_key,
                 column: column.clone(),
@@ -360,6 +373,7 @@ async fn check_columns(
             config_key,
             column: column.clone(),
             type_name,
+            bytea: base_oid == BYTEA_OID,
         });
     }
     Ok(mapped)

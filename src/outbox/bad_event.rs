@@ -32,6 +32,8 @@ pub enum BadEvent {
     Null { column: String, role: &'static str },
     #[error("column {column:?} ({role}) is not valid UTF-8 text")]
     NotUtf8 { column: String, role: &'static str },
+    #[error("column {column:?} (payload, bytea) is not PostgreSQL's hex bytea text: {cause}")]
+    Bytea { column: String, cause: String },
     #[error("column {column:?} arrived in binary format, which the relay never requests")]
     Binary { column: String },
     #[error("the row has {got} columns but the table's Relation message described {expected}")]
@@ -51,6 +53,7 @@ impl BadEvent {
             BadEvent::Null { .. } => "null_column",
             BadEvent::NotUtf8 { .. } => "not_utf8",
             BadEvent::Binary { .. } => "binary_value",
+            BadEvent::Bytea { .. } => "bad_bytea",
             BadEvent::ShortTuple { .. } => "short_tuple",
             BadEvent::Topic(_) => "invalid_topic",
             BadEvent::Rejected(_) => "kafka_rejected",

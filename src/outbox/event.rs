@@ -18,20 +18,23 @@
 //!
 //! An event borrows from what it was read from (the decoded WAL message, the claimed row): on
 //! the streaming path, building it allocates nothing but the header list, and only when header
-//! columns are mapped. [`OutboxEvent::into_owned`] detaches it where it must outlive its source.
+//! columns are mapped — and a `bytea` payload's decoded bytes (`payload.rs`), the one value that
+//! is not the column's text. [`OutboxEvent::into_owned`] detaches it where it must outlive its source.
 
 use std::borrow::Cow;
 
 use crate::config::outbox::{OutboxMapping, TopicRoute};
 use crate::kafka::producer::{OutboundRecord, RecordHeader};
 use crate::outbox::bad_event::BadEvent;
+use crate::outbox::payload::PayloadFormat;
 use crate::outbox::routing;
 use crate::outbox::timestamp::parse_timestamp_ms;
 
 /// One outbox event: the values its record is made of, before routing.
 ///
 /// Values are the text PostgreSQL's output functions render (for a message, the JSON text as
-/// written), passed through as bytes. Fields are `Cow`s: borrowed from the source where it
+/// written), passed through as bytes; a `bytea` payload is the column's bytes, decoded from that
+/// text ([`PayloadFormat`]). Fields are `Cow`s: borrowed from the source where it
 /// holds them as they are (rows; a message's payload), owned where the source had to make them
 /// (a message's id and key, which may be JSON numbers or escaped strings).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,9 +91,14 @@ impl<'a> OutboxEvent<'a> {
     /// connection's output settings, so the text is what pgoutput would have sent).
     ///
     /// The rules are the streaming path's: id, key, route-by value and payload must not be
-    /// NULL; an unparseable timestamp leaves the record timestamp to the producer; a NULL header
-    /// column gives a null header.
-    pub(crate) fn from_columns(mapping: &'a OutboxMapping, values: &[Option<&'a str>]) -> Result<Self, BadEvent> {
+    /// NULL; the payload's text becomes the record value per `payload` (a `bytea` column's hex
+    /// text is decoded to its bytes); an unparseable timestamp leaves the record timestamp to the
+    /// producer; a NULL header column gives a null header.
+    pub(crate) fn from_columns(
+        mapping: &'a OutboxMapping,
+        values: &[Option<&'a str>],
+        payload: PayloadFormat,
+    ) -> Result<Self, BadEvent> {
         let value = |i: usize| values.get(i).copied().flatten();
         let required = |i: usize, role: &'static str| {
             value(i).ok_or_else(|| BadEvent::Null {
@@ -101,7 +109,9 @@ impl<'a> OutboxEvent<'a> {
         let id = required(0, "event id")?;
         let key = required(1, "message key")?;
         let route_value = required(2, "route-by value")?;
-        let payload = required(3, "payload")?;
+        let payload = payload.value(required(3, "payload")?.as_bytes(), || {
+            mapping.columns()[3].1.as_str().to_owned()
+        })?;
         let mut next = 4;
         let timestamp_ms = if mapping.timestamp.is_some() {
             next += 1;
@@ -124,7 +134,7 @@ impl<'a> OutboxEvent<'a> {
             id: Cow::Borrowed(id.as_bytes()),
             key: Cow::Borrowed(key.as_bytes()),
             route_value: Cow::Borrowed(route_value),
-            payload: Cow::Borrowed(payload.as_bytes()),
+            payload,
             timestamp_ms,
             headers,
         })
@@ -149,6 +159,7 @@ mod tests {
     use super::*;
 
     use crate::outbox::layout::OutboxLayout;
+    use crate::outbox::payload::ByteaTypes;
     use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 
     use crate::config::test_support::settings;
@@ -240,7 +251,7 @@ mod tests {
     fn maps_columns_like_the_streaming_path() {
         let s = settings(FULL);
         let values = ROW.columns();
-        let event = OutboxEvent::from_columns(&s.outbox, &values).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
         let record = event.record(&s.router).unwrap();
         assert_eq!(record.topic, "order");
         assert_eq!(record.event_id, b"42");
@@ -260,15 +271,15 @@ mod tests {
     #[test]
     fn every_source_gives_the_same_record_for_the_same_content() {
         let s = settings(FULL);
-        let layout = OutboxLayout::resolve(&s.outbox, &relation(&TABLE)).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &relation(&TABLE), &ByteaTypes::default()).unwrap();
         let streamed = ROW.streamed();
         let from_wal = layout.extract(&relation(&TABLE), &streamed).unwrap();
         // The poller's claim borrows from the query's row; the backfill reads owned strings.
         let polled_values = ROW.columns();
-        let polled = OutboxEvent::from_columns(&s.outbox, &polled_values).unwrap();
+        let polled = OutboxEvent::from_columns(&s.outbox, &polled_values, PayloadFormat::Text).unwrap();
         let pending: Vec<Option<String>> = ROW.columns().iter().map(|v| v.map(str::to_owned)).collect();
         let pending_values: Vec<Option<&str>> = pending.iter().map(Option::as_deref).collect();
-        let backfilled = OutboxEvent::from_columns(&s.outbox, &pending_values).unwrap();
+        let backfilled = OutboxEvent::from_columns(&s.outbox, &pending_values, PayloadFormat::Text).unwrap();
         assert_eq!(from_wal, polled);
         assert_eq!(from_wal, backfilled);
         let record = from_wal.record(&s.router).unwrap();
@@ -283,10 +294,10 @@ mod tests {
                 .unwrap();
         let table = relation(&["id", "aggregate_id", "type", "payload"]);
         let row = tuple(&[Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")]);
-        let plain_layout = OutboxLayout::resolve(&plain.outbox, &table).unwrap();
+        let plain_layout = OutboxLayout::resolve(&plain.outbox, &table, &ByteaTypes::default()).unwrap();
         let from_wal = plain_layout.extract(&table, &row).unwrap();
         let values = [Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")];
-        let polled = OutboxEvent::from_columns(&plain.outbox, &values).unwrap();
+        let polled = OutboxEvent::from_columns(&plain.outbox, &values, PayloadFormat::Text).unwrap();
         let record = message.record(&plain.router).unwrap();
         assert_eq!(record.topic, "order");
         assert_eq!(record, from_wal.record(&plain.router).unwrap());
@@ -297,7 +308,7 @@ mod tests {
     fn a_streamed_row_is_borrowed_not_copied() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout = OutboxLayout::resolve(&s.outbox, &table).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
         let streamed = ROW.streamed();
         let event = layout.extract(&table, &streamed).unwrap();
         let borrowed = |c: &Cow<'_, [u8]>| matches!(c, Cow::Borrowed(_));
@@ -309,8 +320,12 @@ mod tests {
             .all(|(name, value)| matches!(name, Cow::Borrowed(_)) && value.as_ref().is_none_or(borrowed)));
         // The default rule routes to the value itself without building a topic.
         let default = settings("");
-        let record =
-            OutboxEvent::from_columns(&default.outbox, &[Some("1"), Some("k"), Some("t"), Some("{}")]).unwrap();
+        let record = OutboxEvent::from_columns(
+            &default.outbox,
+            &[Some("1"), Some("k"), Some("t"), Some("{}")],
+            PayloadFormat::Text,
+        )
+        .unwrap();
         assert!(matches!(
             record.record(&default.router).unwrap().topic,
             Cow::Borrowed("t")
@@ -321,7 +336,7 @@ mod tests {
     fn null_required_columns_and_bad_topics_are_bad_events() {
         let s = settings("");
         let values = [Some("7"), None, Some("t"), Some("{}")];
-        let err = OutboxEvent::from_columns(&s.outbox, &values).unwrap_err();
+        let err = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap_err();
         assert_eq!(OutboxEvent::id_of_columns(&values), "7");
         assert_eq!(
             err,
@@ -331,10 +346,10 @@ mod tests {
             }
         );
         let values = [None, Some("k"), Some("t"), Some("{}")];
-        assert!(OutboxEvent::from_columns(&s.outbox, &values).is_err());
+        assert!(OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).is_err());
         assert_eq!(OutboxEvent::id_of_columns(&values), "?");
         let values = [Some("8"), Some("k"), Some("has space"), Some("{}")];
-        let event = OutboxEvent::from_columns(&s.outbox, &values).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
         assert_eq!(OutboxEvent::id_of_columns(&values), "8");
         assert!(matches!(event.record(&s.router).unwrap_err(), BadEvent::Topic(_)));
     }
@@ -343,7 +358,7 @@ mod tests {
     fn unparseable_timestamps_leave_the_record_timestamp_to_the_producer() {
         let s = settings("[outbox]\ntimestamp_column = \"created_at\"\n");
         let values = [Some("1"), Some("k"), Some("t"), Some("{}"), Some("infinity")];
-        let event = OutboxEvent::from_columns(&s.outbox, &values).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
         assert_eq!(event.timestamp_ms, None);
     }
 
@@ -351,7 +366,7 @@ mod tests {
     fn streamed_rows_that_are_no_event_name_the_column() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout = OutboxLayout::resolve(&s.outbox, &table).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
         let with = |i: usize, value: ColumnValue| {
             let mut t = ROW.streamed();
             t.columns[i] = value;
@@ -391,6 +406,67 @@ mod tests {
         assert_eq!(event.headers[1], (Cow::Borrowed("x-b"), None));
     }
 
+    /// The outbox table with its payload column of type `type_oid`.
+    fn typed_payload(type_oid: u32) -> Relation {
+        let mut table = relation(&["id", "aggregate_id", "type", "payload"]);
+        table.columns[3].type_oid = type_oid;
+        table
+    }
+
+    #[test]
+    fn a_bytea_payload_is_its_bytes_from_every_source() {
+        use crate::outbox::payload::BYTEA_OID;
+        const DOMAIN_OID: u32 = 16_999;
+        let s = settings("");
+        let hex = r"\x00ff80c328";
+        let bytes = [0x00, 0xFF, 0x80, 0xC3, 0x28];
+        let row = tuple(&[Some("9"), Some("k"), Some("t"), Some(hex)]);
+        let bytea = ByteaTypes::with_domains([DOMAIN_OID]);
+        for type_oid in [BYTEA_OID, DOMAIN_OID] {
+            let table = typed_payload(type_oid);
+            let layout = OutboxLayout::resolve(&s.outbox, &table, &bytea).unwrap();
+            let streamed = layout.extract(&table, &row).unwrap();
+            assert_eq!(streamed.payload.as_ref(), bytes);
+            let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
+            let polled = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Bytea).unwrap();
+            assert_eq!(streamed, polled);
+            assert_eq!(streamed.record(&s.router).unwrap().payload, bytes);
+        }
+        // A domain the session does not know of, and text types, pass the text unchanged.
+        let table = typed_payload(DOMAIN_OID);
+        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
+        let event = layout.extract(&table, &row).unwrap();
+        assert!(matches!(event.payload, Cow::Borrowed(p) if p == hex.as_bytes()));
+        let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
+        let text = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
+        assert!(matches!(text.payload, Cow::Borrowed(p) if p == hex.as_bytes()));
+    }
+
+    #[test]
+    fn a_malformed_bytea_payload_is_a_bad_event_naming_the_column() {
+        let s = settings("");
+        let table = typed_payload(crate::outbox::payload::BYTEA_OID);
+        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
+        for bad in [r"\x0", r"\xzz", "00ff"] {
+            let row = tuple(&[Some("9"), Some("k"), Some("t"), Some(bad)]);
+            let err = layout.extract(&table, &row).unwrap_err();
+            assert!(
+                matches!(&err, BadEvent::Bytea { column, .. } if column == "payload"),
+                "{err}"
+            );
+            assert_eq!(layout.id_for_error(&row), b"9");
+            let values = [Some("9"), Some("k"), Some("t"), Some(bad)];
+            let polled = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Bytea).unwrap_err();
+            assert_eq!(polled, err);
+        }
+        // A NULL payload is still a NULL, whatever its type.
+        let row = tuple(&[Some("9"), Some("k"), Some("t"), None]);
+        assert!(matches!(
+            layout.extract(&table, &row).unwrap_err(),
+            BadEvent::Null { .. }
+        ));
+    }
+
     proptest! {
         #[test]
         fn a_streamed_row_and_the_same_row_read_with_sql_give_one_record(
@@ -400,7 +476,7 @@ mod tests {
         ) {
             let s = settings(FULL);
             let table = relation(&TABLE);
-            let layout = OutboxLayout::resolve(&s.outbox, &table).unwrap();
+            let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
             let row = Row {
                 id: &id, key: &key, route: &route, payload: &payload,
                 created_at: created_at.as_deref(), a: a.as_deref(), b: b.as_deref(),
@@ -408,7 +484,7 @@ mod tests {
             let streamed = row.streamed();
             let from_wal = layout.extract(&table, &streamed).unwrap();
             let values = row.columns();
-            let polled = OutboxEvent::from_columns(&s.outbox, &values).unwrap();
+            let polled = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
             prop_assert_eq!(from_wal.record(&s.router).unwrap(), polled.record(&s.router).unwrap());
             prop_assert_eq!(from_wal.timestamp_ms.is_some(), created_at.is_some());
         }

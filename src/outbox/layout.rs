@@ -6,13 +6,16 @@
 //! shifts positions; a *mapped* column disappearing is an error the operator must act on.
 //!
 //! Values arrive in text format, i.e. exactly as PostgreSQL's output functions render them (for
-//! `jsonb` that is its canonical text), and are passed through as bytes without re-encoding.
+//! `jsonb` that is its canonical text), and are passed through as bytes without re-encoding —
+//! except a `bytea` payload (or one of a domain over `bytea`), whose hex text is decoded to its
+//! bytes (`payload.rs`); which one it is follows from the column's type OID in the Relation.
 
 use std::borrow::Cow;
 
 use crate::config::outbox::OutboxMapping;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
+use crate::outbox::payload::{ByteaTypes, PayloadFormat};
 use crate::outbox::timestamp::parse_timestamp_ms;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 
@@ -23,6 +26,8 @@ pub(crate) struct OutboxLayout {
     key: usize,
     route_by: usize,
     payload: usize,
+    /// From the payload column's type in the Relation: decided once, not per row.
+    payload_format: PayloadFormat,
     timestamp: Option<usize>,
     headers: Vec<(usize, String)>,
 }
@@ -41,7 +46,12 @@ pub struct LayoutError {
 }
 
 impl OutboxLayout {
-    pub(crate) fn resolve(mapping: &OutboxMapping, relation: &Relation) -> Result<Self, LayoutError> {
+    /// `bytea` tells which column types are binary payloads (`bytea` and the domains over it).
+    pub(crate) fn resolve(
+        mapping: &OutboxMapping,
+        relation: &Relation,
+        bytea: &ByteaTypes,
+    ) -> Result<Self, LayoutError> {
         let find = |col: &crate::config::ident::Ident, config_key: &'static str| {
             relation
                 .columns
@@ -63,11 +73,17 @@ impl OutboxLayout {
         for (col, header) in &mapping.headers {
             headers.push((find(col, "outbox.header_columns")?, header.clone()));
         }
+        let payload = find(&mapping.payload, "outbox.payload_column")?;
+        let payload_format = relation
+            .columns
+            .get(payload)
+            .map_or(PayloadFormat::Text, |c| bytea.format_of(c.type_oid));
         Ok(OutboxLayout {
             id: find(&mapping.id, "outbox.id_column")?,
             key: find(&mapping.key, "outbox.key_column")?,
             route_by: find(&mapping.route_by, "outbox.route_by_column")?,
-            payload: find(&mapping.payload, "outbox.payload_column")?,
+            payload,
+            payload_format,
             timestamp: mapping
                 .timestamp
                 .as_ref()
@@ -122,7 +138,9 @@ impl OutboxLayout {
                 .map_or_else(String::new, |c| c.name.clone()),
             role: "route-by value",
         })?;
-        let payload = text(self.payload, "payload")?.unwrap_or_default();
+        let payload_text = text(self.payload, "payload")?.unwrap_or_default();
+        // Text stays borrowed: only a bytea payload is decoded (into one allocation).
+        let payload = self.payload_format.value(payload_text, || column(self.payload))?;
         let timestamp_ms = match self.timestamp {
             Some(idx) => text(idx, "header")?.and_then(parse_timestamp_ms),
             None => None,
@@ -135,7 +153,7 @@ impl OutboxLayout {
             id: Cow::Borrowed(id),
             key: Cow::Borrowed(key),
             route_value: Cow::Borrowed(route_value),
-            payload: Cow::Borrowed(payload),
+            payload,
             timestamp_ms,
             headers,
         })

@@ -66,7 +66,8 @@ pub(crate) async fn run(
         }
         Some(_) => {}
     }
-    let sql = Arc::new(PollSql::new(settings, &table.id_type, &table.created_at));
+    let payload = crate::control::preflight::payload_format(&table.facts.columns);
+    let sql = Arc::new(PollSql::new(settings, &table.id_type, &table.created_at, payload));
     let id_type: Arc<str> = table.id_type.into();
     let poll = &settings.poll;
     info!(

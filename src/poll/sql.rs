@@ -20,11 +20,13 @@
 
 use crate::config::ident::{quote_ident, Ident};
 use crate::config::Settings;
+use crate::outbox::payload::PayloadFormat;
 
 /// Pinned like the replication connection's startup parameters (`src/postgres/replication/connection.rs`),
 /// because these settings change how output functions render timestamps, floats and intervals.
 pub(crate) const SESSION_SETTINGS: &str =
-    "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET IntervalStyle = 'postgres'";
+    "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET IntervalStyle = 'postgres'; \
+     SET bytea_output = 'hex'";
 
 /// The statements one worker prepares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,12 +37,15 @@ pub(crate) struct PollSql {
     /// `$1`: the claimed ids as text (`text[]`), cast back to the id column's type so the
     /// primary-key index serves the lookup.
     pub(crate) mark: String,
+    /// How the claimed payload column's text becomes the record value (`bytea`: decoded).
+    pub(crate) payload: PayloadFormat,
 }
 
 impl PollSql {
     /// `id_type` is the id column's type as `format_type` prints it (valid SQL type syntax);
     /// `created_at` the column claims are ordered by.
-    pub(crate) fn new(settings: &Settings, id_type: &str, created_at: &Ident) -> PollSql {
+    /// `payload` is how the payload column's text becomes the record value.
+    pub(crate) fn new(settings: &Settings, id_type: &str, created_at: &Ident, payload: PayloadFormat) -> PollSql {
         let mapping = &settings.outbox;
         let table = mapping.table.quoted();
         let dispatched = settings.poll.dispatched.quoted();
@@ -52,7 +57,7 @@ impl PollSql {
             created_at.quoted(),
         );
         let mark = format!("UPDATE {table} SET {dispatched} = now() WHERE {id} = ANY ($1::text[]::{id_type}[])");
-        PollSql { claim, mark }
+        PollSql { claim, mark, payload }
     }
 }
 
@@ -103,7 +108,12 @@ mod tests {
     #[test]
     fn claim_selects_mapped_columns_as_output_text_in_index_order() {
         let s = settings("[outbox]\ntimestamp_column = \"created_at\"\nheader_columns = { tenant = \"x-tenant\" }\n");
-        let sql = PollSql::new(&s, "bigint", &Ident::parse("t", "created_at").unwrap());
+        let sql = PollSql::new(
+            &s,
+            "bigint",
+            &Ident::parse("t", "created_at").unwrap(),
+            PayloadFormat::Text,
+        );
         assert_eq!(
             sql.claim,
             "SELECT CASE WHEN \"id\" IS NULL THEN NULL ELSE format('%s', \"id\") END, \
@@ -126,7 +136,12 @@ mod tests {
         let s = settings(
             "[outbox]\ntable = 'public.\"Out\"\"box\"'\nid_column = \"event_id\"\n[poll]\ndispatched_column = \"processed_at\"\n",
         );
-        let sql = PollSql::new(&s, "uuid", &Ident::parse("t", "created_at").unwrap());
+        let sql = PollSql::new(
+            &s,
+            "uuid",
+            &Ident::parse("t", "created_at").unwrap(),
+            PayloadFormat::Text,
+        );
         assert!(
             sql.claim
                 .contains("FROM \"public\".\"Out\"\"box\" WHERE \"processed_at\" IS NULL"),

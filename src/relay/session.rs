@@ -37,6 +37,7 @@ use super::{heartbeat, slot, SessionContext};
 use crate::config::Settings;
 use crate::ops::health::Mode;
 use crate::ops::metrics::{now_unix_us, StreamGauges};
+use crate::outbox::payload::{ByteaTypes, BYTEA_OID};
 use crate::postgres::client as pg_client;
 use crate::postgres::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
 use crate::postgres::replication::error::ReplicationError;
@@ -58,6 +59,7 @@ pub(crate) async fn run_session(
     let timeout = settings.relay.connect_timeout;
     let control = pg_client::connect(&settings.postgres, timeout).await?;
     let slot = slot::check_for_start(slot_name, slot::read_slot(&control, slot_name).await?)?;
+    let bytea = bytea_types(&control).await?;
     let mut conn =
         ReplicationConnection::connect_with(&settings.postgres, timeout, Some(settings.relay.receive_timeout)).await?;
     let backend_pid = conn.backend_pid;
@@ -92,6 +94,7 @@ pub(crate) async fn run_session(
     // Lent to the session's state and handed back after the wind-down, for the next session.
     let mut suspects = std::mem::take(&mut ctx.suspects);
     let mut state = StreamState::new(settings, publisher, slot.confirmed_flush, &mut suspects);
+    state.bytea = bytea;
     let outcome = stream(&mut state, &mut reader, &mut writer, &mut deliveries, shutdown, ctx).await;
     if let Err(e) = &outcome {
         warn!(error = %e, slot = %settings.postgres.slot, "stopping stream");
@@ -108,6 +111,21 @@ pub(crate) async fn run_session(
     StreamGauges::default().set_idle();
     ctx.suspects = suspects;
     outcome
+}
+
+/// `bytea` and every domain over it (directly or over such a domain), so a payload column of any
+/// of them is published as its bytes. Read once per session: a domain's base type never changes;
+/// a domain created while the session streams is known from the next session on.
+async fn bytea_types(control: &tokio_postgres::Client) -> Result<ByteaTypes, RelayError> {
+    let rows = control
+        .query(
+            "WITH RECURSIVE d(oid) AS (SELECT $1::oid UNION \
+               SELECT t.oid FROM pg_type t JOIN d ON t.typbasetype = d.oid WHERE t.typtype = 'd') \
+             SELECT oid FROM d",
+            &[&BYTEA_OID],
+        )
+        .await?;
+    Ok(ByteaTypes::with_domains(rows.iter().map(|r| r.get::<_, u32>(0))))
 }
 
 async fn stream(

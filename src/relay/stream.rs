@@ -21,6 +21,7 @@ use super::error::RelayError;
 use super::quarantine::{Held, Suspects};
 use crate::config::Settings;
 use crate::outbox::layout::OutboxLayout;
+use crate::outbox::payload::ByteaTypes;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{PgTimestamp, Relation};
 use crate::postgres::replication::connection::StatusWriter;
@@ -125,6 +126,9 @@ pub(crate) struct StreamState<'s> {
     /// The only producer of the flush LSN sent to PostgreSQL (`confirm.rs`).
     pub(super) confirm: Confirm,
     pub(super) relations: HashMap<u32, Arc<CachedRelation>>,
+    /// Which payload column types are binary (`bytea` and the domains over it), read from the
+    /// catalog when the session starts (`session.rs`).
+    pub(super) bytea: ByteaTypes,
     pub(super) open: Option<OpenTxn>,
     /// Events Kafka refused in earlier sessions (kept by the supervisor).
     pub(super) suspects: &'s mut Suspects,
@@ -150,6 +154,7 @@ impl<'s> StreamState<'s> {
             publisher,
             watermark: AckWatermark::new(start),
             relations: HashMap::new(),
+            bytea: ByteaTypes::default(),
             open: None,
             suspects,
             confirm: Confirm::new(start),

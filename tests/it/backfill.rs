@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema};
+use crate::harness::workload::{
+    binary_payloads, check_binary, insert_binary, insert_event, make_payload_bytea, new_uuid, Committed, ExpectedEvent,
+    OutboxSchema,
+};
 use crate::harness::*;
 
 /// A schema-A database and a relay config for it (no setup yet).
@@ -285,4 +288,46 @@ async fn a_backfill_kafka_never_acknowledges_fails_and_drops_its_slot() {
     );
     assert!(stderr.contains("was dropped again"), "{stderr}");
     assert!(slot_row(&client, &config.slot).await.is_none(), "the slot must be gone");
+}
+
+/// `setup --backfill` with a `bytea` payload column: a pending row's record value is the
+/// column's bytes, not PostgreSQL's `\x…` text of them — as `run` publishes the rows after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_publishes_a_bytea_payload_as_its_bytes() {
+    let kafka = MockKafka::new(1);
+    let (_db, client, config) = database(&kafka).await;
+    make_payload_bytea(&client, false).await;
+    let mut expected = Vec::new();
+    for payload in binary_payloads() {
+        expected.push((insert_binary(&client, &payload).await, payload));
+    }
+    let out = run_cmd(&["setup", "--backfill"], &config).await;
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "setup --backfill failed: {}{report}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.contains("backfill: published 2 "), "{report}");
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["binary"],
+        expected.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    check_binary(&records, &expected, &report);
+
+    // The streaming relay takes over from the slot: a later row arrives the same way.
+    let relay = RelayProcess::run(&config);
+    let later = vec![0xFE, 0x00, 0xED];
+    expected.push((insert_binary(&client, &later).await, later));
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["binary"],
+        expected.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    check_binary(&records, &expected, &relay.log_text());
 }

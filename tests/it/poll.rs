@@ -10,7 +10,9 @@ use regex::Regex;
 use tokio_postgres::Client;
 
 use crate::harness::scrape::{http_get, latency_window, with_http};
-use crate::harness::workload::{insert_event, new_uuid, ExpectedEvent, OutboxSchema, Workload};
+use crate::harness::workload::{
+    binary_payloads, check_binary, insert_binary, insert_event, new_uuid, ExpectedEvent, OutboxSchema, Workload,
+};
 use crate::harness::*;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -430,5 +432,35 @@ async fn setup_poll_needs_no_logical_wal_and_creates_the_index_once() {
     }
     let records = collect(&kafka.bootstrap_servers(), &["order"], expected.len(), WAIT).await;
     assert_eq!(check_delivered(&expected, &records), 0);
+    stop(relay).await;
+}
+
+/// `poll` with a `bytea` payload column: the record value is the column's bytes, not
+/// PostgreSQL's `\x…` text of them; the rows are marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bytea_payload_is_published_as_its_bytes() {
+    let kafka = MockKafka::new(1);
+    let pg = shared_cluster().await;
+    let schema = OutboxSchema::A;
+    let bootstrap = kafka.bootstrap_servers();
+    let (client, config) = prepared(
+        pg,
+        schema,
+        "ALTER TABLE events_outbox ALTER COLUMN payload TYPE bytea USING convert_to(payload::text, 'UTF8')",
+        |url| poll_config(schema, url, &bootstrap),
+    )
+    .await;
+    let mut expected = Vec::new();
+    for payload in binary_payloads() {
+        expected.push((insert_binary(&client, &payload).await, payload));
+    }
+    let relay = RelayProcess::poll(&config);
+    let records = collect(&bootstrap, &["binary"], expected.len(), WAIT).await;
+    check_binary(&records, &expected, &relay.log_text());
+    let marked = wait_until(WAIT, Duration::from_millis(100), || async {
+        pending(&client, schema).await == 0
+    })
+    .await;
+    assert!(marked, "log:\n{}", relay.log_text());
     stop(relay).await;
 }

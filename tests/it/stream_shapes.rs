@@ -7,7 +7,10 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::harness::fault_support::*;
-use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema, Workload};
+use crate::harness::workload::{
+    binary_payloads, check_binary, insert_binary, insert_event, make_payload_bytea, new_uuid, Committed, ExpectedEvent,
+    OutboxSchema, Workload,
+};
 use crate::harness::*;
 
 /// Generous bound on the relay's peak RSS while it streams one 200,000-event transaction.
@@ -443,4 +446,46 @@ async fn message_prefix_events_without_an_outbox_table() {
         "{}",
         relay.log_text()
     );
+}
+
+/// `run` with a `bytea` payload column (or one of a domain over a domain over `bytea`): the
+/// record value is the column's bytes, not PostgreSQL's `\x…` text of them.
+async fn bytea_payload_streams_as_its_bytes(domain: bool) {
+    let kafka = MockKafka::new(1);
+    let pg = shared_cluster().await;
+    let db = unique_name("bytea");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    create_schema(&client, OutboxSchema::A).await;
+    make_payload_bytea(&client, domain).await;
+    let config = RelayConfig::new(&pg.url(&db), &kafka.bootstrap_servers());
+    setup(&config).await;
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let mut expected = Vec::new();
+    for payload in binary_payloads() {
+        expected.push((insert_binary(&client, &payload).await, payload));
+    }
+    let records = collect(
+        &kafka.bootstrap_servers(),
+        &["binary"],
+        expected.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    check_binary(&records, &expected, &relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bytea_payload_is_published_as_its_bytes() {
+    bytea_payload_streams_as_its_bytes(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payload_of_a_domain_over_bytea_is_published_as_its_bytes() {
+    bytea_payload_streams_as_its_bytes(true).await;
 }

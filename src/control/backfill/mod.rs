@@ -43,6 +43,7 @@ use super::setup::{ensure_publication, SetupReport, SlotOutcome};
 use super::{connect, describe, preflight, PreflightReport};
 use crate::config::ident::Ident;
 use crate::config::Settings;
+use crate::outbox::payload::PayloadFormat;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::replication::connection::ReplicationConnection;
 
@@ -113,7 +114,8 @@ pub(crate) async fn setup_with_backfill(
             .first()
             .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str())),
     };
-    let published = match copy_pending(settings, &snapshot, &order).await {
+    let payload = super::preflight::payload_format(&before.columns);
+    let published = match copy_pending(settings, &snapshot, &order, payload).await {
         Ok(n) => n,
         Err(cause) => return Err(undo_slot(repl, &client, slot, settings.relay.connect_timeout, cause).await),
     };
@@ -161,9 +163,14 @@ async fn check_dispatched_column(
 }
 
 /// Reads the pending rows of `snapshot` and publishes them; returns how many Kafka acknowledged.
-async fn copy_pending(settings: &Settings, snapshot: &str, order: &PendingOrder<'_>) -> Result<u64, BackfillError> {
+async fn copy_pending(
+    settings: &Settings,
+    snapshot: &str,
+    order: &PendingOrder<'_>,
+    payload: PayloadFormat,
+) -> Result<u64, BackfillError> {
     let mut rows = PendingRows::open(settings, snapshot, order).await?;
-    let mut publisher = BackfillPublisher::new(settings)?;
+    let mut publisher = BackfillPublisher::new(settings, payload)?;
     let sent = async {
         loop {
             let batch = rows.next_batch().await?;

@@ -59,7 +59,7 @@ impl PendingRows {
                 // Output formats as on the replication connection; and no server-side timeout may
                 // end the transaction while it waits for Kafka between two FETCHes.
                 "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; \
-                 SET IntervalStyle = 'postgres'; SET statement_timeout = 0; \
+                 SET IntervalStyle = 'postgres'; SET bytea_output = 'hex'; SET statement_timeout = 0; \
                  SET idle_in_transaction_session_timeout = 0",
             )
             .await

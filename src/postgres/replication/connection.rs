@@ -7,8 +7,8 @@
 //! then `START_REPLICATION`, after which the connection is in CopyBoth mode: the server sends
 //! `CopyData` frames (XLogData and keepalives) and we send `CopyData` standby status updates.
 //!
-//! The startup packet pins `DateStyle=ISO`, `TimeZone=UTC`, `extra_float_digits=3` and
-//! `client_encoding=UTF8`: pgoutput renders column values with the walsender session's output
+//! The startup packet pins `DateStyle=ISO`, `TimeZone=UTC`, `extra_float_digits=3`,
+//! `bytea_output=hex` and `client_encoding=UTF8`: pgoutput renders column values with the walsender session's output
 //! functions, so this makes timestamps parseable and text stable whatever `postgresql.conf` says.
 //!
 //! After `START_REPLICATION` the connection splits into a [`FrameReader`] and a [`StatusWriter`]
@@ -155,6 +155,7 @@ impl ReplicationConnection {
             ("TimeZone", "UTC"),
             ("extra_float_digits", "3"),
             ("IntervalStyle", "postgres"),
+            ("bytea_output", "hex"),
         ];
         if let Some(options) = cfg.get_options() {
             params.push(("options", options));

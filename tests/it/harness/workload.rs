@@ -352,3 +352,59 @@ async fn connect(url: &str) -> Client {
     });
     client
 }
+
+/// Binary payloads that are no UTF-8 (NUL, 0xFF, a lone continuation byte, a `\x` pair, a
+/// broken two-byte sequence) and every byte value once, for `bytea` payload columns.
+pub fn binary_payloads() -> Vec<Vec<u8>> {
+    vec![
+        vec![0x00, 0xFF, 0x80, 0x5C, 0x78, 0x0A, 0xC3, 0x28],
+        (0..=255u8).rev().collect(),
+    ]
+}
+
+/// Turns schema A's `payload` column into `bytea`, or into the domain `event_bytes` over a
+/// domain over `bytea` when `domain`.
+pub async fn make_payload_bytea(client: &Client, domain: bool) {
+    let ty = if domain {
+        "CREATE DOMAIN raw_bytes AS bytea; CREATE DOMAIN event_bytes AS raw_bytes NOT NULL; "
+    } else {
+        ""
+    };
+    let name = if domain { "event_bytes" } else { "bytea" };
+    client
+        .batch_execute(&format!(
+            "{ty}ALTER TABLE events_outbox ALTER COLUMN payload TYPE {name} USING convert_to(payload::text, 'UTF8')"
+        ))
+        .await
+        .expect("payload column as bytea");
+}
+
+/// Inserts one schema-A event of type `binary` with `payload` as the bytea value (bound in
+/// binary, so no text form is involved); returns its id.
+pub async fn insert_binary(client: &Client, payload: &[u8]) -> String {
+    client
+        .query_one(
+            "INSERT INTO events_outbox (aggregate_id, type, payload) VALUES ($1::text::uuid, 'binary', $2::bytea) \
+             RETURNING id::text",
+            &[&new_uuid(), &payload],
+        )
+        .await
+        .expect("insert a binary event")
+        .get(0)
+}
+
+/// Asserts that topic `binary` holds exactly `expected` (event id → payload bytes).
+pub fn check_binary(records: &[crate::harness::Received], expected: &[(String, Vec<u8>)], log: &str) {
+    let got: BTreeMap<String, Vec<u8>> = records
+        .iter()
+        .map(|r| {
+            (
+                crate::harness::fault_support::id_of(r),
+                r.payload.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let want: BTreeMap<String, Vec<u8>> = expected.iter().cloned().collect();
+    assert_eq!(records.len(), expected.len(), "log:\n{log}");
+    assert_eq!(got, want, "log:\n{log}");
+}
