@@ -78,6 +78,21 @@ pub(crate) async fn connect(settings: &PostgresSettings, timeout: Duration) -> R
     Ok(client)
 }
 
+/// The OIDs of the domains over `bytea`, directly or over another such domain (a payload
+/// column of any of them holds binary data).
+pub(crate) async fn bytea_domain_oids(client: &Client) -> Result<Vec<u32>, tokio_postgres::Error> {
+    const BYTEA_OID: u32 = 17;
+    let rows = client
+        .query(
+            "WITH RECURSIVE d(oid) AS (SELECT $1::oid UNION \
+               SELECT t.oid FROM pg_type t JOIN d ON t.typbasetype = d.oid WHERE t.typtype = 'd') \
+             SELECT oid FROM d WHERE oid <> $1::oid",
+            &[&BYTEA_OID],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get::<_, u32>(0)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,7 +37,7 @@ use super::{heartbeat, slot, SessionContext};
 use crate::config::Settings;
 use crate::ops::health::Mode;
 use crate::ops::metrics::{now_unix_us, StreamGauges};
-use crate::outbox::payload::{ByteaTypes, BYTEA_OID};
+use crate::outbox::payload::ByteaTypes;
 use crate::postgres::client as pg_client;
 use crate::postgres::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
 use crate::postgres::replication::error::ReplicationError;
@@ -59,7 +59,9 @@ pub(crate) async fn run_session(
     let timeout = settings.relay.connect_timeout;
     let control = pg_client::connect(&settings.postgres, timeout).await?;
     let slot = slot::check_for_start(slot_name, slot::read_slot(&control, slot_name).await?)?;
-    let bytea = bytea_types(&control).await?;
+    // A payload column of bytea or of a domain over it is published as its bytes. Read once per
+    // session: a domain created while the session streams is known from the next session on.
+    let bytea = ByteaTypes::with_domains(pg_client::bytea_domain_oids(&control).await?);
     let mut conn =
         ReplicationConnection::connect_with(&settings.postgres, timeout, Some(settings.relay.receive_timeout)).await?;
     let backend_pid = conn.backend_pid;
@@ -111,21 +113,6 @@ pub(crate) async fn run_session(
     StreamGauges::default().set_idle();
     ctx.suspects = suspects;
     outcome
-}
-
-/// `bytea` and every domain over it (directly or over such a domain), so a payload column of any
-/// of them is published as its bytes. Read once per session: a domain's base type never changes;
-/// a domain created while the session streams is known from the next session on.
-async fn bytea_types(control: &tokio_postgres::Client) -> Result<ByteaTypes, RelayError> {
-    let rows = control
-        .query(
-            "WITH RECURSIVE d(oid) AS (SELECT $1::oid UNION \
-               SELECT t.oid FROM pg_type t JOIN d ON t.typbasetype = d.oid WHERE t.typtype = 'd') \
-             SELECT oid FROM d",
-            &[&BYTEA_OID],
-        )
-        .await?;
-    Ok(ByteaTypes::with_domains(rows.iter().map(|r| r.get::<_, u32>(0))))
 }
 
 async fn stream(
