@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::harness::workload::{
-    binary_payloads, check_binary, insert_binary, insert_event, make_payload_bytea, new_uuid, Committed, ExpectedEvent,
-    OutboxSchema,
+    expect_binary, insert_binary, insert_binary_payloads, insert_event, make_payload_bytea, new_uuid, Committed,
+    ExpectedEvent, OutboxSchema,
 };
 use crate::harness::*;
 
@@ -297,10 +297,7 @@ async fn backfill_publishes_a_bytea_payload_as_its_bytes() {
     let kafka = MockKafka::new(1);
     let (_db, client, config) = database(&kafka).await;
     make_payload_bytea(&client, false).await;
-    let mut expected = Vec::new();
-    for payload in binary_payloads() {
-        expected.push((insert_binary(&client, &payload).await, payload));
-    }
+    let mut expected = insert_binary_payloads(&client).await;
     let out = run_cmd(&["setup", "--backfill"], &config).await;
     let report = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -309,25 +306,17 @@ async fn backfill_publishes_a_bytea_payload_as_its_bytes() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(report.contains("backfill: published 2 "), "{report}");
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["binary"],
-        expected.len(),
-        Duration::from_secs(60),
-    )
+    expect_binary(&kafka.bootstrap_servers(), &expected, Duration::from_secs(60), || {
+        report.clone()
+    })
     .await;
-    check_binary(&records, &expected, &report);
 
     // The streaming relay takes over from the slot: a later row arrives the same way.
     let relay = RelayProcess::run(&config);
     let later = vec![0xFE, 0x00, 0xED];
     expected.push((insert_binary(&client, &later).await, later));
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["binary"],
-        expected.len(),
-        Duration::from_secs(60),
-    )
+    expect_binary(&kafka.bootstrap_servers(), &expected, Duration::from_secs(60), || {
+        relay.log_text()
+    })
     .await;
-    check_binary(&records, &expected, &relay.log_text());
 }

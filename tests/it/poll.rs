@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 
 use crate::harness::scrape::{http_get, latency_window, with_http};
 use crate::harness::workload::{
-    binary_payloads, check_binary, insert_binary, insert_event, new_uuid, ExpectedEvent, OutboxSchema, Workload,
+    expect_binary, insert_binary_payloads, insert_event, new_uuid, ExpectedEvent, OutboxSchema, Workload,
 };
 use crate::harness::*;
 
@@ -450,13 +450,9 @@ async fn bytea_payload_is_published_as_its_bytes() {
         |url| poll_config(schema, url, &bootstrap),
     )
     .await;
-    let mut expected = Vec::new();
-    for payload in binary_payloads() {
-        expected.push((insert_binary(&client, &payload).await, payload));
-    }
+    let expected = insert_binary_payloads(&client).await;
     let relay = RelayProcess::poll(&config);
-    let records = collect(&bootstrap, &["binary"], expected.len(), WAIT).await;
-    check_binary(&records, &expected, &relay.log_text());
+    expect_binary(&bootstrap, &expected, WAIT, || relay.log_text()).await;
     let marked = wait_until(WAIT, Duration::from_millis(100), || async {
         pending(&client, schema).await == 0
     })

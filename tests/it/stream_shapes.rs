@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 
 use crate::harness::fault_support::*;
 use crate::harness::workload::{
-    binary_payloads, check_binary, insert_binary, insert_event, make_payload_bytea, new_uuid, Committed, ExpectedEvent,
+    expect_binary, insert_binary_payloads, insert_event, make_payload_bytea, new_uuid, Committed, ExpectedEvent,
     OutboxSchema, Workload,
 };
 use crate::harness::*;
@@ -466,18 +466,11 @@ async fn bytea_payload_streams_as_its_bytes(domain: bool) {
         "{}",
         relay.log_text()
     );
-    let mut expected = Vec::new();
-    for payload in binary_payloads() {
-        expected.push((insert_binary(&client, &payload).await, payload));
-    }
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["binary"],
-        expected.len(),
-        Duration::from_secs(60),
-    )
+    let expected = insert_binary_payloads(&client).await;
+    expect_binary(&kafka.bootstrap_servers(), &expected, Duration::from_secs(60), || {
+        relay.log_text()
+    })
     .await;
-    check_binary(&records, &expected, &relay.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -393,8 +393,24 @@ pub async fn insert_binary(client: &Client, payload: &[u8]) -> String {
         .get(0)
 }
 
-/// Asserts that topic `binary` holds exactly `expected` (event id → payload bytes).
-pub fn check_binary(records: &[crate::harness::Received], expected: &[(String, Vec<u8>)], log: &str) {
+/// Inserts one binary event per [`binary_payloads`] payload; (event id, payload) each.
+pub async fn insert_binary_payloads(client: &Client) -> Vec<(String, Vec<u8>)> {
+    let mut inserted = Vec::new();
+    for payload in binary_payloads() {
+        inserted.push((insert_binary(client, &payload).await, payload));
+    }
+    inserted
+}
+
+/// Collects topic `binary` (waiting up to `timeout`) and asserts it holds exactly `expected`
+/// (event id → payload bytes); `log` is printed on failure.
+pub async fn expect_binary(
+    bootstrap: &str,
+    expected: &[(String, Vec<u8>)],
+    timeout: Duration,
+    log: impl FnOnce() -> String,
+) {
+    let records = crate::harness::collect(bootstrap, &["binary"], expected.len(), timeout).await;
     let got: BTreeMap<String, Vec<u8>> = records
         .iter()
         .map(|r| {
@@ -405,6 +421,7 @@ pub fn check_binary(records: &[crate::harness::Received], expected: &[(String, V
         })
         .collect();
     let want: BTreeMap<String, Vec<u8>> = expected.iter().cloned().collect();
+    let log = log();
     assert_eq!(records.len(), expected.len(), "log:\n{log}");
     assert_eq!(got, want, "log:\n{log}");
 }
