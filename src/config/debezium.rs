@@ -185,7 +185,8 @@ fn placements(v: &toml::Value) -> Result<Vec<AdditionalField>, ConfigError> {
                 format!("{entry:?} is not column:placement or column:placement:alias"),
             ));
         }
-        let column = Ident::parse(K, parts[0]).map_err(named(K))?;
+        // Debezium names columns by their exact name (Connect field names), not SQL identifiers.
+        let column = Ident::exact(K, parts[0]).map_err(named(K))?;
         let placement = match parts[1].to_ascii_lowercase().as_str() {
             "header" => Placement::Header,
             "envelope" => Placement::Envelope,

@@ -41,22 +41,6 @@ async fn relay(args: Vec<String>) -> Output {
     .expect("join")
 }
 
-/// `text` without its `[debezium]` section.
-fn without_debezium_section(text: &str) -> String {
-    let mut skipping = false;
-    let mut out = String::new();
-    for line in text.lines() {
-        if line.starts_with('[') {
-            skipping = line.trim() == "[debezium]";
-        }
-        if !skipping {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
 async fn imports_and_sets_up(fixture_name: &str) {
     let out = relay(vec![
         "import-debezium".into(),
@@ -89,19 +73,14 @@ async fn imports_and_sets_up(fixture_name: &str) {
         .as_table_mut()
         .expect("[kafka]")
         .insert("bootstrap.servers".into(), "127.0.0.1:9".into());
-    let mut text = toml::to_string(&config).expect("serialize");
+    let text = toml::to_string(&config).expect("serialize");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("relay.toml");
     let setup = |text: &str| {
         std::fs::write(&path, text).expect("write config");
         relay(vec!["setup".into(), "--config".into(), path.display().to_string()])
     };
-    let mut out = setup(&text).await;
-    // until [debezium] lands
-    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown field `debezium`") {
-        text = without_debezium_section(&text);
-        out = setup(&text).await;
-    }
+    let out = setup(&text).await;
     assert!(
         out.status.success(),
         "setup with the config imported from {fixture_name} failed:\n{}\n--- config:\n{text}",

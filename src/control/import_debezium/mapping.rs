@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::config::debezium::{BINARY_DATA_CONVERTER, BYTE_ARRAY_CONVERTER, JSON_CONVERTER, STRING_CONVERTER};
+
 use crate::config::ident::{quote_ident, SimpleName};
 use crate::config::outbox::{TopicRoute, DEFAULT_TOPIC_REGEX};
 
@@ -15,13 +17,13 @@ use super::ImportError;
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
 /// Kafka Connect's worker default for `key.converter` and `value.converter`.
-const WORKER_DEFAULT_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
+const WORKER_DEFAULT_CONVERTER: &str = JSON_CONVERTER;
 /// Converters whose output the relay's `[debezium]` section reproduces.
 const SUPPORTED_CONVERTERS: &[&str] = &[
-    "org.apache.kafka.connect.storage.StringConverter",
-    "org.apache.kafka.connect.json.JsonConverter",
-    "io.debezium.converters.BinaryDataConverter",
-    "org.apache.kafka.connect.converters.ByteArrayConverter",
+    STRING_CONVERTER,
+    JSON_CONVERTER,
+    BINARY_DATA_CONVERTER,
+    BYTE_ARRAY_CONVERTER,
 ];
 /// EventRouter options copied verbatim into `[debezium]`, with Debezium's defaults (written out
 /// when unset, so the record bytes do not depend on whose default applies).
@@ -60,8 +62,6 @@ enum Scope {
 /// of docs/migrating-from-debezium.md.
 const NO_COUNTERPART: &[(Scope, &str, &str)] = &[
     (Scope::Connector, "tasks.max", "one process; run a second one for failover (it stands by)"),
-    (Scope::Connector, "topic.prefix", "names Debezium's raw change topics; the outbox topics come from routing only"),
-    (Scope::Connector, "database.server.name", "names Debezium's raw change topics; the outbox topics come from routing only"),
     (Scope::Connector, "topic.", "Debezium's raw change topics; the outbox topics come from routing only"),
     (Scope::Connector, "table.exclude.list", "only the mapped columns of the outbox table are read"),
     (Scope::Connector, "table.blacklist", "only the mapped columns of the outbox table are read"),
@@ -648,17 +648,11 @@ fn map_outbox(
                     option.clone(),
                     format!("{placement}: the id header is the event id (outbox.id_column); another column cannot take its name"),
                 )),
-                "header" => {
-                    headers.insert(sql_name(column), s(alias));
+                // Written as they are into [debezium] (map_debezium), which converts each placed
+                // value as Kafka Connect does; header_columns would write the column's raw text.
+                "header" | "envelope" | "partition" => {
+                    let _ = (column, alias);
                 }
-                "envelope" => notes.push((
-                    option.clone(),
-                    format!("{placement}: envelope is not supported (the value is the payload itself; put the data into the payload)"),
-                )),
-                "partition" => notes.push((
-                    option.clone(),
-                    format!("{placement}: partition is not supported (partitions follow the key, which is what keeps per-aggregate order)"),
-                )),
                 other => notes.push((option.clone(), format!("{placement}: unknown placement {other:?}"))),
             }
         }
@@ -831,11 +825,15 @@ fn map_debezium(opts: &mut Options<'_>, router: &Router, out: &mut Imported, not
         };
         if !SUPPORTED_CONVERTERS.contains(&class) {
             notes.push((
-                option,
+                option.clone(),
                 format!(
-                    "{class} is not supported (a schema-registry format, or a converter the relay does not reproduce): without it the relay writes the column's own bytes (its text; a bytea's bytes), so consumers deserializing {side}s with this converter's format must change"
+                    "{class} is not supported (a schema-registry format, or a converter the relay does not reproduce): StringConverter is written instead, so the relay writes the column's own text (for a bytea {side} column use io.debezium.converters.BinaryDataConverter), and consumers deserializing {side}s with this converter's format must change"
                 ),
             ));
+            lines.push(Line::Comment(format!(
+                "{option} {class} is not supported: the column's own text instead (see the notes at the end)."
+            )));
+            lines.push(Line::Set(option, s(STRING_CONVERTER)));
             continue;
         }
         if !explicit {
@@ -871,6 +869,10 @@ fn map_debezium(opts: &mut Options<'_>, router: &Router, out: &mut Imported, not
             _ => bool_or_string(&value),
         };
         lines.push(Line::Set((*option).to_owned(), value));
+    }
+    // Names the schema of an envelope value (`<topic.prefix>.<schema>.<table>.<routed>.Value`).
+    if let Some((_, prefix)) = opts.first(&["topic.prefix", "database.server.name"]) {
+        lines.push(Line::Set("topic.prefix".into(), s(prefix.trim())));
     }
     out.debezium = lines;
 }

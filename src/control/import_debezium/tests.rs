@@ -1,7 +1,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{convert, ImportError};
-use crate::config::{ConfigError, Settings};
+use crate::config::Settings;
 
 /// The imported TOML for a connector config given as text.
 fn import(name: &str, text: &str) -> String {
@@ -25,33 +25,10 @@ fn data(toml_text: &str) -> toml::Table {
         .unwrap_or_else(|e| panic!("not valid TOML: {e}\n{toml_text}"))
 }
 
-/// `text` without its `[debezium]` section (up to the next section header).
-fn without_debezium_section(text: &str) -> String {
-    let mut out = String::new();
-    let mut skipping = false;
-    for line in text.lines() {
-        if line.starts_with('[') {
-            skipping = line.trim() == "[debezium]";
-        }
-        if !skipping {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
 /// Loads the imported file as the relay would; it must be accepted.
 fn load(text: &str) -> Settings {
     let from = |t: &str| Settings::from_toml_str(t, Path::new("imported.toml"), std::iter::empty());
-    match from(text) {
-        Ok(s) => s,
-        // until [debezium] lands
-        Err(ConfigError::Parse { message, .. }) if message.contains("unknown field `debezium`") => {
-            from(&without_debezium_section(text)).unwrap_or_else(|e| panic!("not accepted: {e}\n{text}"))
-        }
-        Err(e) => panic!("not accepted: {e}\n{text}"),
-    }
+    from(text).unwrap_or_else(|e| panic!("not accepted: {e}\n{text}"))
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -357,36 +334,41 @@ fn the_payload_id_is_no_key_when_the_event_key_is_set() {
 }
 
 #[test]
-fn additional_placements_become_headers_and_are_kept_verbatim() {
+fn additional_placements_are_kept_verbatim_in_the_debezium_section() {
     let placement = "eventType:header:type, tenant:header,version:envelope:v,shard:partition";
     let out = import(
         "c.properties",
         &with_base(&format!(
-            "transforms.outbox.table.fields.additional.placement={placement}\n"
+            "topic.prefix=shop\ntransforms.outbox.table.fields.additional.placement={placement}\n"
         )),
     );
     let settings = load(&out);
-    let headers: Vec<(&str, &str)> = settings
-        .outbox
-        .headers
+    // [debezium] writes the placed headers (converted as Connect converts them), not header_columns.
+    assert!(settings.outbox.headers.is_empty(), "{:?}", settings.outbox.headers);
+    let format = settings.debezium.as_ref().expect("[debezium]");
+    let placed: Vec<(&str, &str)> = format
+        .additional
         .iter()
-        .map(|(c, h)| (c.as_str(), h.as_str()))
+        .map(|f| (f.column.as_str(), f.alias.as_str()))
         .collect();
-    // The mixed-case column is quoted, so it keeps its case.
-    assert_eq!(headers, [("eventType", "type"), ("tenant", "tenant")]);
     assert_eq!(
-        debezium(&out)["table.fields.additional.placement"].as_str(),
-        Some(placement)
+        placed,
+        [
+            ("eventType", "type"),
+            ("tenant", "tenant"),
+            ("version", "v"),
+            ("shard", "shard")
+        ]
     );
+    assert_eq!(format.topic_prefix.as_deref(), Some("shop"));
+    let dbz = debezium(&out);
+    assert_eq!(dbz["table.fields.additional.placement"].as_str(), Some(placement));
     let notes = not_carried_over(&out);
-    let placement_notes: Vec<&String> = notes
-        .iter()
-        .filter(|n| n.starts_with("transforms.outbox.table.fields.additional.placement:"))
-        .collect();
-    assert_eq!(placement_notes.len(), 2, "{notes:#?}");
-    assert!(placement_notes[0].contains("shard:partition") && placement_notes[0].contains("follow the key"));
     assert!(
-        placement_notes[1].contains("version:envelope:v") && placement_notes[1].contains("envelope is not supported")
+        !notes
+            .iter()
+            .any(|n| n.starts_with("transforms.outbox.table.fields.additional.placement:")),
+        "{notes:#?}"
     );
 }
 
@@ -422,13 +404,18 @@ fn an_unsupported_converter_is_listed_not_written() {
         ),
     );
     let dbz = debezium(&out);
-    assert!(!dbz.contains_key("value.converter"), "{dbz:?}");
+    // The column's own text instead (StringConverter), and the note says so.
+    assert_eq!(
+        dbz["value.converter"].as_str(),
+        Some("org.apache.kafka.connect.storage.StringConverter"),
+        "{dbz:?}"
+    );
     assert!(!dbz.contains_key("value.converter.schemas.enable"), "{dbz:?}");
     assert!(dbz.contains_key("key.converter"), "{dbz:?}");
     let notes = not_carried_over(&out);
     let why = listed(&notes, "value.converter");
     assert!(
-        why.contains("AvroConverter is not supported") && why.contains("writes the column's own bytes"),
+        why.contains("AvroConverter is not supported") && why.contains("the column's own text"),
         "{why}"
     );
     assert!(listed(&notes, "value.converter.schema.registry.url").contains("value converter"));
@@ -545,13 +532,15 @@ fn the_outbox_event_router_docs_example_imports_to_an_accepted_config() {
     let settings = load(&out);
     assert_eq!(settings.outbox.table.quoted(), r#""inventory"."outboxevent""#);
     assert_eq!(settings.router.route("order"), "outbox.event.order");
-    let headers: Vec<(&str, &str)> = settings
-        .outbox
-        .headers
+    let placed: Vec<(&str, &str)> = settings
+        .debezium
+        .as_ref()
+        .expect("[debezium]")
+        .additional
         .iter()
-        .map(|(c, h)| (c.as_str(), h.as_str()))
+        .map(|f| (f.column.as_str(), f.alias.as_str()))
         .collect();
-    assert_eq!(headers, [("eventType", "type")]);
+    assert_eq!(placed, [("eventType", "type")]);
     assert_eq!(
         settings.postgres.url.expose(),
         "postgres://postgres@192.168.99.100:5432/postgres"
@@ -566,7 +555,8 @@ fn the_outbox_event_router_docs_example_imports_to_an_accepted_config() {
         dbz["table.fields.additional.placement"].as_str(),
         Some("eventType:header:type")
     );
-    assert!(listed(&not_carried_over(&out), "topic.prefix").contains("raw change topics"));
+    // topic.prefix names envelope schemas, so it is kept (in [debezium]), not listed.
+    assert_eq!(dbz["topic.prefix"].as_str(), Some("fulfillment"));
 }
 
 #[test]
@@ -580,12 +570,9 @@ fn the_outbox_example_imports_to_an_accepted_config() {
     );
     assert_eq!(settings.router.route("Order"), "Order.events");
     let notes = not_carried_over(&out);
-    for option in [
-        "tasks.max",
-        "database.server.name",
-        "schema.whitelist",
-        "tombstones.on.delete",
-    ] {
+    // database.server.name (topic.prefix's old name) names envelope schemas: kept in [debezium].
+    assert_eq!(debezium(&out)["topic.prefix"].as_str(), Some("dbserver1"));
+    for option in ["tasks.max", "schema.whitelist", "tombstones.on.delete"] {
         listed(&notes, option);
     }
     assert!(!out.contains("postgrespw"), "{out}");
