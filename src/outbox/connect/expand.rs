@@ -403,7 +403,8 @@ impl Infer {
 }
 
 /// `mergeSchema`: `left`'s fields, then `right`'s new ones; a bytes field (a `null` member) gives
-/// way to a typed one.
+/// way to a typed one. Connect's `copySchemaBasics` keeps name and version but not `optional`:
+/// a merged struct is required.
 fn merge(left: Schema, right: &Schema) -> Schema {
     let (Kind::Struct(mut fields), Kind::Struct(more)) = (left.kind.clone(), &right.kind) else {
         return left;
@@ -420,6 +421,7 @@ fn merge(left: Schema, right: &Schema) -> Schema {
     }
     Schema {
         kind: Kind::Struct(fields),
+        optional: false,
         ..left
     }
 }

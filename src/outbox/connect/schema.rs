@@ -60,7 +60,8 @@ impl Schema {
             Kind::Int16 => "int16",
             Kind::Int32 => "int32",
             Kind::Int64 => "int64",
-            Kind::Float64 => "float64",
+            // Connect's JSON schema names FLOAT64 "double".
+            Kind::Float64 => "double",
             Kind::Boolean => "boolean",
             Kind::String => "string",
             Kind::Bytes => "bytes",
@@ -171,7 +172,11 @@ impl Value<'_> {
             (value, _) => {
                 return Err(DataError(format!(
                     "Invalid type for {}: {}",
-                    schema.type_name().to_uppercase(),
+                    format!("{:?}", schema.kind)
+                        .split('(')
+                        .next()
+                        .unwrap_or_default()
+                        .to_uppercase(),
                     value.java_class()
                 )))
             }
@@ -230,10 +235,22 @@ impl Converter {
             },
             Converter::Json { schemas } => {
                 let Some(schema) = schema else {
-                    if matches!(value, Value::Null) {
-                        return Ok(None);
+                    // Connect writes a schemaless value by its Java type; the only one reaching
+                    // here is a string (a payload whose schema Debezium's expansion dropped).
+                    let text = match value {
+                        Value::Null => return Ok(None),
+                        Value::String(s) => s,
+                        other => return Err(DataError(format!("a {} without a schema", other.java_class()))),
+                    };
+                    let mut out = Vec::with_capacity(text.len() + 32);
+                    if schemas {
+                        out.extend_from_slice(b"{\"schema\":null,\"payload\":");
                     }
-                    return Err(DataError("a value without a schema".into()));
+                    json::string(&mut out, text);
+                    if schemas {
+                        out.push(b'}');
+                    }
+                    return Ok(Some(out));
                 };
                 let mut out = Vec::with_capacity(64);
                 if schemas {
@@ -297,6 +314,19 @@ mod tests {
                     .unwrap()
             ),
             r#"{"schema":{"type":"struct","fields":[{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"payload"},{"type":"string","optional":false,"field":"etype"}],"optional":false,"name":"p.public.outbox.order.Value"},"payload":{"payload":"{}","etype":"created"}}"#
+        );
+    }
+
+    #[test]
+    fn a_schemaless_string_is_written_as_connect_infers_it() {
+        let schemaless = Value::String("[]".into());
+        assert_eq!(
+            text(Converter::Json { schemas: false }.serialize(None, &schemaless).unwrap()),
+            "\"[]\""
+        );
+        assert_eq!(
+            text(Converter::Json { schemas: true }.serialize(None, &schemaless).unwrap()),
+            r#"{"schema":null,"payload":"[]"}"#
         );
     }
 

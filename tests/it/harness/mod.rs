@@ -60,6 +60,11 @@
 //! collected with what was committed. [`scrape::http_get`] fetches a relay endpoint and
 //! [`scrape::Metrics`] parses Prometheus text (`/metrics`).
 //!
+//! # Debezium
+//! [`Debezium::get`] (`debezium.rs`): Debezium 3.6's embedded engine with the EventRouter and
+//! Connect's converters (`tests/debezium/DebeziumOutbox.java`), `None` with a loud SKIPPING line
+//! where Java or the jars (`scripts/install-debezium.sh`) are missing.
+//!
 //! # Faults
 //! [`fault_support`]: commit LSNs of a transaction ([`fault_support::TxnProbe`]), the
 //! "confirmed never passes an unacknowledged commit" check, logical messages, and
@@ -71,6 +76,7 @@
 
 pub mod checks;
 pub mod consumer;
+pub mod debezium;
 pub mod fault_support;
 pub mod kafka;
 pub mod postgres;
@@ -84,6 +90,7 @@ pub mod workload;
 
 pub use checks::{check_delivered, check_order, ids_by_key};
 pub use consumer::{collect, collect_matching, collect_with, produce, Received, Topics};
+pub use debezium::{Debezium, DebeziumRecord};
 pub use kafka::MockKafka;
 pub use postgres::{
     confirmed_flush_lsn, current_wal_lsn, format_lsn, parse_lsn, shared_cluster, slot_row, PgCluster, SlotRow,
