@@ -7,6 +7,7 @@
 
 mod backfill;
 mod control_plane;
+mod debezium_slot;
 mod demo;
 mod deploy_docs;
 mod e2e_relay;
