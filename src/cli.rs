@@ -1,5 +1,6 @@
-//! Command-line interface. Every subcommand reads the same TOML file (`--config`), with
-//! `OUTBOX_RELAY__<SECTION>__<KEY>` environment overrides (see `src/config/`).
+//! Command-line interface. Every subcommand but `demo` and `import-debezium` reads the same TOML
+//! file (`--config`), with `OUTBOX_RELAY__<SECTION>__<KEY>` environment overrides (see
+//! `src/config/`).
 //!
 //! Exit codes: 0 success; 1 a runtime failure (connection, fatal relay error); 2 a usage or
 //! configuration error.
@@ -71,6 +72,15 @@ pub(crate) enum Command {
     /// the relay and a consumer, with live progress and a summary. Needs no --config.
     #[cfg(feature = "demo")]
     Demo(crate::demo::DemoArgs),
+    /// Print the outbox-relay config equivalent to a Debezium PostgreSQL connector config with the
+    /// Outbox EventRouter (Kafka Connect's JSON or a .properties file); options with no
+    /// counterpart are listed, with the reason, as comments at the end. Needs no --config and
+    /// connects to nothing. See docs/migrating-from-debezium.md.
+    ImportDebezium {
+        /// The connector config: `{"name": …, "config": {…}}`, the bare config object, or properties.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
     /// Drop the slot and the publication.
     Teardown {
         /// Confirm: dropping the slot discards the WAL position of undelivered events.
@@ -79,7 +89,7 @@ pub(crate) enum Command {
     },
 }
 
-/// The subcommands that read `--config` (all but `demo`).
+/// The subcommands that read `--config` (all but `demo` and `import-debezium`).
 enum Configured {
     Setup { backfill: bool, poll: bool },
     Run,
@@ -102,6 +112,7 @@ pub fn main() -> ExitCode {
             logging::init(cli.log_format, level);
             return crate::demo::main(args);
         }
+        Command::ImportDebezium { file } => return import_debezium(&file),
         Command::Setup { backfill, poll } => Configured::Setup { backfill, poll },
         Command::Run => Configured::Run,
         Command::Poll => Configured::Poll,
@@ -165,6 +176,22 @@ async fn dispatch(command: Configured, settings: Settings) -> ExitCode {
         }
         Configured::Run => run(settings).await,
         Configured::Poll => run_poll(settings).await,
+    }
+}
+
+/// Prints the imported config on stdout (so `> relay.toml` captures exactly the file) and the
+/// summary on stderr. An unusable connector config is a usage error (2).
+fn import_debezium(file: &std::path::Path) -> ExitCode {
+    match control::import_debezium::import_debezium(file) {
+        Ok(imported) => {
+            print!("{}", imported.toml);
+            eprintln!("{}", imported.summary);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 

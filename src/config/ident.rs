@@ -55,6 +55,24 @@ impl Ident {
         }
     }
 
+    /// A name taken verbatim, as the catalogs store it: how Debezium options name columns (its
+    /// field names are the column names, case and all). Refuses only what no column can be named.
+    pub(crate) fn exact(what: &'static str, name: &str) -> Result<Self, IdentError> {
+        if name.contains('\0') {
+            return Err(IdentError::Nul {
+                what,
+                value: name.to_owned(),
+            });
+        }
+        if name.is_empty() {
+            return Err(IdentError::InvalidUnquoted {
+                what,
+                value: String::new(),
+            });
+        }
+        Ok(Ident(name.to_owned()))
+    }
+
     /// The name as the catalogs store it (what pgoutput Relation messages carry).
     pub fn as_str(&self) -> &str {
         &self.0

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub(crate) mod debezium;
 pub(crate) mod http;
 pub(crate) mod ident;
 pub(crate) mod kafka;
@@ -31,6 +32,7 @@ pub(crate) mod postgres;
 pub(crate) mod relay;
 pub(crate) mod secret;
 
+use self::debezium::DebeziumFormat;
 use self::http::{HttpSection, HttpSettings};
 use self::ident::IdentError;
 use self::kafka::{KafkaProperties, KafkaValue};
@@ -78,6 +80,8 @@ pub(crate) struct FileConfig {
     pub(crate) poll: PollSection,
     #[serde(default)]
     pub(crate) http: HttpSection,
+    /// Verbatim Debezium / Kafka Connect property names: validated by `debezium::validate`.
+    pub(crate) debezium: Option<BTreeMap<String, toml::Value>>,
 }
 
 /// Numbers may also be written as numeric strings (what environment overrides produce).
@@ -111,6 +115,9 @@ pub struct Settings {
     pub poll: PollSettings,
     /// `[http]`: metrics and health endpoints.
     pub http: HttpSettings,
+    /// `[debezium]`: records written as Debezium + Kafka Connect write them; `None` = the
+    /// columns' text as it is.
+    pub debezium: Option<DebeziumFormat>,
 }
 
 impl Settings {
@@ -149,14 +156,20 @@ impl Settings {
 
     /// Validates every section, in file order; the first error wins.
     pub(crate) fn validate(file: FileConfig) -> Result<Settings, ConfigError> {
+        let mut outbox = file.outbox.validate()?;
+        let debezium = file.debezium.as_ref().map(debezium::validate).transpose()?;
+        if let Some(format) = &debezium {
+            outbox.place_debezium_columns(format)?;
+        }
         Ok(Settings {
             postgres: file.postgres.validate()?,
-            outbox: file.outbox.validate()?,
+            outbox,
             router: file.route.validate()?,
             kafka: KafkaProperties::validate(file.kafka)?,
             relay: file.relay.validate()?,
             poll: file.poll.validate()?,
             http: file.http.validate()?,
+            debezium,
         })
     }
 }
@@ -176,7 +189,8 @@ fn apply_env_overrides(
             });
         };
         let section = section.to_ascii_lowercase();
-        let key = if section == "kafka" {
+        // Both sections take dotted property names.
+        let key = if section == "kafka" || section == "debezium" {
             key.to_ascii_lowercase().replace('_', ".")
         } else {
             key.to_ascii_lowercase()

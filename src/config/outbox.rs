@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use regex::Regex;
 use serde::Deserialize;
 
+use crate::config::debezium::{DebeziumFormat, Placement};
 use crate::config::ident::{Ident, TableName};
 use crate::config::{named, ConfigError};
 
@@ -67,9 +68,47 @@ pub struct OutboxMapping {
     pub(crate) headers: Vec<(Ident, String)>,
     /// Prefix of `pg_logical_emit_message` events (`None`: messages are not events).
     pub(crate) message_prefix: Option<String>,
+    /// Columns read only for `[debezium]`'s `table.fields.additional.placement`, in placement
+    /// order (each once); empty without that section.
+    pub(crate) placed: Vec<Ident>,
 }
 
 impl OutboxMapping {
+    /// Reads the columns `[debezium]` places. A `header_columns` entry that a header placement
+    /// repeats (same column, same header) is dropped: the placement writes that header, converted
+    /// as Connect converts it. Any other header name used twice is an error.
+    pub(crate) fn place_debezium_columns(&mut self, format: &DebeziumFormat) -> Result<(), ConfigError> {
+        let placed_headers: Vec<(&Ident, &str)> = format
+            .additional
+            .iter()
+            .filter(|f| f.placement == Placement::Header)
+            .map(|f| (&f.column, f.alias.as_str()))
+            .collect();
+        self.headers
+            .retain(|(c, h)| !placed_headers.iter().any(|(pc, ph)| *pc == c && *ph == h.as_str()));
+        if let Some((c, h)) = self
+            .headers
+            .iter()
+            .find(|(_, h)| placed_headers.iter().any(|(_, ph)| *ph == h.as_str()) || h.eq_ignore_ascii_case("id"))
+        {
+            return Err(ConfigError::Invalid {
+                key: "outbox.header_columns",
+                message: format!(
+                    "column {c} maps to header {h:?}, which [debezium] \"table.fields.additional.placement\" \
+                     also writes; keep the header in one place (the placement converts it as Kafka Connect does)"
+                ),
+            });
+        }
+        if let Some(f) = placed_headers.iter().find(|(_, h)| h.eq_ignore_ascii_case("id")) {
+            return Err(ConfigError::Invalid {
+                key: "debezium.\"table.fields.additional.placement\"",
+                message: format!("column {} is placed as header \"id\", the event id header", f.0),
+            });
+        }
+        self.placed = format.columns();
+        Ok(())
+    }
+
     /// Every mapped column with the config key that names it, for preflight checks.
     pub(crate) fn columns(&self) -> Vec<(&'static str, &Ident)> {
         let mut cols = vec![
@@ -83,6 +122,9 @@ impl OutboxMapping {
         }
         for (col, _) in &self.headers {
             cols.push(("outbox.header_columns", col));
+        }
+        for col in &self.placed {
+            cols.push(("debezium.\"table.fields.additional.placement\"", col));
         }
         cols
     }
@@ -127,6 +169,7 @@ impl OutboxSection {
                 .transpose()?,
             headers,
             message_prefix,
+            placed: Vec::new(),
         })
     }
 }

@@ -112,6 +112,10 @@ pub enum ControlError {
         accepted: &'static str,
     },
 
+    /// `[debezium]` cannot render the outbox table's columns (a type, a converter, a placement).
+    #[error("{0}. Change the [debezium] section or the column, then run setup again")]
+    Debezium(#[from] crate::outbox::connect::ConnectLayoutError),
+
     #[error(
         "publication {publication} exists but does not include {table}, and it belongs to role {owner}, so \
          setup (running as {role}) leaves it alone. Have {owner} run: ALTER PUBLICATION {publication} ADD TABLE \

@@ -1,5 +1,7 @@
 //! The control plane: `setup`, `status`, `teardown`, and the `preflight` checks `setup` and `run`
-//! share. Everything here talks to PostgreSQL over an ordinary (non-replication) connection.
+//! share. Everything here talks to PostgreSQL over an ordinary (non-replication) connection —
+//! except `import-debezium` ([`import_debezium`]), which only turns a Debezium connector config
+//! into this relay's config file and connects to nothing.
 //!
 //! # Objects the relay owns
 //! * A **publication** (`postgres.publication`) `FOR TABLE <outbox> WITH (publish = 'insert')`:
@@ -38,6 +40,7 @@ pub(crate) mod backfill;
 mod catalog;
 mod column_types;
 mod error;
+pub(crate) mod import_debezium;
 pub(crate) mod preflight;
 mod publication;
 pub(crate) mod setup;

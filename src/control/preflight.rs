@@ -12,6 +12,7 @@
 //! adds the table (see [`super::setup`](mod@super::setup)).
 
 use std::fmt;
+use std::sync::Arc;
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -22,6 +23,8 @@ pub(crate) use super::publication::PublicationInfo;
 use super::ControlError;
 use crate::config::ident::{quote_ident, TableName};
 use crate::config::Settings;
+use crate::outbox::connect::{ColumnFacts, ConnectLayout};
+use crate::outbox::event::RowFormat;
 use crate::outbox::payload::{PayloadFormat, BYTEA_OID};
 use crate::postgres::lsn::Lsn;
 
@@ -66,11 +69,37 @@ pub(crate) struct MappedColumn {
     pub(crate) type_name: String,
     /// Its base type (a domain resolved to the type it is built on) is `bytea`.
     pub(crate) bytea: bool,
+    /// `pg_type.oid` of its base type.
+    pub(crate) base_oid: u32,
+    pub(crate) not_null: bool,
+}
+
+/// How the poller and the backfill turn rows of the checked columns into events.
+pub(crate) fn row_format(settings: &Settings, columns: &[MappedColumn]) -> Result<RowFormat, ControlError> {
+    Ok(RowFormat {
+        payload: payload_format(columns),
+        connect: connect_layout(settings, columns)?,
+    })
+}
+
+/// `[debezium]`'s record format for the checked columns (`None` without the section): also
+/// `setup`'s check that the section fits the table.
+fn connect_layout(settings: &Settings, columns: &[MappedColumn]) -> Result<Option<Arc<ConnectLayout>>, ControlError> {
+    let Some(format) = &settings.debezium else {
+        return Ok(None);
+    };
+    let layout = ConnectLayout::new(format, &settings.outbox, |ident| {
+        columns.iter().find(|c| c.column == *ident).map(|c| ColumnFacts {
+            type_oid: c.base_oid,
+            not_null: c.not_null,
+        })
+    })?;
+    Ok(Some(Arc::new(layout)))
 }
 
 /// How the payload column's text becomes the record value, from its checked type: `bytea` (or a
 /// domain over it) is decoded to its bytes, everything else passes as text.
-pub(crate) fn payload_format(columns: &[MappedColumn]) -> PayloadFormat {
+fn payload_format(columns: &[MappedColumn]) -> PayloadFormat {
     match columns.iter().find(|c| c.config_key == "outbox.payload_column") {
         Some(c) if c.bytea => PayloadFormat::Bytea,
         _ => PayloadFormat::Text,
@@ -130,6 +159,7 @@ pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<Pr
     let superuser = check_role(client, &server).await?;
     let table = find_table(client, settings, &server).await?;
     let columns = check_columns(client, settings, &table).await?;
+    connect_layout(settings, &columns)?;
     check_select(client, &table, &server).await?;
 
     let slot_name = settings.postgres.slot.as_str();
@@ -340,7 +370,8 @@ async fn check_columns(
                  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
                UNION ALL \
                  SELECT b.attnum, t.typbasetype FROM base b JOIN pg_type t ON t.oid = b.typid WHERE t.typtype = 'd') \
-             SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.oid, t.typname::text, t.typtype::text \
+             SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.oid, t.typname::text, t.typtype::text, \
+                    a.attnotnull \
              FROM pg_attribute a JOIN base b ON b.attnum = a.attnum JOIN pg_type t ON t.oid = b.typid AND t.typtype <> 'd' \
              WHERE a.attrelid = $1 ORDER BY a.attnum",
             &[&table.oid],
@@ -374,6 +405,8 @@ async fn check_columns(
             column: column.clone(),
             type_name,
             bytea: base_oid == BYTEA_OID,
+            base_oid,
+            not_null: row.get(5),
         });
     }
     Ok(mapped)

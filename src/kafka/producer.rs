@@ -76,20 +76,23 @@ pub(crate) type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OutboundRecord<'a> {
     pub(crate) topic: Cow<'a, str>,
-    pub(crate) key: &'a [u8],
-    pub(crate) payload: &'a [u8],
+    pub(crate) key: Cow<'a, [u8]>,
+    /// `None`: a null value (a tombstone).
+    pub(crate) payload: Option<Cow<'a, [u8]>>,
     /// Sent as the first header, `id`.
     pub(crate) event_id: &'a [u8],
     pub(crate) timestamp_ms: Option<i64>,
     /// Sent after `id`, in this order.
     pub(crate) headers: Cow<'a, [RecordHeader<'a>]>,
+    /// `None`: the partitioner picks (murmur2 of the key, as Java's producer).
+    pub(crate) partition: Option<i32>,
 }
 
 impl OutboundRecord<'_> {
     /// What this record costs against the in-flight byte budget.
     pub(crate) fn size(&self) -> usize {
         self.key.len()
-            + self.payload.len()
+            + self.payload.as_ref().map_or(0, |p| p.len())
             + self.event_id.len()
             + self
                 .headers
@@ -208,9 +211,14 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
             });
         }
         let mut base = BaseRecord::with_opaque_to(&record.topic, tag)
-            .key(record.key)
-            .payload(record.payload)
+            .key(&*record.key)
             .headers(headers);
+        if let Some(payload) = &record.payload {
+            base = base.payload(&**payload);
+        }
+        if let Some(partition) = record.partition {
+            base = base.partition(partition);
+        }
         if let Some(ts) = record.timestamp_ms {
             base = base.timestamp(ts);
         }

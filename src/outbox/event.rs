@@ -22,13 +22,23 @@
 //! is not the column's text. [`OutboxEvent::into_owned`] detaches it where it must outlive its source.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use crate::config::outbox::{OutboxMapping, TopicRoute};
 use crate::kafka::producer::{OutboundRecord, RecordHeader};
 use crate::outbox::bad_event::BadEvent;
+use crate::outbox::connect::ConnectLayout;
 use crate::outbox::payload::PayloadFormat;
 use crate::outbox::routing;
 use crate::outbox::timestamp::parse_timestamp_ms;
+
+/// How a row read with SQL (claimed by the poller, read by the backfill) becomes an event, from
+/// the column types preflight checked: the payload's decoding and the `[debezium]` layout.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RowFormat {
+    pub(crate) payload: PayloadFormat,
+    pub(crate) connect: Option<Arc<ConnectLayout>>,
+}
 
 /// One outbox event: the values its record is made of, before routing.
 ///
@@ -45,26 +55,54 @@ pub(crate) struct OutboxEvent<'a> {
     pub(crate) key: Cow<'a, [u8]>,
     /// What the topic is routed from (Debezium's `routedByValue`).
     pub(crate) route_value: Cow<'a, str>,
-    /// The record value.
-    pub(crate) payload: Cow<'a, [u8]>,
+    /// The record value; `None` (a NULL payload) only under `[debezium]`, which writes what
+    /// Debezium writes for it — otherwise a NULL payload is a bad event.
+    pub(crate) payload: Option<Cow<'a, [u8]>>,
     /// The record timestamp; `None` leaves it to the producer.
     pub(crate) timestamp_ms: Option<i64>,
     /// Headers after `id`, in the mapping's order (`header_columns`); a NULL gives a null header.
     pub(crate) headers: Vec<RecordHeader<'a>>,
+    /// The `[debezium]` placed columns' text (`OutboxMapping::placed` order, `None` = NULL).
+    pub(crate) placed: Vec<Option<Cow<'a, [u8]>>>,
+    /// `[debezium]`: how this table's events become Debezium's records; `None`: the columns'
+    /// text as it is.
+    pub(crate) connect: Option<Arc<ConnectLayout>>,
 }
 
 impl<'a> OutboxEvent<'a> {
     /// The Kafka record of this event: topic routed by `router` and checked against Kafka's
     /// naming rules (an illegal topic is [`BadEvent::Topic`]); everything else borrowed.
+    ///
+    /// Under `[debezium]` key, value, placed headers and partition are rendered as Debezium
+    /// renders them ([`ConnectLayout::render`]); `header_columns` follow the placed headers.
     pub(crate) fn record<'r>(&'r self, router: &TopicRoute) -> Result<OutboundRecord<'r>, BadEvent> {
         let topic = routing::topic(router, &self.route_value)?;
+        let Some(connect) = &self.connect else {
+            return Ok(OutboundRecord {
+                topic,
+                key: Cow::Borrowed(&self.key),
+                payload: self.payload.as_deref().map(Cow::Borrowed),
+                event_id: &self.id,
+                timestamp_ms: self.timestamp_ms,
+                headers: Cow::Borrowed(&self.headers),
+                partition: None,
+            });
+        };
+        let rendered = connect.render(&self.key, self.payload.as_deref(), &self.placed, &self.route_value)?;
+        let mut headers: Vec<RecordHeader<'r>> = rendered
+            .headers
+            .into_iter()
+            .map(|(name, value)| (Cow::Owned(name), value.map(Cow::Owned)))
+            .collect();
+        headers.extend(self.headers.iter().cloned());
         Ok(OutboundRecord {
             topic,
-            key: &self.key,
-            payload: &self.payload,
+            key: Cow::Owned(rendered.key),
+            payload: rendered.value.map(Cow::Owned),
             event_id: &self.id,
             timestamp_ms: self.timestamp_ms,
-            headers: Cow::Borrowed(&self.headers),
+            headers: Cow::Owned(headers),
+            partition: rendered.partition,
         })
     }
 
@@ -75,13 +113,19 @@ impl<'a> OutboxEvent<'a> {
             id: Cow::Owned(self.id.into_owned()),
             key: Cow::Owned(self.key.into_owned()),
             route_value: Cow::Owned(self.route_value.into_owned()),
-            payload: Cow::Owned(self.payload.into_owned()),
+            payload: self.payload.map(|p| Cow::Owned(p.into_owned())),
             timestamp_ms: self.timestamp_ms,
             headers: self
                 .headers
                 .into_iter()
                 .map(|(name, value)| (Cow::Owned(name.into_owned()), value.map(|v| Cow::Owned(v.into_owned()))))
                 .collect(),
+            placed: self
+                .placed
+                .into_iter()
+                .map(|v| v.map(|v| Cow::Owned(v.into_owned())))
+                .collect(),
+            connect: self.connect,
         }
     }
 
@@ -94,11 +138,14 @@ impl<'a> OutboxEvent<'a> {
     /// NULL; the payload's text becomes the record value per `payload` (a `bytea` column's hex
     /// text is decoded to its bytes); an unparseable timestamp leaves the record timestamp to the
     /// producer; a NULL header column gives a null header.
+    ///
+    /// Under a `[debezium]` layout (`format.connect`) a NULL payload is an event.
     pub(crate) fn from_columns(
         mapping: &'a OutboxMapping,
         values: &[Option<&'a str>],
-        payload: PayloadFormat,
+        format: &RowFormat,
     ) -> Result<Self, BadEvent> {
+        let (payload, connect) = (format.payload, format.connect.as_ref());
         let value = |i: usize| values.get(i).copied().flatten();
         let required = |i: usize, role: &'static str| {
             value(i).ok_or_else(|| BadEvent::Null {
@@ -109,9 +156,14 @@ impl<'a> OutboxEvent<'a> {
         let id = required(0, "event id")?;
         let key = required(1, "message key")?;
         let route_value = required(2, "route-by value")?;
-        let payload = payload.value(required(3, "payload")?.as_bytes(), || {
-            mapping.columns()[3].1.as_str().to_owned()
-        })?;
+        let payload_text = if connect.is_some() {
+            value(3)
+        } else {
+            Some(required(3, "payload")?)
+        };
+        let payload = payload_text
+            .map(|t| payload.value(t.as_bytes(), || mapping.columns()[3].1.as_str().to_owned()))
+            .transpose()?;
         let mut next = 4;
         let timestamp_ms = if mapping.timestamp.is_some() {
             next += 1;
@@ -130,6 +182,10 @@ impl<'a> OutboxEvent<'a> {
                 )
             })
             .collect();
+        next += mapping.headers.len();
+        let placed = (0..mapping.placed.len())
+            .map(|i| value(next + i).map(|v| Cow::Borrowed(v.as_bytes())))
+            .collect();
         Ok(OutboxEvent {
             id: Cow::Borrowed(id.as_bytes()),
             key: Cow::Borrowed(key.as_bytes()),
@@ -137,6 +193,8 @@ impl<'a> OutboxEvent<'a> {
             payload,
             timestamp_ms,
             headers,
+            placed,
+            connect: connect.cloned(),
         })
     }
 
@@ -251,12 +309,12 @@ mod tests {
     fn maps_columns_like_the_streaming_path() {
         let s = settings(FULL);
         let values = ROW.columns();
-        let event = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
         let record = event.record(&s.router).unwrap();
         assert_eq!(record.topic, "order");
         assert_eq!(record.event_id, b"42");
-        assert_eq!(record.key, b"agg-1");
-        assert_eq!(record.payload, b"{\"a\": 1}");
+        assert_eq!(&*record.key, b"agg-1");
+        assert_eq!(record.payload.as_deref(), Some(&b"{\"a\": 1}"[..]));
         assert_eq!(record.timestamp_ms, Some(1500));
         // BTreeMap order of the header columns, as the streaming path uses.
         assert_eq!(
@@ -271,15 +329,15 @@ mod tests {
     #[test]
     fn every_source_gives_the_same_record_for_the_same_content() {
         let s = settings(FULL);
-        let layout = OutboxLayout::resolve(&s.outbox, &relation(&TABLE), &ByteaTypes::default()).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &relation(&TABLE), &ByteaTypes::default(), None).unwrap();
         let streamed = ROW.streamed();
         let from_wal = layout.extract(&relation(&TABLE), &streamed).unwrap();
         // The poller's claim borrows from the query's row; the backfill reads owned strings.
         let polled_values = ROW.columns();
-        let polled = OutboxEvent::from_columns(&s.outbox, &polled_values, PayloadFormat::Text).unwrap();
+        let polled = OutboxEvent::from_columns(&s.outbox, &polled_values, &RowFormat::default()).unwrap();
         let pending: Vec<Option<String>> = ROW.columns().iter().map(|v| v.map(str::to_owned)).collect();
         let pending_values: Vec<Option<&str>> = pending.iter().map(Option::as_deref).collect();
-        let backfilled = OutboxEvent::from_columns(&s.outbox, &pending_values, PayloadFormat::Text).unwrap();
+        let backfilled = OutboxEvent::from_columns(&s.outbox, &pending_values, &RowFormat::default()).unwrap();
         assert_eq!(from_wal, polled);
         assert_eq!(from_wal, backfilled);
         let record = from_wal.record(&s.router).unwrap();
@@ -294,10 +352,10 @@ mod tests {
                 .unwrap();
         let table = relation(&["id", "aggregate_id", "type", "payload"]);
         let row = tuple(&[Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")]);
-        let plain_layout = OutboxLayout::resolve(&plain.outbox, &table, &ByteaTypes::default()).unwrap();
+        let plain_layout = OutboxLayout::resolve(&plain.outbox, &table, &ByteaTypes::default(), None).unwrap();
         let from_wal = plain_layout.extract(&table, &row).unwrap();
         let values = [Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")];
-        let polled = OutboxEvent::from_columns(&plain.outbox, &values, PayloadFormat::Text).unwrap();
+        let polled = OutboxEvent::from_columns(&plain.outbox, &values, &RowFormat::default()).unwrap();
         let record = message.record(&plain.router).unwrap();
         assert_eq!(record.topic, "order");
         assert_eq!(record, from_wal.record(&plain.router).unwrap());
@@ -308,11 +366,11 @@ mod tests {
     fn a_streamed_row_is_borrowed_not_copied() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
         let streamed = ROW.streamed();
         let event = layout.extract(&table, &streamed).unwrap();
         let borrowed = |c: &Cow<'_, [u8]>| matches!(c, Cow::Borrowed(_));
-        assert!(borrowed(&event.id) && borrowed(&event.key) && borrowed(&event.payload));
+        assert!(borrowed(&event.id) && borrowed(&event.key) && borrowed(event.payload.as_ref().unwrap()));
         assert!(matches!(event.route_value, Cow::Borrowed(_)));
         assert!(event
             .headers
@@ -323,7 +381,7 @@ mod tests {
         let record = OutboxEvent::from_columns(
             &default.outbox,
             &[Some("1"), Some("k"), Some("t"), Some("{}")],
-            PayloadFormat::Text,
+            &RowFormat::default(),
         )
         .unwrap();
         assert!(matches!(
@@ -336,7 +394,7 @@ mod tests {
     fn null_required_columns_and_bad_topics_are_bad_events() {
         let s = settings("");
         let values = [Some("7"), None, Some("t"), Some("{}")];
-        let err = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap_err();
+        let err = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap_err();
         assert_eq!(OutboxEvent::id_of_columns(&values), "7");
         assert_eq!(
             err,
@@ -346,10 +404,10 @@ mod tests {
             }
         );
         let values = [None, Some("k"), Some("t"), Some("{}")];
-        assert!(OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).is_err());
+        assert!(OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).is_err());
         assert_eq!(OutboxEvent::id_of_columns(&values), "?");
         let values = [Some("8"), Some("k"), Some("has space"), Some("{}")];
-        let event = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
         assert_eq!(OutboxEvent::id_of_columns(&values), "8");
         assert!(matches!(event.record(&s.router).unwrap_err(), BadEvent::Topic(_)));
     }
@@ -358,7 +416,7 @@ mod tests {
     fn unparseable_timestamps_leave_the_record_timestamp_to_the_producer() {
         let s = settings("[outbox]\ntimestamp_column = \"created_at\"\n");
         let values = [Some("1"), Some("k"), Some("t"), Some("{}"), Some("infinity")];
-        let event = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
         assert_eq!(event.timestamp_ms, None);
     }
 
@@ -366,7 +424,7 @@ mod tests {
     fn streamed_rows_that_are_no_event_name_the_column() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
         let with = |i: usize, value: ColumnValue| {
             let mut t = ROW.streamed();
             t.columns[i] = value;
@@ -424,29 +482,37 @@ mod tests {
         let bytea = ByteaTypes::with_domains([DOMAIN_OID]);
         for type_oid in [BYTEA_OID, DOMAIN_OID] {
             let table = typed_payload(type_oid);
-            let layout = OutboxLayout::resolve(&s.outbox, &table, &bytea).unwrap();
+            let layout = OutboxLayout::resolve(&s.outbox, &table, &bytea, None).unwrap();
             let streamed = layout.extract(&table, &row).unwrap();
-            assert_eq!(streamed.payload.as_ref(), bytes);
+            assert_eq!(streamed.payload.as_deref(), Some(&bytes[..]));
             let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
-            let polled = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Bytea).unwrap();
+            let polled = OutboxEvent::from_columns(
+                &s.outbox,
+                &values,
+                &RowFormat {
+                    payload: PayloadFormat::Bytea,
+                    connect: None,
+                },
+            )
+            .unwrap();
             assert_eq!(streamed, polled);
-            assert_eq!(streamed.record(&s.router).unwrap().payload, bytes);
+            assert_eq!(streamed.record(&s.router).unwrap().payload.as_deref(), Some(&bytes[..]));
         }
         // A domain the session does not know of, and text types, pass the text unchanged.
         let table = typed_payload(DOMAIN_OID);
-        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
         let event = layout.extract(&table, &row).unwrap();
-        assert!(matches!(event.payload, Cow::Borrowed(p) if p == hex.as_bytes()));
+        assert!(matches!(event.payload, Some(Cow::Borrowed(p)) if p == hex.as_bytes()));
         let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
-        let text = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
-        assert!(matches!(text.payload, Cow::Borrowed(p) if p == hex.as_bytes()));
+        let text = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
+        assert!(matches!(text.payload, Some(Cow::Borrowed(p)) if p == hex.as_bytes()));
     }
 
     #[test]
     fn a_malformed_bytea_payload_is_a_bad_event_naming_the_column() {
         let s = settings("");
         let table = typed_payload(crate::outbox::payload::BYTEA_OID);
-        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
         for bad in [r"\x0", r"\xzz", "00ff"] {
             let row = tuple(&[Some("9"), Some("k"), Some("t"), Some(bad)]);
             let err = layout.extract(&table, &row).unwrap_err();
@@ -456,7 +522,15 @@ mod tests {
             );
             assert_eq!(layout.id_for_error(&row), b"9");
             let values = [Some("9"), Some("k"), Some("t"), Some(bad)];
-            let polled = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Bytea).unwrap_err();
+            let polled = OutboxEvent::from_columns(
+                &s.outbox,
+                &values,
+                &RowFormat {
+                    payload: PayloadFormat::Bytea,
+                    connect: None,
+                },
+            )
+            .unwrap_err();
             assert_eq!(polled, err);
         }
         // A NULL payload is still a NULL, whatever its type.
@@ -476,7 +550,7 @@ mod tests {
         ) {
             let s = settings(FULL);
             let table = relation(&TABLE);
-            let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default()).unwrap();
+            let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
             let row = Row {
                 id: &id, key: &key, route: &route, payload: &payload,
                 created_at: created_at.as_deref(), a: a.as_deref(), b: b.as_deref(),
@@ -484,7 +558,7 @@ mod tests {
             let streamed = row.streamed();
             let from_wal = layout.extract(&table, &streamed).unwrap();
             let values = row.columns();
-            let polled = OutboxEvent::from_columns(&s.outbox, &values, PayloadFormat::Text).unwrap();
+            let polled = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
             prop_assert_eq!(from_wal.record(&s.router).unwrap(), polled.record(&s.router).unwrap());
             prop_assert_eq!(from_wal.timestamp_ms.is_some(), created_at.is_some());
         }

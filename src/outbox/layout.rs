@@ -11,9 +11,12 @@
 //! bytes (`payload.rs`); which one it is follows from the column's type OID in the Relation.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
+use crate::config::debezium::DebeziumFormat;
 use crate::config::outbox::OutboxMapping;
 use crate::outbox::bad_event::BadEvent;
+use crate::outbox::connect::{ColumnFacts, ConnectLayout, ConnectLayoutError};
 use crate::outbox::event::OutboxEvent;
 use crate::outbox::payload::{ByteaTypes, PayloadFormat};
 use crate::outbox::timestamp::parse_timestamp_ms;
@@ -30,19 +33,35 @@ pub(crate) struct OutboxLayout {
     payload_format: PayloadFormat,
     timestamp: Option<usize>,
     headers: Vec<(usize, String)>,
+    /// `[debezium]` placed columns, in `OutboxMapping::placed` order.
+    placed: Vec<usize>,
+    /// `[debezium]`: the table's record format, shared by its events.
+    connect: Option<Arc<ConnectLayout>>,
+}
+
+/// What `[debezium]` needs besides the Relation: the format, and which columns are NOT NULL (a
+/// Relation does not say; read from the catalog when the session starts).
+#[derive(Debug, Clone)]
+pub(crate) struct DebeziumColumns {
+    pub(crate) format: DebeziumFormat,
+    pub(crate) not_null: Vec<String>,
 }
 
 /// The outbox table changed shape in a way the mapping cannot follow.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "column {column:?} ({config_key}) is no longer in table {table} (it now has: {present}); it was dropped or renamed \
-     while the relay was streaming. Restore the column or change {config_key}, then restart"
-)]
-pub struct LayoutError {
-    pub(crate) column: String,
-    pub(crate) config_key: &'static str,
-    pub(crate) table: String,
-    pub(crate) present: String,
+pub enum LayoutError {
+    #[error(
+        "column {column:?} ({config_key}) is no longer in table {table} (it now has: {present}); it was dropped or renamed \
+         while the relay was streaming. Restore the column or change {config_key}, then restart"
+    )]
+    Missing {
+        column: String,
+        config_key: &'static str,
+        table: String,
+        present: String,
+    },
+    #[error(transparent)]
+    Debezium(#[from] ConnectLayoutError),
 }
 
 impl OutboxLayout {
@@ -51,13 +70,14 @@ impl OutboxLayout {
         mapping: &OutboxMapping,
         relation: &Relation,
         bytea: &ByteaTypes,
+        debezium: Option<&DebeziumColumns>,
     ) -> Result<Self, LayoutError> {
         let find = |col: &crate::config::ident::Ident, config_key: &'static str| {
             relation
                 .columns
                 .iter()
                 .position(|c| c.name == col.as_str())
-                .ok_or_else(|| LayoutError {
+                .ok_or_else(|| LayoutError::Missing {
                     column: col.as_str().to_owned(),
                     config_key,
                     table: mapping.table.to_string(),
@@ -78,6 +98,28 @@ impl OutboxLayout {
             .columns
             .get(payload)
             .map_or(PayloadFormat::Text, |c| bytea.format_of(c.type_oid));
+        let mut placed = Vec::with_capacity(mapping.placed.len());
+        for col in &mapping.placed {
+            placed.push(find(col, "debezium.\"table.fields.additional.placement\"")?);
+        }
+        let connect = match debezium {
+            None => None,
+            Some(d) => Some(Arc::new(ConnectLayout::new(&d.format, mapping, |ident| {
+                relation
+                    .columns
+                    .iter()
+                    .find(|c| c.name == ident.as_str())
+                    .map(|c| ColumnFacts {
+                        // A domain over bytea is a binary payload too.
+                        type_oid: if bytea.format_of(c.type_oid) == PayloadFormat::Bytea {
+                            17
+                        } else {
+                            c.type_oid
+                        },
+                        not_null: d.not_null.contains(&c.name),
+                    })
+            })?)),
+        };
         Ok(OutboxLayout {
             id: find(&mapping.id, "outbox.id_column")?,
             key: find(&mapping.key, "outbox.key_column")?,
@@ -90,6 +132,8 @@ impl OutboxLayout {
                 .map(|c| find(c, "outbox.timestamp_column"))
                 .transpose()?,
             headers,
+            placed,
+            connect,
         })
     }
 
@@ -138,9 +182,12 @@ impl OutboxLayout {
                 .map_or_else(String::new, |c| c.name.clone()),
             role: "route-by value",
         })?;
-        let payload_text = text(self.payload, "payload")?.unwrap_or_default();
+        // Under [debezium] a NULL payload is an event (Debezium writes a null value for it).
+        let payload_role = if self.connect.is_some() { "header" } else { "payload" };
         // Text stays borrowed: only a bytea payload is decoded (into one allocation).
-        let payload = self.payload_format.value(payload_text, || column(self.payload))?;
+        let payload = text(self.payload, payload_role)?
+            .map(|t| self.payload_format.value(t, || column(self.payload)))
+            .transpose()?;
         let timestamp_ms = match self.timestamp {
             Some(idx) => text(idx, "header")?.and_then(parse_timestamp_ms),
             None => None,
@@ -149,6 +196,10 @@ impl OutboxLayout {
         for (idx, name) in &self.headers {
             headers.push((Cow::Borrowed(name.as_str()), text(*idx, "header")?.map(Cow::Borrowed)));
         }
+        let mut placed = Vec::with_capacity(self.placed.len());
+        for idx in &self.placed {
+            placed.push(text(*idx, "header")?.map(Cow::Borrowed));
+        }
         Ok(OutboxEvent {
             id: Cow::Borrowed(id),
             key: Cow::Borrowed(key),
@@ -156,6 +207,8 @@ impl OutboxLayout {
             payload,
             timestamp_ms,
             headers,
+            placed,
+            connect: self.connect.clone(),
         })
     }
 

@@ -7,11 +7,14 @@
 //! - [`payload`]: the record value of the payload column (text as is, `bytea` decoded to its bytes);
 //! - [`timestamp`]: the record timestamp from the timestamp column's text;
 //! - [`routing`]: the topic of an event (the configured `[route]` rule, then Kafka's name rule);
-//! - [`bad_event`]: what happens to a bad event, and its dead letter.
+//! - [`bad_event`]: what happens to a bad event, and its dead letter;
+//! - [`connect`]: the record in Debezium's format (`[debezium]`: Connect schemas, converters,
+//!   the EventRouter's expansion and placements).
 //!
 //! Invariant: pure (no I/O); imports only `config` and the adapters' value types.
 
 pub(crate) mod bad_event;
+pub(crate) mod connect;
 pub(crate) mod event;
 pub(crate) mod layout;
 pub(crate) mod message;

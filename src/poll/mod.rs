@@ -66,8 +66,8 @@ pub(crate) async fn run(
         }
         Some(_) => {}
     }
-    let payload = crate::control::preflight::payload_format(&table.facts.columns);
-    let sql = Arc::new(PollSql::new(settings, &table.id_type, &table.created_at, payload));
+    let rows = crate::control::preflight::row_format(settings, &table.facts.columns).map_err(PollError::Table)?;
+    let sql = Arc::new(PollSql::new(settings, &table.id_type, &table.created_at, rows));
     let id_type: Arc<str> = table.id_type.into();
     let poll = &settings.poll;
     info!(

@@ -20,7 +20,7 @@
 
 use crate::config::ident::{quote_ident, Ident};
 use crate::config::Settings;
-use crate::outbox::payload::PayloadFormat;
+use crate::outbox::event::RowFormat;
 
 /// Pinned like the replication connection's startup parameters (`src/postgres/replication/connection.rs`),
 /// because these settings change how output functions render timestamps, floats and intervals.
@@ -29,7 +29,7 @@ pub(crate) const SESSION_SETTINGS: &str =
      SET bytea_output = 'hex'";
 
 /// The statements one worker prepares.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct PollSql {
     /// `$1`: the batch size (int8). Returns the mapped columns as text, in
     /// [`crate::config::outbox::OutboxMapping::columns`] order.
@@ -37,15 +37,15 @@ pub(crate) struct PollSql {
     /// `$1`: the claimed ids as text (`text[]`), cast back to the id column's type so the
     /// primary-key index serves the lookup.
     pub(crate) mark: String,
-    /// How the claimed payload column's text becomes the record value (`bytea`: decoded).
-    pub(crate) payload: PayloadFormat,
+    /// How a claimed row becomes an event (`bytea` payload decoded, `[debezium]` layout).
+    pub(crate) rows: RowFormat,
 }
 
 impl PollSql {
     /// `id_type` is the id column's type as `format_type` prints it (valid SQL type syntax);
     /// `created_at` the column claims are ordered by.
-    /// `payload` is how the payload column's text becomes the record value.
-    pub(crate) fn new(settings: &Settings, id_type: &str, created_at: &Ident, payload: PayloadFormat) -> PollSql {
+    /// `rows` is how a claimed row becomes an event.
+    pub(crate) fn new(settings: &Settings, id_type: &str, created_at: &Ident, rows: RowFormat) -> PollSql {
         let mapping = &settings.outbox;
         let table = mapping.table.quoted();
         let dispatched = settings.poll.dispatched.quoted();
@@ -57,7 +57,7 @@ impl PollSql {
             created_at.quoted(),
         );
         let mark = format!("UPDATE {table} SET {dispatched} = now() WHERE {id} = ANY ($1::text[]::{id_type}[])");
-        PollSql { claim, mark, payload }
+        PollSql { claim, mark, rows }
     }
 }
 
@@ -112,7 +112,7 @@ mod tests {
             &s,
             "bigint",
             &Ident::parse("t", "created_at").unwrap(),
-            PayloadFormat::Text,
+            RowFormat::default(),
         );
         assert_eq!(
             sql.claim,
@@ -140,7 +140,7 @@ mod tests {
             &s,
             "uuid",
             &Ident::parse("t", "created_at").unwrap(),
-            PayloadFormat::Text,
+            RowFormat::default(),
         );
         assert!(
             sql.claim

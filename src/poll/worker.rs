@@ -35,7 +35,7 @@ use crate::ops::metrics::now_unix_us;
 use crate::ops::retry::{wait_or_shutdown, Backoff};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
-use crate::outbox::payload::PayloadFormat;
+use crate::outbox::event::RowFormat;
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
 /// a producer that is already abandoned, but the check keeps the count honest regardless.
@@ -178,7 +178,7 @@ impl Worker {
         };
         let published = publish_and_await(
             &self.settings,
-            self.sql.payload,
+            &self.sql.rows,
             publisher,
             deliveries,
             batch,
@@ -250,7 +250,7 @@ async fn connect(settings: &Settings, sql: &PollSql) -> Result<Connection, PollE
 /// acknowledged; `Ok(None)`: shutdown outlasted its timeout first.
 async fn publish_and_await(
     settings: &Settings,
-    payload: PayloadFormat,
+    rows_format: &RowFormat,
     publisher: &Publisher<BatchTag>,
     deliveries: &mut mpsc::UnboundedReceiver<Delivery<BatchTag>>,
     batch: u64,
@@ -265,7 +265,7 @@ async fn publish_and_await(
             id: id.to_owned(),
             cause,
         };
-        let event = OutboxEvent::from_columns(&settings.outbox, &values, payload).map_err(bad)?;
+        let event = OutboxEvent::from_columns(&settings.outbox, &values, rows_format).map_err(bad)?;
         let record = event.record(&settings.router).map_err(bad)?;
         if let Err(rejected) = publisher.send(
             &record,

@@ -93,7 +93,7 @@ impl StreamState<'_> {
     fn on_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
         let table = &self.settings.outbox.table;
         let layout = if relation.namespace == table.schema.as_str() && relation.name == table.name.as_str() {
-            let layout = OutboxLayout::resolve(&self.settings.outbox, &relation, &self.bytea)?;
+            let layout = OutboxLayout::resolve(&self.settings.outbox, &relation, &self.bytea, self.debezium.as_ref())?;
             if self.relations.contains_key(&relation.oid) {
                 info!(table = %table, columns = relation.columns.len(), "outbox table changed shape; column mapping refreshed");
             }

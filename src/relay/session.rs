@@ -38,6 +38,7 @@ use super::{heartbeat, publication, slot, SessionContext};
 use crate::config::Settings;
 use crate::ops::health::Mode;
 use crate::ops::metrics::{now_unix_us, StreamGauges};
+use crate::outbox::layout::DebeziumColumns;
 use crate::outbox::payload::ByteaTypes;
 use crate::postgres::client as pg_client;
 use crate::postgres::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
@@ -67,6 +68,17 @@ pub(crate) async fn run_session(
     // A payload column of bytea or of a domain over it is published as its bytes. Read once per
     // session: a domain created while the session streams is known from the next session on.
     let bytea = ByteaTypes::with_domains(pg_client::bytea_domain_oids(&control).await?);
+    let debezium = match &settings.debezium {
+        None => None,
+        Some(format) => {
+            let table = &settings.outbox.table;
+            let not_null = pg_client::not_null_columns(&control, table.schema.as_str(), table.name.as_str()).await?;
+            Some(DebeziumColumns {
+                format: format.clone(),
+                not_null,
+            })
+        }
+    };
     let mut conn =
         ReplicationConnection::connect_with(&settings.postgres, timeout, Some(settings.relay.receive_timeout)).await?;
     let backend_pid = conn.backend_pid;
@@ -102,6 +114,7 @@ pub(crate) async fn run_session(
     let mut suspects = std::mem::take(&mut ctx.suspects);
     let mut state = StreamState::new(settings, publisher, slot.confirmed_flush, &mut suspects);
     state.bytea = bytea;
+    state.debezium = debezium;
     let outcome = stream(&mut state, &mut reader, &mut writer, &mut deliveries, shutdown, ctx).await;
     if let Err(e) = &outcome {
         warn!(error = %e, slot = %settings.postgres.slot, "stopping stream");

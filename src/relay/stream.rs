@@ -20,6 +20,7 @@ use super::confirm::Confirm;
 use super::error::RelayError;
 use super::quarantine::{Held, Suspects};
 use crate::config::Settings;
+use crate::outbox::layout::DebeziumColumns;
 use crate::outbox::layout::OutboxLayout;
 use crate::outbox::payload::ByteaTypes;
 use crate::postgres::lsn::Lsn;
@@ -129,6 +130,8 @@ pub(crate) struct StreamState<'s> {
     /// Which payload column types are binary (`bytea` and the domains over it), read from the
     /// catalog when the session starts (`session.rs`).
     pub(super) bytea: ByteaTypes,
+    /// `[debezium]`: the format and the outbox table's NOT NULL columns, read with `bytea`.
+    pub(super) debezium: Option<DebeziumColumns>,
     pub(super) open: Option<OpenTxn>,
     /// Events Kafka refused in earlier sessions (kept by the supervisor).
     pub(super) suspects: &'s mut Suspects,
@@ -155,6 +158,7 @@ impl<'s> StreamState<'s> {
             watermark: AckWatermark::new(start),
             relations: HashMap::new(),
             bytea: ByteaTypes::default(),
+            debezium: None,
             open: None,
             suspects,
             confirm: Confirm::new(start),

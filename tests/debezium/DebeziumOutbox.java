@@ -29,8 +29,8 @@ import java.io.PrintWriter;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.Base64;
 import java.util.HashMap;
+import java.util.HexFormat;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
@@ -94,8 +94,8 @@ public class DebeziumOutbox {
         return c;
     }
 
-    static String b64(byte[] bytes) {
-        return bytes == null ? null : Base64.getEncoder().encodeToString(bytes);
+    static String hex(byte[] bytes) {
+        return bytes == null ? null : HexFormat.of().formatHex(bytes);
     }
 
     /** The record Connect would produce for `raw` under `v`, or the error that stops Connect's task. */
@@ -103,7 +103,10 @@ public class DebeziumOutbox {
         ObjectNode out = JSON.createObjectNode();
         out.put("variant", v.name);
         try {
-            SourceRecord r = v.router.apply(raw);
+            // Each variant gets its own copy: the EventRouter adds its headers to the record it is given.
+            SourceRecord copy = raw.newRecord(raw.topic(), raw.kafkaPartition(), raw.keySchema(), raw.key(),
+                raw.valueSchema(), raw.value(), raw.timestamp(), raw.headers().duplicate());
+            SourceRecord r = v.router.apply(copy);
             if (r == null) {
                 out.put("dropped", true);
                 return out;
@@ -114,14 +117,14 @@ public class DebeziumOutbox {
                 byte[] bytes = v.header.fromConnectHeader(r.topic(), h.key(), h.schema(), h.value());
                 ArrayNode pair = headers.addArray();
                 pair.add(h.key());
-                pair.add(b64(bytes));
+                pair.add(hex(bytes));
                 kafkaHeaders.add(h.key(), bytes);
             }
             byte[] key = v.key.fromConnectData(r.topic(), kafkaHeaders, r.keySchema(), r.key());
             byte[] value = v.value.fromConnectData(r.topic(), kafkaHeaders, r.valueSchema(), r.value());
             out.put("topic", r.topic());
-            out.put("key", b64(key));
-            out.put("value", b64(value));
+            out.put("key", hex(key));
+            out.put("value", hex(value));
             if (r.kafkaPartition() != null) {
                 out.put("partition", r.kafkaPartition());
             } else if (key != null) {

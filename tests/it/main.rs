@@ -16,6 +16,7 @@ mod failures;
 mod ha_and_metrics;
 mod harness;
 mod harness_smoke;
+mod import_debezium;
 mod layering;
 mod poll;
 mod stream_shapes;

@@ -43,7 +43,7 @@ use super::setup::{ensure_publication, SetupReport, SlotOutcome};
 use super::{connect, describe, preflight, PreflightReport};
 use crate::config::ident::Ident;
 use crate::config::Settings;
-use crate::outbox::payload::PayloadFormat;
+use crate::outbox::event::RowFormat;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::replication::connection::ReplicationConnection;
 
@@ -114,8 +114,8 @@ pub(crate) async fn setup_with_backfill(
             .first()
             .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str())),
     };
-    let payload = super::preflight::payload_format(&before.columns);
-    let published = match copy_pending(settings, &snapshot, &order, payload).await {
+    let rows = super::preflight::row_format(settings, &before.columns)?;
+    let published = match copy_pending(settings, &snapshot, &order, rows).await {
         Ok(n) => n,
         Err(cause) => return Err(undo_slot(repl, &client, slot, settings.relay.connect_timeout, cause).await),
     };
@@ -167,10 +167,10 @@ async fn copy_pending(
     settings: &Settings,
     snapshot: &str,
     order: &PendingOrder<'_>,
-    payload: PayloadFormat,
+    format: RowFormat,
 ) -> Result<u64, BackfillError> {
     let mut rows = PendingRows::open(settings, snapshot, order).await?;
-    let mut publisher = BackfillPublisher::new(settings, payload)?;
+    let mut publisher = BackfillPublisher::new(settings, format)?;
     let sent = async {
         loop {
             let batch = rows.next_batch().await?;

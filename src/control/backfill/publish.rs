@@ -14,7 +14,7 @@ use crate::config::Settings;
 use crate::kafka::producer::{Delivery, Publisher};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
-use crate::outbox::payload::PayloadFormat;
+use crate::outbox::event::RowFormat;
 
 /// What rides with each backfilled record: its size, returned to the byte budget on delivery.
 #[derive(Debug)]
@@ -34,13 +34,13 @@ pub(crate) struct BackfillPublisher<'s> {
     publisher: Publisher<BackfillTag>,
     deliveries: mpsc::UnboundedReceiver<Delivery<BackfillTag>>,
     in_flight: InFlight,
-    /// How the payload column's text becomes the record value (`bytea`: decoded).
-    payload: PayloadFormat,
+    /// How a pending row becomes an event (`bytea` payload decoded, `[debezium]` layout).
+    rows: RowFormat,
     pub(crate) sent: u64,
 }
 
 impl<'s> BackfillPublisher<'s> {
-    pub(crate) fn new(settings: &'s Settings, payload: PayloadFormat) -> Result<Self, BackfillError> {
+    pub(crate) fn new(settings: &'s Settings, rows: RowFormat) -> Result<Self, BackfillError> {
         let (publisher, deliveries) =
             Publisher::create(&settings.kafka, settings.relay.max_in_flight).map_err(BackfillError::Producer)?;
         Ok(BackfillPublisher {
@@ -48,7 +48,7 @@ impl<'s> BackfillPublisher<'s> {
             publisher,
             deliveries,
             in_flight: InFlight::default(),
-            payload,
+            rows,
             sent: 0,
         })
     }
@@ -65,7 +65,7 @@ impl<'s> BackfillPublisher<'s> {
             id: id.to_owned(),
             cause,
         };
-        let event = OutboxEvent::from_columns(&self.settings.outbox, &values, self.payload).map_err(bad)?;
+        let event = OutboxEvent::from_columns(&self.settings.outbox, &values, &self.rows).map_err(bad)?;
         let record = event.record(&self.settings.router).map_err(bad)?;
         let bytes = record.size();
         if let Err(rejected) = self.publisher.send(&record, Box::new(BackfillTag { bytes })) {

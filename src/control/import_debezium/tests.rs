@@ -1,0 +1,579 @@
+use std::path::{Path, PathBuf};
+
+use super::{convert, ImportError};
+use crate::config::Settings;
+
+/// The imported TOML for a connector config given as text.
+fn import(name: &str, text: &str) -> String {
+    match convert(Path::new(name), text.as_bytes()) {
+        Ok(report) => report.toml,
+        Err(e) => panic!("import of {name} failed: {e}"),
+    }
+}
+
+fn import_err(name: &str, text: &str) -> String {
+    match convert(Path::new(name), text.as_bytes()) {
+        Ok(report) => panic!("import of {name} should fail, produced:\n{}", report.toml),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The imported file as TOML data (it must parse).
+fn data(toml_text: &str) -> toml::Table {
+    toml_text
+        .parse()
+        .unwrap_or_else(|e| panic!("not valid TOML: {e}\n{toml_text}"))
+}
+
+/// Loads the imported file as the relay would; it must be accepted.
+fn load(text: &str) -> Settings {
+    let from = |t: &str| Settings::from_toml_str(t, Path::new("imported.toml"), std::iter::empty());
+    from(text).unwrap_or_else(|e| panic!("not accepted: {e}\n{text}"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/debezium")
+        .join(name)
+}
+
+fn debezium(toml_text: &str) -> toml::Table {
+    data(toml_text)["debezium"].as_table().cloned().unwrap_or_default()
+}
+
+/// The "Not carried over" comment lines, as "option: reason".
+fn not_carried_over(toml_text: &str) -> Vec<String> {
+    toml_text
+        .split("# Not carried over")
+        .nth(1)
+        .unwrap_or("")
+        .lines()
+        .skip(1)
+        .map(|l| l.trim_start_matches('#').trim().to_owned())
+        .collect()
+}
+
+fn listed<'a>(notes: &'a [String], option: &str) -> &'a str {
+    notes
+        .iter()
+        .find(|n| n.starts_with(&format!("{option}:")))
+        .unwrap_or_else(|| panic!("{option} is not listed among {notes:#?}"))
+}
+
+const BASE: &str = "connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+database.hostname=db.example\n\
+database.user=relay\n\
+database.dbname=app\n\
+plugin.name=pgoutput\n\
+table.include.list=public.outbox\n\
+transforms=outbox\n\
+transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n";
+
+fn with_base(extra: &str) -> String {
+    format!("{BASE}{extra}")
+}
+
+// ------------------------------------------------------------------ properties syntax
+
+#[test]
+fn properties_syntax_follows_java_properties_load() {
+    let text = "# a comment\n\
+                ! another comment\n\
+                \n\
+                name : my-connector\n\
+                spaced   value with spaces  \n\
+                key\\ with\\ spaces=v\n\
+                escaped\\=key=a\\=b\\:c\n\
+                tabs=\\tx\\u0041\\u00e9\n\
+                long=first,\\\n    second,\\\n\tthird\n\
+                even=ends with two\\\\\n\
+                next=line\r\n\
+                dup=1\n\
+                dup=2\n\
+                empty=\n\
+                bare\n";
+    let config = super::parse::parse(Path::new("c.properties"), text.as_bytes()).unwrap();
+    let o = &config.options;
+    assert_eq!(config.name.as_deref(), Some("my-connector"));
+    assert_eq!(o["spaced"], "value with spaces  ");
+    assert_eq!(o["key with spaces"], "v");
+    assert_eq!(o["escaped=key"], "a=b:c");
+    assert_eq!(o["tabs"], "\txAé");
+    assert_eq!(o["long"], "first,second,third");
+    assert_eq!(o["even"], "ends with two\\");
+    assert_eq!(o["next"], "line");
+    assert_eq!(o["dup"], "2");
+    assert_eq!(o["empty"], "");
+    assert_eq!(o["bare"], "");
+    assert!(!o.keys().any(|k| k.contains("comment")), "{o:?}");
+    assert_eq!(o.len(), 11, "{o:?}");
+}
+
+#[test]
+fn a_malformed_unicode_escape_names_the_file_and_line() {
+    let e = import_err("conn.properties", "connector.class=x\n# fine\nbad=\\u12g4\n");
+    assert!(e.contains("conn.properties, line 3"), "{e}");
+    assert!(e.contains("\\uXXXX"), "{e}");
+}
+
+#[test]
+fn a_continued_line_reports_its_first_line() {
+    let e = import_err("conn.properties", "a=1\nb=one\\\n  two \\u00\n");
+    assert!(e.contains("line 2"), "{e}");
+}
+
+// ------------------------------------------------------------------ JSON
+
+#[test]
+fn json_rest_body_and_bare_config_give_the_same_file() {
+    let options = r#""connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "database.hostname": "db", "database.port": 5433, "database.user": "u", "database.dbname": "d",
+        "plugin.name": "pgoutput", "table.include.list": "public.outbox",
+        "transforms": "outbox", "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "transforms.outbox.table.expand.json.payload": true"#;
+    let wrapped = import("c.json", &format!(r#"{{"name": "orders", "config": {{{options}}}}}"#));
+    let bare = import("c.json", &format!("{{{options}}}"));
+    assert!(wrapped.contains("connector \"orders\""), "{wrapped}");
+    // Apart from the header comment naming the connector, the two are the same.
+    let body = |t: &str| t.lines().skip(3).collect::<Vec<_>>().join("\n");
+    assert_eq!(body(&wrapped), body(&bare));
+    let d = data(&bare);
+    assert_eq!(d["postgres"]["url"].as_str(), Some("postgres://u@db:5433/d"));
+    // A JSON boolean is the boolean it says.
+    assert_eq!(debezium(&bare)["table.expand.json.payload"].as_bool(), Some(true));
+}
+
+#[test]
+fn malformed_json_names_the_file_and_line() {
+    let e = import_err("conn.json", "{\n  \"name\": \"x\",\n  \"config\": {\"a\": }\n}\n");
+    assert!(e.contains("conn.json, line 3"), "{e}");
+    assert!(e.contains("not valid JSON"), "{e}");
+    let e = import_err("conn.json", r#"{"config": {"transforms": ["outbox"]}}"#);
+    assert!(e.contains("\"transforms\" is a JSON array"), "{e}");
+}
+
+// ------------------------------------------------------------------ what is not importable
+
+#[test]
+fn another_connector_class_is_refused_by_name() {
+    let e = import_err(
+        "mysql.properties",
+        &BASE.replace(
+            "io.debezium.connector.postgresql.PostgresConnector",
+            "io.debezium.connector.mysql.MySqlConnector",
+        ),
+    );
+    assert!(e.contains("mysql.properties"), "{e}");
+    assert!(e.contains("\"io.debezium.connector.mysql.MySqlConnector\""), "{e}");
+}
+
+#[test]
+fn a_config_without_event_router_is_refused_naming_its_transforms() {
+    let text = BASE.replace("transforms=outbox", "transforms=unwrap, route").replace(
+        "transforms.outbox.type=io.debezium.transforms.outbox.EventRouter",
+        "transforms.unwrap.type=io.debezium.transforms.ExtractNewRecordState",
+    );
+    let e = import_err("c.properties", &text);
+    assert!(e.contains("no Outbox EventRouter"), "{e}");
+    assert!(
+        e.contains("unwrap (io.debezium.transforms.ExtractNewRecordState)"),
+        "{e}"
+    );
+    assert!(e.contains("route (no type)"), "{e}");
+}
+
+#[test]
+fn the_postgresql_connector_docs_example_has_no_event_router() {
+    let e = super::import_debezium(&fixture("postgresql-connector-docs.json")).unwrap_err();
+    assert!(matches!(e, ImportError::Unsupported(_)));
+    let e = e.to_string();
+    assert!(e.contains("postgresql-connector-docs.json"), "{e}");
+    assert!(e.contains("`transforms` is not set"), "{e}");
+}
+
+#[test]
+fn more_than_one_table_or_a_pattern_is_refused() {
+    let e = import_err(
+        "c.properties",
+        &BASE.replace("public.outbox", "public.outbox, sales.outbox"),
+    );
+    assert!(e.contains("names 2 tables") && e.contains("one relay"), "{e}");
+    let e = import_err("c.properties", &BASE.replace("public.outbox", "public.outbox_.*"));
+    assert!(e.contains("is a pattern"), "{e}");
+}
+
+// ------------------------------------------------------------------ mapping
+
+#[test]
+fn debezium_defaults_are_written_out_not_left_to_the_relay() {
+    let out = import("c.properties", BASE);
+    let d = data(&out);
+    let outbox = d["outbox"].as_table().unwrap();
+    assert_eq!(outbox["table"].as_str(), Some("public.outbox"));
+    assert_eq!(outbox["id_column"].as_str(), Some("id"));
+    assert_eq!(outbox["key_column"].as_str(), Some("aggregateid"));
+    assert_eq!(outbox["route_by_column"].as_str(), Some("aggregatetype"));
+    assert_eq!(outbox["payload_column"].as_str(), Some("payload"));
+    assert!(!outbox.contains_key("timestamp_column"));
+    assert_eq!(d["route"]["topic_regex"].as_str(), Some("(?<routedByValue>.*)"));
+    assert_eq!(
+        d["route"]["topic_replacement"].as_str(),
+        Some("outbox.event.${routedByValue}")
+    );
+    let dbz = debezium(&out);
+    // Kafka Connect's worker defaults, written out because they decide the record bytes.
+    assert_eq!(
+        dbz["key.converter"].as_str(),
+        Some("org.apache.kafka.connect.json.JsonConverter")
+    );
+    assert_eq!(dbz["value.converter.schemas.enable"].as_bool(), Some(true));
+    assert_eq!(dbz["table.expand.json.payload"].as_bool(), Some(false));
+    assert_eq!(dbz["route.tombstone.on.empty.payload"].as_bool(), Some(false));
+    assert_eq!(dbz["table.json.payload.null.behavior"].as_str(), Some("ignore"));
+    assert!(
+        out.contains("key.converter is not set in the connector config: Kafka Connect's worker default"),
+        "{out}"
+    );
+
+    let settings = load(&out);
+    assert_eq!(settings.outbox.key.as_str(), "aggregateid");
+    assert_eq!(settings.outbox.route_by.as_str(), "aggregatetype");
+    assert_eq!(settings.router.route("order"), "outbox.event.order");
+    assert_eq!(settings.postgres.slot.as_str(), "debezium");
+    assert_eq!(settings.postgres.publication.as_str(), "dbz_publication");
+}
+
+#[test]
+fn explicit_event_router_options_are_mapped() {
+    let out = import(
+        "c.properties",
+        &with_base(
+            "transforms.outbox.table.field.event.id=event_id\n\
+             transforms.outbox.table.field.event.key=aggregate_id\n\
+             transforms.outbox.table.field.event.payload=body\n\
+             transforms.outbox.table.field.event.timestamp=created_at\n\
+             transforms.outbox.route.by.field=destination\n\
+             transforms.outbox.route.topic.regex=(?<routedByValue>[^.]+)\\\\..*\n\
+             transforms.outbox.route.topic.replacement=events.$1\n\
+             key.converter=org.apache.kafka.connect.storage.StringConverter\n\
+             value.converter=io.debezium.converters.BinaryDataConverter\n",
+        ),
+    );
+    let settings = load(&out);
+    let m = &settings.outbox;
+    let cols: Vec<&str> = [&m.id, &m.key, &m.payload, &m.route_by]
+        .iter()
+        .map(|i| i.as_str())
+        .collect();
+    assert_eq!(cols, ["event_id", "aggregate_id", "body", "destination"]);
+    assert_eq!(m.timestamp.as_ref().map(|t| t.as_str()), Some("created_at"));
+    // Java's `$1` becomes `${1}`; the regex is the same.
+    assert_eq!(data(&out)["route"]["topic_replacement"].as_str(), Some("events.${1}"));
+    assert_eq!(settings.router.route("order.placed"), "events.order");
+    let dbz = debezium(&out);
+    assert_eq!(
+        dbz["key.converter"].as_str(),
+        Some("org.apache.kafka.connect.storage.StringConverter")
+    );
+    // schemas.enable only accompanies the JsonConverter (or an explicit setting).
+    assert!(!dbz.contains_key("key.converter.schemas.enable"), "{dbz:?}");
+    assert_eq!(
+        dbz["value.converter"].as_str(),
+        Some("io.debezium.converters.BinaryDataConverter")
+    );
+}
+
+#[test]
+fn legacy_event_router_names_are_understood() {
+    let out = import(
+        "c.properties",
+        &with_base(
+            "table.whitelist=inventory.outboxevent\n\
+             transforms.outbox.table.field.payload=body\n\
+             transforms.outbox.table.field.payload.id=aggregate_key\n\
+             transforms.outbox.table.field.event.type=event_type\n\
+             transforms.outbox.table.field.schema.version=schema_version\n\
+             transforms.outbox.debezium.op.invalid.behavior=fatal\n",
+        )
+        .replace("table.include.list=public.outbox\n", ""),
+    );
+    let settings = load(&out);
+    assert_eq!(settings.outbox.table.quoted(), r#""inventory"."outboxevent""#);
+    assert_eq!(settings.outbox.payload.as_str(), "body");
+    // Debezium 1.x keyed records by the payload id when table.field.event.key was unset.
+    assert_eq!(settings.outbox.key.as_str(), "aggregate_key");
+    let headers: Vec<(&str, &str)> = settings
+        .outbox
+        .headers
+        .iter()
+        .map(|(c, h)| (c.as_str(), h.as_str()))
+        .collect();
+    assert_eq!(headers, [("event_type", "eventType")]);
+    let notes = not_carried_over(&out);
+    assert!(listed(&notes, "transforms.outbox.table.field.schema.version").contains("Connect schema versions"));
+    assert!(listed(&notes, "transforms.outbox.debezium.op.invalid.behavior").contains("not even decoded"));
+    assert!(
+        !notes
+            .iter()
+            .any(|n| n.starts_with("transforms.outbox.table.field.payload")),
+        "{notes:#?}"
+    );
+}
+
+#[test]
+fn the_payload_id_is_no_key_when_the_event_key_is_set() {
+    let out = import(
+        "c.properties",
+        &with_base(
+            "transforms.outbox.table.field.event.key=k\ntransforms.outbox.table.field.event.payload.id=aggregateid\n",
+        ),
+    );
+    assert_eq!(load(&out).outbox.key.as_str(), "k");
+    let notes = not_carried_over(&out);
+    assert!(listed(&notes, "transforms.outbox.table.field.event.payload.id").contains("envelope"));
+}
+
+#[test]
+fn additional_placements_are_kept_verbatim_in_the_debezium_section() {
+    let placement = "eventType:header:type, tenant:header,version:envelope:v,shard:partition";
+    let out = import(
+        "c.properties",
+        &with_base(&format!(
+            "topic.prefix=shop\ntransforms.outbox.table.fields.additional.placement={placement}\n"
+        )),
+    );
+    let settings = load(&out);
+    // [debezium] writes the placed headers (converted as Connect converts them), not header_columns.
+    assert!(settings.outbox.headers.is_empty(), "{:?}", settings.outbox.headers);
+    let format = settings.debezium.as_ref().expect("[debezium]");
+    let placed: Vec<(&str, &str)> = format
+        .additional
+        .iter()
+        .map(|f| (f.column.as_str(), f.alias.as_str()))
+        .collect();
+    assert_eq!(
+        placed,
+        [
+            ("eventType", "type"),
+            ("tenant", "tenant"),
+            ("version", "v"),
+            ("shard", "shard")
+        ]
+    );
+    assert_eq!(format.topic_prefix.as_deref(), Some("shop"));
+    let dbz = debezium(&out);
+    assert_eq!(dbz["table.fields.additional.placement"].as_str(), Some(placement));
+    let notes = not_carried_over(&out);
+    assert!(
+        !notes
+            .iter()
+            .any(|n| n.starts_with("transforms.outbox.table.fields.additional.placement:")),
+        "{notes:#?}"
+    );
+}
+
+#[test]
+fn the_password_is_never_written() {
+    for password in ["s3cr3t-Pw!", "${file:/opt/connect/secrets.properties:db-password}"] {
+        let out = import(
+            "c.properties",
+            &with_base(&format!(
+                "database.password={password}\ndatabase.port=6432\ndatabase.sslmode=require\n"
+            )),
+        );
+        assert!(!out.contains(password), "{out}");
+        assert!(!out.contains("s3cr3t") && !out.contains("secrets.properties"), "{out}");
+        assert!(out.contains("OUTBOX_RELAY__POSTGRES__URL"), "{out}");
+        assert_eq!(
+            data(&out)["postgres"]["url"].as_str(),
+            Some("postgres://relay@db.example:6432/app?sslmode=require")
+        );
+        load(&out);
+    }
+    let out = import("c.properties", &with_base("database.password=${file:/x:pw}\n"));
+    assert!(out.contains("config provider"), "{out}");
+}
+
+#[test]
+fn an_unsupported_converter_is_listed_not_written() {
+    let out = import(
+        "c.properties",
+        &with_base(
+            "value.converter=io.confluent.connect.avro.AvroConverter\n\
+             value.converter.schema.registry.url=http://registry:8081\n",
+        ),
+    );
+    let dbz = debezium(&out);
+    // The column's own text instead (StringConverter), and the note says so.
+    assert_eq!(
+        dbz["value.converter"].as_str(),
+        Some("org.apache.kafka.connect.storage.StringConverter"),
+        "{dbz:?}"
+    );
+    assert!(!dbz.contains_key("value.converter.schemas.enable"), "{dbz:?}");
+    assert!(dbz.contains_key("key.converter"), "{dbz:?}");
+    let notes = not_carried_over(&out);
+    let why = listed(&notes, "value.converter");
+    assert!(
+        why.contains("AvroConverter is not supported") && why.contains("the column's own text"),
+        "{why}"
+    );
+    assert!(listed(&notes, "value.converter.schema.registry.url").contains("value converter"));
+    load(&out);
+}
+
+#[test]
+fn options_without_counterpart_are_listed_with_their_reason() {
+    let out = import(
+        "c.properties",
+        &with_base(
+            "tasks.max=1\n\
+             snapshot.mode=initial\n\
+             snapshot.fetch.size=1000\n\
+             decimal.handling.mode=string\n\
+             heartbeat.interval.ms=10000\n\
+             errors.tolerance=all\n\
+             offset.flush.interval.ms=60000\n\
+             slot.drop.on.stop=true\n\
+             publication.autocreate.mode=filtered\n\
+             transforms.outbox.predicate=isOutbox\n\
+             producer.override.bootstrap.servers=kafka:9092\n\
+             producer.override.compression.type=zstd\n\
+             producer.override.sasl.jaas.config=secret-jaas\n\
+             some.future.option=x\n",
+        ),
+    );
+    let notes = not_carried_over(&out);
+    assert!(listed(&notes, "tasks.max").contains("one process"));
+    assert!(listed(&notes, "snapshot.mode").contains("setup --backfill"));
+    assert!(listed(&notes, "snapshot.fetch.size").contains("no table snapshot"));
+    assert!(listed(&notes, "decimal.handling.mode").contains("PostgreSQL's own text rendering"));
+    assert!(listed(&notes, "errors.tolerance").contains("relay.on_bad_event"));
+    assert!(listed(&notes, "offset.flush.interval.ms").contains("confirmed_flush_lsn"));
+    assert!(listed(&notes, "slot.drop.on.stop").contains("teardown --yes"));
+    assert!(listed(&notes, "publication.autocreate.mode").contains("publish = 'insert'"));
+    assert!(listed(&notes, "transforms.outbox.predicate").contains("outbox table only"));
+    assert!(listed(&notes, "producer.override.sasl.jaas.config").contains("librdkafka"));
+    assert!(listed(&notes, "some.future.option").contains("no counterpart"));
+    assert!(!out.contains("secret-jaas"), "{out}");
+    let settings = load(&out);
+    assert_eq!(
+        settings.relay.heartbeat_interval,
+        Some(std::time::Duration::from_secs(10))
+    );
+    assert_eq!(settings.kafka.0["bootstrap.servers"], "kafka:9092");
+    assert_eq!(settings.kafka.0["compression.type"], "zstd");
+}
+
+#[test]
+fn a_java_only_regex_is_written_commented_out_with_the_reason() {
+    let out = import(
+        "c.properties",
+        &with_base(
+            "transforms.outbox.route.topic.regex=(?<routedByValue>(?!internal).*)\n\
+             transforms.outbox.route.topic.replacement=${routedByValue}\n",
+        ),
+    );
+    assert!(
+        out.contains("# topic_regex = \"(?<routedByValue>(?!internal).*)\""),
+        "{out}"
+    );
+    assert!(out.contains("look-around"), "{out}");
+    assert!(!data(&out)["route"].as_table().unwrap().contains_key("topic_regex"));
+    assert_eq!(load(&out).router.route("orders"), "orders");
+}
+
+#[test]
+fn another_plugin_needs_a_slot_of_its_own() {
+    let out = import(
+        "c.properties",
+        &BASE.replace("plugin.name=pgoutput\n", "slot.name=dbz\n"),
+    );
+    assert!(
+        out.contains("decoderbufs plugin (plugin.name unset: Debezium's default)"),
+        "{out}"
+    );
+    assert_eq!(load(&out).postgres.slot.as_str(), "outbox_relay");
+}
+
+#[test]
+fn names_the_relay_would_fold_are_quoted() {
+    let out = import(
+        "c.properties",
+        &with_base("transforms.outbox.table.field.event.key=aggregateId\n").replace("public.outbox", "Sales.OutBox"),
+    );
+    let settings = load(&out);
+    assert_eq!(settings.outbox.table.quoted(), r#""Sales"."OutBox""#);
+    assert_eq!(settings.outbox.key.as_str(), "aggregateId");
+}
+
+#[test]
+fn tls_settings_map_to_the_url_and_sslrootcert() {
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    let out = import(
+        "c.properties",
+        &with_base(&format!(
+            "database.sslmode=verify-full\ndatabase.sslrootcert={}\n",
+            ca.path().display()
+        )),
+    );
+    let settings = load(&out);
+    assert_eq!(settings.postgres.sslrootcert.as_deref(), Some(ca.path()));
+    assert!(settings.postgres.url.expose().ends_with("?sslmode=require"), "{out}");
+}
+
+// ------------------------------------------------------------------ the documentation's examples
+
+#[test]
+fn the_outbox_event_router_docs_example_imports_to_an_accepted_config() {
+    let out = super::import_debezium(&fixture("outbox-event-router-docs.properties"))
+        .unwrap()
+        .toml;
+    let settings = load(&out);
+    assert_eq!(settings.outbox.table.quoted(), r#""inventory"."outboxevent""#);
+    assert_eq!(settings.router.route("order"), "outbox.event.order");
+    let placed: Vec<(&str, &str)> = settings
+        .debezium
+        .as_ref()
+        .expect("[debezium]")
+        .additional
+        .iter()
+        .map(|f| (f.column.as_str(), f.alias.as_str()))
+        .collect();
+    assert_eq!(placed, [("eventType", "type")]);
+    assert_eq!(
+        settings.postgres.url.expose(),
+        "postgres://postgres@192.168.99.100:5432/postgres"
+    );
+    let dbz = debezium(&out);
+    assert_eq!(dbz["table.expand.json.payload"].as_bool(), Some(true));
+    assert_eq!(
+        dbz["value.converter"].as_str(),
+        Some("org.apache.kafka.connect.json.JsonConverter")
+    );
+    assert_eq!(
+        dbz["table.fields.additional.placement"].as_str(),
+        Some("eventType:header:type")
+    );
+    // topic.prefix names envelope schemas, so it is kept (in [debezium]), not listed.
+    assert_eq!(dbz["topic.prefix"].as_str(), Some("fulfillment"));
+}
+
+#[test]
+fn the_outbox_example_imports_to_an_accepted_config() {
+    let out = super::import_debezium(&fixture("outbox-example.json")).unwrap().toml;
+    let settings = load(&out);
+    assert_eq!(settings.outbox.table.quoted(), r#""inventory"."outboxevent""#);
+    assert_eq!(
+        settings.outbox.timestamp.as_ref().map(|t| t.as_str()),
+        Some("timestamp")
+    );
+    assert_eq!(settings.router.route("Order"), "Order.events");
+    let notes = not_carried_over(&out);
+    // database.server.name (topic.prefix's old name) names envelope schemas: kept in [debezium].
+    assert_eq!(debezium(&out)["topic.prefix"].as_str(), Some("dbserver1"));
+    for option in ["tasks.max", "schema.whitelist", "tombstones.on.delete"] {
+        listed(&notes, option);
+    }
+    assert!(!out.contains("postgrespw"), "{out}");
+}
