@@ -615,7 +615,7 @@ mod dbz {
                         .find(|h| h[0] == "id")
                         .and_then(|h| h[1].as_str())
                         .unwrap_or_else(|| panic!("no id header: {line}"));
-                    String::from_utf8(base64(id)).expect("utf-8 id")
+                    String::from_utf8(unhex(id)).expect("utf-8 id")
                 })
                 .collect()
         }
@@ -628,27 +628,11 @@ mod dbz {
         }
     }
 
-    /// Standard base64 with padding (Java's `Base64.getEncoder()`).
-    fn base64(text: &str) -> Vec<u8> {
-        let value = |c: u8| match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => panic!("not base64: {text}"),
-        };
-        let digits: Vec<u8> = text.bytes().filter(|c| *c != b'=').map(value).collect();
-        let mut out = Vec::new();
-        for chunk in digits.chunks(4) {
-            let mut n = 0u32;
-            for (i, d) in chunk.iter().enumerate() {
-                n |= u32::from(*d) << (18 - 6 * i);
-            }
-            for i in 0..chunk.len().saturating_sub(1) {
-                out.push((n >> (16 - 8 * i)) as u8);
-            }
-        }
-        out
+    /// Lower-case hex (Java's `HexFormat.of().formatHex`), as the harness writes bytes.
+    fn unhex(text: &str) -> Vec<u8> {
+        (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap_or_else(|_| panic!("not hex: {text}")))
+            .collect()
     }
 }
