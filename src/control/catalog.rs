@@ -99,16 +99,12 @@ pub(crate) struct PublicationRow {
 impl PublicationRow {
     /// The published actions in PostgreSQL's order, as `publish = '…'` spells them.
     pub(crate) fn actions(&self) -> Vec<String> {
-        [
-            (self.pubinsert, "insert"),
-            (self.pubupdate, "update"),
-            (self.pubdelete, "delete"),
-            (self.pubtruncate, "truncate"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, name)| (*name).to_owned())
-        .collect()
+        crate::postgres::publication::PublicationScope::actions_of(
+            self.pubinsert,
+            self.pubupdate,
+            self.pubdelete,
+            self.pubtruncate,
+        )
     }
 }
 

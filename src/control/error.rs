@@ -129,12 +129,17 @@ pub enum ControlError {
     },
 
     #[error(
-        "publication {publication} publishes {actions}, but the relay's publication must publish exactly \
-         insert (outbox rows are events; updates, deletes and truncates of them are not). Run: ALTER \
-         PUBLICATION {publication} SET (publish = 'insert') — or, if others rely on it, set \
-         postgres.publication to a name of the relay's own"
+        "publication {publication} publishes {actions} but not insert, so no outbox row would ever reach the \
+         relay (outbox rows are events when inserted). Run: ALTER PUBLICATION {publication} SET (publish = \
+         '{with_insert}') — or, if others rely on it as it is, set postgres.publication to a name of the \
+         relay's own and run setup, which creates it"
     )]
-    PublicationActions { publication: String, actions: String },
+    PublicationActions {
+        publication: String,
+        actions: String,
+        /// The publication's operations with insert added, for the fix.
+        with_insert: String,
+    },
 
     #[error(
         "publication {publication} publishes the partitioned table {table} under its partitions' names, so the \
@@ -161,9 +166,12 @@ pub enum ControlError {
     SlotIsPhysical { slot: String },
 
     #[error(
-        "replication slot {slot} uses output plugin {plugin}, but the relay needs pgoutput. Set postgres.slot \
-         to another name, or drop it if nothing uses it: SELECT pg_drop_replication_slot('{slot}'), then run \
-         setup again"
+        "replication slot {slot} uses output plugin {plugin}, but the relay needs pgoutput, and a slot's plugin \
+         is fixed when it is created, so the relay cannot stream from it (nor adopt it, if it is Debezium's: \
+         plugin.name = {plugin}). Give the relay a slot of its own: set postgres.slot to another name (e.g. \
+         outbox_relay), run setup, and switch over with the overlap procedure in docs/migrating-from-debezium.md \
+         (\"Switch-over without losing an event\"). Drop {slot} once nothing uses it: SELECT \
+         pg_drop_replication_slot('{slot}')"
     )]
     SlotWrongPlugin { slot: String, plugin: String },
 

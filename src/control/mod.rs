@@ -8,7 +8,9 @@
 //!   pgoutput sends only what a publication names, and the relay needs only inserts — outbox rows
 //!   are events, appended once; updates and deletes of them (cleanup jobs) are not events.
 //!   Partitioned outbox tables also get `publish_via_partition_root = true`, so their rows arrive
-//!   under the outbox table's own name.
+//!   under the outbox table's own name. An existing publication may publish more (other
+//!   operations, other tables, e.g. Debezium's `FOR ALL TABLES` one): it is used as it is, since
+//!   the relay ignores everything but the outbox table's inserts, and noted.
 //! * A logical **replication slot** (`postgres.slot`) with the `pgoutput` plugin. The slot is the
 //!   relay's durable cursor: the server keeps every WAL segment from the slot's `restart_lsn` on,
 //!   and the relay advances `confirmed_flush_lsn` only after Kafka acknowledged everything before

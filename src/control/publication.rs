@@ -1,16 +1,24 @@
 //! Preflight checks of an existing publication against what the relay needs.
 //!
 //! What matters is what pgoutput will actually send for the outbox table: the publication must
-//! cover it (directly, FOR ALL TABLES, or FOR TABLES IN SCHEMA on 15+), publish inserts and
-//! nothing else, send a partitioned table's rows under the table's own name, and include every
-//! mapped column when it has a column list (15+). A row filter (15+) is allowed — someone chose
-//! it — but noted, since the rows it rejects never reach Kafka.
+//! cover it (directly, FOR ALL TABLES, or FOR TABLES IN SCHEMA on 15+), publish inserts, send a
+//! partitioned table's rows under the table's own name, and include every mapped column when it
+//! has a column list (15+). A row filter (15+) is allowed — someone chose it — but noted, since
+//! the rows it rejects never reach Kafka.
+//!
+//! A publication that publishes more — other operations, other tables, e.g. Debezium's
+//! `dbz_publication` (`FOR ALL TABLES`, every operation) when the relay adopts Debezium's slot —
+//! is accepted as it is and noted: the relay ignores what it does not need, and narrowing a
+//! publication is the operator's call, since another subscriber may rely on what it publishes
+//! (the same reason setup never narrows one, see [`super::setup`](mod@super::setup)).
 
 use tokio_postgres::Client;
 
 use super::catalog::{self, PublicationRow, ServerInfo, TableFacts};
 use super::ControlError;
+use crate::config::ident::TableName;
 use crate::config::Settings;
+use crate::postgres::publication::PublicationScope;
 
 /// What preflight found of the configured publication.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +28,8 @@ pub(crate) struct PublicationInfo {
     pub(crate) owned_by_current_role: bool,
     pub(crate) all_tables: bool,
     pub(crate) includes_table: bool,
-    /// Always exactly `["insert"]` once preflight passed.
+    /// The published operations in PostgreSQL's order; `insert` is among them once preflight
+    /// passed, and the others (update, delete, truncate) reach the relay only to be ignored.
     pub(crate) actions: Vec<String>,
     pub(crate) via_partition_root: bool,
 }
@@ -48,15 +57,18 @@ pub(crate) async fn check_publication(
         });
     }
     let actions = publication.actions();
-    if actions != ["insert"] {
-        let actions = if actions.is_empty() {
-            "nothing".to_owned()
-        } else {
-            actions.join(", ")
-        };
+    if !actions.iter().any(|a| a == "insert") {
         return Err(ControlError::PublicationActions {
             publication: name.to_owned(),
-            actions,
+            actions: if actions.is_empty() {
+                "nothing".to_owned()
+            } else {
+                actions.join(", ")
+            },
+            with_insert: std::iter::once("insert")
+                .chain(actions.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(", "),
         });
     }
     if table.partitioned && !publication.pubviaroot {
@@ -89,6 +101,24 @@ pub(crate) async fn check_publication(
             ));
         }
     }
+    if includes_table {
+        let other_tables = if publication.puballtables {
+            Vec::new()
+        } else {
+            crate::postgres::publication::other_tables(client, name, &table.name)
+                .await
+                .map_err(ControlError::query(format!("listing the tables of publication {name}")))?
+        };
+        let scope = PublicationScope {
+            name: name.to_owned(),
+            all_tables: publication.puballtables,
+            actions: actions.clone(),
+            other_tables,
+        };
+        if let Some(note) = surplus_note(&scope, &table.name) {
+            notes.push(note);
+        }
+    }
     Ok(Some(PublicationInfo {
         owner: publication.owner.clone(),
         owned_by_current_role: publication.owned_by_current_role,
@@ -97,6 +127,33 @@ pub(crate) async fn check_publication(
         actions,
         via_partition_root: publication.pubviaroot,
     }))
+}
+
+/// The note for a publication that publishes more than the inserts into the outbox table
+/// (`None` when it publishes just those): what it publishes beyond them, that the relay ignores
+/// it, what that costs, and how to narrow it.
+pub(crate) fn surplus_note(scope: &PublicationScope, table: &TableName) -> Option<String> {
+    let beyond = scope.beyond_inserts()?;
+    let narrow = scope.narrowing(table);
+    let how = match narrow.as_slice() {
+        [] => String::new(),
+        statements => format!(
+            " To narrow it — only if nothing else (e.g. a Debezium connector) uses it: {}.",
+            statements.join("; ")
+        ),
+    };
+    let all_tables = if scope.all_tables {
+        " A FOR ALL TABLES publication cannot be narrowed to the outbox table in place; a publication of \
+         the relay's own is (see docs/migrating-from-debezium.md)."
+    } else {
+        ""
+    };
+    Some(format!(
+        "publication {} publishes {beyond} beyond the inserts into {table} that the relay needs; it is used \
+         as it is. The relay ignores changes of other tables and updates, deletes and truncates of {table}; \
+         the server still decodes and sends them, a small cost in walsender CPU and network.{how}{all_tables}",
+        scope.name
+    ))
 }
 
 /// How the table belongs to the publication (`None`: it does not, short of FOR ALL TABLES).

@@ -11,10 +11,12 @@
 //!
 //! Repairs: when the publication exists without the outbox table and the connected role owns it,
 //! setup runs `ALTER PUBLICATION … ADD TABLE` and says so in a notice (adding a table only adds
-//! events; no subscriber loses anything). Anything that would take something away from a
-//! publication — narrowing `publish`, dropping a column list — is left to the operator as an
-//! error with the statement to run, because other subscribers may rely on it. A slot is never
-//! repaired or recreated (see [`super`]).
+//! events; no subscriber loses anything). Nothing is ever taken away from a publication, because
+//! other subscribers may rely on it: one that publishes more than the relay needs (other
+//! operations, other tables — Debezium's `dbz_publication` when the relay adopts Debezium's slot)
+//! is used as it is, with a note saying how to narrow it; one that hides what the relay needs (a
+//! column list without a mapped column, no inserts) is an error with the statement to run. A slot
+//! is never repaired or recreated (see [`super`]); an existing one must be a pgoutput slot.
 
 use std::fmt;
 

@@ -6,7 +6,8 @@
 //! - [`cursor`]: the byte cursor both share (the transport never imports the decoder);
 //! - [`client`], [`tls`]: ordinary (control-plane) connections;
 //! - [`failure`]: which errors are worth a reconnect, and how to explain them (both connections);
-//! - [`lsn`]: WAL positions; [`slot`]: the one query and row type for a replication slot.
+//! - [`lsn`]: WAL positions; [`slot`]: the one query and row type for a replication slot;
+//!   [`publication`]: what a publication publishes beyond one table's inserts.
 //!
 //! Invariant: this layer knows nothing of outbox events, Kafka or the relay; it imports only
 //! `config`.
@@ -16,6 +17,7 @@ pub(crate) mod cursor;
 pub(crate) mod failure;
 pub(crate) mod lsn;
 pub mod pgoutput;
+pub(crate) mod publication;
 pub mod replication;
 pub(crate) mod slot;
 pub(crate) mod timestamp;

@@ -27,8 +27,32 @@ pub enum RelayError {
          (if it existed before, it was dropped: events in WAL it retained may be gone — see docs/operations.md)"
     )]
     SlotMissing { slot: String },
-    #[error("replication slot {slot:?} uses plugin {plugin:?}; outbox-relay needs a pgoutput logical slot. Drop it or configure another postgres.slot")]
+    #[error(
+        "replication slot {slot:?} uses output plugin {plugin}, but outbox-relay needs pgoutput, and a slot's plugin is \
+         fixed when it is created, so the relay cannot stream from it (nor adopt it, if it is Debezium's: \
+         plugin.name = {plugin}). Give the relay a slot of its own: set postgres.slot to another name \
+         (e.g. outbox_relay), run `outbox-relay setup`, and switch over with the overlap procedure in \
+         docs/migrating-from-debezium.md (\"Switch-over without losing an event\"). Drop {slot:?} once nothing \
+         uses it: SELECT pg_drop_replication_slot('{slot}')"
+    )]
     WrongSlotPlugin { slot: String, plugin: String },
+    #[error(
+        "replication slot {slot:?} is a physical slot (used by a standby or a backup tool), not a logical one. Set \
+         postgres.slot to the relay's own slot (created by `outbox-relay setup`)"
+    )]
+    PhysicalSlot { slot: String },
+    #[error(
+        "publication {publication:?} publishes {actions} but not insert, so no outbox row would ever reach the relay \
+         (outbox rows are events when inserted). Run: ALTER PUBLICATION {publication} SET (publish = \
+         '{with_insert}') — or, if others rely on it as it is, set postgres.publication to a name of the relay's own \
+         and run `outbox-relay setup`, which creates it"
+    )]
+    PublicationWithoutInserts {
+        publication: String,
+        actions: String,
+        /// The publication's operations with insert added, for the fix.
+        with_insert: String,
+    },
     #[error(
         "replication slot {slot:?} is invalidated ({cause}): PostgreSQL removed WAL the relay had not yet delivered, \
          so outbox events committed after {confirmed} may never be published. The relay never recreates a slot by \
@@ -110,6 +134,8 @@ impl RelayError {
             RelayError::DeliveryFailed { .. } | RelayError::RecordRejected { .. } | RelayError::SlotBusy { .. } => true,
             RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
+            | RelayError::PhysicalSlot { .. }
+            | RelayError::PublicationWithoutInserts { .. }
             | RelayError::SlotLost { .. }
             | RelayError::SlotAdvanced { .. }
             | RelayError::ProducerConfig(_)

@@ -26,6 +26,7 @@ pub(crate) mod error;
 pub(crate) mod heartbeat;
 mod lag;
 mod progress;
+mod publication;
 pub(crate) mod quarantine;
 mod silence;
 pub(crate) mod slot;
@@ -62,6 +63,8 @@ pub(crate) struct SessionContext {
     pub(crate) last_walsender: Option<i32>,
     /// Events Kafka refused in an earlier session, to be sent alone on replay (`quarantine.rs`).
     pub(crate) suspects: quarantine::Suspects,
+    /// The note about a publication wider than the relay needs was logged (`publication.rs`).
+    pub(crate) publication_noted: bool,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
@@ -84,6 +87,7 @@ pub(crate) async fn run(
         slot_verdict,
         last_walsender: None,
         suspects: Default::default(),
+        publication_noted: false,
     };
     let (done, outcome) = tokio::sync::oneshot::channel();
     let settings = settings.clone();

@@ -16,7 +16,8 @@
 //! come in large batches (`receive.rs`).
 //!
 //! Before streaming, the slot is checked (`slot.rs`: missing or lost is fatal, held by someone
-//! else means standing by); right after `START_REPLICATION` it is re-read to make sure the server
+//! else means standing by) and the publication too (`publication.rs`: it must publish inserts);
+//! right after `START_REPLICATION` it is re-read to make sure the server
 //! will not skip WAL this session has not seen.
 //!
 //! Every way out of the loop goes through [`wind_down`]: wait (bounded) for outstanding
@@ -33,7 +34,7 @@ use super::error::RelayError;
 use super::receive;
 use super::silence::Silence;
 use super::stream::{Delivery, Publisher, StreamState};
-use super::{heartbeat, slot, SessionContext};
+use super::{heartbeat, publication, slot, SessionContext};
 use crate::config::Settings;
 use crate::ops::health::Mode;
 use crate::ops::metrics::{now_unix_us, StreamGauges};
@@ -60,6 +61,10 @@ pub(crate) async fn run_session(
     let timeout = settings.relay.connect_timeout;
     let control = pg_client::connect(&settings.postgres, timeout).await?;
     let slot = slot::check_for_start(slot_name, slot::read_slot(&control, slot_name).await?)?;
+    publication::log_note(
+        publication::check(&control, settings).await?,
+        &mut ctx.publication_noted,
+    );
     // A payload column of bytea or of a domain over it is published as its bytes. Read once per
     // session: a domain created while the session streams is known from the next session on.
     let bytea = ByteaTypes::with_domains(pg_client::bytea_domain_oids(&control).await?);

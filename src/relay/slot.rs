@@ -43,10 +43,16 @@ pub(crate) fn check_for_start(slot: &str, row: Option<SlotRow>) -> Result<StartP
     let Some(row) = row else {
         return Err(RelayError::SlotMissing { slot: slot.to_owned() });
     };
-    if row.slot_type != "logical" || row.plugin.as_deref() != Some("pgoutput") {
+    if row.slot_type != "logical" {
+        return Err(RelayError::PhysicalSlot { slot: slot.to_owned() });
+    }
+    // Another plugin's slot — Debezium's made with plugin.name = decoderbufs, say — sends frames
+    // pgoutput's decoder cannot read; refusing before streaming says why instead of failing on
+    // the first undecodable message.
+    if row.plugin.as_deref() != Some("pgoutput") {
         return Err(RelayError::WrongSlotPlugin {
             slot: slot.to_owned(),
-            plugin: row.plugin.unwrap_or(row.slot_type),
+            plugin: row.plugin.unwrap_or_default(),
         });
     }
     let confirmed_flush = row.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
@@ -167,6 +173,40 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("wal_removed"));
+    }
+
+    #[test]
+    fn a_slot_of_another_plugin_is_fatal_and_names_the_plugin_and_the_way_out() {
+        let decoderbufs = SlotRow {
+            plugin: Some("decoderbufs".into()),
+            ..row()
+        };
+        let err = check_for_start("debezium", Some(decoderbufs)).unwrap_err();
+        assert!(
+            matches!(err, RelayError::WrongSlotPlugin { .. }) && !err.is_transient(),
+            "{err}"
+        );
+        let msg = err.to_string();
+        for needle in [
+            "uses output plugin decoderbufs",
+            "needs pgoutput",
+            "postgres.slot",
+            "outbox-relay setup",
+            "docs/migrating-from-debezium.md",
+            "pg_drop_replication_slot('debezium')",
+        ] {
+            assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+        }
+        let physical = SlotRow {
+            slot_type: "physical".into(),
+            plugin: None,
+            ..row()
+        };
+        let err = check_for_start("s", Some(physical)).unwrap_err();
+        assert!(
+            matches!(err, RelayError::PhysicalSlot { .. }) && !err.is_transient(),
+            "{err}"
+        );
     }
 
     #[test]

@@ -463,7 +463,7 @@ async fn replication_role_needs_select_and_table_ownership() {
 // ------------------------------------------------------------------ existing objects
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn existing_publications_are_extended_or_refused() {
+async fn existing_publications_are_extended_accepted_or_refused() {
     let (pg, db, admin) = fresh_db("cp_pubs").await;
     // Ours (same owner), without the outbox table: setup adds the table and says so.
     let cfg = Cfg::schema_a(&pg.url(&db));
@@ -479,7 +479,7 @@ async fn existing_publications_are_extended_or_refused() {
     assert!(report.to_string().contains("notice:"), "{report}");
     assert_eq!(publication_tables(&admin, &cfg.publication).await.len(), 2);
 
-    // Publishing more than inserts: refused with the statement that fixes it.
+    // Publishing more than inserts: used as it is (never narrowed), with a note on how to narrow it.
     let mut wide = Cfg::schema_a(&pg.url(&db));
     wide.publication = unique_name("cp_wide");
     admin
@@ -489,19 +489,48 @@ async fn existing_publications_are_extended_or_refused() {
         ))
         .await
         .unwrap();
-    let err = expect_err(&wide.settings()).await;
+    let report = control::setup(&wide.settings())
+        .await
+        .expect("setup accepts a publication that publishes more than inserts");
+    assert_eq!(report.publication, PublicationOutcome::AlreadyExists, "{report}");
+    let text = report.to_string();
+    for needle in [
+        "note: publication",
+        "update, delete, truncate operations",
+        "ignores",
+        &format!("ALTER PUBLICATION {} SET (publish = 'insert')", wide.publication),
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    assert_eq!(
+        publication_actions(&admin, &wide.publication).await,
+        [true; 4],
+        "setup must not narrow the publication"
+    );
+
+    // Not publishing inserts at all: refused with the statement that fixes it.
+    let mut blind = Cfg::schema_a(&pg.url(&db));
+    blind.publication = unique_name("cp_blind");
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE events_outbox WITH (publish = 'update, delete')",
+            blind.publication
+        ))
+        .await
+        .unwrap();
+    let err = expect_err(&blind.settings()).await;
     assert!(matches!(err, ControlError::PublicationActions { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(msg.contains("insert, update, delete, truncate"), "{msg}");
+    assert!(msg.contains("publishes update, delete but not insert"), "{msg}");
     assert!(
         msg.contains(&format!(
-            "ALTER PUBLICATION {} SET (publish = 'insert')",
-            wide.publication
+            "ALTER PUBLICATION {} SET (publish = 'insert, update, delete')",
+            blind.publication
         )),
         "{msg}"
     );
     assert!(
-        slot_row(&admin, &wide.slot).await.is_none(),
+        slot_row(&admin, &blind.slot).await.is_none(),
         "no slot after a failed preflight"
     );
 
@@ -608,10 +637,14 @@ async fn foreign_slots_are_refused_by_setup_and_teardown() {
         .unwrap();
     let err = expect_err(&cfg.settings()).await;
     assert!(matches!(err, ControlError::SlotWrongPlugin { .. }), "{err:?}");
-    assert!(
-        err.to_string().contains("test_decoding") && err.to_string().contains("pgoutput"),
-        "{err}"
-    );
+    let msg = err.to_string();
+    for needle in [
+        "uses output plugin test_decoding",
+        "needs pgoutput",
+        "docs/migrating-from-debezium.md",
+    ] {
+        assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+    }
     let err = control::teardown(&cfg.settings())
         .await
         .expect_err("teardown must not drop a foreign slot");

@@ -8,6 +8,7 @@
 mod backfill;
 mod control_plane;
 mod debezium;
+mod debezium_slot;
 mod demo;
 mod deploy_docs;
 mod e2e_relay;

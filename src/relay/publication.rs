@@ -1,0 +1,60 @@
+//! Checking the publication before streaming: it must publish inserts, and when it publishes
+//! more (other operations, other tables — Debezium's `dbz_publication` when the relay adopts
+//! Debezium's slot) the operator learns once per process that the surplus is decoded and ignored.
+//!
+//! Why here and not only in `setup`: `run` may be pointed at a publication `setup` never saw (an
+//! adopted slot, a publication altered since), and one without inserts would stream nothing —
+//! not an error anywhere, just silence. A missing publication is left to the walsender, which
+//! names it in its own error.
+
+use tracing::info;
+
+use super::error::RelayError;
+use crate::config::Settings;
+use crate::postgres::publication::read_scope;
+
+/// Fails when the publication exists without inserts; returns the note about what it publishes
+/// beyond the outbox table's inserts, if anything.
+pub(crate) async fn check(client: &tokio_postgres::Client, settings: &Settings) -> Result<Option<String>, RelayError> {
+    let name = settings.postgres.publication.as_str();
+    let table = &settings.outbox.table;
+    let Some(scope) = read_scope(client, name, table).await? else {
+        return Ok(None);
+    };
+    if !scope.publishes_inserts() {
+        let actions = if scope.actions.is_empty() {
+            "nothing".to_owned()
+        } else {
+            scope.actions.join(", ")
+        };
+        return Err(RelayError::PublicationWithoutInserts {
+            publication: name.to_owned(),
+            actions,
+            with_insert: std::iter::once("insert")
+                .chain(scope.actions.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(scope.beyond_inserts().map(|beyond| {
+        let narrow = scope.narrowing(table);
+        let how = if narrow.is_empty() {
+            String::new()
+        } else {
+            format!("; to narrow it, only if nothing else uses it: {}", narrow.join("; "))
+        };
+        format!(
+            "publication {name} publishes {beyond} beyond the inserts into {table}: changes of other tables and \
+             updates, deletes and truncates of {table} are decoded by the server and ignored by the relay (a small \
+             decoding cost){how}"
+        )
+    }))
+}
+
+/// Logs the note [`check`] returned, the first time only (sessions restart on every reconnect).
+pub(crate) fn log_note(note: Option<String>, noted: &mut bool) {
+    if let Some(note) = note.filter(|_| !*noted) {
+        info!(publication_note = %note, "publication used as it is");
+        *noted = true;
+    }
+}
