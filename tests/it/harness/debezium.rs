@@ -190,13 +190,16 @@ impl DebeziumRun {
 
     /// Waits until the engine wrote the expected change events (the spec's `records`), stops it,
     /// and returns its records in stream order, variants in spec order.
+    ///
+    /// The engine must exit cleanly: closing it commits its offsets, which flushes its slot (the
+    /// slot-adoption test depends on that).
     pub async fn finish(mut self, within: Duration) -> Vec<DebeziumRecord> {
         self.wait_for("DONE", within).await;
-        if super::process::wait_child(&mut self.child, Duration::from_secs(30))
-            .await
-            .is_none()
-        {
-            let _ = self.child.kill();
+        match super::process::wait_child(&mut self.child, Duration::from_secs(30)).await {
+            Some(status) if status.success() => {}
+            other => self.fail(&format!(
+                "the Debezium engine did not exit cleanly after DONE: {other:?}"
+            )),
         }
         let text = std::fs::read_to_string(&self.out_path).expect("read records");
         text.lines().map(parse_record).collect()
