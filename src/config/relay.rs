@@ -44,6 +44,10 @@ pub(crate) struct RelaySection {
     /// `fail` | `dead-letter` | `skip` (see [`BadEventPolicy`]).
     pub(crate) on_bad_event: String,
     pub(crate) dead_letter_topic: Option<String>,
+    /// `at-least-once` | `exactly-once` (see [`Delivery`]).
+    pub(crate) delivery: String,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub(crate) read_back_max_records: u64,
 }
 
 impl Default for RelaySection {
@@ -64,6 +68,8 @@ impl Default for RelaySection {
             receive_timeout_ms: 30_000,
             on_bad_event: "fail".into(),
             dead_letter_topic: None,
+            delivery: "at-least-once".into(),
+            read_back_max_records: 100_000,
         }
     }
 }
@@ -93,6 +99,42 @@ pub struct RelaySettings {
     pub(crate) receive_timeout: Duration,
     /// What to do with an event that can never be published.
     pub(crate) on_bad_event: BadEventPolicy,
+    /// `relay.delivery`: whether a (re)started stream checks Kafka before replaying.
+    pub(crate) delivery: Delivery,
+    /// Exactly-once: at most this many records are read back from one partition while looking
+    /// for this relay's newest record there (`relay.read_back_max_records`).
+    pub(crate) read_back_max_records: usize,
+}
+
+/// `[relay] delivery`: what a replay after a crash or reconnect may publish twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Delivery {
+    /// Everything after the slot's confirmed position is published again (the default).
+    #[default]
+    AtLeastOnce,
+    /// Records carry their source position in headers; a replay first reads back the tail of
+    /// each partition it is about to write and skips what Kafka already holds
+    /// (`relay::resume`, docs/reliability.md).
+    ExactlyOnce,
+}
+
+impl Delivery {
+    pub(crate) fn from_config(value: &str) -> Result<Self, String> {
+        match value {
+            "at-least-once" => Ok(Delivery::AtLeastOnce),
+            "exactly-once" => Ok(Delivery::ExactlyOnce),
+            other => Err(format!(
+                "{other:?} is not a delivery mode; use \"at-least-once\" (the default) or \"exactly-once\""
+            )),
+        }
+    }
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Delivery::AtLeastOnce => "at-least-once",
+            Delivery::ExactlyOnce => "exactly-once",
+        }
+    }
 }
 
 /// `[relay] on_bad_event`, validated (dead-letter carries its topic). What each policy does is
@@ -183,6 +225,11 @@ impl RelaySection {
                     message,
                 },
             )?,
+            delivery: Delivery::from_config(&self.delivery).map_err(|message| ConfigError::Invalid {
+                key: "relay.delivery",
+                message,
+            })?,
+            read_back_max_records: positive("relay.read_back_max_records", self.read_back_max_records)? as usize,
         };
         validate_ha(&relay)?;
         Ok(relay)
@@ -249,6 +296,30 @@ mod tests {
         assert_eq!(r.retained_wal_warn_bytes, Some(1 << 30));
         assert_eq!(r.heartbeat_interval, None);
         assert_eq!(r.receive_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn delivery_defaults_to_at_least_once_and_names_the_choices() {
+        let r = load("", &[]).unwrap().relay;
+        assert_eq!(r.delivery, Delivery::AtLeastOnce);
+        assert_eq!(r.read_back_max_records, 100_000);
+        let r = load("[relay]\ndelivery = \"exactly-once\"\n", &[]).unwrap().relay;
+        assert_eq!(r.delivery, Delivery::ExactlyOnce);
+        let r = load("", &[("OUTBOX_RELAY__RELAY__DELIVERY", "exactly-once")])
+            .unwrap()
+            .relay;
+        assert_eq!(r.delivery, Delivery::ExactlyOnce);
+        let err = load("[relay]\ndelivery = \"exactly_once\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("relay.delivery") && err.contains("\"exactly-once\""),
+            "{err}"
+        );
+        let err = load("[relay]\nread_back_max_records = 0\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("relay.read_back_max_records"), "{err}");
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub(crate) struct Delivery<Tag> {
 pub struct DeliveryFailure {
     pub(crate) error: KafkaError,
     pub(crate) topic: String,
+    /// The partition librdkafka had chosen, `-1` when none was (unknown topic, …).
+    pub(crate) partition: i32,
     pub(crate) event_id: Option<String>,
 }
 
@@ -156,6 +158,7 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
             Err((error, msg)) => Err(DeliveryFailure {
                 error: error.clone(),
                 topic: msg.topic().to_owned(),
+                partition: msg.partition(),
                 event_id: msg.headers().and_then(|h| {
                     h.iter()
                         .find(|h| h.key == "id")
@@ -199,7 +202,18 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
     }
 
     pub(crate) fn send(&self, record: &OutboundRecord<'_>, tag: Box<Tag>) -> Result<(), Rejected<Tag>> {
-        let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len());
+        self.send_with(record, &[], tag)
+    }
+
+    /// [`send`](Self::send) with `trailer` headers after the record's own (the relay's source
+    /// position in exactly-once mode).
+    pub(crate) fn send_with(
+        &self,
+        record: &OutboundRecord<'_>,
+        trailer: &[(&str, &[u8])],
+        tag: Box<Tag>,
+    ) -> Result<(), Rejected<Tag>> {
+        let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len() + trailer.len());
         headers = headers.insert(Header {
             key: "id",
             value: Some(record.event_id),
@@ -208,6 +222,12 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
             headers = headers.insert(Header {
                 key: name,
                 value: value.as_deref(),
+            });
+        }
+        for &(name, value) in trailer {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value),
             });
         }
         let mut base = BaseRecord::with_opaque_to(&record.topic, tag)

@@ -23,6 +23,9 @@
 //! | `outbox_relay_reconnects_total` | counter | sessions restarted after a transient error |
 //! | `outbox_relay_active` | gauge | 1 while this instance streams, 0 while it stands by or reconnects |
 //! | `outbox_relay_bad_events_total{policy,cause}` | counter | events `relay.on_bad_event` handled (`policy`: fail, skip, dead-letter; `cause`: see `BadEvent::label`) |
+//! | `outbox_relay_events_skipped_in_kafka_total` | counter | exactly-once: replayed events not produced because Kafka already held them |
+//! | `outbox_relay_partitions_read_back_total` | counter | exactly-once: partition tails read back (once per partition and streaming session, replay window only) |
+//! | `outbox_relay_read_back_seconds` | histogram | exactly-once: time to read back one partition's tail (metadata included) |
 //!
 //! LSNs are exported as numbers (bytes since the start of WAL); `f64` is exact up to 8 PiB.
 
@@ -47,6 +50,9 @@ pub(crate) const SLOT_RETAINED_WAL_BYTES: &str = "outbox_relay_slot_retained_wal
 pub(crate) const RECONNECTS: &str = "outbox_relay_reconnects_total";
 pub(crate) const ACTIVE: &str = "outbox_relay_active";
 pub(crate) const BAD_EVENTS: &str = "outbox_relay_bad_events_total";
+pub(crate) const EVENTS_SKIPPED_IN_KAFKA: &str = "outbox_relay_events_skipped_in_kafka_total";
+pub(crate) const PARTITIONS_READ_BACK: &str = "outbox_relay_partitions_read_back_total";
+pub(crate) const READ_BACK_SECONDS: &str = "outbox_relay_read_back_seconds";
 
 /// The label of the per-topic counters.
 pub(crate) const TOPIC_LABEL: &str = "topic";
@@ -104,6 +110,18 @@ pub(crate) fn describe() {
     describe_counter!(
         BAD_EVENTS,
         "Outbox events that can never be published, by relay.on_bad_event policy and cause."
+    );
+    describe_counter!(
+        EVENTS_SKIPPED_IN_KAFKA,
+        "Exactly-once: replayed events not produced because Kafka already held them."
+    );
+    describe_counter!(
+        PARTITIONS_READ_BACK,
+        "Exactly-once: partition tails read back when streaming (re)started."
+    );
+    describe_histogram!(
+        READ_BACK_SECONDS,
+        "Exactly-once: seconds to read back one partition's tail (metadata included)."
     );
     counter!(RECONNECTS).absolute(0);
     gauge!(ACTIVE).set(0.0);

@@ -279,6 +279,7 @@ async fn publish_and_await(
             }
             return Err(PollError::Delivery(Box::new(DeliveryFailure {
                 error: rejected.error,
+                partition: record.partition.unwrap_or(-1),
                 topic: record.topic.into_owned(),
                 event_id: Some(id.to_owned()),
             })));

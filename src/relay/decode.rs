@@ -28,7 +28,13 @@ impl StreamState<'_> {
             } => {
                 self.last_send_unix_us = send_time.to_unix_micros();
                 let msg = pgoutput::decode(data).map_err(|source| RelayError::Decode { lsn: wal_start, source })?;
+                if let Some(resume) = &self.resume {
+                    resume.check_alive()?;
+                }
                 self.on_message(msg)?;
+                if self.resume.as_ref().is_some_and(|r| r.is_waiting()) {
+                    return Ok(FrameAction::Blocked);
+                }
                 Ok(FrameAction::Nothing)
             }
             ServerFrame::PrimaryKeepalive {
@@ -38,6 +44,9 @@ impl StreamState<'_> {
             } => {
                 self.received = self.received.max(wal_end);
                 self.watermark.keepalive(wal_end);
+                if let Some(resume) = &mut self.resume {
+                    resume.reached(wal_end);
+                }
                 Ok(if reply_requested {
                     FrameAction::ReplyNow
                 } else {
@@ -50,6 +59,9 @@ impl StreamState<'_> {
     fn on_message(&mut self, msg: LogicalMessage) -> Result<(), RelayError> {
         match msg {
             LogicalMessage::Begin(b) => {
+                if let Some(resume) = &mut self.resume {
+                    resume.reached(b.final_lsn);
+                }
                 let ticket = self.watermark.begin()?;
                 self.behind_us = self.last_send_unix_us.saturating_sub(b.commit_time.to_unix_micros());
                 self.open = Some(OpenTxn {
@@ -123,7 +135,7 @@ impl StreamState<'_> {
             Err(cause) => {
                 let id = layout.id_for_error(&insert.new);
                 let raw = RawEvent::row(&table(), &cached.relation, &insert.new, None);
-                return self.bad_event(&txn, id, cause, &raw);
+                return self.bad_event(&txn, id, cause, &raw, true);
             }
         };
         self.publish(&txn, &event, || {

@@ -121,6 +121,14 @@ pub enum RelayError {
     Protocol(String),
     #[error("cannot start the stream's thread or runtime: {0}")]
     StreamThread(#[source] std::io::Error),
+    #[error("exactly-once resume: {0}")]
+    ReadBack(#[from] crate::kafka::tail::ReadBackError),
+    #[error(
+        "the stream sent no status update for {paused_ms} ms (the process was paused or starved): its walsender may \
+         be gone and the slot taken over, so the frames in hand are dropped rather than published \
+         (relay.delivery = \"exactly-once\"); the next session replays them"
+    )]
+    Paused { paused_ms: u64 },
 }
 
 impl RelayError {
@@ -132,6 +140,8 @@ impl RelayError {
             RelayError::Control(e) => is_transient_pg(e),
             RelayError::Slot(e) => e.postgres().is_some_and(is_transient_pg),
             RelayError::DeliveryFailed { .. } | RelayError::RecordRejected { .. } | RelayError::SlotBusy { .. } => true,
+            RelayError::ReadBack(e) => e.is_transient(),
+            RelayError::Paused { .. } => true,
             RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::PhysicalSlot { .. }

@@ -18,6 +18,7 @@ mod confirm;
 mod decode;
 mod publish;
 mod receive;
+pub(crate) mod resume;
 mod session;
 mod stream;
 pub(crate) mod watermark;
@@ -65,6 +66,11 @@ pub(crate) struct SessionContext {
     pub(crate) suspects: quarantine::Suspects,
     /// The note about a publication wider than the relay needs was logged (`publication.rs`).
     pub(crate) publication_noted: bool,
+    /// Exactly-once: partitions where a failed delivery may have left a gap (`resume.rs`).
+    pub(crate) gaps: resume::Gaps,
+    /// Another instance held the slot since this process last streamed: the next session may be
+    /// taking over from a frozen holder (`resume.rs`).
+    pub(crate) after_standby: bool,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
@@ -88,6 +94,8 @@ pub(crate) async fn run(
         last_walsender: None,
         suspects: Default::default(),
         publication_noted: false,
+        gaps: Default::default(),
+        after_standby: false,
     };
     let (done, outcome) = tokio::sync::oneshot::channel();
     let settings = settings.clone();

@@ -29,6 +29,7 @@ use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::LogicalDecodingMessage;
 use crate::relay::error::RelayError;
 use crate::relay::quarantine::{EventRef, Held, TxnEvent};
+use crate::relay::resume::Verdict;
 
 impl StreamState<'_> {
     /// The identity of the open transaction's next outbox event.
@@ -75,7 +76,7 @@ impl StreamState<'_> {
             Ok(event) => self.publish(&txn, &event, raw),
             Err(cause) => {
                 let id = best_effort_id(&message.content);
-                self.bad_event(&txn, id.as_bytes(), cause, &raw())
+                self.bad_event(&txn, id.as_bytes(), cause, &raw(), true)
             }
         }
     }
@@ -90,8 +91,25 @@ impl StreamState<'_> {
         let settings = self.settings;
         let record = match event.record(&settings.router) {
             Ok(record) => record,
-            Err(cause) => return self.bad_event(txn, &event.id, cause, &raw()),
+            Err(cause) => return self.bad_event(txn, &event.id, cause, &raw(), true),
         };
+        if let Some(resume) = self.resume.as_mut() {
+            match resume.verdict(txn.event, &record.topic, &record.key, record.partition, true) {
+                Verdict::Send => {}
+                Verdict::Skip => return Ok(()),
+                Verdict::Wait => {
+                    self.unallocate_event();
+                    return Ok(());
+                }
+            }
+            // Should Kafka refuse the record, its dead letter must not wait either.
+            if let BadEventPolicy::DeadLetter { topic } = &settings.relay.on_bad_event {
+                if !resume.prepare(txn.event, topic, &event.key, None) {
+                    self.unallocate_event();
+                    return Ok(());
+                }
+            }
+        }
         if let Some(earlier) = self.suspects.get(txn.event) {
             self.phase = Phase::Holding(Held {
                 txn: *txn,
@@ -105,7 +123,7 @@ impl StreamState<'_> {
         match self.send(txn, &record, false)? {
             None => Ok(()),
             Some(error) if is_record_rejection(&error) => {
-                self.bad_event(txn, &event.id, BadEvent::Rejected(error.to_string()), &raw())
+                self.bad_event(txn, &event.id, BadEvent::Rejected(error.to_string()), &raw(), false)
             }
             Some(error) => Err(delivery_failed(error, &record.topic, &event.id, txn.commit_lsn())),
         }
@@ -129,7 +147,15 @@ impl StreamState<'_> {
             dead_letter,
             topic,
         });
-        if let Err(rejected) = self.publisher.send(record, tag) {
+        let sent = match &self.resume {
+            None => self.publisher.send(record, tag),
+            Some(resume) => {
+                let mut buf = [0u8; 40];
+                let position = resume.position_headers(txn.event, &mut buf);
+                self.publisher.send_with(record, &position, tag)
+            }
+        };
+        if let Err(rejected) = sent {
             self.count_delivery(&rejected.tag, false);
             return Ok(Some(rejected.error));
         }
@@ -138,16 +164,30 @@ impl StreamState<'_> {
         Ok(None)
     }
 
-    /// Applies `relay.on_bad_event` to an event that can never be published.
+    /// Applies `relay.on_bad_event` to an event that can never be published. `may_wait`: the
+    /// event's frame is being decoded and nothing of it was sent yet, so an exactly-once
+    /// read-back may hold it (`resume.rs`).
     pub(super) fn bad_event(
         &mut self,
         txn: &TxnEvent,
         id: &[u8],
         cause: BadEvent,
         raw: &RawEvent,
+        may_wait: bool,
     ) -> Result<(), RelayError> {
         let settings = self.settings;
         let policy = &settings.relay.on_bad_event;
+        if let (Some(resume), BadEventPolicy::DeadLetter { topic }) = (self.resume.as_mut(), policy) {
+            let key = raw.key.as_deref().unwrap_or_default();
+            match resume.verdict(txn.event, topic, key, None, may_wait) {
+                Verdict::Send => {}
+                Verdict::Skip => return Ok(()),
+                Verdict::Wait => {
+                    self.unallocate_event();
+                    return Ok(());
+                }
+            }
+        }
         counter!(BAD_EVENTS, "policy" => policy.label(), "cause" => cause.label()).increment(1);
         self.counts.bad_events += 1;
         let id_text = String::from_utf8_lossy(id);
@@ -201,7 +241,7 @@ impl StreamState<'_> {
                 "Kafka refused the suspect event again on its own: it is a bad event"
             );
             let cause = BadEvent::Rejected(failure.error.to_string());
-            return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw) {
+            return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false) {
                 // Skipped, or replaced by its dead letter (counted in flight by now).
                 Ok(()) => Ok(self.watermark.acked(tag.ticket, tag.bytes)?),
                 Err(e) => {
@@ -211,6 +251,9 @@ impl StreamState<'_> {
             };
         }
         self.watermark.failed(tag.ticket, tag.bytes)?;
+        if let Some(resume) = self.resume.as_mut() {
+            resume.gaps.record(&failure.topic, failure.partition, event);
+        }
         if refused {
             self.suspects.insert(event, failure.error.to_string());
             return Err(RelayError::RecordRejected {
@@ -259,7 +302,7 @@ impl StreamState<'_> {
         let record = match held.event.record(&settings.router) {
             Ok(record) => record,
             // It was routed before it was held, and routing depends on nothing else.
-            Err(cause) => return self.bad_event(&held.txn, &held.event.id, cause, &held.raw),
+            Err(cause) => return self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false),
         };
         match self.send(&held.txn, &record, false)? {
             None => {
@@ -272,6 +315,7 @@ impl StreamState<'_> {
                 &held.event.id,
                 BadEvent::Rejected(error.to_string()),
                 &held.raw,
+                false,
             ),
             Some(error) => Err(delivery_failed(
                 error,
@@ -288,6 +332,7 @@ fn delivery_failed(error: KafkaError, topic: &str, id: &[u8], commit_lsn: Lsn) -
         failure: Box::new(DeliveryFailure {
             error,
             topic: topic.to_owned(),
+            partition: -1,
             event_id: Some(String::from_utf8_lossy(id).into_owned()),
         }),
         commit_lsn,

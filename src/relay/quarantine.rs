@@ -22,7 +22,8 @@ use crate::relay::watermark::TxnTicket;
 
 /// One outbox event's identity across replays: its transaction's commit LSN and its position
 /// (0-based) among that transaction's outbox events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Ordered as the relay writes each partition: by commit LSN, then position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct EventRef {
     pub(crate) commit_lsn: Lsn,
     pub(crate) seq: u32,

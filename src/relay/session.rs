@@ -32,9 +32,11 @@ use tracing::{info, warn};
 
 use super::error::RelayError;
 use super::receive;
+use super::resume::{self, DoneReceiver, Resume};
 use super::silence::Silence;
 use super::stream::{Delivery, Publisher, StreamState};
 use super::{heartbeat, publication, slot, SessionContext};
+use crate::config::relay::Delivery as DeliveryMode;
 use crate::config::Settings;
 use crate::ops::health::Mode;
 use crate::ops::metrics::{now_unix_us, StreamGauges};
@@ -95,11 +97,18 @@ pub(crate) async fn run_session(
         .await?;
     ctx.last_walsender = Some(backend_pid);
     slot::verify_start(&control, slot_name, slot.confirmed_flush).await?;
+    // Exactly-once: the slot is ours now, so no earlier holder streams any more; what commits
+    // from here on cannot be in Kafka yet.
+    let replay_end = match settings.relay.delivery {
+        DeliveryMode::ExactlyOnce => Some(resume::replay_end(&control).await?),
+        DeliveryMode::AtLeastOnce => None,
+    };
     let (publisher, mut deliveries) =
         Publisher::create(&settings.kafka, settings.relay.max_in_flight).map_err(RelayError::ProducerConfig)?;
     info!(
         slot = %settings.postgres.slot,
         publication = %settings.postgres.publication,
+        delivery = settings.relay.delivery.label(),
         start_lsn = %slot.confirmed_flush,
         walsender_pid = backend_pid,
         system_id = %system.system_id,
@@ -115,18 +124,49 @@ pub(crate) async fn run_session(
     let mut state = StreamState::new(settings, publisher, slot.confirmed_flush, &mut suspects);
     state.bytea = bytea;
     state.debezium = debezium;
-    let outcome = stream(&mut state, &mut reader, &mut writer, &mut deliveries, shutdown, ctx).await;
+    let mut read_backs = None;
+    if let Some(replay_end) = replay_end {
+        // A takeover waits until whatever the old holder may still have queued in librdkafka
+        // has landed or expired before reading anything back (`resume.rs`).
+        let fence = std::mem::take(&mut ctx.after_standby).then(|| {
+            std::time::Instant::now() + resume::message_timeout(&settings.kafka) + resume::stale_limit(settings)
+        });
+        let (r, done) = Resume::new(
+            settings,
+            &system.system_id,
+            slot.confirmed_flush,
+            replay_end,
+            fence,
+            std::mem::take(&mut ctx.gaps),
+        );
+        state.resume = Some(r);
+        read_backs = Some(done);
+    }
+    ctx.after_standby = false;
+    let outcome = stream(
+        &mut state,
+        &mut reader,
+        &mut writer,
+        &mut deliveries,
+        &mut read_backs,
+        shutdown,
+        ctx,
+    )
+    .await;
     if let Err(e) = &outcome {
         warn!(error = %e, slot = %settings.postgres.slot, "stopping stream");
     }
-    wind_down(
+    if let Some(gaps) = wind_down(
         state,
         &mut reader,
         &mut writer,
         &mut deliveries,
         settings.relay.shutdown_timeout,
     )
-    .await;
+    .await
+    {
+        ctx.gaps = gaps;
+    }
     // Whatever was still in flight belongs to the abandoned producer and will be replayed.
     StreamGauges::default().set_idle();
     ctx.suspects = suspects;
@@ -138,6 +178,7 @@ async fn stream(
     reader: &mut FrameReader,
     writer: &mut StatusWriter,
     deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
+    read_backs: &mut Option<DoneReceiver>,
     shutdown: &mut watch::Receiver<bool>,
     ctx: &mut SessionContext,
 ) -> Result<SessionEnd, RelayError> {
@@ -198,6 +239,9 @@ async fn stream(
                     state.send_status(writer, false).await?;
                 }
             }
+            Some(done) = next_read_back(read_backs) => {
+                state.on_read_back(done)?;
+            }
             frame = reader.next_frame(), if !paused => {
                 let Some(frame) = frame? else { return Err(ReplicationError::Closed.into()) };
                 silence.heard(Instant::now());
@@ -211,13 +255,22 @@ async fn stream(
     }
 }
 
+/// The next finished read-back (exactly-once); never, in at-least-once mode.
+async fn next_read_back(read_backs: &mut Option<DoneReceiver>) -> Option<resume::Done> {
+    match read_backs {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Returns the exactly-once gaps for the next session (`None` in at-least-once mode).
 async fn wind_down(
     mut state: StreamState<'_>,
     reader: &mut FrameReader,
     writer: &mut StatusWriter,
     deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
     wait: Duration,
-) {
+) -> Option<resume::Gaps> {
     let deadline = Instant::now() + wait;
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     while state.in_flight() > 0 {
@@ -230,6 +283,11 @@ async fn wind_down(
             }
             _ = tokio::time::sleep_until(deadline) => {
                 warn!(in_flight = state.in_flight(), "gave up waiting for Kafka acknowledgements; they will be replayed");
+                // Their outcome is unknown, and so is where a gap may be: the next replay skips nothing.
+                let confirmed = state.confirmed();
+                if let Some(resume) = &mut state.resume {
+                    resume.gaps.record("", -1, super::quarantine::EventRef { commit_lsn: confirmed, seq: 0 });
+                }
                 break;
             }
         }
@@ -244,9 +302,11 @@ async fn wind_down(
         events_sent = counts.events_sent,
         events_acked = counts.events_acked,
         bad_events = counts.bad_events,
+        skipped_already_in_kafka = state.resume.as_ref().map_or(0, Resume::skipped),
         final_status_sent = sent.is_ok(),
         "stream stopped"
     );
+    let gaps = state.resume.take().map(Resume::finish);
     if sent.is_ok() && writer.send_copy_done().await.is_ok() {
         reader.finish(Duration::from_secs(2)).await;
     }
@@ -255,4 +315,5 @@ async fn wind_down(
     // Awaited: the next session's producer must not start replaying while this one's requests
     // are still on the wire.
     let _ = tokio::task::spawn_blocking(move || publisher.abandon(Duration::from_secs(5))).await;
+    gaps
 }

@@ -60,6 +60,7 @@ impl Standby {
             return AFTER_TERMINATE;
         }
         ctx.health.set_mode(Mode::Standby);
+        ctx.after_standby = true;
         if self.announced_holder != Some(holder.pid) {
             self.announced_holder = Some(holder.pid);
             info!(

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use super::confirm::Confirm;
 use super::error::RelayError;
 use super::quarantine::{Held, Suspects};
+use super::resume::{Done, Resume};
 use crate::config::Settings;
 use crate::outbox::layout::DebeziumColumns;
 use crate::outbox::layout::OutboxLayout;
@@ -118,6 +119,9 @@ pub(crate) enum FrameAction {
     Nothing,
     /// The server asked for a status update right away.
     ReplyNow,
+    /// Exactly-once: the frame's event waits for its partition's read-back; the frame is kept
+    /// and decoded again once it is done (`resume.rs`).
+    Blocked,
 }
 
 pub(crate) struct StreamState<'s> {
@@ -147,6 +151,10 @@ pub(crate) struct StreamState<'s> {
     /// Per-topic counters and the commit-to-ack histogram (see `progress.rs`).
     pub(super) metrics: crate::ops::metrics::SessionMetrics,
     pub(super) lag: super::lag::CommitLag,
+    /// `relay.delivery = "exactly-once"`: the replay check (`resume.rs`); `None`: at-least-once.
+    pub(super) resume: Option<Resume>,
+    /// The frame whose event waits for a read-back (exactly-once only).
+    pub(super) blocked: Option<bytes::Bytes>,
 }
 
 impl<'s> StreamState<'s> {
@@ -169,6 +177,8 @@ impl<'s> StreamState<'s> {
             counts: SessionCounts::default(),
             metrics: crate::ops::metrics::SessionMetrics::default(),
             lag: super::lag::CommitLag::default(),
+            resume: None,
+            blocked: None,
         }
     }
 
@@ -182,6 +192,7 @@ impl<'s> StreamState<'s> {
             || self.watermark.in_flight_bytes() >= self.settings.relay.max_in_flight_bytes
             || self.watermark.committed_unconfirmed_events() >= max
             || matches!(self.phase, Phase::Holding(_))
+            || self.blocked.is_some()
     }
 
     pub(crate) fn status_interval(&self) -> std::time::Duration {
@@ -201,7 +212,11 @@ impl<'s> StreamState<'s> {
     ) -> Result<(), RelayError> {
         self.confirm
             .send(&self.watermark, self.received, writer, reply_requested)
-            .await
+            .await?;
+        if let Some(resume) = &mut self.resume {
+            resume.status_sent();
+        }
+        Ok(())
     }
 
     /// Whether acknowledgements moved the watermark past what PostgreSQL was told.
@@ -226,6 +241,38 @@ impl<'s> StreamState<'s> {
 
     pub(crate) fn into_publisher(self) -> Publisher {
         self.publisher
+    }
+
+    /// Decodes a frame; exactly-once, a frame whose event must wait for a read-back is kept
+    /// (reading pauses: [`is_full`](Self::is_full)) until [`on_read_back`](Self::on_read_back).
+    pub(crate) fn on_frame_or_block(&mut self, frame: bytes::Bytes) -> Result<FrameAction, RelayError> {
+        if self.resume.is_none() {
+            return self.on_frame(frame);
+        }
+        let action = self.on_frame(frame.clone())?;
+        if action == FrameAction::Blocked {
+            self.blocked = Some(frame);
+        }
+        Ok(action)
+    }
+
+    /// A read-back finished: the kept frame is decoded again (and may wait for another one).
+    pub(crate) fn on_read_back(&mut self, done: Done) -> Result<(), RelayError> {
+        if let Some(resume) = &mut self.resume {
+            resume.on_done(done)?;
+        }
+        if let Some(frame) = self.blocked.take() {
+            self.on_frame_or_block(frame)?;
+        }
+        Ok(())
+    }
+
+    /// Undoes the open transaction's last [`next_event`](Self::next_event): the frame that
+    /// asked for it is decoded again later.
+    pub(super) fn unallocate_event(&mut self) {
+        if let Some(txn) = self.open.as_mut() {
+            txn.events -= 1;
+        }
     }
 
     /// Applies one delivery report. A failure poisons the watermark and ends the session,

@@ -19,14 +19,53 @@ use crate::harness::*;
 // Crash points
 // ------------------------------------------------------------------------------------------
 
+/// `relay.delivery` for the crash suites: both modes run them; exactly-once must show no
+/// duplicate at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+impl Mode {
+    pub fn apply(self, config: RelayConfig) -> RelayConfig {
+        match self {
+            Mode::AtLeastOnce => config,
+            Mode::ExactlyOnce => config.set("relay", "delivery", "exactly-once"),
+        }
+    }
+
+    /// Asserts the duplicates are within what the mode promises.
+    pub fn check_duplicates(self, dups: usize, bound: usize, what: &str) {
+        match self {
+            Mode::AtLeastOnce => assert!(
+                dups <= bound,
+                "{what}: {dups} duplicates exceed the in-flight bound {bound}"
+            ),
+            Mode::ExactlyOnce => assert_eq!(dups, 0, "{what}: duplicates in exactly-once mode"),
+        }
+    }
+}
+
 /// Continuous load; the relay is SIGKILLed at random moments (≥ 10, long: ≥ 50) and restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_at_random_moments_under_load_loses_nothing() {
+    sigkill_suite(Mode::AtLeastOnce).await;
+}
+
+/// The same in exactly-once mode: not one duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_at_random_moments_under_load_exactly_once() {
+    sigkill_suite(Mode::ExactlyOnce).await;
+}
+
+async fn sigkill_suite(mode: Mode) {
     let kills_wanted: usize = if long_tests() { 50 } else { 10 };
     let max_in_flight = 20;
     let kafka = MockKafka::new(3);
     let (db, _client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
-    let config = config
+    let config = mode
+        .apply(config)
         .route(PREFIX_REGEX, "${routedByValue}")
         .max_in_flight(max_in_flight)
         .set("relay", "reconnect_backoff_initial_ms", 100)
@@ -37,6 +76,7 @@ async fn sigkill_at_random_moments_under_load_loses_nothing() {
     let load = tokio::spawn(async move { run_workload(&url, &w).await });
 
     let mut kills = 0;
+    let mut skipped = 0;
     while kills < kills_wanted {
         let relay = RelayProcess::run(&config);
         // Anywhere from before the replication connection exists to well into streaming.
@@ -46,8 +86,10 @@ async fn sigkill_at_random_moments_under_load_loses_nothing() {
             "the relay exited on its own; log:\n{}",
             relay.log_text()
         );
+        skipped += skipped_in_log(&relay.log_text());
         kills += 1;
     }
+    eprintln!("crash points ({mode:?}): {skipped} events skipped as already in Kafka");
     let committed = load.await.expect("workload");
     let _relay = RelayProcess::run(&config);
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
@@ -62,19 +104,26 @@ async fn sigkill_at_random_moments_under_load_loses_nothing() {
     check_order(&committed, &records);
     let bound = kills * max_in_flight as usize;
     eprintln!(
-        "crash points: {kills} SIGKILLs, {} events, {dups} duplicates (bound {bound})",
+        "crash points ({mode:?}): {kills} SIGKILLs, {} events, {dups} duplicates (bound {bound})",
         all.len()
     );
-    assert!(
-        dups <= bound,
-        "{dups} duplicates after {kills} crashes exceed the in-flight bound {bound}"
-    );
+    mode.check_duplicates(dups, bound, &format!("{kills} SIGKILLs"));
 }
 
 /// Crashes at the failpoints: between "Kafka acknowledged" and "status update sent", and in the
 /// producer restart path (a failed session's producer purged, its requests maybe on the wire).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crashes_at_failpoints_lose_nothing() {
+    failpoint_suite(Mode::AtLeastOnce).await;
+}
+
+/// The failpoint crashes in exactly-once mode: not one duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crashes_at_failpoints_exactly_once() {
+    failpoint_suite(Mode::ExactlyOnce).await;
+}
+
+async fn failpoint_suite(mode: Mode) {
     if !cfg!(feature = "failpoints") {
         eprintln!(
             "SKIPPING crashes_at_failpoints_lose_nothing: the relay was built without the `failpoints` feature \
@@ -86,7 +135,8 @@ async fn crashes_at_failpoints_lose_nothing() {
     let max_in_flight = 20;
     let kafka = MockKafka::new(3);
     let (db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
-    let config = config
+    let config = mode
+        .apply(config)
         .route(PREFIX_REGEX, "${routedByValue}")
         .max_in_flight(max_in_flight)
         .kafka("message.timeout.ms", "1000")
@@ -164,13 +214,19 @@ async fn crashes_at_failpoints_lose_nothing() {
     check_order(&committed, &records);
     let bound = crashes * max_in_flight as usize;
     eprintln!(
-        "failpoints: {crashes} crashes, {} events, {dups} duplicates (bound {bound})",
+        "failpoints ({mode:?}): {crashes} crashes, {} events, {dups} duplicates (bound {bound})",
         all.len()
     );
-    assert!(
-        dups <= bound,
-        "{dups} duplicates after {crashes} crashes exceed the in-flight bound {bound}"
-    );
+    mode.check_duplicates(dups, bound, &format!("{crashes} failpoint crashes"));
+}
+
+/// Events the relay's logs say it skipped as already in Kafka (exactly-once).
+fn skipped_in_log(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("replay window checked"))
+        .filter_map(|l| l.split("skipped_already_in_kafka=").nth(1))
+        .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
+        .sum()
 }
 
 // ------------------------------------------------------------------------------------------
@@ -266,10 +322,21 @@ fn expect_all(batches: &[&[ExpectedEvent]]) -> (Vec<ExpectedEvent>, Committed) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn all_brokers_down_for_30_seconds() {
+    brokers_down_suite(Mode::AtLeastOnce).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn all_brokers_down_for_30_seconds_exactly_once() {
+    brokers_down_suite(Mode::ExactlyOnce).await;
+}
+
+async fn brokers_down_suite(mode: Mode) {
     let kafka = MockKafka::new(3);
     // Short message timeout: sessions fail and replay during the outage (the restart path).
-    let (mut client, config, relay) =
-        warm_relay(&kafka, |c| c.max_in_flight(50).kafka("message.timeout.ms", "5000")).await;
+    let (mut client, config, relay) = warm_relay(&kafka, |c| {
+        mode.apply(c).max_in_flight(50).kafka("message.timeout.ms", "5000")
+    })
+    .await;
     let warm = collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(5)).await;
 
     kafka.all_brokers_down();
@@ -293,8 +360,10 @@ async fn all_brokers_down_for_30_seconds() {
         .into_iter()
         .filter(|r| !warm.iter().any(|w| id_of(w) == id_of(r)))
         .collect();
-    check_delivered(&all, &records, |_| "order".to_owned());
+    let dups = check_delivered(&all, &records, |_| "order".to_owned());
     check_order(&committed, &records);
+    eprintln!("brokers down 30 s ({mode:?}): {} events, {dups} duplicates", all.len());
+    mode.check_duplicates(dups, 50 * 10, "brokers down 30 s");
     assert!(
         confirmed_reaches(&client, &config.slot, last_point.end_lsn, Duration::from_secs(30)).await,
         "never confirmed after the outage; log:\n{}",
@@ -349,9 +418,19 @@ async fn retriable_produce_errors_are_retried_without_loss_or_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn non_retriable_broker_error_replays_without_loss() {
+    non_retriable_suite(Mode::AtLeastOnce).await;
+}
+
+/// The producer restart after failed deliveries, in exactly-once mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn non_retriable_broker_error_replays_exactly_once() {
+    non_retriable_suite(Mode::ExactlyOnce).await;
+}
+
+async fn non_retriable_suite(mode: Mode) {
     let kafka = MockKafka::new(1);
     kafka.create_topic("order", 1);
-    let (mut client, config, relay) = warm_relay(&kafka, |c| c).await;
+    let (mut client, config, relay) = warm_relay(&kafka, |c| mode.apply(c)).await;
     // TOPIC_AUTHORIZATION_FAILED is permanent for librdkafka, but it is the cluster's verdict on
     // the relay's credentials, not on the record: the relay replays (with backoff) until it passes.
     kafka.set_round_trip_time(Duration::from_millis(400));
@@ -372,7 +451,9 @@ async fn non_retriable_broker_error_replays_without_loss() {
     .await;
     kafka.set_round_trip_time(Duration::ZERO);
 
-    delivered_in_order_and_confirmed(&kafka, &client, &config.slot, &events, &point).await;
+    let dups = delivered_in_order_and_confirmed(&kafka, &client, &config.slot, &events, &point).await;
+    eprintln!("producer restarts ({mode:?}): {dups} duplicates");
+    mode.check_duplicates(dups, 5, "producer restarts after failed deliveries");
     let log = relay.log_text();
     assert!(log.contains("reconnecting") && log.contains("uthorization"), "{log}");
     assert!(

@@ -12,6 +12,7 @@ mod debezium_slot;
 mod demo;
 mod deploy_docs;
 mod e2e_relay;
+mod exactly_once;
 mod examples;
 mod failures;
 mod ha_and_metrics;

@@ -75,6 +75,7 @@ impl<'s> BackfillPublisher<'s> {
             return Err(BackfillError::Delivery(Box::new(
                 crate::kafka::producer::DeliveryFailure {
                     error: rejected.error,
+                    partition: record.partition.unwrap_or(-1),
                     topic: record.topic.into_owned(),
                     event_id: Some(id.to_owned()),
                 },

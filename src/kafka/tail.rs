@@ -1,0 +1,282 @@
+//! Reading back the tail of one partition: the newest record a given writer put there.
+//!
+//! Used once per partition and streaming session by the relay's exactly-once resume
+//! (`relay::resume`). The reader is an rdkafka `BaseConsumer` that never joins a group and never
+//! commits: it is assigned one partition at a time, reads a window just below the high
+//! watermark, and widens the window backwards (×4 each time) until the caller recognises a
+//! record as its own or `max_records` were read.
+//!
+//! Invariant: every call blocks (metadata, watermarks, fetches), bounded by the reader's
+//! timeout; callers run it on a thread of its own, never on an async runtime's workers. This
+//! adapter knows nothing of what a position is: the caller's `own` closure reads the headers.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedHeaders, Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::kafka::KafkaProperties;
+
+/// The first window read below the high watermark; a single writer's newest record is almost
+/// always in it.
+const FIRST_WINDOW: i64 = 8;
+
+/// Producer-only properties, left out of the reader's configuration (librdkafka would warn
+/// about each).
+const PRODUCER_ONLY: &[&str] = &[
+    "acks",
+    "request.required.acks",
+    "enable.idempotence",
+    "enable.gapless.guarantee",
+    "partitioner",
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "batch.num.messages",
+    "batch.size",
+    "compression.type",
+    "compression.codec",
+    "compression.level",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    "request.timeout.ms",
+    "retries",
+    "message.send.max.retries",
+    "sticky.partitioning.linger.ms",
+    "transactional.id",
+    "transaction.timeout.ms",
+    "delivery.report.only.error",
+    "dr_cb",
+    "dr_msg_cb",
+];
+
+/// A record's headers, for the caller's `own` test.
+pub(crate) struct HeaderLookup<'m>(Option<&'m BorrowedHeaders>);
+
+impl<'m> HeaderLookup<'m> {
+    pub(crate) fn new(headers: Option<&'m BorrowedHeaders>) -> Self {
+        HeaderLookup(headers)
+    }
+
+    /// The value of the first header called `name` (`None`: absent or null).
+    pub(crate) fn get(&self, name: &str) -> Option<&'m [u8]> {
+        self.0?.iter().find(|h| h.key == name).and_then(|h| h.value)
+    }
+}
+
+/// What reading back one partition found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tail<P> {
+    /// The greatest position among the caller's records in the window where the first one was
+    /// found; `None`: the partition holds none.
+    pub(crate) newest: Option<P>,
+    pub(crate) records_read: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadBackError {
+    #[error("reading back the tail of {topic} partition {partition} failed: {source}")]
+    Kafka {
+        topic: String,
+        partition: i32,
+        source: KafkaError,
+    },
+    #[error("reading back the tail of {topic} partition {partition} timed out after {timeout_ms} ms")]
+    Timeout {
+        topic: String,
+        partition: i32,
+        timeout_ms: u64,
+    },
+    #[error(
+        "read back {read} records of {topic} partition {partition} (offsets {from}..{high}) without finding one \
+         of this relay's records, so which events Kafka already holds is unknown; raise \
+         relay.read_back_max_records (now {max}) or restart once with relay.delivery = \"at-least-once\" \
+         (which may publish the replayed events twice)"
+    )]
+    BoundHit {
+        topic: String,
+        partition: i32,
+        read: u64,
+        from: i64,
+        high: i64,
+        max: u64,
+    },
+}
+
+impl ReadBackError {
+    /// Only the bound is the operator's to change; everything else is the cluster's and passes.
+    pub(crate) fn is_transient(&self) -> bool {
+        !matches!(self, ReadBackError::BoundHit { .. })
+    }
+}
+
+pub(crate) struct TailReader {
+    consumer: BaseConsumer,
+    timeout: Duration,
+    max_records: u64,
+}
+
+impl TailReader {
+    /// A reader connecting like the producer (same servers, security settings); `timeout`
+    /// bounds each metadata request and each window's reading, `max_records` the records read
+    /// per partition.
+    pub(crate) fn create(props: &KafkaProperties, timeout: Duration, max_records: usize) -> Result<Self, KafkaError> {
+        let mut config = ClientConfig::new();
+        for (k, v) in &props.0 {
+            if !PRODUCER_ONLY.contains(&k.as_str()) {
+                config.set(k, v);
+            }
+        }
+        config
+            // Never used to join a group or commit: partitions are assigned, not subscribed.
+            .set("group.id", "outbox-relay-read-back")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .set("allow.auto.create.topics", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", "50")
+            .set("isolation.level", "read_uncommitted");
+        let consumer: BaseConsumer = config.create()?;
+        Ok(TailReader {
+            consumer,
+            timeout,
+            max_records: max_records as u64,
+        })
+    }
+
+    /// The topic's partition count; `None` when the topic does not exist.
+    pub(crate) fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
+        let err = |source| ReadBackError::Kafka {
+            topic: topic.to_owned(),
+            partition: -1,
+            source,
+        };
+        let metadata = self.consumer.fetch_metadata(Some(topic), self.timeout).map_err(err)?;
+        let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(None);
+        };
+        if !t.partitions().is_empty() {
+            return Ok(Some(t.partitions().len() as i32));
+        }
+        match t.error().map(RDKafkaErrorCode::from) {
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) | Some(RDKafkaErrorCode::UnknownTopic) | None => Ok(None),
+            Some(code) => Err(err(KafkaError::MetadataFetch(code))),
+        }
+    }
+
+    /// Reads `topic`/`partition` backwards from its end until `own` recognises a record (the
+    /// greatest position in that window wins) or the partition's start; errs when
+    /// `max_records` were read without finding one.
+    pub(crate) fn newest_own<P: Ord>(
+        &self,
+        topic: &str,
+        partition: i32,
+        own: impl Fn(&HeaderLookup<'_>) -> Option<P>,
+    ) -> Result<Tail<P>, ReadBackError> {
+        let err = |source| ReadBackError::Kafka {
+            topic: topic.to_owned(),
+            partition,
+            source,
+        };
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(topic, partition, self.timeout)
+            .map_err(err)?;
+        let mut end = high;
+        let mut window = FIRST_WINDOW;
+        let mut read = 0u64;
+        while end > low {
+            let start = (end - window).max(low);
+            let (newest, n) = self.read_window(topic, partition, start, end, &own)?;
+            read += n;
+            if newest.is_some() {
+                return Ok(Tail {
+                    newest,
+                    records_read: read,
+                });
+            }
+            if start == low {
+                break;
+            }
+            if read >= self.max_records {
+                return Err(ReadBackError::BoundHit {
+                    topic: topic.to_owned(),
+                    partition,
+                    read,
+                    from: start,
+                    high,
+                    max: self.max_records,
+                });
+            }
+            end = start;
+            window = (window * 4).min((self.max_records - read).max(1) as i64);
+        }
+        Ok(Tail {
+            newest: None,
+            records_read: read,
+        })
+    }
+
+    /// Reads offsets `start..end`; the greatest own position there, and how many records came.
+    fn read_window<P: Ord>(
+        &self,
+        topic: &str,
+        partition: i32,
+        start: i64,
+        end: i64,
+        own: &impl Fn(&HeaderLookup<'_>) -> Option<P>,
+    ) -> Result<(Option<P>, u64), ReadBackError> {
+        let err = |source| ReadBackError::Kafka {
+            topic: topic.to_owned(),
+            partition,
+            source,
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(start))
+            .map_err(err)?;
+        self.consumer.assign(&tpl).map_err(err)?;
+        let deadline = Instant::now() + self.timeout;
+        let mut newest: Option<P> = None;
+        let mut read = 0u64;
+        let outcome = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break Err(ReadBackError::Timeout {
+                    topic: topic.to_owned(),
+                    partition,
+                    timeout_ms: self.timeout.as_millis() as u64,
+                });
+            }
+            match self.consumer.poll(left.min(Duration::from_millis(100))) {
+                None => continue,
+                Some(Err(KafkaError::PartitionEOF(p))) if p == partition => break Ok(()),
+                Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Err(e)) => break Err(err(e)),
+                Some(Ok(msg)) => {
+                    if msg.topic() != topic || msg.partition() != partition || msg.offset() < start {
+                        continue;
+                    }
+                    if msg.offset() >= end {
+                        break Ok(());
+                    }
+                    read += 1;
+                    if let Some(p) = own(&HeaderLookup::new(msg.headers())) {
+                        if newest.as_ref().is_none_or(|n| p > *n) {
+                            newest = Some(p);
+                        }
+                    }
+                    if msg.offset() >= end - 1 {
+                        break Ok(());
+                    }
+                }
+            }
+        };
+        let _ = self.consumer.unassign();
+        outcome.map(|()| (newest, read))
+    }
+}

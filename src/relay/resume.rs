@@ -1,0 +1,596 @@
+//! Exactly-once resume (`relay.delivery = "exactly-once"`): a (re)started stream skips the
+//! events Kafka already holds, found by reading back the tail of each partition it is about to
+//! write — no broker transactions, any Kafka.
+//!
+//! **Positions.** Every record of an exactly-once relay carries three headers after its own:
+//! [`HEADER_SOURCE`] (`<database system identifier>/<slot>`: which relay wrote it),
+//! [`HEADER_COMMIT_LSN`] (its transaction's commit LSN, PostgreSQL's text form) and
+//! [`HEADER_INDEX`] (its 0-based index among that transaction's outbox events). Positions order
+//! by commit LSN, then index — the order in which the relay writes every partition.
+//!
+//! **Why the tail is enough.** One source writes each partition in commit order, and each
+//! session starts from the slot's confirmed position, before which every event is in Kafka. So
+//! the records of one session form, per partition, a contiguous run of that partition's events
+//! (the idempotent producer keeps order and leaves no gap through its retries), and every event
+//! of the partition at or below the greatest position found there is in Kafka.
+//!
+//! **The replay window.** Only events whose transaction committed before the server's WAL
+//! position read right after `START_REPLICATION` ([`replay_end`]; the slot is ours by then, so no
+//! earlier holder can still be streaming) can have been published before. Later events are sent
+//! without any check: steady state costs nothing. A replay-window event needs its partition's
+//! tail: computed with the producer's partitioner (`kafka::partitioner`, or the record's explicit
+//! partition), read back once per session on a thread of its own, lazily, before the first
+//! event for that partition is produced. Until it is known the stream reads no frames: the frame
+//! that needed it is kept and decoded again afterwards ([`Verdict::Wait`] leaves no trace).
+//!
+//! **Where a tail lies.** A failed delivery can leave a gap (librdkafka may still deliver later
+//! records of the partition, e.g. after an epoch bump): the supervisor keeps the first failed
+//! position per partition ([`Gaps`]) and nothing at or after it is skipped until the slot
+//! confirmed past it. A wind-down that gave up on outstanding deliveries leaves the whole next
+//! replay unskipped. A record without a key has no computable partition and is never skipped.
+//!
+//! **The frozen holder.** A holder paused mid-flight whose slot a standby takes over must not
+//! publish afterwards what the standby already checked: this stream hands no record to
+//! librdkafka once it went more than [`stale_limit`] without sending a status update (the
+//! walsender may be gone) — [`RelayError::Paused`] — and a session that follows a standby period
+//! waits `message.timeout.ms` + [`stale_limit`] before its first read-back, so records the old
+//! holder had queued have landed or expired by then. docs/reliability.md says what remains.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use metrics::{counter, histogram};
+use tokio::sync::mpsc;
+use tracing::info;
+
+use super::error::RelayError;
+use super::quarantine::EventRef;
+use crate::config::kafka::KafkaProperties;
+use crate::config::Settings;
+use crate::kafka::partitioner::partition_for;
+use crate::kafka::tail::{HeaderLookup, ReadBackError, Tail, TailReader};
+use crate::ops::metrics::{EVENTS_SKIPPED_IN_KAFKA, PARTITIONS_READ_BACK, READ_BACK_SECONDS};
+use crate::postgres::lsn::Lsn;
+
+/// `<database system identifier>/<slot>`: which relay wrote the record.
+pub(crate) const HEADER_SOURCE: &str = "outbox-relay-source";
+/// The commit LSN of the record's transaction, as PostgreSQL prints it (`16/B374D848`).
+pub(crate) const HEADER_COMMIT_LSN: &str = "outbox-relay-commit-lsn";
+/// The record's 0-based index among its transaction's outbox events (decimal).
+pub(crate) const HEADER_INDEX: &str = "outbox-relay-index";
+
+/// librdkafka's default `message.timeout.ms`.
+const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long the stream may go without a status update before it stops handing records to
+/// librdkafka: five status intervals, at least 5 s.
+pub(crate) fn stale_limit(settings: &Settings) -> Duration {
+    (settings.relay.status_interval * 5).max(Duration::from_secs(5))
+}
+
+/// How long a queued record can live in librdkafka (`message.timeout.ms`, alias
+/// `delivery.timeout.ms`).
+pub(crate) fn message_timeout(kafka: &KafkaProperties) -> Duration {
+    kafka
+        .0
+        .get("message.timeout.ms")
+        .or_else(|| kafka.0.get("delivery.timeout.ms"))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(DEFAULT_MESSAGE_TIMEOUT, Duration::from_millis)
+}
+
+/// Partitions where a failed delivery may have left a gap, kept by the supervisor across
+/// sessions: nothing at or after the first failed position of a partition is skipped until the
+/// slot confirmed past it. Partition `-1`: every partition of the topic; topic `""`: every topic.
+#[derive(Debug, Default)]
+pub(crate) struct Gaps {
+    from: HashMap<(String, i32), EventRef>,
+}
+
+impl Gaps {
+    pub(crate) fn record(&mut self, topic: &str, partition: i32, at: EventRef) {
+        let e = self.from.entry((topic.to_owned(), partition.max(-1))).or_insert(at);
+        *e = (*e).min(at);
+    }
+
+    /// Forgets gaps the slot confirmed past (their events were delivered since).
+    pub(crate) fn forget_before(&mut self, confirmed: Lsn) {
+        self.from.retain(|_, at| at.commit_lsn >= confirmed);
+    }
+
+    fn allows_skip(&self, topic: &str, partition: i32, at: EventRef) -> bool {
+        [(topic, partition), (topic, -1), ("", -1)]
+            .iter()
+            .all(|(t, p)| self.from.get(&((*t).to_owned(), *p)).is_none_or(|gap| at < *gap))
+    }
+}
+
+/// What to do with one replay-window record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Send,
+    /// Kafka already holds it.
+    Skip,
+    /// Its partition's tail is being read back; come back with the same frame.
+    Wait,
+}
+
+/// What this session knows about one record's partition.
+enum Lookup {
+    /// Outside the replay window, in a topic that did not exist, or without a computable
+    /// partition: sent as it is.
+    Unchecked,
+    /// The partition and the greatest position of this source found in it.
+    Known(i32, Option<EventRef>),
+    /// Not read back yet (with the topic's partition count when known).
+    Unknown(Option<Option<i32>>),
+}
+
+/// One topic as read back this session.
+#[derive(Debug, Default)]
+struct TopicTail {
+    /// `None`: the topic did not exist (nothing of it is in Kafka).
+    partitions: Option<i32>,
+    /// Per partition read back: the greatest position of this source found there.
+    found: HashMap<i32, Option<EventRef>>,
+}
+
+/// A read-back job's request and answer.
+struct Job {
+    topic: String,
+    key: Vec<u8>,
+    explicit: Option<i32>,
+    /// The partition count, when this session knows it already.
+    partitions: Option<Option<i32>>,
+}
+
+pub(crate) struct Done {
+    reader: Option<TailReader>,
+    topic: String,
+    outcome: Result<(Option<i32>, Option<(i32, Tail<EventRef>)>), ReadBackError>,
+    elapsed: Duration,
+}
+
+pub(crate) type DoneReceiver = mpsc::UnboundedReceiver<Done>;
+
+/// The exactly-once state of one streaming session.
+pub(crate) struct Resume {
+    /// [`HEADER_SOURCE`]'s value.
+    source: String,
+    replay_start: Lsn,
+    replay_end: Lsn,
+    kafka: KafkaProperties,
+    timeout: Duration,
+    max_records: usize,
+    topics: HashMap<String, TopicTail>,
+    /// Lent to the running job.
+    reader: Option<TailReader>,
+    waiting: bool,
+    done_tx: mpsc::UnboundedSender<Done>,
+    /// No read-back before this (a takeover: see the module docs).
+    fence: Option<Instant>,
+    pub(crate) gaps: Gaps,
+    last_status: Instant,
+    stale_limit: Duration,
+    skipped: u64,
+    partitions_read: u64,
+    read_back_time: Duration,
+    window_logged: bool,
+}
+
+impl Resume {
+    /// `source`: the database system identifier; `replay_start`: the slot's confirmed position;
+    /// `replay_end`: the server's WAL position once the slot was ours; `fence`: wait until
+    /// then before the first read-back.
+    pub(crate) fn new(
+        settings: &Settings,
+        system_id: &str,
+        replay_start: Lsn,
+        replay_end: Lsn,
+        fence: Option<Instant>,
+        mut gaps: Gaps,
+    ) -> (Resume, DoneReceiver) {
+        gaps.forget_before(replay_start);
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let resume = Resume {
+            source: format!("{system_id}/{}", settings.postgres.slot),
+            replay_start,
+            replay_end,
+            kafka: settings.kafka.clone(),
+            timeout: settings.relay.connect_timeout,
+            max_records: settings.relay.read_back_max_records,
+            topics: HashMap::new(),
+            reader: None,
+            waiting: false,
+            done_tx,
+            fence,
+            gaps,
+            last_status: Instant::now(),
+            stale_limit: stale_limit(settings),
+            skipped: 0,
+            partitions_read: 0,
+            read_back_time: Duration::ZERO,
+            window_logged: false,
+        };
+        (resume, done_rx)
+    }
+
+    /// A read-back is running: no frame may be decoded until it is done.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.waiting
+    }
+
+    /// The headers that carry `at` (with [`HEADER_SOURCE`]), formatted into `buf`.
+    pub(crate) fn position_headers<'b>(&'b self, at: EventRef, buf: &'b mut [u8; 40]) -> [(&'static str, &'b [u8]); 3] {
+        let (lsn, index) = buf.split_at_mut(20);
+        let lsn_len = {
+            let mut w = &mut lsn[..];
+            let _ = write!(w, "{}", at.commit_lsn);
+            20 - w.len()
+        };
+        let index_len = {
+            let mut w = &mut index[..];
+            let _ = write!(w, "{}", at.seq);
+            20 - w.len()
+        };
+        [
+            (HEADER_SOURCE, self.source.as_bytes()),
+            (HEADER_COMMIT_LSN, &lsn[..lsn_len]),
+            (HEADER_INDEX, &index[..index_len]),
+        ]
+    }
+
+    /// Whether a record at `at` for `topic` (keyed `key`, or placed in `explicit`) goes to
+    /// Kafka. Outside the replay window: always. Inside: once its partition's tail is known,
+    /// skipped when Kafka holds it; until then [`Verdict::Wait`] — a read-back is started unless
+    /// `may_wait` is false, in which case the record is sent (a possible duplicate, never a loss).
+    pub(crate) fn verdict(
+        &mut self,
+        at: EventRef,
+        topic: &str,
+        key: &[u8],
+        explicit: Option<i32>,
+        may_wait: bool,
+    ) -> Verdict {
+        match self.lookup(at, topic, key, explicit) {
+            Lookup::Unchecked => Verdict::Send,
+            Lookup::Known(p, found) => {
+                if found.is_some_and(|f| at <= f) && self.gaps.allows_skip(topic, p, at) {
+                    self.skipped += 1;
+                    counter!(EVENTS_SKIPPED_IN_KAFKA).increment(1);
+                    Verdict::Skip
+                } else {
+                    Verdict::Send
+                }
+            }
+            Lookup::Unknown(_) if !may_wait => Verdict::Send,
+            Lookup::Unknown(partitions) => {
+                self.start(Job {
+                    topic: topic.to_owned(),
+                    key: key.to_vec(),
+                    explicit,
+                    partitions,
+                });
+                Verdict::Wait
+            }
+        }
+    }
+
+    /// Makes sure a [`verdict`](Self::verdict) on this record will not need to wait: false when
+    /// a read-back had to be started for it (come back with the same frame).
+    pub(crate) fn prepare(&mut self, at: EventRef, topic: &str, key: &[u8], explicit: Option<i32>) -> bool {
+        let Lookup::Unknown(partitions) = self.lookup(at, topic, key, explicit) else {
+            return true;
+        };
+        self.start(Job {
+            topic: topic.to_owned(),
+            key: key.to_vec(),
+            explicit,
+            partitions,
+        });
+        false
+    }
+
+    fn lookup(&self, at: EventRef, topic: &str, key: &[u8], explicit: Option<i32>) -> Lookup {
+        if at.commit_lsn >= self.replay_end {
+            return Lookup::Unchecked;
+        }
+        let Some(t) = self.topics.get(topic) else {
+            if explicit.is_none() && key.is_empty() {
+                return Lookup::Unchecked;
+            }
+            return Lookup::Unknown(None);
+        };
+        let Some(count) = t.partitions else {
+            return Lookup::Unchecked;
+        };
+        match explicit.or_else(|| partition_for(key, count)) {
+            Some(p) if (0..count).contains(&p) => match t.found.get(&p) {
+                Some(found) => Lookup::Known(p, *found),
+                None => Lookup::Unknown(Some(Some(count))),
+            },
+            _ => Lookup::Unchecked,
+        }
+    }
+
+    /// Reads back on a thread of its own (the reader's calls block); the answer arrives on the
+    /// session's [`DoneReceiver`].
+    fn start(&mut self, job: Job) {
+        self.waiting = true;
+        let reader = self.reader.take();
+        let (kafka, timeout, max) = (self.kafka.clone(), self.timeout, self.max_records);
+        let (source, fence, tx) = (self.source.clone(), self.fence.take(), self.done_tx.clone());
+        std::thread::spawn(move || {
+            if let Some(fence) = fence {
+                std::thread::sleep(fence.saturating_duration_since(Instant::now()));
+            }
+            let started = Instant::now();
+            let mut reader = reader;
+            let topic = job.topic.clone();
+            let outcome = (|| {
+                let r = match reader.take() {
+                    Some(r) => reader.insert(r),
+                    None => reader.insert(TailReader::create(&kafka, timeout, max).map_err(|source| {
+                        ReadBackError::Kafka {
+                            topic: job.topic.clone(),
+                            partition: -1,
+                            source,
+                        }
+                    })?),
+                };
+                let count = match job.partitions {
+                    Some(count) => count,
+                    None => r.partition_count(&job.topic)?,
+                };
+                let Some(count) = count else { return Ok((None, None)) };
+                let Some(p) = job.explicit.or_else(|| partition_for(&job.key, count)) else {
+                    return Ok((Some(count), None));
+                };
+                if !(0..count).contains(&p) {
+                    return Ok((Some(count), None));
+                }
+                let tail = r.newest_own(&job.topic, p, |h| own_position(h, &source))?;
+                Ok((Some(count), Some((p, tail))))
+            })();
+            let _ = tx.send(Done {
+                reader,
+                topic,
+                outcome,
+                elapsed: started.elapsed(),
+            });
+        });
+    }
+
+    /// A read-back finished: what it found becomes this session's knowledge.
+    pub(crate) fn on_done(&mut self, done: Done) -> Result<(), RelayError> {
+        self.waiting = false;
+        self.reader = done.reader.or(self.reader.take());
+        let (count, tail) = done.outcome?;
+        let topic = self.topics.entry(done.topic.clone()).or_default();
+        topic.partitions = count;
+        self.read_back_time += done.elapsed;
+        if let Some((p, tail)) = tail {
+            topic.found.insert(p, tail.newest);
+            self.partitions_read += 1;
+            counter!(PARTITIONS_READ_BACK).increment(1);
+            histogram!(READ_BACK_SECONDS).record(done.elapsed.as_secs_f64());
+            info!(
+                topic = %done.topic,
+                partition = p,
+                newest = %tail.newest.map_or_else(|| "none".to_owned(), |n| format!("{}#{}", n.commit_lsn, n.seq)),
+                records_read = tail.records_read,
+                elapsed_ms = done.elapsed.as_millis() as u64,
+                "read back a partition's tail"
+            );
+        }
+        Ok(())
+    }
+
+    /// A status update went out: the walsender heard from this stream.
+    pub(crate) fn status_sent(&mut self) {
+        self.last_status = Instant::now();
+    }
+
+    /// Errs when the stream went too long without a status update to hand records to librdkafka.
+    pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
+        let silent = self.last_status.elapsed();
+        if silent > self.stale_limit {
+            return Err(RelayError::Paused {
+                paused_ms: silent.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// The stream reached `lsn`: once past the replay window, says what the check found (once).
+    pub(crate) fn reached(&mut self, lsn: Lsn) {
+        if !self.window_logged && lsn >= self.replay_end {
+            self.log_window();
+        }
+    }
+
+    fn log_window(&mut self) {
+        self.window_logged = true;
+        info!(
+            skipped_already_in_kafka = self.skipped,
+            partitions_read_back = self.partitions_read,
+            read_back_ms = self.read_back_time.as_millis() as u64,
+            replay_from = %self.replay_start,
+            replay_to = %self.replay_end,
+            source = %self.source,
+            "exactly-once: replay window checked against Kafka"
+        );
+    }
+
+    pub(crate) fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// The session ends: the gaps go back to the supervisor.
+    pub(crate) fn finish(mut self) -> Gaps {
+        if !self.window_logged {
+            self.log_window();
+        }
+        self.gaps
+    }
+}
+
+/// The position of a record `source` wrote, from its headers.
+fn own_position(h: &HeaderLookup<'_>, source: &str) -> Option<EventRef> {
+    if h.get(HEADER_SOURCE)? != source.as_bytes() {
+        return None;
+    }
+    let commit_lsn = std::str::from_utf8(h.get(HEADER_COMMIT_LSN)?)
+        .ok()?
+        .parse::<Lsn>()
+        .ok()?;
+    let seq = std::str::from_utf8(h.get(HEADER_INDEX)?).ok()?.parse::<u32>().ok()?;
+    Some(EventRef { commit_lsn, seq })
+}
+
+/// The server's WAL position now: no transaction committing at or after it can have been sent
+/// to an earlier walsender. Read once the slot is this session's.
+pub(crate) async fn replay_end(control: &tokio_postgres::Client) -> Result<Lsn, RelayError> {
+    let row = control
+        .query_one(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END)::text",
+            &[],
+        )
+        .await?;
+    let text: Option<String> = row.get(0);
+    text.and_then(|t| t.parse::<Lsn>().ok())
+        .ok_or_else(|| RelayError::Protocol("the server reported no current WAL position".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_support::settings;
+
+    fn at(lsn: u64, seq: u32) -> EventRef {
+        EventRef {
+            commit_lsn: Lsn(lsn),
+            seq,
+        }
+    }
+
+    fn resume(gaps: Gaps) -> Resume {
+        let s = settings("[relay]\ndelivery = \"exactly-once\"\n");
+        Resume::new(&s, "7000000000000000001", Lsn(0x100), Lsn(0x1000), None, gaps).0
+    }
+
+    /// As if partition `p` of a 3-partition `t` had been read back, finding `found`.
+    fn known(r: &mut Resume, p: i32, found: Option<EventRef>) {
+        let t = r.topics.entry("t".into()).or_default();
+        t.partitions = Some(3);
+        t.found.insert(p, found);
+    }
+
+    fn key_in(p: i32) -> Vec<u8> {
+        (0..)
+            .map(|i: u32| i.to_string().into_bytes())
+            .find(|k| partition_for(k, 3) == Some(p))
+            .unwrap()
+    }
+
+    #[test]
+    fn headers_round_trip_and_name_the_source() {
+        let r = resume(Gaps::default());
+        let mut buf = [0u8; 40];
+        let headers = r.position_headers(at(0x16_B374_D848, 42), &mut buf);
+        let owned: Vec<(String, Vec<u8>)> = headers.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect();
+        assert_eq!(
+            owned,
+            vec![
+                (HEADER_SOURCE.to_owned(), b"7000000000000000001/outbox_relay".to_vec()),
+                (HEADER_COMMIT_LSN.to_owned(), b"16/B374D848".to_vec()),
+                (HEADER_INDEX.to_owned(), b"42".to_vec()),
+            ]
+        );
+    }
+
+    #[test]
+    fn outside_the_replay_window_nothing_is_checked() {
+        let mut r = resume(Gaps::default());
+        assert_eq!(r.verdict(at(0x1000, 0), "t", b"k", None, true), Verdict::Send);
+        assert!(!r.is_waiting());
+    }
+
+    #[test]
+    fn inside_it_events_at_or_below_the_partitions_tail_are_skipped() {
+        let mut r = resume(Gaps::default());
+        known(&mut r, 0, Some(at(0x200, 1)));
+        known(&mut r, 1, None);
+        let k0 = key_in(0);
+        assert_eq!(r.verdict(at(0x200, 0), "t", &k0, None, true), Verdict::Skip);
+        assert_eq!(r.verdict(at(0x200, 1), "t", &k0, None, true), Verdict::Skip);
+        assert_eq!(r.verdict(at(0x200, 2), "t", &k0, None, true), Verdict::Send);
+        assert_eq!(r.verdict(at(0x300, 0), "t", &k0, None, true), Verdict::Send);
+        assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(1), None, true), Verdict::Send);
+        // An explicit partition wins over the key's.
+        assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(1), Some(0), true), Verdict::Skip);
+        // Without a key librdkafka picks at random: never skipped.
+        assert_eq!(r.verdict(at(0x200, 0), "t", b"", None, true), Verdict::Send);
+        assert_eq!(r.skipped(), 3);
+    }
+
+    #[test]
+    fn an_unknown_partition_waits_unless_waiting_is_impossible() {
+        let mut r = resume(Gaps::default());
+        known(&mut r, 0, Some(at(0x200, 1)));
+        assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(2), None, false), Verdict::Send);
+        assert!(!r.is_waiting());
+    }
+
+    #[test]
+    fn a_gap_stops_skipping_in_its_partition_until_confirmed_past() {
+        let mut gaps = Gaps::default();
+        gaps.record("t", 0, at(0x200, 1));
+        gaps.record("t", 0, at(0x300, 0));
+        gaps.record("old", 0, at(0x50, 0));
+        let mut r = resume(gaps);
+        assert_eq!(
+            r.gaps.from.len(),
+            1,
+            "one gap per partition, and the one before the replay start is forgotten"
+        );
+        known(&mut r, 0, Some(at(0x400, 0)));
+        known(&mut r, 1, Some(at(0x400, 0)));
+        let (k0, k1) = (key_in(0), key_in(1));
+        assert_eq!(r.verdict(at(0x200, 0), "t", &k0, None, true), Verdict::Skip);
+        assert_eq!(r.verdict(at(0x200, 1), "t", &k0, None, true), Verdict::Send);
+        assert_eq!(r.verdict(at(0x300, 0), "t", &k0, None, true), Verdict::Send);
+        assert_eq!(r.verdict(at(0x300, 0), "t", &k1, None, true), Verdict::Skip);
+        r.gaps.record("", -1, at(0x100, 0));
+        assert_eq!(r.verdict(at(0x300, 0), "t", &k1, None, true), Verdict::Send);
+    }
+
+    #[test]
+    fn own_records_are_recognised_by_source() {
+        let position = |headers: &[(&str, &[u8])]| {
+            let mut owned = rdkafka::message::OwnedHeaders::new();
+            for (k, v) in headers {
+                owned = owned.insert(rdkafka::message::Header {
+                    key: k,
+                    value: Some(*v),
+                });
+            }
+            let borrowed = owned.as_borrowed();
+            own_position(&HeaderLookup::new(Some(borrowed)), "1/s")
+        };
+        let good: [(&str, &[u8]); 3] = [
+            (HEADER_SOURCE, b"1/s"),
+            (HEADER_COMMIT_LSN, b"0/200"),
+            (HEADER_INDEX, b"3"),
+        ];
+        assert_eq!(position(&good), Some(at(0x200, 3)));
+        let other: [(&str, &[u8]); 3] = [
+            (HEADER_SOURCE, b"2/s"),
+            (HEADER_COMMIT_LSN, b"0/200"),
+            (HEADER_INDEX, b"3"),
+        ];
+        assert_eq!(position(&other), None);
+        assert_eq!(position(&good[..2]), None);
+    }
+}

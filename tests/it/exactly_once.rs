@@ -1,0 +1,343 @@
+//! `relay.delivery = "exactly-once"`: records carry their source position, and a restarted
+//! stream skips what Kafka already holds — so a plain consumer sees every event exactly once,
+//! first deliveries in per-aggregate order, across crashes, walsender terminations, takeovers
+//! and several relays writing the same topics (docs/reliability.md, "Exactly-once delivery").
+//!
+//! The crash and broker-fault suites run in both modes in `failures.rs`; these are the
+//! scenarios specific to the mode. `OUTBOX_RELAY_LONG_TESTS=1` runs the long variants.
+
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use crate::harness::fault_support::*;
+use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload};
+use crate::harness::*;
+
+const SOURCE: &str = "outbox-relay-source";
+const COMMIT_LSN: &str = "outbox-relay-commit-lsn";
+const INDEX: &str = "outbox-relay-index";
+
+fn exactly_once(config: RelayConfig) -> RelayConfig {
+    config
+        .set("relay", "delivery", "exactly-once")
+        .set("relay", "reconnect_backoff_initial_ms", 100)
+        .set("relay", "reconnect_backoff_max_ms", 500)
+}
+
+/// Kafka's `Utils.murmur2`, to check the relay's partitioner against where librdkafka put records.
+fn murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let chunks = data.chunks_exact(4);
+    let tail = chunks.remainder();
+    for c in chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]).wrapping_mul(M);
+        k ^= k >> 24;
+        h = h.wrapping_mul(M) ^ k.wrapping_mul(M);
+    }
+    for (i, b) in tail.iter().enumerate().rev() {
+        h ^= u32::from(*b) << (8 * i);
+    }
+    if !tail.is_empty() {
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    (h ^ (h >> 15)) as i32
+}
+
+async fn system_identifier(client: &Client) -> String {
+    let row = client
+        .query_one("SELECT system_identifier::text FROM pg_control_system()", &[])
+        .await
+        .expect("system identifier");
+    row.get(0)
+}
+
+/// Every committed event exactly once, in per-aggregate order; `what` names the scenario.
+fn check_exactly_once(committed: &Committed, records: &[Received], what: &str) {
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records: Vec<Received> = records
+        .iter()
+        .filter(|r| all.iter().any(|e| e.id == id_of(r)))
+        .cloned()
+        .collect();
+    let dups = check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(committed, &records);
+    eprintln!("{what}: {} events, {dups} duplicates", all.len());
+    assert_eq!(dups, 0, "{what}: duplicates in exactly-once mode");
+}
+
+async fn collect_all(bootstrap: &str, committed: &Committed) -> Vec<Received> {
+    collect(bootstrap, &["order"], committed.len(), Duration::from_secs(120)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn records_carry_their_source_position_and_land_where_the_relay_computes() {
+    let kafka = MockKafka::new(3);
+    kafka.create_topic("order", 5);
+    let (db, client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    let config = exactly_once(config);
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let url = shared_cluster().await.url(&db);
+    let committed = run_workload(&url, &Workload::new(OutboxSchema::B, 60, 20, 4)).await;
+    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    check_exactly_once(&committed, &records, "positions");
+    let source = format!("{}/{}", system_identifier(&client).await, config.slot);
+    let mut last: std::collections::HashMap<i32, (u64, u32)> = Default::default();
+    for r in &records {
+        assert_eq!(r.header(SOURCE), Some(source.as_bytes()), "source header");
+        let lsn = parse_lsn(std::str::from_utf8(r.header(COMMIT_LSN).unwrap()).unwrap()).expect("commit LSN");
+        let index: u32 = std::str::from_utf8(r.header(INDEX).unwrap()).unwrap().parse().unwrap();
+        // One outbox row per transaction in this workload.
+        assert_eq!(index, 0);
+        let key = r.key.as_deref().unwrap();
+        assert_eq!(
+            r.partition,
+            (murmur2(key) & 0x7fff_ffff) % 5,
+            "partition of key {:?}",
+            r.key_str()
+        );
+        // Each partition is written in position order.
+        let previous = last.insert(r.partition, (lsn, index));
+        assert!(
+            previous.is_none_or(|p| p < (lsn, index)),
+            "partition {} out of order",
+            r.partition
+        );
+    }
+    // The start log says what the replay check found.
+    assert!(
+        relay.log_text().contains("replay window checked"),
+        "{}",
+        relay.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn walsender_terminations_under_load_publish_each_event_once() {
+    let kafka = MockKafka::new(3);
+    let (db, client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    let config = exactly_once(config).max_in_flight(50);
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let url = shared_cluster().await.url(&db);
+    let mut w = Workload::new(OutboxSchema::B, 2_000, 40, 4);
+    w.pause = Duration::from_millis(5);
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    let mut terminated = 0;
+    while !load.is_finished() && terminated < 8 {
+        tokio::time::sleep(Duration::from_millis(300 + random_below(500))).await;
+        let row = client
+            .query_one(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&config.slot],
+            )
+            .await;
+        if row.is_ok_and(|r| r.get::<_, bool>(0)) {
+            terminated += 1;
+        }
+    }
+    let committed = load.await.expect("workload");
+    assert!(terminated >= 3, "only {terminated} walsender terminations");
+    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    check_exactly_once(&committed, &records, &format!("{terminated} walsender terminations"));
+    let log = relay.log_text();
+    assert!(log.matches("streaming started").count() > terminated / 2, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_taking_over_from_a_killed_holder_publishes_each_event_once() {
+    let kafka = MockKafka::new(3);
+    let (db, _client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    // The takeover waits message.timeout.ms + 5 s before reading back (the frozen-holder fence).
+    let config = exactly_once(config)
+        .max_in_flight(50)
+        .kafka("message.timeout.ms", "2000")
+        .set("relay", "standby_poll_ms", 200);
+    let url = shared_cluster().await.url(&db);
+    let mut w = Workload::new(OutboxSchema::B, 1_500, 30, 4);
+    w.pause = Duration::from_millis(5);
+    let mut a = RelayProcess::run(&config);
+    assert!(
+        a.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        a.log_text()
+    );
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    let mut takeovers = 0;
+    for _ in 0..2 {
+        let b = RelayProcess::run(&config);
+        assert!(
+            b.wait_for_log("standing by", Duration::from_secs(30)).await,
+            "{}",
+            b.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500 + random_below(1000))).await;
+        assert!(a.sigkill());
+        let killed = Instant::now();
+        assert!(
+            b.wait_for_log("streaming started", Duration::from_secs(30)).await,
+            "{}",
+            b.log_text()
+        );
+        eprintln!("takeover {takeovers}: streaming after {:?}", killed.elapsed());
+        takeovers += 1;
+        a = b;
+    }
+    let committed = load.await.expect("workload");
+    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    check_exactly_once(
+        &committed,
+        &records,
+        &format!("{takeovers} takeovers of a killed holder"),
+    );
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_on_two_databases_writing_the_same_topic_killed_repeatedly() {
+    let kills_wanted: usize = if long_tests() { 30 } else { 6 };
+    let kafka = MockKafka::new(3);
+    kafka.create_topic("order", 3);
+    let mut configs = Vec::new();
+    let mut loads = Vec::new();
+    for _ in 0..2 {
+        let (db, _client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+        configs.push(exactly_once(config).max_in_flight(30));
+        let url = shared_cluster().await.url(&db);
+        let mut w = Workload::new(OutboxSchema::B, kills_wanted * 150, 30, 3);
+        w.pause = Duration::from_millis(5);
+        loads.push(tokio::spawn(async move { run_workload(&url, &w).await }));
+    }
+    let mut relays: Vec<RelayProcess> = configs.iter().map(RelayProcess::run).collect();
+    let mut kills = 0;
+    while kills < kills_wanted {
+        tokio::time::sleep(Duration::from_millis(300 + random_below(1200))).await;
+        let i = kills % 2;
+        assert!(relays[i].sigkill(), "{}", relays[i].log_text());
+        relays[i] = RelayProcess::run(&configs[i]);
+        kills += 1;
+    }
+    let mut committed = Committed::default();
+    for load in loads {
+        committed
+            .by_aggregate
+            .extend(load.await.expect("workload").by_aggregate);
+    }
+    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    let sources: std::collections::HashSet<&[u8]> = records.iter().filter_map(|r| r.header(SOURCE)).collect();
+    assert_eq!(sources.len(), 2, "two sources in one topic");
+    check_exactly_once(&committed, &records, &format!("two relays, {kills} SIGKILLs"));
+}
+
+/// A holder frozen (SIGSTOP) mid-flight while a standby takes its slot over, thawed after the
+/// standby read back: whatever it still sends is a duplicate. Reports how many (the documented
+/// bound: what it had handed to librdkafka, at most `max_in_flight`; expected 0 once its queue
+/// expired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_holder_thawed_after_the_takeover_duplicates_within_the_bound() {
+    let Some(pg) = PgCluster::start_dedicated(&[("wal_sender_timeout", "60s")]).await else {
+        return;
+    };
+    let max_in_flight = 50;
+    let kafka = MockKafka::new(3);
+    let (db, _client, config) = prepared_on(&pg, "frozen", OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    let config = exactly_once(config)
+        .max_in_flight(max_in_flight)
+        .status_interval_ms(300)
+        .kafka("message.timeout.ms", "2000")
+        .set("relay", "takeover_after_ms", 1500)
+        .set("relay", "standby_poll_ms", 300);
+    let a = RelayProcess::run(&config);
+    assert!(
+        a.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        a.log_text()
+    );
+    let b = RelayProcess::run(&config);
+    assert!(
+        b.wait_for_log("standing by", Duration::from_secs(30)).await,
+        "{}",
+        b.log_text()
+    );
+    let url = pg.url(&db);
+    let mut w = Workload::new(OutboxSchema::B, 1_500, 30, 4);
+    w.pause = Duration::from_millis(5);
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    // Slow acknowledgements keep records queued in the holder's librdkafka when it freezes.
+    kafka.set_round_trip_time(Duration::from_millis(200));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(a.sigstop());
+    let frozen = Instant::now();
+    assert!(
+        b.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        b.log_text()
+    );
+    let took = frozen.elapsed();
+    kafka.set_round_trip_time(Duration::ZERO);
+    // Thaw the old holder only after the standby read back (or its fence passed).
+    assert!(
+        b.wait_for_log("replay window checked", Duration::from_secs(60)).await,
+        "{}",
+        b.log_text()
+    );
+    let thawed_after = frozen.elapsed();
+    assert!(a.sigcont());
+    let committed = load.await.expect("workload");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    let dups = check_delivered(&all, &records, |_| "order".to_owned());
+    check_order(&committed, &records);
+    let holder = a.log_text();
+    eprintln!(
+        "frozen holder: stopped handing records to librdkafka on thawing: {}",
+        holder.contains("sent no status update")
+    );
+    eprintln!(
+        "frozen holder: takeover after {took:?}, thawed after {thawed_after:?}, {} events, {dups} duplicates (bound {max_in_flight})",
+        all.len()
+    );
+    assert!(
+        dups <= max_in_flight as usize,
+        "{dups} duplicates exceed the bound; holder log:\n{}",
+        a.log_text()
+    );
+}
+
+/// Continuous load against tansu (a standalone broker), the relay SIGKILLed and restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_under_load_on_tansu_publishes_each_event_once() {
+    let Some(tansu) = Tansu::start().await else {
+        return;
+    };
+    tansu.create_topic("order", 3).await;
+    let kills_wanted: usize = if long_tests() { 50 } else { 5 };
+    let (db, _client, config) = prepared(OutboxSchema::B, &tansu.bootstrap_servers()).await;
+    let config = exactly_once(config).max_in_flight(20);
+    let url = shared_cluster().await.url(&db);
+    let mut w = Workload::new(OutboxSchema::B, kills_wanted * 200, 30, 4);
+    w.pause = Duration::from_millis(10);
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    for _ in 0..kills_wanted {
+        let relay = RelayProcess::run(&config);
+        tokio::time::sleep(Duration::from_millis(300 + random_below(1500))).await;
+        assert!(relay.sigkill(), "{}", relay.log_text());
+    }
+    let committed = load.await.expect("workload");
+    let _relay = RelayProcess::run(&config);
+    let records = collect_all(&tansu.bootstrap_servers(), &committed).await;
+    check_exactly_once(&committed, &records, &format!("tansu, {kills_wanted} SIGKILLs"));
+}
