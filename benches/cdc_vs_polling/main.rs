@@ -128,6 +128,7 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
     let modes = [
         None,
         Some(Mode::Cdc),
+        Some(Mode::CdcExactlyOnce),
         Some(Mode::Poll { interval_ms: 10 }),
         Some(Mode::Poll { interval_ms: 100 }),
         Some(Mode::Poll { interval_ms: 1000 }),

@@ -17,14 +17,23 @@ pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
 pub enum Mode {
     /// The streaming relay (`outbox-relay run`).
     Cdc,
+    /// The streaming relay with `relay.delivery = "exactly-once"` (position headers; the
+    /// replay check costs nothing in steady state).
+    CdcExactlyOnce,
     /// The polling relayer (`outbox-relay poll`), batch size 100, one worker.
     Poll { interval_ms: u64 },
 }
 
 impl Mode {
+    /// `outbox-relay run`, in either delivery mode.
+    pub fn is_cdc(self) -> bool {
+        matches!(self, Mode::Cdc | Mode::CdcExactlyOnce)
+    }
+
     pub fn label(self) -> String {
         match self {
             Mode::Cdc => "CDC".into(),
+            Mode::CdcExactlyOnce => "CDC exactly-once".into(),
             Mode::Poll { interval_ms } if interval_ms >= 1000 => format!("poll {} s", interval_ms / 1000),
             Mode::Poll { interval_ms } => format!("poll {interval_ms} ms"),
         }
@@ -54,6 +63,9 @@ impl RelayConf<'_> {
              [poll]\nbatch_size = 100\nworkers = 1\ndispatched_column = \"dispatched_at\"\n",
             self.url, self.slot, self.slot, self.bootstrap, self.status_interval_ms
         );
+        if self.mode == Mode::CdcExactlyOnce {
+            toml = toml.replace("[relay]\n", "[relay]\ndelivery = \"exactly-once\"\n");
+        }
         if let Mode::Poll { interval_ms } = self.mode {
             toml.push_str(&format!("interval_ms = {interval_ms}\n"));
         }
@@ -97,7 +109,7 @@ impl RelayChild {
     pub async fn start(config: &Path, mode: Mode) -> Result<RelayChild> {
         let log = config.with_extension("log");
         let file = fs::File::create(&log)?;
-        let subcommand = if mode == Mode::Cdc { "run" } else { "poll" };
+        let subcommand = if mode.is_cdc() { "run" } else { "poll" };
         // For profiling: BENCH_RELAY_WRAPPER="valgrind --tool=callgrind" runs the relay under it.
         let wrapper = std::env::var("BENCH_RELAY_WRAPPER").unwrap_or_default();
         let mut words = wrapper.split_whitespace();
@@ -121,7 +133,7 @@ impl RelayChild {
             .spawn()
             .context("starting the relay")?;
         let relay = RelayChild { child, log };
-        let ready = if mode == Mode::Cdc {
+        let ready = if mode.is_cdc() {
             "streaming started"
         } else {
             "polling started"

@@ -166,7 +166,7 @@ async fn measure(
             kafka: ctx.kafka,
         };
         let path = conf.write(ctx.workdir)?;
-        relay::setup(&path, mode != Mode::Cdc)?;
+        relay::setup(&path, !mode.is_cdc())?;
         relay_child = Some(RelayChild::start(&path, mode).await?);
         consumer = Some(TopicConsumer::start(ctx.broker.bootstrap(), topic, PARTITIONS)?);
     }
@@ -283,7 +283,7 @@ async fn relay_backends(admin: &Client, db: &str, mode: Option<Mode>) -> Result<
     let rows =
         match mode {
             None => return Ok(Vec::new()),
-            Some(Mode::Cdc) => {
+            Some(Mode::Cdc) | Some(Mode::CdcExactlyOnce) => {
                 admin
                     .query(
                         "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",
