@@ -145,10 +145,14 @@ struct Job {
     partitions: Option<Option<i32>>,
 }
 
+/// What a read-back found: the topic's partition count (`None`: no such topic) and, when the
+/// record's partition is computable, that partition with its tail.
+type Found = (Option<i32>, Option<(i32, Tail<EventRef>)>);
+
 pub(crate) struct Done {
     reader: Option<TailReader>,
     topic: String,
-    outcome: Result<(Option<i32>, Option<(i32, Tail<EventRef>)>), ReadBackError>,
+    outcome: Result<Found, ReadBackError>,
     elapsed: Duration,
 }
 
