@@ -19,7 +19,7 @@
 //! * Every local cluster is the library's throwaway cluster (`outbox_relay::demo::postgres`,
 //!   also behind `outbox-relay demo` and the benchmark), configured by [`postgres`]:
 //!   PostgreSQL 15 on 127.0.0.1 on a free port (never 5432),
-//!   `wal_level=logical`, 64 slots/senders, `wal_sender_timeout=5s`, `fsync=off`, TLS on with
+//!   `wal_level=logical`, 128 slots, 64 senders, `wal_sender_timeout=5s`, `fsync=off`, TLS on with
 //!   a throwaway CA ([`PgCluster::ca_cert_path`]); users: `postgres` (trust) and
 //!   [`SCRAM_USER`] (superuser, SCRAM password [`SCRAM_PASSWORD`], TLS only except for
 //!   replication connections).

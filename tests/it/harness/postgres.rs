@@ -6,7 +6,7 @@
 //! * one lazily started cluster per test binary ([`shared_cluster`]; never dropped — the
 //!   library's watchdog removes it when the test process exits) and private ones
 //!   ([`PgCluster::start_dedicated`]) for tests that stop, kill or reconfigure the server;
-//! * the test settings (64 slots and senders, `wal_sender_timeout = 5s`, …), TLS with a
+//! * the test settings (128 slots, 64 senders, `wal_sender_timeout = 5s`, …), TLS with a
 //!   throwaway CA ([`PgCluster::ca_cert_path`]), the TLS-only SCRAM superuser [`SCRAM_USER`]
 //!   and the `pg_hba.conf` that enforces it;
 //! * the external-server mode ([`EXTERNAL_PG_ENV`]), in which no local cluster is started;
@@ -39,7 +39,7 @@ pub const SCRAM_PASSWORD: &str = "scram-Secret-42";
 /// Settings of every local cluster, on top of the library's defaults (`wal_level = logical`,
 /// `fsync = off`, loopback only); a test's own settings come after these.
 const TEST_SETTINGS: &[(&str, &str)] = &[
-    ("max_replication_slots", "64"),
+    ("max_replication_slots", "128"),
     ("max_wal_senders", "64"),
     ("wal_sender_timeout", "5s"),
     ("max_connections", "200"),
