@@ -24,7 +24,7 @@
 //! Results: `docs/benchmarks.md` (a generated block; the analysis around it is kept) and
 //! `docs/benchmarks-latency.svg`; `--quick` writes to `target/cdc_vs_polling/` instead. Raw
 //! numbers go to `target/cdc_vs_polling/results.json`. A full run takes about 15 minutes on two
-//! cores; run it on an otherwise idle machine.
+//! cores (about 20 with `--with-debezium --drain-poll`); run it on an otherwise idle machine.
 //!
 //! Not part of `cargo test`: without cargo bench's `--bench` argument it only prints how to run.
 
