@@ -40,6 +40,7 @@ pub(crate) mod backfill;
 mod catalog;
 mod column_types;
 mod error;
+pub(crate) mod failover;
 pub(crate) mod import_debezium;
 pub(crate) mod preflight;
 mod publication;

@@ -82,6 +82,7 @@ pub(crate) async fn run_session(
     let mut conn =
         ReplicationConnection::connect_with(&settings.postgres, timeout, Some(settings.relay.receive_timeout)).await?;
     let backend_pid = conn.backend_pid;
+    let host = conn.host().to_owned();
     // Which cluster and timeline this session reads: after a failover or a restore the
     // operator can tell from the log which server the events came from.
     let system = conn.identify_system().await?;
@@ -102,6 +103,7 @@ pub(crate) async fn run_session(
         publication = %settings.postgres.publication,
         start_lsn = %slot.confirmed_flush,
         walsender_pid = backend_pid,
+        host = %host,
         system_id = %system.system_id,
         timeline = system.timeline,
         server_wal_lsn = %system.xlogpos,

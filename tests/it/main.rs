@@ -19,5 +19,6 @@ mod harness;
 mod harness_smoke;
 mod import_debezium;
 mod layering;
+mod pg_versions;
 mod poll;
 mod stream_shapes;

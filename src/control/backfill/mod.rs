@@ -96,7 +96,10 @@ pub(crate) async fn setup_with_backfill(
         .await
         .map_err(BackfillError::replication("opening a replication connection"))?;
     // Like any slot creation, this waits for the transactions running right now to finish.
-    let (consistent_point, snapshot) = match repl.create_logical_slot_exporting_snapshot(slot).await {
+    let (consistent_point, snapshot) = match repl
+        .create_logical_slot_exporting_snapshot(slot, before.wants_failover)
+        .await
+    {
         Ok(created) => created,
         Err(e) if e.sqlstate() == Some("42710") => return Err(BackfillError::SlotExists { slot: slot.to_owned() }),
         Err(e) => {
