@@ -54,7 +54,10 @@ pub(crate) use error::describe;
 pub use error::ControlError;
 pub(crate) use preflight::{preflight, PreflightReport};
 pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
-pub use status::{status, PublicationStatus, ServerStatus, SlotStatus, StatusReport, TableRef, STATUS_SCHEMA_VERSION};
+pub use status::{
+    status, FailoverStatus, PublicationStatus, ServerStatus, SlotStatus, StandbyStatus, StatusReport, TableRef,
+    STATUS_SCHEMA_VERSION,
+};
 pub use teardown::{teardown, Dropped, TeardownReport};
 
 use crate::config::Settings;

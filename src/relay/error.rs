@@ -149,6 +149,26 @@ impl RelayError {
         }
     }
 
+    /// The session could not reach a primary, or lost it: the link broke, no host answered or
+    /// none was the primary, or we reached a standby's synchronized copy of the slot. What a
+    /// failover looks like from here.
+    pub(crate) fn is_connection_failure(&self) -> bool {
+        match self {
+            RelayError::Replication(e) => match e {
+                ReplicationError::Io(_)
+                | ReplicationError::Connect { .. }
+                | ReplicationError::Timeout { .. }
+                | ReplicationError::Closed
+                | ReplicationError::NoPrimary { .. } => true,
+                ReplicationError::Server(s) => s.is_synced_slot_on_standby() || s.code.starts_with("57P"),
+                _ => false,
+            },
+            RelayError::Connect(e) => e.is_transient(),
+            RelayError::Control(e) => is_transient_pg(e),
+            _ => false,
+        }
+    }
+
     /// Another instance holds the slot: this one is a standby.
     pub(crate) fn is_slot_busy(&self) -> bool {
         self.slot_holder().is_some()

@@ -13,6 +13,7 @@ mod demo;
 mod deploy_docs;
 mod e2e_relay;
 mod examples;
+mod failover;
 mod failures;
 mod ha_and_metrics;
 mod harness;
