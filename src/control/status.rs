@@ -623,6 +623,15 @@ mod tests {
                 lag_bytes: Some(0x1000),
                 wal_status: Some("reserved".into()),
                 safe_wal_size: None,
+                failover: None,
+            },
+            failover: FailoverStatus {
+                supported: false,
+                mode: "auto".into(),
+                synchronized_standby_slots: Vec::new(),
+                standbys: Vec::new(),
+                ready: false,
+                reasons: vec!["PostgreSQL 15.20 has no failover slots (17+)".into()],
             },
             publication: PublicationStatus {
                 name: "outbox_relay".into(),

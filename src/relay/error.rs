@@ -24,7 +24,11 @@ pub enum RelayError {
     Slot(#[from] SlotQueryError),
     #[error(
         "replication slot {slot:?} does not exist in this database. Create it with `outbox-relay setup --config …` \
-         (if it existed before, it was dropped: events in WAL it retained may be gone — see docs/operations.md)"
+         (if it existed before, it was dropped, or this server is a promoted standby that had no copy of it — \
+         PostgreSQL 14-16 have no failover slots: events in WAL it retained may be unpublished. Recover with \
+         `outbox-relay setup --backfill --since-id N` or `--since TIMESTAMP`, which re-creates the slot and first \
+         republishes the outbox rows after that point; the relay logs the last confirmed commit time. See \
+         docs/operations.md, \"Failover on PostgreSQL 14-16\")"
     )]
     SlotMissing { slot: String },
     #[error(

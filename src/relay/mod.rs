@@ -73,6 +73,9 @@ pub(crate) struct SessionContext {
     pub(crate) suspects: quarantine::Suspects,
     /// The note about a publication wider than the relay needs was logged (`publication.rs`).
     pub(crate) publication_noted: bool,
+    /// Commit time (µs) of the latest transaction with events any session of this process
+    /// confirmed: the recovery point named when the slot turns out to be gone.
+    pub(crate) last_confirmed_commit_unix_us: Option<i64>,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
@@ -96,6 +99,7 @@ pub(crate) async fn run(
         last_walsender: None,
         suspects: Default::default(),
         publication_noted: false,
+        last_confirmed_commit_unix_us: None,
     };
     let (done, outcome) = tokio::sync::oneshot::channel();
     let settings = settings.clone();
@@ -165,6 +169,16 @@ async fn supervise(
             }
             Err(e) => {
                 error!(slot = %settings.postgres.slot, error = %e, "fatal");
+                if let (RelayError::SlotMissing { .. }, Some(us)) = (&e, ctx.last_confirmed_commit_unix_us) {
+                    // After a failover on PostgreSQL 14-16 (or a dropped slot): where the
+                    // recovery starts. Events committed up to then are in Kafka.
+                    let since = crate::ops::units::utc_from_unix_us(us);
+                    error!(
+                        slot = %settings.postgres.slot,
+                        last_confirmed_commit = %since,
+                        "every event committed up to {since} is in Kafka. Recover: `outbox-relay setup --backfill --since                          '<{since} minus your longest transaction>'` (re-creates the slot and republishes the outbox                          rows created since; docs/operations.md, \"Failover on PostgreSQL 14-16\"), then run again"
+                    );
+                }
                 return Err(e);
             }
         }

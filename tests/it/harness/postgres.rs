@@ -307,7 +307,7 @@ impl PgCluster {
     pub async fn promote(&self) {
         let local = self.local("promote");
         // Blocking (bounded by pg_ctl's own 60 s); the tests run on multi-threaded runtimes.
-        let promoted = tokio::task::block_in_place(|| local.promote());
+        let promoted = tokio::task::block_in_place(|| local.promote().map_err(|e| e.to_string()));
         promoted.unwrap_or_else(|e| panic!("{e}\nlog:\n{}", tail(&self.log_text(), 4000)));
     }
 
