@@ -49,9 +49,9 @@ pub(crate) struct Standbys {
 pub(crate) async fn standbys(client: &Client, server: &ServerInfo) -> Result<Standbys, ControlError> {
     let rows = client
         .query(
+            // Physical walsenders are the ones not connected to a database.
             "SELECT COALESCE(r.application_name, '')::text FROM pg_stat_replication r \
-             LEFT JOIN pg_replication_slots s ON s.active_pid = r.pid \
-             WHERE s.slot_type IS DISTINCT FROM 'logical' ORDER BY 1",
+             JOIN pg_stat_activity a ON a.pid = r.pid WHERE a.datname IS NULL ORDER BY 1",
             &[],
         )
         .await

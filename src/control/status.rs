@@ -36,8 +36,23 @@
 //!     "retained_wal_bytes": 16777216,  // current_wal_lsn - restart_lsn: WAL kept on disk for the slot
 //!     "lag_bytes": 3012,               // current_wal_lsn - confirmed_flush_lsn: not yet relayed
 //!     "wal_status": "reserved",        // PostgreSQL 13+: reserved | extended | unreserved | lost; else null
-//!     "safe_wal_size": null            // PostgreSQL 13+: bytes until max_slot_wal_keep_size invalidates
+//!     "safe_wal_size": null,           // PostgreSQL 13+: bytes until max_slot_wal_keep_size invalidates
 //!                                      // the slot; null when unlimited or unknown
+//!     "failover": true                 // PostgreSQL 17+: a failover slot; null before 17 or when missing
+//!   },
+//!   "failover": {                      // would the slot survive promoting a standby? (control/failover.rs)
+//!     "supported": true,               // the server is 17+
+//!     "mode": "auto",                  // postgres.failover_slot
+//!     "synchronized_standby_slots": ["standby1"],
+//!     "standbys": [{                   // every other host of postgres.url, looked at directly
+//!       "host": "db2:5432", "reachable": true, "in_recovery": true,
+//!       "slot_synced": true,           // its copy of the slot is synchronized from the primary
+//!       "confirmed_flush_lsn": "0/1A2A000",
+//!       "behind_bytes": 4096,          // primary's confirmed_flush_lsn minus the copy's (republished on promotion)
+//!       "error": null                  // why it could not be looked at
+//!     }],
+//!     "ready": true,                   // failover slot, a synchronized copy, synchronized_standby_slots set
+//!     "reasons": []                    // why not, one sentence each
 //!   },
 //!   "publication": {
 //!     "name": "outbox_relay",
