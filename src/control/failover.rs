@@ -111,8 +111,8 @@ fn notes_for(slot: &str, server: &ServerInfo, wants_failover: bool, standbys: &S
             notes.push(format!(
                 "PostgreSQL {} has no failover slots (17+): physical standbys exist (connected: {}; physical slots: \
                  {}), but slot {slot} lives on this server only. After a failover the relay stops with \"slot does \
-                 not exist\"; recover with `outbox-relay setup --backfill --since-id <the last event id the relay \
-                 confirmed>` (docs/operations.md, \"Failover on PostgreSQL 14-16\")",
+                 not exist\"; recover with `outbox-relay setup --backfill --since '<the last_confirmed_commit it \
+                 logged, minus your longest transaction>'` (docs/operations.md, \"Failover on PostgreSQL 14-16\")",
                 server.version,
                 listed(&standbys.connected),
                 listed(&standbys.physical_slots)

@@ -381,7 +381,7 @@ async fn failover_status(
     if !supported {
         reasons.push(format!(
             "PostgreSQL {} has no failover slots (17+): a promoted standby has no slot {}; after a failover, recover \
-             with `setup --backfill --since-id N` (docs/operations.md)",
+             with `setup --backfill --since TIMESTAMP` (docs/operations.md)",
             server.version, slot.name
         ));
     } else if slot.exists && slot.failover != Some(true) {
