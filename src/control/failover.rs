@@ -200,7 +200,7 @@ mod tests {
         };
         let pg16 = notes_for("s", &server(160_004), false, &standby).join("\n");
         assert!(
-            pg16.contains("no failover slots") && pg16.contains("--since-id"),
+            pg16.contains("no failover slots") && pg16.contains("--backfill --since"),
             "{pg16}"
         );
         assert!(notes_for("s", &server(160_004), false, &Standbys::default()).is_empty());
