@@ -51,6 +51,15 @@ pub(crate) enum Command {
         /// the slot exists. See docs/migrating-from-polling.md.
         #[arg(long)]
         backfill: bool,
+        /// With --backfill, recovering a lost slot (a failover on PostgreSQL 14-16): publish every
+        /// outbox row whose id is greater than N (an integer id column) instead of the
+        /// undispatched ones. See docs/operations.md, "Failover on PostgreSQL 14-16".
+        #[arg(long, value_name = "N", requires = "backfill", conflicts_with = "since")]
+        since_id: Option<i64>,
+        /// With --backfill, recovering a lost slot: publish every outbox row whose
+        /// outbox.timestamp_column is at or after TIMESTAMP (e.g. '2024-05-01T12:00:00Z').
+        #[arg(long, value_name = "TIMESTAMP", requires = "backfill")]
+        since: Option<String>,
         /// For `poll` mode instead: check the outbox table (no wal_level, slot or publication
         /// needed) and create the partial index claims read, `(created_at) WHERE <[poll]
         /// dispatched_column> IS NULL`, if missing.
@@ -91,11 +100,20 @@ pub(crate) enum Command {
 
 /// The subcommands that read `--config` (all but `demo` and `import-debezium`).
 enum Configured {
-    Setup { backfill: bool, poll: bool },
+    Setup {
+        backfill: bool,
+        poll: bool,
+        since_id: Option<i64>,
+        since: Option<String>,
+    },
     Run,
     Poll,
-    Status { json: bool },
-    Teardown { yes: bool },
+    Status {
+        json: bool,
+    },
+    Teardown {
+        yes: bool,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -113,7 +131,17 @@ pub fn main() -> ExitCode {
             return crate::demo::main(args);
         }
         Command::ImportDebezium { file } => return import_debezium(&file),
-        Command::Setup { backfill, poll } => Configured::Setup { backfill, poll },
+        Command::Setup {
+            backfill,
+            poll,
+            since_id,
+            since,
+        } => Configured::Setup {
+            backfill,
+            poll,
+            since_id,
+            since,
+        },
         Command::Run => Configured::Run,
         Command::Poll => Configured::Poll,
         Command::Status { json } => Configured::Status { json },
@@ -151,11 +179,23 @@ async fn dispatch(command: Configured, settings: Settings) -> ExitCode {
             report(crate::poll::setup::setup(&settings).await.map(|r| r.to_string()))
         }
         Configured::Setup { backfill: false, .. } => report(control::setup(&settings).await.map(|r| r.to_string())),
-        Configured::Setup { backfill: true, .. } => report(
-            control::setup_with_backfill(&settings, &settings.poll.dispatched)
-                .await
-                .map(|r| r.to_string()),
-        ),
+        Configured::Setup {
+            backfill: true,
+            since_id,
+            since,
+            ..
+        } => {
+            let selection = match (since_id, since.as_deref()) {
+                (Some(id), _) => control::backfill::Selection::AfterId(id),
+                (None, Some(ts)) => control::backfill::Selection::Since(ts),
+                (None, None) => control::backfill::Selection::Undispatched(&settings.poll.dispatched),
+            };
+            report(
+                control::setup_with_backfill(&settings, selection)
+                    .await
+                    .map(|r| r.to_string()),
+            )
+        }
         Configured::Status { json } => report(control::status(&settings).await.map(|r| {
             if json {
                 serde_json::to_string_pretty(&r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))

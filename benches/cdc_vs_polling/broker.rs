@@ -115,6 +115,11 @@ impl Broker {
         })
     }
 
+    /// librdkafka's mock cluster (Kafka's Java clients need `MockKafkaAgent` against it).
+    pub fn is_mock(&self) -> bool {
+        matches!(self, Broker::Mock { .. })
+    }
+
     pub fn bootstrap(&self) -> &str {
         match self {
             Broker::Mock { bootstrap, .. } | Broker::Tansu { bootstrap, .. } | Broker::External { bootstrap } => {

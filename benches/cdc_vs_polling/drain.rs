@@ -8,6 +8,14 @@
 //! (the relay confirms only what Kafka acknowledged; `status_interval_ms = 100` bounds the
 //! confirmation delay). `pg_recvlogical` stops by itself at that LSN (`--endpos`). Optionally the
 //! polling relayer drains the same rows too (they are still pending in its terms).
+//!
+//! With `--with-debezium`, Debezium + Kafka Connect standalone (`debezium.rs`) reads a third slot,
+//! also created before the fill, into a topic of its own (`dbz-` + the relay's topic). Its time
+//! runs from the moment its connector started streaming (the JVM's start-up is reported apart)
+//! until every record is in its topic (the partitions' high watermarks: Debezium confirms the slot
+//! only when Connect flushes offsets, every 60 s by default, so the slot cannot tell); its CPU is
+//! the JVM's over that window, its peak RSS the JVM's VmHWM. The fill is one event per
+//! transaction, or `events_per_txn` per transaction (the batched shape).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +27,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Serialize;
 use tokio_postgres::Client;
 
+use super::debezium::{ConnectChild, ConnectorConf, Install, Tuning};
 use super::pg::{self, BenchPg, RELAY_ROLE};
 use super::procfs;
 use super::relay::{self, Mode, RelayChild, RelayConf};
@@ -26,12 +35,17 @@ use super::steady::{Ctx, SCHEMA};
 
 const DB: &str = "bench_drain";
 const RECV_SLOT: &str = "bench_drain_recv";
-const TOPIC: &str = "bench-drain";
+const DBZ_SLOT: &str = "bench_drain_dbz";
+/// The events' `type`, so the relay's topic; one per drain shape (a topic outlives its drain).
+fn topic(per_txn: u64) -> String {
+    format!("bench-drain-{per_txn}")
+}
+const DBZ_TOPIC_PREFIX: &str = "dbz-";
 const FILL_CHUNK: u64 = 20_000;
 const LIMIT: Duration = Duration::from_secs(1800);
 
 const FILL_PROCEDURE: &str = "
-CREATE PROCEDURE bench_fill(n int, topic text) LANGUAGE plpgsql AS $$
+CREATE PROCEDURE bench_fill(n int, topic text, per_txn int) LANGUAGE plpgsql AS $$
 DECLARE i int := 0; o uuid;
 BEGIN
   WHILE i < n LOOP
@@ -41,15 +55,33 @@ BEGIN
       VALUES (o, topic, jsonb_build_object('order_id', o, 'customer_id', gen_random_uuid(),
               'total_cents', 1000 + i % 90000, 'currency', 'EUR',
               'items', jsonb_build_array(jsonb_build_object('sku', 'sku-' || i % 977, 'qty', 1 + i % 3))));
-    COMMIT;
     i := i + 1;
+    IF i % per_txn = 0 THEN COMMIT; END IF;
   END LOOP;
+  COMMIT;
 END $$;
 ";
+
+/// Debezium + Kafka Connect on the same slot contents.
+#[derive(Debug, Clone, Serialize)]
+pub struct DebeziumDrain {
+    /// JVM start to the connector streaming.
+    pub startup_s: f64,
+    /// Streaming start to the last record in the topic.
+    pub seconds: f64,
+    pub per_s: f64,
+    /// The JVM's CPU over `seconds`.
+    pub cpu_s: f64,
+    pub cpu_us_per_event: f64,
+    pub pg_cpu_s: f64,
+    pub peak_rss_mib: f64,
+    pub published: u64,
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DrainOutcome {
     pub rows: u64,
+    pub events_per_txn: u64,
     pub wal_mib: f64,
     pub fill_s: f64,
     pub recvlogical_s: f64,
@@ -64,17 +96,28 @@ pub struct DrainOutcome {
     pub published: u64,
     /// (seconds, events/s) of the polling relayer (interval 10 ms, batch 100) on the same rows.
     pub poll: Option<(f64, f64)>,
+    pub debezium: Option<DebeziumDrain>,
 }
 
-pub async fn run(ctx: &Ctx<'_>, rows: u64, with_poll: bool, phase: &ProgressBar) -> Result<DrainOutcome> {
+pub struct DrainSpec<'a> {
+    pub rows: u64,
+    /// 1: one order and one event per transaction; more: that many per transaction.
+    pub events_per_txn: u64,
+    pub with_poll: bool,
+    pub debezium: Option<&'a Install>,
+}
+
+pub async fn run(ctx: &Ctx<'_>, spec: &DrainSpec<'_>, phase: &ProgressBar) -> Result<DrainOutcome> {
     let admin = pg::connect(&ctx.pg.url("postgres", "postgres")).await?;
     pg::recreate_database(&admin, DB).await?;
-    let outcome = drain(ctx, &admin, rows, with_poll, phase).await;
+    let outcome = drain(ctx, &admin, spec, phase).await;
     pg::drop_database(&admin, DB).await?;
     outcome
 }
 
-async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase: &ProgressBar) -> Result<DrainOutcome> {
+async fn drain(ctx: &Ctx<'_>, admin: &Client, spec: &DrainSpec<'_>, phase: &ProgressBar) -> Result<DrainOutcome> {
+    let rows = spec.rows;
+    let per_txn = spec.events_per_txn.max(1);
     let db = pg::connect(&ctx.pg.url("postgres", DB)).await?;
     db.batch_execute(SCHEMA).await?;
     db.batch_execute(FILL_PROCEDURE).await?;
@@ -95,8 +138,17 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase:
         &[&RECV_SLOT],
     )
     .await?;
+    if spec.debezium.is_some() {
+        db.execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&DBZ_SLOT],
+        )
+        .await?;
+    }
 
-    phase.set_message(format!("drain: inserting {rows} pending events (one per transaction)"));
+    phase.set_message(format!(
+        "drain: inserting {rows} pending events ({per_txn} per transaction)"
+    ));
     phase.set_length(rows);
     phase.set_position(0);
     let start_lsn = current_lsn(&db).await?;
@@ -104,7 +156,11 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase:
     let mut filled = 0;
     while filled < rows {
         let n = FILL_CHUNK.min(rows - filled);
-        db.execute("CALL bench_fill($1, $2)", &[&(n as i32), &TOPIC]).await?;
+        db.execute(
+            "CALL bench_fill($1, $2, $3)",
+            &[&(n as i32), &topic(per_txn), &(per_txn as i32)],
+        )
+        .await?;
         filled += n;
         phase.set_position(filled);
     }
@@ -162,7 +218,7 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase:
     }
 
     phase.set_message("drain: outbox-relay run → Kafka");
-    ctx.broker.create_topic(TOPIC, 4).await?;
+    ctx.broker.create_topic(&topic(per_txn), 4).await?;
     let pg_cpu = procfs::postgres_cpu(postmaster);
     let started = Instant::now();
     let child = RelayChild::start(&config, Mode::Cdc).await?;
@@ -193,15 +249,21 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase:
     let relay_cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
     let relay_peak_rss_mib = procfs::vm_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
     child.stop().await?;
-    let published = published(ctx.broker.bootstrap(), TOPIC)?;
+    let published = published(ctx.broker.bootstrap(), &topic(per_txn))?;
 
-    let poll = if with_poll {
+    // Before the polling relayer: its UPDATEs would add WAL behind the backlog.
+    let debezium = match spec.debezium {
+        Some(install) => Some(debezium_drain(ctx, install, rows, &topic(per_txn), postmaster, phase).await?),
+        None => None,
+    };
+    let poll = if spec.with_poll {
         Some(poll_drain(ctx, &db, &config, rows, phase).await?)
     } else {
         None
     };
     Ok(DrainOutcome {
         rows,
+        events_per_txn: per_txn,
         wal_mib: wal_bytes as f64 / (1024.0 * 1024.0),
         fill_s,
         recvlogical_s,
@@ -215,7 +277,81 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, rows: u64, with_poll: bool, phase:
         relay_peak_rss_mib,
         published,
         poll,
+        debezium,
     })
+}
+
+async fn debezium_drain(
+    ctx: &Ctx<'_>,
+    install: &Install,
+    rows: u64,
+    relay_topic: &str,
+    postmaster: u32,
+    phase: &ProgressBar,
+) -> Result<DebeziumDrain> {
+    phase.set_message("drain: Debezium + Kafka Connect → Kafka (starting the JVM)");
+    let topic = format!("{DBZ_TOPIC_PREFIX}{relay_topic}");
+    ctx.broker.create_topic(&topic, 4).await?;
+    let conf = ConnectorConf {
+        name: "bench_drain_dbz",
+        pg_port: ctx.pg.port(),
+        user: RELAY_ROLE,
+        db: DB,
+        slot: DBZ_SLOT,
+        // The relay's setup created it (FOR TABLE events_outbox, publish = 'insert').
+        publication: DB,
+        bootstrap: ctx.broker.bootstrap(),
+        topic_prefix: DBZ_TOPIC_PREFIX,
+        tuning: Tuning::Defaults,
+    };
+    let mut connect = ConnectChild::start(install, &conf, ctx.workdir).await?;
+    let started = Instant::now();
+    let pid = connect.pid();
+    let cpu_at_start = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
+    let pg_cpu = procfs::postgres_cpu(postmaster);
+    phase.set_message("drain: Debezium + Kafka Connect → Kafka");
+    phase.set_length(rows);
+    let counter: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", ctx.broker.bootstrap())
+        .create()?;
+    let published = loop {
+        let n = topic_records(&counter, &topic, 4)?;
+        phase.set_position(n);
+        if n >= rows {
+            break n;
+        }
+        connect.check_alive()?;
+        if started.elapsed() > LIMIT {
+            bail!("Debezium did not publish {rows} events within {LIMIT:?} ({n} so far)");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN) - cpu_at_start;
+    let pg_cpu_s = procfs::postgres_cpu(postmaster) - pg_cpu;
+    let peak_rss_mib = procfs::vm_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
+    let startup_s = connect.startup_s;
+    connect.stop().await?;
+    Ok(DebeziumDrain {
+        startup_s,
+        seconds,
+        per_s: rows as f64 / seconds,
+        cpu_s,
+        cpu_us_per_event: cpu_s * 1e6 / rows as f64,
+        pg_cpu_s,
+        peak_rss_mib,
+        published,
+    })
+}
+
+/// The sum of the high watermarks of `topic`'s partitions 0..`partitions`.
+fn topic_records(consumer: &BaseConsumer, topic: &str, partitions: i32) -> Result<u64> {
+    let mut total = 0;
+    for p in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        total += high.max(0) as u64;
+    }
+    Ok(total)
 }
 
 async fn poll_drain(

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT]
 //!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR]
+//!     [--with-debezium]
 //! ```
 //!
 //! It starts its own PostgreSQL 15 cluster and (by default) librdkafka's mock Kafka cluster in
@@ -14,15 +15,22 @@
 //! is measured and how). Then the backlog drain: 1,000,000 pending events (`--quick`: 100,000)
 //! published by the relay, beside `pg_recvlogical` draining the same slot contents to /dev/null.
 //!
+//! `--with-debezium` adds Debezium + Kafka Connect standalone (`debezium.rs`; needs
+//! `scripts/install-debezium.sh`): at 1,000 events/s with Debezium's defaults and with
+//! `poll.interval.ms=10`, and in the drain, which then runs twice — one event per transaction and
+//! `BATCHED_DRAIN_TXN` events per transaction — with the relay, `pg_recvlogical` and Debezium each on
+//! its own slot over the same WAL.
+//!
 //! Results: `docs/benchmarks.md` (a generated block; the analysis around it is kept) and
 //! `docs/benchmarks-latency.svg`; `--quick` writes to `target/cdc_vs_polling/` instead. Raw
 //! numbers go to `target/cdc_vs_polling/results.json`. A full run takes about 15 minutes on two
-//! cores; run it on an otherwise idle machine.
+//! cores (about 20 with `--with-debezium --drain-poll`); run it on an otherwise idle machine.
 //!
 //! Not part of `cargo test`: without cargo bench's `--bench` argument it only prints how to run.
 
 mod broker;
 mod consumer;
+mod debezium;
 mod drain;
 mod load;
 mod pg;
@@ -40,7 +48,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use relay::Mode;
+use relay::{Mode, Tuning};
 use steady::{Rate, Scenario};
 
 struct Options {
@@ -56,10 +64,17 @@ struct Options {
     only: Option<String>,
     /// Extra librdkafka properties for every relay, e.g. `linger.ms=0`.
     kafka: Vec<(String, String)>,
+    /// Debezium + Kafka Connect beside the relay (steady 1,000/s and both drains).
+    with_debezium: bool,
 }
 
+/// Events per transaction of the batched drain (`--with-debezium`).
+const BATCHED_DRAIN_TXN: u64 = 1_000;
+/// Debezium's warm-up at least this long: a JVM compiles its hot paths in the first seconds.
+const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
+
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]…";
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]";
 
 fn options() -> Result<Option<Options>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -84,6 +99,7 @@ fn options() -> Result<Option<Options>> {
         },
         only: None,
         kafka: Vec::new(),
+        with_debezium: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -95,6 +111,7 @@ fn options() -> Result<Option<Options>> {
             "--drain-rows" => o.drain_rows = value()?.replace('_', "").parse()?,
             "--no-drain" => o.drain = false,
             "--drain-poll" => o.drain_poll = true,
+            "--with-debezium" => o.with_debezium = true,
             "--out-dir" => o.out_dir = PathBuf::from(value()?),
             "--only" => o.only = Some(value()?.clone()),
             "--kafka" => {
@@ -148,6 +165,14 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
     for mode in [None, Some(Mode::Cdc), Some(Mode::Poll { interval_ms: 10 })] {
         out.push(scenario(mode, Rate::Max, 100));
     }
+    if o.with_debezium {
+        for tuning in [Tuning::Defaults, Tuning::Latency] {
+            out.push(Scenario {
+                warmup: o.warmup.max(DEBEZIUM_WARMUP),
+                ..scenario(Some(Mode::Debezium(tuning)), Rate::Fixed(1_000.0), 1)
+            });
+        }
+    }
     if let Some(only) = &o.only {
         out.retain(|s| format!("{} at {}", s.mode_label(), s.rate_label()).contains(only.as_str()));
     }
@@ -172,8 +197,13 @@ fn main() -> Result<()> {
 
 async fn run(o: Options) -> Result<()> {
     let scenarios = scenarios(&o);
+    let drains = match (o.drain, o.with_debezium) {
+        (false, _) => Vec::new(),
+        (true, false) => vec![1],
+        (true, true) => vec![1, BATCHED_DRAIN_TXN],
+    };
     let progress = MultiProgress::new();
-    let overall = progress.add(ProgressBar::new(scenarios.len() as u64 + u64::from(o.drain)));
+    let overall = progress.add(ProgressBar::new((scenarios.len() + drains.len()) as u64));
     overall.set_style(ProgressStyle::with_template(
         "[{elapsed_precise}] {bar:32} {pos}/{len} runs  {msg}",
     )?);
@@ -186,11 +216,18 @@ async fn run(o: Options) -> Result<()> {
     pg.ready().await?;
     let broker = broker::Broker::start(&o.broker)?;
     let workdir = tempfile::Builder::new().prefix("outbox-relay-bench-").tempdir()?;
+    // Checked before any run, so a missing Java or jar fails in seconds, not after the steady runs.
+    let debezium = if o.with_debezium {
+        Some(debezium::Install::find(workdir.path(), broker.is_mock())?)
+    } else {
+        None
+    };
     let ctx = steady::Ctx {
         pg: &pg,
         broker: &broker,
         workdir: workdir.path(),
         kafka: &o.kafka,
+        debezium: debezium.as_ref(),
     };
     let version: String = pg::connect(&pg.url("postgres", "postgres"))
         .await?
@@ -213,33 +250,33 @@ async fn run(o: Options) -> Result<()> {
         }
         overall.inc(1);
     }
-    let drain = if o.drain {
-        overall.set_message("backlog drain");
-        let result = drain::run(&ctx, o.drain_rows, o.drain_poll, &phase).await;
+    let (mut drain, mut batched_drain) = (None, None);
+    for per_txn in drains {
+        overall.set_message(format!("backlog drain, {per_txn} per transaction"));
+        let spec = drain::DrainSpec {
+            rows: o.drain_rows,
+            events_per_txn: per_txn,
+            // The polling relayer's drain is one row per claim either way: single-event shape only.
+            with_poll: o.drain_poll && per_txn == 1,
+            debezium: debezium.as_ref(),
+        };
+        let result = drain::run(&ctx, &spec, &phase).await;
         overall.inc(1);
         match result {
             Ok(d) => {
-                say(
-                    &progress,
-                    format!(
-                    "drain {} events: relay {:.0} ev/s, pg_recvlogical {:.0} ev/s ({:.2}×), relay peak RSS {:.0} MiB",
-                    d.rows,
-                    d.relay_per_s,
-                    d.recvlogical_per_s,
-                    d.relay_per_s / d.recvlogical_per_s,
-                    d.relay_peak_rss_mib
-                ),
-                );
-                Some(d)
+                say(&progress, drain_summary(&d));
+                if per_txn == 1 {
+                    drain = Some(d);
+                } else {
+                    batched_drain = Some(d);
+                }
             }
-            Err(e) => {
-                say(&progress, format!("FAILED backlog drain: {e:#}"));
-                None
-            }
+            Err(e) => say(
+                &progress,
+                format!("FAILED backlog drain ({per_txn} per transaction): {e:#}"),
+            ),
         }
-    } else {
-        None
-    };
+    }
     phase.finish_and_clear();
     overall.finish_with_message("done");
 
@@ -249,11 +286,13 @@ async fn run(o: Options) -> Result<()> {
         o.kafka.clone(),
         o.warmup.as_secs_f64(),
         o.measure.as_secs_f64(),
+        debezium.as_ref().map(debezium::Install::describe),
     );
     let results = report::Results {
         environment,
         steady: steady_results,
         drain,
+        batched_drain,
     };
     let targets = targets::table(&results);
     let raw_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/cdc_vs_polling");
@@ -280,6 +319,27 @@ async fn run(o: Options) -> Result<()> {
         raw_dir.join("results.json").display()
     );
     Ok(())
+}
+
+fn drain_summary(d: &drain::DrainOutcome) -> String {
+    let dbz = d.debezium.as_ref().map_or_else(String::new, |z| {
+        format!(
+            ", Debezium {:.0} ev/s (relay/Debezium {:.1}×, JVM peak RSS {:.0} MiB, start-up {:.1} s)",
+            z.per_s,
+            d.relay_per_s / z.per_s,
+            z.peak_rss_mib,
+            z.startup_s
+        )
+    });
+    format!(
+        "drain {} events ({} per txn): relay {:.0} ev/s, pg_recvlogical {:.0} ev/s ({:.2}×), relay peak RSS {:.0} MiB{dbz}",
+        d.rows,
+        d.events_per_txn,
+        d.relay_per_s,
+        d.recvlogical_per_s,
+        d.relay_per_s / d.recvlogical_per_s,
+        d.relay_peak_rss_mib
+    )
 }
 
 fn summary(o: &steady::Outcome) -> String {

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use outbox_relay::ops::latency::LatencySummary;
 
+pub use super::debezium::Tuning;
+
 /// Built by cargo for this bench (the bench profile inherits `release`).
 pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
 
@@ -22,6 +24,9 @@ pub enum Mode {
     CdcExactlyOnce,
     /// The polling relayer (`outbox-relay poll`), batch size 100, one worker.
     Poll { interval_ms: u64 },
+    /// Debezium + Kafka Connect standalone on the relay's slot and publication (`debezium.rs`;
+    /// `--with-debezium`).
+    Debezium(Tuning),
 }
 
 impl Mode {
@@ -36,7 +41,14 @@ impl Mode {
             Mode::CdcExactlyOnce => "CDC exactly-once".into(),
             Mode::Poll { interval_ms } if interval_ms >= 1000 => format!("poll {} s", interval_ms / 1000),
             Mode::Poll { interval_ms } => format!("poll {interval_ms} ms"),
+            Mode::Debezium(Tuning::Defaults) => "Debezium (defaults)".into(),
+            Mode::Debezium(Tuning::Latency) => "Debezium (poll 10 ms)".into(),
         }
+    }
+
+    /// Reads the slot (`outbox-relay run` or Debezium); `setup` without `--poll` prepares it.
+    pub fn streams(self) -> bool {
+        matches!(self, Mode::Cdc | Mode::CdcExactlyOnce | Mode::Debezium(_))
     }
 }
 
@@ -109,7 +121,11 @@ impl RelayChild {
     pub async fn start(config: &Path, mode: Mode) -> Result<RelayChild> {
         let log = config.with_extension("log");
         let file = fs::File::create(&log)?;
-        let subcommand = if mode.is_cdc() { "run" } else { "poll" };
+        let subcommand = match mode {
+            Mode::Cdc | Mode::CdcExactlyOnce => "run",
+            Mode::Poll { .. } => "poll",
+            Mode::Debezium(_) => bail!("{} is not a relay", mode.label()),
+        };
         // For profiling: BENCH_RELAY_WRAPPER="valgrind --tool=callgrind" runs the relay under it.
         let wrapper = std::env::var("BENCH_RELAY_WRAPPER").unwrap_or_default();
         let mut words = wrapper.split_whitespace();

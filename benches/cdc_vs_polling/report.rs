@@ -33,13 +33,18 @@ pub struct Environment {
     pub kafka: Vec<(String, String)>,
     pub warmup_s: f64,
     pub measure_s: f64,
+    /// Debezium, Kafka Connect and Java versions (`--with-debezium`).
+    pub debezium: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct Results {
     pub environment: Environment,
     pub steady: Vec<Outcome>,
+    /// One event per transaction.
     pub drain: Option<DrainOutcome>,
+    /// Many events per transaction (`--with-debezium`).
+    pub batched_drain: Option<DrainOutcome>,
 }
 
 fn sh(program: &str, args: &[&str]) -> String {
@@ -59,6 +64,7 @@ impl Environment {
         kafka: Vec<(String, String)>,
         warmup_s: f64,
         measure_s: f64,
+        debezium: Option<String>,
     ) -> Environment {
         let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
@@ -102,6 +108,7 @@ impl Environment {
             kafka,
             warmup_s,
             measure_s,
+            debezium,
         }
     }
 }
@@ -153,6 +160,13 @@ pub fn markdown(r: &Results, targets: &str) -> String {
             format!(", overridden for both relays: {}", set.join(", "))
         }
     );
+    if let Some(d) = &e.debezium {
+        let _ = writeln!(
+            s,
+            "- **Debezium:** {d}; JVM options of a default `connect-standalone.sh` (`{}`)",
+            super::debezium::JVM_OPTS.join(" ")
+        );
+    }
     let _ = writeln!(
         s,
         "- **Per run:** {:.0} s warm-up, {:.0} s measured load, then until every event arrived (at least 1.5 s)\n",
@@ -202,39 +216,10 @@ pub fn markdown(r: &Results, targets: &str) -> String {
             opt(o.statements_per_event, 3),
         );
     }
-    if let Some(d) = &r.drain {
-        let _ = writeln!(
-            s,
-            "\n### Backlog drain ({} pending events, {:.0} MiB of WAL, one event per transaction)\n",
-            d.rows, d.wal_mib
-        );
-        let _ = writeln!(
-            s,
-            "| consumer | seconds | events/s | PG CPU s | relay CPU µs/ev | relay peak RSS MiB |"
-        );
-        let _ = writeln!(s, "|---|--:|--:|--:|--:|--:|");
-        let _ = writeln!(
-            s,
-            "| `pg_recvlogical` → /dev/null (walsender limit) | {:.1} | {:.0} | {:.1} | – | – |",
-            d.recvlogical_s, d.recvlogical_per_s, d.recvlogical_pg_cpu_s
-        );
-        let _ = writeln!(
-            s,
-            "| `outbox-relay run` → Kafka ({} records published) | {:.1} | {:.0} | {:.1} | {:.2} | {:.0} |",
-            d.published, d.relay_s, d.relay_per_s, d.relay_pg_cpu_s, d.relay_cpu_us_per_event, d.relay_peak_rss_mib
-        );
-        if let Some((secs, rate)) = d.poll {
-            let _ = writeln!(
-                s,
-                "| `outbox-relay poll` (10 ms, batch 100) → Kafka | {secs:.1} | {rate:.0} | – | – | – |"
-            );
-        }
-        let _ = writeln!(
-            s,
-            "\nRelay / `pg_recvlogical` rate: **{:.2}**.",
-            d.relay_per_s / d.recvlogical_per_s
-        );
+    for d in r.drain.iter().chain(&r.batched_drain) {
+        drain_table(&mut s, d);
     }
+    debezium_section(&mut s, r);
     let _ = writeln!(s, "\n### Targets\n\n{targets}");
     let _ = writeln!(
         s,
@@ -254,6 +239,126 @@ pub fn markdown(r: &Results, targets: &str) -> String {
     );
     let _ = writeln!(s, "{END}");
     s
+}
+
+fn drain_table(s: &mut String, d: &DrainOutcome) {
+    let shape = if d.events_per_txn <= 1 {
+        "one event per transaction".to_owned()
+    } else {
+        format!("{} events per transaction", d.events_per_txn)
+    };
+    let _ = writeln!(
+        s,
+        "\n### Backlog drain ({} pending events, {:.0} MiB of WAL, {shape})\n",
+        d.rows, d.wal_mib
+    );
+    let _ = writeln!(
+        s,
+        "| consumer | seconds | events/s | PG CPU s | CPU s | CPU µs/ev | peak RSS MiB |"
+    );
+    let _ = writeln!(s, "|---|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(
+        s,
+        "| `pg_recvlogical` → /dev/null (walsender limit) | {:.1} | {:.0} | {:.1} | – | – | – |",
+        d.recvlogical_s, d.recvlogical_per_s, d.recvlogical_pg_cpu_s
+    );
+    let _ = writeln!(
+        s,
+        "| `outbox-relay run` → Kafka ({} records published) | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} |",
+        d.published,
+        d.relay_s,
+        d.relay_per_s,
+        d.relay_pg_cpu_s,
+        d.relay_cpu_s,
+        d.relay_cpu_us_per_event,
+        d.relay_peak_rss_mib
+    );
+    if let Some(z) = &d.debezium {
+        let _ = writeln!(
+            s,
+            "| Debezium + Kafka Connect → Kafka ({} records published; JVM start-up {:.1} s not counted) | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} |",
+            z.published, z.startup_s, z.seconds, z.per_s, z.pg_cpu_s, z.cpu_s, z.cpu_us_per_event, z.peak_rss_mib
+        );
+    }
+    if let Some((secs, rate)) = d.poll {
+        let _ = writeln!(
+            s,
+            "| `outbox-relay poll` (10 ms, batch 100) → Kafka | {secs:.1} | {rate:.0} | – | – | – | – |"
+        );
+    }
+    let _ = write!(
+        s,
+        "\nRelay / `pg_recvlogical` rate: **{:.2}**",
+        d.relay_per_s / d.recvlogical_per_s
+    );
+    if let Some(z) = &d.debezium {
+        let _ = write!(
+            s,
+            "; relay / Debezium rate: **{:.1}×**, Debezium / relay CPU per event: **{:.1}×**, Debezium / relay peak RSS: **{:.0}×**",
+            d.relay_per_s / z.per_s,
+            z.cpu_us_per_event / d.relay_cpu_us_per_event,
+            z.peak_rss_mib / d.relay_peak_rss_mib
+        );
+    }
+    let _ = writeln!(s, ".");
+}
+
+/// The steady 1,000 events/s runs of the relay and of Debezium, side by side, with the ratios.
+fn debezium_section(s: &mut String, r: &Results) {
+    let dbz: Vec<&Outcome> = r.steady.iter().filter(|o| o.mode.starts_with("Debezium")).collect();
+    if dbz.is_empty() {
+        return;
+    }
+    let cdc = r.steady.iter().find(|o| o.mode == "CDC" && o.rate == "1000/s");
+    let _ = writeln!(
+        s,
+        "\n### Debezium + Kafka Connect at 1,000 events/s\n\n\
+         | contender | achieved ev/s | commit→consumer p50 / p90 / p99 / max ms | CPU µs/ev | RSS / peak MiB | walsender µs/ev | lost / dup | relay p99 / this p99 |"
+    );
+    let _ = writeln!(s, "|---|--:|--:|--:|--:|--:|--:|--:|");
+    let p99 = |o: &Outcome| o.delivery.as_ref().and_then(|d| d.latency).map(|l| l.p99);
+    for o in cdc.into_iter().chain(dbz) {
+        let latency = o.delivery.as_ref().and_then(|d| d.latency).map_or_else(
+            || "–".into(),
+            |l| format!("{:.1} / {:.1} / {:.1} / {:.1}", l.p50, l.p90, l.p99, l.max),
+        );
+        let rss = match (o.relay_rss_mib, o.relay_peak_rss_mib) {
+            (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+            _ => "–".into(),
+        };
+        let lost = o
+            .delivery
+            .as_ref()
+            .map_or_else(|| "–".into(), |d| format!("{} / {}", d.missing, d.duplicates));
+        let ratio = match (cdc.and_then(p99), p99(o)) {
+            (Some(c), Some(x)) if o.mode != "CDC" => format!("1/{:.0}", x / c),
+            _ => "–".into(),
+        };
+        let name = if o.mode == "CDC" {
+            "outbox-relay (CDC)".to_owned()
+        } else {
+            o.mode.clone()
+        };
+        let _ = writeln!(
+            s,
+            "| {name} | {:.0} | {latency} | {} | {rss} | {} | {lost} | {ratio} |",
+            o.achieved_per_s,
+            opt(o.relay_cpu_us_per_event, 1),
+            opt(o.pg_relay_backends_us_per_event, 1),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nDebezium runs as Kafka Connect's standalone worker (`ConnectStandalone`, one JVM: its CPU and RSS are the \
+         whole process's), on the relay's slot and publication, records identical to the relay's (EventRouter, \
+         `StringConverter` for key and value, `table.expand.json.payload=false`). *Defaults*: every Debezium and \
+         Connect setting at its default (`poll.interval.ms=500`, producer `linger.ms=5` in Kafka 4.x, \
+         `acks=all`); *poll 10 ms*: `poll.interval.ms=10`. Warm-up {:.0} s for the JVM's sake.",
+        r.steady
+            .iter()
+            .find(|o| o.mode.starts_with("Debezium"))
+            .map_or(0.0, |_| r.environment.warmup_s.max(10.0))
+    );
 }
 
 /// Replaces the generated block in `path` (or creates the file with just the block).

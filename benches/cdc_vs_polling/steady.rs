@@ -17,6 +17,7 @@ use tokio_postgres::Client;
 
 use super::broker::Broker;
 use super::consumer::TopicConsumer;
+use super::debezium::{ConnectChild, ConnectorConf, Install};
 use super::load::{self, LoadSpec, Producers};
 use super::pg::{self, BenchPg, RELAY_ROLE};
 use super::procfs;
@@ -127,6 +128,30 @@ pub struct Ctx<'a> {
     pub workdir: &'a Path,
     /// `--kafka KEY=VALUE` properties for every relay.
     pub kafka: &'a [(String, String)],
+    /// Java and the Debezium jars, checked at start-up (`--with-debezium`).
+    pub debezium: Option<&'a Install>,
+}
+
+/// What reads the slot or polls the table in a run: the relay, or Debezium + Kafka Connect.
+enum Contender {
+    Relay(RelayChild),
+    Connect(ConnectChild),
+}
+
+impl Contender {
+    fn pid(&self) -> u32 {
+        match self {
+            Contender::Relay(r) => r.pid(),
+            Contender::Connect(c) => c.pid(),
+        }
+    }
+
+    async fn stop(self) -> Result<()> {
+        match self {
+            Contender::Relay(r) => r.stop().await,
+            Contender::Connect(c) => c.stop().await,
+        }
+    }
 }
 
 pub async fn run(ctx: &Ctx<'_>, sc: &Scenario, index: usize, phase: &ProgressBar) -> Result<Outcome> {
@@ -150,7 +175,11 @@ async fn measure(
     phase: &ProgressBar,
 ) -> Result<Outcome> {
     let load_url = ctx.pg.url("postgres", db);
-    let metrics_port = sc.mode.is_some().then(pg::free_port);
+    // The relay's own commit-to-ack window; Debezium has none.
+    let metrics_port = sc
+        .mode
+        .filter(|m| !matches!(m, Mode::Debezium(_)))
+        .map(|_| pg::free_port());
     let mut relay_child = None;
     let mut consumer = None;
     if let Some(mode) = sc.mode {
@@ -166,8 +195,28 @@ async fn measure(
             kafka: ctx.kafka,
         };
         let path = conf.write(ctx.workdir)?;
-        relay::setup(&path, !mode.is_cdc())?;
-        relay_child = Some(RelayChild::start(&path, mode).await?);
+        relay::setup(&path, !mode.streams())?;
+        relay_child = Some(match mode {
+            Mode::Debezium(tuning) => {
+                let install = ctx
+                    .debezium
+                    .context("a Debezium run needs --with-debezium's installation check")?;
+                let dbz = ConnectorConf {
+                    name: db,
+                    pg_port: ctx.pg.port(),
+                    user: RELAY_ROLE,
+                    db,
+                    // The relay's setup created both, named after the database.
+                    slot: db,
+                    publication: db,
+                    bootstrap: ctx.broker.bootstrap(),
+                    topic_prefix: "",
+                    tuning,
+                };
+                Contender::Connect(ConnectChild::start(install, &dbz, ctx.workdir).await?)
+            }
+            _ => Contender::Relay(RelayChild::start(&path, mode).await?),
+        });
         consumer = Some(TopicConsumer::start(ctx.broker.bootstrap(), topic, PARTITIONS)?);
     }
     let producers = Producers::connect(&load_url, sc.connections()).await?;
@@ -189,7 +238,7 @@ async fn measure(
         wait_for(c, warm.commits.len() as u64, CATCH_UP_LIMIT).await;
     }
     let backends = relay_backends(admin, db, sc.mode).await?;
-    let relay_pid = relay_child.as_ref().map(RelayChild::pid);
+    let relay_pid = relay_child.as_ref().map(Contender::pid);
     // Opens the measured window: every warm-up event is acknowledged by now (the consumer has it).
     if let Some(port) = metrics_port {
         relay::latency_window(port, true).context("the relay's /latency endpoint did not answer")?;
@@ -283,7 +332,7 @@ async fn relay_backends(admin: &Client, db: &str, mode: Option<Mode>) -> Result<
     let rows =
         match mode {
             None => return Ok(Vec::new()),
-            Some(Mode::Cdc) | Some(Mode::CdcExactlyOnce) => {
+            Some(Mode::Cdc | Mode::CdcExactlyOnce | Mode::Debezium(_)) => {
                 admin
                     .query(
                         "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",

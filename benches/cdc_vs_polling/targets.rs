@@ -139,7 +139,96 @@ pub fn table(r: &Results) -> String {
         pg_parts.join("; "),
         all_or_some(&pg_ok)
     );
+    debezium(&mut s, r);
     s
+}
+
+/// Against Debezium + Kafka Connect (`--with-debezium`); nothing when it did not run.
+fn debezium(s: &mut String, r: &Results) {
+    let drains: Vec<_> = r
+        .drain
+        .iter()
+        .chain(&r.batched_drain)
+        .filter_map(|d| d.debezium.as_ref().map(|z| (d, z)))
+        .collect();
+    let defaults = find(r, "Debezium (defaults)", "1000/s");
+    let tuned = find(r, "Debezium (poll 10 ms)", "1000/s");
+    if drains.is_empty() && defaults.is_none() && tuned.is_none() {
+        return;
+    }
+    let shape = |per_txn: u64| {
+        if per_txn <= 1 {
+            "1 per txn".to_owned()
+        } else {
+            format!("{per_txn} per txn")
+        }
+    };
+    let (mut parts, mut oks) = (Vec::new(), Vec::new());
+    for (d, z) in &drains {
+        let ratio = d.relay_per_s / z.per_s;
+        parts.push(format!(
+            "{}: relay {:.0} ev/s, Debezium {:.0} ev/s: {ratio:.1}×",
+            shape(d.events_per_txn),
+            d.relay_per_s,
+            z.per_s
+        ));
+        oks.push(ratio >= 5.0);
+    }
+    let _ = writeln!(
+        s,
+        "| Relay drain ≥ 5× Debezium + Kafka Connect's events/s | {} | {} |",
+        if parts.is_empty() {
+            "not run".into()
+        } else {
+            parts.join("; ")
+        },
+        all_or_some(&oks)
+    );
+
+    let cdc = find(r, "CDC", "1000/s").and_then(p99);
+    for (label, o, factor) in [("default", defaults, 20.0), ("tuned (poll.interval.ms=10)", tuned, 2.0)] {
+        let theirs = o.and_then(p99);
+        let ratio = cdc.zip(theirs).map(|(c, t)| t / c);
+        let _ = writeln!(
+            s,
+            "| CDC p99 commit→consumer at 1,000 ev/s ≤ 1/{factor:.0} of Debezium's, {label} | relay {} ms, Debezium {} ms: 1/{} | {} |",
+            fmt(cdc, 1),
+            fmt(theirs, 1),
+            fmt(ratio, 1),
+            verdict(ratio.map(|x| x >= factor))
+        );
+    }
+
+    // Like for like: the relay's and the JVM's peak in the same runs.
+    let (mut parts, mut oks) = (Vec::new(), Vec::new());
+    let steady_peak = |o: Option<&Outcome>| o.and_then(|o| o.relay_peak_rss_mib);
+    if let (Some(c), Some(z)) = (steady_peak(find(r, "CDC", "1000/s")), steady_peak(defaults)) {
+        parts.push(format!(
+            "1,000 ev/s: relay {c:.0} MiB, Debezium {z:.0} MiB: 1/{:.0}",
+            z / c
+        ));
+        oks.push(c * 20.0 <= z);
+    }
+    for (d, z) in &drains {
+        parts.push(format!(
+            "drain {}: relay {:.0} MiB, Debezium {:.0} MiB: 1/{:.0}",
+            shape(d.events_per_txn),
+            d.relay_peak_rss_mib,
+            z.peak_rss_mib,
+            z.peak_rss_mib / d.relay_peak_rss_mib
+        ));
+        oks.push(d.relay_peak_rss_mib * 20.0 <= z.peak_rss_mib);
+    }
+    let _ = writeln!(
+        s,
+        "| Relay peak RSS ≤ 1/20 of Debezium's JVM | {} | {} |",
+        if parts.is_empty() {
+            "not run".into()
+        } else {
+            parts.join("; ")
+        },
+        all_or_some(&oks)
+    );
 }
 
 fn fmt(v: Option<f64>, digits: usize) -> String {

@@ -376,6 +376,21 @@ mod tests {
     }
 
     #[test]
+    fn environment_overrides_take_the_dotted_name_with_underscores() {
+        let s = load(
+            "[debezium]\n",
+            &[
+                ("OUTBOX_RELAY__DEBEZIUM__VALUE_CONVERTER_SCHEMAS_ENABLE", "false"),
+                ("OUTBOX_RELAY__DEBEZIUM__TABLE_EXPAND_JSON_PAYLOAD", "true"),
+            ],
+        )
+        .unwrap();
+        let f = s.debezium.unwrap();
+        assert_eq!(f.value, ConverterClass::Json { schemas: false });
+        assert!(f.expand_json_payload);
+    }
+
+    #[test]
     fn errors_name_the_key_and_the_fix() {
         let cases = [
             ("\"value.converter\" = \"io.confluent.connect.avro.AvroConverter\"", "not supported"),

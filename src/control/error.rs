@@ -30,6 +30,20 @@ pub enum ControlError {
     InRecovery,
 
     #[error(
+        "postgres.failover_slot = \"on\", but PostgreSQL {version} has no failover slots (they came with 17). Use \
+         \"auto\" (or \"off\") here, and follow docs/operations.md, \"Failover on PostgreSQL 14-16\", for what a \
+         promotion means for the slot"
+    )]
+    FailoverUnsupported { version: String },
+
+    #[error(
+        "cannot make slot {slot} a failover slot (ALTER_REPLICATION_SLOT {slot} (FAILOVER true)): {message}. Run it \
+         yourself on a replication connection (psql \"dbname=… replication=database\"), or set \
+         postgres.failover_slot = \"off\""
+    )]
+    FailoverAlter { slot: String, message: String },
+
+    #[error(
         "wal_level is '{current}'; logical decoding needs wal_level = logical. Set it in postgresql.conf \
          (or ALTER SYSTEM SET wal_level = logical) and RESTART the server — a reload is not enough"
     )]

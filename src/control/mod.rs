@@ -40,6 +40,7 @@ pub(crate) mod backfill;
 mod catalog;
 mod column_types;
 mod error;
+pub(crate) mod failover;
 pub(crate) mod import_debezium;
 pub(crate) mod preflight;
 mod publication;
@@ -53,7 +54,10 @@ pub(crate) use error::describe;
 pub use error::ControlError;
 pub(crate) use preflight::{preflight, PreflightReport};
 pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
-pub use status::{status, PublicationStatus, ServerStatus, SlotStatus, StatusReport, TableRef, STATUS_SCHEMA_VERSION};
+pub use status::{
+    status, FailoverStatus, PublicationStatus, ServerStatus, SlotStatus, StandbyStatus, StatusReport, TableRef,
+    STATUS_SCHEMA_VERSION,
+};
 pub use teardown::{teardown, Dropped, TeardownReport};
 
 use crate::config::Settings;

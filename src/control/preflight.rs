@@ -19,6 +19,7 @@ use tokio_postgres::Client;
 
 use super::catalog::{self, ServerInfo, SlotLookup, SlotRow, TableFacts};
 use super::column_types::ColumnRole;
+use super::failover;
 pub(crate) use super::publication::PublicationInfo;
 use super::ControlError;
 use crate::config::ident::{quote_ident, TableName};
@@ -42,6 +43,10 @@ const SLOT_CREATION_WAIT: std::time::Duration = std::time::Duration::from_secs(1
 pub struct PreflightReport {
     /// e.g. `15.20`.
     pub(crate) server_version: String,
+    /// e.g. `150020`.
+    pub(crate) server_version_num: i32,
+    /// Whether the slot is to be a failover slot (`postgres.failover_slot` on this server).
+    pub(crate) wants_failover: bool,
     pub(crate) database: String,
     pub(crate) role: String,
     pub(crate) superuser: bool,
@@ -113,6 +118,8 @@ pub(crate) struct SlotInfo {
     pub(crate) confirmed_flush_lsn: Option<Lsn>,
     pub(crate) restart_lsn: Option<Lsn>,
     pub(crate) wal_status: Option<String>,
+    /// PostgreSQL 17+: whether it is a failover slot (`None` before 17).
+    pub(crate) failover: Option<bool>,
 }
 
 /// The mapped columns for a report line: `id_column = id bigint, …`.
@@ -177,7 +184,11 @@ pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<Pr
     if let Some(pid) = slot.as_ref().and_then(|s| s.active_pid) {
         notes.push(format!("slot {slot_name} is in use by pid {pid} (a relay is running?)"));
     }
+    let wants_failover = failover::wants_failover(settings.postgres.failover_slot, &server)?;
+    notes.extend(failover::notes(client, slot_name, &server, wants_failover).await?);
     Ok(PreflightReport {
+        server_version_num: server.version_num,
+        wants_failover,
         server_version: server.version,
         database: server.database,
         role: server.role,
@@ -503,6 +514,7 @@ pub(crate) fn usable_slot(name: &str, database: &str, slot: &SlotRow) -> Result<
         confirmed_flush_lsn: slot.confirmed_flush_lsn,
         restart_lsn: slot.restart_lsn,
         wal_status: slot.wal_status.clone(),
+        failover: slot.failover,
     })
 }
 

@@ -111,6 +111,7 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
     let mut notices = Vec::new();
     let publication = ensure_publication(&client, &preflight, &mut notices).await?;
     let slot = ensure_slot(&client, &preflight).await?;
+    ensure_failover(settings, &preflight, &slot, &mut notices).await?;
     // Re-check with both objects in place: a concurrent setup may have created them differently.
     let preflight = super::preflight(&client, settings).await?;
     Ok(SetupReport {
@@ -214,12 +215,22 @@ async fn ensure_slot(client: &Client, pre: &PreflightReport) -> Result<SlotOutco
         });
     }
     // Waits for transactions running right now to finish: the slot's snapshot must see them all.
-    let created = client
-        .query_one(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[name],
-        )
-        .await;
+    // On 17+ the fifth argument makes it a failover slot (`postgres.failover_slot`).
+    let created = if pre.server_version_num >= super::failover::FAILOVER_VERSION_NUM {
+        client
+            .query_one(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, $2)",
+                &[name, &pre.wants_failover],
+            )
+            .await
+    } else {
+        client
+            .query_one(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[name],
+            )
+            .await
+    };
     match created {
         Ok(row) => {
             let lsn: String = row.get(0);
@@ -253,5 +264,58 @@ async fn ensure_slot(client: &Client, pre: &PreflightReport) -> Result<SlotOutco
             ),
         }),
         Err(e) => Err(ControlError::query(format!("creating replication slot {name}"))(e)),
+    }
+}
+
+/// Makes an existing slot a failover slot when `postgres.failover_slot` wants one and it is not
+/// yet (`ALTER_REPLICATION_SLOT` exists only as a replication command). A slot that is one is
+/// left alone, also with `failover_slot = "off"`: turning it off is the operator's decision.
+async fn ensure_failover(
+    settings: &Settings,
+    pre: &PreflightReport,
+    slot: &SlotOutcome,
+    notices: &mut Vec<String>,
+) -> Result<(), ControlError> {
+    let name = &pre.slot_name;
+    let SlotOutcome::AlreadyExists { .. } = slot else {
+        if pre.wants_failover {
+            notices.push(format!(
+                "slot {name}: created as a failover slot (synchronized to standbys)"
+            ));
+        }
+        return Ok(());
+    };
+    let is_failover = pre.slot.as_ref().and_then(|s| s.failover).unwrap_or(false);
+    if !pre.wants_failover || is_failover {
+        return Ok(());
+    }
+    let alter = async {
+        let mut repl = crate::postgres::replication::connection::ReplicationConnection::connect(
+            &settings.postgres,
+            settings.relay.connect_timeout,
+        )
+        .await?;
+        let result = repl
+            .simple_query(&format!("ALTER_REPLICATION_SLOT {name} (FAILOVER true)"))
+            .await;
+        repl.close().await;
+        result.map(|_| ())
+    };
+    match tokio::time::timeout(settings.relay.connect_timeout * 2, alter).await {
+        Ok(Ok(())) => {
+            notices.push(format!(
+                "slot {name}: existed without failover; setup made it a failover slot (ALTER_REPLICATION_SLOT … \
+                 (FAILOVER true))"
+            ));
+            Ok(())
+        }
+        Ok(Err(e)) => Err(ControlError::FailoverAlter {
+            slot: name.clone(),
+            message: e.to_string(),
+        }),
+        Err(_) => Err(ControlError::FailoverAlter {
+            slot: name.clone(),
+            message: "no answer in time".into(),
+        }),
     }
 }

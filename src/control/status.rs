@@ -36,8 +36,23 @@
 //!     "retained_wal_bytes": 16777216,  // current_wal_lsn - restart_lsn: WAL kept on disk for the slot
 //!     "lag_bytes": 3012,               // current_wal_lsn - confirmed_flush_lsn: not yet relayed
 //!     "wal_status": "reserved",        // PostgreSQL 13+: reserved | extended | unreserved | lost; else null
-//!     "safe_wal_size": null            // PostgreSQL 13+: bytes until max_slot_wal_keep_size invalidates
+//!     "safe_wal_size": null,           // PostgreSQL 13+: bytes until max_slot_wal_keep_size invalidates
 //!                                      // the slot; null when unlimited or unknown
+//!     "failover": true                 // PostgreSQL 17+: a failover slot; null before 17 or when missing
+//!   },
+//!   "failover": {                      // would the slot survive promoting a standby? (control/failover.rs)
+//!     "supported": true,               // the server is 17+
+//!     "mode": "auto",                  // postgres.failover_slot
+//!     "synchronized_standby_slots": ["standby1"],
+//!     "standbys": [{                   // every other host of postgres.url, looked at directly
+//!       "host": "db2:5432", "reachable": true, "in_recovery": true,
+//!       "slot_synced": true,           // its copy of the slot is synchronized from the primary
+//!       "confirmed_flush_lsn": "0/1A2A000",
+//!       "behind_bytes": 4096,          // primary's confirmed_flush_lsn minus the copy's (republished on promotion)
+//!       "error": null                  // why it could not be looked at
+//!     }],
+//!     "ready": true,                   // failover slot, a synchronized copy, synchronized_standby_slots set
+//!     "reasons": []                    // why not, one sentence each
 //!   },
 //!   "publication": {
 //!     "name": "outbox_relay",
@@ -87,6 +102,7 @@ pub struct StatusReport {
     pub slot: SlotStatus,
     pub publication: PublicationStatus,
     pub health: HealthStatus,
+    pub failover: FailoverStatus,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,6 +139,44 @@ pub struct SlotStatus {
     pub lag_bytes: Option<i64>,
     pub wal_status: Option<String>,
     pub safe_wal_size: Option<i64>,
+    /// PostgreSQL 17+: a failover slot (`null` before 17 or when missing).
+    #[serde(default)]
+    pub failover: Option<bool>,
+}
+
+/// `status`'s failover section: is the slot ready to survive a promotion?
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailoverStatus {
+    /// The server has failover slots (17+).
+    pub supported: bool,
+    /// `postgres.failover_slot`.
+    pub mode: String,
+    /// The primary's `synchronized_standby_slots` (empty when unset).
+    pub synchronized_standby_slots: Vec<String>,
+    /// The other hosts of `postgres.url`, as seen from here.
+    pub standbys: Vec<StandbyStatus>,
+    /// A promotion of at least one listed standby would keep the slot: the slot is a failover
+    /// slot and a standby has a synchronized copy.
+    pub ready: bool,
+    /// Why not, one sentence each; `[]` when ready.
+    pub reasons: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StandbyStatus {
+    /// `host:port` from `postgres.url`.
+    pub host: String,
+    pub reachable: bool,
+    pub in_recovery: Option<bool>,
+    /// The slot's copy there exists and is synchronized from the primary (`synced`).
+    pub slot_synced: Option<bool>,
+    #[serde(with = "lsn_text")]
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// The primary's confirmed position minus the copy's: what the relay would republish
+    /// after promoting this standby.
+    pub behind_bytes: Option<i64>,
+    /// Why it could not be looked at.
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +211,7 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
             lag_bytes: s.lag_bytes,
             wal_status: s.wal_status,
             safe_wal_size: s.safe_wal_size,
+            failover: s.failover,
         },
         None => SlotStatus {
             name: slot_name.to_owned(),
@@ -172,6 +227,7 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
             lag_bytes: None,
             wal_status: None,
             safe_wal_size: None,
+            failover: None,
         },
     };
 
@@ -227,7 +283,9 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         &facts,
         Thresholds::new(settings.http.ready_max_lag, settings.relay.retained_wal_warn_bytes),
     );
+    let failover = failover_status(settings, &client, &server, &slot).await?;
     Ok(StatusReport {
+        failover,
         health,
         schema_version: STATUS_SCHEMA_VERSION,
         postgres_url: settings.postgres.url.to_string(),
@@ -243,6 +301,147 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         slot,
         publication,
     })
+}
+
+/// Looks at the slot from every other host of `postgres.url` (standbys): does it have a
+/// synchronized copy, and how far behind is it?
+async fn failover_status(
+    settings: &Settings,
+    client: &tokio_postgres::Client,
+    server: &catalog::ServerInfo,
+    slot: &SlotStatus,
+) -> Result<FailoverStatus, ControlError> {
+    let supported = server.version_num >= super::failover::FAILOVER_VERSION_NUM;
+    let synchronized_standby_slots = super::failover::standbys(client, server)
+        .await?
+        .synchronized_standby_slots;
+    let this_port: Option<i32> = client
+        .query_one("SELECT inet_server_port()", &[])
+        .await
+        .map(|r| r.get(0))
+        .ok()
+        .flatten();
+    let mut standbys = Vec::new();
+    for (host, port) in settings.postgres.host_ports() {
+        let name = match &host {
+            tokio_postgres::config::Host::Tcp(h) => format!("{h}:{port}"),
+            tokio_postgres::config::Host::Unix(d) => format!("{}:{port}", d.display()),
+        };
+        let mut standby = StandbyStatus {
+            host: name,
+            reachable: false,
+            in_recovery: None,
+            slot_synced: None,
+            confirmed_flush_lsn: None,
+            behind_bytes: None,
+            error: None,
+        };
+        let other = match crate::postgres::client::connect_host(
+            &settings.postgres,
+            &host,
+            port,
+            settings.relay.connect_timeout,
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                standby.error = Some(e.to_string());
+                standbys.push(standby);
+                continue;
+            }
+        };
+        standby.reachable = true;
+        let row = other
+            .query_one(
+                "SELECT pg_is_in_recovery(), inet_server_port(),                         (SELECT (to_jsonb(s) ->> 'synced')::bool FROM pg_replication_slots s WHERE slot_name = $1),                         (SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&slot.name],
+            )
+            .await;
+        match row {
+            Ok(row) => {
+                let in_recovery: bool = row.get(0);
+                let port: Option<i32> = row.get(1);
+                if !in_recovery && port == this_port {
+                    // The primary itself (the host this status talks to).
+                    continue;
+                }
+                standby.in_recovery = Some(in_recovery);
+                standby.slot_synced = row.get::<_, Option<bool>>(2).or(Some(false).filter(|_| in_recovery));
+                standby.confirmed_flush_lsn = row.get::<_, Option<String>>(3).and_then(|s| s.parse().ok());
+                if let (Some(primary), Some(copy)) = (slot.confirmed_flush_lsn, standby.confirmed_flush_lsn) {
+                    standby.behind_bytes = Some(primary.0 as i64 - copy.0 as i64);
+                }
+            }
+            Err(e) => standby.error = Some(super::describe(&e)),
+        }
+        standbys.push(standby);
+    }
+    let mut reasons = Vec::new();
+    if !supported {
+        reasons.push(format!(
+            "PostgreSQL {} has no failover slots (17+): a promoted standby has no slot {}; after a failover, recover \
+             with `setup --backfill --since TIMESTAMP` (docs/operations.md)",
+            server.version, slot.name
+        ));
+    } else if slot.exists && slot.failover != Some(true) {
+        reasons.push(format!(
+            "slot {} is not a failover slot: run `outbox-relay setup` (postgres.failover_slot = \"auto\" or \"on\")",
+            slot.name
+        ));
+    } else if !slot.exists {
+        reasons.push(format!("slot {} does not exist", slot.name));
+    }
+    if supported && standbys.iter().all(|s| s.slot_synced != Some(true)) {
+        reasons.push(if standbys.is_empty() {
+            "postgres.url names no standby, so none could be checked for a synchronized copy of the slot (list the \
+             standbys after the primary, with target_session_attrs=read-write)"
+                .to_owned()
+        } else {
+            "no standby listed in postgres.url has a synchronized copy of the slot (standbys need \
+             sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name, a dbname in primary_conninfo)"
+                .to_owned()
+        });
+    }
+    if supported && synchronized_standby_slots.is_empty() {
+        reasons.push(
+            "synchronized_standby_slots is empty: a promoted standby may lack transactions the relay already published"
+                .to_owned(),
+        );
+    }
+    Ok(FailoverStatus {
+        supported,
+        mode: settings.postgres.failover_slot.as_str().to_owned(),
+        synchronized_standby_slots,
+        ready: reasons.is_empty(),
+        standbys,
+        reasons,
+    })
+}
+
+impl fmt::Display for FailoverStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = if self.ready { "ready" } else { "NOT ready" };
+        write!(f, "failover: {verdict} (postgres.failover_slot = {})", self.mode)?;
+        for s in &self.standbys {
+            write!(f, "\n  standby {}: ", s.host)?;
+            match (&s.error, s.slot_synced) {
+                (Some(e), _) => write!(f, "unreachable or unreadable ({e})")?,
+                (None, Some(true)) => {
+                    write!(f, "slot copy synchronized")?;
+                    if let Some(b) = s.behind_bytes {
+                        write!(f, ", {} behind the primary", human_bytes(b.max(0)))?;
+                    }
+                }
+                (None, _) if s.in_recovery == Some(false) => write!(f, "not in recovery (a second primary?)")?,
+                (None, _) => write!(f, "no synchronized copy of the slot")?,
+            }
+        }
+        for r in &self.reasons {
+            write!(f, "\n  - {r}")?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for StatusReport {
@@ -273,6 +472,7 @@ impl StatusReport {
         )?;
         writeln!(f, "{}", self.slot)?;
         writeln!(f, "{}", self.publication)?;
+        writeln!(f, "{}", self.failover)?;
         self.health.render(f, self.slot.lag_bytes, self.slot.retained_wal_bytes)
     }
 }
@@ -438,6 +638,15 @@ mod tests {
                 lag_bytes: Some(0x1000),
                 wal_status: Some("reserved".into()),
                 safe_wal_size: None,
+                failover: None,
+            },
+            failover: FailoverStatus {
+                supported: false,
+                mode: "auto".into(),
+                synchronized_standby_slots: Vec::new(),
+                standbys: Vec::new(),
+                ready: false,
+                reasons: vec!["PostgreSQL 15.20 has no failover slots (17+)".into()],
             },
             publication: PublicationStatus {
                 name: "outbox_relay".into(),

@@ -202,20 +202,118 @@ impl ThrowawayPostgres {
                 "role names and passwords must be single lines".into(),
             ));
         }
+        let mut pg = ThrowawayPostgres::create_dir(bin, options)?;
+        pg.init(options)?;
+        pg.start_on_port(options)?;
+        Ok(pg)
+    }
+
+    /// A physical standby (or any cluster made from a base backup): the data directory is a
+    /// copy of `source` taken between `pg_backup_start` and `pg_backup_stop` (the caller's
+    /// session runs both), without its WAL, slots and pid file; `files` (e.g. `backup_label`
+    /// from `pg_backup_stop`, an empty `standby.signal`) are written into it, then `options`'
+    /// settings (`primary_conninfo`, `primary_slot_name`, …) are appended to its configuration,
+    /// and it starts on a port of its own. Blocking; ready as soon as it accepts connections
+    /// (a hot standby: once consistent). `options`' TLS, `pg_hba.conf` and roles come with the
+    /// copy and are not applied again.
+    pub fn start_from_copy(
+        bin: &Path,
+        source: &Path,
+        files: &[(&str, &str)],
+        options: &Options,
+    ) -> Result<ThrowawayPostgres, DemoError> {
+        let mut pg = ThrowawayPostgres::create_dir(bin, options)?;
+        if pg.as_postgres {
+            pg.chown()?;
+        }
+        let data = pg.data_dir();
+        let mut cp = Command::new("cp");
+        cp.arg("-a").arg(source).arg(&data);
+        let out = run_bounded(&mut cp, None)?;
+        if !out.status.success() {
+            return Err(DemoError::PostgresStart(format!(
+                "copying {}: {}",
+                source.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        // What a base backup leaves out: the source's running state, its WAL (the standby
+        // streams what it needs from the primary) and its replication slots.
+        for file in ["postmaster.pid", "postmaster.opts", "backup_label.old"] {
+            let _ = fs::remove_file(data.join(file));
+        }
+        for dir in ["pg_wal", "pg_replslot"] {
+            for entry in fs::read_dir(data.join(dir)).into_iter().flatten().flatten() {
+                let path = entry.path();
+                let _ = if path.is_dir() && entry.file_name() != "archive_status" && entry.file_name() != "summaries" {
+                    fs::remove_dir_all(&path)
+                } else if path.is_file() {
+                    fs::remove_file(&path)
+                } else {
+                    Ok(())
+                };
+            }
+        }
+        for (name, text) in files {
+            write_file(&data.join(name), text, 0o600)?;
+        }
+        pg.append_conf(&format!(
+            "\n# outbox-relay: copy of {}\nunix_socket_directories = '{}'\n",
+            source.display(),
+            pg.root().display()
+        ))?;
+        pg.append_conf(&options.settings)?;
+        if pg.as_postgres {
+            pg.chown()?;
+        }
+        pg.start_on_port(options)?;
+        Ok(pg)
+    }
+
+    /// Promotes a standby (`pg_ctl promote`, waiting up to 60 s until it accepts writes). Blocking.
+    pub fn promote(&self) -> Result<(), DemoError> {
+        let mut pg_ctl = self.command(&self.bin.join("pg_ctl"));
+        pg_ctl
+            .arg("promote")
+            .arg("-D")
+            .arg(self.data_dir())
+            .args(["-w", "-t", "60"]);
+        let out = run_bounded(&mut pg_ctl, None)?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(DemoError::PostgresStart(format!(
+                "pg_ctl promote: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
+    }
+
+    /// The binaries' directory this cluster runs.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin
+    }
+
+    /// The temporary directory, before anything is in it; dropping the value removes it.
+    fn create_dir(bin: &Path, options: &Options) -> Result<ThrowawayPostgres, DemoError> {
         let dir = tempfile::Builder::new()
             .prefix(&options.prefix)
             .tempdir()
             .map_err(|e| DemoError::Io("creating the temporary directory".into(), e))?
             .keep();
-        // From here on, dropping `pg` removes the directory again.
-        let mut pg = ThrowawayPostgres {
+        Ok(ThrowawayPostgres {
             dir: Some(dir),
             bin: bin.to_owned(),
             port: 0,
             as_postgres: running_as_root(),
             server: Mutex::new(None),
-        };
-        pg.init(options)?;
+        })
+    }
+
+    /// Picks the port, starts the server and waits until it is ready.
+    fn start_on_port(&mut self, options: &Options) -> Result<(), DemoError> {
+        let pg = self;
         // Another process can take a free port between our check and the server's bind.
         let attempts = if options.port.is_some() { 1 } else { 3 };
         for _ in 0..attempts {
@@ -226,7 +324,7 @@ impl ThrowawayPostgres {
             pg.append_conf(&format!("port = {}\n", pg.port))?;
             pg.spawn_server()?;
             if pg.wait_ready(START_TIMEOUT) {
-                return Ok(pg);
+                return Ok(());
             }
             let _ = pg.stop_server(Shutdown::Immediate);
             let log = pg.log_tail();
@@ -357,7 +455,8 @@ impl ThrowawayPostgres {
     }
 
     /// Where the server is, without waiting. Ready means: the server this value spawned is
-    /// running, and its `postmaster.pid` (whose postmaster is alive) says `ready` for our port.
+    /// running, and its `postmaster.pid` (whose postmaster is alive) says `ready` (or, for a hot
+    /// standby, `standby`) for our port.
     pub fn readiness(&self) -> Readiness {
         let running = self
             .server()
@@ -372,7 +471,8 @@ impl ThrowawayPostgres {
         let lines: Vec<&str> = text.lines().map(str::trim).collect();
         let ours = lines.get(3).is_some_and(|port| *port == self.port.to_string())
             && lines.first().is_some_and(|pid| Path::new("/proc").join(pid).is_dir());
-        if ours && lines.get(7) == Some(&"ready") {
+        // A hot standby says `standby` once it accepts (read-only) connections.
+        if ours && matches!(lines.get(7), Some(&"ready") | Some(&"standby")) {
             Readiness::Ready
         } else {
             Readiness::Starting

@@ -22,6 +22,8 @@
 //! | `outbox_relay_slot_retained_wal_bytes` | gauge | WAL the server keeps for the slot (current LSN − `restart_lsn`) |
 //! | `outbox_relay_reconnects_total` | counter | sessions restarted after a transient error |
 //! | `outbox_relay_active` | gauge | 1 while this instance streams, 0 while it stands by or reconnects |
+//! | `outbox_relay_last_confirmed_commit_timestamp_seconds` | gauge | commit time (Unix seconds) of the latest transaction with events confirmed to the server: every event committed up to then is in Kafka (the recovery point after losing the slot) |
+//! | `outbox_relay_slot_failover_ready` | gauge | 1 when the slot would survive a promotion: a failover slot (17+), `synchronized_standby_slots` set and each slot it names streaming; else 0 |
 //! | `outbox_relay_bad_events_total{policy,cause}` | counter | events `relay.on_bad_event` handled (`policy`: fail, skip, dead-letter; `cause`: see `BadEvent::label`) |
 //! | `outbox_relay_events_skipped_in_kafka_total` | counter | exactly-once: replayed events not produced because Kafka already held them |
 //! | `outbox_relay_partitions_read_back_total` | counter | exactly-once: partition tails read back (once per partition and streaming session, replay window only) |
@@ -49,6 +51,8 @@ pub(crate) const FLUSHED_LSN: &str = "outbox_relay_flushed_lsn";
 pub(crate) const SLOT_RETAINED_WAL_BYTES: &str = "outbox_relay_slot_retained_wal_bytes";
 pub(crate) const RECONNECTS: &str = "outbox_relay_reconnects_total";
 pub(crate) const ACTIVE: &str = "outbox_relay_active";
+pub(crate) const LAST_CONFIRMED_COMMIT: &str = "outbox_relay_last_confirmed_commit_timestamp_seconds";
+pub(crate) const SLOT_FAILOVER_READY: &str = "outbox_relay_slot_failover_ready";
 pub(crate) const BAD_EVENTS: &str = "outbox_relay_bad_events_total";
 pub(crate) const EVENTS_SKIPPED_IN_KAFKA: &str = "outbox_relay_events_skipped_in_kafka_total";
 pub(crate) const PARTITIONS_READ_BACK: &str = "outbox_relay_partitions_read_back_total";
@@ -106,6 +110,14 @@ pub(crate) fn describe() {
     describe_gauge!(
         ACTIVE,
         "1 while this instance streams from the slot, 0 while it stands by or reconnects."
+    );
+    describe_gauge!(
+        LAST_CONFIRMED_COMMIT,
+        "Commit time (Unix seconds) of the latest transaction with events confirmed to PostgreSQL."
+    );
+    describe_gauge!(
+        SLOT_FAILOVER_READY,
+        "1 when the slot is a failover slot and every standby in synchronized_standby_slots streams; else 0."
     );
     describe_counter!(
         BAD_EVENTS,
@@ -243,6 +255,8 @@ pub(crate) struct StreamSnapshot {
     pub(crate) seconds_behind: f64,
     pub(crate) received_lsn: u64,
     pub(crate) flushed_lsn: u64,
+    /// See [`LAST_CONFIRMED_COMMIT`]; `None` until a transaction with events was confirmed.
+    pub(crate) last_confirmed_commit_unix_us: Option<i64>,
 }
 
 impl Default for StreamGauges {
@@ -270,6 +284,9 @@ impl StreamGauges {
         self.seconds_behind.set(s.seconds_behind);
         self.received_lsn.set(s.received_lsn as f64);
         self.flushed_lsn.set(s.flushed_lsn as f64);
+        if let Some(us) = s.last_confirmed_commit_unix_us {
+            gauge!(LAST_CONFIRMED_COMMIT).set(us as f64 / 1e6);
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Quantities for people: byte counts in binary units.
+//! Quantities for people: byte counts in binary units, instants in UTC.
 
 /// Bytes in binary units for people: `512 B`, `1.5 KiB`, `16.0 MiB`, `2.3 GiB`.
 pub(crate) fn human_bytes(bytes: i64) -> String {
@@ -17,9 +17,41 @@ pub(crate) fn human_bytes(bytes: i64) -> String {
     format!("{sign}{value:.1} {}", UNITS[unit])
 }
 
+/// Microseconds since the Unix epoch as `2024-05-01T12:34:56.789012Z` (UTC, proleptic
+/// Gregorian), e.g. for a value an operator pastes into `setup --backfill --since`.
+pub(crate) fn utc_from_unix_us(us: i64) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let day_secs = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        day_secs / 3600,
+        day_secs % 3600 / 60,
+        day_secs % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::human_bytes;
+    use super::{human_bytes, utc_from_unix_us};
+
+    #[test]
+    fn utc_instants_render_like_rfc3339() {
+        assert_eq!(utc_from_unix_us(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(utc_from_unix_us(1_709_210_096_123_456), "2024-02-29T12:34:56.123456Z");
+        assert_eq!(utc_from_unix_us(-1), "1969-12-31T23:59:59.999999Z");
+    }
 
     #[test]
     fn human_bytes_picks_binary_units() {

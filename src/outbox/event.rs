@@ -222,6 +222,12 @@ mod tests {
 
     use crate::config::test_support::settings;
 
+    /// Rows whose payload column is `bytea`, without `[debezium]`.
+    const BYTEA_ROWS: RowFormat = RowFormat {
+        payload: PayloadFormat::Bytea,
+        connect: None,
+    };
+
     /// A timestamp column, two header columns and a prefix-routing rule.
     const FULL: &str =
         "[outbox]\ntimestamp_column = \"created_at\"\nheader_columns = { a_col = \"x-a\", b_col = \"x-b\" }\n\
@@ -486,15 +492,7 @@ mod tests {
             let streamed = layout.extract(&table, &row).unwrap();
             assert_eq!(streamed.payload.as_deref(), Some(&bytes[..]));
             let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
-            let polled = OutboxEvent::from_columns(
-                &s.outbox,
-                &values,
-                &RowFormat {
-                    payload: PayloadFormat::Bytea,
-                    connect: None,
-                },
-            )
-            .unwrap();
+            let polled = OutboxEvent::from_columns(&s.outbox, &values, &BYTEA_ROWS).unwrap();
             assert_eq!(streamed, polled);
             assert_eq!(streamed.record(&s.router).unwrap().payload.as_deref(), Some(&bytes[..]));
         }
@@ -522,15 +520,7 @@ mod tests {
             );
             assert_eq!(layout.id_for_error(&row), b"9");
             let values = [Some("9"), Some("k"), Some("t"), Some(bad)];
-            let polled = OutboxEvent::from_columns(
-                &s.outbox,
-                &values,
-                &RowFormat {
-                    payload: PayloadFormat::Bytea,
-                    connect: None,
-                },
-            )
-            .unwrap_err();
+            let polled = OutboxEvent::from_columns(&s.outbox, &values, &BYTEA_ROWS).unwrap_err();
             assert_eq!(polled, err);
         }
         // A NULL payload is still a NULL, whatever its type.

@@ -78,6 +78,49 @@ pub(crate) async fn connect(settings: &PostgresSettings, timeout: Duration) -> R
     Ok(client)
 }
 
+/// Opens a control connection to one host of `postgres.url` only (user, password, database
+/// and TLS as configured; `target_session_attrs` ignored), e.g. to look at a standby.
+pub(crate) async fn connect_host(
+    settings: &PostgresSettings,
+    host: &tokio_postgres::config::Host,
+    port: u16,
+    timeout: Duration,
+) -> Result<Client, ConnectError> {
+    let base = &settings.connection;
+    let mut config = tokio_postgres::Config::new();
+    match host {
+        tokio_postgres::config::Host::Tcp(name) => config.host(name),
+        tokio_postgres::config::Host::Unix(dir) => config.host_path(dir),
+    };
+    config.port(port).ssl_mode(base.get_ssl_mode());
+    if let Some(user) = base.get_user() {
+        config.user(user);
+    }
+    if let Some(password) = base.get_password() {
+        config.password(password);
+    }
+    if let Some(db) = base.get_dbname() {
+        config.dbname(db);
+    }
+    config.application_name(base.get_application_name().unwrap_or("outbox-relay"));
+    let url = settings.url.to_string();
+    let tls =
+        tokio_postgres_rustls::MakeRustlsConnect::new((*tls::client_config(settings.sslrootcert.as_deref())?).clone());
+    let (client, connection) = tokio::time::timeout(timeout, config.connect(tls))
+        .await
+        .map_err(|_| ConnectError::Timeout {
+            url: url.clone(),
+            after: timeout,
+        })?
+        .map_err(|source| ConnectError::Postgres { url, source })?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            debug!(error = %e, "control connection closed");
+        }
+    });
+    Ok(client)
+}
+
 /// The OIDs of the domains over `bytea`, directly or over another such domain (a payload
 /// column of any of them holds binary data).
 pub(crate) async fn bytea_domain_oids(client: &Client) -> Result<Vec<u32>, tokio_postgres::Error> {

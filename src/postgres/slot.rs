@@ -43,6 +43,12 @@ pub(crate) struct SlotRow {
     pub(crate) safe_wal_size: Option<i64>,
     /// PostgreSQL 17+: why the slot was invalidated.
     pub(crate) invalidation_reason: Option<String>,
+    /// PostgreSQL 17+: a failover slot, synchronized to standbys with `sync_replication_slots`
+    /// (`None` before 17).
+    pub(crate) failover: Option<bool>,
+    /// PostgreSQL 17+: this server's copy is synchronized from a primary (true on a standby:
+    /// it cannot be streamed from until that standby is promoted).
+    pub(crate) synced: Option<bool>,
     /// Current WAL position minus `restart_lsn`: what the server keeps for the slot.
     pub(crate) retained_wal_bytes: Option<i64>,
     /// Current WAL position minus `confirmed_flush_lsn`: not yet confirmed by the relay.
@@ -175,6 +181,8 @@ struct SlotJson {
     wal_status: Option<String>,
     safe_wal_size: Option<i64>,
     invalidation_reason: Option<String>,
+    failover: Option<bool>,
+    synced: Option<bool>,
 }
 
 /// The only query of `pg_replication_slots` for one slot. Column 0 is the row (as JSON) only
@@ -235,6 +243,8 @@ pub(crate) async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLooku
         wal_status: raw.wal_status,
         safe_wal_size: raw.safe_wal_size,
         invalidation_reason: raw.invalidation_reason,
+        failover: raw.failover,
+        synced: raw.synced,
         retained_wal_bytes: row.get(2),
         lag_bytes: row.get(3),
         holder,

@@ -24,7 +24,11 @@ pub enum RelayError {
     Slot(#[from] SlotQueryError),
     #[error(
         "replication slot {slot:?} does not exist in this database. Create it with `outbox-relay setup --config …` \
-         (if it existed before, it was dropped: events in WAL it retained may be gone — see docs/operations.md)"
+         (if it existed before, it was dropped, or this server is a promoted standby that had no copy of it — \
+         PostgreSQL 14-16 have no failover slots: events in WAL it retained may be unpublished. Recover with \
+         `outbox-relay setup --backfill --since-id N` or `--since TIMESTAMP`, which re-creates the slot and first \
+         republishes the outbox rows after that point; the relay logs the last confirmed commit time. See \
+         docs/operations.md, \"Failover on PostgreSQL 14-16\")"
     )]
     SlotMissing { slot: String },
     #[error(
@@ -156,6 +160,26 @@ impl RelayError {
             | RelayError::Watermark(_)
             | RelayError::Protocol(_)
             | RelayError::StreamThread(_) => false,
+        }
+    }
+
+    /// The session could not reach a primary, or lost it: the link broke, no host answered or
+    /// none was the primary, or we reached a standby's synchronized copy of the slot. What a
+    /// failover looks like from here.
+    pub(crate) fn is_connection_failure(&self) -> bool {
+        match self {
+            RelayError::Replication(e) => match e {
+                ReplicationError::Io(_)
+                | ReplicationError::Connect { .. }
+                | ReplicationError::Timeout { .. }
+                | ReplicationError::Closed
+                | ReplicationError::NoPrimary { .. } => true,
+                ReplicationError::Server(s) => s.is_synced_slot_on_standby() || s.code.starts_with("57P"),
+                _ => false,
+            },
+            RelayError::Connect(e) => e.is_transient(),
+            RelayError::Control(e) => is_transient_pg(e),
+            _ => false,
         }
     }
 

@@ -18,6 +18,9 @@ use crate::postgres::lsn::Lsn;
 pub(crate) struct CommitLag {
     /// (commit LSN, commit time µs) of unconfirmed transactions with events, in commit order.
     pending: VecDeque<(Lsn, i64)>,
+    /// Commit time (µs) of the latest confirmed transaction that carried events: every event
+    /// committed up to then is in Kafka (the recovery point of docs/operations.md).
+    last_confirmed_unix_us: Option<i64>,
 }
 
 impl CommitLag {
@@ -34,11 +37,18 @@ impl CommitLag {
     /// nothing pending), so "commit record starts before it" means "confirmed".
     pub(crate) fn seconds_behind(&mut self, confirmed: Lsn, now_unix_us: i64) -> f64 {
         while self.pending.front().is_some_and(|(lsn, _)| *lsn < confirmed) {
-            self.pending.pop_front();
+            self.last_confirmed_unix_us = self.pending.pop_front().map(|(_, t)| t);
         }
         self.pending
             .front()
             .map_or(0.0, |(_, t)| seconds_since(*t, now_unix_us))
+    }
+}
+
+impl CommitLag {
+    /// See [`CommitLag::last_confirmed_unix_us`] (updated by [`CommitLag::seconds_behind`]).
+    pub(crate) fn last_confirmed_unix_us(&self) -> Option<i64> {
+        self.last_confirmed_unix_us
     }
 }
 
@@ -57,6 +67,7 @@ mod tests {
         assert_eq!(lag.seconds_behind(Lsn(50), 20_000_000), 10.0);
         // The first transaction ends at 150: confirmed.
         assert_eq!(lag.seconds_behind(Lsn(150), 20_000_000), 8.0);
+        assert_eq!(lag.last_confirmed_unix_us(), Some(10_000_000));
         assert_eq!(lag.seconds_behind(Lsn(250), 20_000_000), 0.0);
         assert!(lag.pending.is_empty());
     }

@@ -7,6 +7,10 @@
 //! Fatal errors (bad configuration, a bad event under the `fail` policy, a lost slot) stop the
 //! process with a message that says what to do.
 //!
+//! With several hosts in `postgres.url` (a primary and its standbys), losing the connection is
+//! how a failover starts: the next sessions look for the primary at least every
+//! [`FAILOVER_POLL`], and resume on the promoted standby's copy of the failover slot.
+//!
 //! Several processes with the same config form an active/standby group: the slot admits one
 //! walsender, the others stand by (`standby.rs`) and take over within `relay.standby_poll_ms`
 //! of the slot becoming free. A slot monitor task (`slot_monitor.rs`) checks the slot's health
@@ -51,6 +55,10 @@ use crate::ops::retry::{wait_or_shutdown, Backoff};
 
 /// A session that streamed at least this long resets the backoff.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+/// With several hosts in `postgres.url`, the longest wait between two looks for the primary
+/// while none is reachable: a promotion is noticed within about this long, however long the
+/// outage before it (the ordinary backoff would have grown to `reconnect_backoff_max`).
+const FAILOVER_POLL: Duration = Duration::from_secs(1);
 
 /// What sessions share across reconnects.
 pub(crate) struct SessionContext {
@@ -71,6 +79,9 @@ pub(crate) struct SessionContext {
     /// Another instance held the slot since this process last streamed: the next session may be
     /// taking over from a frozen holder (`resume.rs`).
     pub(crate) after_standby: bool,
+    /// Commit time (µs) of the latest transaction with events any session of this process
+    /// confirmed: the recovery point named when the slot turns out to be gone.
+    pub(crate) last_confirmed_commit_unix_us: Option<i64>,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
@@ -96,6 +107,7 @@ pub(crate) async fn run(
         publication_noted: false,
         gaps: Default::default(),
         after_standby: false,
+        last_confirmed_commit_unix_us: None,
     };
     let (done, outcome) = tokio::sync::oneshot::channel();
     let settings = settings.clone();
@@ -154,7 +166,10 @@ async fn supervise(
                 if started.elapsed() >= HEALTHY_SESSION {
                     backoff.reset();
                 }
-                let delay = backoff.next_delay();
+                let mut delay = backoff.next_delay();
+                if settings.postgres.host_ports().len() > 1 && e.is_connection_failure() {
+                    delay = delay.min(FAILOVER_POLL);
+                }
                 warn!(slot = %settings.postgres.slot, error = %e, retry_in_ms = delay.as_millis() as u64, "reconnecting");
                 if wait_or_shutdown(delay, shutdown).await {
                     return Ok(());
@@ -162,6 +177,16 @@ async fn supervise(
             }
             Err(e) => {
                 error!(slot = %settings.postgres.slot, error = %e, "fatal");
+                if let (RelayError::SlotMissing { .. }, Some(us)) = (&e, ctx.last_confirmed_commit_unix_us) {
+                    // After a failover on PostgreSQL 14-16 (or a dropped slot): where the
+                    // recovery starts. Events committed up to then are in Kafka.
+                    let since = crate::ops::units::utc_from_unix_us(us);
+                    error!(
+                        slot = %settings.postgres.slot,
+                        last_confirmed_commit = %since,
+                        "every event committed up to {since} is in Kafka. Recover: `outbox-relay setup --backfill --since                          '<{since} minus your longest transaction>'` (re-creates the slot and republishes the outbox                          rows created since; docs/operations.md, \"Failover on PostgreSQL 14-16\"), then run again"
+                    );
+                }
                 return Err(e);
             }
         }

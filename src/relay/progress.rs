@@ -47,6 +47,7 @@ impl<'s> StreamState<'s> {
             seconds_behind: self.lag.seconds_behind(flushed, now_unix_us),
             received_lsn: self.received.0,
             flushed_lsn: flushed.0,
+            last_confirmed_commit_unix_us: self.lag.last_confirmed_unix_us(),
         }
     }
 }

@@ -40,6 +40,7 @@ use crate::config::relay::Delivery as DeliveryMode;
 use crate::config::Settings;
 use crate::ops::health::Mode;
 use crate::ops::metrics::{now_unix_us, StreamGauges};
+use crate::ops::units::utc_from_unix_us;
 use crate::outbox::layout::DebeziumColumns;
 use crate::outbox::payload::ByteaTypes;
 use crate::postgres::client as pg_client;
@@ -84,6 +85,7 @@ pub(crate) async fn run_session(
     let mut conn =
         ReplicationConnection::connect_with(&settings.postgres, timeout, Some(settings.relay.receive_timeout)).await?;
     let backend_pid = conn.backend_pid;
+    let host = conn.host().to_owned();
     // Which cluster and timeline this session reads: after a failover or a restore the
     // operator can tell from the log which server the events came from.
     let system = conn.identify_system().await?;
@@ -111,6 +113,7 @@ pub(crate) async fn run_session(
         delivery = settings.relay.delivery.label(),
         start_lsn = %slot.confirmed_flush,
         walsender_pid = backend_pid,
+        host = %host,
         system_id = %system.system_id,
         timeline = system.timeline,
         server_wal_lsn = %system.xlogpos,
@@ -156,16 +159,19 @@ pub(crate) async fn run_session(
     if let Err(e) = &outcome {
         warn!(error = %e, slot = %settings.postgres.slot, "stopping stream");
     }
-    if let Some(gaps) = wind_down(
+    let (gaps, last_confirmed) = wind_down(
         state,
         &mut reader,
         &mut writer,
         &mut deliveries,
         settings.relay.shutdown_timeout,
     )
-    .await
-    {
+    .await;
+    if let Some(gaps) = gaps {
         ctx.gaps = gaps;
+    }
+    if last_confirmed.is_some() {
+        ctx.last_confirmed_commit_unix_us = last_confirmed;
     }
     // Whatever was still in flight belongs to the abandoned producer and will be replayed.
     StreamGauges::default().set_idle();
@@ -263,14 +269,15 @@ async fn next_read_back(read_backs: &mut Option<DoneReceiver>) -> Option<resume:
     }
 }
 
-/// Returns the exactly-once gaps for the next session (`None` in at-least-once mode).
+/// Returns the exactly-once gaps for the next session (`None` in at-least-once mode) and the
+/// commit time of the latest confirmed transaction with events (`None`: none this session).
 async fn wind_down(
     mut state: StreamState<'_>,
     reader: &mut FrameReader,
     writer: &mut StatusWriter,
     deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
     wait: Duration,
-) -> Option<resume::Gaps> {
+) -> (Option<resume::Gaps>, Option<i64>) {
     let deadline = Instant::now() + wait;
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     while state.in_flight() > 0 {
@@ -295,8 +302,12 @@ async fn wind_down(
     state.fold_latency();
     let sent = state.send_status(writer, false).await;
     let counts = state.counts;
+    // Every event committed up to this instant is in Kafka: the recovery point should the slot
+    // be lost (docs/operations.md, "Failover on PostgreSQL 14-16").
+    let last_confirmed = state.progress(now_unix_us()).last_confirmed_commit_unix_us;
     info!(
         confirmed_lsn = %state.confirmed(),
+        last_confirmed_commit = %last_confirmed.map(utc_from_unix_us).unwrap_or_else(|| "none this session".into()),
         received_lsn = %state.received(),
         transactions = counts.transactions,
         events_sent = counts.events_sent,
@@ -315,5 +326,5 @@ async fn wind_down(
     // Awaited: the next session's producer must not start replaying while this one's requests
     // are still on the wire.
     let _ = tokio::task::spawn_blocking(move || publisher.abandon(Duration::from_secs(5))).await;
-    gaps
+    (gaps, last_confirmed)
 }

@@ -160,6 +160,9 @@ impl Monitor {
         if let Some(bytes) = row.as_ref().and_then(|r| r.retained_wal_bytes) {
             ::metrics::gauge!(metrics::SLOT_RETAINED_WAL_BYTES).set(bytes as f64);
         }
+        if let Some(ready) = self.failover_ready().await {
+            ::metrics::gauge!(metrics::SLOT_FAILOVER_READY).set(if ready { 1.0 } else { 0.0 });
+        }
         let found = assess(row.as_ref(), self.settings.relay.retained_wal_warn_bytes);
         self.warn(&found.warnings);
         let slot = self.settings.postgres.slot.as_str();
@@ -184,6 +187,32 @@ impl Monitor {
             .as_ref()
             .ok_or_else(|| RelayError::Protocol("no control connection".into()))?;
         read_slot(client, self.settings.postgres.slot.as_str()).await
+    }
+
+    /// Whether the slot would survive a promotion, as far as the primary can tell: a failover
+    /// slot (17+), `synchronized_standby_slots` set, and every slot it names streaming. `None`
+    /// when the question failed (the slot check reports connection trouble).
+    async fn failover_ready(&self) -> Option<bool> {
+        let client = self.client.as_ref()?;
+        let slot = self.settings.postgres.slot.as_str();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
+        let ready = client.query_one(
+            "SELECT current_setting('server_version_num')::int >= 170000
+                AND COALESCE((SELECT (to_jsonb(s) ->> 'failover')::bool FROM pg_replication_slots s
+                              WHERE s.slot_name = $1), false)
+                AND COALESCE(current_setting('synchronized_standby_slots', true), '') <> ''
+                AND NOT EXISTS (
+                    SELECT 1 FROM unnest(string_to_array(
+                        replace(current_setting('synchronized_standby_slots', true), ' ', ''), ',')) AS n(name)
+                    WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots p
+                                      WHERE p.slot_name = n.name AND p.active))",
+            &params,
+        );
+        let limit = self.settings.relay.connect_timeout;
+        match tokio::time::timeout(limit, ready).await {
+            Ok(Ok(row)) => row.get(0),
+            _ => None,
+        }
     }
 
     fn failed(&mut self, error: String) {

@@ -868,6 +868,7 @@ fn check_json(report: &StatusReport, password: &str) {
     assert_eq!(
         keys(&v),
         [
+            "failover",
             "health",
             "outbox_table",
             "postgres_url",
@@ -896,6 +897,7 @@ fn check_json(report: &StatusReport, password: &str) {
             "confirmed_flush_lsn",
             "database",
             "exists",
+            "failover",
             "lag_bytes",
             "name",
             "plugin",

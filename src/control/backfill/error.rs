@@ -59,6 +59,9 @@ pub(crate) enum BackfillError {
     #[error("Kafka did not acknowledge a backfilled event: {0}. Check the brokers, then run `setup --backfill` again")]
     Delivery(Box<DeliveryFailure>),
 
+    #[error("{0}")]
+    Unsupported(String),
+
     #[error("internal bookkeeping error (a bug in outbox-relay; please report it): {0}")]
     Internal(String),
 

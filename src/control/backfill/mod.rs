@@ -1,4 +1,7 @@
-//! `setup --backfill`: moving from a polling relayer to the relay without losing an event.
+//! `setup --backfill`: moving from a polling relayer to the relay without losing an event — and,
+//! with `--since-id N` / `--since TIMESTAMP`, recovering from a lost slot (a failover on
+//! PostgreSQL 14-16, which have no failover slots): the same steps, publishing every outbox row
+//! after the recovery point instead of the undispatched ones (duplicates allowed, losses not).
 //!
 //! A polling relayer marks rows it has published (`dispatched_at = now()`); rows with that
 //! column NULL are still owed to Kafka. A fresh slot only streams what commits *after* its
@@ -36,6 +39,7 @@ use tokio_postgres::Client;
 use tracing::{info, warn};
 
 pub(crate) use error::BackfillError;
+pub(crate) use pending::Selection;
 use pending::{PendingOrder, PendingRows};
 use publish::BackfillPublisher;
 
@@ -57,7 +61,8 @@ const SEQUENTIAL_ID_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
 #[derive(Debug, Clone)]
 pub(crate) struct BackfillReport {
     pub(crate) setup: SetupReport,
-    pub(crate) dispatched_column: Ident,
+    /// Which rows it published, for the report (e.g. `dispatched_at IS NULL`, `id > 41`).
+    pub(crate) selection: String,
     /// Pending rows published and acknowledged by Kafka.
     pub(crate) published: u64,
     /// Rows committed after this position are streamed by `run`.
@@ -69,9 +74,9 @@ impl fmt::Display for BackfillReport {
         writeln!(f, "{}", self.setup)?;
         write!(
             f,
-            "backfill: published {} pending rows ({} IS NULL in the slot's snapshot); Kafka acknowledged all of them. \
+            "backfill: published {} pending rows ({} in the slot's snapshot); Kafka acknowledged all of them. \
              Start `outbox-relay run` now: it streams every row committed after {}",
-            self.published, self.dispatched_column, self.consistent_point
+            self.published, self.selection, self.consistent_point
         )
     }
 }
@@ -80,7 +85,7 @@ impl fmt::Display for BackfillReport {
 /// consistent point (see the module docs).
 pub(crate) async fn setup_with_backfill(
     settings: &Settings,
-    dispatched: &Ident,
+    selection: Selection<'_>,
 ) -> Result<BackfillReport, BackfillError> {
     let client = connect(settings).await?;
     let before = preflight(&client, settings).await?;
@@ -88,7 +93,26 @@ pub(crate) async fn setup_with_backfill(
     if before.slot.is_some() {
         return Err(BackfillError::SlotExists { slot: slot.to_owned() });
     }
-    check_dispatched_column(&client, &before, dispatched).await?;
+    let id_is_sequential = before
+        .columns
+        .first()
+        .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str()));
+    match selection {
+        Selection::Undispatched(dispatched) => check_dispatched_column(&client, &before, dispatched).await?,
+        Selection::AfterId(_) if !id_is_sequential => {
+            return Err(BackfillError::Unsupported(format!(
+                "--since-id needs an integer id column (a sequence), but {} is {}; use --since TIMESTAMP",
+                settings.outbox.id,
+                before.columns.first().map_or("unknown", |c| c.type_name.as_str())
+            )))
+        }
+        Selection::Since(_) if settings.outbox.timestamp.is_none() => {
+            return Err(BackfillError::Unsupported(
+                "--since needs outbox.timestamp_column (the rows' creation time); set it, or use --since-id".into(),
+            ))
+        }
+        _ => {}
+    }
     let mut notices = Vec::new();
     let publication = ensure_publication(&client, &before, &mut notices).await?;
 
@@ -96,7 +120,10 @@ pub(crate) async fn setup_with_backfill(
         .await
         .map_err(BackfillError::replication("opening a replication connection"))?;
     // Like any slot creation, this waits for the transactions running right now to finish.
-    let (consistent_point, snapshot) = match repl.create_logical_slot_exporting_snapshot(slot).await {
+    let (consistent_point, snapshot) = match repl
+        .create_logical_slot_exporting_snapshot(slot, before.wants_failover)
+        .await
+    {
         Ok(created) => created,
         Err(e) if e.sqlstate() == Some("42710") => return Err(BackfillError::SlotExists { slot: slot.to_owned() }),
         Err(e) => {
@@ -107,12 +134,10 @@ pub(crate) async fn setup_with_backfill(
     };
     info!(%slot, %consistent_point, %snapshot, "slot created; publishing the rows pending in its snapshot");
 
+    let description = selection.to_string();
     let order = PendingOrder {
-        dispatched,
-        id_is_sequential: before
-            .columns
-            .first()
-            .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str())),
+        selection,
+        id_is_sequential,
     };
     let rows = super::preflight::row_format(settings, &before.columns)?;
     let published = match copy_pending(settings, &snapshot, &order, rows).await {
@@ -131,7 +156,7 @@ pub(crate) async fn setup_with_backfill(
             slot: SlotOutcome::Created { consistent_point },
             notices,
         },
-        dispatched_column: dispatched.clone(),
+        selection: description,
         published,
         consistent_point,
     })

@@ -113,15 +113,51 @@ impl PendingRows {
     }
 }
 
+/// Which rows a backfill publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Selection<'a> {
+    /// Migrating from a polling relayer: rows whose dispatched column (set once a poller
+    /// published the row) is NULL.
+    Undispatched(&'a Ident),
+    /// Recovering a lost slot: rows whose (integer) id is greater than this.
+    AfterId(i64),
+    /// Recovering a lost slot: rows whose timestamp column is at or after this instant (text
+    /// PostgreSQL reads as `timestamptz`).
+    Since(&'a str),
+}
+
+impl Selection<'_> {
+    /// The `WHERE` condition (values are numbers or quoted literals).
+    fn condition(&self, settings: &Settings) -> String {
+        match self {
+            Selection::Undispatched(column) => format!("{} IS NULL", column.quoted()),
+            Selection::AfterId(id) => format!("{} > {id}", settings.outbox.id.quoted()),
+            Selection::Since(ts) => {
+                let column = settings.outbox.timestamp.as_ref().unwrap_or(&settings.outbox.id);
+                format!("{} >= '{}'::timestamptz", column.quoted(), ts.replace('\'', "''"))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Selection<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selection::Undispatched(column) => write!(f, "{column} IS NULL"),
+            Selection::AfterId(id) => write!(f, "id > {id}"),
+            Selection::Since(ts) => write!(f, "created at or after {ts}"),
+        }
+    }
+}
+
 /// Which rows are pending, and how to order them.
 pub(crate) struct PendingOrder<'a> {
-    /// The column a polling relayer sets once it published a row; NULL means pending.
-    pub(crate) dispatched: &'a Ident,
+    pub(crate) selection: Selection<'a>,
     /// The id column is an integer (a sequence), so its order is insertion order.
     pub(crate) id_is_sequential: bool,
 }
 
-/// `SELECT <mapped columns> FROM <outbox> WHERE <dispatched> IS NULL ORDER BY …`.
+/// `SELECT <mapped columns> FROM <outbox> WHERE <selection> ORDER BY …`.
 ///
 /// Events are published in this order and Kafka keeps it per partition, so it must be
 /// insertion order within an aggregate: a sequence id gives that; otherwise (uuid ids) the
@@ -134,12 +170,11 @@ pub(crate) fn select_pending(settings: &Settings, order: &PendingOrder<'_>) -> S
         order_by.push(ts.quoted());
     }
     order_by.push(mapping.id.quoted());
-    let dispatched = order.dispatched;
     format!(
-        "SELECT {} FROM {} WHERE {} IS NULL ORDER BY {}",
+        "SELECT {} FROM {} WHERE {} ORDER BY {}",
         columns.join(", "),
         mapping.table.quoted(),
-        dispatched.quoted(),
+        order.selection.condition(settings),
         order_by.join(", ")
     )
 }
@@ -165,7 +200,7 @@ mod tests {
         let sql = select_pending(
             &s,
             &PendingOrder {
-                dispatched: &dispatched,
+                selection: Selection::Undispatched(&dispatched),
                 id_is_sequential: true,
             },
         );
@@ -180,7 +215,7 @@ mod tests {
     fn non_sequential_ids_are_ordered_by_the_timestamp_column_first() {
         let dispatched = Ident::parse("poll.dispatched_column", "processed_at").unwrap();
         let order = PendingOrder {
-            dispatched: &dispatched,
+            selection: Selection::Undispatched(&dispatched),
             id_is_sequential: false,
         };
         let with_ts = select_pending(&settings("timestamp_column = \"created_at\"\n"), &order);
@@ -191,5 +226,31 @@ mod tests {
         // Without a timestamp column the id is all there is.
         let without = select_pending(&settings(""), &order);
         assert!(without.ends_with("ORDER BY \"id\""), "{without}");
+    }
+
+    #[test]
+    fn lost_slot_recovery_selects_by_id_or_creation_time() {
+        let s = settings("timestamp_column = \"created_at\"\n");
+        let after = select_pending(
+            &s,
+            &PendingOrder {
+                selection: Selection::AfterId(41),
+                id_is_sequential: true,
+            },
+        );
+        assert!(after.ends_with("WHERE \"id\" > 41 ORDER BY \"id\""), "{after}");
+        let since = select_pending(
+            &s,
+            &PendingOrder {
+                selection: Selection::Since("2024-05-01 12:00:00+00' OR '1"),
+                id_is_sequential: false,
+            },
+        );
+        assert!(
+            since.ends_with(
+                "WHERE \"created_at\" >= '2024-05-01 12:00:00+00'' OR ''1'::timestamptz ORDER BY \"created_at\", \"id\""
+            ),
+            "{since}"
+        );
     }
 }

@@ -406,3 +406,178 @@ fn header_bytes(v: &Value<'_>) -> Option<Vec<u8>> {
         Value::Array(_) | Value::Struct(_) => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The layout's checks and the EventRouter's record; byte-level agreement with Debezium
+    //! itself is the conformance suite's (`tests/it/debezium.rs`).
+
+    use super::*;
+    use crate::config::test_support::settings;
+
+    const UUID: u32 = 2950;
+    const VARCHAR: u32 = 1043;
+    const JSONB: u32 = 3802;
+    const BYTEA: u32 = 17;
+    const INT4: u32 = 23;
+    const TIMESTAMPTZ: u32 = 1184;
+
+    /// A Debezium sample table: uuid id, varchar key and route, jsonb payload, int4 shard.
+    fn layout(section: &str, payload_type: u32) -> Result<ConnectLayout, ConnectLayoutError> {
+        let s = settings(&format!(
+            "[outbox]\ntable = \"public.outbox\"\nkey_column = \"aggregateid\"\nroute_by_column = \"aggregatetype\"\n\
+             [debezium]\n{section}"
+        ));
+        let format = s.debezium.clone().expect("[debezium]");
+        ConnectLayout::new(&format, &s.outbox, |c| {
+            let (type_oid, not_null) = match c.as_str() {
+                "id" => (UUID, true),
+                "aggregateid" | "aggregatetype" | "type" => (VARCHAR, true),
+                "payload" => (payload_type, false),
+                "shard" => (INT4, false),
+                "created_at" => (TIMESTAMPTZ, true),
+                _ => return None,
+            };
+            Some(ColumnFacts { type_oid, not_null })
+        })
+    }
+
+    fn render(
+        l: &ConnectLayout,
+        payload: Option<&str>,
+        placed: &[Option<&str>],
+        route: &str,
+    ) -> Result<Rendered, BadEvent> {
+        let placed: Vec<Option<Cow<'_, [u8]>>> =
+            placed.iter().map(|p| p.map(|t| Cow::Borrowed(t.as_bytes()))).collect();
+        l.render(b"a-1", payload.map(str::as_bytes), &placed, route)
+    }
+
+    fn text(b: &Option<Vec<u8>>) -> &str {
+        std::str::from_utf8(b.as_deref().unwrap_or(b"<null>")).unwrap()
+    }
+
+    #[test]
+    fn converters_that_cannot_write_a_column_are_refused_naming_it() {
+        let string_bytes = layout(
+            "\"value.converter\" = \"org.apache.kafka.connect.storage.StringConverter\"",
+            BYTEA,
+        )
+        .unwrap_err();
+        assert!(
+            string_bytes.to_string().contains("BinaryDataConverter"),
+            "{string_bytes}"
+        );
+        let binary_text = layout(
+            "\"value.converter\" = \"io.debezium.converters.BinaryDataConverter\"",
+            JSONB,
+        )
+        .unwrap_err();
+        assert!(
+            binary_text.to_string().contains("fails on a non-bytea column"),
+            "{binary_text}"
+        );
+        let partition_text = layout(
+            "\"table.fields.additional.placement\" = \"aggregatetype:partition\"",
+            JSONB,
+        )
+        .unwrap_err();
+        assert!(
+            partition_text.to_string().contains("integer (int4)"),
+            "{partition_text}"
+        );
+        let timestamp = layout("\"table.fields.additional.placement\" = \"created_at:header\"", JSONB).unwrap_err();
+        assert!(timestamp.to_string().contains("OID 1184"), "{timestamp}");
+        let missing = layout("\"table.fields.additional.placement\" = \"nope:header\"", JSONB).unwrap_err();
+        assert!(missing.to_string().contains("not in the table"), "{missing}");
+    }
+
+    #[test]
+    fn schemas_follow_column_types_and_not_null() {
+        let l = layout("", JSONB).unwrap();
+        let r = render(&l, Some("{\"a\": 1}"), &[], "order").unwrap();
+        assert_eq!(
+            text(&Some(r.key)),
+            r#"{"schema":{"type":"string","optional":false},"payload":"a-1"}"#
+        );
+        assert_eq!(
+            text(&r.value),
+            r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"a\": 1}"}"#
+        );
+        // A NULL payload is an event: the schema with a null payload.
+        let null = render(&l, None, &[], "order").unwrap();
+        assert_eq!(
+            text(&null.value),
+            r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":null}"#
+        );
+    }
+
+    #[test]
+    fn tombstones_for_null_and_blank_payloads_only_when_asked() {
+        let l = layout(
+            "\"value.converter\" = \"org.apache.kafka.connect.storage.StringConverter\"\n\
+             \"route.tombstone.on.empty.payload\" = true",
+            JSONB,
+        )
+        .unwrap();
+        assert_eq!(render(&l, None, &[], "order").unwrap().value, None);
+        assert_eq!(render(&l, Some(" \t"), &[], "order").unwrap().value, None);
+        assert_eq!(text(&render(&l, Some("{}"), &[], "order").unwrap().value), "{}");
+    }
+
+    #[test]
+    fn placements_headers_partition_and_an_envelope_named_after_the_first_routed_value() {
+        let l = layout(
+            "\"table.fields.additional.placement\" = \"type:header:eventType,type:envelope:etype,shard:partition\"\n\
+             \"value.converter.schemas.enable\" = false\n",
+            JSONB,
+        )
+        .unwrap();
+        let r = render(&l, Some("{}"), &[Some("created"), Some("3")], "order").unwrap();
+        assert_eq!(r.headers, [("eventType".to_owned(), Some(b"created".to_vec()))]);
+        assert_eq!(r.partition, Some(3));
+        assert_eq!(text(&r.value), r#"{"payload":"{}","etype":"created"}"#);
+        // A NULL partition column leaves the partition to the partitioner.
+        assert_eq!(
+            render(&l, Some("{}"), &[Some("created"), None], "order")
+                .unwrap()
+                .partition,
+            None
+        );
+        // NULL in a NOT NULL envelope field: Connect refuses it, as Debezium's task would.
+        assert_eq!(
+            render(&l, Some("{}"), &[None, None], "order").unwrap_err().label(),
+            "debezium_format"
+        );
+
+        let named = layout(
+            "\"table.fields.additional.placement\" = \"type:envelope\"\n\"topic.prefix\" = \"shop\"\n",
+            JSONB,
+        )
+        .unwrap();
+        let name_of = |route: &str| {
+            let r = render(&named, Some("{}"), &[Some("x")], route).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            v["schema"]["name"].as_str().unwrap().to_owned()
+        };
+        // Debezium caches the envelope schema per payload schema, named after the first event.
+        assert_eq!(name_of("order"), "shop.public.outbox.order.Value");
+        assert_eq!(name_of("customer"), "shop.public.outbox.order.Value");
+    }
+
+    #[test]
+    fn rows_debeziums_task_stops_on_are_bad_events() {
+        let l = layout("\"table.expand.json.payload\" = true", JSONB).unwrap();
+        for payload in ["[1, 2]", "{\"big\": 12345678901234567890123}"] {
+            let err = render(&l, Some(payload), &[], "order").unwrap_err();
+            assert_eq!(err.label(), "debezium_format", "{payload}: {err}");
+        }
+        // Kept as a string where Debezium keeps it.
+        let kept = render(&l, Some("{\"m\": [1, \"x\"]}"), &[], "order").unwrap();
+        assert!(
+            text(&kept.value).contains(r#""payload":"{\"m\": [1, \"x\"]}""#),
+            "{}",
+            text(&kept.value)
+        );
+    }
+}

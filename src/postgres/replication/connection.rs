@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use super::error::{ReplicationError, ServerError};
 use super::transport::Transport;
-use crate::config::postgres::PostgresSettings;
+use crate::config::postgres::{PostgresSettings, TargetSession};
 use crate::postgres::lsn::Lsn;
 use crate::postgres::tls;
 
@@ -63,6 +63,46 @@ pub struct ReplicationConnection {
     out: BytesMut,
     pub(crate) server_version_num: u32,
     pub(crate) backend_pid: i32,
+    /// `host:port` (or the socket directory) this connection went to.
+    host: String,
+    /// `in_hot_standby` as reported at startup (PostgreSQL 14+).
+    in_hot_standby: Option<bool>,
+    /// `default_transaction_read_only` as reported at startup (PostgreSQL 14+).
+    default_read_only: Option<bool>,
+}
+
+/// What a host is, as far as `target_session_attrs` cares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct SessionRole {
+    in_recovery: bool,
+    read_only: bool,
+}
+
+impl SessionRole {
+    /// Why a host with this role does not satisfy `target`, if it does not.
+    fn unsuitable_for(self, target: TargetSession) -> Option<String> {
+        match target {
+            TargetSession::Any => None,
+            _ if self.in_recovery => Some(format!(
+                "not the primary: it is a standby (in recovery), and target_session_attrs={}",
+                target.as_str()
+            )),
+            TargetSession::ReadWrite if self.read_only => Some(
+                "not the primary: it is read-only (default_transaction_read_only = on), and \
+                 target_session_attrs=read-write"
+                    .into(),
+            ),
+            TargetSession::ReadWrite | TargetSession::Primary => None,
+        }
+    }
+}
+
+fn host_name(host: &Host, port: u16) -> String {
+    match host {
+        Host::Tcp(name) if name.contains(':') => format!("[{name}]:{port}"),
+        Host::Tcp(name) => format!("{name}:{port}"),
+        Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),
+    }
 }
 
 impl ReplicationConnection {
@@ -74,34 +114,95 @@ impl ReplicationConnection {
     /// Like [`connect`](Self::connect); with `dead_peer_timeout`, a TCP connection whose sent
     /// data stays unacknowledged that long fails (`TCP_USER_TIMEOUT`, plus keepalive probes
     /// while idle) instead of hanging on a silently cut network; see [`tune_tcp`].
+    ///
+    /// Hosts are tried in the URL's order, as libpq does: one that cannot be reached, or (with
+    /// `target_session_attrs` = `read-write` / `primary`) that is a standby or read-only, is
+    /// skipped with a log line naming it and why. When no host qualifies the error is
+    /// [`ReplicationError::NoPrimary`] (transient: a standby may be promoted meanwhile) unless
+    /// a host refused us for a reason retrying cannot fix (authentication, TLS), which wins.
     pub(crate) async fn connect_with(
         settings: &PostgresSettings,
         timeout: Duration,
         dead_peer_timeout: Option<Duration>,
     ) -> Result<Self, ReplicationError> {
-        let cfg = &settings.connection;
-        let mut last_err = None;
-        for (i, host) in cfg.get_hosts().iter().enumerate() {
-            let port = cfg
-                .get_ports()
-                .get(i)
-                .or_else(|| cfg.get_ports().first())
-                .copied()
-                .unwrap_or(5432);
-            let attempt =
-                tokio::time::timeout(timeout, Self::connect_host(settings, host, port, dead_peer_timeout)).await;
-            match attempt {
-                Ok(Ok(conn)) => return Ok(conn),
-                Ok(Err(e)) => last_err = Some(e),
-                Err(_) => {
-                    last_err = Some(ReplicationError::Timeout {
+        let hosts = settings.host_ports();
+        let target = settings.target_session;
+        let multi = hosts.len() > 1;
+        let mut skipped = Vec::new();
+        let mut fatal = None;
+        for (host, port) in &hosts {
+            let name = host_name(host, *port);
+            let attempt = tokio::time::timeout(timeout, async {
+                let mut conn = Self::connect_host(settings, host, *port, dead_peer_timeout).await?;
+                let role = conn.session_role(target).await?;
+                Ok::<_, ReplicationError>((conn, role))
+            })
+            .await;
+            let reason = match attempt {
+                Ok(Ok((mut conn, role))) => match role.unsuitable_for(target) {
+                    None => {
+                        if multi {
+                            info!(host = %name, target_session_attrs = target.as_str(), "replication connection: using this host");
+                        }
+                        conn.host = name;
+                        return Ok(conn);
+                    }
+                    Some(why) => {
+                        conn.close().await;
+                        why
+                    }
+                },
+                Ok(Err(e)) if !multi => return Err(e),
+                Ok(Err(e)) => {
+                    let why = e.to_string();
+                    if !e.is_transient() {
+                        fatal.get_or_insert(e);
+                    }
+                    why
+                }
+                Err(_) if !multi => {
+                    return Err(ReplicationError::Timeout {
                         what: "connecting for replication",
                         after: timeout,
                     })
                 }
-            }
+                Err(_) => format!("no answer within {timeout:?}"),
+            };
+            warn!(host = %name, target_session_attrs = target.as_str(), reason = %reason, "replication connection: skipping this host");
+            skipped.push(format!("{name}: {reason}"));
         }
-        Err(last_err.unwrap_or_else(|| ReplicationError::Protocol("postgres.url names no host".into())))
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        Err(ReplicationError::NoPrimary {
+            target: target.as_str(),
+            skipped,
+        })
+    }
+
+    /// Whether the server we are connected to is a standby and whether it is read-only, from
+    /// what it reported at startup (`in_hot_standby`, `default_transaction_read_only`: both
+    /// reported since PostgreSQL 14), asking only when it did not say.
+    async fn session_role(&mut self, target: TargetSession) -> Result<SessionRole, ReplicationError> {
+        if target == TargetSession::Any {
+            return Ok(SessionRole::default());
+        }
+        let in_recovery = match self.in_hot_standby {
+            Some(on) => on,
+            None => {
+                let rows = self.simple_query("SELECT pg_is_in_recovery()").await?;
+                rows.first().and_then(|r| r.first().cloned().flatten()).as_deref() == Some("t")
+            }
+        };
+        Ok(SessionRole {
+            in_recovery,
+            read_only: self.default_read_only.unwrap_or(false),
+        })
+    }
+
+    /// The host this connection went to (`host:port`), for logs.
+    pub(crate) fn host(&self) -> &str {
+        &self.host
     }
 
     async fn connect_host(
@@ -135,6 +236,9 @@ impl ReplicationConnection {
             out: BytesMut::with_capacity(1024),
             server_version_num: 0,
             backend_pid: 0,
+            host: host_name(host, port),
+            in_hot_standby: None,
+            default_read_only: None,
         };
         conn.startup(settings).await?;
         Ok(conn)
@@ -168,7 +272,11 @@ impl ReplicationConnection {
                 Backend::Other(Message::ReadyForQuery(_)) => return Ok(()),
                 Backend::Other(Message::BackendKeyData(k)) => self.backend_pid = k.process_id(),
                 Backend::Other(Message::ParameterStatus(p)) => {
-                    if p.name()? == "server_version_num" {
+                    if p.name()? == "in_hot_standby" {
+                        self.in_hot_standby = Some(p.value()? == "on");
+                    } else if p.name()? == "default_transaction_read_only" {
+                        self.default_read_only = Some(p.value()? == "on");
+                    } else if p.name()? == "server_version_num" {
                         self.server_version_num = p.value()?.parse().unwrap_or(0);
                     } else if p.name()? == "server_version" && self.server_version_num == 0 {
                         self.server_version_num = parse_server_version(p.value()?);
@@ -311,7 +419,8 @@ impl ReplicationConnection {
         })
     }
 
-    /// Creates a logical pgoutput slot and exports the snapshot it was created at, for a backfill.
+    /// Creates a logical pgoutput slot (a failover slot when `failover` and the server is 17+)
+    /// and exports the snapshot it was created at, for a backfill.
     ///
     /// Returns the slot's consistent point and the snapshot's name. The snapshot sees exactly the
     /// transactions that committed before the consistent point, and stays importable (`SET
@@ -321,11 +430,17 @@ impl ReplicationConnection {
     pub(crate) async fn create_logical_slot_exporting_snapshot(
         &mut self,
         slot: &str,
+        failover: bool,
     ) -> Result<(Lsn, String), ReplicationError> {
         // PostgreSQL 15 introduced the parenthesized option list; older servers know only the
-        // keyword form (which 15+ still accept, but may drop).
+        // keyword form (which 15+ still accept, but may drop). FAILOVER came with 17.
+        let failover = if failover && self.server_version_num >= 170_000 {
+            ", FAILOVER"
+        } else {
+            ""
+        };
         let sql = if self.server_version_num >= 150_000 {
-            format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export')")
+            format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export'{failover})")
         } else {
             format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
         };

@@ -63,6 +63,27 @@ pub enum ReplicationError {
     },
     #[error("the server closed the replication stream")]
     Closed,
+    /// No host of `postgres.url` is the primary right now (each skipped, with why); a standby
+    /// may be promoted, so this is retried.
+    #[error(
+        "no host in postgres.url is the primary (target_session_attrs={target}): {}. Retrying: after a failover the \
+         promoted standby is found once it accepts writes",
+        .skipped.join("; ")
+    )]
+    NoPrimary { target: &'static str, skipped: Vec<String> },
+}
+
+impl ServerError {
+    /// The server refused a slot that a standby synchronizes from its primary (PostgreSQL
+    /// 17+, SQLSTATE 55000 "… is being synchronized from the primary server"): we reached a
+    /// standby, not the primary. After a promotion the same slot is usable, so this is "try
+    /// again / try the next host", never fatal.
+    pub(crate) fn is_synced_slot_on_standby(&self) -> bool {
+        self.code == "55000"
+            && [self.message.as_str(), self.detail.as_deref().unwrap_or_default()]
+                .iter()
+                .any(|t| t.contains("being synchronized from the primary"))
+    }
 }
 
 impl ReplicationError {
@@ -72,8 +93,9 @@ impl ReplicationError {
             ReplicationError::Io(_)
             | ReplicationError::Connect { .. }
             | ReplicationError::Timeout { .. }
-            | ReplicationError::Closed => true,
-            ReplicationError::Server(e) => is_transient_sqlstate(&e.code),
+            | ReplicationError::Closed
+            | ReplicationError::NoPrimary { .. } => true,
+            ReplicationError::Server(e) => is_transient_sqlstate(&e.code) || e.is_synced_slot_on_standby(),
             ReplicationError::Protocol(_)
             | ReplicationError::Auth(_)
             | ReplicationError::AuthRefused { .. }
@@ -93,6 +115,12 @@ impl ReplicationError {
 
 /// ". Hint: …" for a server error whose SQLSTATE has one.
 fn server_hint(e: &ServerError) -> String {
+    if e.is_synced_slot_on_standby() {
+        return ". Hint: this host is a standby whose copy of the failover slot follows the primary's; not the \
+                primary, retrying (list the primary's hosts in postgres.url with target_session_attrs=read-write to \
+                skip standbys)"
+            .into();
+    }
     sqlstate_hint(&e.code)
         .map(|h| format!(". Hint: {h}"))
         .unwrap_or_default()
@@ -140,6 +168,25 @@ mod tests {
                 "{code}"
             );
         }
+        let synced = ReplicationError::Server(Box::new(ServerError {
+            detail: Some("This replication slot is being synchronized from the primary server.".into()),
+            ..server(
+                "55000",
+                "cannot use replication slot \"outbox_relay\" for logical decoding",
+            )
+        }));
+        assert!(synced.is_transient(), "{synced}");
+        assert!(synced.to_string().contains("not the primary"), "{synced}");
+        assert!(!ReplicationError::Server(Box::new(server("55000", "other"))).is_transient());
+        let none = ReplicationError::NoPrimary {
+            target: "read-write",
+            skipped: vec![
+                "a:1: not the primary: it is a standby".into(),
+                "b:2: connection refused".into(),
+            ],
+        };
+        assert!(none.is_transient());
+        assert!(none.to_string().contains("a:1: not the primary") && none.to_string().contains("b:2"));
         let refused = ReplicationError::Connect {
             host: "db.internal".into(),
             port: 5433,

