@@ -1,15 +1,17 @@
-//! Reading back the tail of one partition: the newest record a given writer put there.
+//! Reading back the tail of one partition: the positions a given writer put there since a floor.
 //!
 //! Used once per partition and streaming session by the relay's exactly-once resume
 //! (`relay::resume`). The reader is an rdkafka `BaseConsumer` that never joins a group and never
 //! commits: it is assigned one partition at a time, reads a window just below the high
-//! watermark, and widens the window backwards (×4 each time) until the caller recognises a
-//! record as its own or `max_records` were read.
+//! watermark, and widens the window backwards (×4 each time), collecting the caller's positions
+//! at or above the floor, until a window holds one of the caller's records below the floor, the
+//! partition's start, or `max_records` were read.
 //!
 //! Invariant: every call blocks (metadata, watermarks, fetches), bounded by the reader's
 //! timeout; callers run it on a thread of its own, never on an async runtime's workers. This
 //! adapter knows nothing of what a position is: the caller's `own` closure reads the headers.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -71,9 +73,9 @@ impl<'m> HeaderLookup<'m> {
 /// What reading back one partition found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Tail<P> {
-    /// The greatest position among the caller's records in the window where the first one was
-    /// found; `None`: the partition holds none.
-    pub(crate) newest: Option<P>,
+    /// Every position of the caller's records at or above the floor, from the partition's end
+    /// back to its first record below the floor (or the partition's start).
+    pub(crate) positions: BTreeSet<P>,
     pub(crate) records_read: u64,
 }
 
@@ -92,8 +94,8 @@ pub enum ReadBackError {
         timeout_ms: u64,
     },
     #[error(
-        "read back {read} records of {topic} partition {partition} (offsets {from}..{high}) without finding one \
-         of this relay's records, so which events Kafka already holds is unknown; raise \
+        "read back {read} records of {topic} partition {partition} (offsets {from}..{high}) without reaching \
+         this relay's records from before the replay, so which events Kafka already holds is unknown; raise \
          relay.read_back_max_records (now {max}) or restart once with relay.delivery = \"at-least-once\" \
          (which may publish the replayed events twice)"
     )]
@@ -169,13 +171,15 @@ impl TailReader {
         }
     }
 
-    /// Reads `topic`/`partition` backwards from its end until `own` recognises a record (the
-    /// greatest position in that window wins) or the partition's start; errs when
-    /// `max_records` were read without finding one.
-    pub(crate) fn newest_own<P: Ord>(
+    /// Reads `topic`/`partition` backwards from its end, window by window, collecting the
+    /// positions `own` recognises at or above `floor`, until a window holds one of the caller's
+    /// records below `floor` (everything after it was read) or the partition's start; errs when
+    /// `max_records` were read before either.
+    pub(crate) fn own_since<P: Ord>(
         &self,
         topic: &str,
         partition: i32,
+        floor: &P,
         own: impl Fn(&HeaderLookup<'_>) -> Option<P>,
     ) -> Result<Tail<P>, ReadBackError> {
         let err = |source| ReadBackError::Kafka {
@@ -190,13 +194,14 @@ impl TailReader {
         let mut end = high;
         let mut window = FIRST_WINDOW;
         let mut read = 0u64;
+        let mut positions = BTreeSet::new();
         while end > low {
             let start = (end - window).max(low);
-            let (newest, n) = self.read_window(topic, partition, start, end, &own)?;
+            let (reached_floor, n) = self.read_window(topic, partition, start, end, floor, &own, &mut positions)?;
             read += n;
-            if newest.is_some() {
+            if reached_floor {
                 return Ok(Tail {
-                    newest,
+                    positions,
                     records_read: read,
                 });
             }
@@ -217,20 +222,24 @@ impl TailReader {
             window = (window * 4).min((self.max_records - read).max(1) as i64);
         }
         Ok(Tail {
-            newest: None,
+            positions,
             records_read: read,
         })
     }
 
-    /// Reads offsets `start..end`; the greatest own position there, and how many records came.
+    /// Reads offsets `start..end` into `positions` (own positions at or above `floor`); whether
+    /// one of the caller's records below `floor` was among them, and how many records came.
+    #[allow(clippy::too_many_arguments)]
     fn read_window<P: Ord>(
         &self,
         topic: &str,
         partition: i32,
         start: i64,
         end: i64,
+        floor: &P,
         own: &impl Fn(&HeaderLookup<'_>) -> Option<P>,
-    ) -> Result<(Option<P>, u64), ReadBackError> {
+        positions: &mut BTreeSet<P>,
+    ) -> Result<(bool, u64), ReadBackError> {
         let err = |source| ReadBackError::Kafka {
             topic: topic.to_owned(),
             partition,
@@ -241,7 +250,7 @@ impl TailReader {
             .map_err(err)?;
         self.consumer.assign(&tpl).map_err(err)?;
         let deadline = Instant::now() + self.timeout;
-        let mut newest: Option<P> = None;
+        let mut reached_floor = false;
         let mut read = 0u64;
         let outcome = loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -265,10 +274,12 @@ impl TailReader {
                         break Ok(());
                     }
                     read += 1;
-                    if let Some(p) = own(&HeaderLookup::new(msg.headers())) {
-                        if newest.as_ref().is_none_or(|n| p > *n) {
-                            newest = Some(p);
+                    match own(&HeaderLookup::new(msg.headers())) {
+                        Some(p) if p >= *floor => {
+                            positions.insert(p);
                         }
+                        Some(_) => reached_floor = true,
+                        None => {}
                     }
                     if msg.offset() >= end - 1 {
                         break Ok(());
@@ -277,6 +288,6 @@ impl TailReader {
             }
         };
         let _ = self.consumer.unassign();
-        outcome.map(|()| (newest, read))
+        outcome.map(|()| (reached_floor, read))
     }
 }

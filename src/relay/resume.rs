@@ -8,11 +8,14 @@
 //! [`HEADER_INDEX`] (its 0-based index among that transaction's outbox events). Positions order
 //! by commit LSN, then index — the order in which the relay writes every partition.
 //!
-//! **Why the tail is enough.** One source writes each partition in commit order, and each
-//! session starts from the slot's confirmed position, before which every event is in Kafka. So
-//! the records of one session form, per partition, a contiguous run of that partition's events
-//! (the idempotent producer keeps order and leaves no gap through its retries), and every event
-//! of the partition at or below the greatest position found there is in Kafka.
+//! **Skipped only when seen.** A replayed event is skipped only when a record of this source with
+//! *its exact position* is in its partition: never inferred from a neighbour, so a gap (an event
+//! whose delivery failed while a later one of the partition landed) can cost a duplicate but
+//! never an event. The read-back collects this source's positions at or above the replay start
+//! (the slot's confirmed position: everything before it is in Kafka), reading backwards from the
+//! partition's end until it meets one of this source's records from before the replay start.
+//! One source writes each partition in commit order, so everything after that record was read;
+//! a record it did not read is sent again (a duplicate at worst).
 //!
 //! **The replay window.** Only events whose transaction committed before the server's WAL
 //! position read right after `START_REPLICATION` ([`replay_end`]; the slot is ours by then, so no
@@ -36,7 +39,7 @@
 //! waits `message.timeout.ms` + [`stale_limit`] before its first read-back, so records the old
 //! holder had queued have landed or expired by then. docs/reliability.md says what remains.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
@@ -121,8 +124,8 @@ enum Lookup {
     /// Outside the replay window, in a topic that did not exist, or without a computable
     /// partition: sent as it is.
     Unchecked,
-    /// The partition and the greatest position of this source found in it.
-    Known(i32, Option<EventRef>),
+    /// The partition, and whether Kafka holds the record's exact position.
+    Known(i32, bool),
     /// Not read back yet (with the topic's partition count when known).
     Unknown(Option<Option<i32>>),
 }
@@ -132,8 +135,8 @@ enum Lookup {
 struct TopicTail {
     /// `None`: the topic did not exist (nothing of it is in Kafka).
     partitions: Option<i32>,
-    /// Per partition read back: the greatest position of this source found there.
-    found: HashMap<i32, Option<EventRef>>,
+    /// Per partition read back: this source's positions there at or above the replay start.
+    found: HashMap<i32, BTreeSet<EventRef>>,
 }
 
 /// A read-back job's request and answer.
@@ -259,8 +262,8 @@ impl Resume {
     ) -> Verdict {
         match self.lookup(at, topic, key, explicit) {
             Lookup::Unchecked => Verdict::Send,
-            Lookup::Known(p, found) => {
-                if found.is_some_and(|f| at <= f) && self.gaps.allows_skip(topic, p, at) {
+            Lookup::Known(p, held) => {
+                if held && self.gaps.allows_skip(topic, p, at) {
                     self.skipped += 1;
                     counter!(EVENTS_SKIPPED_IN_KAFKA).increment(1);
                     Verdict::Skip
@@ -311,7 +314,7 @@ impl Resume {
         };
         match explicit.or_else(|| partition_for(key, count)) {
             Some(p) if (0..count).contains(&p) => match t.found.get(&p) {
-                Some(found) => Lookup::Known(p, *found),
+                Some(found) => Lookup::Known(p, found.contains(&at)),
                 None => Lookup::Unknown(Some(Some(count))),
             },
             _ => Lookup::Unchecked,
@@ -325,6 +328,10 @@ impl Resume {
         let reader = self.reader.take();
         let (kafka, timeout, max) = (self.kafka.clone(), self.timeout, self.max_records);
         let (source, fence, tx) = (self.source.clone(), self.fence.take(), self.done_tx.clone());
+        let floor = EventRef {
+            commit_lsn: self.replay_start,
+            seq: 0,
+        };
         std::thread::spawn(move || {
             if let Some(fence) = fence {
                 std::thread::sleep(fence.saturating_duration_since(Instant::now()));
@@ -354,7 +361,7 @@ impl Resume {
                 if !(0..count).contains(&p) {
                     return Ok((Some(count), None));
                 }
-                let tail = r.newest_own(&job.topic, p, |h| own_position(h, &source))?;
+                let tail = r.own_since(&job.topic, p, &floor, |h| own_position(h, &source))?;
                 Ok((Some(count), Some((p, tail))))
             })();
             let _ = tx.send(Done {
@@ -375,14 +382,17 @@ impl Resume {
         topic.partitions = count;
         self.read_back_time += done.elapsed;
         if let Some((p, tail)) = tail {
-            topic.found.insert(p, tail.newest);
+            let newest = tail.positions.last().copied();
+            let held = tail.positions.len();
+            topic.found.insert(p, tail.positions);
             self.partitions_read += 1;
             counter!(PARTITIONS_READ_BACK).increment(1);
             histogram!(READ_BACK_SECONDS).record(done.elapsed.as_secs_f64());
             info!(
                 topic = %done.topic,
                 partition = p,
-                newest = %tail.newest.map_or_else(|| "none".to_owned(), |n| format!("{}#{}", n.commit_lsn, n.seq)),
+                held_since_replay_start = held,
+                newest = %newest.map_or_else(|| "none".to_owned(), |n| format!("{}#{}", n.commit_lsn, n.seq)),
                 records_read = tail.records_read,
                 elapsed_ms = done.elapsed.as_millis() as u64,
                 "read back a partition's tail"
@@ -485,10 +495,10 @@ mod tests {
     }
 
     /// As if partition `p` of a 3-partition `t` had been read back, finding `found`.
-    fn known(r: &mut Resume, p: i32, found: Option<EventRef>) {
+    fn known(r: &mut Resume, p: i32, found: &[EventRef]) {
         let t = r.topics.entry("t".into()).or_default();
         t.partitions = Some(3);
-        t.found.insert(p, found);
+        t.found.insert(p, found.iter().copied().collect());
     }
 
     fn key_in(p: i32) -> Vec<u8> {
@@ -522,11 +532,14 @@ mod tests {
     }
 
     #[test]
-    fn inside_it_events_at_or_below_the_partitions_tail_are_skipped() {
+    fn inside_it_events_kafka_holds_are_skipped_and_only_those() {
         let mut r = resume(Gaps::default());
-        known(&mut r, 0, Some(at(0x200, 1)));
-        known(&mut r, 1, None);
+        // 0x180#0 is missing from the partition (a failed delivery): it is sent, though later
+        // positions of the partition are in Kafka.
+        known(&mut r, 0, &[at(0x200, 0), at(0x200, 1)]);
+        known(&mut r, 1, &[]);
         let k0 = key_in(0);
+        assert_eq!(r.verdict(at(0x180, 0), "t", &k0, None, true), Verdict::Send);
         assert_eq!(r.verdict(at(0x200, 0), "t", &k0, None, true), Verdict::Skip);
         assert_eq!(r.verdict(at(0x200, 1), "t", &k0, None, true), Verdict::Skip);
         assert_eq!(r.verdict(at(0x200, 2), "t", &k0, None, true), Verdict::Send);
@@ -542,7 +555,7 @@ mod tests {
     #[test]
     fn an_unknown_partition_waits_unless_waiting_is_impossible() {
         let mut r = resume(Gaps::default());
-        known(&mut r, 0, Some(at(0x200, 1)));
+        known(&mut r, 0, &[at(0x200, 1)]);
         assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(2), None, false), Verdict::Send);
         assert!(!r.is_waiting());
     }
@@ -559,8 +572,9 @@ mod tests {
             1,
             "one gap per partition, and the one before the replay start is forgotten"
         );
-        known(&mut r, 0, Some(at(0x400, 0)));
-        known(&mut r, 1, Some(at(0x400, 0)));
+        let held = [at(0x200, 0), at(0x200, 1), at(0x300, 0), at(0x400, 0)];
+        known(&mut r, 0, &held);
+        known(&mut r, 1, &held);
         let (k0, k1) = (key_in(0), key_in(1));
         assert_eq!(r.verdict(at(0x200, 0), "t", &k0, None, true), Verdict::Skip);
         assert_eq!(r.verdict(at(0x200, 1), "t", &k0, None, true), Verdict::Send);
