@@ -17,6 +17,7 @@
 //! the JVM's over that window, its peak RSS the JVM's VmHWM. The fill is one event per
 //! transaction, or `events_per_txn` per transaction (the batched shape).
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,10 @@ use super::steady::{Ctx, SCHEMA};
 const DB: &str = "bench_drain";
 const RECV_SLOT: &str = "bench_drain_recv";
 const DBZ_SLOT: &str = "bench_drain_dbz";
+/// The relay in exactly-once mode, uninterrupted (its topics prefixed `eo.`) and SIGKILLed half-way
+/// then restarted (`eoc.`), each on a slot of its own over the same WAL.
+const EO_SLOT: &str = "bench_drain_eo";
+const EO_CRASH_SLOT: &str = "bench_drain_eoc";
 /// The events' `type`, so the relay's topic; one per drain shape (a topic outlives its drain).
 fn topic(per_txn: u64) -> String {
     format!("bench-drain-{per_txn}")
@@ -78,6 +83,24 @@ pub struct DebeziumDrain {
     pub published: u64,
 }
 
+/// The relay with `relay.delivery = "exactly-once"` on the same slot contents.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExactlyOnceDrain {
+    pub seconds: f64,
+    pub per_s: f64,
+    pub cpu_s: f64,
+    pub cpu_us_per_event: f64,
+    pub peak_rss_mib: f64,
+    pub published: u64,
+    /// SIGKILLed once half the backlog was confirmed, then restarted: what the restart's
+    /// read-back did.
+    pub restart_read_back_ms: u64,
+    pub restart_partitions_read_back: u64,
+    pub restart_skipped: u64,
+    /// Records in the crashed relay's topic at the end (`rows`: no duplicate).
+    pub crash_published: u64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct DrainOutcome {
     pub rows: u64,
@@ -97,6 +120,7 @@ pub struct DrainOutcome {
     /// (seconds, events/s) of the polling relayer (interval 10 ms, batch 100) on the same rows.
     pub poll: Option<(f64, f64)>,
     pub debezium: Option<DebeziumDrain>,
+    pub exactly_once: Option<ExactlyOnceDrain>,
 }
 
 pub struct DrainSpec<'a> {
@@ -129,9 +153,22 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, spec: &DrainSpec<'_>, phase: &Prog
         metrics_port: None,
         status_interval_ms: 100,
         kafka: ctx.kafka,
+        topic_prefix: "",
     };
     let config = conf.write(ctx.workdir)?;
     relay::setup(&config, false)?;
+    let eo_configs = [(EO_SLOT, "eo."), (EO_CRASH_SLOT, "eoc.")].map(|(slot, prefix)| RelayConf {
+        slot,
+        mode: Mode::CdcExactlyOnce,
+        topic_prefix: prefix,
+        ..conf
+    });
+    let mut eo_paths = Vec::new();
+    for c in &eo_configs {
+        let path = c.write(ctx.workdir)?;
+        relay::setup(&path, false)?;
+        eo_paths.push(path);
+    }
     // A logical slot belongs to the database it was created from.
     db.execute(
         "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
@@ -251,6 +288,9 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, spec: &DrainSpec<'_>, phase: &Prog
     child.stop().await?;
     let published = published(ctx.broker.bootstrap(), &topic(per_txn))?;
 
+    let exactly_once =
+        Some(exactly_once_drain(ctx, admin, &eo_paths, rows, per_txn, &start_lsn, &end_lsn, phase).await?);
+
     // Before the polling relayer: its UPDATEs would add WAL behind the backlog.
     let debezium = match spec.debezium {
         Some(install) => Some(debezium_drain(ctx, install, rows, &topic(per_txn), postmaster, phase).await?),
@@ -278,6 +318,97 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, spec: &DrainSpec<'_>, phase: &Prog
         published,
         poll,
         debezium,
+        exactly_once,
+    })
+}
+
+/// Waits (bounded) until `slot` confirmed `lsn`.
+async fn wait_confirmed(admin: &Client, slot: &str, lsn: &str, started: Instant) -> Result<()> {
+    loop {
+        let done: bool = admin
+            .query_one(
+                "SELECT confirmed_flush_lsn >= $2::text::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot, &lsn],
+            )
+            .await?
+            .get::<_, Option<bool>>(0)
+            .unwrap_or(false);
+        if done {
+            return Ok(());
+        }
+        if started.elapsed() > LIMIT {
+            bail!("slot {slot} did not confirm {lsn} within {LIMIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A `key=value` number from the relay's exactly-once summary line.
+fn summary_field(log: &str, key: &str) -> u64 {
+    log.lines()
+        .find(|l| l.contains("exactly-once: replay window checked against Kafka"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))))
+        .and_then(|v| v.trim_matches('"').parse().ok())
+        .unwrap_or(0)
+}
+
+/// The backlog drained by the relay in exactly-once mode: once uninterrupted (rate, CPU, RSS
+/// beside at-least-once), once SIGKILLed half-way and restarted (the restart's read-back).
+#[allow(clippy::too_many_arguments)]
+async fn exactly_once_drain(
+    ctx: &Ctx<'_>,
+    admin: &Client,
+    configs: &[PathBuf],
+    rows: u64,
+    per_txn: u64,
+    start_lsn: &str,
+    end_lsn: &str,
+    phase: &ProgressBar,
+) -> Result<ExactlyOnceDrain> {
+    phase.set_message("drain: outbox-relay run, exactly-once → Kafka");
+    let topic_eo = format!("eo.{}", topic(per_txn));
+    let topic_crash = format!("eoc.{}", topic(per_txn));
+    ctx.broker.create_topic(&topic_eo, 4).await?;
+    ctx.broker.create_topic(&topic_crash, 4).await?;
+    let started = Instant::now();
+    let child = RelayChild::start(&configs[0], Mode::CdcExactlyOnce).await?;
+    let pid = child.pid();
+    wait_confirmed(admin, EO_SLOT, end_lsn, started).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
+    let peak_rss_mib = procfs::vm_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
+    child.stop().await?;
+    let eo_published = published(ctx.broker.bootstrap(), &topic_eo)?;
+
+    phase.set_message("drain: exactly-once, SIGKILL half-way and restart");
+    let half: String = admin
+        .query_one(
+            "SELECT ($1::text::pg_lsn + pg_wal_lsn_diff($2::text::pg_lsn, $1::text::pg_lsn) / 2)::text",
+            &[&start_lsn, &end_lsn],
+        )
+        .await?
+        .get(0);
+    let started = Instant::now();
+    let first = RelayChild::start(&configs[1], Mode::CdcExactlyOnce).await?;
+    wait_confirmed(admin, EO_CRASH_SLOT, &half, started).await?;
+    // Dropping a running child SIGKILLs it: everything in flight is the replay window.
+    drop(first);
+    let second = RelayChild::start(&configs[1], Mode::CdcExactlyOnce).await?;
+    wait_confirmed(admin, EO_CRASH_SLOT, end_lsn, started).await?;
+    let log = second.log_text();
+    second.stop().await?;
+    let crash_published = published(ctx.broker.bootstrap(), &topic_crash)?;
+    Ok(ExactlyOnceDrain {
+        seconds,
+        per_s: rows as f64 / seconds,
+        cpu_s,
+        cpu_us_per_event: cpu_s * 1e6 / rows as f64,
+        peak_rss_mib,
+        published: eo_published,
+        restart_read_back_ms: summary_field(&log, "read_back_ms"),
+        restart_partitions_read_back: summary_field(&log, "partitions_read_back"),
+        restart_skipped: summary_field(&log, "skipped_already_in_kafka"),
+        crash_published,
     })
 }
 
@@ -372,6 +503,7 @@ async fn poll_drain(
         metrics_port: None,
         status_interval_ms: 1000,
         kafka: ctx.kafka,
+        topic_prefix: "",
     };
     let config = conf.write(cdc_config.parent().unwrap_or(ctx.workdir))?;
     relay::setup(&config, true)?;

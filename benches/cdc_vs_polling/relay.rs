@@ -62,6 +62,9 @@ pub struct RelayConf<'a> {
     pub status_interval_ms: u64,
     /// Extra `[kafka]` properties (`--kafka KEY=VALUE`), the same for every relay.
     pub kafka: &'a [(String, String)],
+    /// Prepended to every topic (`[route] topic_replacement`), so relays on the same rows can
+    /// write topics of their own; `""`: the route-by value itself.
+    pub topic_prefix: &'a str,
 }
 
 impl RelayConf<'_> {
@@ -75,6 +78,12 @@ impl RelayConf<'_> {
              [poll]\nbatch_size = 100\nworkers = 1\ndispatched_column = \"dispatched_at\"\n",
             self.url, self.slot, self.slot, self.bootstrap, self.status_interval_ms
         );
+        if !self.topic_prefix.is_empty() {
+            toml.push_str(&format!(
+                "\n[route]\ntopic_replacement = \"{}${{routedByValue}}\"\n",
+                self.topic_prefix
+            ));
+        }
         if self.mode == Mode::CdcExactlyOnce {
             toml = toml.replace("[relay]\n", "[relay]\ndelivery = \"exactly-once\"\n");
         }

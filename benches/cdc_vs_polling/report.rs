@@ -273,6 +273,13 @@ fn drain_table(s: &mut String, d: &DrainOutcome) {
         d.relay_cpu_us_per_event,
         d.relay_peak_rss_mib
     );
+    if let Some(e) = &d.exactly_once {
+        let _ = writeln!(
+            s,
+            "| `outbox-relay run`, `delivery = \"exactly-once\"` → Kafka ({} records published) | {:.1} | {:.0} | – | {:.1} | {:.2} | {:.0} |",
+            e.published, e.seconds, e.per_s, e.cpu_s, e.cpu_us_per_event, e.peak_rss_mib
+        );
+    }
     if let Some(z) = &d.debezium {
         let _ = writeln!(
             s,
@@ -301,6 +308,26 @@ fn drain_table(s: &mut String, d: &DrainOutcome) {
         );
     }
     let _ = writeln!(s, ".");
+    if let Some(e) = &d.exactly_once {
+        let _ = writeln!(
+            s,
+            "\nExactly-once / at-least-once drain rate: **{:.2}** (CPU per event {:.2}×). SIGKILLed once half the \
+             backlog was confirmed and restarted, the exactly-once relay read back {} partition(s) in **{} ms** at \
+             restart, skipped {} events already in Kafka, and its topic holds {} records for {} events ({}).",
+            e.per_s / d.relay_per_s,
+            e.cpu_us_per_event / d.relay_cpu_us_per_event,
+            e.restart_partitions_read_back,
+            e.restart_read_back_ms,
+            e.restart_skipped,
+            e.crash_published,
+            d.rows,
+            if e.crash_published == d.rows {
+                "no duplicate".to_owned()
+            } else {
+                format!("{} duplicates", e.crash_published as i64 - d.rows as i64)
+            }
+        );
+    }
 }
 
 /// The steady 1,000 events/s runs of the relay and of Debezium, side by side, with the ratios.

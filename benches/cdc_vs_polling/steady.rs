@@ -193,6 +193,7 @@ async fn measure(
             metrics_port,
             status_interval_ms: 1000,
             kafka: ctx.kafka,
+            topic_prefix: "",
         };
         let path = conf.write(ctx.workdir)?;
         relay::setup(&path, !mode.streams())?;
