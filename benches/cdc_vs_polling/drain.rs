@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
 use super::debezium::{ConnectChild, ConnectorConf, Install, Tuning};
@@ -68,7 +68,7 @@ END $$;
 ";
 
 /// Debezium + Kafka Connect on the same slot contents.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DebeziumDrain {
     /// JVM start to the connector streaming.
     pub startup_s: f64,
@@ -84,7 +84,7 @@ pub struct DebeziumDrain {
 }
 
 /// The relay with `relay.delivery = "exactly-once"` on the same slot contents.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExactlyOnceDrain {
     pub seconds: f64,
     pub per_s: f64,
@@ -101,7 +101,7 @@ pub struct ExactlyOnceDrain {
     pub crash_published: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DrainOutcome {
     pub rows: u64,
     pub events_per_txn: u64,

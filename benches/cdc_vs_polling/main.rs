@@ -23,7 +23,8 @@
 //!
 //! Results: `docs/benchmarks.md` (a generated block; the analysis around it is kept) and
 //! `docs/benchmarks-latency.svg`; `--quick` writes to `target/cdc_vs_polling/` instead. Raw
-//! numbers go to `target/cdc_vs_polling/results.json`. A full run takes about 15 minutes on two
+//! numbers go to `target/cdc_vs_polling/results.json`; `--report-from FILE` writes the docs again
+//! from such a file without measuring (after a change to the report or the targets). A full run takes about 15 minutes on two
 //! cores (about 20 with `--with-debezium --drain-poll`); run it on an otherwise idle machine.
 //!
 //! Not part of `cargo test`: without cargo bench's `--bench` argument it only prints how to run.
@@ -66,6 +67,9 @@ struct Options {
     kafka: Vec<(String, String)>,
     /// Debezium + Kafka Connect beside the relay (steady 1,000/s and both drains).
     with_debezium: bool,
+    /// Measure nothing: write the docs again from a run's saved `results.json` (after a change
+    /// to the report or the targets).
+    report_from: Option<PathBuf>,
 }
 
 /// Events per transaction of the batched drain (`--with-debezium`).
@@ -74,7 +78,7 @@ const BATCHED_DRAIN_TXN: u64 = 1_000;
 const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]";
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--report-from results.json]";
 
 fn options() -> Result<Option<Options>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -100,6 +104,7 @@ fn options() -> Result<Option<Options>> {
         only: None,
         kafka: Vec::new(),
         with_debezium: false,
+        report_from: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -112,6 +117,7 @@ fn options() -> Result<Option<Options>> {
             "--no-drain" => o.drain = false,
             "--drain-poll" => o.drain_poll = true,
             "--with-debezium" => o.with_debezium = true,
+            "--report-from" => o.report_from = Some(PathBuf::from(value()?)),
             "--out-dir" => o.out_dir = PathBuf::from(value()?),
             "--only" => o.only = Some(value()?.clone()),
             "--kafka" => {
@@ -195,7 +201,34 @@ fn main() -> Result<()> {
     runtime.block_on(run(options))
 }
 
+/// Writes `docs/benchmarks.md` (or the quick variant) and the latency plot from `results`.
+fn publish(o: &Options, results: &report::Results) -> Result<()> {
+    let targets = targets::table(results);
+    let (md, svg) = if o.quick {
+        (
+            o.out_dir.join("benchmarks-quick.md"),
+            o.out_dir.join("benchmarks-latency-quick.svg"),
+        )
+    } else {
+        (
+            o.out_dir.join("benchmarks.md"),
+            o.out_dir.join("benchmarks-latency.svg"),
+        )
+    };
+    std::fs::create_dir_all(&o.out_dir)?;
+    report::write_markdown(&md, &report::markdown(results, &targets))?;
+    plot::latency_vs_rate(&svg, &results.steady)?;
+    println!("\n{targets}\nwrote {} and {}", md.display(), svg.display());
+    Ok(())
+}
+
 async fn run(o: Options) -> Result<()> {
+    if let Some(path) = &o.report_from {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let results: report::Results =
+            serde_json::from_str(&text).with_context(|| format!("{} is not a results.json", path.display()))?;
+        return publish(&o, &results);
+    }
     let scenarios = scenarios(&o);
     let drains = match (o.drain, o.with_debezium) {
         (false, _) => Vec::new(),
@@ -294,31 +327,11 @@ async fn run(o: Options) -> Result<()> {
         drain,
         batched_drain,
     };
-    let targets = targets::table(&results);
     let raw_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/cdc_vs_polling");
     std::fs::create_dir_all(&raw_dir)?;
-    std::fs::create_dir_all(&o.out_dir)?;
     std::fs::write(raw_dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
-    let (md, svg) = if o.quick {
-        (
-            o.out_dir.join("benchmarks-quick.md"),
-            o.out_dir.join("benchmarks-latency-quick.svg"),
-        )
-    } else {
-        (
-            o.out_dir.join("benchmarks.md"),
-            o.out_dir.join("benchmarks-latency.svg"),
-        )
-    };
-    report::write_markdown(&md, &report::markdown(&results, &targets))?;
-    plot::latency_vs_rate(&svg, &results.steady)?;
-    println!(
-        "\n{targets}\nwrote {}, {} and {}",
-        md.display(),
-        svg.display(),
-        raw_dir.join("results.json").display()
-    );
-    Ok(())
+    println!("raw numbers: {}", raw_dir.join("results.json").display());
+    publish(&o, &results)
 }
 
 fn drain_summary(d: &drain::DrainOutcome) -> String {

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::consumer::Receipt;
 use super::load::Commit;
 
 /// Percentiles in milliseconds.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Percentiles {
     pub p50: f64,
     pub p90: f64,
@@ -20,7 +20,7 @@ pub struct Percentiles {
 }
 
 /// Commit-to-consumer latencies of the events in `commits`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Delivery {
     pub delivered: u64,
     pub missing: u64,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
 use super::broker::Broker;
@@ -42,7 +42,7 @@ CREATE TABLE events_outbox (
 CREATE INDEX events_outbox_pending_idx ON events_outbox (created_at) WHERE dispatched_at IS NULL;
 ";
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum Rate {
     Fixed(f64),
     Max,
@@ -89,7 +89,7 @@ impl Scenario {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Outcome {
     pub mode: String,
     pub rate: String,

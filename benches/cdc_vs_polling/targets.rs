@@ -48,14 +48,15 @@ pub fn table(r: &Results) -> String {
         verdict(cdc_ack.map(|v| v <= 20.0))
     );
 
-    // Exactly-once costs nothing in steady state: the same latency and CPU as at-least-once.
+    // Exactly-once costs nothing in steady state: no more latency or CPU than at-least-once (5 %
+    // allowed for noise; lower passes).
     let eo_1k = find(r, "CDC exactly-once", "1000/s");
     let eo_ack = ack_p99(eo_1k);
     let cpu = |o: Option<&Outcome>| o.and_then(|o| o.relay_cpu_us_per_event);
-    let within = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b / a - 1.0).abs() <= 0.05);
+    let within = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b <= a * 1.05);
     let _ = writeln!(
         s,
-        "| exactly-once steady state within 5 % of at-least-once at 1,000 ev/s (p99 commit→ack, relay CPU per event) | p99 {} / {} ms, CPU {} / {} µs/ev | {} |",
+        "| exactly-once steady state at most 5 % above at-least-once at 1,000 ev/s (p99 commit→ack, relay CPU per event) | at-least-once / exactly-once: p99 {} / {} ms, CPU {} / {} µs/ev | {} |",
         fmt(cdc_ack, 1),
         fmt(eo_ack, 1),
         fmt(cpu(cdc_1k), 1),
