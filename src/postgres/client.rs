@@ -56,11 +56,21 @@ impl ConnectError {
 
 /// Opens a control connection; the connection task runs until the returned client is dropped.
 pub(crate) async fn connect(settings: &PostgresSettings, timeout: Duration) -> Result<Client, ConnectError> {
-    let url = settings.url.to_string();
     let mut config = settings.connection.clone();
     if config.get_application_name().is_none() {
         config.application_name("outbox-relay");
     }
+    open(&config, settings, timeout).await
+}
+
+/// Connects with `config` under the settings' TLS, bounded by `timeout`; errors name the URL
+/// (password masked). The connection task runs until the client is dropped.
+async fn open(
+    config: &tokio_postgres::Config,
+    settings: &PostgresSettings,
+    timeout: Duration,
+) -> Result<Client, ConnectError> {
+    let url = settings.url.to_string();
     let tls =
         tokio_postgres_rustls::MakeRustlsConnect::new((*tls::client_config(settings.sslrootcert.as_deref())?).clone());
     let (client, connection) = tokio::time::timeout(timeout, config.connect(tls))
@@ -103,22 +113,7 @@ pub(crate) async fn connect_host(
         config.dbname(db);
     }
     config.application_name(base.get_application_name().unwrap_or("outbox-relay"));
-    let url = settings.url.to_string();
-    let tls =
-        tokio_postgres_rustls::MakeRustlsConnect::new((*tls::client_config(settings.sslrootcert.as_deref())?).clone());
-    let (client, connection) = tokio::time::timeout(timeout, config.connect(tls))
-        .await
-        .map_err(|_| ConnectError::Timeout {
-            url: url.clone(),
-            after: timeout,
-        })?
-        .map_err(|source| ConnectError::Postgres { url, source })?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            debug!(error = %e, "control connection closed");
-        }
-    });
-    Ok(client)
+    open(&config, settings, timeout).await
 }
 
 /// The OIDs of the domains over `bytea`, directly or over another such domain (a payload

@@ -64,6 +64,34 @@ fn check_exactly_once(committed: &Committed, records: &[Received], what: &str) {
         .cloned()
         .collect();
     let dups = check_delivered(&all, &records, |_| "order".to_owned());
+    if dups > 0 {
+        // Where each duplicated event's copies are: same session's retries sit next to each
+        // other; a replay's copy comes after a restart.
+        let mut by_id: std::collections::BTreeMap<String, Vec<&Received>> = Default::default();
+        for r in &records {
+            by_id.entry(id_of(r)).or_default().push(r);
+        }
+        for (id, copies) in by_id.iter().filter(|(_, c)| c.len() > 1).take(10) {
+            let at: Vec<String> = copies
+                .iter()
+                .map(|r| {
+                    let h = |n: &str| {
+                        r.header(n)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                            .unwrap_or_default()
+                    };
+                    format!(
+                        "p{}@{} {}#{}",
+                        r.partition,
+                        r.offset,
+                        h("outbox-relay-commit-lsn"),
+                        h("outbox-relay-index")
+                    )
+                })
+                .collect();
+            eprintln!("  duplicate {id}: {}", at.join(", "));
+        }
+    }
     check_order(committed, &records);
     eprintln!("{what}: {} events, {dups} duplicates", all.len());
     assert_eq!(dups, 0, "{what}: duplicates in exactly-once mode");

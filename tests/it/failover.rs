@@ -49,6 +49,25 @@ struct Written {
     unknown: usize,
 }
 
+/// Four writer tasks over 20 new aggregates (5 each): the stop flag, what they wrote, the tasks.
+fn start_writers(url: &str) -> (Arc<AtomicBool>, Arc<Mutex<Written>>, Vec<tokio::task::JoinHandle<()>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(Mutex::new(Written::default()));
+    let aggregates: Vec<String> = (0..20).map(|_| new_uuid()).collect();
+    let writers = aggregates
+        .chunks(5)
+        .map(|chunk| {
+            tokio::spawn(writer(
+                url.to_owned(),
+                chunk.to_vec(),
+                Arc::clone(&stop),
+                Arc::clone(&written),
+            ))
+        })
+        .collect();
+    (stop, written, writers)
+}
+
 /// One writer task: its aggregates, one transaction (an outbox row) at a time, reconnecting
 /// through the multi-host URL after errors.
 async fn writer(url: String, aggregates: Vec<String>, stop: Arc<AtomicBool>, written: Arc<Mutex<Written>>) {
@@ -171,20 +190,7 @@ async fn failover(s: Scenario) {
     );
 
     let mut relay = RelayProcess::run(&config);
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(Mutex::new(Written::default()));
-    let aggregates: Vec<String> = (0..20).map(|_| new_uuid()).collect();
-    let writers: Vec<_> = aggregates
-        .chunks(5)
-        .map(|chunk| {
-            tokio::spawn(writer(
-                url.clone(),
-                chunk.to_vec(),
-                Arc::clone(&stop),
-                Arc::clone(&written),
-            ))
-        })
-        .collect();
+    let (stop, written, writers) = start_writers(&url);
 
     // The standby's copy of the slot must exist (and follow) before the primary goes.
     let standby_client = standby.client(&db).await;
@@ -415,20 +421,7 @@ async fn lost_slot_recovery_on_pg16() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("no failover slots"), "preflight names the risk: {text}");
     let mut relay = RelayProcess::run(&config);
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(Mutex::new(Written::default()));
-    let aggregates: Vec<String> = (0..20).map(|_| new_uuid()).collect();
-    let writers: Vec<_> = aggregates
-        .chunks(5)
-        .map(|chunk| {
-            tokio::spawn(writer(
-                url.clone(),
-                chunk.to_vec(),
-                Arc::clone(&stop),
-                Arc::clone(&written),
-            ))
-        })
-        .collect();
+    let (stop, written, writers) = start_writers(&url);
     tokio::time::sleep(Duration::from_secs(3)).await;
     primary.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
