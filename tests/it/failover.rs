@@ -49,6 +49,28 @@ struct Written {
     unknown: usize,
 }
 
+/// Whether `slot` on `client`'s server comes to satisfy `condition` (SQL over
+/// `pg_replication_slots`) within `within`, checked every `every`.
+async fn slot_shows(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    condition: &str,
+    within: Duration,
+    every: Duration,
+) -> bool {
+    let sql = format!("SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND {condition}");
+    wait_until(within, every, || {
+        let sql = &sql;
+        async move {
+            client
+                .query_opt(sql.as_str(), &[&slot])
+                .await
+                .is_ok_and(|r| r.is_some())
+        }
+    })
+    .await
+}
+
 /// Four writer tasks over 20 new aggregates (5 each): the stop flag, what they wrote, the tasks.
 fn start_writers(url: &str) -> (Arc<AtomicBool>, Arc<Mutex<Written>>, Vec<tokio::task::JoinHandle<()>>) {
     let stop = Arc::new(AtomicBool::new(false));
@@ -194,18 +216,13 @@ async fn failover(s: Scenario) {
 
     // The standby's copy of the slot must exist (and follow) before the primary goes.
     let standby_client = standby.client(&db).await;
-    let synced = wait_until(Duration::from_secs(60), Duration::from_millis(200), || {
-        let c = &standby_client;
-        let slot = config.slot.clone();
-        async move {
-            c.query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND synced AND confirmed_flush_lsn IS NOT NULL",
-                &[&slot],
-            )
-            .await
-            .is_ok_and(|r| r.is_some())
-        }
-    })
+    let synced = slot_shows(
+        &standby_client,
+        &config.slot,
+        "synced AND confirmed_flush_lsn IS NOT NULL",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+    )
     .await;
     assert!(
         synced,
@@ -226,18 +243,13 @@ async fn failover(s: Scenario) {
     let promoted = Instant::now();
     drop(standby_client);
     let new_primary = standby.client(&db).await;
-    let resumed = wait_until(Duration::from_secs(30), Duration::from_millis(20), || {
-        let c = &new_primary;
-        let slot = config.slot.clone();
-        async move {
-            c.query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
-                &[&slot],
-            )
-            .await
-            .is_ok_and(|r| r.is_some())
-        }
-    })
+    let resumed = slot_shows(
+        &new_primary,
+        &config.slot,
+        "active",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+    )
     .await;
     let resume = promoted.elapsed();
     assert!(
