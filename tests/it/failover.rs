@@ -90,6 +90,17 @@ fn start_writers(url: &str) -> (Arc<AtomicBool>, Arc<Mutex<Written>>, Vec<tokio:
     (stop, written, writers)
 }
 
+/// Tells the writers to stop and waits (bounded) until each has.
+async fn stop_writers(stop: &AtomicBool, writers: Vec<tokio::task::JoinHandle<()>>) {
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        tokio::time::timeout(Duration::from_secs(15), w)
+            .await
+            .expect("writer stops")
+            .expect("writer task");
+    }
+}
+
 /// One writer task: its aggregates, one transaction (an outbox row) at a time, reconnecting
 /// through the multi-host URL after errors.
 async fn writer(url: String, aggregates: Vec<String>, stop: Arc<AtomicBool>, written: Arc<Mutex<Written>>) {
@@ -258,13 +269,7 @@ async fn failover(s: Scenario) {
         relay.log_text()
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        tokio::time::timeout(Duration::from_secs(15), w)
-            .await
-            .expect("writer stops")
-            .expect("writer task");
-    }
+    stop_writers(&stop, writers).await;
 
     // What the new primary has is the truth; what the writers were told must be in it (sync).
     let rows = new_primary
@@ -474,13 +479,7 @@ async fn lost_slot_recovery_on_pg16() {
     );
     let _relay = RelayProcess::run(&config);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        tokio::time::timeout(Duration::from_secs(15), w)
-            .await
-            .expect("writer stops")
-            .expect("writer");
-    }
+    stop_writers(&stop, writers).await;
     let rows = new_primary
         .query(
             "SELECT id::text, aggregate_id::text, type, payload::text FROM events_outbox",
