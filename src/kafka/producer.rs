@@ -48,9 +48,14 @@ impl std::fmt::Display for DeliveryFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "event id={} to topic {:?} failed: {}",
+            "event id={} to topic {:?}{} failed: {}",
             self.event_id.as_deref().unwrap_or("?"),
             self.topic,
+            if self.partition >= 0 {
+                format!(" partition {}", self.partition)
+            } else {
+                String::new()
+            },
             self.error
         )
     }

@@ -2,10 +2,11 @@
 //!
 //! Used once per partition and streaming session by the relay's exactly-once resume
 //! (`relay::resume`). The reader is an rdkafka `BaseConsumer` that never joins a group and never
-//! commits: it is assigned one partition at a time, reads a window just below the high
-//! watermark, and widens the window backwards (×4 each time), collecting the caller's positions
-//! at or above the floor, until a window holds one of the caller's records below the floor, the
-//! partition's start, or `max_records` were read.
+//! commits: it is assigned one partition at a time, reads from a little below the high
+//! watermark to the end of the partition, and starts again further back (×4 each time),
+//! collecting the caller's positions at or above the floor, until a window holds one of the
+//! caller's records below the floor, reaches the partition's start, or would reach further back
+//! than `max_records`.
 //!
 //! Invariant: every call blocks (metadata, watermarks, fetches), bounded by the reader's
 //! timeout; callers run it on a thread of its own, never on an async runtime's workers. This
@@ -174,7 +175,13 @@ impl TailReader {
     /// Reads `topic`/`partition` backwards from its end, window by window, collecting the
     /// positions `own` recognises at or above `floor`, until a window holds one of the caller's
     /// records below `floor` (everything after it was read) or the partition's start; errs when
-    /// `max_records` were read before either.
+    /// a window would reach further back than `max_records` below the end.
+    ///
+    /// Every window is read *forward to the end of the partition* (the fetch's end-of-partition),
+    /// not to the high watermark `ListOffsets` gave: some brokers report less there than they
+    /// hold (tansu 0.6 answers the newest batch's base offset + 1) and answer a fetch inside a
+    /// batch from the next batch on, so a window cut at either would miss records it should see
+    /// — and each record missed is a duplicate. The watermark only places the windows' starts.
     pub(crate) fn own_since<P: Ord>(
         &self,
         topic: &str,
@@ -191,24 +198,27 @@ impl TailReader {
             .consumer
             .fetch_watermarks(topic, partition, self.timeout)
             .map_err(err)?;
-        let mut end = high;
-        let mut window = FIRST_WINDOW;
+        let max = self.max_records.max(1) as i64;
+        let mut span = FIRST_WINDOW.min(max);
         let mut read = 0u64;
         let mut positions = BTreeSet::new();
-        while end > low {
-            let start = (end - window).max(low);
-            let (reached_floor, n) = self.read_window(topic, partition, start, end, floor, &own, &mut positions)?;
+        if high <= low {
+            return Ok(Tail {
+                positions,
+                records_read: read,
+            });
+        }
+        loop {
+            let start = (high - span).max(low);
+            let (reached_floor, n) = self.read_to_end(topic, partition, start, floor, &own, &mut positions)?;
             read += n;
-            if reached_floor {
+            if reached_floor || start == low {
                 return Ok(Tail {
                     positions,
                     records_read: read,
                 });
             }
-            if start == low {
-                break;
-            }
-            if read >= self.max_records {
+            if span >= max {
                 return Err(ReadBackError::BoundHit {
                     topic: topic.to_owned(),
                     partition,
@@ -218,24 +228,18 @@ impl TailReader {
                     max: self.max_records,
                 });
             }
-            end = start;
-            window = (window * 4).min((self.max_records - read).max(1) as i64);
+            span = (span * 4).min(max);
         }
-        Ok(Tail {
-            positions,
-            records_read: read,
-        })
     }
 
-    /// Reads offsets `start..end` into `positions` (own positions at or above `floor`); whether
-    /// one of the caller's records below `floor` was among them, and how many records came.
-    #[allow(clippy::too_many_arguments)]
-    fn read_window<P: Ord>(
+    /// Reads from offset `start` to the end of the partition into `positions` (own positions at
+    /// or above `floor`); whether one of the caller's records below `floor` was among them, and
+    /// how many records came.
+    fn read_to_end<P: Ord>(
         &self,
         topic: &str,
         partition: i32,
         start: i64,
-        end: i64,
         floor: &P,
         own: &impl Fn(&HeaderLookup<'_>) -> Option<P>,
         positions: &mut BTreeSet<P>,
@@ -270,9 +274,6 @@ impl TailReader {
                     if msg.topic() != topic || msg.partition() != partition || msg.offset() < start {
                         continue;
                     }
-                    if msg.offset() >= end {
-                        break Ok(());
-                    }
                     read += 1;
                     match own(&HeaderLookup::new(msg.headers())) {
                         Some(p) if p >= *floor => {
@@ -280,9 +281,6 @@ impl TailReader {
                         }
                         Some(_) => reached_floor = true,
                         None => {}
-                    }
-                    if msg.offset() >= end - 1 {
-                        break Ok(());
                     }
                 }
             }

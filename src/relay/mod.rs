@@ -74,8 +74,6 @@ pub(crate) struct SessionContext {
     pub(crate) suspects: quarantine::Suspects,
     /// The note about a publication wider than the relay needs was logged (`publication.rs`).
     pub(crate) publication_noted: bool,
-    /// Exactly-once: partitions where a failed delivery may have left a gap (`resume.rs`).
-    pub(crate) gaps: resume::Gaps,
     /// Another instance held the slot since this process last streamed: the next session may be
     /// taking over from a frozen holder (`resume.rs`).
     pub(crate) after_standby: bool,
@@ -105,7 +103,6 @@ pub(crate) async fn run(
         last_walsender: None,
         suspects: Default::default(),
         publication_noted: false,
-        gaps: Default::default(),
         after_standby: false,
         last_confirmed_commit_unix_us: None,
     };

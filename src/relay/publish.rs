@@ -251,9 +251,6 @@ impl StreamState<'_> {
             };
         }
         self.watermark.failed(tag.ticket, tag.bytes)?;
-        if let Some(resume) = self.resume.as_mut() {
-            resume.gaps.record(&failure.topic, failure.partition, event);
-        }
         if refused {
             self.suspects.insert(event, failure.error.to_string());
             return Err(RelayError::RecordRejected {

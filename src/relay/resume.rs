@@ -26,11 +26,11 @@
 //! event for that partition is produced. Until it is known the stream reads no frames: the frame
 //! that needed it is kept and decoded again afterwards ([`Verdict::Wait`] leaves no trace).
 //!
-//! **Where a tail lies.** A failed delivery can leave a gap (librdkafka may still deliver later
-//! records of the partition, e.g. after an epoch bump): the supervisor keeps the first failed
-//! position per partition ([`Gaps`]) and nothing at or after it is skipped until the slot
-//! confirmed past it. A wind-down that gave up on outstanding deliveries leaves the whole next
-//! replay unskipped. A record without a key has no computable partition and is never skipped.
+//! **Gaps cost nothing but duplicates.** A failed delivery can leave a gap (librdkafka may still
+//! deliver later records of the partition, e.g. after an epoch bump), and a wind-down may give
+//! up on outstanding deliveries: the missing event's position is not in Kafka, so the replay
+//! sends it, whatever its neighbours are. A record without a key has no computable partition
+//! and is never skipped.
 //!
 //! **The frozen holder.** A holder paused mid-flight whose slot a standby takes over must not
 //! publish afterwards what the standby already checked: this stream hands no record to
@@ -83,32 +83,6 @@ pub(crate) fn message_timeout(kafka: &KafkaProperties) -> Duration {
         .map_or(DEFAULT_MESSAGE_TIMEOUT, Duration::from_millis)
 }
 
-/// Partitions where a failed delivery may have left a gap, kept by the supervisor across
-/// sessions: nothing at or after the first failed position of a partition is skipped until the
-/// slot confirmed past it. Partition `-1`: every partition of the topic; topic `""`: every topic.
-#[derive(Debug, Default)]
-pub(crate) struct Gaps {
-    from: HashMap<(String, i32), EventRef>,
-}
-
-impl Gaps {
-    pub(crate) fn record(&mut self, topic: &str, partition: i32, at: EventRef) {
-        let e = self.from.entry((topic.to_owned(), partition.max(-1))).or_insert(at);
-        *e = (*e).min(at);
-    }
-
-    /// Forgets gaps the slot confirmed past (their events were delivered since).
-    pub(crate) fn forget_before(&mut self, confirmed: Lsn) {
-        self.from.retain(|_, at| at.commit_lsn >= confirmed);
-    }
-
-    fn allows_skip(&self, topic: &str, partition: i32, at: EventRef) -> bool {
-        [(topic, partition), (topic, -1), ("", -1)]
-            .iter()
-            .all(|(t, p)| self.from.get(&((*t).to_owned(), *p)).is_none_or(|gap| at < *gap))
-    }
-}
-
 /// What to do with one replay-window record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -124,8 +98,8 @@ enum Lookup {
     /// Outside the replay window, in a topic that did not exist, or without a computable
     /// partition: sent as it is.
     Unchecked,
-    /// The partition, and whether Kafka holds the record's exact position.
-    Known(i32, bool),
+    /// The partition was read back: whether Kafka holds the record's exact position.
+    Known(bool),
     /// Not read back yet (with the topic's partition count when known).
     Unknown(Option<Option<i32>>),
 }
@@ -177,7 +151,6 @@ pub(crate) struct Resume {
     done_tx: mpsc::UnboundedSender<Done>,
     /// No read-back before this (a takeover: see the module docs).
     fence: Option<Instant>,
-    pub(crate) gaps: Gaps,
     last_status: Instant,
     stale_limit: Duration,
     skipped: u64,
@@ -196,9 +169,7 @@ impl Resume {
         replay_start: Lsn,
         replay_end: Lsn,
         fence: Option<Instant>,
-        mut gaps: Gaps,
     ) -> (Resume, DoneReceiver) {
-        gaps.forget_before(replay_start);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let resume = Resume {
             source: format!("{system_id}/{}", settings.postgres.slot),
@@ -212,7 +183,6 @@ impl Resume {
             waiting: false,
             done_tx,
             fence,
-            gaps,
             last_status: Instant::now(),
             stale_limit: stale_limit(settings),
             skipped: 0,
@@ -262,15 +232,12 @@ impl Resume {
     ) -> Verdict {
         match self.lookup(at, topic, key, explicit) {
             Lookup::Unchecked => Verdict::Send,
-            Lookup::Known(p, held) => {
-                if held && self.gaps.allows_skip(topic, p, at) {
-                    self.skipped += 1;
-                    counter!(EVENTS_SKIPPED_IN_KAFKA).increment(1);
-                    Verdict::Skip
-                } else {
-                    Verdict::Send
-                }
+            Lookup::Known(true) => {
+                self.skipped += 1;
+                counter!(EVENTS_SKIPPED_IN_KAFKA).increment(1);
+                Verdict::Skip
             }
+            Lookup::Known(false) => Verdict::Send,
             Lookup::Unknown(_) if !may_wait => Verdict::Send,
             Lookup::Unknown(partitions) => {
                 self.start(Job {
@@ -314,7 +281,7 @@ impl Resume {
         };
         match explicit.or_else(|| partition_for(key, count)) {
             Some(p) if (0..count).contains(&p) => match t.found.get(&p) {
-                Some(found) => Lookup::Known(p, found.contains(&at)),
+                Some(found) => Lookup::Known(found.contains(&at)),
                 None => Lookup::Unknown(Some(Some(count))),
             },
             _ => Lookup::Unchecked,
@@ -441,12 +408,11 @@ impl Resume {
         self.skipped
     }
 
-    /// The session ends: the gaps go back to the supervisor.
-    pub(crate) fn finish(mut self) -> Gaps {
+    /// The session ends: says what the check found, if the stream never got past the window.
+    pub(crate) fn finish(mut self) {
         if !self.window_logged {
             self.log_window();
         }
-        self.gaps
     }
 }
 
@@ -489,9 +455,9 @@ mod tests {
         }
     }
 
-    fn resume(gaps: Gaps) -> Resume {
+    fn resume() -> Resume {
         let s = settings("[relay]\ndelivery = \"exactly-once\"\n");
-        Resume::new(&s, "7000000000000000001", Lsn(0x100), Lsn(0x1000), None, gaps).0
+        Resume::new(&s, "7000000000000000001", Lsn(0x100), Lsn(0x1000), None).0
     }
 
     /// As if partition `p` of a 3-partition `t` had been read back, finding `found`.
@@ -510,7 +476,7 @@ mod tests {
 
     #[test]
     fn headers_round_trip_and_name_the_source() {
-        let r = resume(Gaps::default());
+        let r = resume();
         let mut buf = [0u8; 40];
         let headers = r.position_headers(at(0x16_B374_D848, 42), &mut buf);
         let owned: Vec<(String, Vec<u8>)> = headers.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect();
@@ -526,14 +492,14 @@ mod tests {
 
     #[test]
     fn outside_the_replay_window_nothing_is_checked() {
-        let mut r = resume(Gaps::default());
+        let mut r = resume();
         assert_eq!(r.verdict(at(0x1000, 0), "t", b"k", None, true), Verdict::Send);
         assert!(!r.is_waiting());
     }
 
     #[test]
     fn inside_it_events_kafka_holds_are_skipped_and_only_those() {
-        let mut r = resume(Gaps::default());
+        let mut r = resume();
         // 0x180#0 is missing from the partition (a failed delivery): it is sent, though later
         // positions of the partition are in Kafka.
         known(&mut r, 0, &[at(0x200, 0), at(0x200, 1)]);
@@ -554,34 +520,10 @@ mod tests {
 
     #[test]
     fn an_unknown_partition_waits_unless_waiting_is_impossible() {
-        let mut r = resume(Gaps::default());
+        let mut r = resume();
         known(&mut r, 0, &[at(0x200, 1)]);
         assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(2), None, false), Verdict::Send);
         assert!(!r.is_waiting());
-    }
-
-    #[test]
-    fn a_gap_stops_skipping_in_its_partition_until_confirmed_past() {
-        let mut gaps = Gaps::default();
-        gaps.record("t", 0, at(0x200, 1));
-        gaps.record("t", 0, at(0x300, 0));
-        gaps.record("old", 0, at(0x50, 0));
-        let mut r = resume(gaps);
-        assert_eq!(
-            r.gaps.from.len(),
-            1,
-            "one gap per partition, and the one before the replay start is forgotten"
-        );
-        let held = [at(0x200, 0), at(0x200, 1), at(0x300, 0), at(0x400, 0)];
-        known(&mut r, 0, &held);
-        known(&mut r, 1, &held);
-        let (k0, k1) = (key_in(0), key_in(1));
-        assert_eq!(r.verdict(at(0x200, 0), "t", &k0, None, true), Verdict::Skip);
-        assert_eq!(r.verdict(at(0x200, 1), "t", &k0, None, true), Verdict::Send);
-        assert_eq!(r.verdict(at(0x300, 0), "t", &k0, None, true), Verdict::Send);
-        assert_eq!(r.verdict(at(0x300, 0), "t", &k1, None, true), Verdict::Skip);
-        r.gaps.record("", -1, at(0x100, 0));
-        assert_eq!(r.verdict(at(0x300, 0), "t", &k1, None, true), Verdict::Send);
     }
 
     #[test]

@@ -134,14 +134,7 @@ pub(crate) async fn run_session(
         let fence = std::mem::take(&mut ctx.after_standby).then(|| {
             std::time::Instant::now() + resume::message_timeout(&settings.kafka) + resume::stale_limit(settings)
         });
-        let (r, done) = Resume::new(
-            settings,
-            &system.system_id,
-            slot.confirmed_flush,
-            replay_end,
-            fence,
-            std::mem::take(&mut ctx.gaps),
-        );
+        let (r, done) = Resume::new(settings, &system.system_id, slot.confirmed_flush, replay_end, fence);
         state.resume = Some(r);
         read_backs = Some(done);
     }
@@ -159,7 +152,7 @@ pub(crate) async fn run_session(
     if let Err(e) = &outcome {
         warn!(error = %e, slot = %settings.postgres.slot, "stopping stream");
     }
-    let (gaps, last_confirmed) = wind_down(
+    let last_confirmed = wind_down(
         state,
         &mut reader,
         &mut writer,
@@ -167,9 +160,6 @@ pub(crate) async fn run_session(
         settings.relay.shutdown_timeout,
     )
     .await;
-    if let Some(gaps) = gaps {
-        ctx.gaps = gaps;
-    }
     if last_confirmed.is_some() {
         ctx.last_confirmed_commit_unix_us = last_confirmed;
     }
@@ -269,15 +259,15 @@ async fn next_read_back(read_backs: &mut Option<DoneReceiver>) -> Option<resume:
     }
 }
 
-/// Returns the exactly-once gaps for the next session (`None` in at-least-once mode) and the
-/// commit time of the latest confirmed transaction with events (`None`: none this session).
+/// Returns the commit time of the latest confirmed transaction with events (`None`: none this
+/// session).
 async fn wind_down(
     mut state: StreamState<'_>,
     reader: &mut FrameReader,
     writer: &mut StatusWriter,
     deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
     wait: Duration,
-) -> (Option<resume::Gaps>, Option<i64>) {
+) -> Option<i64> {
     let deadline = Instant::now() + wait;
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     while state.in_flight() > 0 {
@@ -289,12 +279,8 @@ async fn wind_down(
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
+                // Their outcome is unknown; the next replay skips only what its read-back finds.
                 warn!(in_flight = state.in_flight(), "gave up waiting for Kafka acknowledgements; they will be replayed");
-                // Their outcome is unknown, and so is where a gap may be: the next replay skips nothing.
-                let confirmed = state.confirmed();
-                if let Some(resume) = &mut state.resume {
-                    resume.gaps.record("", -1, super::quarantine::EventRef { commit_lsn: confirmed, seq: 0 });
-                }
                 break;
             }
         }
@@ -317,7 +303,9 @@ async fn wind_down(
         final_status_sent = sent.is_ok(),
         "stream stopped"
     );
-    let gaps = state.resume.take().map(Resume::finish);
+    if let Some(resume) = state.resume.take() {
+        resume.finish();
+    }
     if sent.is_ok() && writer.send_copy_done().await.is_ok() {
         reader.finish(Duration::from_secs(2)).await;
     }
@@ -326,5 +314,5 @@ async fn wind_down(
     // Awaited: the next session's producer must not start replaying while this one's requests
     // are still on the wire.
     let _ = tokio::task::spawn_blocking(move || publisher.abandon(Duration::from_secs(5))).await;
-    (gaps, last_confirmed)
+    last_confirmed
 }
