@@ -151,7 +151,20 @@ async fn records_carry_their_source_position_and_land_where_the_relay_computes()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn walsender_terminations_under_load_publish_each_event_once() {
     let kafka = MockKafka::new(3);
-    let (db, client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    walsender_terminations(&kafka.bootstrap_servers()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn walsender_terminations_under_load_on_tansu_publish_each_event_once() {
+    let Some(tansu) = Tansu::start().await else {
+        return;
+    };
+    tansu.create_topic("order", 3).await;
+    walsender_terminations(&tansu.bootstrap_servers()).await;
+}
+
+async fn walsender_terminations(bootstrap: &str) {
+    let (db, client, config) = prepared(OutboxSchema::B, bootstrap).await;
     let config = exactly_once(config).max_in_flight(50);
     let relay = RelayProcess::run(&config);
     assert!(
@@ -178,7 +191,7 @@ async fn walsender_terminations_under_load_publish_each_event_once() {
     }
     let committed = load.await.expect("workload");
     assert!(terminated >= 3, "only {terminated} walsender terminations");
-    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    let records = collect_all(bootstrap, &committed).await;
     check_exactly_once(&committed, &records, &format!("{terminated} walsender terminations"));
     let log = relay.log_text();
     assert!(log.matches("streaming started").count() > terminated / 2, "{log}");
@@ -187,7 +200,20 @@ async fn walsender_terminations_under_load_publish_each_event_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_standby_taking_over_from_a_killed_holder_publishes_each_event_once() {
     let kafka = MockKafka::new(3);
-    let (db, _client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    standby_takeovers(&kafka.bootstrap_servers()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_taking_over_from_a_killed_holder_on_tansu_publishes_each_event_once() {
+    let Some(tansu) = Tansu::start().await else {
+        return;
+    };
+    tansu.create_topic("order", 3).await;
+    standby_takeovers(&tansu.bootstrap_servers()).await;
+}
+
+async fn standby_takeovers(bootstrap: &str) {
+    let (db, _client, config) = prepared(OutboxSchema::B, bootstrap).await;
     // The takeover waits message.timeout.ms + 5 s before reading back (the frozen-holder fence).
     let config = exactly_once(config)
         .max_in_flight(50)
@@ -224,7 +250,7 @@ async fn a_standby_taking_over_from_a_killed_holder_publishes_each_event_once() 
         a = b;
     }
     let committed = load.await.expect("workload");
-    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    let records = collect_all(bootstrap, &committed).await;
     check_exactly_once(
         &committed,
         &records,
@@ -235,13 +261,26 @@ async fn a_standby_taking_over_from_a_killed_holder_publishes_each_event_once() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_relays_on_two_databases_writing_the_same_topic_killed_repeatedly() {
-    let kills_wanted: usize = if long_tests() { 30 } else { 6 };
     let kafka = MockKafka::new(3);
     kafka.create_topic("order", 3);
+    two_relays_killed_repeatedly(&kafka.bootstrap_servers()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_on_two_databases_writing_the_same_topic_on_tansu_killed_repeatedly() {
+    let Some(tansu) = Tansu::start().await else {
+        return;
+    };
+    tansu.create_topic("order", 3).await;
+    two_relays_killed_repeatedly(&tansu.bootstrap_servers()).await;
+}
+
+async fn two_relays_killed_repeatedly(bootstrap: &str) {
+    let kills_wanted: usize = if long_tests() { 30 } else { 6 };
     let mut configs = Vec::new();
     let mut loads = Vec::new();
     for _ in 0..2 {
-        let (db, _client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+        let (db, _client, config) = prepared(OutboxSchema::B, bootstrap).await;
         configs.push(exactly_once(config).max_in_flight(30));
         let url = shared_cluster().await.url(&db);
         let mut w = Workload::new(OutboxSchema::B, kills_wanted * 150, 30, 3);
@@ -263,7 +302,7 @@ async fn two_relays_on_two_databases_writing_the_same_topic_killed_repeatedly() 
             .by_aggregate
             .extend(load.await.expect("workload").by_aggregate);
     }
-    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    let records = collect_all(bootstrap, &committed).await;
     let sources: std::collections::HashSet<&[u8]> = records.iter().filter_map(|r| r.header(SOURCE)).collect();
     assert_eq!(sources.len(), 2, "two sources in one topic");
     check_exactly_once(&committed, &records, &format!("two relays, {kills} SIGKILLs"));
@@ -373,4 +412,40 @@ async fn sigkill_under_load_on_tansu_publishes_each_event_once() {
     let _relay = RelayProcess::run(&config);
     let records = collect_all(&tansu.bootstrap_servers(), &committed).await;
     check_exactly_once(&committed, &records, &format!("tansu, {kills_wanted} SIGKILLs"));
+}
+
+/// The only broker unresponsive for 30 s under load (tansu SIGSTOPped: its memory storage would
+/// not survive a restart), deliveries timing out and sessions replaying meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_down_30_seconds_on_tansu_publishes_each_event_once() {
+    let Some(tansu) = Tansu::start().await else {
+        return;
+    };
+    tansu.create_topic("order", 3).await;
+    let (db, _client, config) = prepared(OutboxSchema::B, &tansu.bootstrap_servers()).await;
+    let config = exactly_once(config)
+        .max_in_flight(50)
+        .kafka("message.timeout.ms", "5000");
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let url = shared_cluster().await.url(&db);
+    let mut w = Workload::new(OutboxSchema::B, 600, 30, 4);
+    w.pause = Duration::from_millis(50);
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(tansu.pause(), "SIGSTOP tansu");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(tansu.resume(), "SIGCONT tansu");
+    let committed = load.await.expect("workload");
+    let records = collect_all(&tansu.bootstrap_servers(), &committed).await;
+    assert!(
+        relay.log_text().contains("Kafka delivery failed"),
+        "the outage should have failed deliveries; log:\n{}",
+        relay.log_text()
+    );
+    check_exactly_once(&committed, &records, "tansu down 30 s");
 }
