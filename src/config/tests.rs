@@ -1,3 +1,6 @@
+//! Unit tests of the configuration: file + environment layering, every validation error naming
+//! its key and the fix, and the defaults documented in docs/configuration.md.
+
 use std::time::Duration;
 
 use super::*;

@@ -1,3 +1,6 @@
+//! Unit tests of `import-debezium`: Debezium's documented example connector configs (REST JSON
+//! and `.properties`), legacy EventRouter names, and every unsupported option listed with why.
+
 use std::path::{Path, PathBuf};
 
 use super::{convert, ImportError};
