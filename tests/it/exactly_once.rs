@@ -55,6 +55,28 @@ async fn system_identifier(client: &Client) -> String {
     row.get(0)
 }
 
+/// One scenario as two tests, each with topic `order` in 3 partitions: on librdkafka's mock
+/// cluster, and on tansu (a separate broker process; skipped loudly when it is not installed).
+macro_rules! on_mock_and_tansu {
+    ($scenario:ident: $on_mock:ident, $on_tansu:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $on_mock() {
+            let kafka = MockKafka::new(3);
+            kafka.create_topic("order", 3);
+            $scenario(&kafka.bootstrap_servers()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $on_tansu() {
+            let Some(tansu) = Tansu::start().await else {
+                return;
+            };
+            tansu.create_topic("order", 3).await;
+            $scenario(&tansu.bootstrap_servers()).await;
+        }
+    };
+}
+
 /// Every committed event exactly once, in per-aggregate order; `what` names the scenario.
 fn check_exactly_once(committed: &Committed, records: &[Received], what: &str) {
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
@@ -107,12 +129,7 @@ async fn records_carry_their_source_position_and_land_where_the_relay_computes()
     kafka.create_topic("order", 5);
     let (db, client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
     let config = exactly_once(config);
-    let relay = RelayProcess::run(&config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
+    let relay = RelayProcess::run_streaming(&config).await;
     let url = shared_cluster().await.url(&db);
     let committed = run_workload(&url, &Workload::new(OutboxSchema::B, 60, 20, 4)).await;
     let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
@@ -148,30 +165,14 @@ async fn records_carry_their_source_position_and_land_where_the_relay_computes()
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn walsender_terminations_under_load_publish_each_event_once() {
-    let kafka = MockKafka::new(3);
-    walsender_terminations(&kafka.bootstrap_servers()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn walsender_terminations_under_load_on_tansu_publish_each_event_once() {
-    let Some(tansu) = Tansu::start().await else {
-        return;
-    };
-    tansu.create_topic("order", 3).await;
-    walsender_terminations(&tansu.bootstrap_servers()).await;
-}
+on_mock_and_tansu!(walsender_terminations:
+    walsender_terminations_under_load_publish_each_event_once,
+    walsender_terminations_under_load_on_tansu_publish_each_event_once);
 
 async fn walsender_terminations(bootstrap: &str) {
     let (db, client, config) = prepared(OutboxSchema::B, bootstrap).await;
     let config = exactly_once(config).max_in_flight(50);
-    let relay = RelayProcess::run(&config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
+    let relay = RelayProcess::run_streaming(&config).await;
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, 2_000, 40, 4);
     w.pause = Duration::from_millis(5);
@@ -197,20 +198,9 @@ async fn walsender_terminations(bootstrap: &str) {
     assert!(log.matches("streaming started").count() > terminated / 2, "{log}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_standby_taking_over_from_a_killed_holder_publishes_each_event_once() {
-    let kafka = MockKafka::new(3);
-    standby_takeovers(&kafka.bootstrap_servers()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_standby_taking_over_from_a_killed_holder_on_tansu_publishes_each_event_once() {
-    let Some(tansu) = Tansu::start().await else {
-        return;
-    };
-    tansu.create_topic("order", 3).await;
-    standby_takeovers(&tansu.bootstrap_servers()).await;
-}
+on_mock_and_tansu!(standby_takeovers:
+    a_standby_taking_over_from_a_killed_holder_publishes_each_event_once,
+    a_standby_taking_over_from_a_killed_holder_on_tansu_publishes_each_event_once);
 
 async fn standby_takeovers(bootstrap: &str) {
     let (db, _client, config) = prepared(OutboxSchema::B, bootstrap).await;
@@ -222,12 +212,7 @@ async fn standby_takeovers(bootstrap: &str) {
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, 1_500, 30, 4);
     w.pause = Duration::from_millis(5);
-    let mut a = RelayProcess::run(&config);
-    assert!(
-        a.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        a.log_text()
-    );
+    let mut a = RelayProcess::run_streaming(&config).await;
     let load = tokio::spawn(async move { run_workload(&url, &w).await });
     let mut takeovers = 0;
     for _ in 0..2 {
@@ -259,21 +244,9 @@ async fn standby_takeovers(bootstrap: &str) {
     drop(a);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_relays_on_two_databases_writing_the_same_topic_killed_repeatedly() {
-    let kafka = MockKafka::new(3);
-    kafka.create_topic("order", 3);
-    two_relays_killed_repeatedly(&kafka.bootstrap_servers()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_relays_on_two_databases_writing_the_same_topic_on_tansu_killed_repeatedly() {
-    let Some(tansu) = Tansu::start().await else {
-        return;
-    };
-    tansu.create_topic("order", 3).await;
-    two_relays_killed_repeatedly(&tansu.bootstrap_servers()).await;
-}
+on_mock_and_tansu!(two_relays_killed_repeatedly:
+    two_relays_on_two_databases_writing_the_same_topic_killed_repeatedly,
+    two_relays_on_two_databases_writing_the_same_topic_on_tansu_killed_repeatedly);
 
 async fn two_relays_killed_repeatedly(bootstrap: &str) {
     let kills_wanted: usize = if long_tests() { 30 } else { 6 };
@@ -326,12 +299,7 @@ async fn a_frozen_holder_thawed_after_the_takeover_duplicates_within_the_bound()
         .kafka("message.timeout.ms", "2000")
         .set("relay", "takeover_after_ms", 1500)
         .set("relay", "standby_poll_ms", 300);
-    let a = RelayProcess::run(&config);
-    assert!(
-        a.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        a.log_text()
-    );
+    let a = RelayProcess::run_streaming(&config).await;
     let b = RelayProcess::run(&config);
     assert!(
         b.wait_for_log("standing by", Duration::from_secs(30)).await,
@@ -426,12 +394,7 @@ async fn broker_down_30_seconds_on_tansu_publishes_each_event_once() {
     let config = exactly_once(config)
         .max_in_flight(50)
         .kafka("message.timeout.ms", "5000");
-    let relay = RelayProcess::run(&config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
+    let relay = RelayProcess::run_streaming(&config).await;
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, 600, 30, 4);
     w.pause = Duration::from_millis(50);

@@ -204,6 +204,18 @@ impl RelayProcess {
         RelayProcess::run_with(config, &[], &[])
     }
 
+    /// [`run`](Self::run), then waits (up to 30 s) for the stream to start; fails the test with
+    /// the relay's log otherwise.
+    pub async fn run_streaming(config: &RelayConfig) -> RelayProcess {
+        let relay = RelayProcess::run(config);
+        assert!(
+            relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+            "{}",
+            relay.log_text()
+        );
+        relay
+    }
+
     /// Like [`run`](Self::run) with extra CLI args (after `--config FILE`) and env vars.
     pub fn run_with(config: &RelayConfig, extra_args: &[&str], env: &[(&str, &str)]) -> Self {
         RelayProcess::start("run", config, extra_args, env)
