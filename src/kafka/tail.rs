@@ -3,10 +3,10 @@
 //! Used once per partition and streaming session by the relay's exactly-once resume
 //! (`relay::resume`). The reader is an rdkafka `BaseConsumer` that never joins a group and never
 //! commits: it is assigned one partition at a time, reads from a little below the high
-//! watermark to the end of the partition, and starts again further back (×4 each time),
-//! collecting the caller's positions at or above the floor, until a window holds one of the
-//! caller's records below the floor, reaches the partition's start, or would reach further back
-//! than `max_records`.
+//! watermark to the end of the partition, and starts again further back (×4 each time, each
+//! lower window stopping where the one above began returning records), collecting the caller's
+//! positions at or above the floor, until a window holds one of the caller's records below the
+//! floor, reaches the partition's start, or would reach further back than `max_records`.
 //!
 //! Invariant: every call blocks (metadata, watermarks, fetches), bounded by the reader's
 //! timeout; callers run it on a thread of its own, never on an async runtime's workers. This
@@ -117,6 +117,8 @@ impl ReadBackError {
     }
 }
 
+/// A consumer that reads partitions' tails for [`TailReader::own_since`]; one per streaming
+/// session, reused for every partition it checks.
 pub(crate) struct TailReader {
     consumer: BaseConsumer,
     timeout: Duration,
@@ -142,7 +144,10 @@ impl TailReader {
             .set("enable.partition.eof", "true")
             .set("allow.auto.create.topics", "false")
             .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", "50")
+            // Only the top window ends at the end of the partition, and it learns that from a
+            // fetch that comes back empty after this wait: keep it short (a once-per-restart
+            // read, not a steady consumer).
+            .set("fetch.wait.max.ms", "10")
             .set("isolation.level", "read_uncommitted");
         let consumer: BaseConsumer = config.create()?;
         Ok(TailReader {
@@ -182,6 +187,10 @@ impl TailReader {
     /// hold (tansu 0.6 answers the newest batch's base offset + 1) and answer a fetch inside a
     /// batch from the next batch on, so a window cut at either would miss records it should see
     /// — and each record missed is a duplicate. The watermark only places the windows' starts.
+    /// A lower window stops at the first offset the window above returned: everything from
+    /// there to the end was read already (one forward read has no holes), so the union of the
+    /// windows is what reading each to the end would give, without reading the tail again and
+    /// without waiting for another end-of-partition.
     pub(crate) fn own_since<P: Ord>(
         &self,
         topic: &str,
@@ -202,6 +211,8 @@ impl TailReader {
         let mut span = FIRST_WINDOW.min(max);
         let mut read = 0u64;
         let mut positions = BTreeSet::new();
+        // The lowest offset read so far: where the window below stops.
+        let mut read_from: Option<i64> = None;
         if high <= low {
             return Ok(Tail {
                 positions,
@@ -210,8 +221,10 @@ impl TailReader {
         }
         loop {
             let start = (high - span).max(low);
-            let (reached_floor, n) = self.read_to_end(topic, partition, start, floor, &own, &mut positions)?;
-            read += n;
+            let window = self.read_window(topic, partition, start, read_from, floor, &own, &mut positions)?;
+            read += window.records;
+            let reached_floor = window.reached_floor;
+            read_from = window.first_offset.or(read_from);
             if reached_floor || start == low {
                 return Ok(Tail {
                     positions,
@@ -232,18 +245,19 @@ impl TailReader {
         }
     }
 
-    /// Reads from offset `start` to the end of the partition into `positions` (own positions at
-    /// or above `floor`); whether one of the caller's records below `floor` was among them, and
-    /// how many records came.
-    fn read_to_end<P: Ord>(
+    /// Reads from offset `start` up to offset `stop` (exclusive), or to the end of the partition
+    /// without one, into `positions` (own positions at or above `floor`).
+    #[allow(clippy::too_many_arguments)]
+    fn read_window<P: Ord>(
         &self,
         topic: &str,
         partition: i32,
         start: i64,
+        stop: Option<i64>,
         floor: &P,
         own: &impl Fn(&HeaderLookup<'_>) -> Option<P>,
         positions: &mut BTreeSet<P>,
-    ) -> Result<(bool, u64), ReadBackError> {
+    ) -> Result<Window, ReadBackError> {
         let err = |source| ReadBackError::Kafka {
             topic: topic.to_owned(),
             partition,
@@ -254,8 +268,11 @@ impl TailReader {
             .map_err(err)?;
         self.consumer.assign(&tpl).map_err(err)?;
         let deadline = Instant::now() + self.timeout;
-        let mut reached_floor = false;
-        let mut read = 0u64;
+        let mut window = Window {
+            reached_floor: false,
+            records: 0,
+            first_offset: None,
+        };
         let outcome = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -274,18 +291,134 @@ impl TailReader {
                     if msg.topic() != topic || msg.partition() != partition || msg.offset() < start {
                         continue;
                     }
-                    read += 1;
+                    if stop.is_some_and(|stop| msg.offset() >= stop) {
+                        break Ok(());
+                    }
+                    window.records += 1;
+                    window.first_offset.get_or_insert(msg.offset());
                     match own(&HeaderLookup::new(msg.headers())) {
                         Some(p) if p >= *floor => {
                             positions.insert(p);
                         }
-                        Some(_) => reached_floor = true,
+                        Some(_) => window.reached_floor = true,
                         None => {}
                     }
                 }
             }
         };
         let _ = self.consumer.unassign();
-        outcome.map(|()| (reached_floor, read))
+        outcome.map(|()| window)
+    }
+}
+
+/// What one window's read found.
+struct Window {
+    /// One of the caller's records below the floor was among its records.
+    reached_floor: bool,
+    records: u64,
+    /// The first (lowest) offset it returned.
+    first_offset: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    //! The window walk against librdkafka's mock cluster: what is found, what is read (each
+    //! record once), and the bound.
+
+    use std::collections::BTreeMap;
+
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+
+    use super::*;
+
+    const TOPIC: &str = "tail";
+
+    /// A one-partition topic holding `count` records: every third foreign (no header), the
+    /// others ours with position = offset.
+    fn cluster_with(count: i64) -> (MockCluster<'static, DefaultProducerContext>, KafkaProperties) {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic(TOPIC, 1, 1).expect("topic");
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("linger.ms", "5")
+            .create()
+            .expect("producer");
+        for offset in 0..count {
+            let value = offset.to_string();
+            let mut record = BaseRecord::<(), str>::to(TOPIC).partition(0).payload(&value);
+            if offset % 3 != 0 {
+                record = record.headers(OwnedHeaders::new().insert(Header {
+                    key: "pos",
+                    value: Some(&value),
+                }));
+            }
+            producer.send(record).expect("queued");
+        }
+        producer.flush(Duration::from_secs(10)).expect("flushed");
+        let props = KafkaProperties(BTreeMap::from([(
+            "bootstrap.servers".to_owned(),
+            cluster.bootstrap_servers(),
+        )]));
+        (cluster, props)
+    }
+
+    fn own(h: &HeaderLookup<'_>) -> Option<i64> {
+        std::str::from_utf8(h.get("pos")?).ok()?.parse().ok()
+    }
+
+    fn ours_from(floor: i64, count: i64) -> BTreeSet<i64> {
+        (floor..count).filter(|o| o % 3 != 0).collect()
+    }
+
+    #[test]
+    fn windows_find_every_own_position_down_to_the_floor_reading_each_record_once() {
+        let (_cluster, props) = cluster_with(1_000);
+        let reader = TailReader::create(&props, Duration::from_secs(10), 100_000).expect("reader");
+        // Windows from 992, 968, 872: the third holds own records below 900.
+        let tail = reader.own_since(TOPIC, 0, &900, own).expect("read back");
+        assert_eq!(tail.positions, ours_from(900, 1_000));
+        assert_eq!(tail.records_read, 128, "each record of the three windows read once");
+    }
+
+    #[test]
+    fn a_floor_below_everything_reads_to_the_partition_start() {
+        let (_cluster, props) = cluster_with(300);
+        let reader = TailReader::create(&props, Duration::from_secs(10), 100_000).expect("reader");
+        let tail = reader.own_since(TOPIC, 0, &-1, own).expect("read back");
+        assert_eq!(tail.positions, ours_from(0, 300));
+        assert_eq!(tail.records_read, 300);
+    }
+
+    #[test]
+    fn the_bound_stops_with_an_error_naming_the_setting() {
+        let (_cluster, props) = cluster_with(300);
+        let reader = TailReader::create(&props, Duration::from_secs(10), 50).expect("reader");
+        let err = reader.own_since(TOPIC, 0, &-1, own).expect_err("bound hit");
+        assert!(
+            matches!(
+                err,
+                ReadBackError::BoundHit {
+                    read: 50,
+                    from: 250,
+                    high: 300,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(!err.is_transient());
+        assert!(err.to_string().contains("relay.read_back_max_records"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_partition_has_no_tail() {
+        let (_cluster, props) = cluster_with(0);
+        let reader = TailReader::create(&props, Duration::from_secs(10), 100).expect("reader");
+        let tail = reader.own_since(TOPIC, 0, &0, own).expect("read back");
+        assert!(tail.positions.is_empty());
+        assert_eq!(tail.records_read, 0);
+        assert_eq!(reader.partition_count(TOPIC).expect("metadata"), Some(1));
     }
 }
