@@ -223,9 +223,8 @@ impl TailReader {
             let start = (high - span).max(low);
             let window = self.read_window(topic, partition, start, read_from, floor, &own, &mut positions)?;
             read += window.records;
-            let reached_floor = window.reached_floor;
             read_from = window.first_offset.or(read_from);
-            if reached_floor || start == low {
+            if window.reached_floor || start == low {
                 return Ok(Tail {
                     positions,
                     records_read: read,
