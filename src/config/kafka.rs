@@ -3,6 +3,7 @@
 //! topic-name rule, which the dead-letter topic and every routed topic must satisfy.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -53,6 +54,18 @@ impl std::fmt::Debug for KafkaProperties {
         m.finish()
     }
 }
+
+/// librdkafka's own default `message.timeout.ms`: how long a record may wait in its queue.
+pub(crate) const LIBRDKAFKA_MESSAGE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The `message.timeout.ms` the relay sets in exactly-once mode when the user sets neither it
+/// nor its alias: a takeover's fence waits for whatever the previous holder may still have
+/// queued in librdkafka to land or expire, so this bounds the takeover (docs/reliability.md).
+/// A record not delivered in time only ends the session; the replay skips what Kafka holds.
+pub(crate) const EXACTLY_ONCE_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The two names librdkafka accepts for the message timeout.
+const MESSAGE_TIMEOUT_KEYS: [&str; 2] = ["message.timeout.ms", "delivery.timeout.ms"];
 
 /// Librdkafka defaults this relay relies on. Users may override all but the two durability ones.
 const KAFKA_DEFAULTS: &[(&str, &str)] = &[
@@ -108,6 +121,33 @@ impl KafkaProperties {
             }
         }
         Ok(KafkaProperties(props))
+    }
+
+    /// The user's own message timeout, if set: `(key, milliseconds)`.
+    pub(crate) fn user_message_timeout(&self) -> Option<(&'static str, Option<u64>)> {
+        MESSAGE_TIMEOUT_KEYS
+            .into_iter()
+            .find_map(|k| self.0.get(k).map(|v| (k, v.parse::<u64>().ok())))
+    }
+
+    /// How long a queued record can live in librdkafka (`message.timeout.ms`, alias
+    /// `delivery.timeout.ms`; librdkafka's default when neither is set).
+    pub(crate) fn message_timeout(&self) -> Duration {
+        match self.user_message_timeout() {
+            Some((_, Some(ms))) => Duration::from_millis(ms),
+            _ => LIBRDKAFKA_MESSAGE_TIMEOUT,
+        }
+    }
+
+    /// Exactly-once mode: bounds `message.timeout.ms` unless the user set it (see
+    /// [`EXACTLY_ONCE_MESSAGE_TIMEOUT`]).
+    pub(crate) fn bound_message_timeout(&mut self) {
+        if self.user_message_timeout().is_none() {
+            self.0.insert(
+                MESSAGE_TIMEOUT_KEYS[0].to_owned(),
+                EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis().to_string(),
+            );
+        }
     }
 }
 

@@ -19,6 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -161,16 +162,83 @@ impl Settings {
         if let Some(format) = &debezium {
             outbox.place_debezium_columns(format)?;
         }
+        let postgres = file.postgres.validate()?;
+        let router = file.route.validate()?;
+        let mut kafka = KafkaProperties::validate(file.kafka)?;
+        let relay = file.relay.validate()?;
+        if relay.delivery == relay::Delivery::ExactlyOnce {
+            validate_exactly_once_timeout(&kafka, &relay)?;
+            kafka.bound_message_timeout();
+        }
         Ok(Settings {
-            postgres: file.postgres.validate()?,
+            postgres,
             outbox,
-            router: file.route.validate()?,
-            kafka: KafkaProperties::validate(file.kafka)?,
-            relay: file.relay.validate()?,
+            router,
+            kafka,
+            relay,
             poll: file.poll.validate()?,
             http: file.http.validate()?,
             debezium,
         })
+    }
+
+    /// Exactly-once: the longest a takeover may wait before its first read-back — the previous
+    /// holder may hand records to librdkafka until [`RelaySettings::stale_limit`] after its last
+    /// status update, and each may wait `message.timeout.ms` in its queue, plus a second for
+    /// librdkafka's expiry scan (docs/reliability.md, "The frozen holder").
+    pub(crate) fn takeover_fence_max(&self) -> Duration {
+        self.relay.stale_limit() + self.kafka.message_timeout() + TAKEOVER_FENCE_MARGIN
+    }
+
+    /// A warning for the operator about this configuration, logged when `run` starts.
+    pub fn start_warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.relay.delivery == relay::Delivery::ExactlyOnce {
+            let fence = self.takeover_fence_max();
+            if let (Some((key, _)), true) = (self.kafka.user_message_timeout(), fence > SLOW_TAKEOVER) {
+                warnings.push(format!(
+                    "relay.delivery = \"exactly-once\" with [kafka] {key} = {} ms: a standby taking over from a \
+                     frozen or unreachable holder waits up to {} s before publishing (the holder's queued records \
+                     must land or expire first). Remove {key} (the relay then uses {} ms: at most {} s) or lower it",
+                    self.kafka.message_timeout().as_millis(),
+                    fence.as_secs(),
+                    kafka::EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis(),
+                    (self.relay.stale_limit() + kafka::EXACTLY_ONCE_MESSAGE_TIMEOUT + TAKEOVER_FENCE_MARGIN).as_secs(),
+                ));
+            }
+        }
+        warnings
+    }
+}
+
+/// librdkafka scans its queues for expired records about once a second.
+const TAKEOVER_FENCE_MARGIN: Duration = Duration::from_secs(1);
+/// A takeover fence longer than this is warned about at start.
+const SLOW_TAKEOVER: Duration = Duration::from_secs(60);
+
+/// Exactly-once with a user-set message timeout: it must leave room for the stream's batching
+/// (`linger.ms`) and be a number.
+fn validate_exactly_once_timeout(kafka: &KafkaProperties, relay: &RelaySettings) -> Result<(), ConfigError> {
+    let Some((key, ms)) = kafka.user_message_timeout() else {
+        return Ok(());
+    };
+    let linger = kafka
+        .0
+        .get("linger.ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let floor = linger.max(relay.status_interval.as_millis() as u64).max(1_000);
+    match ms {
+        Some(ms) if ms >= floor => Ok(()),
+        _ => Err(ConfigError::Invalid {
+            key: "kafka",
+            message: format!(
+                "{key} = {:?} with relay.delivery = \"exactly-once\": it must be a number of milliseconds of at \
+                 least {floor} (1 s, relay.status_interval_ms and linger.ms), or left out (the relay then uses {} ms)",
+                kafka.0.get(key).map(String::as_str).unwrap_or_default(),
+                kafka::EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis()
+            ),
+        }),
     }
 }
 

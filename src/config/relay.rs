@@ -106,6 +106,16 @@ pub struct RelaySettings {
     pub(crate) read_back_max_records: usize,
 }
 
+impl RelaySettings {
+    /// Exactly-once: how long the stream may go without a status update before it stops handing
+    /// records to librdkafka (three status intervals, at least 3 s) — a holder that was paused
+    /// that long may have been taken over. A healthy stream sends one every status interval from
+    /// the top arm of its loop; a false alarm only restarts the session.
+    pub(crate) fn stale_limit(&self) -> Duration {
+        (self.status_interval * 3).max(Duration::from_secs(3))
+    }
+}
+
 /// `[relay] delivery`: what a replay after a crash or reconnect may publish twice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum Delivery {

@@ -170,6 +170,55 @@ fn message_prefix_is_optional_but_never_empty() {
     assert!(empty.contains("outbox.message_prefix"), "{empty}");
 }
 
+#[test]
+fn exactly_once_bounds_the_message_timeout_unless_the_user_set_it() {
+    let at_least_once = load(MINIMAL, &[]).unwrap();
+    assert_eq!(
+        at_least_once.kafka.0.get("message.timeout.ms"),
+        None,
+        "librdkafka's default stays"
+    );
+    assert!(at_least_once.start_warnings().is_empty());
+    let eo = |kafka: &str| load(&format!("{MINIMAL}{kafka}[relay]\ndelivery = \"exactly-once\"\n"), &[]);
+    let s = eo("").unwrap();
+    assert_eq!(s.kafka.0["message.timeout.ms"], "10000");
+    // Stale limit 3 s + 10 s + 1 s: within the promised takeover_after_ms + 15 s.
+    assert_eq!(s.takeover_fence_max(), Duration::from_secs(14));
+    assert!(s.start_warnings().is_empty());
+    // The alias counts as set: it is not overridden.
+    let alias = eo("\"delivery.timeout.ms\" = 20000\n").unwrap();
+    assert_eq!(alias.kafka.0.get("message.timeout.ms"), None);
+    assert_eq!(alias.takeover_fence_max(), Duration::from_secs(24));
+}
+
+#[test]
+fn exactly_once_with_a_long_message_timeout_is_warned_about_and_a_tiny_one_refused() {
+    let eo = |kafka: &str| load(&format!("{MINIMAL}{kafka}[relay]\ndelivery = \"exactly-once\"\n"), &[]);
+    let long = eo("\"message.timeout.ms\" = 300000\n").unwrap();
+    let warnings = long.start_warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("message.timeout.ms = 300000 ms"),
+        "{}",
+        warnings[0]
+    );
+    assert!(warnings[0].contains("waits up to 304 s"), "{}", warnings[0]);
+    assert!(warnings[0].contains("Remove message.timeout.ms"), "{}", warnings[0]);
+    assert!(eo("\"message.timeout.ms\" = 40000\n")
+        .unwrap()
+        .start_warnings()
+        .is_empty());
+    for bad in ["\"message.timeout.ms\" = 500\n", "\"message.timeout.ms\" = \"soon\"\n"] {
+        let err = eo(bad).unwrap_err().to_string();
+        assert!(
+            err.contains("message.timeout.ms") && err.contains("at least 1000"),
+            "{err}"
+        );
+    }
+    // The same timeout in at-least-once mode is the user's business.
+    assert!(load(&format!("{MINIMAL}\"message.timeout.ms\" = 500\n"), &[]).is_ok());
+}
+
 mod bad_event_props {
     use super::*;
     use crate::config::relay::BadEventPolicy;

@@ -62,6 +62,13 @@
 //!     "tables": [{ "schema": "public", "table": "events_outbox" }],   // pg_publication_tables
 //!     "includes_outbox_table": true
 //!   },
+//!   "relay": {                         // the relay on this host, asked at http.listen (GET /readyz);
+//!                                      // null when http.listen is not set
+//!     "address": "127.0.0.1:9187",
+//!     "reachable": true,               // false: nothing answered there (no relay running here)
+//!     "ready": false,                  // its /readyz verdict; null when unreachable
+//!     "detail": "not ready: exactly-once takeover fence: … until 2026-11-25T17:24:07.000000Z (4.2 s left): …"
+//!   },
 //!   "health": {                        // ok / warn / critical and why (control/status_health.rs)
 //!     "verdict": "ok",                 // ok | warn | critical
 //!     "reasons": [],                   // one sentence per finding, most severe first; [] when ok
@@ -103,6 +110,69 @@ pub struct StatusReport {
     pub publication: PublicationStatus,
     pub health: HealthStatus,
     pub failover: FailoverStatus,
+    /// The relay on this host, as its own `/readyz` says (`None`: `http.listen` not set).
+    pub relay: Option<LocalRelay>,
+}
+
+/// What the relay listening at `http.listen` says about itself: streaming, standing by, or
+/// held by an exactly-once takeover's fence (which the server cannot show).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalRelay {
+    pub address: String,
+    pub reachable: bool,
+    pub ready: Option<bool>,
+    /// `/readyz`'s body, or why it could not be asked.
+    pub detail: String,
+}
+
+/// How long `status` waits for the local relay's `/readyz`.
+const READYZ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Asks the relay at `listen` (`0.0.0.0` / `::` mean this host) for `/readyz`.
+async fn local_relay(listen: std::net::SocketAddr) -> LocalRelay {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut addr = listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+            .await?;
+        let mut response = Vec::new();
+        stream.take(64 * 1024).read_to_end(&mut response).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&response).into_owned())
+    };
+    let address = addr.to_string();
+    match tokio::time::timeout(READYZ_TIMEOUT, ask).await {
+        Ok(Ok(response)) => {
+            let ready = response.split(' ').nth(1).map(|code| code == "200");
+            let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim().to_owned();
+            LocalRelay {
+                address,
+                reachable: true,
+                ready,
+                detail: body,
+            }
+        }
+        Ok(Err(e)) => LocalRelay {
+            address,
+            reachable: false,
+            ready: None,
+            detail: format!("no relay answered: {e}"),
+        },
+        Err(_) => LocalRelay {
+            address,
+            reachable: false,
+            ready: None,
+            detail: format!("no answer within {} s", READYZ_TIMEOUT.as_secs()),
+        },
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,8 +354,13 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         Thresholds::new(settings.http.ready_max_lag, settings.relay.retained_wal_warn_bytes),
     );
     let failover = failover_status(settings, &client, &server, &slot).await?;
+    let relay = match settings.http.listen {
+        Some(listen) => Some(local_relay(listen).await),
+        None => None,
+    };
     Ok(StatusReport {
         failover,
+        relay,
         health,
         schema_version: STATUS_SCHEMA_VERSION,
         postgres_url: settings.postgres.url.to_string(),
@@ -473,6 +548,14 @@ impl StatusReport {
         writeln!(f, "{}", self.slot)?;
         writeln!(f, "{}", self.publication)?;
         writeln!(f, "{}", self.failover)?;
+        if let Some(r) = &self.relay {
+            let verdict = match r.ready {
+                Some(true) => "ready",
+                Some(false) => "NOT ready",
+                None => "unreachable",
+            };
+            writeln!(f, "relay at {} (http.listen): {verdict}: {}", r.address, r.detail)?;
+        }
         self.health.render(f, self.slot.lag_bytes, self.slot.retained_wal_bytes)
     }
 }
@@ -648,6 +731,14 @@ mod tests {
                 ready: false,
                 reasons: vec!["PostgreSQL 15.20 has no failover slots (17+)".into()],
             },
+            relay: Some(LocalRelay {
+                address: "127.0.0.1:9187".into(),
+                reachable: true,
+                ready: Some(false),
+                detail: "not ready: exactly-once takeover fence: nothing is read back or published from the replay \
+                         window until 2026-11-25T17:19:18.000000Z (9.5 s left): took the slot over"
+                    .into(),
+            }),
             publication: PublicationStatus {
                 name: "outbox_relay".into(),
                 exists: true,
@@ -691,6 +782,8 @@ mod tests {
         assert_eq!(json["publication"]["tables"][0]["table"], "OutBox");
         assert_eq!(json["health"]["verdict"], "ok");
         assert_eq!(json["health"]["lag_seconds"], 0.25);
+        assert_eq!(json["relay"]["ready"], false);
+        assert_eq!(json["relay"]["address"], "127.0.0.1:9187");
         let back: StatusReport = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
     }
@@ -705,6 +798,10 @@ mod tests {
         assert!(text.contains(r#""Sales"."OutBox""#), "{text}");
         assert!(text.contains("health: OK"), "{text}");
         assert!(text.contains("lag: 4.0 KiB of WAL, 250 ms"), "{text}");
+        assert!(
+            text.contains("relay at 127.0.0.1:9187 (http.listen): NOT ready: not ready: exactly-once takeover fence"),
+            "{text}"
+        );
         assert!(
             text.contains("retained WAL: 8.0 KiB (warn at 1.0 GiB, critical at 4.0 GiB)"),
             "{text}"

@@ -46,6 +46,8 @@ pub(crate) struct RelayHealth {
     seconds_behind_bits: AtomicU64,
     /// The last slot check's verdict: `None` until the first check, then `Ok` or the problem.
     slot: Mutex<Option<Result<(), String>>>,
+    /// Exactly-once: a takeover's wait in force, described (`relay/takeover.rs`).
+    fence: Mutex<Option<String>>,
 }
 
 impl Default for RelayHealth {
@@ -54,6 +56,7 @@ impl Default for RelayHealth {
             mode: AtomicU8::new(Mode::Starting as u8),
             seconds_behind_bits: AtomicU64::new(0f64.to_bits()),
             slot: Mutex::new(None),
+            fence: Mutex::new(None),
         }
     }
 }
@@ -91,10 +94,27 @@ impl RelayHealth {
         self.slot.lock().ok().and_then(|s| s.clone())
     }
 
+    /// A takeover's wait is in force (`Some(what it is)`) or over (`None`); also sets
+    /// [`metrics::TAKEOVER_FENCE_SECONDS`] to `seconds_left`.
+    pub(crate) fn set_fence(&self, fence: Option<String>, seconds_left: f64) {
+        ::metrics::gauge!(metrics::TAKEOVER_FENCE_SECONDS).set(seconds_left);
+        if let Ok(mut f) = self.fence.lock() {
+            *f = fence;
+        }
+    }
+
+    fn fence(&self) -> Option<String> {
+        self.fence.lock().ok().and_then(|f| f.clone())
+    }
+
     /// `Ok(why ready)` or `Err(why not)`, for `/readyz`.
     pub(crate) fn readiness(&self, max_lag: Duration) -> Result<String, String> {
         match self.mode() {
             Mode::Streaming => {
+                if let Some(fence) = self.fence() {
+                    // Not publishing yet: say why and until when.
+                    return Err(fence);
+                }
                 let behind = self.seconds_behind();
                 if behind <= max_lag.as_secs_f64() {
                     Ok(format!("streaming, {behind:.1} s behind the source"))
@@ -132,6 +152,19 @@ mod tests {
         h.set_seconds_behind(61.0);
         let why = h.readiness(Duration::from_secs(60)).unwrap_err();
         assert!(why.contains("61.0 s behind"), "{why}");
+    }
+
+    #[test]
+    fn a_takeover_fence_is_not_ready_and_says_why() {
+        let h = RelayHealth::default();
+        h.set_mode(Mode::Streaming);
+        h.set_fence(Some("exactly-once takeover fence: … until 12:00".into()), 9.0);
+        assert_eq!(
+            h.readiness(Duration::from_secs(60)).unwrap_err(),
+            "exactly-once takeover fence: … until 12:00"
+        );
+        h.set_fence(None, 0.0);
+        assert!(h.readiness(Duration::from_secs(60)).is_ok());
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! | `outbox_relay_events_skipped_in_kafka_total` | counter | exactly-once: replayed events not produced because Kafka already held them |
 //! | `outbox_relay_partitions_read_back_total` | counter | exactly-once: partition tails read back (once per partition and streaming session, replay window only) |
 //! | `outbox_relay_read_back_seconds` | histogram | exactly-once: time to read back one partition's tail (metadata included) |
+//! | `outbox_relay_takeover_fence_seconds` | gauge | exactly-once: seconds left of a takeover's wait for the previous holder's queued records to land or expire (0: none) |
 //!
 //! LSNs are exported as numbers (bytes since the start of WAL); `f64` is exact up to 8 PiB.
 
@@ -57,6 +58,7 @@ pub(crate) const BAD_EVENTS: &str = "outbox_relay_bad_events_total";
 pub(crate) const EVENTS_SKIPPED_IN_KAFKA: &str = "outbox_relay_events_skipped_in_kafka_total";
 pub(crate) const PARTITIONS_READ_BACK: &str = "outbox_relay_partitions_read_back_total";
 pub(crate) const READ_BACK_SECONDS: &str = "outbox_relay_read_back_seconds";
+pub(crate) const TAKEOVER_FENCE_SECONDS: &str = "outbox_relay_takeover_fence_seconds";
 
 /// The label of the per-topic counters.
 pub(crate) const TOPIC_LABEL: &str = "topic";
@@ -135,7 +137,12 @@ pub(crate) fn describe() {
         READ_BACK_SECONDS,
         "Exactly-once: seconds to read back one partition's tail (metadata included)."
     );
+    describe_gauge!(
+        TAKEOVER_FENCE_SECONDS,
+        "Exactly-once: seconds left of a takeover's wait for the previous holder's queued records (0: none)."
+    );
     counter!(RECONNECTS).absolute(0);
+    gauge!(TAKEOVER_FENCE_SECONDS).set(0.0);
     gauge!(ACTIVE).set(0.0);
     gauge!(IN_FLIGHT_EVENTS).set(0.0);
     gauge!(IN_FLIGHT_BYTES).set(0.0);

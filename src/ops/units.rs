@@ -42,9 +42,24 @@ pub(crate) fn utc_from_unix_us(us: i64) -> String {
     )
 }
 
+/// A wall-clock instant as [`utc_from_unix_us`] renders it.
+pub(crate) fn utc_from_system_time(t: std::time::SystemTime) -> String {
+    let us = match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_micros()).unwrap_or(i64::MAX),
+    };
+    utc_from_unix_us(us)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{human_bytes, utc_from_unix_us};
+    use super::{human_bytes, utc_from_system_time, utc_from_unix_us};
+
+    #[test]
+    fn system_times_render_like_unix_microseconds() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_micros(1_709_210_096_123_456);
+        assert_eq!(utc_from_system_time(t), "2024-02-29T12:34:56.123456Z");
+    }
 
     #[test]
     fn utc_instants_render_like_rfc3339() {

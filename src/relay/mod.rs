@@ -37,6 +37,7 @@ mod silence;
 pub(crate) mod slot;
 pub(crate) mod slot_monitor;
 mod standby;
+mod takeover;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,9 +75,9 @@ pub(crate) struct SessionContext {
     pub(crate) suspects: quarantine::Suspects,
     /// The note about a publication wider than the relay needs was logged (`publication.rs`).
     pub(crate) publication_noted: bool,
-    /// Another instance held the slot since this process last streamed: the next session may be
-    /// taking over from a frozen holder (`resume.rs`).
-    pub(crate) after_standby: bool,
+    /// What this process saw of another instance holding the slot since it last streamed: the
+    /// next session may have to wait for its queued records (`takeover.rs`).
+    pub(crate) predecessor: takeover::Predecessor,
     /// Commit time (µs) of the latest transaction with events any session of this process
     /// confirmed: the recovery point named when the slot turns out to be gone.
     pub(crate) last_confirmed_commit_unix_us: Option<i64>,
@@ -95,6 +96,9 @@ pub(crate) async fn run(
     shutdown: watch::Receiver<bool>,
     health: Arc<RelayHealth>,
 ) -> Result<(), RelayError> {
+    for warning in settings.start_warnings() {
+        warn!("{warning}");
+    }
     let (_monitor, slot_verdict) = slot_monitor::spawn(settings, Arc::clone(&health));
     let ctx = SessionContext {
         health: Arc::clone(&health),
@@ -103,7 +107,7 @@ pub(crate) async fn run(
         last_walsender: None,
         suspects: Default::default(),
         publication_noted: false,
-        after_standby: false,
+        predecessor: takeover::Predecessor::None,
         last_confirmed_commit_unix_us: None,
     };
     let (done, outcome) = tokio::sync::oneshot::channel();
@@ -181,7 +185,9 @@ async fn supervise(
                     error!(
                         slot = %settings.postgres.slot,
                         last_confirmed_commit = %since,
-                        "every event committed up to {since} is in Kafka. Recover: `outbox-relay setup --backfill --since                          '<{since} minus your longest transaction>'` (re-creates the slot and republishes the outbox                          rows created since; docs/operations.md, \"Failover on PostgreSQL 14-16\"), then run again"
+                        "every event committed up to {since} is in Kafka. Recover: `outbox-relay setup --backfill --since \
+                         '<{since} minus your longest transaction>'` (re-creates the slot and republishes the outbox \
+                         rows created since; docs/operations.md, \"Failover on PostgreSQL 14-16\"), then run again"
                     );
                 }
                 return Err(e);

@@ -34,10 +34,14 @@
 //!
 //! **The frozen holder.** A holder paused mid-flight whose slot a standby takes over must not
 //! publish afterwards what the standby already checked: this stream hands no record to
-//! librdkafka once it went more than [`stale_limit`] without sending a status update (the
-//! walsender may be gone) — [`RelayError::Paused`] — and a session that follows a standby period
-//! waits `message.timeout.ms` + [`stale_limit`] before its first read-back, so records the old
-//! holder had queued have landed or expired by then. docs/reliability.md says what remains.
+//! librdkafka once it went more than [`RelaySettings::stale_limit`] without sending a status
+//! update (the walsender may be gone) — [`RelayError::Paused`], checked before each hand-over and
+//! before each status update, and the session then purges its producer's queue at once — and a
+//! session that took the slot over waits, before its first read-back, until whatever the old
+//! holder may still have queued has landed or expired (`takeover.rs`: the fence). What remains is
+//! in docs/reliability.md.
+//!
+//! [`RelaySettings::stale_limit`]: crate::config::relay::RelaySettings::stale_limit
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Write as _;
@@ -62,26 +66,6 @@ pub(crate) const HEADER_SOURCE: &str = "outbox-relay-source";
 pub(crate) const HEADER_COMMIT_LSN: &str = "outbox-relay-commit-lsn";
 /// The record's 0-based index among its transaction's outbox events (decimal).
 pub(crate) const HEADER_INDEX: &str = "outbox-relay-index";
-
-/// librdkafka's default `message.timeout.ms`.
-const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// How long the stream may go without a status update before it stops handing records to
-/// librdkafka: five status intervals, at least 5 s.
-pub(crate) fn stale_limit(settings: &Settings) -> Duration {
-    (settings.relay.status_interval * 5).max(Duration::from_secs(5))
-}
-
-/// How long a queued record can live in librdkafka (`message.timeout.ms`, alias
-/// `delivery.timeout.ms`).
-pub(crate) fn message_timeout(kafka: &KafkaProperties) -> Duration {
-    kafka
-        .0
-        .get("message.timeout.ms")
-        .or_else(|| kafka.0.get("delivery.timeout.ms"))
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(DEFAULT_MESSAGE_TIMEOUT, Duration::from_millis)
-}
 
 /// What to do with one replay-window record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +133,7 @@ pub(crate) struct Resume {
     reader: Option<TailReader>,
     waiting: bool,
     done_tx: mpsc::UnboundedSender<Done>,
-    /// No read-back before this (a takeover: see the module docs).
+    /// No read-back before this (a takeover's fence: `takeover.rs`).
     fence: Option<Instant>,
     last_status: Instant,
     stale_limit: Duration,
@@ -184,7 +168,7 @@ impl Resume {
             done_tx,
             fence,
             last_status: Instant::now(),
-            stale_limit: stale_limit(settings),
+            stale_limit: settings.relay.stale_limit(),
             skipped: 0,
             partitions_read: 0,
             read_back_time: Duration::ZERO,
@@ -402,6 +386,11 @@ impl Resume {
             source = %self.source,
             "exactly-once: replay window checked against Kafka"
         );
+    }
+
+    /// The stream got past the replay window: nothing more is read back this session.
+    pub(crate) fn past_window(&self) -> bool {
+        self.window_logged
     }
 
     pub(crate) fn skipped(&self) -> u64 {

@@ -5,11 +5,14 @@
 //! 2. **status timer** — fires once per `status_interval`; it sits above the data arms because a
 //!    busy stream must never starve it (the walsender drops connections that stay silent for
 //!    `wal_sender_timeout`, and it is the only way confirmed LSNs reach the server). The same
-//!    tick checks for a dead connection (`silence.rs`) and publishes progress (metrics, lag);
+//!    tick checks for a dead connection (`silence.rs`), for a pause past the exactly-once stale
+//!    limit (`resume.rs`), and publishes progress (metrics, lag, a takeover's fence);
 //! 3. **slot verdict** — the slot monitor task (`slot_monitor.rs`) found the slot lost: stop.
 //!    Rare and cheap, so it sits above the busy arms;
 //! 4. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
-//! 5. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
+//! 5. **read-backs** (exactly-once) — a partition's tail arrived from its thread; the frame that
+//!    waited for it is decoded again (`resume.rs`);
+//! 6. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
 //!    TCP then pushes back on the walsender, which keeps answering our status updates).
 //!
 //! Reading a backlog, the loop also rests after a read emptied the socket, so frames and reports
@@ -20,9 +23,11 @@
 //! right after `START_REPLICATION` it is re-read to make sure the server
 //! will not skip WAL this session has not seen.
 //!
-//! Every way out of the loop goes through [`wind_down`]: wait (bounded) for outstanding
-//! deliveries, send a last status update with everything confirmed, end the copy, and abandon
-//! the producer so a replay cannot be overtaken by its stragglers.
+//! Every way out of the loop goes through [`wind_down`]: wait (bounded; not at all after a pause
+//! past the stale limit) for outstanding deliveries, send a last status update with everything
+//! confirmed, abandon the producer so a replay cannot be overtaken by its stragglers, and only
+//! then end the copy (a standby that takes the slot once the walsender is gone must find nothing
+//! of this process still on its way to Kafka: `takeover.rs`).
 
 use std::time::Duration;
 
@@ -35,12 +40,13 @@ use super::receive;
 use super::resume::{self, DoneReceiver, Resume};
 use super::silence::Silence;
 use super::stream::{Delivery, Publisher, StreamState};
+use super::takeover::{Fence, Predecessor};
 use super::{heartbeat, publication, slot, SessionContext};
 use crate::config::relay::Delivery as DeliveryMode;
 use crate::config::Settings;
-use crate::ops::health::Mode;
+use crate::ops::health::{Mode, RelayHealth};
 use crate::ops::metrics::{now_unix_us, StreamGauges};
-use crate::ops::units::utc_from_unix_us;
+use crate::ops::units::{utc_from_system_time, utc_from_unix_us};
 use crate::outbox::layout::DebeziumColumns;
 use crate::outbox::payload::ByteaTypes;
 use crate::postgres::client as pg_client;
@@ -128,17 +134,35 @@ pub(crate) async fn run_session(
     state.bytea = bytea;
     state.debezium = debezium;
     let mut read_backs = None;
+    let mut fence = None;
     if let Some(replay_end) = replay_end {
         // A takeover waits until whatever the old holder may still have queued in librdkafka
-        // has landed or expired before reading anything back (`resume.rs`).
-        let fence = std::mem::take(&mut ctx.after_standby).then(|| {
-            std::time::Instant::now() + resume::message_timeout(&settings.kafka) + resume::stale_limit(settings)
-        });
-        let (r, done) = Resume::new(settings, &system.system_id, slot.confirmed_flush, replay_end, fence);
+        // has landed or expired before reading anything back (`takeover.rs`). The predecessor
+        // is forgotten once its fence passed: a session that ends before then leaves it to the
+        // next one, whose fence ends at the same instant.
+        fence = ctx.predecessor.fence(settings, std::time::Instant::now());
+        if let Some(f) = &fence {
+            info!(
+                slot = %settings.postgres.slot,
+                until = %utc_from_system_time(f.until_utc),
+                wait_ms = f.until.saturating_duration_since(std::time::Instant::now()).as_millis() as u64,
+                reason = %f.reason,
+                "exactly-once takeover: the first read-back waits for the previous holder's queued records"
+            );
+        }
+        let (r, done) = Resume::new(
+            settings,
+            &system.system_id,
+            slot.confirmed_flush,
+            replay_end,
+            fence.as_ref().map(|f| f.until),
+        );
         state.resume = Some(r);
         read_backs = Some(done);
     }
-    ctx.after_standby = false;
+    if fence.is_none() {
+        ctx.predecessor = Predecessor::None;
+    }
     let outcome = stream(
         &mut state,
         &mut reader,
@@ -147,19 +171,20 @@ pub(crate) async fn run_session(
         &mut read_backs,
         shutdown,
         ctx,
+        fence,
     )
     .await;
     if let Err(e) = &outcome {
         warn!(error = %e, slot = %settings.postgres.slot, "stopping stream");
     }
-    let last_confirmed = wind_down(
-        state,
-        &mut reader,
-        &mut writer,
-        &mut deliveries,
-        settings.relay.shutdown_timeout,
-    )
-    .await;
+    // A paused holder may have been taken over: what it still has queued must not reach Kafka
+    // after the new holder read back, so nothing is waited for (`takeover.rs`).
+    let wait = match &outcome {
+        Err(RelayError::Paused { .. }) => Duration::ZERO,
+        _ => settings.relay.shutdown_timeout,
+    };
+    ctx.health.set_fence(None, 0.0);
+    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut deliveries, wait).await;
     if last_confirmed.is_some() {
         ctx.last_confirmed_commit_unix_us = last_confirmed;
     }
@@ -169,6 +194,7 @@ pub(crate) async fn run_session(
     outcome
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn stream(
     state: &mut StreamState<'_>,
     reader: &mut FrameReader,
@@ -177,6 +203,7 @@ async fn stream(
     read_backs: &mut Option<DoneReceiver>,
     shutdown: &mut watch::Receiver<bool>,
     ctx: &mut SessionContext,
+    mut fence: Option<Fence>,
 ) -> Result<SessionEnd, RelayError> {
     let mut status_timer = interval(state.status_interval());
     status_timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -198,11 +225,17 @@ async fn stream(
             biased;
             _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
             _ = status_timer.tick() => {
+                // A stream that was paused past the stale limit may have been taken over: it
+                // stops before telling the server anything (exactly-once; `resume.rs`).
+                state.check_alive()?;
                 let ask_for_reply = silence.check(Instant::now())?;
                 state.send_status(writer, ask_for_reply).await?;
                 let progress = state.progress(now_unix_us());
                 gauges.set(&progress);
                 ctx.health.set_seconds_behind(progress.seconds_behind);
+                if show_fence(&mut fence, state, &ctx.health) {
+                    ctx.predecessor = Predecessor::None;
+                }
             }
             Ok(()) = ctx.slot_verdict.changed() => {
                 if let Some(fatal) = ctx.slot_verdict.borrow_and_update().fatal(slot_name) {
@@ -249,6 +282,21 @@ async fn stream(
             }
         }
     }
+}
+
+/// Shows a takeover's fence in `/readyz` and the metric while it holds; logs its end once and
+/// returns true then.
+fn show_fence(fence: &mut Option<Fence>, state: &StreamState<'_>, health: &RelayHealth) -> bool {
+    let Some(f) = fence else { return false };
+    let now = std::time::Instant::now();
+    if now < f.until && !state.resume.as_ref().is_some_and(Resume::past_window) {
+        health.set_fence(Some(f.describe(now)), f.until.duration_since(now).as_secs_f64());
+        return false;
+    }
+    info!("exactly-once takeover: the fence passed; reading back and publishing");
+    health.set_fence(None, 0.0);
+    *fence = None;
+    true
 }
 
 /// The next finished read-back (exactly-once); never, in at-least-once mode.
@@ -306,13 +354,15 @@ async fn wind_down(
     if let Some(resume) = state.resume.take() {
         resume.finish();
     }
+    let publisher = state.into_publisher();
+    // Awaited: the next session's producer must not start replaying while this one's requests
+    // are still on the wire. Before the replication connection closes: once its walsender is
+    // gone, a standby may take the slot over and read Kafka back, and nothing of this process
+    // may land after that (`takeover.rs`).
+    let _ = tokio::task::spawn_blocking(move || publisher.abandon(Duration::from_secs(5))).await;
     if sent.is_ok() && writer.send_copy_done().await.is_ok() {
         reader.finish(Duration::from_secs(2)).await;
     }
     writer.terminate().await;
-    let publisher = state.into_publisher();
-    // Awaited: the next session's producer must not start replaying while this one's requests
-    // are still on the wire.
-    let _ = tokio::task::spawn_blocking(move || publisher.abandon(Duration::from_secs(5))).await;
     last_confirmed
 }

@@ -12,7 +12,7 @@
 //!   update for that long (a frozen or partitioned instance). The staleness test and
 //!   `pg_terminate_backend` are one statement, so a holder that just recovered is spared.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::error::SqlState;
 use tracing::{info, warn};
@@ -60,7 +60,7 @@ impl Standby {
             return AFTER_TERMINATE;
         }
         ctx.health.set_mode(Mode::Standby);
-        ctx.after_standby = true;
+        ctx.predecessor.observe(holder.silent_for, Instant::now());
         if self.announced_holder != Some(holder.pid) {
             self.announced_holder = Some(holder.pid);
             info!(
@@ -79,6 +79,7 @@ impl Standby {
                     "the slot holder sent no status update for longer than takeover_after_ms; terminating its walsender to take over"
                 );
                 if terminate(settings, pid, Some(limit)).await {
+                    ctx.predecessor.terminated();
                     return AFTER_TERMINATE;
                 }
             }

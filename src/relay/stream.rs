@@ -219,6 +219,12 @@ impl<'s> StreamState<'s> {
         Ok(())
     }
 
+    /// Exactly-once: errs once the stream went longer than the stale limit without a status
+    /// update (it was paused and may have been taken over; `resume.rs`).
+    pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
+        self.resume.as_ref().map_or(Ok(()), Resume::check_alive)
+    }
+
     /// Whether acknowledgements moved the watermark past what PostgreSQL was told.
     pub(crate) fn has_unreported_progress(&self) -> bool {
         self.confirm.has_unreported(&self.watermark)

@@ -1,0 +1,182 @@
+//! The takeover fence (exactly-once): how long a session that took the slot from another
+//! instance waits before its first read-back, and why.
+//!
+//! A previous holder can still send what it had handed to librdkafka after the slot changed
+//! hands; a record that lands after this session read its partition back is published twice.
+//! The holder hands records over only while its last status update is under
+//! [`RelaySettings::stale_limit`] old, and librdkafka drops a queued record `message.timeout.ms`
+//! after it was handed over (exactly-once bounds that to 10 s unless the user set it). So
+//! everything it may still send has landed or expired by
+//! `last status update + stale limit + message.timeout.ms (+ 1 s for librdkafka's expiry scan)`:
+//! the fence. The standby learns the holder's last status update from `pg_stat_replication`
+//! while it waits ([`Predecessor::observe`]).
+//!
+//! Invariant: **the fence is skipped only when the holder provably stopped sending**. A holder
+//! that was still replying at the standby's last look (within two status intervals) and whose
+//! walsender then went away without anyone terminating it closed its own connection: its process
+//! died, or it ended its session, which abandons its producer (queue purged, requests on the wire
+//! awaited) before it closes the replication connection (`session.rs`). Either way nothing of it
+//! is queued any more. A takeover that terminated a silent holder, or a holder that went silent
+//! before its walsender disappeared, gets the fence. docs/reliability.md says what remains.
+//!
+//! [`RelaySettings::stale_limit`]: crate::config::relay::RelaySettings::stale_limit
+
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::config::Settings;
+use crate::ops::units::utc_from_system_time;
+
+/// What this process saw of the slot's previous holder while it stood by.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Predecessor {
+    /// No other instance held the slot since this process last streamed.
+    #[default]
+    None,
+    /// Another instance held the slot.
+    Seen {
+        /// When its walsender last heard a status update from it (this host's clock).
+        last_reply: Instant,
+        /// When this process last saw it holding the slot.
+        seen_at: Instant,
+        /// Whether this process terminated its walsender (`relay.takeover_after_ms`).
+        terminated: bool,
+    },
+}
+
+impl Predecessor {
+    /// The slot is held by another instance, silent for `silent_for` as `pg_stat_replication`
+    /// says (`None`: unknown, taken as "replied just now", the cautious reading).
+    pub(crate) fn observe(&mut self, silent_for: Option<Duration>, now: Instant) {
+        let last_reply = silent_for.and_then(|s| now.checked_sub(s)).unwrap_or(now);
+        *self = Predecessor::Seen {
+            last_reply,
+            seen_at: now,
+            terminated: false,
+        };
+    }
+
+    /// This process terminated the holder's walsender.
+    pub(crate) fn terminated(&mut self) {
+        if let Predecessor::Seen { terminated, .. } = self {
+            *terminated = true;
+        }
+    }
+
+    /// The fence for a session starting `now` that follows this predecessor (`None`: no wait).
+    pub(crate) fn fence(&self, settings: &Settings, now: Instant) -> Option<Fence> {
+        let Predecessor::Seen {
+            last_reply,
+            seen_at,
+            terminated,
+        } = *self
+        else {
+            return None;
+        };
+        let silent_at_last_look = seen_at.saturating_duration_since(last_reply);
+        if !terminated && silent_at_last_look <= settings.relay.status_interval * 2 {
+            return None;
+        }
+        let until = last_reply + settings.takeover_fence_max();
+        let wait = until.checked_duration_since(now).filter(|w| !w.is_zero())?;
+        let why = if terminated {
+            "terminated its walsender"
+        } else {
+            "its walsender went away"
+        };
+        Some(Fence {
+            until,
+            until_utc: SystemTime::now() + wait,
+            reason: format!(
+                "took the slot over from a holder that was silent for {:.1} s ({why}); records it may still have \
+                 queued in librdkafka land or expire {} s after its last status update (relay stale limit {} s + \
+                 message.timeout.ms {} ms + 1 s)",
+                silent_at_last_look.as_secs_f64(),
+                settings.takeover_fence_max().as_secs(),
+                settings.relay.stale_limit().as_secs(),
+                settings.kafka.message_timeout().as_millis(),
+            ),
+        })
+    }
+}
+
+/// No read-back before `until`: the previous holder's queued records land or expire by then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fence {
+    pub(crate) until: Instant,
+    pub(crate) until_utc: SystemTime,
+    pub(crate) reason: String,
+}
+
+impl Fence {
+    /// What `/readyz`, `status` and the log say while it holds.
+    pub(crate) fn describe(&self, now: Instant) -> String {
+        format!(
+            "exactly-once takeover fence: nothing is read back or published from the replay window until {} \
+             ({:.1} s left): {}",
+            utc_from_system_time(self.until_utc),
+            self.until.saturating_duration_since(now).as_secs_f64(),
+            self.reason
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_support::settings;
+
+    fn exactly_once() -> Settings {
+        settings("[relay]\ndelivery = \"exactly-once\"\ntakeover_after_ms = 3000\n")
+    }
+
+    #[test]
+    fn a_fresh_process_and_a_holder_that_closed_its_own_connection_wait_for_nothing() {
+        let s = exactly_once();
+        let now = Instant::now();
+        assert_eq!(Predecessor::None.fence(&s, now), None);
+        let mut p = Predecessor::None;
+        // Replied 0.5 s before the last look, then its walsender went away (crash or clean stop).
+        p.observe(Some(Duration::from_millis(500)), now);
+        assert_eq!(p.fence(&s, now + Duration::from_secs(2)), None);
+    }
+
+    #[test]
+    fn a_terminated_holder_is_fenced_from_its_last_reply() {
+        let s = exactly_once();
+        assert_eq!(
+            s.kafka.message_timeout(),
+            Duration::from_secs(10),
+            "exactly-once bounds it"
+        );
+        let now = Instant::now() + Duration::from_secs(100);
+        let mut p = Predecessor::None;
+        p.observe(Some(Duration::from_secs(4)), now);
+        p.terminated();
+        let f = p.fence(&s, now).expect("fenced");
+        // Last reply 4 s ago; 3 s stale limit + 10 s + 1 s after it.
+        assert_eq!(f.until, now - Duration::from_secs(4) + Duration::from_secs(14));
+        assert!(f.reason.contains("silent for 4.0 s"), "{}", f.reason);
+        assert!(f.describe(now).contains("10.0 s left"), "{}", f.describe(now));
+        // A fence already past is no fence.
+        assert_eq!(p.fence(&s, now + Duration::from_secs(11)), None);
+    }
+
+    #[test]
+    fn a_holder_silent_at_the_last_look_is_fenced_though_nobody_terminated_it() {
+        let s = exactly_once();
+        let now = Instant::now() + Duration::from_secs(100);
+        let mut p = Predecessor::None;
+        p.observe(Some(Duration::from_secs(3)), now);
+        assert!(p.fence(&s, now).is_some());
+    }
+
+    #[test]
+    fn an_unknown_silence_counts_as_a_reply_just_now() {
+        let s = exactly_once();
+        let now = Instant::now();
+        let mut p = Predecessor::None;
+        p.observe(None, now);
+        p.terminated();
+        assert_eq!(p.fence(&s, now).map(|f| f.until), Some(now + Duration::from_secs(14)));
+    }
+}
