@@ -5,7 +5,7 @@
 //! | layer | modules | may import |
 //! |---|---|---|
 //! | leaves | [`config`], `failpoints` | nothing of the crate |
-//! | adapters | [`postgres`], `kafka`, [`ops`] | `config` |
+//! | adapters | [`postgres`], `sink` (the publish interface and its brokers), [`ops`] | `config` |
 //! | domain | `outbox` | `config`, adapters |
 //! | pipelines and control | `relay`, `poll`, [`control`] | the layers below (`poll` and `control` never `relay`'s internals) |
 //! | entry points | `demo`, [`cli`] | everything |
@@ -23,9 +23,9 @@ pub mod control;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub(crate) mod failpoints;
-pub(crate) mod kafka;
 pub mod ops;
 pub(crate) mod outbox;
 pub(crate) mod poll;
 pub mod postgres;
 pub(crate) mod relay;
+pub(crate) mod sink;

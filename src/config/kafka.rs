@@ -38,7 +38,7 @@ impl<'de> Deserialize<'de> for KafkaValue {
 }
 
 /// librdkafka properties with the durability-critical ones enforced.
-#[derive(Clone, PartialEq)]
+#[derive(Clone, PartialEq, Default)]
 pub struct KafkaProperties(pub BTreeMap<String, String>);
 
 impl std::fmt::Debug for KafkaProperties {

@@ -8,8 +8,9 @@
 //! is rejected here, before any connection is opened.
 //!
 //! This module is the leaf layer: it imports nothing from the rest of the crate. One file per
-//! section ([`postgres`], [`outbox`] (with `[route]`), [`kafka`], [`relay`], [`poll`], [`http`]),
-//! each owning its raw and validated types; [`ident`] and [`secret`] are shared value types.
+//! section ([`postgres`], [`outbox`] (with `[route]`), [`sink`], [`kafka`], [`relay`], [`poll`],
+//! [`http`], [`debezium`]), each owning its raw and validated types; [`ident`] and [`secret`] are
+//! shared value types.
 //!
 //! Environment overrides: section and key are upper-cased with `__` between them, e.g.
 //! `OUTBOX_RELAY__POSTGRES__URL`, `OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT`. In the `kafka` section the
@@ -32,6 +33,7 @@ pub(crate) mod poll;
 pub(crate) mod postgres;
 pub(crate) mod relay;
 pub(crate) mod secret;
+pub(crate) mod sink;
 
 use self::debezium::DebeziumFormat;
 use self::http::{HttpSection, HttpSettings};
@@ -41,6 +43,7 @@ use self::outbox::{OutboxMapping, OutboxSection, RouteSection, TopicRoute};
 use self::poll::{PollSection, PollSettings};
 use self::postgres::{PostgresSection, PostgresSettings};
 use self::relay::{RelaySection, RelaySettings};
+use self::sink::{SinkKind, SinkSection};
 
 /// Prefix of environment variables that override file settings.
 pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY__";
@@ -74,7 +77,9 @@ pub(crate) struct FileConfig {
     #[serde(default)]
     pub(crate) route: RouteSection,
     #[serde(default)]
-    pub(crate) kafka: BTreeMap<String, KafkaValue>,
+    pub(crate) sink: SinkSection,
+    /// Absent unless `[sink] kind = "kafka"` (the default).
+    pub(crate) kafka: Option<BTreeMap<String, KafkaValue>>,
     #[serde(default)]
     pub(crate) relay: RelaySection,
     #[serde(default)]
@@ -110,6 +115,9 @@ pub struct Settings {
     pub outbox: OutboxMapping,
     /// `[route]`: the topic of an event is `router.route(route-by value)`.
     pub router: TopicRoute,
+    /// `[sink] kind`: the broker events are published to.
+    pub sink: SinkKind,
+    /// `[kafka]`; empty unless the sink is Kafka.
     pub kafka: KafkaProperties,
     pub relay: RelaySettings,
     /// Only `outbox-relay poll` reads it.
@@ -164,9 +172,22 @@ impl Settings {
         }
         let postgres = file.postgres.validate()?;
         let router = file.route.validate()?;
-        let mut kafka = KafkaProperties::validate(file.kafka)?;
+        let sink = file.sink.validate()?;
+        let mut kafka = if sink == SinkKind::Kafka {
+            KafkaProperties::validate(file.kafka.unwrap_or_default())?
+        } else if file.kafka.is_some() {
+            return Err(ConfigError::Invalid {
+                key: "kafka",
+                message: format!(
+                    "a [kafka] section is set but [sink] kind = \"{}\": remove the section, or set kind = \"kafka\"",
+                    sink.label()
+                ),
+            });
+        } else {
+            KafkaProperties::default()
+        };
         let relay = file.relay.validate()?;
-        if relay.delivery == relay::Delivery::ExactlyOnce {
+        if relay.delivery == relay::Delivery::ExactlyOnce && sink == SinkKind::Kafka {
             validate_exactly_once_timeout(&kafka, &relay)?;
             kafka.bound_message_timeout();
         }
@@ -174,6 +195,7 @@ impl Settings {
             postgres,
             outbox,
             router,
+            sink,
             kafka,
             relay,
             poll: file.poll.validate()?,
@@ -193,7 +215,7 @@ impl Settings {
     /// A warning for the operator about this configuration, logged when `run` starts.
     pub fn start_warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
-        if self.relay.delivery == relay::Delivery::ExactlyOnce {
+        if self.relay.delivery == relay::Delivery::ExactlyOnce && self.sink == SinkKind::Kafka {
             let fence = self.takeover_fence_max();
             if let (Some((key, _)), true) = (self.kafka.user_message_timeout(), fence > SLOW_TAKEOVER) {
                 warnings.push(format!(

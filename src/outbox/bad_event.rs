@@ -20,10 +20,9 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use crate::config::kafka::KafkaProperties;
-use crate::kafka::producer::{OutboundRecord, RecordHeader};
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
+use crate::sink::{RecordHeader, SinkLimits, SinkRecord};
 
 /// Why one event cannot become a Kafka record.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -71,12 +70,10 @@ impl BadEvent {
 pub(crate) const HEADER_ERROR: &str = "outbox-relay-error";
 pub(crate) const HEADER_LSN: &str = "outbox-relay-lsn";
 pub(crate) const HEADER_SOURCE: &str = "outbox-relay-source-table";
-/// Present only when the raw content was cut to fit `message.max.bytes`: the original length.
+/// Present only when the raw content was cut to fit the sink's largest message: the original length.
 pub(crate) const HEADER_TRUNCATED: &str = "outbox-relay-truncated-from";
 
-/// librdkafka's default `message.max.bytes`.
-const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
-/// Room left for the record framing librdkafka counts against `message.max.bytes`.
+/// Room left for the framing a broker counts against its message size limit.
 const RECORD_OVERHEAD: usize = 4096;
 
 /// The event as it was written, for a dead letter: not the mapped [`crate::outbox::event::OutboxEvent`]
@@ -154,7 +151,7 @@ impl RawEvent {
     /// committed at `commit_lsn`: to `topic`, with the event's key when it has a usable one, the
     /// raw content as the value, `id` as for every record, and the cause in headers. The content
     /// is cut (at a character boundary when it is text) so the record fits the producer's
-    /// `message.max.bytes`: a dead letter that Kafka refused in turn would stall the relay, and
+    /// largest message (Kafka: `message.max.bytes`): a dead letter refused in turn would stall the relay, and
     /// the header [`HEADER_TRUNCATED`] says how long it was.
     pub(crate) fn dead_letter<'a>(
         &'a self,
@@ -162,8 +159,8 @@ impl RawEvent {
         event_id: &'a [u8],
         commit_lsn: Lsn,
         cause: &BadEvent,
-        kafka: &KafkaProperties,
-    ) -> OutboundRecord<'a> {
+        limits: &SinkLimits,
+    ) -> SinkRecord<'a> {
         let text = |s: String| Some(Cow::Owned(s.into_bytes()));
         let mut headers: Vec<RecordHeader<'a>> = vec![
             (Cow::Borrowed(HEADER_ERROR), text(cause.to_string())),
@@ -182,7 +179,8 @@ impl RawEvent {
                 .sum::<usize>()
             + HEADER_TRUNCATED.len()
             + 20;
-        let limit = message_max_bytes(kafka)
+        let limit = limits
+            .max_message_bytes
             .saturating_sub(fixed + RECORD_OVERHEAD)
             .max(1024);
         let payload = if self.content.len() > limit {
@@ -191,25 +189,16 @@ impl RawEvent {
         } else {
             &self.content[..]
         };
-        OutboundRecord {
-            topic: Cow::Borrowed(topic),
+        SinkRecord {
+            destination: Cow::Borrowed(topic),
             key: Cow::Borrowed(key),
-            payload: Some(Cow::Borrowed(payload)),
+            value: Some(Cow::Borrowed(payload)),
             event_id,
             timestamp_ms: None,
             headers: Cow::Owned(headers),
             partition: None,
         }
     }
-}
-
-/// The producer's `message.max.bytes` (librdkafka's default when unset or unreadable).
-pub(crate) fn message_max_bytes(kafka: &KafkaProperties) -> usize {
-    kafka
-        .0
-        .get("message.max.bytes")
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
 }
 
 /// The largest cut ≤ `limit` that does not split a UTF-8 sequence (any cut for non-text).
@@ -227,7 +216,6 @@ fn char_boundary_at_or_before(content: &[u8], limit: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use proptest::prelude::*;
 
@@ -237,12 +225,12 @@ mod tests {
         Relation::text_columns("public", "outbox", names)
     }
 
-    fn kafka(max: Option<&str>) -> KafkaProperties {
-        let mut m = BTreeMap::new();
-        if let Some(v) = max {
-            m.insert("message.max.bytes".to_string(), v.to_string());
+    /// A sink taking messages up to `max` bytes (Kafka's default: 1,000,000).
+    fn limits(max: Option<usize>) -> SinkLimits {
+        SinkLimits {
+            check_name: |_| Ok(()),
+            max_message_bytes: max.unwrap_or(1_000_000),
         }
-        KafkaProperties(m)
     }
 
     #[test]
@@ -276,14 +264,14 @@ mod tests {
             column: "type".into(),
             role: "route-by value",
         };
-        let small = raw.dead_letter("dlq", b"42", Lsn(0x16B3748), &cause, &kafka(Some("8192")));
+        let small = raw.dead_letter("dlq", b"42", Lsn(0x16B3748), &cause, &limits(Some(8192)));
         assert!(
-            small.payload.as_deref().unwrap().len() < 8192 && small.payload.as_deref().unwrap().len() >= 1024,
+            small.value.as_deref().unwrap().len() < 8192 && small.value.as_deref().unwrap().len() >= 1024,
             "{}",
-            small.payload.as_deref().unwrap().len()
+            small.value.as_deref().unwrap().len()
         );
         assert!(
-            std::str::from_utf8(small.payload.as_deref().unwrap()).is_ok(),
+            std::str::from_utf8(small.value.as_deref().unwrap()).is_ok(),
             "cut inside a character"
         );
         let header = |name: &str| {
@@ -300,11 +288,11 @@ mod tests {
         assert!(String::from_utf8_lossy(&header(HEADER_ERROR).unwrap()).contains("\"type\""));
         assert_eq!(&*small.key, b"agg");
         assert_eq!(
-            (&*small.topic, small.event_id, small.timestamp_ms),
+            (&*small.destination, small.event_id, small.timestamp_ms),
             ("dlq", &b"42"[..], None)
         );
-        let whole = raw.dead_letter("dlq", b"42", Lsn(1), &cause, &kafka(None));
-        assert_eq!(whole.payload.as_deref().unwrap().len(), 20_000);
+        let whole = raw.dead_letter("dlq", b"42", Lsn(1), &cause, &limits(None));
+        assert_eq!(whole.value.as_deref().unwrap().len(), 20_000);
         assert!(whole.headers.iter().all(|(k, _)| *k != HEADER_TRUNCATED));
     }
 
@@ -328,11 +316,11 @@ mod tests {
             let text = if multibyte { "ü".repeat(len / 2) } else { "x".repeat(len) };
             let raw = RawEvent { source: "s".into(), content: Bytes::from(text), key: None };
             let cause = BadEvent::Topic("t".into());
-            let dl = raw.dead_letter("dlq", b"1", Lsn(1), &cause, &kafka(Some(&max.to_string())));
-            let total = dl.payload.as_deref().unwrap().len() + dl.key.len() + dl.event_id.len()
+            let dl = raw.dead_letter("dlq", b"1", Lsn(1), &cause, &limits(Some(max)));
+            let total = dl.value.as_deref().unwrap().len() + dl.key.len() + dl.event_id.len()
                 + dl.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len())).sum::<usize>();
-            prop_assert!(total <= max.max(1024 + total - dl.payload.as_deref().unwrap().len()));
-            prop_assert!(std::str::from_utf8(dl.payload.as_deref().unwrap()).is_ok());
+            prop_assert!(total <= max.max(1024 + total - dl.value.as_deref().unwrap().len()));
+            prop_assert!(std::str::from_utf8(dl.value.as_deref().unwrap()).is_ok());
         }
     }
 }

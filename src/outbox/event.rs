@@ -25,12 +25,12 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::config::outbox::{OutboxMapping, TopicRoute};
-use crate::kafka::producer::{OutboundRecord, RecordHeader};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::connect::ConnectLayout;
 use crate::outbox::payload::PayloadFormat;
 use crate::outbox::routing;
 use crate::outbox::timestamp::parse_timestamp_ms;
+use crate::sink::{RecordHeader, SinkLimits, SinkRecord};
 
 /// How a row read with SQL (claimed by the poller, read by the backfill) becomes an event, from
 /// the column types preflight checked: the payload's decoding and the `[debezium]` layout.
@@ -70,18 +70,18 @@ pub(crate) struct OutboxEvent<'a> {
 }
 
 impl<'a> OutboxEvent<'a> {
-    /// The Kafka record of this event: topic routed by `router` and checked against Kafka's
-    /// naming rules (an illegal topic is [`BadEvent::Topic`]); everything else borrowed.
+    /// The sink's record of this event: destination routed by `router` and checked against the
+    /// sink's name rule (an illegal name is [`BadEvent::Topic`]); everything else borrowed.
     ///
     /// Under `[debezium]` key, value, placed headers and partition are rendered as Debezium
     /// renders them ([`ConnectLayout::render`]); `header_columns` follow the placed headers.
-    pub(crate) fn record<'r>(&'r self, router: &TopicRoute) -> Result<OutboundRecord<'r>, BadEvent> {
-        let topic = routing::topic(router, &self.route_value)?;
+    pub(crate) fn record<'r>(&'r self, router: &TopicRoute, limits: &SinkLimits) -> Result<SinkRecord<'r>, BadEvent> {
+        let topic = routing::destination(router, limits, &self.route_value)?;
         let Some(connect) = &self.connect else {
-            return Ok(OutboundRecord {
-                topic,
+            return Ok(SinkRecord {
+                destination: topic,
                 key: Cow::Borrowed(&self.key),
-                payload: self.payload.as_deref().map(Cow::Borrowed),
+                value: self.payload.as_deref().map(Cow::Borrowed),
                 event_id: &self.id,
                 timestamp_ms: self.timestamp_ms,
                 headers: Cow::Borrowed(&self.headers),
@@ -95,10 +95,10 @@ impl<'a> OutboxEvent<'a> {
             .map(|(name, value)| (Cow::Owned(name), value.map(Cow::Owned)))
             .collect();
         headers.extend(self.headers.iter().cloned());
-        Ok(OutboundRecord {
-            topic,
+        Ok(SinkRecord {
+            destination: topic,
             key: Cow::Owned(rendered.key),
-            payload: rendered.value.map(Cow::Owned),
+            value: rendered.value.map(Cow::Owned),
             event_id: &self.id,
             timestamp_ms: self.timestamp_ms,
             headers: Cow::Owned(headers),
@@ -216,6 +216,12 @@ mod tests {
 
     use super::*;
 
+    /// Kafka's topic-name rule and default size limit, as the Kafka sink's limits carry them.
+    const LIMITS: SinkLimits = SinkLimits {
+        check_name: crate::config::kafka::validate_topic_name,
+        max_message_bytes: 1_000_000,
+    };
+
     use crate::outbox::layout::OutboxLayout;
     use crate::outbox::payload::ByteaTypes;
     use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
@@ -316,11 +322,11 @@ mod tests {
         let s = settings(FULL);
         let values = ROW.columns();
         let event = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
-        let record = event.record(&s.router).unwrap();
-        assert_eq!(record.topic, "order");
+        let record = event.record(&s.router, &LIMITS).unwrap();
+        assert_eq!(record.destination, "order");
         assert_eq!(record.event_id, b"42");
         assert_eq!(&*record.key, b"agg-1");
-        assert_eq!(record.payload.as_deref(), Some(&b"{\"a\": 1}"[..]));
+        assert_eq!(record.value.as_deref(), Some(&b"{\"a\": 1}"[..]));
         assert_eq!(record.timestamp_ms, Some(1500));
         // BTreeMap order of the header columns, as the streaming path uses.
         assert_eq!(
@@ -346,10 +352,13 @@ mod tests {
         let backfilled = OutboxEvent::from_columns(&s.outbox, &pending_values, &RowFormat::default()).unwrap();
         assert_eq!(from_wal, polled);
         assert_eq!(from_wal, backfilled);
-        let record = from_wal.record(&s.router).unwrap();
-        assert_eq!(record, polled.record(&s.router).unwrap());
-        assert_eq!(record, backfilled.record(&s.router).unwrap());
-        assert_eq!(record, from_wal.clone().into_owned().record(&s.router).unwrap());
+        let record = from_wal.record(&s.router, &LIMITS).unwrap();
+        assert_eq!(record, polled.record(&s.router, &LIMITS).unwrap());
+        assert_eq!(record, backfilled.record(&s.router, &LIMITS).unwrap());
+        assert_eq!(
+            record,
+            from_wal.clone().into_owned().record(&s.router, &LIMITS).unwrap()
+        );
 
         // A message carries no timestamp or headers: compare with a row mapped without them.
         let plain = settings("[route]\ntopic_regex = '^(?<routedByValue>[^.]+)\\..*$'\n");
@@ -362,10 +371,10 @@ mod tests {
         let from_wal = plain_layout.extract(&table, &row).unwrap();
         let values = [Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")];
         let polled = OutboxEvent::from_columns(&plain.outbox, &values, &RowFormat::default()).unwrap();
-        let record = message.record(&plain.router).unwrap();
-        assert_eq!(record.topic, "order");
-        assert_eq!(record, from_wal.record(&plain.router).unwrap());
-        assert_eq!(record, polled.record(&plain.router).unwrap());
+        let record = message.record(&plain.router, &LIMITS).unwrap();
+        assert_eq!(record.destination, "order");
+        assert_eq!(record, from_wal.record(&plain.router, &LIMITS).unwrap());
+        assert_eq!(record, polled.record(&plain.router, &LIMITS).unwrap());
     }
 
     #[test]
@@ -391,7 +400,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(
-            record.record(&default.router).unwrap().topic,
+            record.record(&default.router, &LIMITS).unwrap().destination,
             Cow::Borrowed("t")
         ));
     }
@@ -415,7 +424,10 @@ mod tests {
         let values = [Some("8"), Some("k"), Some("has space"), Some("{}")];
         let event = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
         assert_eq!(OutboxEvent::id_of_columns(&values), "8");
-        assert!(matches!(event.record(&s.router).unwrap_err(), BadEvent::Topic(_)));
+        assert!(matches!(
+            event.record(&s.router, &LIMITS).unwrap_err(),
+            BadEvent::Topic(_)
+        ));
     }
 
     #[test]
@@ -494,7 +506,10 @@ mod tests {
             let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
             let polled = OutboxEvent::from_columns(&s.outbox, &values, &BYTEA_ROWS).unwrap();
             assert_eq!(streamed, polled);
-            assert_eq!(streamed.record(&s.router).unwrap().payload.as_deref(), Some(&bytes[..]));
+            assert_eq!(
+                streamed.record(&s.router, &LIMITS).unwrap().value.as_deref(),
+                Some(&bytes[..])
+            );
         }
         // A domain the session does not know of, and text types, pass the text unchanged.
         let table = typed_payload(DOMAIN_OID);
@@ -549,7 +564,7 @@ mod tests {
             let from_wal = layout.extract(&table, &streamed).unwrap();
             let values = row.columns();
             let polled = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
-            prop_assert_eq!(from_wal.record(&s.router).unwrap(), polled.record(&s.router).unwrap());
+            prop_assert_eq!(from_wal.record(&s.router, &LIMITS).unwrap(), polled.record(&s.router, &LIMITS).unwrap());
             prop_assert_eq!(from_wal.timestamp_ms.is_some(), created_at.is_some());
         }
     }

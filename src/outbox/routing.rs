@@ -1,27 +1,41 @@
-//! The topic of an event: its route-by value through the configured [`TopicRoute`] (Debezium
-//! EventRouter semantics, see `crate::config::outbox`), then Kafka's topic-name rule. A value
-//! that routes to an illegal name is a bad event ([`BadEvent::Topic`]), reported with the
-//! event's id and LSN by the caller.
+//! The destination of an event: its route-by value through the configured [`TopicRoute`]
+//! (Debezium EventRouter semantics, see `crate::config::outbox`), then the sink's name rule
+//! (Kafka's topic names, NATS subjects, …). A value that routes to an illegal name is a bad event
+//! ([`BadEvent::Topic`]), reported with the event's id and LSN by the caller.
 
 use std::borrow::Cow;
 
-use crate::config::kafka::validate_topic_name;
 use crate::config::outbox::TopicRoute;
 use crate::outbox::bad_event::BadEvent;
+use crate::sink::SinkLimits;
 
-/// The Kafka topic for one route-by value, or why the event cannot have one.
-pub(crate) fn topic<'a>(route: &TopicRoute, routed_by_value: &'a str) -> Result<Cow<'a, str>, BadEvent> {
-    let topic = route.route(routed_by_value);
-    validate_topic_name(&topic).map_err(BadEvent::Topic)?;
-    Ok(topic)
+/// The destination for one route-by value, or why the event cannot have one.
+pub(crate) fn destination<'a>(
+    route: &TopicRoute,
+    limits: &SinkLimits,
+    routed_by_value: &'a str,
+) -> Result<Cow<'a, str>, BadEvent> {
+    let name = route.route(routed_by_value);
+    (limits.check_name)(&name).map_err(BadEvent::Topic)?;
+    Ok(name)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::kafka::legal_topic;
+    use crate::config::kafka::{legal_topic, validate_topic_name};
     use crate::config::outbox::DEFAULT_TOPIC_REGEX;
     use proptest::prelude::*;
+
+    /// Kafka's rule, as the Kafka sink's limits carry it.
+    const KAFKA: SinkLimits = SinkLimits {
+        check_name: validate_topic_name,
+        max_message_bytes: 1_000_000,
+    };
+
+    fn topic<'a>(r: &TopicRoute, value: &'a str) -> Result<Cow<'a, str>, BadEvent> {
+        destination(r, &KAFKA, value)
+    }
 
     #[test]
     fn an_illegal_routed_name_is_a_bad_event_naming_the_topic() {

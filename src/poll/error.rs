@@ -1,13 +1,12 @@
 //! [`PollError`]: why the polling relayer stopped a batch, and whether it may try again.
 
-use rdkafka::error::KafkaError;
 use tokio_postgres::error::SqlState;
 
 use crate::config::ident::TableName;
 use crate::control::{describe, ControlError};
-use crate::kafka::producer::DeliveryFailure;
 use crate::outbox::bad_event::BadEvent;
 use crate::postgres::client::ConnectError;
+use crate::sink::{SinkError, SinkFailure};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PollError {
@@ -100,11 +99,11 @@ pub(crate) enum PollError {
     )]
     UnsupportedBadEventPolicy { policy: &'static str },
 
-    #[error("cannot create the Kafka producer: {0}. Check the [kafka] properties")]
-    ProducerConfig(#[source] KafkaError),
+    #[error("{0}")]
+    Sink(#[source] SinkError),
 
     #[error("Kafka did not take a claimed batch ({0}); the batch was rolled back and will be claimed again")]
-    Delivery(Box<DeliveryFailure>),
+    Delivery(Box<SinkFailure>),
 
     #[error("the Kafka producer stopped reporting deliveries; the batch was rolled back and will be claimed again")]
     ProducerGone,
@@ -135,6 +134,7 @@ impl PollError {
         match self {
             PollError::Connect(e) | PollError::Table(ControlError::Connect(e)) => e.is_transient(),
             PollError::Delivery(_) | PollError::ProducerGone => true,
+            PollError::Sink(e) => e.transient,
             PollError::Table(ControlError::Query { source, .. }) | PollError::Query { source, .. } => {
                 transient_pg(source)
             }

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::{Client, Statement, Transaction};
 use tracing::{debug, info, warn};
@@ -29,13 +29,13 @@ use super::error::PollError;
 use super::record::claimed_values;
 use super::sql::{PollSql, SESSION_SETTINGS};
 use crate::config::Settings;
-use crate::kafka::producer::{Delivery, DeliveryFailure, Publisher};
 use crate::ops::latency::LatencyBatch;
 use crate::ops::metrics::now_unix_us;
 use crate::ops::retry::{wait_or_shutdown, Backoff};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::outbox::event::RowFormat;
+use crate::sink::{Completions, Sink, SinkLimits};
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
 /// a producer that is already abandoned, but the check keeps the count honest regardless.
@@ -64,7 +64,7 @@ struct Connection {
     mark: Statement,
 }
 
-type Producer = (Publisher<BatchTag>, mpsc::UnboundedReceiver<Delivery<BatchTag>>);
+type Producer = (Box<dyn Sink<BatchTag>>, Completions<BatchTag>);
 
 pub(crate) struct Worker {
     settings: Arc<Settings>,
@@ -150,8 +150,9 @@ impl Worker {
             self.connection = Some(connect(&self.settings, &self.sql).await?);
         }
         if self.producer.is_none() {
-            let producer = Publisher::create(&self.settings.kafka, self.settings.poll.batch_size)
-                .map_err(PollError::ProducerConfig)?;
+            let producer = crate::sink::create(&self.settings, self.settings.poll.batch_size)
+                .await
+                .map_err(PollError::Sink)?;
             self.producer = Some(producer);
         }
         let Some(conn) = self.connection.as_mut() else {
@@ -179,7 +180,7 @@ impl Worker {
         let published = publish_and_await(
             &self.settings,
             &self.sql.rows,
-            publisher,
+            publisher.as_ref(),
             deliveries,
             batch,
             &rows,
@@ -251,13 +252,14 @@ async fn connect(settings: &Settings, sql: &PollSql) -> Result<Connection, PollE
 async fn publish_and_await(
     settings: &Settings,
     rows_format: &RowFormat,
-    publisher: &Publisher<BatchTag>,
-    deliveries: &mut mpsc::UnboundedReceiver<Delivery<BatchTag>>,
+    publisher: &dyn Sink<BatchTag>,
+    deliveries: &mut Completions<BatchTag>,
     batch: u64,
     rows: &[tokio_postgres::Row],
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<Vec<String>>, PollError> {
     let mut ids = Vec::with_capacity(rows.len());
+    let limits: SinkLimits = crate::sink::limits(settings);
     for row in rows {
         let values = claimed_values(row)?;
         let id = OutboxEvent::id_of_columns(&values);
@@ -266,23 +268,20 @@ async fn publish_and_await(
             cause,
         };
         let event = OutboxEvent::from_columns(&settings.outbox, &values, rows_format).map_err(bad)?;
-        let record = event.record(&settings.router).map_err(bad)?;
-        if let Err(rejected) = publisher.send(
+        let record = event.record(&settings.router, &limits).map_err(bad)?;
+        if let Err(refusal) = publisher.send(
             &record,
+            &[],
+            None,
             Box::new(BatchTag {
                 batch,
                 created_unix_us: event.timestamp_ms.map(|ms| ms.saturating_mul(1000)),
             }),
         ) {
-            if rejected.is_bad_record() {
-                return Err(bad(BadEvent::Rejected(rejected.error.to_string())));
+            if refusal.failure.is_refusal() {
+                return Err(bad(BadEvent::Rejected(refusal.failure.cause)));
             }
-            return Err(PollError::Delivery(Box::new(DeliveryFailure {
-                error: rejected.error,
-                partition: record.partition.unwrap_or(-1),
-                topic: record.topic.into_owned(),
-                event_id: Some(id.to_owned()),
-            })));
+            return Err(PollError::Delivery(Box::new(refusal.failure)));
         }
         ids.push(id.to_owned());
     }
@@ -293,7 +292,7 @@ async fn publish_and_await(
 /// Waits for `count` reports of `batch`; the first failure ends the wait. `Ok(false)`: shutdown
 /// was requested and `shutdown_timeout` passed before every report arrived.
 async fn await_batch(
-    deliveries: &mut mpsc::UnboundedReceiver<Delivery<BatchTag>>,
+    deliveries: &mut Completions<BatchTag>,
     batch: u64,
     count: usize,
     shutdown: &mut watch::Receiver<bool>,

@@ -147,52 +147,22 @@ impl StreamState<'_> {
 
 #[cfg(test)]
 mod tests {
-    use bytes::{BufMut, BytesMut};
-
     use super::*;
     use crate::config::test_support::settings;
     use crate::postgres::lsn::Lsn;
     use crate::relay::quarantine::Suspects;
-    use crate::relay::stream::Publisher;
+    use crate::relay::test_frames::{begin, commit, xlog, COMMITTED, SECOND_US};
+    use crate::sink::memory::memory;
 
-    const SECOND_US: i64 = 1_000_000;
-    /// A commit time, µs since 2000-01-01 (PostgreSQL's epoch).
-    const COMMITTED: i64 = 800_000_000 * SECOND_US;
-
-    /// An XLogData frame the server sent at `send_time` carrying `message`.
-    fn xlog(send_time: i64, message: &[u8]) -> Bytes {
-        let mut b = BytesMut::new();
-        b.put_u8(b'w');
-        b.put_u64(0x100);
-        b.put_u64(0x100);
-        b.put_i64(send_time);
-        b.put_slice(message);
-        b.freeze()
-    }
-
-    fn begin(final_lsn: u64) -> Vec<u8> {
-        let mut b = vec![b'B'];
-        b.put_u64(final_lsn);
-        b.put_i64(COMMITTED);
-        b.put_u32(7);
-        b
-    }
-
-    fn commit(commit_lsn: u64, end_lsn: u64) -> Vec<u8> {
-        let mut b = vec![b'C', 0];
-        b.put_u64(commit_lsn);
-        b.put_u64(end_lsn);
-        b.put_i64(COMMITTED);
-        b
-    }
-
-    /// A session state whose producer never sends anything (no event in these frames).
+    /// A session state over an in-memory sink (no event in these frames).
     fn with_state(test: impl FnOnce(&mut StreamState<'_>)) {
         let settings = settings("");
-        let (publisher, _reports) = Publisher::create(&settings.kafka, 16).expect("a producer");
+        let (sink, handle, _completions) = memory();
+        let publisher = Box::new(sink);
         let mut suspects = Suspects::default();
         let mut state = StreamState::new(&settings, publisher, Lsn(0x10), &mut suspects);
         test(&mut state);
+        assert!(handle.stored().is_empty());
     }
 
     #[test]

@@ -1,6 +1,5 @@
 //! Why a streaming session ended, and whether the supervisor reconnects or stops.
 
-use crate::kafka::producer::DeliveryFailure;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::layout::LayoutError;
 use crate::postgres::client::ConnectError;
@@ -11,6 +10,7 @@ use crate::postgres::replication::error::ReplicationError;
 use crate::postgres::replication::frames::FrameError;
 use crate::postgres::slot::{SlotHolder, SlotQueryError};
 use crate::relay::watermark::WatermarkError;
+use crate::sink::{SinkError, SinkFailure};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -84,12 +84,17 @@ pub enum RelayError {
         requested: Lsn,
         confirmed: Lsn,
     },
-    #[error("cannot create the Kafka producer: {0}. Check the [kafka] properties")]
-    ProducerConfig(#[source] rdkafka::error::KafkaError),
+    #[error("{0}")]
+    Sink(#[source] SinkError),
+    #[error(
+        "relay.delivery = \"exactly-once\" is not possible with [sink] kind = \"{sink}\": {reason}. Set \
+         relay.delivery = \"at-least-once\" (consumers deduplicate on the id header)"
+    )]
+    ExactlyOnceUnsupported { sink: &'static str, reason: &'static str },
     #[error("Kafka delivery failed for the transaction committed at {commit_lsn}: {failure}; replaying from the last confirmed LSN")]
     DeliveryFailed {
         #[source]
-        failure: Box<DeliveryFailure>,
+        failure: Box<SinkFailure>,
         commit_lsn: Lsn,
     },
     #[error(
@@ -110,7 +115,7 @@ pub enum RelayError {
     )]
     RecordRejected {
         #[source]
-        failure: Box<DeliveryFailure>,
+        failure: Box<SinkFailure>,
         commit_lsn: Lsn,
     },
     #[error(transparent)]
@@ -126,7 +131,7 @@ pub enum RelayError {
     #[error("cannot start the stream's thread or runtime: {0}")]
     StreamThread(#[source] std::io::Error),
     #[error("exactly-once resume: {0}")]
-    ReadBack(#[from] crate::kafka::tail::ReadBackError),
+    ReadBack(#[from] crate::sink::kafka::tail::ReadBackError),
     #[error(
         "the stream sent no status update for {paused_ms} ms (the process was paused or starved): its walsender may \
          be gone and the slot taken over, so the frames in hand are dropped rather than published \
@@ -146,13 +151,14 @@ impl RelayError {
             RelayError::DeliveryFailed { .. } | RelayError::RecordRejected { .. } | RelayError::SlotBusy { .. } => true,
             RelayError::ReadBack(e) => e.is_transient(),
             RelayError::Paused { .. } => true,
-            RelayError::SlotMissing { .. }
+            RelayError::Sink(e) => e.transient,
+            RelayError::ExactlyOnceUnsupported { .. }
+            | RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::PhysicalSlot { .. }
             | RelayError::PublicationWithoutInserts { .. }
             | RelayError::SlotLost { .. }
             | RelayError::SlotAdvanced { .. }
-            | RelayError::ProducerConfig(_)
             | RelayError::BadEvent { .. }
             | RelayError::Layout(_)
             | RelayError::Decode { .. }

@@ -38,6 +38,8 @@ pub(crate) mod slot;
 pub(crate) mod slot_monitor;
 mod standby;
 mod takeover;
+#[cfg(test)]
+mod test_frames;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +52,7 @@ pub(crate) use session::SessionEnd;
 
 use self::slot_monitor::SlotVerdict;
 use self::standby::Standby;
+use crate::config::relay::Delivery as DeliveryMode;
 use crate::config::Settings;
 use crate::ops::health::{Mode, RelayHealth};
 use crate::ops::retry::{wait_or_shutdown, Backoff};
@@ -98,6 +101,14 @@ pub(crate) async fn run(
 ) -> Result<(), RelayError> {
     for warning in settings.start_warnings() {
         warn!("{warning}");
+    }
+    if let (DeliveryMode::ExactlyOnce, crate::sink::ExactlyOnce::Unsupported(reason)) =
+        (settings.relay.delivery, crate::sink::exactly_once(settings.sink))
+    {
+        return Err(RelayError::ExactlyOnceUnsupported {
+            sink: settings.sink.label(),
+            reason,
+        });
     }
     let (_monitor, slot_verdict) = slot_monitor::spawn(settings, Arc::clone(&health));
     let ctx = SessionContext {

@@ -14,12 +14,10 @@
 //! the transaction is confirmed only once the dead letter is in Kafka.
 
 use metrics::counter;
-use rdkafka::error::KafkaError;
 use tracing::{info, warn};
 
 use super::stream::{DeliveryTag, Phase, StreamState};
 use crate::config::relay::BadEventPolicy;
-use crate::kafka::producer::{is_record_rejection, DeliveryFailure, OutboundRecord};
 use crate::ops::metrics::BAD_EVENTS;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::bad_event::RawEvent;
@@ -30,6 +28,7 @@ use crate::postgres::pgoutput::LogicalDecodingMessage;
 use crate::relay::error::RelayError;
 use crate::relay::quarantine::{EventRef, Held, TxnEvent};
 use crate::relay::resume::Verdict;
+use crate::sink::{SinkFailure, SinkRecord};
 
 impl StreamState<'_> {
     /// The identity of the open transaction's next outbox event.
@@ -89,12 +88,12 @@ impl StreamState<'_> {
         raw: impl FnOnce() -> RawEvent,
     ) -> Result<(), RelayError> {
         let settings = self.settings;
-        let record = match event.record(&settings.router) {
+        let record = match event.record(&settings.router, &self.limits) {
             Ok(record) => record,
             Err(cause) => return self.bad_event(txn, &event.id, cause, &raw(), true),
         };
         if let Some(resume) = self.resume.as_mut() {
-            match resume.verdict(txn.event, &record.topic, &record.key, record.partition, true) {
+            match resume.verdict(txn.event, &record.destination, &record.key, record.partition, true) {
                 Verdict::Send => {}
                 Verdict::Skip => return Ok(()),
                 Verdict::Wait => {
@@ -122,22 +121,22 @@ impl StreamState<'_> {
         }
         match self.send(txn, &record, false)? {
             None => Ok(()),
-            Some(error) if is_record_rejection(&error) => {
-                self.bad_event(txn, &event.id, BadEvent::Rejected(error.to_string()), &raw(), false)
+            Some(failure) if failure.is_refusal() => {
+                self.bad_event(txn, &event.id, BadEvent::Rejected(failure.cause), &raw(), false)
             }
-            Some(error) => Err(delivery_failed(error, &record.topic, &event.id, txn.commit_lsn())),
+            Some(failure) => Err(delivery_failed(failure, txn.commit_lsn())),
         }
     }
 
-    /// Hands a record to librdkafka; `Some(error)` when it refused it (nothing was counted then).
+    /// Hands a record to the sink; `Some(failure)` when it refused it (nothing was counted then).
     fn send(
         &mut self,
         txn: &TxnEvent,
-        record: &OutboundRecord<'_>,
+        record: &SinkRecord<'_>,
         dead_letter: bool,
-    ) -> Result<Option<KafkaError>, RelayError> {
+    ) -> Result<Option<SinkFailure>, RelayError> {
         let bytes = record.size();
-        let topic = self.count_sent(&record.topic, txn.commit_lsn(), txn.commit_time_unix_us);
+        let topic = self.count_sent(&record.destination, txn.commit_lsn(), txn.commit_time_unix_us);
         let tag = Box::new(DeliveryTag {
             ticket: txn.ticket,
             bytes,
@@ -148,16 +147,17 @@ impl StreamState<'_> {
             topic,
         });
         let sent = match &self.resume {
-            None => self.publisher.send(record, tag),
+            None => self.publisher.send(record, &[], None, tag),
             Some(resume) => {
                 let mut buf = [0u8; 40];
                 let position = resume.position_headers(txn.event, &mut buf);
-                self.publisher.send_with(record, &position, tag)
+                let key = resume.dedup_key(txn.event);
+                self.publisher.send(record, &position, key.as_deref(), tag)
             }
         };
-        if let Err(rejected) = sent {
-            self.count_delivery(&rejected.tag, false);
-            return Ok(Some(rejected.error));
+        if let Err(refusal) = sent {
+            self.count_delivery(&refusal.tag, false);
+            return Ok(Some(refusal.failure));
         }
         self.watermark.event_sent(txn.ticket, bytes)?;
         self.counts.events_sent += 1;
@@ -209,7 +209,7 @@ impl StreamState<'_> {
                 Ok(())
             }
             BadEventPolicy::DeadLetter { topic } => {
-                let record = raw.dead_letter(topic, id, commit_lsn, &cause, &settings.kafka);
+                let record = raw.dead_letter(topic, id, commit_lsn, &cause, &self.limits);
                 warn!(
                     id = %id_text,
                     commit_lsn = %commit_lsn,
@@ -220,19 +220,19 @@ impl StreamState<'_> {
                 );
                 match self.send(txn, &record, true)? {
                     None => Ok(()),
-                    Some(error) => Err(delivery_failed(error, topic, id, commit_lsn)),
+                    Some(failure) => Err(delivery_failed(failure, commit_lsn)),
                 }
             }
         }
     }
 
     /// A failed delivery report: a suspect's verdict, a new suspect, or a plain failure.
-    pub(super) fn on_failed_delivery(&mut self, tag: &DeliveryTag, failure: DeliveryFailure) -> Result<(), RelayError> {
+    pub(super) fn on_failed_delivery(&mut self, tag: &DeliveryTag, failure: SinkFailure) -> Result<(), RelayError> {
         let event = EventRef {
             commit_lsn: tag.commit_lsn,
             seq: tag.event_seq,
         };
-        let refused = !tag.dead_letter && is_record_rejection(&failure.error);
+        let refused = !tag.dead_letter && failure.is_refusal();
         let verdict = refused && matches!(&self.phase, Phase::Holding(h) if h.sent && h.txn.event == event);
         if let (true, Some(held)) = (verdict, self.phase.take_held()) {
             info!(
@@ -240,7 +240,7 @@ impl StreamState<'_> {
                 commit_lsn = %tag.commit_lsn,
                 "Kafka refused the suspect event again on its own: it is a bad event"
             );
-            let cause = BadEvent::Rejected(failure.error.to_string());
+            let cause = BadEvent::Rejected(failure.cause.clone());
             return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false) {
                 // Skipped, or replaced by its dead letter (counted in flight by now).
                 Ok(()) => Ok(self.watermark.acked(tag.ticket, tag.bytes)?),
@@ -252,7 +252,7 @@ impl StreamState<'_> {
         }
         self.watermark.failed(tag.ticket, tag.bytes)?;
         if refused {
-            self.suspects.insert(event, failure.error.to_string());
+            self.suspects.insert(event, failure.cause.clone());
             return Err(RelayError::RecordRejected {
                 failure: Box::new(failure),
                 commit_lsn: tag.commit_lsn,
@@ -296,7 +296,7 @@ impl StreamState<'_> {
             "sending alone an event Kafka refused earlier, to tell whether it is the bad one"
         );
         let settings = self.settings;
-        let record = match held.event.record(&settings.router) {
+        let record = match held.event.record(&settings.router, &self.limits) {
             Ok(record) => record,
             // It was routed before it was held, and routing depends on nothing else.
             Err(cause) => return self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false),
@@ -307,31 +307,217 @@ impl StreamState<'_> {
                 self.phase = Phase::Holding(held);
                 Ok(())
             }
-            Some(error) if is_record_rejection(&error) => self.bad_event(
+            Some(failure) if failure.is_refusal() => self.bad_event(
                 &held.txn,
                 &held.event.id,
-                BadEvent::Rejected(error.to_string()),
+                BadEvent::Rejected(failure.cause),
                 &held.raw,
                 false,
             ),
-            Some(error) => Err(delivery_failed(
-                error,
-                &record.topic,
-                &held.event.id,
-                held.txn.commit_lsn(),
-            )),
+            Some(failure) => Err(delivery_failed(failure, held.txn.commit_lsn())),
         }
     }
 }
 
-fn delivery_failed(error: KafkaError, topic: &str, id: &[u8], commit_lsn: Lsn) -> RelayError {
+fn delivery_failed(failure: SinkFailure, commit_lsn: Lsn) -> RelayError {
     RelayError::DeliveryFailed {
-        failure: Box::new(DeliveryFailure {
-            error,
-            topic: topic.to_owned(),
-            partition: -1,
-            event_id: Some(String::from_utf8_lossy(id).into_owned()),
-        }),
+        failure: Box::new(failure),
         commit_lsn,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_support::settings;
+    use crate::relay::quarantine::Suspects;
+    use crate::relay::stream::Delivery;
+    use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED};
+    use crate::sink::memory::{memory, MemoryHandle};
+    use crate::sink::{Completions, FailureKind};
+
+    const OUTBOX: u32 = 16_384;
+
+    /// One transaction inserting `types.len()` outbox rows (ids 1, 2, …; aggregate `agg-<id>`),
+    /// committed at 0x500 and ending at 0x510, fed to a session over an in-memory sink.
+    fn run(
+        extra_config: &str,
+        types: &[&str],
+        test: impl FnOnce(
+            &mut StreamState<'_>,
+            &MemoryHandle<DeliveryTag>,
+            &mut Completions<DeliveryTag>,
+            Result<(), RelayError>,
+        ),
+    ) {
+        let settings = settings(extra_config);
+        let (sink, handle, mut completions) = memory();
+        let mut suspects = Suspects::default();
+        let mut state = StreamState::new(&settings, Box::new(sink), Lsn(0x10), &mut suspects);
+        if settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce {
+            // Replay window empty (it ends where the stream starts): nothing is read back.
+            let (resume, _) = crate::relay::resume::Resume::new(&settings, "7000", Lsn(0x10), Lsn(0x10), None);
+            state.resume = Some(resume);
+        }
+        let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
+        let outcome = (|| {
+            state.on_frame(xlog(COMMITTED, &begin(0x500)))?;
+            state.on_frame(xlog(COMMITTED, &relation(OUTBOX, "public", "events_outbox", &columns)))?;
+            for (i, t) in types.iter().enumerate() {
+                let id = (i + 1).to_string();
+                let agg = format!("agg-{id}");
+                let row = [
+                    Some(id.as_str()),
+                    Some(agg.as_str()),
+                    Some(*t),
+                    Some("{\"n\": 1}"),
+                    None,
+                    None,
+                ];
+                state.on_frame(xlog(COMMITTED, &insert(OUTBOX, &row)))?;
+            }
+            state.on_frame(xlog(COMMITTED, &commit(0x500, 0x510)))?;
+            Ok(())
+        })();
+        test(&mut state, &handle, &mut completions, outcome);
+    }
+
+    fn apply_all(state: &mut StreamState<'_>, completions: &mut Completions<DeliveryTag>) -> Result<(), RelayError> {
+        let mut first_error = Ok(());
+        while let Ok(d) = completions.try_recv() {
+            let d: Delivery = d;
+            if let Err(e) = state.on_delivery(d) {
+                if first_error.is_ok() {
+                    first_error = Err(e);
+                }
+            }
+        }
+        first_error
+    }
+
+    #[test]
+    fn events_reach_the_sink_in_commit_order_and_are_confirmed_only_once_all_are_delivered() {
+        run(
+            "",
+            &["order.placed", "order.paid"],
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                let stored = sink.stored();
+                let seen: Vec<String> = stored
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{} {} {:?}",
+                            r.destination,
+                            String::from_utf8_lossy(&r.key),
+                            r.header("id")
+                        )
+                    })
+                    .collect();
+                assert_eq!(seen, ["order.placed agg-1 Some([49])", "order.paid agg-2 Some([50])"]);
+                assert_eq!(stored[0].value.as_deref(), Some(&b"{\"n\": 1}"[..]));
+                assert_eq!(state.in_flight(), 2);
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                assert_eq!(state.confirmed(), Lsn(0x10), "half the transaction is not confirmed");
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                assert_eq!(state.confirmed(), Lsn(0x510));
+                assert_eq!(sink.pending(), 0);
+            },
+        );
+    }
+
+    #[test]
+    fn a_failed_delivery_ends_the_session_and_confirms_nothing_after_it() {
+        run(
+            "",
+            &["order.placed", "order.paid"],
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                sink.fail_next(FailureKind::Transient, "broker down");
+                sink.deliver(1);
+                let err = apply_all(state, completions).unwrap_err();
+                assert!(matches!(err, RelayError::DeliveryFailed { .. }), "{err}");
+                assert!(err.is_transient(), "a new session replays: {err}");
+                assert_eq!(state.confirmed(), Lsn(0x10));
+            },
+        );
+    }
+
+    #[test]
+    fn a_refusal_in_a_completion_makes_a_suspect_sent_alone_on_replay() {
+        run("", &["order.placed"], |state, sink, completions, outcome| {
+            outcome.unwrap();
+            sink.fail_next(FailureKind::Refused, "record too large");
+            let err = apply_all(state, completions).unwrap_err();
+            assert!(matches!(err, RelayError::RecordRejected { .. }), "{err}");
+            let suspect = EventRef {
+                commit_lsn: Lsn(0x500),
+                seq: 0,
+            };
+            assert_eq!(state.suspects.get(suspect), Some("record too large"));
+        });
+    }
+
+    #[test]
+    fn a_record_the_sink_refuses_on_sight_follows_on_bad_event() {
+        // fail: the session stops naming the event.
+        let refuse_placed = |state: &mut StreamState<'_>, sink: &MemoryHandle<DeliveryTag>| {
+            sink.refuse("order.placed");
+            let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
+            state.on_frame(xlog(COMMITTED, &begin(0x600)))?;
+            state.on_frame(xlog(COMMITTED, &relation(OUTBOX, "public", "events_outbox", &columns)))?;
+            let row = [Some("9"), Some("agg-9"), Some("order.placed"), Some("{}"), None, None];
+            state.on_frame(xlog(COMMITTED, &insert(OUTBOX, &row)))?;
+            state.on_frame(xlog(COMMITTED, &commit(0x600, 0x610)))
+        };
+        run("", &[], |state, sink, _, _| {
+            let err = refuse_placed(state, sink).unwrap_err();
+            assert!(matches!(err, RelayError::BadEvent { ref id, .. } if id == "9"), "{err}");
+        });
+        // dead-letter: the raw row goes to the dead-letter topic with the cause.
+        let dead_letter = "[relay]\non_bad_event = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n";
+        run(dead_letter, &[], |state, sink, completions, _| {
+            refuse_placed(state, sink).unwrap();
+            let stored = sink.stored();
+            assert_eq!(stored.len(), 1);
+            assert_eq!(stored[0].destination, "dlq");
+            assert_eq!(stored[0].key, b"agg-9");
+            let error = String::from_utf8_lossy(stored[0].header("outbox-relay-error").unwrap()).into_owned();
+            assert!(error.contains("refused by the test"), "{error}");
+            sink.deliver(1);
+            apply_all(state, completions).unwrap();
+            assert_eq!(state.confirmed(), Lsn(0x610), "confirmed once the dead letter is in");
+        });
+        // skip: nothing is sent and the transaction is confirmed.
+        run("[relay]\non_bad_event = \"skip\"\n", &[], |state, sink, _, _| {
+            refuse_placed(state, sink).unwrap();
+            assert!(sink.stored().is_empty());
+            assert_eq!(state.confirmed(), Lsn(0x610));
+            assert_eq!(state.counts.bad_events, 1);
+        });
+    }
+
+    #[test]
+    fn exactly_once_records_carry_their_position_after_their_own_headers() {
+        use crate::relay::resume::{HEADER_COMMIT_LSN, HEADER_INDEX, HEADER_SOURCE};
+        run(
+            "[relay]\ndelivery = \"exactly-once\"\n",
+            &["a", "b"],
+            |_, sink, _, outcome| {
+                outcome.unwrap();
+                let stored = sink.stored();
+                let names: Vec<&str> = stored[1].headers.iter().map(|(n, _)| n.as_str()).collect();
+                assert_eq!(names, ["id", HEADER_SOURCE, HEADER_COMMIT_LSN, HEADER_INDEX]);
+                assert_eq!(stored[1].header(HEADER_SOURCE), Some(&b"7000/outbox_relay"[..]));
+                assert_eq!(stored[1].header(HEADER_COMMIT_LSN), Some(&b"0/500"[..]));
+                assert_eq!(stored[1].header(HEADER_INDEX), Some(&b"1"[..]));
+            },
+        );
+        run("", &["a"], |_, sink, _, outcome| {
+            outcome.unwrap();
+            assert_eq!(sink.stored()[0].headers.len(), 1, "at-least-once adds no position");
+        });
     }
 }

@@ -55,10 +55,11 @@ use super::error::RelayError;
 use super::quarantine::EventRef;
 use crate::config::kafka::KafkaProperties;
 use crate::config::Settings;
-use crate::kafka::partitioner::partition_for;
-use crate::kafka::tail::{HeaderLookup, ReadBackError, Tail, TailReader};
 use crate::ops::metrics::{EVENTS_SKIPPED_IN_KAFKA, PARTITIONS_READ_BACK, READ_BACK_SECONDS};
 use crate::postgres::lsn::Lsn;
+use crate::sink::kafka::partitioner::partition_for;
+use crate::sink::kafka::tail::{HeaderLookup, ReadBackError, Tail, TailReader};
+use crate::sink::ExactlyOnce;
 
 /// `<database system identifier>/<slot>`: which relay wrote the record.
 pub(crate) const HEADER_SOURCE: &str = "outbox-relay-source";
@@ -123,6 +124,8 @@ pub(crate) type DoneReceiver = mpsc::UnboundedReceiver<Done>;
 pub(crate) struct Resume {
     /// [`HEADER_SOURCE`]'s value.
     source: String,
+    /// How the sink avoids duplicates: read back here, or leave it to the broker.
+    strategy: ExactlyOnce,
     replay_start: Lsn,
     replay_end: Lsn,
     kafka: KafkaProperties,
@@ -157,6 +160,7 @@ impl Resume {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let resume = Resume {
             source: format!("{system_id}/{}", settings.postgres.slot),
+            strategy: crate::sink::exactly_once(settings.sink),
             replay_start,
             replay_end,
             kafka: settings.kafka.clone(),
@@ -200,6 +204,13 @@ impl Resume {
             (HEADER_COMMIT_LSN, &lsn[..lsn_len]),
             (HEADER_INDEX, &index[..index_len]),
         ]
+    }
+
+    /// The key a deduplicating broker drops replays by (`<source>/<commit LSN>/<index>`), when
+    /// the sink is one ([`ExactlyOnce::BrokerDeduplicates`]); `None` otherwise.
+    pub(crate) fn dedup_key(&self, at: EventRef) -> Option<String> {
+        (self.strategy == ExactlyOnce::BrokerDeduplicates)
+            .then(|| format!("{}/{}/{}", self.source, at.commit_lsn, at.seq))
     }
 
     /// Whether a record at `at` for `topic` (keyed `key`, or placed in `explicit`) goes to
@@ -251,7 +262,8 @@ impl Resume {
     }
 
     fn lookup(&self, at: EventRef, topic: &str, key: &[u8], explicit: Option<i32>) -> Lookup {
-        if at.commit_lsn >= self.replay_end {
+        // A deduplicating broker drops replays itself: nothing to read back.
+        if at.commit_lsn >= self.replay_end || self.strategy != ExactlyOnce::ReadBack {
             return Lookup::Unchecked;
         }
         let Some(t) = self.topics.get(topic) else {

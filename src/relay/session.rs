@@ -39,7 +39,7 @@ use super::error::RelayError;
 use super::receive;
 use super::resume::{self, DoneReceiver, Resume};
 use super::silence::Silence;
-use super::stream::{Delivery, Publisher, StreamState};
+use super::stream::{Delivery, StreamState};
 use super::takeover::{Fence, Predecessor};
 use super::{heartbeat, publication, slot, SessionContext};
 use crate::config::relay::Delivery as DeliveryMode;
@@ -111,8 +111,9 @@ pub(crate) async fn run_session(
         DeliveryMode::ExactlyOnce => Some(resume::replay_end(&control).await?),
         DeliveryMode::AtLeastOnce => None,
     };
-    let (publisher, mut deliveries) =
-        Publisher::create(&settings.kafka, settings.relay.max_in_flight).map_err(RelayError::ProducerConfig)?;
+    let (publisher, mut deliveries) = crate::sink::create(settings, settings.relay.max_in_flight)
+        .await
+        .map_err(RelayError::Sink)?;
     info!(
         slot = %settings.postgres.slot,
         publication = %settings.postgres.publication,

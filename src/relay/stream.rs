@@ -48,9 +48,9 @@ pub(crate) struct DeliveryTag {
     pub(crate) topic: crate::ops::metrics::TopicId,
 }
 
-/// The relay's producer and its delivery reports, tagged with [`DeliveryTag`]s.
-pub(crate) type Publisher = crate::kafka::producer::Publisher<DeliveryTag>;
-pub(crate) type Delivery = crate::kafka::producer::Delivery<DeliveryTag>;
+/// The relay's sink and its completions, tagged with [`DeliveryTag`]s.
+pub(crate) type Publisher = Box<dyn crate::sink::Sink<DeliveryTag>>;
+pub(crate) type Delivery = crate::sink::Completion<DeliveryTag>;
 
 pub(super) struct CachedRelation {
     pub(super) relation: Relation,
@@ -127,6 +127,8 @@ pub(crate) enum FrameAction {
 pub(crate) struct StreamState<'s> {
     pub(super) settings: &'s Settings,
     pub(super) publisher: Publisher,
+    /// The sink's name rule and largest message.
+    pub(super) limits: crate::sink::SinkLimits,
     pub(super) watermark: AckWatermark,
     /// The only producer of the flush LSN sent to PostgreSQL (`confirm.rs`).
     pub(super) confirm: Confirm,
@@ -163,6 +165,7 @@ impl<'s> StreamState<'s> {
         StreamState {
             settings,
             publisher,
+            limits: crate::sink::limits(settings),
             watermark: AckWatermark::new(start),
             relations: HashMap::new(),
             bytea: ByteaTypes::default(),

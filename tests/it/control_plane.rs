@@ -873,6 +873,7 @@ fn check_json(report: &StatusReport, password: &str) {
             "outbox_table",
             "postgres_url",
             "publication",
+            "relay",
             "schema_version",
             "server",
             "slot"

@@ -1,7 +1,7 @@
 //! The layout is the architecture: this test fails when an import goes upward.
 //!
 //! Layers, lowest first (`src/lib.rs` and `docs/architecture.md` say the same):
-//! leaves (`config`, `failpoints`) ← adapters (`postgres`, `kafka`, `ops`) ← domain (`outbox`)
+//! leaves (`config`, `failpoints`) ← adapters (`postgres`, `sink`, `ops`) ← domain (`outbox`)
 //! ← pipelines and control (`relay`, `control`, `poll`) ← entry points (`demo`, `cli`).
 //! Modules of one layer do not import each other, except `poll` → `control` (the poller reuses
 //! the setup checks). The graph of top-level modules must also be acyclic.
@@ -14,17 +14,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("config", &[]),
     ("failpoints", &[]),
     ("postgres", &["config", "failpoints"]),
-    ("kafka", &["config", "failpoints"]),
+    ("sink", &["config", "failpoints"]),
     ("ops", &["config", "failpoints"]),
-    ("outbox", &["config", "failpoints", "postgres", "kafka"]),
-    ("relay", &["config", "failpoints", "postgres", "kafka", "ops", "outbox"]),
+    ("outbox", &["config", "failpoints", "postgres", "sink"]),
+    ("relay", &["config", "failpoints", "postgres", "sink", "ops", "outbox"]),
     (
         "control",
-        &["config", "failpoints", "postgres", "kafka", "ops", "outbox"],
+        &["config", "failpoints", "postgres", "sink", "ops", "outbox"],
     ),
     (
         "poll",
-        &["config", "failpoints", "postgres", "kafka", "ops", "outbox", "control"],
+        &["config", "failpoints", "postgres", "sink", "ops", "outbox", "control"],
     ),
     (
         "demo",
@@ -32,7 +32,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "config",
             "failpoints",
             "postgres",
-            "kafka",
+            "sink",
             "ops",
             "outbox",
             "relay",
@@ -46,7 +46,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "config",
             "failpoints",
             "postgres",
-            "kafka",
+            "sink",
             "ops",
             "outbox",
             "relay",

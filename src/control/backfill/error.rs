@@ -2,9 +2,9 @@
 
 use crate::config::ident::{Ident, TableName};
 use crate::control::{describe, ControlError};
-use crate::kafka::producer::DeliveryFailure;
 use crate::outbox::bad_event::BadEvent;
 use crate::postgres::replication::error::ReplicationError;
+use crate::sink::{SinkError, SinkFailure};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum BackfillError {
@@ -47,8 +47,8 @@ pub(crate) enum BackfillError {
         source: tokio_postgres::Error,
     },
 
-    #[error("cannot create the Kafka producer: {0}. Check the [kafka] properties")]
-    Producer(rdkafka::error::KafkaError),
+    #[error("{0}")]
+    Producer(SinkError),
 
     #[error(
         "pending outbox row id={id} cannot be published: {cause}. Fix the row (or mark it dispatched if it must not \
@@ -57,7 +57,7 @@ pub(crate) enum BackfillError {
     BadRow { id: String, cause: BadEvent },
 
     #[error("Kafka did not acknowledge a backfilled event: {0}. Check the brokers, then run `setup --backfill` again")]
-    Delivery(Box<DeliveryFailure>),
+    Delivery(Box<SinkFailure>),
 
     #[error("{0}")]
     Unsupported(String),

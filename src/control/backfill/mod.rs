@@ -195,7 +195,7 @@ async fn copy_pending(
     format: RowFormat,
 ) -> Result<u64, BackfillError> {
     let mut rows = PendingRows::open(settings, snapshot, order).await?;
-    let mut publisher = BackfillPublisher::new(settings, format)?;
+    let mut publisher = BackfillPublisher::new(settings, format).await?;
     let sent = async {
         loop {
             let batch = rows.next_batch().await?;

@@ -1,20 +1,18 @@
 //! Publishing backfilled rows: the same Kafka record a streamed insert of that row would give
 //! (topic from the route-by value, key, payload bytes, `id` header, timestamp, extra headers:
 //! [`OutboxEvent::from_columns`] then [`OutboxEvent::record`], as the polling relayer does),
-//! through the same idempotent [`Publisher`], with the same in-flight budget.
+//! through the configured sink (`crate::sink`), with the same in-flight budget.
 //!
 //! The backfill succeeds only when Kafka acknowledged every record: [`BackfillPublisher::finish`]
 //! waits until nothing is in flight, and the first failed delivery ends the backfill.
 
-use tokio::sync::mpsc;
-
 use super::error::BackfillError;
 use super::pending::PendingRow;
 use crate::config::Settings;
-use crate::kafka::producer::{Delivery, Publisher};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::outbox::event::RowFormat;
+use crate::sink::{Completion, Completions, Sink, SinkLimits};
 
 /// What rides with each backfilled record: its size, returned to the byte budget on delivery.
 #[derive(Debug)]
@@ -31,8 +29,9 @@ struct InFlight {
 
 pub(crate) struct BackfillPublisher<'s> {
     settings: &'s Settings,
-    publisher: Publisher<BackfillTag>,
-    deliveries: mpsc::UnboundedReceiver<Delivery<BackfillTag>>,
+    publisher: Box<dyn Sink<BackfillTag>>,
+    deliveries: Completions<BackfillTag>,
+    limits: SinkLimits,
     in_flight: InFlight,
     /// How a pending row becomes an event (`bytea` payload decoded, `[debezium]` layout).
     rows: RowFormat,
@@ -40,13 +39,15 @@ pub(crate) struct BackfillPublisher<'s> {
 }
 
 impl<'s> BackfillPublisher<'s> {
-    pub(crate) fn new(settings: &'s Settings, rows: RowFormat) -> Result<Self, BackfillError> {
-        let (publisher, deliveries) =
-            Publisher::create(&settings.kafka, settings.relay.max_in_flight).map_err(BackfillError::Producer)?;
+    pub(crate) async fn new(settings: &'s Settings, rows: RowFormat) -> Result<Self, BackfillError> {
+        let (publisher, deliveries) = crate::sink::create(settings, settings.relay.max_in_flight)
+            .await
+            .map_err(BackfillError::Producer)?;
         Ok(BackfillPublisher {
             settings,
             publisher,
             deliveries,
+            limits: crate::sink::limits(settings),
             in_flight: InFlight::default(),
             rows,
             sent: 0,
@@ -66,20 +67,13 @@ impl<'s> BackfillPublisher<'s> {
             cause,
         };
         let event = OutboxEvent::from_columns(&self.settings.outbox, &values, &self.rows).map_err(bad)?;
-        let record = event.record(&self.settings.router).map_err(bad)?;
+        let record = event.record(&self.settings.router, &self.limits).map_err(bad)?;
         let bytes = record.size();
-        if let Err(rejected) = self.publisher.send(&record, Box::new(BackfillTag { bytes })) {
-            if rejected.is_bad_record() {
-                return Err(bad(BadEvent::Rejected(rejected.error.to_string())));
+        if let Err(refusal) = self.publisher.send(&record, &[], None, Box::new(BackfillTag { bytes })) {
+            if refusal.failure.is_refusal() {
+                return Err(bad(BadEvent::Rejected(refusal.failure.cause)));
             }
-            return Err(BackfillError::Delivery(Box::new(
-                crate::kafka::producer::DeliveryFailure {
-                    error: rejected.error,
-                    partition: record.partition.unwrap_or(-1),
-                    topic: record.topic.into_owned(),
-                    event_id: Some(id.to_owned()),
-                },
-            )));
+            return Err(BackfillError::Delivery(Box::new(refusal.failure)));
         }
         self.in_flight.events += 1;
         self.in_flight.bytes += bytes;
@@ -113,7 +107,7 @@ impl<'s> BackfillPublisher<'s> {
         self.settle(delivery)
     }
 
-    fn settle(&mut self, delivery: Delivery<BackfillTag>) -> Result<(), BackfillError> {
+    fn settle(&mut self, delivery: Completion<BackfillTag>) -> Result<(), BackfillError> {
         self.in_flight.events -= 1;
         self.in_flight.bytes -= delivery.tag.bytes;
         delivery

@@ -1,0 +1,218 @@
+//! An in-memory sink for unit tests: it keeps what it was sent, in order, and completes each
+//! record when the test says so — delivered, refused or failed — so the pipeline's steps can be
+//! tested without a broker.
+//!
+//! Its twin of the real adapters' contract: one completion per record taken, none for a record
+//! refused in [`Sink::send`], nothing completed after [`Sink::abandon`].
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::{Completion, Completions, FailureKind, Refusal, Sink, SinkFailure, SinkRecord};
+
+/// A record as the sink received it, owning its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stored {
+    pub(crate) destination: String,
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Option<Vec<u8>>,
+    /// `id` first, then the record's headers, then the extra ones, as a broker would get them.
+    pub(crate) headers: Vec<(String, Option<Vec<u8>>)>,
+    pub(crate) dedup_key: Option<String>,
+    pub(crate) timestamp_ms: Option<i64>,
+}
+
+impl Stored {
+    pub(crate) fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.as_deref())
+    }
+}
+
+struct State<Tag> {
+    /// Every record taken, in order.
+    stored: Vec<Stored>,
+    /// Taken and not completed yet.
+    pending: VecDeque<Box<Tag>>,
+    /// Refuse records to this destination in `send` (as a client refusing a name locally).
+    refuse: Option<String>,
+    abandoned: bool,
+}
+
+/// The sink; the test keeps a [`MemoryHandle`] to look and complete.
+pub(crate) struct MemorySink<Tag> {
+    state: Arc<Mutex<State<Tag>>>,
+}
+
+/// The test's side of a [`MemorySink`].
+pub(crate) struct MemoryHandle<Tag> {
+    state: Arc<Mutex<State<Tag>>>,
+    tx: mpsc::UnboundedSender<Completion<Tag>>,
+}
+
+/// A sink that completes nothing until the test says so.
+pub(crate) fn memory<Tag: Send + 'static>() -> (MemorySink<Tag>, MemoryHandle<Tag>, Completions<Tag>) {
+    let state = Arc::new(Mutex::new(State {
+        stored: Vec::new(),
+        pending: VecDeque::new(),
+        refuse: None,
+        abandoned: false,
+    }));
+    let (tx, rx) = mpsc::unbounded_channel();
+    (
+        MemorySink {
+            state: Arc::clone(&state),
+        },
+        MemoryHandle { state, tx },
+        rx,
+    )
+}
+
+impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
+    fn send(
+        &self,
+        record: &SinkRecord<'_>,
+        extra: &[(&str, &[u8])],
+        dedup_key: Option<&str>,
+        tag: Box<Tag>,
+    ) -> Result<(), Refusal<Tag>> {
+        let mut state = self.state.lock().unwrap();
+        if state.refuse.as_deref() == Some(&*record.destination) {
+            return Err(Refusal {
+                tag,
+                failure: SinkFailure {
+                    kind: FailureKind::Refused,
+                    destination: record.destination.clone().into_owned(),
+                    partition: None,
+                    event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
+                    cause: "refused by the test".into(),
+                },
+            });
+        }
+        let mut headers = vec![("id".to_owned(), Some(record.event_id.to_vec()))];
+        headers.extend(
+            record
+                .headers
+                .iter()
+                .map(|(n, v)| (n.clone().into_owned(), v.as_deref().map(<[u8]>::to_vec))),
+        );
+        headers.extend(extra.iter().map(|(n, v)| ((*n).to_owned(), Some(v.to_vec()))));
+        state.stored.push(Stored {
+            destination: record.destination.clone().into_owned(),
+            key: record.key.to_vec(),
+            value: record.value.as_deref().map(<[u8]>::to_vec),
+            headers,
+            dedup_key: dedup_key.map(str::to_owned),
+            timestamp_ms: record.timestamp_ms,
+        });
+        state.pending.push_back(tag);
+        Ok(())
+    }
+
+    fn abandon(self: Box<Self>, _wait: Duration) {
+        let mut state = self.state.lock().unwrap();
+        state.abandoned = true;
+        state.pending.clear();
+    }
+}
+
+impl<Tag> MemoryHandle<Tag> {
+    /// Every record the sink took, in order.
+    pub(crate) fn stored(&self) -> Vec<Stored> {
+        self.state.lock().unwrap().stored.clone()
+    }
+
+    /// Records taken and not completed.
+    pub(crate) fn pending(&self) -> usize {
+        self.state.lock().unwrap().pending.len()
+    }
+
+    pub(crate) fn abandoned(&self) -> bool {
+        self.state.lock().unwrap().abandoned
+    }
+
+    /// From now on `send` refuses records to `destination` (a local refusal: no completion).
+    pub(crate) fn refuse(&self, destination: &str) {
+        self.state.lock().unwrap().refuse = Some(destination.to_owned());
+    }
+
+    /// Completes the oldest `n` pending records as delivered.
+    pub(crate) fn deliver(&self, n: usize) {
+        self.complete(n, |_| Ok(()));
+    }
+
+    /// Completes the oldest pending record with a failure of `kind`.
+    pub(crate) fn fail_next(&self, kind: FailureKind, cause: &str) {
+        self.complete(1, |_| {
+            Err(SinkFailure {
+                kind,
+                destination: String::new(),
+                partition: None,
+                event_id: None,
+                cause: cause.to_owned(),
+            })
+        });
+    }
+
+    fn complete(&self, n: usize, outcome: impl Fn(&Tag) -> Result<(), SinkFailure>) {
+        let mut state = self.state.lock().unwrap();
+        for _ in 0..n {
+            let Some(tag) = state.pending.pop_front() else { return };
+            let outcome = outcome(&tag);
+            let _ = self.tx.send(Completion { tag, outcome });
+        }
+    }
+}
+
+/// A record for tests, to `destination` keyed `key`.
+pub(crate) fn record<'a>(destination: &'a str, key: &'a [u8], value: &'a [u8], id: &'a [u8]) -> SinkRecord<'a> {
+    SinkRecord {
+        destination: Cow::Borrowed(destination),
+        key: Cow::Borrowed(key),
+        value: Some(Cow::Borrowed(value)),
+        event_id: id,
+        timestamp_ms: None,
+        headers: Cow::Borrowed(&[]),
+        partition: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_order_and_completes_once_per_record_taken() {
+        let (sink, handle, mut completions) = memory::<u32>();
+        sink.send(&record("a", b"k", b"1", b"id1"), &[("x", b"y")], None, Box::new(1))
+            .unwrap();
+        handle.refuse("bad");
+        let refused = sink
+            .send(&record("bad", b"k", b"2", b"id2"), &[], None, Box::new(2))
+            .unwrap_err();
+        assert_eq!(*refused.tag, 2);
+        assert!(refused.failure.is_refusal());
+        sink.send(&record("a", b"k", b"3", b"id3"), &[], None, Box::new(3))
+            .unwrap();
+        let stored = handle.stored();
+        assert_eq!(stored.len(), 2);
+        assert_eq!(stored[0].header("id"), Some(&b"id1"[..]));
+        assert_eq!(stored[0].header("x"), Some(&b"y"[..]));
+        handle.deliver(1);
+        handle.fail_next(FailureKind::Transient, "down");
+        let first = completions.try_recv().unwrap();
+        assert_eq!((*first.tag, first.outcome.is_ok()), (1, true));
+        let second = completions.try_recv().unwrap();
+        assert_eq!(*second.tag, 3);
+        assert_eq!(second.outcome.unwrap_err().kind, FailureKind::Transient);
+        assert!(completions.try_recv().is_err());
+        Box::new(sink).abandon(Duration::ZERO);
+        assert!(handle.abandoned());
+    }
+}

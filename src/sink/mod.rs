@@ -1,0 +1,224 @@
+//! Sinks: the brokers outbox events go to, behind one publish interface.
+//!
+//! The domain builds a [`SinkRecord`] — destination (the routed name: a Kafka topic, a NATS
+//! subject, …), key, value bytes, the event `id`, headers, timestamp — and checks it against the
+//! sink's [`SinkLimits`] (its name rule and largest message). A pipeline (the relay, `poll`,
+//! `setup --backfill`) hands records to a [`Sink`] with a tag of its own and gets exactly one
+//! [`Completion`] back per record it handed over, on the channel [`create`] returned: delivered,
+//! or a [`SinkFailure`] whose [`FailureKind`] says what the caller does — the record is refused
+//! for what it is (a bad event), the broker or network failed (replay), or an operator must act.
+//! Each adapter maps its broker's errors onto those kinds inside its own folder.
+//!
+//! Invariants every adapter keeps:
+//! * **Delivered means stored**: a completion is `Ok` only once the broker acknowledged the
+//!   record as durably as it can (Kafka `acks=all`).
+//! * **Order**: records of one key reach the broker in the order they were handed over, and
+//!   nothing handed over after a record that failed is stored ahead of it — so a replay keeps
+//!   each aggregate's first deliveries in commit order.
+//! * **Nothing after abandon**: [`Sink::abandon`] drops what is still queued and waits (bounded)
+//!   for what is on the wire; a new sink replays.
+//!
+//! Adding a sink: a folder `src/sink/<name>/` with the adapter, a section `[<name>]` in
+//! `src/config/`, and one line in [`create`] (docs/architecture.md, "Adding a sink").
+
+pub(crate) mod kafka;
+#[cfg(test)]
+pub(crate) mod memory;
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::config::sink::SinkKind;
+use crate::config::Settings;
+
+/// One extra header of a record: name and value (`None`: a null header).
+pub(crate) type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
+
+/// One record for a sink, borrowed from whatever the caller keeps (the sink copies what it
+/// needs before [`Sink::send`] returns).
+///
+/// Not every record is an event: a dead letter is a record made from an event's raw form.
+/// Events become records only through `crate::outbox::event::OutboxEvent::record`, dead letters
+/// through `crate::outbox::bad_event::RawEvent::dead_letter`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SinkRecord<'a> {
+    /// The routed name: Kafka topic, NATS subject, AMQP routing key, Redis stream key.
+    pub(crate) destination: Cow<'a, str>,
+    pub(crate) key: Cow<'a, [u8]>,
+    /// `None`: a null value (a Kafka tombstone).
+    pub(crate) value: Option<Cow<'a, [u8]>>,
+    /// Sent as the first header, `id` (consumers deduplicate on it).
+    pub(crate) event_id: &'a [u8],
+    pub(crate) timestamp_ms: Option<i64>,
+    /// Sent after `id`, in this order.
+    pub(crate) headers: Cow<'a, [RecordHeader<'a>]>,
+    /// Kafka only (`[debezium]` partition placement): `None` lets the sink choose.
+    pub(crate) partition: Option<i32>,
+}
+
+impl SinkRecord<'_> {
+    /// What this record costs against the in-flight byte budget.
+    pub(crate) fn size(&self) -> usize {
+        self.key.len()
+            + self.value.as_ref().map_or(0, |p| p.len())
+            + self.event_id.len()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()))
+                .sum::<usize>()
+    }
+}
+
+/// What a sink accepts, known from the configuration before anything is sent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SinkLimits {
+    /// The destination name rule: `Err` says what is wrong with the name.
+    pub(crate) check_name: fn(&str) -> Result<(), String>,
+    /// The largest message the sink sends (value, key and headers as the broker counts them).
+    pub(crate) max_message_bytes: usize,
+}
+
+/// What a failed record means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The broker (or the client, locally) refused the record for what it *is* — its size,
+    /// name, shape — so sending it again can never succeed: `relay.on_bad_event` decides. A
+    /// refusal in a completion may have been of a whole batch the record was in (Kafka), so the
+    /// relay sends it again alone before calling it bad (`relay/quarantine.rs`).
+    Refused,
+    /// The broker, the network or the client failed: a new session replays.
+    Transient,
+}
+
+/// A record the sink could not deliver: what failed, and what it means ([`FailureKind`]).
+#[derive(Debug, Clone)]
+pub struct SinkFailure {
+    pub(crate) kind: FailureKind,
+    pub(crate) destination: String,
+    /// Kafka: the partition the client had chosen, if any.
+    pub(crate) partition: Option<i32>,
+    pub(crate) event_id: Option<String>,
+    /// The broker's or client's own words.
+    pub(crate) cause: String,
+}
+
+impl SinkFailure {
+    pub(crate) fn is_refusal(&self) -> bool {
+        self.kind == FailureKind::Refused
+    }
+}
+
+impl std::fmt::Display for SinkFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "event id={} to {:?}{} failed: {}",
+            self.event_id.as_deref().unwrap_or("?"),
+            self.destination,
+            self.partition.map(|p| format!(" partition {p}")).unwrap_or_default(),
+            self.cause
+        )
+    }
+}
+
+impl std::error::Error for SinkFailure {}
+
+/// The outcome of one record, with the tag it was sent with.
+#[derive(Debug)]
+pub(crate) struct Completion<Tag> {
+    pub(crate) tag: Box<Tag>,
+    pub(crate) outcome: Result<(), SinkFailure>,
+}
+
+/// A record [`Sink::send`] did not take (nothing was queued; no completion will follow).
+#[derive(Debug)]
+pub(crate) struct Refusal<Tag> {
+    pub(crate) tag: Box<Tag>,
+    pub(crate) failure: SinkFailure,
+}
+
+/// The completions of one sink, one per record it took.
+pub(crate) type Completions<Tag> = mpsc::UnboundedReceiver<Completion<Tag>>;
+
+/// A new sink and the channel its completions arrive on.
+pub(crate) type SinkWithCompletions<Tag> = (Box<dyn Sink<Tag>>, Completions<Tag>);
+
+/// The sink could not be created, or its broker not prepared or checked.
+#[derive(Debug, thiserror::Error)]
+#[error("{sink}: {cause}")]
+pub struct SinkError {
+    /// The broker's name for people: "Kafka", "NATS JetStream", …
+    pub(crate) sink: &'static str,
+    /// What failed and what to do about it.
+    pub(crate) cause: String,
+    /// The broker is unreachable or busy (retry with backoff), as opposed to a configuration or
+    /// permission problem an operator must fix.
+    pub(crate) transient: bool,
+}
+
+/// How `relay.delivery = "exactly-once"` avoids republishing what a sink already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExactlyOnce {
+    /// The relay reads back the tail of each partition it replays into and skips the positions
+    /// it finds there (Kafka: `relay/resume.rs`).
+    ReadBack,
+    /// The broker drops a record whose deduplication key ([`Sink::send`]'s `dedup_key`) it has
+    /// seen within its window; the relay sends every replayed record.
+    BrokerDeduplicates,
+    /// Not possible with this sink: the reason, for the config error.
+    #[allow(dead_code)] // until a sink that cannot (AMQP 0-9-1 has no deduplication) is added
+    Unsupported(&'static str),
+}
+
+/// One publish interface for every broker. `send` never blocks: the sink queues the record
+/// and reports its outcome later as a [`Completion`].
+pub(crate) trait Sink<Tag>: Send + Sync {
+    /// Hands over one record; `extra` headers follow the record's own (the relay's source
+    /// position in exactly-once mode). `dedup_key` (exactly-once mode) names the record's
+    /// source position uniquely; a sink whose broker deduplicates ([`ExactlyOnce`]) gives it to
+    /// the broker, the others ignore it.
+    fn send(
+        &self,
+        record: &SinkRecord<'_>,
+        extra: &[(&str, &[u8])],
+        dedup_key: Option<&str>,
+        tag: Box<Tag>,
+    ) -> Result<(), Refusal<Tag>>;
+
+    /// Gives up on this sink: drops what is still queued and waits, at most `wait`, for what is
+    /// on the wire, so a replay by the next sink cannot be overtaken by stragglers. Blocks.
+    fn abandon(self: Box<Self>, wait: Duration);
+}
+
+/// The configured sink's limits (the same whatever instance [`create`] makes).
+pub(crate) fn limits(settings: &Settings) -> SinkLimits {
+    match settings.sink {
+        SinkKind::Kafka => kafka::limits(&settings.kafka),
+    }
+}
+
+/// How the configured sink supports exactly-once delivery.
+pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
+    match kind {
+        SinkKind::Kafka => ExactlyOnce::ReadBack,
+    }
+}
+
+/// Creates the configured sink (connecting, where the broker needs a connection); `max_in_flight`
+/// is the caller's budget, which the sink's own queue must never refuse. Called inside a tokio
+/// runtime, whose tasks an adapter may use for its I/O. The one place that knows every sink.
+pub(crate) async fn create<Tag: Send + Sync + 'static>(
+    settings: &Settings,
+    max_in_flight: usize,
+) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    Ok(match settings.sink {
+        SinkKind::Kafka => boxed(kafka::producer::Publisher::create(&settings.kafka, max_in_flight)?),
+    })
+}
+
+fn boxed<Tag, S: Sink<Tag> + 'static>((sink, completions): (S, Completions<Tag>)) -> SinkWithCompletions<Tag> {
+    (Box::new(sink), completions)
+}
