@@ -130,6 +130,17 @@ impl RelayConfig {
         self
     }
 
+    /// Publishes to another sink: `[sink] kind = kind`, no `[kafka]` section, and
+    /// `[kind] key = value` for each of `section` (e.g. `("nats", &[("url", …), ("stream", …)])`).
+    pub fn sink(mut self, kind: &str, section: &[(&str, &str)]) -> Self {
+        self.kafka.clear();
+        self = self.set("sink", "kind", kind);
+        for (key, value) in section {
+            self = self.set(kind, key, *value);
+        }
+        self
+    }
+
     /// Sets `[section] key = value` (dotted `section` such as `outbox` only; one level).
     pub fn set(mut self, section: &str, key: &str, value: impl Into<Value>) -> Self {
         self.extra.push((section.into(), key.into(), value.into()));
@@ -169,7 +180,10 @@ impl RelayConfig {
         root.insert("postgres".into(), Value::Table(pg));
         root.insert("outbox".into(), Value::Table(outbox));
         root.insert("route".into(), Value::Table(route));
-        root.insert("kafka".into(), Value::Table(kafka));
+        // Empty only after `sink(…)`: another broker's config must not have a [kafka] section.
+        if !kafka.is_empty() {
+            root.insert("kafka".into(), Value::Table(kafka));
+        }
         root.insert("relay".into(), Value::Table(relay));
         for (section, key, value) in &self.extra {
             let entry = root
