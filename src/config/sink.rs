@@ -29,6 +29,13 @@ pub enum SinkKind {
 const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka)];
 
 impl SinkKind {
+    /// The broker's name for people, in log lines.
+    pub(crate) fn broker_name(self) -> &'static str {
+        match self {
+            SinkKind::Kafka => "Kafka",
+        }
+    }
+
     /// The config word for this kind, which is also its section's name.
     pub(crate) fn label(self) -> &'static str {
         KINDS.iter().find(|(_, k)| *k == self).map_or("kafka", |(name, _)| name)

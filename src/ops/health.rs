@@ -8,7 +8,7 @@
 //! `[http] ready_max_lag_seconds`, or standing by while the slot is healthy (so it can take
 //! over). Starting, reconnecting and stopping are not ready.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -48,6 +48,8 @@ pub(crate) struct RelayHealth {
     slot: Mutex<Option<Result<(), String>>>,
     /// Exactly-once: a takeover's wait in force, described (`relay/takeover.rs`).
     fence: Mutex<Option<String>>,
+    /// WAL the slot keeps, from the slot monitor's last look (-1: unknown).
+    retained_wal_bytes: AtomicI64,
 }
 
 impl Default for RelayHealth {
@@ -57,6 +59,7 @@ impl Default for RelayHealth {
             seconds_behind_bits: AtomicU64::new(0f64.to_bits()),
             slot: Mutex::new(None),
             fence: Mutex::new(None),
+            retained_wal_bytes: AtomicI64::new(-1),
         }
     }
 }
@@ -81,6 +84,15 @@ impl RelayHealth {
 
     pub(crate) fn seconds_behind(&self) -> f64 {
         f64::from_bits(self.seconds_behind_bits.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_retained_wal_bytes(&self, bytes: i64) {
+        self.retained_wal_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// WAL the slot keeps, as last seen (`None` before the first slot check).
+    pub(crate) fn retained_wal_bytes(&self) -> Option<i64> {
+        Some(self.retained_wal_bytes.load(Ordering::Relaxed)).filter(|b| *b >= 0)
     }
 
     /// Records the outcome of a slot check (`Err` says what is wrong).

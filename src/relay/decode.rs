@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::error::RelayError;
 use super::stream::{CachedRelation, FrameAction, OpenTxn, StreamState};
@@ -106,8 +106,18 @@ impl StreamState<'_> {
         let table = &self.settings.outbox.table;
         let layout = if relation.namespace == table.schema.as_str() && relation.name == table.name.as_str() {
             let layout = OutboxLayout::resolve(&self.settings.outbox, &relation, &self.bytea, self.debezium.as_ref())?;
-            if self.relations.contains_key(&relation.oid) {
-                info!(table = %table, columns = relation.columns.len(), "outbox table changed shape; column mapping refreshed");
+            // PostgreSQL re-sends a table's Relation after every cache invalidation: only a
+            // real change is news.
+            match self
+                .relations
+                .get(&relation.oid)
+                .map(|known| shape_change(&known.relation, &relation))
+            {
+                Some(Some(change)) => {
+                    info!(table = %table, change = %change, "outbox table changed shape; column mapping refreshed")
+                }
+                Some(None) => debug!(table = %table, "outbox table's Relation re-sent unchanged"),
+                None => {}
             }
             Some(layout)
         } else {
@@ -143,6 +153,57 @@ impl StreamState<'_> {
             RawEvent::row(&table(), &cached.relation, &insert.new, key)
         })
     }
+}
+
+/// What differs between two Relation messages of one table, for people (`None`: nothing that
+/// matters to the mapping — the columns, their types and order).
+fn shape_change(old: &Relation, new: &Relation) -> Option<String> {
+    let same = |a: &pgoutput::RelationColumn, b: &pgoutput::RelationColumn| {
+        a.name == b.name && a.type_oid == b.type_oid && a.type_modifier == b.type_modifier
+    };
+    if old.columns.len() == new.columns.len() && old.columns.iter().zip(&new.columns).all(|(a, b)| same(a, b)) {
+        return None;
+    }
+    let find = |cols: &[pgoutput::RelationColumn], name: &str| cols.iter().position(|c| c.name == name);
+    let mut parts = Vec::new();
+    let added: Vec<&str> = new
+        .columns
+        .iter()
+        .filter(|c| find(&old.columns, &c.name).is_none())
+        .map(|c| c.name.as_str())
+        .collect();
+    let removed: Vec<&str> = old
+        .columns
+        .iter()
+        .filter(|c| find(&new.columns, &c.name).is_none())
+        .map(|c| c.name.as_str())
+        .collect();
+    let retyped: Vec<String> = new
+        .columns
+        .iter()
+        .filter_map(|c| {
+            let before = &old.columns[find(&old.columns, &c.name)?];
+            (before.type_oid != c.type_oid || before.type_modifier != c.type_modifier).then(|| {
+                format!(
+                    "{} (type {}/{} → {}/{})",
+                    c.name, before.type_oid, before.type_modifier, c.type_oid, c.type_modifier
+                )
+            })
+        })
+        .collect();
+    if !added.is_empty() {
+        parts.push(format!("added {}", added.join(", ")));
+    }
+    if !removed.is_empty() {
+        parts.push(format!("removed {}", removed.join(", ")));
+    }
+    if !retyped.is_empty() {
+        parts.push(format!("retyped {}", retyped.join(", ")));
+    }
+    if parts.is_empty() {
+        parts.push("columns reordered".into());
+    }
+    Some(parts.join("; "))
 }
 
 #[cfg(test)]
@@ -197,5 +258,30 @@ mod tests {
             state.on_frame(xlog(COMMITTED + 60 * SECOND_US, &begin(0x600))).unwrap();
             assert!(state.catching_up(std::time::Duration::from_secs(1)));
         });
+    }
+
+    #[test]
+    fn only_a_real_change_of_the_columns_is_a_shape_change() {
+        let cols = |c: &[&str]| Relation::text_columns("public", "events_outbox", c);
+        let known = cols(&["id", "type", "payload"]);
+        assert_eq!(shape_change(&known, &cols(&["id", "type", "payload"])), None);
+        assert_eq!(
+            shape_change(&known, &cols(&["id", "type", "payload", "trace"])).as_deref(),
+            Some("added trace")
+        );
+        assert_eq!(
+            shape_change(&known, &cols(&["id", "payload"])).as_deref(),
+            Some("removed type")
+        );
+        let mut retyped = cols(&["id", "type", "payload"]);
+        retyped.columns[2].type_oid = 3802;
+        assert_eq!(
+            shape_change(&known, &retyped).as_deref(),
+            Some("retyped payload (type 25/-1 → 3802/-1)")
+        );
+        assert_eq!(
+            shape_change(&known, &cols(&["type", "id", "payload"])).as_deref(),
+            Some("columns reordered")
+        );
     }
 }

@@ -169,6 +169,11 @@ impl RelayError {
         }
     }
 
+    /// The broker did not take or acknowledge an event (the session replays).
+    pub(crate) fn is_delivery_failure(&self) -> bool {
+        matches!(self, RelayError::DeliveryFailed { .. })
+    }
+
     /// The session could not reach a primary, or lost it: the link broke, no host answered or
     /// none was the primary, or we reached a standby's synchronized copy of the slot. What a
     /// failover looks like from here.

@@ -30,6 +30,7 @@ pub(crate) mod watermark;
 pub(crate) mod error;
 pub(crate) mod heartbeat;
 mod lag;
+mod outage;
 mod progress;
 mod publication;
 pub(crate) mod quarantine;
@@ -84,6 +85,10 @@ pub(crate) struct SessionContext {
     /// Commit time (µs) of the latest transaction with events any session of this process
     /// confirmed: the recovery point named when the slot turns out to be gone.
     pub(crate) last_confirmed_commit_unix_us: Option<i64>,
+    /// Whether the broker acknowledges, across sessions (`outage.rs`).
+    pub(crate) broker: outage::BrokerWatch,
+    /// Failed sessions in a row (`outage.rs`).
+    pub(crate) reconnects: outage::Reconnects,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
@@ -120,6 +125,8 @@ pub(crate) async fn run(
         publication_noted: false,
         predecessor: takeover::Predecessor::None,
         last_confirmed_commit_unix_us: None,
+        broker: Default::default(),
+        reconnects: Default::default(),
     };
     let (done, outcome) = tokio::sync::oneshot::channel();
     let settings = settings.clone();
@@ -182,7 +189,14 @@ async fn supervise(
                 if settings.postgres.host_ports().len() > 1 && e.is_connection_failure() {
                     delay = delay.min(FAILOVER_POLL);
                 }
-                warn!(slot = %settings.postgres.slot, error = %e, retry_in_ms = delay.as_millis() as u64, "reconnecting");
+                if ctx.broker.stalled() && e.is_delivery_failure() {
+                    // Part of the broker outage the log already reports (`outage.rs`).
+                    ctx.broker.session_restarted();
+                    info!(slot = %settings.postgres.slot, error = %e, retry_in_ms = delay.as_millis() as u64, "restarting the session during the broker outage");
+                } else {
+                    ctx.reconnects
+                        .failed(Instant::now(), settings.postgres.slot.as_str(), &e, delay);
+                }
                 if wait_or_shutdown(delay, shutdown).await {
                     return Ok(());
                 }

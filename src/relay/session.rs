@@ -36,6 +36,7 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::error::RelayError;
+use super::outage::Waiting;
 use super::receive;
 use super::resume::{self, DoneReceiver, Resume};
 use super::silence::Silence;
@@ -127,6 +128,7 @@ pub(crate) async fn run_session(
         "streaming started"
     );
     ctx.health.set_mode(Mode::Streaming);
+    ctx.reconnects.streaming(std::time::Instant::now(), slot_name);
     drop(control);
     let _heartbeat = heartbeat::spawn(settings, &ctx.side);
     // Lent to the session's state and handed back after the wind-down, for the next session.
@@ -175,8 +177,13 @@ pub(crate) async fn run_session(
         fence,
     )
     .await;
-    if let Err(e) = &outcome {
-        warn!(error = %e, slot = %settings.postgres.slot, "stopping stream");
+    match &outcome {
+        // The outage summary says it (`outage.rs`).
+        Err(e) if ctx.broker.stalled() && e.is_delivery_failure() => {
+            info!(error = %e, slot = %settings.postgres.slot, "stopping stream")
+        }
+        Err(e) => warn!(error = %e, slot = %settings.postgres.slot, "stopping stream"),
+        Ok(_) => {}
     }
     // A paused holder may have been taken over: what it still has queued must not reach Kafka
     // after the new holder read back, so nothing is waited for (`takeover.rs`).
@@ -212,6 +219,7 @@ async fn stream(
     let mut silence = Silence::new(settings.relay.receive_timeout, Instant::now());
     let gauges = StreamGauges::default();
     let slot_name = settings.postgres.slot.as_str();
+    let broker = settings.sink.broker_name();
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     loop {
         if *shutdown.borrow() {
@@ -234,6 +242,14 @@ async fn stream(
                 let progress = state.progress(now_unix_us());
                 gauges.set(&progress);
                 ctx.health.set_seconds_behind(progress.seconds_behind);
+                let waiting = Waiting {
+                    events: progress.in_flight_events,
+                    bytes: progress.in_flight_bytes,
+                    oldest_commit_unix_us: (progress.seconds_behind > 0.0)
+                        .then(|| now_unix_us() - (progress.seconds_behind * 1e6) as i64),
+                    retained_wal_bytes: ctx.health.retained_wal_bytes(),
+                };
+                ctx.broker.tick(std::time::Instant::now(), &waiting, broker, state.publisher.complaint());
                 if show_fence(&mut fence, state, &ctx.health) {
                     ctx.predecessor = Predecessor::None;
                 }
@@ -246,6 +262,9 @@ async fn stream(
             n = deliveries.recv_many(&mut batch, DELIVERY_BATCH) => {
                 if n == 0 {
                     return Err(RelayError::Protocol("the producer's delivery channel closed".into()));
+                }
+                if batch.iter().any(|d| d.outcome.is_ok()) {
+                    ctx.broker.acknowledged(std::time::Instant::now(), broker);
                 }
                 // Apply the whole batch even after a failure: dropping reports would leave
                 // their events counted as in flight and stall the wind-down.

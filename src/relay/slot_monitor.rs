@@ -159,6 +159,7 @@ impl Monitor {
         }
         if let Some(bytes) = row.as_ref().and_then(|r| r.retained_wal_bytes) {
             ::metrics::gauge!(metrics::SLOT_RETAINED_WAL_BYTES).set(bytes as f64);
+            self.health.set_retained_wal_bytes(bytes);
         }
         if let Some(ready) = self.failover_ready().await {
             ::metrics::gauge!(metrics::SLOT_FAILOVER_READY).set(if ready { 1.0 } else { 0.0 });

@@ -191,6 +191,12 @@ pub(crate) trait Sink<Tag>: Send + Sync {
     /// Gives up on this sink: drops what is still queued and waits, at most `wait`, for what is
     /// on the wire, so a replay by the next sink cannot be overtaken by stragglers. Blocks.
     fn abandon(self: Box<Self>, wait: Duration);
+
+    /// The broker's or client's latest complaint about the connection (e.g. "all brokers are
+    /// down"), for the outage summary (`relay/outage.rs`); `None` when it has none to offer.
+    fn complaint(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The configured sink's limits (the same whatever instance [`create`] makes).

@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
@@ -25,6 +25,7 @@ use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use super::logs::ClientLog;
 use crate::config::kafka::KafkaProperties;
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
@@ -55,9 +56,18 @@ pub(crate) fn is_record_rejection(error: &KafkaError) -> bool {
 
 pub(crate) struct DeliveryReports<Tag> {
     tx: mpsc::UnboundedSender<Completion<Tag>>,
+    log: ClientLog,
 }
 
-impl<Tag: Send + Sync + 'static> ClientContext for DeliveryReports<Tag> {}
+impl<Tag: Send + Sync + 'static> ClientContext for DeliveryReports<Tag> {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.log.log(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.log.error(&error, reason);
+    }
+}
 
 impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
     type DeliveryOpaque = Box<Tag>;
@@ -128,7 +138,10 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let producer = config
-            .create_with_context(DeliveryReports { tx })
+            .create_with_context(DeliveryReports {
+                tx,
+                log: ClientLog::default(),
+            })
             .map_err(|e| SinkError {
                 sink: "Kafka",
                 cause: format!("cannot create the producer: {e}. Check the [kafka] properties"),
@@ -200,5 +213,9 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
 
     fn abandon(self: Box<Self>, wait: Duration) {
         self.abandon_now(wait);
+    }
+
+    fn complaint(&self) -> Option<String> {
+        self.producer.context().log.last_error()
     }
 }

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use super::logs::QuietContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedHeaders, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
@@ -120,7 +122,7 @@ impl ReadBackError {
 /// A consumer that reads partitions' tails for [`TailReader::own_since`]; one per streaming
 /// session, reused for every partition it checks.
 pub(crate) struct TailReader {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<QuietContext>,
     timeout: Duration,
     max_records: u64,
 }
@@ -149,7 +151,7 @@ impl TailReader {
             // read, not a steady consumer).
             .set("fetch.wait.max.ms", "10")
             .set("isolation.level", "read_uncommitted");
-        let consumer: BaseConsumer = config.create()?;
+        let consumer: BaseConsumer<QuietContext> = config.create_with_context(QuietContext::default())?;
         Ok(TailReader {
             consumer,
             timeout,
