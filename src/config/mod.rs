@@ -189,6 +189,7 @@ impl Settings {
         let relay = file.relay.validate()?;
         if relay.delivery == relay::Delivery::ExactlyOnce && sink == SinkKind::Kafka {
             validate_exactly_once_timeout(&kafka, &relay)?;
+            validate_exactly_once_partitioner(&kafka)?;
             kafka.bound_message_timeout();
         }
         Ok(Settings {
@@ -237,6 +238,23 @@ impl Settings {
 const TAKEOVER_FENCE_MARGIN: Duration = Duration::from_secs(1);
 /// A takeover fence longer than this is warned about at start.
 const SLOW_TAKEOVER: Duration = Duration::from_secs(60);
+
+/// Exactly-once reads back the partition a record's key maps to, computed with Java's murmur2
+/// (`murmur2_random`, the default): another partitioner would send records elsewhere, the
+/// read-back would look in the wrong partitions and replays would be duplicated silently.
+fn validate_exactly_once_partitioner(kafka: &KafkaProperties) -> Result<(), ConfigError> {
+    match kafka.0.get("partitioner").map(String::as_str) {
+        None | Some("murmur2_random") => Ok(()),
+        Some(other) => Err(ConfigError::Invalid {
+            key: "kafka",
+            message: format!(
+                "partitioner = {other:?} with relay.delivery = \"exactly-once\": the read-back finds a record's \
+                 partition with murmur2 (partitioner = \"murmur2_random\", the default), so replays would go \
+                 unchecked. Remove the partitioner key, or set relay.delivery = \"at-least-once\""
+            ),
+        }),
+    }
+}
 
 /// Exactly-once with a user-set message timeout: it must leave room for the stream's batching
 /// (`linger.ms`) and be a number.

@@ -219,6 +219,20 @@ fn exactly_once_with_a_long_message_timeout_is_warned_about_and_a_tiny_one_refus
     assert!(load(&format!("{MINIMAL}\"message.timeout.ms\" = 500\n"), &[]).is_ok());
 }
 
+#[test]
+fn exactly_once_refuses_a_partitioner_its_read_back_cannot_follow() {
+    let eo = |kafka: &str| load(&format!("{MINIMAL}{kafka}[relay]\ndelivery = \"exactly-once\"\n"), &[]);
+    let err = eo("partitioner = \"consistent_random\"\n").unwrap_err().to_string();
+    assert!(
+        err.contains("\"consistent_random\"") && err.contains("murmur2_random") && err.contains("at-least-once"),
+        "{err}"
+    );
+    assert!(eo("partitioner = \"murmur2_random\"\n").is_ok());
+    assert!(eo("").is_ok());
+    // At-least-once reads nothing back: any partitioner is the user's business.
+    assert!(load(&format!("{MINIMAL}partitioner = \"consistent_random\"\n"), &[]).is_ok());
+}
+
 mod bad_event_props {
     use super::*;
     use crate::config::relay::BadEventPolicy;

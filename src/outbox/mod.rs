@@ -1,17 +1,19 @@
 //! The domain: what an outbox event is, independent of how it was read or where it goes.
 //!
 //! - [`event`]: [`event::OutboxEvent`], the one event type every source produces, and the one way
-//!   from an event to a Kafka record; [`event::BadEvent`], why that can fail;
+//!   from an event to a sink's record (`crate::sink::SinkRecord`);
 //! - [`layout`]: the event of a streamed row (column mapping over pgoutput Relations);
 //! - [`message`]: the event of a `pg_logical_emit_message`;
 //! - [`payload`]: the record value of the payload column (text as is, `bytea` decoded to its bytes);
 //! - [`timestamp`]: the record timestamp from the timestamp column's text;
-//! - [`routing`]: the topic of an event (the configured `[route]` rule, then Kafka's name rule);
-//! - [`bad_event`]: what happens to a bad event, and its dead letter;
+//! - [`routing`]: the destination of an event (the configured `[route]` rule, then the sink's
+//!   name rule);
+//! - [`bad_event`]: [`bad_event::BadEvent`], why an event cannot be published, and its dead letter;
 //! - [`connect`]: the record in Debezium's format (`[debezium]`: Connect schemas, converters,
 //!   the EventRouter's expansion and placements).
 //!
-//! Invariant: pure (no I/O); imports only `config` and the adapters' value types.
+//! Invariant: pure (no I/O); imports only `config` and the adapters' value types — of the sinks,
+//! only the interface (`crate::sink`), never a broker's adapter.
 
 pub(crate) mod bad_event;
 pub(crate) mod connect;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tracing::{debug, info};
 
-use super::error::RelayError;
+use super::error::{RelayError, StreamViolation};
 use super::stream::{CachedRelation, FrameAction, OpenTxn, StreamState};
 use crate::outbox::bad_event::RawEvent;
 use crate::outbox::layout::OutboxLayout;
@@ -72,17 +72,15 @@ impl StreamState<'_> {
                 });
             }
             LogicalMessage::Commit(c) => {
-                let txn = self
-                    .open
-                    .take()
-                    .ok_or_else(|| RelayError::Protocol("Commit without Begin".into()))?;
+                let txn = self.open.take().ok_or(StreamViolation::CommitWithoutBegin)?;
                 // The commit must be the one Begin announced; anything else means frames were
                 // lost or reordered, and confirming this transaction could skip another.
                 if c.commit_lsn != txn.commit_lsn {
-                    return Err(RelayError::Protocol(format!(
-                        "Commit at {} does not match its Begin's final LSN {}",
-                        c.commit_lsn, txn.commit_lsn
-                    )));
+                    return Err(StreamViolation::CommitMismatch {
+                        commit: c.commit_lsn,
+                        begin: txn.commit_lsn,
+                    }
+                    .into());
                 }
                 self.watermark.commit(txn.ticket, c.end_lsn)?;
                 self.received = self.received.max(c.end_lsn);
@@ -129,12 +127,11 @@ impl StreamState<'_> {
     }
 
     fn on_insert(&mut self, insert: Insert) -> Result<(), RelayError> {
-        let cached = self.relations.get(&insert.relation_oid).cloned().ok_or_else(|| {
-            RelayError::Protocol(format!(
-                "Insert for relation {} before its Relation message",
-                insert.relation_oid
-            ))
-        })?;
+        let cached = self
+            .relations
+            .get(&insert.relation_oid)
+            .cloned()
+            .ok_or(StreamViolation::InsertBeforeRelation(insert.relation_oid))?;
         let Some(layout) = &cached.layout else { return Ok(()) };
         let settings = self.settings;
         let table = || settings.outbox.table.to_string();
@@ -231,7 +228,10 @@ mod tests {
         with_state(|state| {
             state.on_frame(xlog(COMMITTED, &begin(0x500))).unwrap();
             let err = state.on_frame(xlog(COMMITTED, &commit(0x600, 0x610))).unwrap_err();
-            assert!(matches!(err, RelayError::Protocol(_)), "{err}");
+            assert!(
+                matches!(err, RelayError::Stream(StreamViolation::CommitMismatch { .. })),
+                "{err}"
+            );
             assert!(
                 err.to_string().contains("0/600") && err.to_string().contains("0/500"),
                 "{err}"

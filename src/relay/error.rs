@@ -12,6 +12,31 @@ use crate::postgres::slot::{SlotHolder, SlotQueryError};
 use crate::relay::watermark::WatermarkError;
 use crate::sink::{SinkError, SinkFailure};
 
+/// What the walsender sent that pgoutput's protocol rules out: frames lost or reordered on the
+/// way, or a server bug. Fatal: confirming anything after it could skip a transaction.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StreamViolation {
+    #[error("Commit without Begin")]
+    CommitWithoutBegin,
+    #[error("Commit at {commit} does not match its Begin's final LSN {begin}")]
+    CommitMismatch { commit: Lsn, begin: Lsn },
+    #[error("an outbox event outside a transaction")]
+    EventOutsideTransaction,
+    #[error("Insert for relation {0} before its Relation message")]
+    InsertBeforeRelation(u32),
+}
+
+/// The relay's own machinery failed: a bug, never the data's or the servers' doing.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InternalError {
+    #[error("the sink's completion channel closed while the stream ran")]
+    CompletionsClosed,
+    #[error("the stream thread ended without a result (it panicked; see the log)")]
+    StreamThreadPanicked,
+    #[error("the slot monitor has no control connection")]
+    NoControlConnection,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error(transparent)]
@@ -126,8 +151,12 @@ pub enum RelayError {
     Frame(#[from] FrameError),
     #[error("internal bookkeeping error (a bug; please report it): {0}")]
     Watermark(#[from] WatermarkError),
-    #[error("replication protocol: {0}")]
-    Protocol(String),
+    #[error("the replication stream broke pgoutput's rules: {0}. Nothing after the last confirmed position is lost; report it with the server version and the log")]
+    Stream(#[from] StreamViolation),
+    #[error("internal error (a bug; please report it with the log): {0}")]
+    Internal(#[from] InternalError),
+    #[error("the server reported no current WAL position (is it starting up or in recovery without replay?)")]
+    NoWalPosition,
     #[error("cannot start the stream's thread or runtime: {0}")]
     StreamThread(#[source] std::io::Error),
     #[error("exactly-once resume: {0}")]
@@ -150,7 +179,7 @@ impl RelayError {
             RelayError::Slot(e) => e.postgres().is_some_and(is_transient_pg),
             RelayError::DeliveryFailed { .. } | RelayError::RecordRejected { .. } | RelayError::SlotBusy { .. } => true,
             RelayError::ReadBack(e) => e.is_transient(),
-            RelayError::Paused { .. } => true,
+            RelayError::Paused { .. } | RelayError::NoWalPosition => true,
             RelayError::Sink(e) => e.transient,
             RelayError::ExactlyOnceUnsupported { .. }
             | RelayError::SlotMissing { .. }
@@ -164,7 +193,8 @@ impl RelayError {
             | RelayError::Decode { .. }
             | RelayError::Frame(_)
             | RelayError::Watermark(_)
-            | RelayError::Protocol(_)
+            | RelayError::Stream(_)
+            | RelayError::Internal(_)
             | RelayError::StreamThread(_) => false,
         }
     }

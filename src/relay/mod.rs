@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use error::InternalError;
 pub(crate) use error::RelayError;
 pub(crate) use session::SessionEnd;
 
@@ -144,11 +145,9 @@ pub(crate) async fn run(
             let _ = done.send(outcome);
         })
         .map_err(RelayError::StreamThread)?;
-    let outcome = outcome.await.unwrap_or_else(|_| {
-        Err(RelayError::Protocol(
-            "the stream thread ended without a result (it panicked; see the log)".into(),
-        ))
-    });
+    let outcome = outcome
+        .await
+        .unwrap_or_else(|_| Err(InternalError::StreamThreadPanicked.into()));
     health.set_mode(Mode::Stopping);
     outcome
 }

@@ -25,7 +25,7 @@ use crate::outbox::event::OutboxEvent;
 use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::LogicalDecodingMessage;
-use crate::relay::error::RelayError;
+use crate::relay::error::{RelayError, StreamViolation};
 use crate::relay::quarantine::{EventRef, Held, TxnEvent};
 use crate::relay::resume::Verdict;
 use crate::sink::{SinkFailure, SinkRecord};
@@ -33,10 +33,7 @@ use crate::sink::{SinkFailure, SinkRecord};
 impl StreamState<'_> {
     /// The identity of the open transaction's next outbox event.
     pub(super) fn next_event(&mut self) -> Result<TxnEvent, RelayError> {
-        let txn = self
-            .open
-            .as_mut()
-            .ok_or_else(|| RelayError::Protocol("outbox event outside a transaction".into()))?;
+        let txn = self.open.as_mut().ok_or(StreamViolation::EventOutsideTransaction)?;
         let seq = txn.events;
         txn.events += 1;
         Ok(TxnEvent {

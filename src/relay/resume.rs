@@ -441,7 +441,7 @@ pub(crate) async fn replay_end(control: &tokio_postgres::Client) -> Result<Lsn, 
         .await?;
     let text: Option<String> = row.get(0);
     text.and_then(|t| t.parse::<Lsn>().ok())
-        .ok_or_else(|| RelayError::Protocol("the server reported no current WAL position".into()))
+        .ok_or(RelayError::NoWalPosition)
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{interval, Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
-use super::error::RelayError;
+use super::error::{InternalError, RelayError};
 use super::outage::Waiting;
 use super::receive;
 use super::resume::{self, DoneReceiver, Resume};
@@ -261,7 +261,7 @@ async fn stream(
             }
             n = deliveries.recv_many(&mut batch, DELIVERY_BATCH) => {
                 if n == 0 {
-                    return Err(RelayError::Protocol("the producer's delivery channel closed".into()));
+                    return Err(InternalError::CompletionsClosed.into());
                 }
                 if batch.iter().any(|d| d.outcome.is_ok()) {
                     ctx.broker.acknowledged(std::time::Instant::now(), broker);

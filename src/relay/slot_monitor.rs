@@ -19,7 +19,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::Client;
 use tracing::{error, info, warn};
 
-use super::error::RelayError;
+use super::error::{InternalError, RelayError};
 use super::slot::{read_slot, SlotRow};
 use crate::config::Settings;
 use crate::ops::health::RelayHealth;
@@ -183,10 +183,7 @@ impl Monitor {
             let timeout = self.settings.relay.connect_timeout;
             self.client = Some(pg_client::connect(&self.settings.postgres, timeout).await?);
         }
-        let client = self
-            .client
-            .as_ref()
-            .ok_or_else(|| RelayError::Protocol("no control connection".into()))?;
+        let client = self.client.as_ref().ok_or(InternalError::NoControlConnection)?;
         read_slot(client, self.settings.postgres.slot.as_str()).await
     }
 

@@ -1,7 +1,8 @@
-//! The ack watermark: the only producer of the flush LSN sent to PostgreSQL.
+//! The ack watermark: the only place that decides how far the stream is durable. `confirm.rs`
+//! turns it into the flush LSN sent to PostgreSQL (and is the only one to send one).
 //!
-//! Invariant: the reported LSN is the end LSN of the latest transaction T such that every outbox
-//! event of T *and of every transaction before T* has been acknowledged by Kafka. Confirming an
+//! Invariant: the confirmed LSN is the end LSN of the latest transaction T such that every outbox
+//! event of T *and of every transaction before T* has been acknowledged by the sink. Confirming an
 //! LSN lets the server discard the WAL before it and, on the next `START_REPLICATION`, skip every
 //! transaction whose commit record lies before it — so confirming too early loses events forever,
 //! while confirming too late only costs duplicates after a restart.
