@@ -10,6 +10,10 @@ pub enum ControlError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
 
+    /// The sink's side of `setup` (a stream or an exchange it needs) failed.
+    #[error("{0}")]
+    Sink(#[from] crate::sink::SinkError),
+
     #[error("{context}: {}", describe(.source))]
     Query {
         context: String,

@@ -37,6 +37,8 @@ pub struct SetupReport {
     pub slot: SlotOutcome,
     /// Things the operator should know about, e.g. a repair setup made.
     pub notices: Vec<String>,
+    /// What setup did or found on the sink's side (a stream, an exchange).
+    pub sink: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +99,9 @@ impl SetupReport {
                 confirmed_flush_lsn: None,
             } => writeln!(f, "slot {slot}: already exists")?,
         }
+        for line in &self.sink {
+            writeln!(f, "sink: {line}")?;
+        }
         for notice in &self.notices {
             writeln!(f, "notice: {notice}")?;
         }
@@ -114,11 +119,13 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
     ensure_failover(settings, &preflight, &slot, &mut notices).await?;
     // Re-check with both objects in place: a concurrent setup may have created them differently.
     let preflight = super::preflight(&client, settings).await?;
+    let sink = crate::sink::prepare(settings).await?;
     Ok(SetupReport {
         preflight,
         publication,
         slot,
         notices,
+        sink,
     })
 }
 

@@ -62,6 +62,11 @@
 //!     "tables": [{ "schema": "public", "table": "events_outbox" }],   // pg_publication_tables
 //!     "includes_outbox_table": true
 //!   },
+//!   "sink": {                          // the broker events go to ([sink] kind), looked at directly
+//!     "kind": "kafka",
+//!     "reachable": true,
+//!     "detail": "reachable: 3 broker(s), 12 topic(s)"   // or why it could not be reached
+//!   },
 //!   "relay": {                         // the relay on this host, asked at http.listen (GET /readyz);
 //!                                      // null when http.listen is not set
 //!     "address": "127.0.0.1:9187",
@@ -112,6 +117,17 @@ pub struct StatusReport {
     pub failover: FailoverStatus,
     /// The relay on this host, as its own `/readyz` says (`None`: `http.listen` not set).
     pub relay: Option<LocalRelay>,
+    pub sink: SinkStatus,
+}
+
+/// The broker events go to, looked at directly (`crate::sink::probe`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkStatus {
+    /// `[sink] kind`.
+    pub kind: String,
+    pub reachable: bool,
+    /// What it looks like, or why it could not be reached.
+    pub detail: String,
 }
 
 /// What the relay listening at `http.listen` says about itself: streaming, standing by, or
@@ -358,9 +374,22 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         Some(listen) => Some(local_relay(listen).await),
         None => None,
     };
+    let sink = match crate::sink::probe(settings).await {
+        Ok(detail) => SinkStatus {
+            kind: settings.sink.label().to_owned(),
+            reachable: true,
+            detail,
+        },
+        Err(e) => SinkStatus {
+            kind: settings.sink.label().to_owned(),
+            reachable: false,
+            detail: e.to_string(),
+        },
+    };
     Ok(StatusReport {
         failover,
         relay,
+        sink,
         health,
         schema_version: STATUS_SCHEMA_VERSION,
         postgres_url: settings.postgres.url.to_string(),
@@ -548,6 +577,8 @@ impl StatusReport {
         writeln!(f, "{}", self.slot)?;
         writeln!(f, "{}", self.publication)?;
         writeln!(f, "{}", self.failover)?;
+        let reach = if self.sink.reachable { "" } else { "NOT reachable: " };
+        writeln!(f, "sink ({}): {reach}{}", self.sink.kind, self.sink.detail)?;
         if let Some(r) = &self.relay {
             let verdict = match r.ready {
                 Some(true) => "ready",
@@ -731,6 +762,11 @@ mod tests {
                 ready: false,
                 reasons: vec!["PostgreSQL 15.20 has no failover slots (17+)".into()],
             },
+            sink: SinkStatus {
+                kind: "kafka".into(),
+                reachable: true,
+                detail: "reachable: 1 broker(s), 2 topic(s)".into(),
+            },
             relay: Some(LocalRelay {
                 address: "127.0.0.1:9187".into(),
                 reachable: true,
@@ -783,6 +819,7 @@ mod tests {
         assert_eq!(json["health"]["verdict"], "ok");
         assert_eq!(json["health"]["lag_seconds"], 0.25);
         assert_eq!(json["relay"]["ready"], false);
+        assert_eq!(json["sink"]["kind"], "kafka");
         assert_eq!(json["relay"]["address"], "127.0.0.1:9187");
         let back: StatusReport = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
@@ -797,6 +834,7 @@ mod tests {
         assert!(text.contains("safe_wal_size: unlimited"), "{text}");
         assert!(text.contains(r#""Sales"."OutBox""#), "{text}");
         assert!(text.contains("health: OK"), "{text}");
+        assert!(text.contains("sink (kafka): reachable: 1 broker(s)"), "{text}");
         assert!(text.contains("lag: 4.0 KiB of WAL, 250 ms"), "{text}");
         assert!(
             text.contains("relay at 127.0.0.1:9187 (http.listen): NOT ready: not ready: exactly-once takeover fence"),

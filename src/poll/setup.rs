@@ -27,6 +27,8 @@ pub(crate) struct PollSetupReport {
     pub(crate) table_name: String,
     pub(crate) dispatched: Ident,
     pub(crate) index: IndexOutcome,
+    /// What setup did or found on the sink's side.
+    pub(crate) sink: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +63,9 @@ impl fmt::Display for PollSetupReport {
         match &self.index {
             IndexOutcome::Created { name } => writeln!(f, "pending index {name}: created ({shape})")?,
             IndexOutcome::AlreadyExists { name } => writeln!(f, "pending index {name}: already exists ({shape})")?,
+        }
+        for line in &self.sink {
+            writeln!(f, "sink: {line}")?;
         }
         write!(
             f,
@@ -121,10 +126,12 @@ pub(crate) async fn setup(settings: &Settings) -> Result<PollSetupReport, PollEr
             }
         }
     };
+    let sink = crate::sink::prepare(settings).await.map_err(PollError::Sink)?;
     Ok(PollSetupReport {
         table,
         table_name,
         dispatched: settings.poll.dispatched.clone(),
         index,
+        sink,
     })
 }

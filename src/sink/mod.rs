@@ -206,6 +206,21 @@ pub(crate) fn limits(settings: &Settings) -> SinkLimits {
     }
 }
 
+/// What `setup` does for the configured sink (create or check what it needs: a stream, an
+/// exchange); one line per thing done or found, for the report.
+pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkError> {
+    match settings.sink {
+        SinkKind::Kafka => Ok(kafka::prepare()),
+    }
+}
+
+/// What `status` says of the configured sink: reachable, and how it looks (`Err`: why not).
+pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
+    match settings.sink {
+        SinkKind::Kafka => kafka::probe(&settings.kafka).await,
+    }
+}
+
 /// How the configured sink supports exactly-once delivery.
 pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
     match kind {

@@ -876,6 +876,7 @@ fn check_json(report: &StatusReport, password: &str) {
             "relay",
             "schema_version",
             "server",
+            "sink",
             "slot"
         ]
     );

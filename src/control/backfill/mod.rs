@@ -93,6 +93,8 @@ pub(crate) async fn setup_with_backfill(
     if before.slot.is_some() {
         return Err(BackfillError::SlotExists { slot: slot.to_owned() });
     }
+    // The sink must be ready (a stream, an exchange) before the slot's snapshot is published.
+    let sink = crate::sink::prepare(settings).await.map_err(BackfillError::Producer)?;
     let id_is_sequential = before
         .columns
         .first()
@@ -155,6 +157,7 @@ pub(crate) async fn setup_with_backfill(
             publication,
             slot: SlotOutcome::Created { consistent_point },
             notices,
+            sink,
         },
         selection: description,
         published,

@@ -13,8 +13,17 @@ pub(crate) mod partitioner;
 pub(crate) mod producer;
 pub(crate) mod tail;
 
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use self::logs::QuietContext;
 use crate::config::kafka::{validate_topic_name, KafkaProperties};
-use crate::sink::SinkLimits;
+use crate::sink::{SinkError, SinkLimits};
+
+/// How long `status` waits for the cluster's metadata.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
@@ -34,4 +43,50 @@ fn message_max_bytes(kafka: &KafkaProperties) -> usize {
         .get("message.max.bytes")
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
+}
+
+/// `setup`: nothing to create — topics are named by the route rule, so they are created by the
+/// brokers (`auto.create.topics.enable`) or by the operator.
+pub(crate) fn prepare() -> Vec<String> {
+    vec![
+        "Kafka: nothing to create; the route rule names the topics — create them, or let the brokers \
+          auto-create them (auto.create.topics.enable)"
+            .to_owned(),
+    ]
+}
+
+/// `status`: the cluster's metadata, read with the producer's connection settings.
+pub(crate) async fn probe(props: &KafkaProperties) -> Result<String, SinkError> {
+    let props = props.clone();
+    let unreachable = |cause: String| SinkError {
+        sink: "Kafka",
+        cause,
+        transient: true,
+    };
+    tokio::task::spawn_blocking(move || {
+        let mut config = ClientConfig::new();
+        for (k, v) in &props.0 {
+            if !tail::PRODUCER_ONLY.contains(&k.as_str()) {
+                config.set(k, v);
+            }
+        }
+        let consumer: BaseConsumer<QuietContext> =
+            config
+                .create_with_context(QuietContext::default())
+                .map_err(|e| SinkError {
+                    sink: "Kafka",
+                    cause: format!("cannot create a client: {e}. Check the [kafka] properties"),
+                    transient: false,
+                })?;
+        let metadata = consumer
+            .fetch_metadata(None, PROBE_TIMEOUT)
+            .map_err(|e| unreachable(format!("no metadata within {} s: {e}", PROBE_TIMEOUT.as_secs())))?;
+        Ok(format!(
+            "reachable: {} broker(s), {} topic(s)",
+            metadata.brokers().len(),
+            metadata.topics().len()
+        ))
+    })
+    .await
+    .map_err(|e| unreachable(e.to_string()))?
 }

@@ -31,7 +31,7 @@ const FIRST_WINDOW: i64 = 8;
 
 /// Producer-only properties, left out of the reader's configuration (librdkafka would warn
 /// about each).
-const PRODUCER_ONLY: &[&str] = &[
+pub(crate) const PRODUCER_ONLY: &[&str] = &[
     "acks",
     "request.required.acks",
     "enable.idempotence",
