@@ -91,6 +91,14 @@ impl BrokerWatch {
         }
     }
 
+    /// A session starts streaming: time without acknowledgements counts from here (the time
+    /// spent reconnecting to PostgreSQL is not the broker's).
+    pub(crate) fn session_started(&mut self, now: Instant) {
+        if !self.stalled() {
+            self.last_progress = now;
+        }
+    }
+
     /// A session ended during the outage (its replay follows).
     pub(crate) fn session_restarted(&mut self) {
         if let BrokerState::Stalled { sessions_restarted, .. } = &mut self.state {
@@ -256,6 +264,10 @@ mod tests {
         w.tick(t0 + Duration::from_secs(7), &waiting(0), "Kafka", None);
         assert!(w.stalled());
         w.acknowledged(t0 + Duration::from_secs(50), "Kafka");
+        assert!(!w.stalled());
+        // 20 s reconnecting to PostgreSQL, then a session whose first events wait 2 s: no outage.
+        w.session_started(t0 + Duration::from_secs(70));
+        w.tick(t0 + Duration::from_secs(72), &waiting(4), "Kafka", None);
         assert!(!w.stalled());
     }
 

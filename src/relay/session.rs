@@ -129,6 +129,7 @@ pub(crate) async fn run_session(
     );
     ctx.health.set_mode(Mode::Streaming);
     ctx.reconnects.streaming(std::time::Instant::now(), slot_name);
+    ctx.broker.session_started(std::time::Instant::now());
     drop(control);
     let _heartbeat = heartbeat::spawn(settings, &ctx.side);
     // Lent to the session's state and handed back after the wind-down, for the next session.
