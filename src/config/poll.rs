@@ -27,6 +27,10 @@ pub(crate) struct PollSection {
     #[serde(deserialize_with = "crate::config::number_or_numeric_string")]
     pub(crate) workers: u64,
     pub(crate) dispatched_column: String,
+    #[serde(deserialize_with = "crate::config::number_or_numeric_string")]
+    pub(crate) watchdog_interval_ms: u64,
+    #[serde(deserialize_with = "crate::config::number_or_numeric_string")]
+    pub(crate) stuck_after_ms: u64,
 }
 
 impl Default for PollSection {
@@ -36,6 +40,8 @@ impl Default for PollSection {
             batch_size: 100,
             workers: 1,
             dispatched_column: "dispatched_at".into(),
+            watchdog_interval_ms: 10_000,
+            stuck_after_ms: 300_000,
         }
     }
 }
@@ -51,6 +57,10 @@ pub struct PollSettings {
     pub(crate) workers: usize,
     /// Set to `now()` once a row was published; `NULL` means pending.
     pub(crate) dispatched: Ident,
+    /// How often the pending rows are counted and the oldest one's age read (the watchdog).
+    pub(crate) watchdog_interval: Duration,
+    /// A pending row older than this is stuck: the watchdog warns.
+    pub(crate) stuck_after: Duration,
 }
 
 impl PollSection {
@@ -73,11 +83,15 @@ impl PollSection {
                 key: "poll.dispatched_column",
                 source,
             })?;
+        let watchdog_interval_ms = in_range("poll.watchdog_interval_ms", self.watchdog_interval_ms, 3_600_000)?;
+        let stuck_after_ms = in_range("poll.stuck_after_ms", self.stuck_after_ms, 86_400_000)?;
         Ok(PollSettings {
             interval: Duration::from_millis(interval_ms),
             batch_size: batch_size as usize,
             workers: workers as usize,
             dispatched,
+            watchdog_interval: Duration::from_millis(watchdog_interval_ms),
+            stuck_after: Duration::from_millis(stuck_after_ms),
         })
     }
 }

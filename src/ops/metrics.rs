@@ -28,6 +28,8 @@
 //! | `outbox_relay_events_skipped_in_kafka_total` | counter | exactly-once: replayed events not produced because Kafka already held them |
 //! | `outbox_relay_partitions_read_back_total` | counter | exactly-once: partition tails read back (once per partition and streaming session, replay window only) |
 //! | `outbox_relay_read_back_seconds` | histogram | exactly-once: time to read back one partition's tail (metadata included) |
+//! | `outbox_relay_pending_rows` | gauge | `poll` mode: outbox rows not yet dispatched, counted by the watchdog every `poll.watchdog_interval_ms` |
+//! | `outbox_relay_oldest_pending_age_seconds` | gauge | `poll` mode: how long the oldest pending row has waited (by its creation-time column; 0 when none) |
 //! | `outbox_relay_takeover_fence_seconds` | gauge | exactly-once: seconds left of a takeover's wait for the previous holder's queued records to land or expire (0: none) |
 //!
 //! LSNs are exported as numbers (bytes since the start of WAL); `f64` is exact up to 8 PiB.
@@ -59,6 +61,8 @@ pub(crate) const EVENTS_SKIPPED_IN_KAFKA: &str = "outbox_relay_events_skipped_in
 pub(crate) const PARTITIONS_READ_BACK: &str = "outbox_relay_partitions_read_back_total";
 pub(crate) const READ_BACK_SECONDS: &str = "outbox_relay_read_back_seconds";
 pub(crate) const TAKEOVER_FENCE_SECONDS: &str = "outbox_relay_takeover_fence_seconds";
+pub(crate) const PENDING_ROWS: &str = "outbox_relay_pending_rows";
+pub(crate) const OLDEST_PENDING_AGE_SECONDS: &str = "outbox_relay_oldest_pending_age_seconds";
 
 /// The label of the per-topic counters.
 pub(crate) const TOPIC_LABEL: &str = "topic";
@@ -140,6 +144,14 @@ pub(crate) fn describe() {
     describe_gauge!(
         TAKEOVER_FENCE_SECONDS,
         "Exactly-once: seconds left of a takeover's wait for the previous holder's queued records (0: none)."
+    );
+    describe_gauge!(
+        PENDING_ROWS,
+        "poll mode: outbox rows not yet dispatched (the watchdog's count)."
+    );
+    describe_gauge!(
+        OLDEST_PENDING_AGE_SECONDS,
+        "poll mode: seconds the oldest pending outbox row has waited (0 when none)."
     );
     counter!(RECONNECTS).absolute(0);
     gauge!(TAKEOVER_FENCE_SECONDS).set(0.0);

@@ -23,6 +23,7 @@ mod record;
 pub(crate) mod setup;
 pub(crate) mod sql;
 pub(crate) mod table;
+mod watchdog;
 mod worker;
 
 use std::sync::Arc;
@@ -82,6 +83,10 @@ pub(crate) async fn run(
     let settings = Arc::new(settings.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut workers = JoinSet::new();
+    let watchdog = {
+        let (settings, created_at, stop) = (Arc::clone(&settings), table.created_at.clone(), stop_rx.clone());
+        tokio::spawn(async move { watchdog::run(&settings, &created_at, stop).await })
+    };
     for index in 0..settings.poll.workers {
         let worker = Worker::new(Arc::clone(&settings), Arc::clone(&sql), Arc::clone(&id_type), index);
         workers.spawn(worker.run(stop_rx.clone()));
@@ -110,6 +115,8 @@ pub(crate) async fn run(
             }
         }
     }
+    let _ = stop_tx.send(true);
+    let _ = watchdog.await;
     match first_error {
         Some(e) => Err(e),
         None => {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use regex::Regex;
 use tokio_postgres::Client;
 
-use crate::harness::scrape::{http_get, latency_window, with_http};
+use crate::harness::scrape::{http_get, latency_window, with_http, Metrics};
 use crate::harness::workload::{
     expect_binary, insert_binary_payloads, insert_event, new_uuid, ExpectedEvent, OutboxSchema, Workload,
 };
@@ -459,4 +459,98 @@ async fn bytea_payload_is_published_as_its_bytes() {
     .await;
     assert!(marked, "log:\n{}", relay.log_text());
     stop(relay).await;
+}
+
+/// The watchdog: with the broker down nothing is dispatched, so the pending count and the oldest
+/// row's age (rows written as if 10 minutes ago) show on `/metrics`, the log says once that rows
+/// are stuck, and once they are published both fall to 0 and the log says so. The interval is
+/// shortened here; `the_watchdog_reports_with_its_default_interval` runs the shipped one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_watchdog_reports_pending_rows_and_stuck_ones_until_they_are_published() {
+    let kafka = MockKafka::new(1);
+    let pg = shared_cluster().await;
+    let schema = OutboxSchema::A;
+    let (client, config) = prepared(pg, schema, "", |url| {
+        poll_config(schema, url, &kafka.bootstrap_servers()).set("poll", "watchdog_interval_ms", 300)
+    })
+    .await;
+    let (config, addr) = with_http(&config);
+    kafka.all_brokers_down();
+    client
+        .batch_execute(
+            "INSERT INTO events_outbox (aggregate_id, type, payload, created_at) \
+             SELECT gen_random_uuid(), 'order.placed', '{}', now() - interval '10 minutes' FROM generate_series(1, 7)",
+        )
+        .await
+        .unwrap();
+    let relay = RelayProcess::poll(&config);
+    let pending_seen = wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
+        Metrics::scrape(&addr)
+            .await
+            .is_some_and(|m| m.value("outbox_relay_pending_rows", &[]) == 7.0)
+    })
+    .await;
+    assert!(pending_seen, "{}", relay.log_text());
+    let m = Metrics::scrape(&addr).await.unwrap();
+    let age = m.value("outbox_relay_oldest_pending_age_seconds", &[]);
+    assert!((600.0..700.0).contains(&age), "oldest pending age {age}");
+    assert!(
+        relay
+            .wait_for_log("outbox rows are stuck", Duration::from_secs(10))
+            .await,
+        "{}",
+        relay.log_text()
+    );
+    kafka.all_brokers_up();
+    assert!(
+        wait_until(WAIT, Duration::from_millis(200), || async {
+            pending(&client, schema).await == 0
+        })
+        .await,
+        "{}",
+        relay.log_text()
+    );
+    let cleared = wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
+        Metrics::scrape(&addr).await.is_some_and(|m| {
+            m.value("outbox_relay_pending_rows", &[]) == 0.0
+                && m.value("outbox_relay_oldest_pending_age_seconds", &[]) == 0.0
+        })
+    })
+    .await;
+    assert!(cleared, "{}", relay.log_text());
+    assert!(
+        relay
+            .wait_for_log("no outbox row is stuck any more", Duration::from_secs(10))
+            .await,
+        "{}",
+        relay.log_text()
+    );
+    assert_eq!(
+        relay.log_text().matches("outbox rows are stuck").count(),
+        1,
+        "said once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_watchdog_reports_with_its_default_interval() {
+    let kafka = MockKafka::new(1);
+    kafka.all_brokers_down();
+    let pg = shared_cluster().await;
+    let schema = OutboxSchema::B;
+    let (client, config) = prepared(pg, schema, "", |url| {
+        poll_config(schema, url, &kafka.bootstrap_servers())
+    })
+    .await;
+    let (config, addr) = with_http(&config);
+    insert_event(&client, schema, &new_uuid(), 0).await;
+    let _relay = RelayProcess::poll(&config);
+    // The first look is at start, the next 10 s later (poll.watchdog_interval_ms's default).
+    let seen = wait_until(Duration::from_secs(15), Duration::from_millis(200), || async {
+        Metrics::scrape(&addr)
+            .await
+            .is_some_and(|m| m.value("outbox_relay_pending_rows", &[]) == 1.0)
+    })
+    .await;
+    assert!(seen, "the default watchdog did not count the pending row");
 }
