@@ -12,6 +12,7 @@ use crate::config::outbox::{TopicRoute, DEFAULT_TOPIC_REGEX};
 
 use super::parse::ConnectorConfig;
 use super::render::{self, Line};
+use super::server;
 use super::ImportError;
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
@@ -154,7 +155,11 @@ pub(crate) struct Imported {
     pub(crate) postgres: Vec<Line>,
     pub(crate) outbox: Vec<Line>,
     pub(crate) route: Vec<Line>,
+    /// `[sink]` (Debezium Server files: its sink type; empty otherwise, Kafka being the default).
+    pub(crate) sink: Vec<Line>,
     pub(crate) kafka: Vec<Line>,
+    /// A Debezium Server sink other than Kafka: its section's name and lines.
+    pub(crate) broker: Option<(&'static str, Vec<Line>)>,
     pub(crate) debezium: Vec<Line>,
     pub(crate) relay: Vec<Line>,
     /// (option as written in the connector config, why it has no counterpart).
@@ -174,14 +179,19 @@ impl Imported {
                  are listed at the end. See docs/migrating-from-debezium.md for the switch-over."
             ),
         );
+        let no_lines = Vec::new();
+        let (broker, broker_lines) = self.broker.as_ref().map_or(("", &no_lines), |(n, l)| (*n, l));
         for (name, lines) in [
             ("postgres", &self.postgres),
             ("outbox", &self.outbox),
             ("route", &self.route),
+            ("sink", &self.sink),
             ("kafka", &self.kafka),
+            (broker, broker_lines),
             ("debezium", &self.debezium),
             ("relay", &self.relay),
         ] {
+            // Empty sections are not written: a sink other than Kafka has no [kafka] section.
             render::section(&mut out, name, lines);
         }
         if !self.not_carried_over.is_empty() {
@@ -223,8 +233,34 @@ impl<'a> Options<'a> {
     }
 }
 
-/// Maps a parsed connector config; `Err` when it is not something the relay can replace.
+/// Maps a parsed connector config — Kafka Connect's, or a Debezium Server file with its sink
+/// (`server.rs`); `Err` when it is not something the relay can replace.
 pub(crate) fn map(config: &ConnectorConfig, source: &str) -> Result<Imported, ImportError> {
+    let Some(server) = server::split(&config.options) else {
+        return map_connector(config, source);
+    };
+    let connector = ConnectorConfig {
+        name: config.name.clone().or_else(|| server.connector.get("name").cloned()),
+        options: server.connector.clone(),
+    };
+    let mut out = map_connector(&connector, source)?;
+    // Debezium Server has no Kafka Connect worker: the [kafka] lines written for one go, and the
+    // connector options it never sees (producer.override.*) with them.
+    let sink = server::map_sink(&server, source)?;
+    out.sink = sink.sink;
+    match sink.broker {
+        Some(("kafka", lines)) => out.kafka = lines,
+        other => {
+            out.kafka.clear();
+            out.broker = other;
+        }
+    }
+    out.not_carried_over.extend(sink.not_carried_over);
+    out.not_carried_over.sort();
+    Ok(out)
+}
+
+fn map_connector(config: &ConnectorConfig, source: &str) -> Result<Imported, ImportError> {
     let mut opts = Options {
         all: &config.options,
         taken: BTreeSet::new(),

@@ -17,6 +17,7 @@
 mod mapping;
 mod parse;
 mod render;
+mod server;
 #[cfg(test)]
 mod tests;
 

@@ -580,3 +580,96 @@ fn the_outbox_example_imports_to_an_accepted_config() {
     }
     assert!(!out.contains("postgrespw"), "{out}");
 }
+
+// ------------------------------------------------------------------ Debezium Server
+
+const SERVER_BASE: &str = "debezium.source.connector.class=io.debezium.connector.postgresql.PostgresConnector\n\
+debezium.source.database.hostname=db.example\n\
+debezium.source.database.user=relay\n\
+debezium.source.database.password=secret-pw\n\
+debezium.source.database.dbname=app\n\
+debezium.source.plugin.name=pgoutput\n\
+debezium.source.table.include.list=public.outbox\n\
+debezium.source.topic.prefix=app\n\
+debezium.transforms=outbox\n\
+debezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n\
+debezium.format.value=json\n";
+
+#[test]
+fn a_debezium_server_file_with_the_kafka_sink_maps_its_producer_properties() {
+    let text = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=kafka\ndebezium.sink.kafka.producer.bootstrap.servers=k1:9092,k2:9092\n\
+             debezium.sink.kafka.producer.key.serializer=org.apache.kafka.common.serialization.StringSerializer\n\
+             debezium.sink.kafka.producer.linger.ms=2\n"
+        ),
+    );
+    let t = data(&text);
+    assert_eq!(t["sink"]["kind"].as_str(), Some("kafka"), "{text}");
+    assert_eq!(
+        t["kafka"]["bootstrap.servers"].as_str(),
+        Some("k1:9092,k2:9092"),
+        "{text}"
+    );
+    assert_eq!(t["kafka"]["linger.ms"].as_str(), Some("2"), "{text}");
+    assert!(!text.contains("secret-pw"), "no secret is written:\n{text}");
+    let notes = not_carried_over(&text);
+    assert!(listed(&notes, "debezium.format.value").contains("payload column's bytes"));
+    assert!(listed(&notes, "debezium.sink.kafka.producer.key.serializer").contains("set by the relay"));
+    load(&text);
+}
+
+#[test]
+fn a_debezium_server_file_with_a_broker_sink_gets_that_sinks_section_and_no_kafka() {
+    let nats = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=nats-jetstream\ndebezium.sink.nats-jetstream.url=nats://n1:4222\n\
+             debezium.sink.nats-jetstream.stream-name=OUTBOX\ndebezium.sink.nats-jetstream.create-stream=true\n"
+        ),
+    );
+    let t = data(&nats);
+    assert_eq!(t["sink"]["kind"].as_str(), Some("nats"), "{nats}");
+    assert_eq!(t["nats"]["url"].as_str(), Some("nats://n1:4222"));
+    assert_eq!(t["nats"]["stream"].as_str(), Some("OUTBOX"));
+    assert!(t.get("kafka").is_none(), "{nats}");
+    assert!(listed(&not_carried_over(&nats), "debezium.sink.nats-jetstream.create-stream").contains("setup"));
+
+    let rabbit = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.host=mq\n\
+             debezium.sink.rabbitmq.connection.username=app\ndebezium.sink.rabbitmq.connection.password=mq-secret\n\
+             debezium.sink.rabbitmq.exchange=events\ndebezium.sink.rabbitmq.routingKey=fixed\n"
+        ),
+    );
+    let t = data(&rabbit);
+    assert_eq!(t["sink"]["kind"].as_str(), Some("rabbitmq"));
+    assert_eq!(t["rabbitmq"]["url"].as_str(), Some("amqp://app@mq:5672/%2f"));
+    assert_eq!(t["rabbitmq"]["exchange"].as_str(), Some("events"));
+    assert!(
+        !rabbit.contains("mq-secret") && rabbit.contains("OUTBOX_RELAY__RABBITMQ__URL"),
+        "{rabbit}"
+    );
+    assert!(listed(&not_carried_over(&rabbit), "debezium.sink.rabbitmq.routingKey").contains("routing key"));
+
+    let redis = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=redis\ndebezium.sink.redis.address=cache:6380\n\
+             debezium.sink.redis.password=r-secret\ndebezium.sink.redis.wait.enabled=true\n"
+        ),
+    );
+    let t = data(&redis);
+    assert_eq!(t["sink"]["kind"].as_str(), Some("redis"));
+    assert_eq!(t["redis"]["url"].as_str(), Some("redis://cache:6380"));
+    assert!(!redis.contains("r-secret"), "{redis}");
+    assert!(listed(&not_carried_over(&redis), "debezium.sink.redis.wait.enabled").contains("replicas"));
+
+    let err = import_err(
+        "application.properties",
+        &format!("{SERVER_BASE}debezium.sink.type=kinesis\n"),
+    );
+    assert!(err.contains("\"kinesis\""), "{err}");
+}

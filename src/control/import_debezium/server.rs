@@ -1,0 +1,248 @@
+//! Debezium Server's `application.properties`: the same PostgreSQL connector and EventRouter
+//! under `debezium.source.*` and `debezium.transforms.*`, and a sink under `debezium.sink.*`
+//! instead of Kafka Connect. [`split`] turns the file into the connector options the mapping
+//! already knows plus the sink's; [`map_sink`] maps the sink onto `[sink]` and its broker's
+//! section (NATS JetStream, RabbitMQ, Redis or Kafka), listing what has no counterpart.
+//!
+//! No secret is written: a broker password stays out of the URL, and the file says where to put
+//! it (the section's environment variable).
+
+use std::collections::BTreeMap;
+
+use super::render::Line;
+use super::ImportError;
+
+/// The prefixes Debezium Server puts before connector and transform options.
+const SOURCE: &str = "debezium.source.";
+const TRANSFORMS: &str = "debezium.transforms";
+const SINK: &str = "debezium.sink.";
+
+/// A Debezium Server file split into what the connector saw and what its sink saw.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct ServerConfig {
+    /// Connector options (prefix `debezium.source.` stripped) and transforms (`debezium.` stripped).
+    pub(crate) connector: BTreeMap<String, String>,
+    /// `debezium.sink.*` (prefix kept, as written).
+    pub(crate) sink: BTreeMap<String, String>,
+    /// Everything else of the file (`debezium.format.*`, `quarkus.*`, …), as written.
+    pub(crate) other: BTreeMap<String, String>,
+}
+
+/// `Some` when `options` are a Debezium Server file (they name a `debezium.source.` option).
+pub(crate) fn split(options: &BTreeMap<String, String>) -> Option<ServerConfig> {
+    if !options.keys().any(|k| k.starts_with(SOURCE)) {
+        return None;
+    }
+    let mut server = ServerConfig::default();
+    for (key, value) in options {
+        if let Some(option) = key.strip_prefix(SOURCE) {
+            server.connector.insert(option.to_owned(), value.clone());
+        } else if key.starts_with(TRANSFORMS) {
+            server
+                .connector
+                .insert(key["debezium.".len()..].to_owned(), value.clone());
+        } else if key.starts_with(SINK) {
+            server.sink.insert(key.clone(), value.clone());
+        } else {
+            server.other.insert(key.clone(), value.clone());
+        }
+    }
+    Some(server)
+}
+
+/// The sections a Debezium Server sink maps to.
+#[derive(Debug, Default)]
+pub(crate) struct SinkSections {
+    /// `[sink]`.
+    pub(crate) sink: Vec<Line>,
+    /// The broker's section: (its name, its lines). Kafka's properties go to `[kafka]`.
+    pub(crate) broker: Option<(&'static str, Vec<Line>)>,
+    /// (option, why) for sink options with no counterpart.
+    pub(crate) not_carried_over: Vec<(String, String)>,
+}
+
+fn s(v: &str) -> toml::Value {
+    toml::Value::String(v.to_owned())
+}
+
+/// Maps `debezium.sink.*`; `Err` for a sink type the relay does not have.
+pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSections, ImportError> {
+    let sink = &server.sink;
+    let ty = sink.get("debezium.sink.type").map(|t| t.trim()).unwrap_or("");
+    let mut out = SinkSections::default();
+    let mut taken = vec!["debezium.sink.type".to_owned()];
+    let mut get = |option: &str| {
+        let key = format!("{SINK}{option}");
+        let v = sink.get(&key).map(|v| v.trim().to_owned());
+        if v.is_some() {
+            taken.push(key);
+        }
+        v
+    };
+    let (kind, lines) = match ty {
+        "kafka" => {
+            let mut lines = vec![Line::Comment(
+                "librdkafka properties (from debezium.sink.kafka.producer.*); acks=all and idempotence are enforced."
+                    .into(),
+            )];
+            for (key, value) in sink {
+                if let Some(property) = key.strip_prefix("debezium.sink.kafka.producer.") {
+                    if matches!(
+                        property,
+                        "key.serializer" | "value.serializer" | "acks" | "enable.idempotence"
+                    ) {
+                        continue;
+                    }
+                    lines.push(Line::Set(property.to_owned(), s(value.trim())));
+                    taken.push(key.clone());
+                }
+            }
+            ("kafka", lines)
+        }
+        "nats-jetstream" => {
+            let url = get("nats-jetstream.url").unwrap_or_else(|| "nats://localhost:4222".into());
+            let mut lines = vec![Line::Set("url".into(), s(&url))];
+            if let Some(stream) = get("nats-jetstream.stream-name") {
+                lines.push(Line::Set("stream".into(), s(&stream)));
+            }
+            if let Some(subjects) = get("nats-jetstream.subjects") {
+                let list: Vec<toml::Value> = subjects.split(',').map(|x| s(x.trim())).collect();
+                lines.push(Line::Set("subjects".into(), toml::Value::Array(list)));
+            }
+            ("nats", lines)
+        }
+        "rabbitmq" => {
+            let host = get("rabbitmq.connection.host").unwrap_or_else(|| "localhost".into());
+            let port = get("rabbitmq.connection.port").unwrap_or_else(|| "5672".into());
+            let user = get("rabbitmq.connection.username").unwrap_or_else(|| "guest".into());
+            let vhost = get("rabbitmq.connection.virtual.host").unwrap_or_else(|| "/".into());
+            let password = get("rabbitmq.connection.password");
+            let vhost = vhost.replace('/', "%2f");
+            let mut lines = Vec::new();
+            if password.is_some() {
+                lines.push(Line::Comment(
+                    "The password is not written here: put the whole URL, password included, in\n\
+                     OUTBOX_RELAY__RABBITMQ__URL."
+                        .into(),
+                ));
+            }
+            lines.push(Line::Set(
+                "url".into(),
+                s(&format!("amqp://{user}@{host}:{port}/{vhost}")),
+            ));
+            let exchange = get("rabbitmq.exchange").unwrap_or_else(|| "outbox".into());
+            lines.push(Line::Set("exchange".into(), s(&exchange)));
+            ("rabbitmq", lines)
+        }
+        "redis" => {
+            let address = get("redis.address").unwrap_or_else(|| "localhost:6379".into());
+            let user = get("redis.user");
+            let password = get("redis.password");
+            let ssl = get("redis.ssl.enabled").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            let mut lines = Vec::new();
+            if password.is_some() {
+                lines.push(Line::Comment(
+                    "The password is not written here: put the whole URL, password included, in\n\
+                     OUTBOX_RELAY__REDIS__URL."
+                        .into(),
+                ));
+            }
+            let scheme = if ssl { "rediss" } else { "redis" };
+            let auth = user.map(|u| format!("{u}@")).unwrap_or_default();
+            lines.push(Line::Set("url".into(), s(&format!("{scheme}://{auth}{address}"))));
+            ("redis", lines)
+        }
+        "" => {
+            return Err(ImportError::Unsupported(format!(
+                "{source}: a Debezium Server file without debezium.sink.type; set it (kafka, nats-jetstream, rabbitmq \
+                 or redis are the sinks outbox-relay has)"
+            )))
+        }
+        other => {
+            return Err(ImportError::Unsupported(format!(
+                "{source}: debezium.sink.type is {other:?}; outbox-relay publishes to kafka, nats-jetstream, \
+                 rabbitmq and redis only"
+            )))
+        }
+    };
+    out.sink = vec![Line::Set("kind".into(), s(kind))];
+    out.broker = Some((kind, lines));
+    for (key, _) in sink.iter().filter(|(k, _)| !taken.contains(k)) {
+        out.not_carried_over.push((key.clone(), sink_reason(key).to_owned()));
+    }
+    for key in server.other.keys() {
+        out.not_carried_over.push((
+            key.clone(),
+            if key.starts_with("debezium.format.") {
+                "Debezium Server's serialization format: the relay publishes the payload column's bytes (or Kafka \
+                 Connect's converters under [debezium] with the kafka sink)"
+            } else {
+                "a Debezium Server (Quarkus) setting with no counterpart"
+            }
+            .to_owned(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Why a Debezium Server sink option has no counterpart.
+fn sink_reason(option: &str) -> &'static str {
+    let o = option.trim_start_matches(SINK);
+    match o {
+        _ if o.ends_with("create-stream") => "`outbox-relay setup` creates the stream when it is missing",
+        _ if o.ends_with("async.enabled") => "publishes are always pipelined; the WAL is confirmed after each PubAck",
+        _ if o.ends_with("routingKey") || o.ends_with("routingKey.source") => {
+            "the routed topic (EventRouter route rule) is the routing key"
+        }
+        _ if o.ends_with("deliveryMode") => "messages are always persistent (delivery mode 2)",
+        _ if o.ends_with("ackTimeout") => {
+            "confirms are awaited without a timeout of their own; an outage fails the session"
+        }
+        _ if o.ends_with("wait.enabled") || o.contains("wait.") => {
+            "the relay does not WAIT for Redis replicas; a reply means the primary has it"
+        }
+        _ if o.ends_with("message.format") => "entries always carry the event's fields (docs/sink-redis.md)",
+        _ if o.starts_with("kafka.producer.") => "set by the relay (serializers, acks=all, idempotence)",
+        _ => "a Debezium Server sink option with no counterpart",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(text: &str) -> BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_server_file_splits_into_connector_sink_and_the_rest() {
+        let o = opts(
+            "debezium.source.connector.class=x\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=y\n\
+             debezium.sink.type=redis\ndebezium.format.value=json\nquarkus.log.level=INFO",
+        );
+        let server = split(&o).unwrap();
+        assert_eq!(server.connector.get("connector.class").map(String::as_str), Some("x"));
+        assert_eq!(
+            server.connector.get("transforms.outbox.type").map(String::as_str),
+            Some("y")
+        );
+        assert_eq!(server.sink.len(), 1);
+        assert_eq!(server.other.len(), 2);
+        assert_eq!(
+            split(&opts("connector.class=x")),
+            None,
+            "a Kafka Connect file is not split"
+        );
+    }
+
+    #[test]
+    fn an_unknown_sink_type_is_refused_by_name() {
+        let server = split(&opts("debezium.source.a=b\ndebezium.sink.type=pubsub")).unwrap();
+        let err = map_sink(&server, "app.properties").unwrap_err().to_string();
+        assert!(err.contains("\"pubsub\"") && err.contains("nats-jetstream"), "{err}");
+    }
+}
