@@ -23,10 +23,12 @@ impl Default for SinkSection {
 pub enum SinkKind {
     /// `[kafka]`: librdkafka properties.
     Kafka,
+    /// `[redis]`: Redis Streams (docs/sink-redis.md).
+    Redis,
 }
 
 /// Every kind, as written in the config: the one list `[sink] kind` is checked against.
-const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka)];
+const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka), ("redis", SinkKind::Redis)];
 
 impl SinkKind {
     /// The config word for this kind, which is also its section's name.
