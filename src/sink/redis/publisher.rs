@@ -43,6 +43,8 @@ struct Item<Tag> {
 pub(crate) struct RedisSink<Tag> {
     tx: mpsc::UnboundedSender<Item<Tag>>,
     stop: watch::Sender<bool>,
+    /// `[redis] max_message_bytes`: a larger record is refused in `send`.
+    max_message_bytes: usize,
     /// The task says it ended (its connection dropped) here.
     ended: std::sync::Mutex<std_mpsc::Receiver<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -86,6 +88,7 @@ impl<Tag: Send + Sync + 'static> RedisSink<Tag> {
             RedisSink {
                 tx,
                 stop,
+                max_message_bytes: redis.max_message_bytes,
                 ended: std::sync::Mutex::new(ended),
                 task,
             },
@@ -262,11 +265,27 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for RedisSink<Tag> {
         if let Some(value) = &record.value {
             push(FIELD_PAYLOAD, value);
         }
+        let bytes: usize = fields.iter().map(Vec::len).sum();
+        if bytes > self.max_message_bytes {
+            return Err(Refusal {
+                tag,
+                failure: SinkFailure {
+                    kind: FailureKind::Refused,
+                    destination: record.destination.clone().into_owned(),
+                    partition: None,
+                    event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
+                    cause: format!(
+                        "the stream entry would be {bytes} bytes, larger than [redis] max_message_bytes = {}",
+                        self.max_message_bytes
+                    ),
+                },
+            });
+        }
         let item = Item {
             tag,
             stream: record.destination.clone().into_owned(),
             event_id: String::from_utf8_lossy(record.event_id).into_owned(),
-            bytes: fields.iter().map(Vec::len).sum(),
+            bytes,
             fields,
             dedup_key: dedup_key.map(str::to_owned),
         };
@@ -283,7 +302,9 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for RedisSink<Tag> {
     }
 
     fn abandon(self: Box<Self>, wait: Duration) {
-        let RedisSink { tx, stop, ended, task } = *self;
+        let RedisSink {
+            tx, stop, ended, task, ..
+        } = *self;
         let _ = stop.send(true);
         drop(tx);
         // The task finishes the batch on the wire (its replies complete as usual), then drops

@@ -293,6 +293,24 @@ fn stream_key_rule() {
     assert!(check_stream_key("orders:outbox-relay-dedup").is_err());
     let settings = settings_for(SHARED, "max_message_bytes = 1000");
     assert_eq!(limits(&settings.redis).max_message_bytes, 1000);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (sink, _completions) = RedisSink::<u32>::create(&settings).await.unwrap();
+        let big = vec![b'x'; 1000];
+        let refusal = sink
+            .send(&record("never-written", b"k", &big, b"id"), &[], None, Box::new(7))
+            .unwrap_err();
+        assert_eq!((*refusal.tag, refusal.failure.kind), (7, FailureKind::Refused));
+        assert!(
+            refusal.failure.cause.contains("max_message_bytes"),
+            "{}",
+            refusal.failure.cause
+        );
+        Box::new(sink).abandon(Duration::from_secs(1));
+    });
     assert_eq!(
         limits(&settings_for(SHARED, "").redis).max_message_bytes,
         512 * 1024 * 1024
