@@ -18,12 +18,12 @@ use crate::harness::redis::{connect, delete, read_stream, read_streams_until, Pr
 use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
 use crate::harness::*;
 
-/// A relay config for `db_config`'s database publishing to Redis at `url`, every event of the
-/// workload (type `order.*`) to the stream `<prefix>.order`.
+/// A relay config for `config`'s database (schema B, routed by `aggregate_type` = `order`)
+/// publishing to Redis at `url`, every event to the stream `<prefix>.order`.
 fn to_redis(config: RelayConfig, url: &str, prefix: &str) -> RelayConfig {
     config
         .sink("redis", &[("url", url)])
-        .route(PREFIX_REGEX, &format!("{prefix}.${{routedByValue}}"))
+        .route("(?<routedByValue>.*)", &format!("{prefix}.${{routedByValue}}"))
 }
 
 fn fast_restarts(config: RelayConfig) -> RelayConfig {
