@@ -160,11 +160,7 @@ async fn exactly_once_across_20_sigkills_has_no_duplicate() {
     .await;
     // Nothing more arrives once everything did.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let records = if read_stream(SHARED_REDIS, &stream).await.len() > records.len() {
-        read_stream(SHARED_REDIS, &stream).await
-    } else {
-        records
-    };
+    let records = read_stream(SHARED_REDIS, &stream).await.max_by_len(records);
     let dups = check_all(&committed, &records, &stream, "exactly-once, 20 SIGKILLs");
     assert_eq!(dups, 0, "duplicates in exactly-once mode; log:\n{}", relay.log_text());
     for r in &records {
@@ -176,46 +172,61 @@ async fn exactly_once_across_20_sigkills_has_no_duplicate() {
 }
 
 /// The broker stopped for 30 s under load and started again (AOF on, so what it had acknowledged
-/// survives): nothing lost, streaming resumes, in both delivery modes.
-async fn broker_down_30_seconds(exactly: bool) {
+/// survives): nothing lost, and streaming resumes — events committed after the restart arrive.
+/// `shipped`: every `[relay]` and `[redis]` default (reconnect backoff up to 30 s, 10,000 in
+/// flight) instead of the shortened ones.
+async fn broker_down_30_seconds(exactly: bool, shipped: bool) {
     let mut server = PrivateRedis::start(&["--appendonly", "yes", "--appendfsync", "always"]);
     let prefix = unique_name("redis_down");
     let stream = format!("{prefix}.order");
     let (db, _client, config) = prepared(OutboxSchema::B, "unused:9092").await;
-    let config = to_redis(config, &server.url(), &prefix).max_in_flight(50);
-    let config = if exactly {
-        exactly_once(config)
-    } else {
-        fast_restarts(config)
-    };
+    let mut config = to_redis(config, &server.url(), &prefix);
+    if exactly {
+        config = config.set("relay", "delivery", "exactly-once");
+    }
+    if !shipped {
+        config = fast_restarts(config).max_in_flight(50);
+    }
     let relay = RelayProcess::run_streaming(&config).await;
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, 600, 30, 4);
     w.pause = Duration::from_millis(50);
-    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    let load = {
+        let url = url.clone();
+        tokio::spawn(async move { run_workload(&url, &w).await })
+    };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = read_stream(&server.url(), &stream).await.len();
     server.stop();
     tokio::time::sleep(Duration::from_secs(30)).await;
     server.restart();
+    let restarted = Instant::now();
     let after_restart = read_stream(&server.url(), &stream).await.len();
     assert!(
         after_restart >= before,
         "AOF kept what Redis acknowledged ({before} → {after_restart})"
     );
-    let committed = load.await.expect("workload");
+    let mut committed = load.await.expect("workload");
+    let later = run_workload(&url, &Workload::new(OutboxSchema::B, 100, 10, 2)).await;
+    committed.by_aggregate.extend(later.by_aggregate);
     let records = read_streams_until(
         &server.url(),
         &[stream.clone()],
         committed.len(),
-        Duration::from_secs(90),
+        Duration::from_secs(120),
     )
     .await;
+    let caught_up = restarted.elapsed();
     let log = relay.log_text();
     assert!(log.contains("Redis"), "the outage should show in the log:\n{log}");
     let what = format!(
-        "Redis down 30 s ({}), {before} entries before the stop",
-        if exactly { "exactly-once" } else { "at-least-once" }
+        "Redis down 30 s ({}, {}), {before} entries before the stop, caught up {caught_up:?} after the restart",
+        if exactly { "exactly-once" } else { "at-least-once" },
+        if shipped {
+            "shipped defaults"
+        } else {
+            "backoff 100-500 ms, 50 in flight"
+        }
     );
     let dups = check_all(&committed, &records, &stream, &what);
     if exactly {
@@ -225,12 +236,68 @@ async fn broker_down_30_seconds(exactly: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_down_30_seconds_loses_nothing() {
-    broker_down_30_seconds(false).await;
+    broker_down_30_seconds(false, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_down_30_seconds_exactly_once_publishes_each_event_once() {
-    broker_down_30_seconds(true).await;
+    broker_down_30_seconds(true, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_down_30_seconds_with_shipped_defaults_loses_nothing() {
+    broker_down_30_seconds(false, true).await;
+}
+
+/// Exactly-once SIGKILLs with every `[relay]` and `[redis]` default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_sigkills_with_shipped_defaults_have_no_duplicate() {
+    let prefix = unique_name("redis_eo_defaults");
+    let stream = format!("{prefix}.order");
+    let (db, _client, config) = prepared(OutboxSchema::B, "unused:9092").await;
+    let config = to_redis(config, SHARED_REDIS, &prefix).set("relay", "delivery", "exactly-once");
+    let url = shared_cluster().await.url(&db);
+    let mut w = Workload::new(OutboxSchema::B, 1000, 30, 4);
+    w.pause = Duration::from_millis(10);
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    for _ in 0..5 {
+        let relay = RelayProcess::run(&config);
+        tokio::time::sleep(Duration::from_millis(500 + random_below(1000))).await;
+        assert!(relay.sigkill(), "{}", relay.log_text());
+    }
+    let committed = load.await.expect("workload");
+    let _relay = RelayProcess::run(&config);
+    let records = read_streams_until(
+        SHARED_REDIS,
+        &[stream.clone()],
+        committed.len(),
+        Duration::from_secs(90),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let records = read_stream(SHARED_REDIS, &stream).await.max_by_len(records);
+    let dups = check_all(
+        &committed,
+        &records,
+        &stream,
+        "exactly-once, 5 SIGKILLs, shipped defaults",
+    );
+    assert_eq!(dups, 0);
+    delete(SHARED_REDIS, &[stream]).await;
+}
+
+trait Longer {
+    fn max_by_len(self, other: Self) -> Self;
+}
+
+impl Longer for Vec<Received> {
+    fn max_by_len(self, other: Self) -> Self {
+        if self.len() >= other.len() {
+            self
+        } else {
+            other
+        }
+    }
 }
 
 /// Two relays on two databases, exactly-once, writing one stream: their dedup keys differ by
