@@ -122,7 +122,7 @@ async fn sigkill_under_load_loses_nothing() {
     let _relay = RelayProcess::run(&config);
     let records = read_streams_until(
         SHARED_REDIS,
-        &[stream.clone()],
+        std::slice::from_ref(&stream),
         committed.len(),
         Duration::from_secs(90),
     )
@@ -153,7 +153,7 @@ async fn exactly_once_across_20_sigkills_has_no_duplicate() {
     let relay = RelayProcess::run(&config);
     let records = read_streams_until(
         SHARED_REDIS,
-        &[stream.clone()],
+        std::slice::from_ref(&stream),
         committed.len(),
         Duration::from_secs(90),
     )
@@ -211,7 +211,7 @@ async fn broker_down_30_seconds(exactly: bool, shipped: bool) {
     committed.by_aggregate.extend(later.by_aggregate);
     let records = read_streams_until(
         &server.url(),
-        &[stream.clone()],
+        std::slice::from_ref(&stream),
         committed.len(),
         Duration::from_secs(120),
     )
@@ -269,7 +269,7 @@ async fn exactly_once_sigkills_with_shipped_defaults_have_no_duplicate() {
     let _relay = RelayProcess::run(&config);
     let records = read_streams_until(
         SHARED_REDIS,
-        &[stream.clone()],
+        std::slice::from_ref(&stream),
         committed.len(),
         Duration::from_secs(90),
     )
@@ -332,7 +332,7 @@ async fn two_relays_on_two_databases_writing_one_stream_lose_nothing() {
     let _relays: Vec<RelayProcess> = configs.iter().map(RelayProcess::run).collect();
     let records = read_streams_until(
         SHARED_REDIS,
-        &[stream.clone()],
+        std::slice::from_ref(&stream),
         committed.len(),
         Duration::from_secs(90),
     )
@@ -352,7 +352,7 @@ enum Bad {
     /// Larger than `[redis] max_message_bytes`: refused on sight.
     TooLarge,
     /// The routed name breaks the stream-key rule (a control character).
-    BadName,
+    InvalidName,
 }
 
 const MAX_MESSAGE: usize = 4096;
@@ -412,7 +412,7 @@ async fn insert_bad(client: &Client, bad: Bad) -> String {
             )
             .await
         }
-        Bad::BadName => insert(client, "bad\u{7}name", "{}").await,
+        Bad::InvalidName => insert(client, "bad\u{7}name", "{}").await,
     }
 }
 
@@ -420,7 +420,7 @@ fn cause_of(bad: Bad) -> &'static str {
     match bad {
         Bad::WrongType => "WRONGTYPE",
         Bad::TooLarge => "larger",
-        Bad::BadName => "control characters",
+        Bad::InvalidName => "control characters",
     }
 }
 
@@ -493,10 +493,10 @@ async fn bad_event_fail_too_large() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_event_fail_bad_name() {
-    fail_case(Bad::BadName).await;
+    fail_case(Bad::InvalidName).await;
 }
 
-const ALL_BAD: [Bad; 3] = [Bad::WrongType, Bad::TooLarge, Bad::BadName];
+const ALL_BAD: [Bad; 3] = [Bad::WrongType, Bad::TooLarge, Bad::InvalidName];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_events_skipped_and_the_good_ones_arrive_in_order() {
@@ -535,7 +535,7 @@ async fn bad_events_dead_lettered_to_a_stream() {
     let dead_stream = format!("{}.dead", setup.prefix);
     let dead = read_streams_until(
         SHARED_REDIS,
-        &[dead_stream.clone()],
+        std::slice::from_ref(&dead_stream),
         bad_ids.len(),
         Duration::from_secs(30),
     )
