@@ -23,16 +23,19 @@ impl Default for SinkSection {
 pub enum SinkKind {
     /// `[kafka]`: librdkafka properties.
     Kafka,
+    /// `[redis]`: Redis Streams (docs/sink-redis.md).
+    Redis,
 }
 
 /// Every kind, as written in the config: the one list `[sink] kind` is checked against.
-const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka)];
+const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka), ("redis", SinkKind::Redis)];
 
 impl SinkKind {
     /// The broker's name for people, in log lines.
     pub(crate) fn broker_name(self) -> &'static str {
         match self {
             SinkKind::Kafka => "Kafka",
+            SinkKind::Redis => "Redis",
         }
     }
 

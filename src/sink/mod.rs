@@ -24,6 +24,7 @@
 pub(crate) mod kafka;
 #[cfg(test)]
 pub(crate) mod memory;
+pub(crate) mod redis;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -203,6 +204,7 @@ pub(crate) trait Sink<Tag>: Send + Sync {
 pub(crate) fn limits(settings: &Settings) -> SinkLimits {
     match settings.sink {
         SinkKind::Kafka => kafka::limits(&settings.kafka),
+        SinkKind::Redis => redis::limits(&settings.redis),
     }
 }
 
@@ -211,6 +213,7 @@ pub(crate) fn limits(settings: &Settings) -> SinkLimits {
 pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkError> {
     match settings.sink {
         SinkKind::Kafka => Ok(kafka::prepare()),
+        SinkKind::Redis => redis::prepare(settings).await,
     }
 }
 
@@ -218,6 +221,7 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
 pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
     match settings.sink {
         SinkKind::Kafka => kafka::probe(&settings.kafka).await,
+        SinkKind::Redis => redis::probe(settings).await,
     }
 }
 
@@ -225,6 +229,7 @@ pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
 pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
     match kind {
         SinkKind::Kafka => ExactlyOnce::ReadBack,
+        SinkKind::Redis => ExactlyOnce::BrokerDeduplicates,
     }
 }
 
@@ -237,6 +242,7 @@ pub(crate) async fn create<Tag: Send + Sync + 'static>(
 ) -> Result<SinkWithCompletions<Tag>, SinkError> {
     Ok(match settings.sink {
         SinkKind::Kafka => boxed(kafka::producer::Publisher::create(&settings.kafka, max_in_flight)?),
+        SinkKind::Redis => boxed(redis::publisher::RedisSink::create(settings).await?),
     })
 }
 

@@ -24,4 +24,5 @@ mod layering;
 mod outage_logs;
 mod pg_versions;
 mod poll;
+mod sink_redis;
 mod stream_shapes;
