@@ -31,6 +31,7 @@ pub(crate) mod kafka;
 pub(crate) mod outbox;
 pub(crate) mod poll;
 pub(crate) mod postgres;
+pub(crate) mod rabbitmq;
 pub(crate) mod relay;
 pub(crate) mod secret;
 pub(crate) mod sink;
@@ -42,6 +43,7 @@ use self::kafka::{KafkaProperties, KafkaValue};
 use self::outbox::{OutboxMapping, OutboxSection, RouteSection, TopicRoute};
 use self::poll::{PollSection, PollSettings};
 use self::postgres::{PostgresSection, PostgresSettings};
+use self::rabbitmq::{RabbitMqSection, RabbitMqSettings};
 use self::relay::{RelaySection, RelaySettings};
 use self::sink::{SinkKind, SinkSection};
 
@@ -80,6 +82,8 @@ pub(crate) struct FileConfig {
     pub(crate) sink: SinkSection,
     /// Absent unless `[sink] kind = "kafka"` (the default).
     pub(crate) kafka: Option<BTreeMap<String, KafkaValue>>,
+    /// Present iff `[sink] kind = "rabbitmq"`.
+    pub(crate) rabbitmq: Option<RabbitMqSection>,
     #[serde(default)]
     pub(crate) relay: RelaySection,
     #[serde(default)]
@@ -119,6 +123,8 @@ pub struct Settings {
     pub sink: SinkKind,
     /// `[kafka]`; empty unless the sink is Kafka.
     pub kafka: KafkaProperties,
+    /// `[rabbitmq]`; `Some` iff the sink is RabbitMQ.
+    pub rabbitmq: Option<RabbitMqSettings>,
     pub relay: RelaySettings,
     /// Only `outbox-relay poll` reads it.
     pub poll: PollSettings,
@@ -186,6 +192,7 @@ impl Settings {
         } else {
             KafkaProperties::default()
         };
+        let rabbitmq = rabbitmq::section(sink, file.rabbitmq)?;
         let relay = file.relay.validate()?;
         if relay.delivery == relay::Delivery::ExactlyOnce && sink == SinkKind::Kafka {
             validate_exactly_once_timeout(&kafka, &relay)?;
@@ -197,6 +204,7 @@ impl Settings {
             router,
             sink,
             kafka,
+            rabbitmq,
             relay,
             poll: file.poll.validate()?,
             http: file.http.validate()?,

@@ -23,10 +23,12 @@ impl Default for SinkSection {
 pub enum SinkKind {
     /// `[kafka]`: librdkafka properties.
     Kafka,
+    /// `[rabbitmq]`: an AMQP 0-9-1 broker's URL and exchange.
+    RabbitMq,
 }
 
 /// Every kind, as written in the config: the one list `[sink] kind` is checked against.
-const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka)];
+const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka), ("rabbitmq", SinkKind::RabbitMq)];
 
 impl SinkKind {
     /// The config word for this kind, which is also its section's name.

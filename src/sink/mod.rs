@@ -24,6 +24,7 @@
 pub(crate) mod kafka;
 #[cfg(test)]
 pub(crate) mod memory;
+pub(crate) mod rabbitmq;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -169,7 +170,6 @@ pub(crate) enum ExactlyOnce {
     /// seen within its window; the relay sends every replayed record.
     BrokerDeduplicates,
     /// Not possible with this sink: the reason, for the config error.
-    #[allow(dead_code)] // until a sink that cannot (AMQP 0-9-1 has no deduplication) is added
     Unsupported(&'static str),
 }
 
@@ -197,6 +197,7 @@ pub(crate) trait Sink<Tag>: Send + Sync {
 pub(crate) fn limits(settings: &Settings) -> SinkLimits {
     match settings.sink {
         SinkKind::Kafka => kafka::limits(&settings.kafka),
+        SinkKind::RabbitMq => rabbitmq::limits(),
     }
 }
 
@@ -204,6 +205,7 @@ pub(crate) fn limits(settings: &Settings) -> SinkLimits {
 pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
     match kind {
         SinkKind::Kafka => ExactlyOnce::ReadBack,
+        SinkKind::RabbitMq => ExactlyOnce::Unsupported(rabbitmq::NO_EXACTLY_ONCE),
     }
 }
 
@@ -216,6 +218,7 @@ pub(crate) async fn create<Tag: Send + Sync + 'static>(
 ) -> Result<SinkWithCompletions<Tag>, SinkError> {
     Ok(match settings.sink {
         SinkKind::Kafka => boxed(kafka::producer::Publisher::create(&settings.kafka, max_in_flight)?),
+        SinkKind::RabbitMq => boxed(rabbitmq::create(settings, max_in_flight).await?),
     })
 }
 
