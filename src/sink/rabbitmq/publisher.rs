@@ -9,7 +9,8 @@
 //!   every queue it was routed to);
 //! * ack carrying a `basic.return` (`mandatory`, no queue bound for the routing key) →
 //!   [`FailureKind::Refused`]: the broker would otherwise drop it silently, so it is a bad event
-//!   and `relay.on_bad_event` decides;
+//!   and `relay.on_bad_event` decides; the records of the same key queued behind it are not
+//!   published but fail `Transient` (the caller replays them once it decided about this one);
 //! * nack, a failed publish, a closed channel or connection → [`FailureKind::Transient`], and
 //!   the sink is *broken*: everything queued behind fails `Transient` at once and nothing more
 //!   is published (no reconnect inside one sink; the relay abandons it and replays).
@@ -442,14 +443,29 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
                 format!("no confirm from RabbitMQ: {}", words(&e)),
             )),
         };
-        let broken = match &outcome {
-            Err(f) if f.kind == FailureKind::Transient => Some(f.cause.clone()),
-            _ => None,
-        };
+        let failed = outcome.as_ref().err().map(|f| (f.kind, f.cause.clone()));
         self.complete(sent.tag, outcome);
-        if let Some(cause) = broken {
-            self.break_with(cause);
-            return;
+        match failed {
+            Some((FailureKind::Transient, cause)) => {
+                self.break_with(cause);
+                return;
+            }
+            Some((FailureKind::Refused, cause)) => {
+                // What waits behind a refused record of its aggregate is not published: the
+                // caller ends its session on a refusal and replays them after deciding about
+                // this one, so publishing them now would only store them ahead of it (and
+                // twice). Records handed over later are published as usual.
+                let behind = self.waiting.remove(&sent.key).unwrap_or_default();
+                for outgoing in behind {
+                    let failure = outgoing.failure(
+                        FailureKind::Transient,
+                        format!("not published: an earlier record of the same key was refused ({cause})"),
+                    );
+                    self.complete(outgoing.tag, Err(failure));
+                }
+                return;
+            }
+            None => {}
         }
         // The key's next record, if any, goes now.
         let next = match self.waiting.get_mut(&sent.key) {

@@ -81,6 +81,7 @@ pub mod fault_support;
 pub mod kafka;
 pub mod postgres;
 pub mod process;
+pub mod rabbitmq;
 pub mod relay_process;
 pub mod scrape;
 pub mod tansu;
