@@ -172,11 +172,7 @@ pub(crate) async fn check_exchange(channel: &Channel, settings: &RabbitMqSetting
 
 #[cfg_attr(not(test), allow(dead_code))] // prepare and probe: `setup` and `status` are wired by the lead
 async fn close(connection: Connection) {
-    let _ = tokio::time::timeout(
-        Duration::from_secs(2),
-        connection.close(200, "outbox-relay done".into()),
-    )
-    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), connection.close(200, "outbox-relay done")).await;
 }
 
 /// What `outbox-relay setup` does for RabbitMQ: declares `[rabbitmq] exchange` as a durable topic

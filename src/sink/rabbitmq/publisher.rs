@@ -97,7 +97,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
     ) -> Result<(Publisher<Tag>, Completions<Tag>), SinkError> {
         let (connection, channel) = connect(settings).await?;
         if let Err(e) = check_exchange(&channel, settings).await {
-            let _ = tokio::time::timeout(Duration::from_secs(2), connection.close(200, "".into())).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), connection.close(200, "")).await;
             return Err(e);
         }
         channel
@@ -315,8 +315,8 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
         if drained.is_err() {
             warn!(exchange = %self.exchange, pending, "abandoned RabbitMQ publisher still had unconfirmed messages");
         }
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.channel.close(200, "abandoned".into())).await;
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection.close(200, "abandoned".into())).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.channel.close(200, "abandoned")).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection.close(200, "abandoned")).await;
         debug!(exchange = %self.exchange, "RabbitMQ publisher closed");
     }
 

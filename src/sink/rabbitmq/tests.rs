@@ -97,7 +97,7 @@ impl Fixture {
             .channel
             .exchange_delete(&self.settings.exchange, ExchangeDeleteOptions::default())
             .await;
-        let _ = self.connection.close(200, "".into()).await;
+        let _ = self.connection.close(200, "").await;
     }
 }
 
@@ -242,7 +242,7 @@ async fn long_routing_keys_and_oversized_messages_are_refused_on_sight() {
         "{}",
         refusal.failure
     );
-    assert_eq!((limits().check_name)(&long).is_err(), true);
+    assert!((limits().check_name)(&long).is_err());
     assert_eq!(limits().max_message_bytes, MAX_MESSAGE_BYTES);
     Box::new(sink).abandon(Duration::from_secs(1));
     fx.clean().await;
@@ -367,5 +367,5 @@ async fn prepare_is_idempotent_and_refuses_an_exchange_of_another_type() {
         .exchange_delete(&s.exchange, ExchangeDeleteOptions::default())
         .await
         .unwrap();
-    let _ = connection.close(200, "".into()).await;
+    let _ = connection.close(200, "").await;
 }

@@ -140,7 +140,7 @@ impl RabbitFixture {
             .channel
             .exchange_delete(&self.exchange, ExchangeDeleteOptions::default())
             .await;
-        let _ = self.connection.close(200, "".into()).await;
+        let _ = self.connection.close(200, "").await;
     }
 }
 
