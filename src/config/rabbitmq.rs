@@ -190,3 +190,56 @@ mod tests {
         assert!(validate_routing_key("").is_err());
     }
 }
+
+#[cfg(test)]
+mod file_tests {
+    use std::path::Path;
+
+    use crate::config::sink::SinkKind;
+    use crate::config::Settings;
+
+    const PG: &str = "[postgres]\nurl = \"postgres://relay:pw@127.0.0.1:5432/app\"\n";
+
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Settings, String> {
+        Settings::from_toml_str(
+            text,
+            Path::new("t.toml"),
+            env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_section_comes_with_its_kind_only_and_env_overrides_it() {
+        let text = format!(
+            "{PG}[sink]\nkind = \"rabbitmq\"\n[rabbitmq]\nurl = \"amqp://u:pw@h:5672/%2f\"\nexchange = \"outbox\"\n"
+        );
+        let s = load(&text, &[]).unwrap();
+        assert_eq!(s.sink, SinkKind::RabbitMq);
+        assert_eq!(s.rabbitmq.as_ref().unwrap().exchange, "outbox");
+        let s = load(&text, &[("OUTBOX_RELAY__RABBITMQ__URL", "amqp://u:other@h2:5672/v")]).unwrap();
+        assert_eq!(s.rabbitmq.unwrap().url.expose(), "amqp://u:other@h2:5672/v");
+
+        let err = load(&format!("{PG}[sink]\nkind = \"rabbitmq\"\n"), &[]).unwrap_err();
+        assert!(err.contains("[rabbitmq]") && err.contains("exchange"), "{err}");
+        let err = load(
+            &format!("{PG}[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n[rabbitmq]\nexchange = \"x\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("remove the section") && err.contains("kind = \"rabbitmq\""),
+            "{err}"
+        );
+        let err = load(&format!("{text}typo = 1\n"), &[]).unwrap_err();
+        assert!(err.contains("typo"), "{err}");
+        let err = load(
+            &format!("{PG}[sink]\nkind = \"rabbitmq\"\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n[rabbitmq]\nurl = \"amqp://h\"\nexchange = \"x\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.contains("[kafka]"), "{err}");
+        let s = load(&format!("{PG}[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n"), &[]).unwrap();
+        assert!(s.rabbitmq.is_none());
+    }
+}
