@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use crate::harness::rabbitmq::{AmqpProxy, RabbitFixture, RABBITMQ_ADDR, RABBITMQ_URL};
+use crate::harness::rabbitmq::{AmqpProxy, PrivateRabbit, RabbitFixture, RABBITMQ_ADDR, RABBITMQ_URL};
 use crate::harness::workload::{ExpectedEvent, OutboxSchema, Workload};
 use crate::harness::*;
 
@@ -306,4 +306,68 @@ async fn sink_rabbitmq_two_relays_on_two_databases_share_one_exchange() {
         let _ = r.wait_exit(Duration::from_secs(30)).await;
     }
     fx.clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_rabbitmq_broker_stopped_30s_and_restarted_loses_nothing() {
+    // A node of this test's own: stopping the shared broker would break the other tests.
+    let Some(mut node) = PrivateRabbit::start().await else {
+        return;
+    };
+    let url = node.url();
+    let mut fx = RabbitFixture::new_at(&url, &["#"]).await;
+    let (db, _client, config) = rabbit_db(&fx, &url).await;
+    // Shorter backoff than shipped (the proxy outage test runs the defaults).
+    let config =
+        config
+            .set("relay", "reconnect_backoff_initial_ms", 200)
+            .set("relay", "reconnect_backoff_max_ms", 2000);
+    let mut relay = RelayProcess::run_streaming(&config).await;
+    let pg = shared_cluster().await.url(&db);
+    let before = run_workload(&pg, &Workload::new(OutboxSchema::A, 500, 10, 2)).await;
+    // Left in the queue across the restart: persistent messages in a durable queue survive it.
+    assert!(
+        wait_until(Duration::from_secs(60), Duration::from_millis(200), || async {
+            fx.count().await >= 500
+        })
+        .await,
+        "{}",
+        relay.log_text()
+    );
+    node.stop().await;
+    let stopped = Instant::now();
+    let mut w = Workload::new(OutboxSchema::A, 300, 10, 2);
+    w.pause = Duration::from_millis(40);
+    let during = run_workload(&pg, &w).await;
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(stopped.elapsed())).await;
+    node.boot().await;
+    let restarted = Instant::now();
+    fx.reconnect(&url).await;
+    let after = run_workload(&pg, &Workload::new(OutboxSchema::A, 200, 10, 2)).await;
+    let mut committed = before;
+    for part in [during, after] {
+        for (agg, events) in part.by_aggregate {
+            committed.by_aggregate.entry(agg).or_default().extend(events);
+        }
+    }
+    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
+    let records = fx.collect(all.len(), Duration::from_secs(90)).await;
+    let delivered_after = restarted.elapsed();
+    let dups = check_delivered(&all, &records, |e| e.event_type.clone());
+    check_order(&committed, &records);
+    eprintln!(
+        "rabbitmq broker restart: {} committed, {} received, 0 lost, {dups} duplicates, all delivered {:?} after \
+         the broker restarted",
+        all.len(),
+        records.len(),
+        delivered_after
+    );
+    assert!(
+        relay.try_exit_status().is_none(),
+        "the relay keeps running through an outage"
+    );
+    assert!(relay.sigterm());
+    let _ = relay.wait_exit(Duration::from_secs(30)).await;
+    fx.clean().await;
+    node.stop().await;
 }

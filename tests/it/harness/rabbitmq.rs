@@ -49,7 +49,12 @@ pub struct RabbitFixture {
 
 impl RabbitFixture {
     pub async fn new(bindings: &[&str]) -> RabbitFixture {
-        let (connection, channel) = amqp_connect(RABBITMQ_URL).await;
+        RabbitFixture::new_at(RABBITMQ_URL, bindings).await
+    }
+
+    /// On the broker at `url` (a [`PrivateRabbit`]).
+    pub async fn new_at(url: &str, bindings: &[&str]) -> RabbitFixture {
+        let (connection, channel) = amqp_connect(url).await;
         let exchange = unique_name("it-rmq-x");
         let queue = unique_name("it-rmq-q");
         channel
@@ -94,6 +99,29 @@ impl RabbitFixture {
             channel,
             received: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Connects again (after the broker restarted).
+    pub async fn reconnect(&mut self, url: &str) {
+        let (connection, channel) = amqp_connect(url).await;
+        self.connection = connection;
+        self.channel = channel;
+    }
+
+    /// Messages waiting in the queue.
+    pub async fn count(&self) -> u32 {
+        self.channel
+            .queue_declare(
+                &self.queue,
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map(|q| q.message_count())
+            .unwrap_or(0)
     }
 
     /// Reads the queue until `expected` records arrived in all (then one more second for
@@ -240,5 +268,128 @@ impl Drop for AmqpProxy {
     fn drop(&mut self) {
         self.cut();
         self.accept.abort();
+    }
+}
+
+/// The broker's start script.
+const RABBITMQ_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+
+/// A RabbitMQ node of the test's own (its own node name, ports, data and logs in a temporary
+/// directory, no plugins) that the test may stop and start again, keeping its data; the shared
+/// broker is never touched. Killed when dropped, and by a watchdog if the test process dies.
+pub struct PrivateRabbit {
+    pub port: u16,
+    dist_port: u16,
+    node: String,
+    dir: tempfile::TempDir,
+    child: Option<(std::process::Child, super::process::Watchdog)>,
+}
+
+impl PrivateRabbit {
+    /// Starts a node and waits (up to 90 s) until it accepts AMQP; `None`, with a loud message,
+    /// where the broker is not installed.
+    pub async fn start() -> Option<PrivateRabbit> {
+        if !std::path::Path::new(RABBITMQ_SERVER).exists() {
+            eprintln!("SKIPPING: {RABBITMQ_SERVER} not installed, no private RabbitMQ node");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("enabled_plugins"), "[].\n").unwrap();
+        let mut node = PrivateRabbit {
+            port: super::util::free_port(),
+            dist_port: super::util::free_port(),
+            node: format!("it{}x{}@localhost", std::process::id(), super::util::free_port()),
+            dir,
+            child: None,
+        };
+        node.boot().await;
+        Some(node)
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("out.txt")).unwrap_or_default();
+        text.lines()
+            .rev()
+            .take(40)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Starts (again) on the same node name, ports and data directory.
+    pub async fn boot(&mut self) {
+        let d = self.dir.path();
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("out.txt"))
+            .unwrap();
+        let child = std::process::Command::new(RABBITMQ_SERVER)
+            .current_dir(d)
+            .env("HOME", d)
+            // The VM in place of the script (-noinput), so signals and the watchdog reach it.
+            .env("RUNNING_UNDER_SYSTEMD", "true")
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", d.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", d.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", d.join("none"))
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("start rabbitmq-server");
+        let watchdog = super::process::Watchdog::guard(child.id());
+        self.child = Some((child, watchdog));
+        let url = self.url();
+        let up = super::util::wait_until(Duration::from_secs(90), Duration::from_millis(500), || {
+            let url = url.clone();
+            async move {
+                let props = ConnectionProperties::default()
+                    .with_executor(tokio_executor_trait::Tokio::current())
+                    .with_reactor(tokio_reactor_trait::Tokio::current());
+                match tokio::time::timeout(Duration::from_secs(5), Connection::connect(&url, props)).await {
+                    Ok(Ok(c)) => {
+                        let _ = c.close(200, "").await;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        })
+        .await;
+        assert!(up, "private RabbitMQ node did not start in 90 s:\n{}", self.log_tail());
+    }
+
+    /// Stops the node (SIGTERM: a clean shutdown; SIGKILL after 30 s).
+    pub async fn stop(&mut self) {
+        if let Some((mut child, _watchdog)) = self.child.take() {
+            super::process::send_signal(child.id(), "TERM");
+            if super::process::wait_child(&mut child, Duration::from_secs(30))
+                .await
+                .is_none()
+            {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        if let Some((mut child, _)) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
