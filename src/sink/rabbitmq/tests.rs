@@ -413,3 +413,75 @@ async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
     Box::new(sink).abandon(Duration::from_secs(1));
     fx.clean().await;
 }
+
+#[tokio::test]
+async fn a_nack_breaks_the_sink_and_nothing_of_its_key_is_stored_past_it() {
+    // A queue that takes 5 messages and then makes the broker nack publishes (reject-publish).
+    let settings = settings(&unique("t-rmq-nack"));
+    prepare(&settings).await.expect("prepare");
+    let (connection, channel) = connect(&settings).await.unwrap();
+    let queue = unique("t-rmq-nack-q");
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(5));
+    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+    channel
+        .queue_declare(&queue, QueueDeclareOptions::default(), args)
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            &queue,
+            &settings.exchange,
+            "#",
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let (sink, mut rx) = Publisher::<u32>::create(&settings, 100).await.expect("create");
+    let values: Vec<String> = (0..20).map(|i| i.to_string()).collect();
+    for (i, v) in values.iter().enumerate() {
+        sink.send(
+            &record("orders", "k", v.as_bytes(), b"i"),
+            &[],
+            None,
+            Box::new(i as u32),
+        )
+        .map_err(|r| r.failure)
+        .unwrap();
+    }
+    let mut done = completions(&mut rx, 20).await;
+    done.sort_by_key(|(t, _)| *t);
+    for (i, outcome) in &done {
+        if *i < 5 {
+            assert!(outcome.is_ok(), "{i}: {outcome:?}");
+        } else {
+            let f = outcome.as_ref().unwrap_err();
+            assert_eq!(f.kind, FailureKind::Transient, "{i}: {f}");
+        }
+    }
+    assert!(
+        done[5].1.as_ref().unwrap_err().cause.contains("nacked"),
+        "{:?}",
+        done[5]
+    );
+    let mut bodies = Vec::new();
+    while let Some(m) = channel
+        .basic_get(&queue, BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        bodies.push(String::from_utf8(m.delivery.data).unwrap());
+    }
+    assert_eq!(
+        bodies,
+        values[..5].to_vec(),
+        "the first five, in order, and nothing past the nack"
+    );
+    Box::new(sink).abandon(Duration::from_secs(1));
+    let _ = channel.queue_delete(&queue, QueueDeleteOptions::default()).await;
+    let _ = channel
+        .exchange_delete(&settings.exchange, ExchangeDeleteOptions::default())
+        .await;
+    let _ = connection.close(200, "").await;
+}
