@@ -32,6 +32,7 @@ pub(crate) mod outbox;
 pub(crate) mod poll;
 pub(crate) mod postgres;
 pub(crate) mod redis;
+pub(crate) mod rabbitmq;
 pub(crate) mod relay;
 pub(crate) mod secret;
 pub(crate) mod sink;
@@ -44,6 +45,7 @@ use self::outbox::{OutboxMapping, OutboxSection, RouteSection, TopicRoute};
 use self::poll::{PollSection, PollSettings};
 use self::postgres::{PostgresSection, PostgresSettings};
 use self::redis::{RedisSection, RedisSettings};
+use self::rabbitmq::{RabbitMqSection, RabbitMqSettings};
 use self::relay::{RelaySection, RelaySettings};
 use self::sink::{SinkKind, SinkSection};
 
@@ -84,6 +86,8 @@ pub(crate) struct FileConfig {
     pub(crate) kafka: Option<BTreeMap<String, KafkaValue>>,
     /// Present iff `[sink] kind = "redis"`.
     pub(crate) redis: Option<RedisSection>,
+    /// Present iff `[sink] kind = "rabbitmq"`.
+    pub(crate) rabbitmq: Option<RabbitMqSection>,
     #[serde(default)]
     pub(crate) relay: RelaySection,
     #[serde(default)]
@@ -125,6 +129,8 @@ pub struct Settings {
     pub kafka: KafkaProperties,
     /// `[redis]`; `Some` iff the sink is Redis.
     pub redis: Option<RedisSettings>,
+    /// `[rabbitmq]`; `Some` iff the sink is RabbitMQ.
+    pub rabbitmq: Option<RabbitMqSettings>,
     pub relay: RelaySettings,
     /// Only `outbox-relay poll` reads it.
     pub poll: PollSettings,
@@ -193,6 +199,7 @@ impl Settings {
             KafkaProperties::default()
         };
         let redis = self::redis::validate_section(sink, file.redis)?;
+        let rabbitmq = rabbitmq::section(sink, file.rabbitmq)?;
         let relay = file.relay.validate()?;
         if relay.delivery == relay::Delivery::ExactlyOnce && sink == SinkKind::Kafka {
             validate_exactly_once_timeout(&kafka, &relay)?;
@@ -206,6 +213,7 @@ impl Settings {
             sink,
             kafka,
             redis,
+            rabbitmq,
             relay,
             poll: file.poll.validate()?,
             http: file.http.validate()?,

@@ -25,10 +25,16 @@ pub enum SinkKind {
     Kafka,
     /// `[redis]`: Redis Streams (docs/sink-redis.md).
     Redis,
+    /// `[rabbitmq]`: an AMQP 0-9-1 broker's URL and exchange (docs/sink-rabbitmq.md).
+    RabbitMq,
 }
 
 /// Every kind, as written in the config: the one list `[sink] kind` is checked against.
-const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka), ("redis", SinkKind::Redis)];
+const KINDS: &[(&str, SinkKind)] = &[
+    ("kafka", SinkKind::Kafka),
+    ("redis", SinkKind::Redis),
+    ("rabbitmq", SinkKind::RabbitMq),
+];
 
 impl SinkKind {
     /// The broker's name for people, in log lines.
@@ -36,6 +42,7 @@ impl SinkKind {
         match self {
             SinkKind::Kafka => "Kafka",
             SinkKind::Redis => "Redis",
+            SinkKind::RabbitMq => "RabbitMQ",
         }
     }
 

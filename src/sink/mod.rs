@@ -25,6 +25,7 @@ pub(crate) mod kafka;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod rabbitmq;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -170,7 +171,6 @@ pub(crate) enum ExactlyOnce {
     /// seen within its window; the relay sends every replayed record.
     BrokerDeduplicates,
     /// Not possible with this sink: the reason, for the config error.
-    #[allow(dead_code)] // until a sink that cannot (AMQP 0-9-1 has no deduplication) is added
     Unsupported(&'static str),
 }
 
@@ -205,6 +205,7 @@ pub(crate) fn limits(settings: &Settings) -> SinkLimits {
     match settings.sink {
         SinkKind::Kafka => kafka::limits(&settings.kafka),
         SinkKind::Redis => redis::limits(&settings.redis),
+        SinkKind::RabbitMq => rabbitmq::limits(),
     }
 }
 
@@ -214,7 +215,17 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
     match settings.sink {
         SinkKind::Kafka => Ok(kafka::prepare()),
         SinkKind::Redis => redis::prepare(settings).await,
+        SinkKind::RabbitMq => rabbitmq::prepare(section(&settings.rabbitmq, settings.sink)?).await,
     }
+}
+
+/// The chosen sink's section, which the configuration guarantees is there.
+fn section<T>(section: &Option<T>, kind: SinkKind) -> Result<&T, SinkError> {
+    section.as_ref().ok_or_else(|| SinkError {
+        sink: kind.broker_name(),
+        cause: format!("[sink] kind = \"{}\" without a [{}] section", kind.label(), kind.label()),
+        transient: false,
+    })
 }
 
 /// What `status` says of the configured sink: reachable, and how it looks (`Err`: why not).
@@ -222,6 +233,7 @@ pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
     match settings.sink {
         SinkKind::Kafka => kafka::probe(&settings.kafka).await,
         SinkKind::Redis => redis::probe(settings).await,
+        SinkKind::RabbitMq => rabbitmq::probe(section(&settings.rabbitmq, settings.sink)?).await,
     }
 }
 
@@ -230,6 +242,7 @@ pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
     match kind {
         SinkKind::Kafka => ExactlyOnce::ReadBack,
         SinkKind::Redis => ExactlyOnce::BrokerDeduplicates,
+        SinkKind::RabbitMq => ExactlyOnce::Unsupported(rabbitmq::NO_EXACTLY_ONCE),
     }
 }
 
@@ -243,6 +256,7 @@ pub(crate) async fn create<Tag: Send + Sync + 'static>(
     Ok(match settings.sink {
         SinkKind::Kafka => boxed(kafka::producer::Publisher::create(&settings.kafka, max_in_flight)?),
         SinkKind::Redis => boxed(redis::publisher::RedisSink::create(settings).await?),
+        SinkKind::RabbitMq => boxed(rabbitmq::create(settings, max_in_flight).await?),
     })
 }
 

@@ -25,4 +25,5 @@ mod outage_logs;
 mod pg_versions;
 mod poll;
 mod sink_redis;
+mod sink_rabbitmq;
 mod stream_shapes;

@@ -82,6 +82,7 @@ pub mod kafka;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod rabbitmq;
 pub mod relay_process;
 pub mod scrape;
 pub mod tansu;
