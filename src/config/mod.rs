@@ -28,6 +28,7 @@ pub(crate) mod debezium;
 pub(crate) mod http;
 pub(crate) mod ident;
 pub(crate) mod kafka;
+pub(crate) mod nats;
 pub(crate) mod outbox;
 pub(crate) mod poll;
 pub(crate) mod postgres;
@@ -80,6 +81,8 @@ pub(crate) struct FileConfig {
     pub(crate) sink: SinkSection,
     /// Absent unless `[sink] kind = "kafka"` (the default).
     pub(crate) kafka: Option<BTreeMap<String, KafkaValue>>,
+    /// Present if and only if `[sink] kind = "nats"`.
+    pub(crate) nats: Option<nats::NatsSection>,
     #[serde(default)]
     pub(crate) relay: RelaySection,
     #[serde(default)]
@@ -119,6 +122,8 @@ pub struct Settings {
     pub sink: SinkKind,
     /// `[kafka]`; empty unless the sink is Kafka.
     pub kafka: KafkaProperties,
+    /// `[nats]`; `Some` exactly when the sink is NATS JetStream.
+    pub nats: Option<nats::NatsSettings>,
     pub relay: RelaySettings,
     /// Only `outbox-relay poll` reads it.
     pub poll: PollSettings,
@@ -186,6 +191,7 @@ impl Settings {
         } else {
             KafkaProperties::default()
         };
+        let nats = nats::section_for(sink, file.nats)?;
         let relay = file.relay.validate()?;
         if relay.delivery == relay::Delivery::ExactlyOnce && sink == SinkKind::Kafka {
             validate_exactly_once_timeout(&kafka, &relay)?;
@@ -197,6 +203,7 @@ impl Settings {
             router,
             sink,
             kafka,
+            nats,
             relay,
             poll: file.poll.validate()?,
             http: file.http.validate()?,

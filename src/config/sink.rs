@@ -23,10 +23,12 @@ impl Default for SinkSection {
 pub enum SinkKind {
     /// `[kafka]`: librdkafka properties.
     Kafka,
+    /// `[nats]`: NATS JetStream.
+    Nats,
 }
 
 /// Every kind, as written in the config: the one list `[sink] kind` is checked against.
-const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka)];
+const KINDS: &[(&str, SinkKind)] = &[("kafka", SinkKind::Kafka), ("nats", SinkKind::Nats)];
 
 impl SinkKind {
     /// The config word for this kind, which is also its section's name.

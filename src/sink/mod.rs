@@ -24,6 +24,7 @@
 pub(crate) mod kafka;
 #[cfg(test)]
 pub(crate) mod memory;
+pub(crate) mod nats;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -197,6 +198,7 @@ pub(crate) trait Sink<Tag>: Send + Sync {
 pub(crate) fn limits(settings: &Settings) -> SinkLimits {
     match settings.sink {
         SinkKind::Kafka => kafka::limits(&settings.kafka),
+        SinkKind::Nats => nats::limits(settings.nats.as_ref()),
     }
 }
 
@@ -204,6 +206,7 @@ pub(crate) fn limits(settings: &Settings) -> SinkLimits {
 pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
     match kind {
         SinkKind::Kafka => ExactlyOnce::ReadBack,
+        SinkKind::Nats => ExactlyOnce::BrokerDeduplicates,
     }
 }
 
@@ -216,6 +219,7 @@ pub(crate) async fn create<Tag: Send + Sync + 'static>(
 ) -> Result<SinkWithCompletions<Tag>, SinkError> {
     Ok(match settings.sink {
         SinkKind::Kafka => boxed(kafka::producer::Publisher::create(&settings.kafka, max_in_flight)?),
+        SinkKind::Nats => boxed(nats::publisher::Publisher::create(nats::settings(settings)?, max_in_flight).await?),
     })
 }
 
