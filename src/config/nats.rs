@@ -28,8 +28,9 @@ pub(crate) struct NatsSection {
     url: NatsUrl,
     /// The JetStream stream every event must land in.
     stream: String,
-    /// The stream's subjects, for `setup` (creating it) and for `run` (the stream must cover
-    /// them; a routed subject outside them is a bad event). Default: every subject (`">"`).
+    /// The stream's subjects: `setup` creates the stream with them (it needs them when the
+    /// stream is missing), and `run` checks the stream covers them. Left out, `run` takes the
+    /// stream as it is. Either way a routed subject outside the stream's subjects is a bad event.
     #[serde(default, deserialize_with = "list_or_comma_string")]
     subjects: Option<Vec<String>>,
     /// The largest message the relay builds (headers and payload): the server's `max_payload`.
@@ -126,8 +127,8 @@ impl std::fmt::Display for NatsUrl {
 pub struct NatsSettings {
     pub(crate) url: NatsUrl,
     pub(crate) stream: String,
-    /// The stream's subjects (`setup` creates the stream with them; `run` checks it covers them).
-    pub(crate) subjects: Vec<String>,
+    /// `[nats] subjects`, if set (`setup` creates the stream with them; `run` checks it covers them).
+    pub(crate) subjects: Option<Vec<String>>,
     pub(crate) max_payload: usize,
     pub(crate) ack_timeout: Duration,
     pub(crate) connect_timeout: Duration,
@@ -160,15 +161,16 @@ impl NatsSection {
             key: "nats.stream",
             message: format!("{stream:?} {m}"),
         })?;
-        let subjects = self.subjects.unwrap_or_else(|| vec![">".to_owned()]);
-        if subjects.is_empty() {
+        if self.subjects.as_ref().is_some_and(Vec::is_empty) {
             return Err(ConfigError::Invalid {
                 key: "nats.subjects",
-                message: "is empty; leave it out (every subject) or list the stream's subjects, e.g. [\"outbox.>\"]"
-                    .into(),
+                message:
+                    "is empty; leave it out (the stream as it is) or list the stream's subjects, e.g. [\"outbox.>\"]"
+                        .into(),
             });
         }
-        for s in &subjects {
+        let subjects = self.subjects;
+        for s in subjects.iter().flatten() {
             validate_subject(s, true).map_err(|m| ConfigError::Invalid {
                 key: "nats.subjects",
                 message: format!("{s:?} {m}"),
@@ -345,7 +347,7 @@ mod tests {
     #[test]
     fn defaults_and_keys() {
         let s = section("url = \"nats://127.0.0.1:4222\"\nstream = \"OUTBOX\"").unwrap();
-        assert_eq!(s.subjects, vec![">"]);
+        assert_eq!(s.subjects, None);
         assert_eq!(s.max_payload, 1024 * 1024);
         assert_eq!(s.ack_timeout, Duration::from_secs(10));
         let s = section(
@@ -353,7 +355,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.url.servers(), vec!["nats://a:4222", "nats://b:4222"]);
-        assert_eq!(s.subjects, vec!["outbox.>", "dlq"]);
+        assert_eq!(s.subjects, Some(vec!["outbox.>".to_owned(), "dlq".to_owned()]));
         assert_eq!(s.max_payload, 2048);
         assert_eq!(s.ack_timeout, Duration::from_millis(500));
     }

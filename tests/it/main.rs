@@ -23,4 +23,5 @@ mod import_debezium;
 mod layering;
 mod pg_versions;
 mod poll;
+mod sink_nats;
 mod stream_shapes;

@@ -157,7 +157,8 @@ pub(crate) async fn checked_stream(
         }
     };
     let info = stream.cached_info().clone();
-    uncovered(&info.config.subjects, &s.subjects).map_or(Ok(info), |missing| {
+    let wanted = s.subjects.as_deref().unwrap_or_default();
+    uncovered(&info.config.subjects, wanted).map_or(Ok(info), |missing| {
         Err(error(
             format!(
                 "stream {:?} has subjects {:?}, which do not cover [nats] subjects {missing:?}; add them to the \
@@ -182,7 +183,8 @@ fn uncovered(stream_subjects: &[String], wanted: &[String]) -> Option<Vec<String
 
 /// `setup`: creates the stream (file storage, `[nats] subjects`, the server's defaults
 /// otherwise: 2-minute duplicate window) when missing; accepts an existing one that covers the
-/// subjects; refuses one that does not. Returns what it did, for people.
+/// subjects; refuses one that does not, and a missing one when `[nats] subjects` is not set
+/// (a stream on `>` would also store every reply, PubAcks included). Returns what it did.
 #[cfg_attr(not(test), allow(dead_code))] // `setup` and `status` call it (wired by their owners)
 pub(crate) async fn prepare(settings: &NatsSettings) -> Result<Vec<String>, SinkError> {
     let client = connect(settings, None).await?;
@@ -194,9 +196,19 @@ pub(crate) async fn prepare(settings: &NatsSettings) -> Result<Vec<String>, Sink
             settings.stream, info.config.subjects, info.state.messages
         )),
         Err(e) if e.cause.contains("does not exist") => {
+            let Some(subjects) = settings.subjects.clone() else {
+                return Err(error(
+                    format!(
+                        "stream {:?} does not exist, and [nats] subjects is not set: set it to the subjects the \
+                         [route] produces (e.g. subjects = [\"outbox.>\"]) so setup can create the stream",
+                        settings.stream
+                    ),
+                    false,
+                ));
+            };
             js.create_stream(jetstream::stream::Config {
                 name: settings.stream.clone(),
-                subjects: settings.subjects.clone(),
+                subjects: subjects.clone(),
                 storage: jetstream::stream::StorageType::File,
                 ..Default::default()
             })
@@ -206,14 +218,14 @@ pub(crate) async fn prepare(settings: &NatsSettings) -> Result<Vec<String>, Sink
                     format!(
                         "cannot create stream {:?} with subjects {:?}: {e}; another stream may already hold some \
                          of these subjects (streams may not overlap): set [nats] subjects to a free subject space",
-                        settings.stream, settings.subjects
+                        settings.stream, subjects
                     ),
                     false,
                 )
             })?;
             done.push(format!(
-                "created NATS stream {:?} with subjects {:?}",
-                settings.stream, settings.subjects
+                "created NATS stream {:?} with subjects {subjects:?}",
+                settings.stream
             ));
         }
         Err(e) => return Err(e),

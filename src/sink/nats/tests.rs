@@ -21,12 +21,18 @@ fn unique(what: &str) -> String {
 }
 
 fn nats_settings(url: &str, stream: &str, subjects: &[&str], extra: &str) -> NatsSettings {
-    let subjects = subjects
-        .iter()
-        .map(|s| format!("\"{s}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let text = format!("url = \"{url}\"\nstream = \"{stream}\"\nsubjects = [{subjects}]\n{extra}");
+    let subjects = match subjects {
+        [] => String::new(),
+        _ => format!(
+            "subjects = [{}]",
+            subjects
+                .iter()
+                .map(|s| format!("\"{s}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let text = format!("url = \"{url}\"\nstream = \"{stream}\"\n{subjects}\n{extra}");
     toml::from_str::<NatsSection>(&text).unwrap().validate().unwrap()
 }
 
@@ -92,6 +98,13 @@ async fn prepare_creates_accepts_and_refuses_and_probe_reports() {
     assert!(e.cause.contains("do not cover") && !e.transient, "{e}");
     let e = Publisher::<u64>::create(&wider, 10).await.err().unwrap();
     assert!(e.cause.contains("do not cover"), "{e}");
+    // The stream as it is when [nats] subjects is left out.
+    let as_is = nats_settings(SHARED, &s.stream, &[], "");
+    assert!(Publisher::<u64>::create(&as_is, 10).await.is_ok());
+    let e = prepare(&nats_settings(SHARED, &unique("NOSUBJ"), &[], ""))
+        .await
+        .unwrap_err();
+    assert!(e.cause.contains("subjects is not set"), "{e}");
     // A missing stream: create tells to run setup.
     let missing = nats_settings(SHARED, &unique("NOPE"), &["nope.>"], "");
     let e = Publisher::<u64>::create(&missing, 10).await.err().unwrap();
