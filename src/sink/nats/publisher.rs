@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::future::IntoFuture;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::header::{HeaderName, HeaderValue};
 use async_nats::jetstream;
@@ -44,6 +44,8 @@ struct Outgoing<Tag> {
     payload: Bytes,
     tag: Box<Tag>,
     event_id: String,
+    /// When `send` took it: a record that waited longer than the ack timeout is not sent.
+    queued_at: Instant,
 }
 
 /// What a completion needs of a record once it is on the wire.
@@ -202,6 +204,7 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
                 payload,
                 tag,
                 event_id: event_id.clone(),
+                queued_at: Instant::now(),
             })
             .map_err(|e| {
                 refusal(
@@ -297,6 +300,18 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
     async fn publish(&mut self, out: Outgoing<Tag>) -> Option<Acked> {
         if let Some(cause) = &self.failed {
             let cause = format!("not sent: an earlier record failed ({cause})");
+            self.send_completion(out.tag, out.subject, out.event_id, Err((FailureKind::Transient, cause)));
+            return None;
+        }
+        let waited = out.queued_at.elapsed();
+        if waited > self.ack_timeout {
+            // A process frozen (or starved) this long may have been replaced by a standby that
+            // replays: like librdkafka's message.timeout.ms, a stale record is not sent late.
+            let cause = format!(
+                "not sent: it waited {} ms in the queue, more than the ack timeout",
+                waited.as_millis()
+            );
+            self.fail(cause.clone());
             self.send_completion(out.tag, out.subject, out.event_id, Err((FailureKind::Transient, cause)));
             return None;
         }

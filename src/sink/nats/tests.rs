@@ -356,3 +356,31 @@ async fn abandon_drops_the_queue_and_returns_in_time() {
     assert!(stored <= 5_000, "{stored}");
     delete(&s).await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
+    let prefix = unique("t");
+    let s = nats_settings(SHARED, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 300");
+    prepare(&s).await.unwrap();
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let subject = format!("{prefix}.orders");
+    for i in 0..3u64 {
+        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+            .map_err(|r| r.failure)
+            .unwrap();
+    }
+    // A frozen process: the runtime's only thread blocked, so the publishing task cannot run.
+    std::thread::sleep(Duration::from_millis(500));
+    let done = take(&mut rx, 3).await;
+    for (_, outcome) in &done {
+        let failure = outcome.as_ref().unwrap_err();
+        assert_eq!(failure.kind, FailureKind::Transient);
+        assert!(
+            failure.cause.contains("waited") || failure.cause.contains("earlier record failed"),
+            "{failure}"
+        );
+    }
+    assert_eq!(stream_handle(&s).await.cached_info().state.messages, 0);
+    abandon(Box::new(sink)).await.unwrap();
+    delete(&s).await;
+}
