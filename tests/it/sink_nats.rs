@@ -331,3 +331,39 @@ async fn sink_nats_two_relays_two_databases_one_stream() {
     assert!(relay1.sigterm() && relay2.sigterm());
     stream.delete().await;
 }
+
+/// `[nats] max_payload` set above the server's (1 MiB): the event passes the relay's own size
+/// check, and the sink refuses it on sight from the server's real `max_payload` (the relay
+/// would otherwise lose its connection: a server closes it on an oversized message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_nats_event_over_the_servers_max_payload_is_refused_on_sight() {
+    let stream = NatsStream::create(SHARED_NATS).await;
+    let (_db, client, config) = nats_db(&stream).await;
+    let config = config
+        .set("nats", "max_payload", "4194304")
+        .set("relay", "on_bad_event", "skip");
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let first = insert_raw(&client, "order.placed", "{\"n\": 1}").await;
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(1024 * 1024 + 10));
+    let too_large = insert_raw(&client, "order.placed", &big).await;
+    let last = insert_raw(&client, "order.placed", "{\"n\": 2}").await;
+    let records = stream.collect(2, Duration::from_secs(60)).await;
+    let ids: Vec<String> = records
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.header("id").unwrap()).into_owned())
+        .collect();
+    assert_eq!(ids, vec![first, last]);
+    let log = relay.log_text();
+    assert!(
+        log.contains(&format!("id={too_large}")) && log.contains("max_payload"),
+        "the refusal names the event and the cause:\n{log}"
+    );
+    assert!(log.contains("larger than the server's"), "the start warning:\n{log}");
+    assert!(relay.sigterm());
+    stream.delete().await;
+}

@@ -76,6 +76,14 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         let (events_tx, events) = mpsc::unbounded_channel();
         let client = connect(settings, Some(events_tx)).await?;
         let max_payload = client.server_info().max_payload;
+        if settings.max_payload > max_payload {
+            warn!(
+                configured = settings.max_payload,
+                server = max_payload,
+                "[nats] max_payload is larger than the server's: events between the two are refused as bad events \
+                 and dead letters may not fit; set [nats] max_payload = {max_payload}"
+            );
+        }
         let js = context(client, settings, max_in_flight);
         let info = checked_stream(&js, settings).await?;
         let (queue, queued) = mpsc::unbounded_channel();
