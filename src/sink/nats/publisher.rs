@@ -24,7 +24,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{checked_stream, connect, context};
 use crate::config::nats::{filter_covers, validate_subject, NatsSettings};
@@ -98,6 +98,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
             next: 0,
             failed: None,
             ack_timeout: settings.ack_timeout,
+            saw_duplicate: false,
         };
         tokio::spawn(async move {
             task.run(queued, events, stopped).await;
@@ -245,6 +246,8 @@ struct Task<Tag> {
     /// Set at the first failure: nothing is published after it.
     failed: Option<String>,
     ack_timeout: Duration,
+    /// Whether a duplicate PubAck was logged already (once per sink).
+    saw_duplicate: bool,
 }
 
 impl<Tag: Send + Sync + 'static> Task<Tag> {
@@ -354,7 +357,18 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
             return; // failed already (connection lost)
         };
         let outcome = match result {
-            Ok(ack) if ack.stream == self.stream => Ok(()),
+            Ok(ack) if ack.stream == self.stream => {
+                if ack.duplicate && !self.saw_duplicate {
+                    self.saw_duplicate = true;
+                    info!(
+                        stream = %self.stream,
+                        sequence = ack.sequence,
+                        "JetStream acknowledged a replayed record as a duplicate (its Nats-Msg-Id is in the stream's \
+                         duplicate window): counted as delivered, not stored again"
+                    );
+                }
+                Ok(())
+            }
             Ok(ack) => Err((
                 FailureKind::Transient,
                 format!(
