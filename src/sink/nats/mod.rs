@@ -185,8 +185,13 @@ fn uncovered(stream_subjects: &[String], wanted: &[String]) -> Option<Vec<String
 /// otherwise: 2-minute duplicate window) when missing; accepts an existing one that covers the
 /// subjects; refuses one that does not, and a missing one when `[nats] subjects` is not set
 /// (a stream on `>` would also store every reply, PubAcks included). Returns what it did.
-#[cfg_attr(not(test), allow(dead_code))] // `setup` and `status` call it (wired by their owners)
-pub(crate) async fn prepare(settings: &NatsSettings) -> Result<Vec<String>, SinkError> {
+#[cfg_attr(not(test), allow(dead_code))] // `setup` calls it (wired at merge)
+pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkError> {
+    prepare_stream(self::settings(settings)?).await
+}
+
+/// [`prepare`] on the `[nats]` section.
+pub(crate) async fn prepare_stream(settings: &NatsSettings) -> Result<Vec<String>, SinkError> {
     let client = connect(settings, None).await?;
     let js = context(client, settings, 0);
     let mut done = Vec::new();
@@ -234,8 +239,13 @@ pub(crate) async fn prepare(settings: &NatsSettings) -> Result<Vec<String>, Sink
 }
 
 /// `status`: the server reachable, the stream present and covering the subjects, its size.
-#[cfg_attr(not(test), allow(dead_code))] // `setup` and `status` call it (wired by their owners)
-pub(crate) async fn probe(settings: &NatsSettings) -> Result<String, SinkError> {
+#[cfg_attr(not(test), allow(dead_code))] // `status` calls it (wired at merge)
+pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
+    probe_stream(self::settings(settings)?).await
+}
+
+/// [`probe`] on the `[nats]` section.
+pub(crate) async fn probe_stream(settings: &NatsSettings) -> Result<String, SinkError> {
     let client = connect(settings, None).await?;
     let server = client.server_info();
     let js = context(client, settings, 0);

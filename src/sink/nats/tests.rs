@@ -40,7 +40,7 @@ fn nats_settings(url: &str, stream: &str, subjects: &[&str], extra: &str) -> Nat
 async fn fresh(url: &str) -> (NatsSettings, String) {
     let prefix = unique("t");
     let s = nats_settings(url, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 3000");
-    let done = tokio::time::timeout(WAIT, prepare(&s)).await.unwrap().unwrap();
+    let done = tokio::time::timeout(WAIT, prepare_stream(&s)).await.unwrap().unwrap();
     assert!(done[0].starts_with("created"), "{done:?}");
     (s, prefix)
 }
@@ -88,20 +88,20 @@ fn abandon(sink: Box<dyn Sink<u64>>) -> tokio::task::JoinHandle<()> {
 #[tokio::test(flavor = "current_thread")]
 async fn prepare_creates_accepts_and_refuses_and_probe_reports() {
     let (s, prefix) = fresh(SHARED).await;
-    let again = prepare(&s).await.unwrap();
+    let again = prepare_stream(&s).await.unwrap();
     assert!(again[0].contains("exists"), "{again:?}");
-    let status = probe(&s).await.unwrap();
+    let status = probe_stream(&s).await.unwrap();
     assert!(status.contains("0 messages") && status.contains(&s.stream), "{status}");
     // Asking for more subjects than the stream holds: setup and run refuse, naming the fix.
     let wider = nats_settings(SHARED, &s.stream, &[&format!("{prefix}.>"), "elsewhere.>"], "");
-    let e = prepare(&wider).await.unwrap_err();
+    let e = prepare_stream(&wider).await.unwrap_err();
     assert!(e.cause.contains("do not cover") && !e.transient, "{e}");
     let e = Publisher::<u64>::create(&wider, 10).await.err().unwrap();
     assert!(e.cause.contains("do not cover"), "{e}");
     // The stream as it is when [nats] subjects is left out.
     let as_is = nats_settings(SHARED, &s.stream, &[], "");
     assert!(Publisher::<u64>::create(&as_is, 10).await.is_ok());
-    let e = prepare(&nats_settings(SHARED, &unique("NOSUBJ"), &[], ""))
+    let e = prepare_stream(&nats_settings(SHARED, &unique("NOSUBJ"), &[], ""))
         .await
         .unwrap_err();
     assert!(e.cause.contains("subjects is not set"), "{e}");
@@ -109,7 +109,7 @@ async fn prepare_creates_accepts_and_refuses_and_probe_reports() {
     let missing = nats_settings(SHARED, &unique("NOPE"), &["nope.>"], "");
     let e = Publisher::<u64>::create(&missing, 10).await.err().unwrap();
     assert!(e.cause.contains("run `outbox-relay setup`") && !e.transient, "{e}");
-    let e = probe(&missing).await.unwrap_err();
+    let e = probe_stream(&missing).await.unwrap_err();
     assert!(e.cause.contains("does not exist"), "{e}");
     delete(&s).await;
 }
@@ -361,7 +361,7 @@ async fn abandon_drops_the_queue_and_returns_in_time() {
 async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
     let prefix = unique("t");
     let s = nats_settings(SHARED, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 300");
-    prepare(&s).await.unwrap();
+    prepare_stream(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     let subject = format!("{prefix}.orders");
     for i in 0..3u64 {
@@ -383,4 +383,26 @@ async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
     assert_eq!(stream_handle(&s).await.cached_info().state.messages, 0);
     abandon(Box::new(sink)).await.unwrap();
     delete(&s).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prepare_and_probe_take_the_relay_settings() {
+    let prefix = unique("t");
+    let stream = unique("T");
+    let text = format!(
+        "[postgres]\nurl = \"postgres://relay@127.0.0.1:5432/app\"\n[sink]\nkind = \"nats\"\n\
+         [nats]\nurl = \"{SHARED}\"\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+    );
+    let settings =
+        crate::config::Settings::from_toml_str(&text, std::path::Path::new("t.toml"), std::iter::empty()).unwrap();
+    let done = prepare(&settings).await.unwrap();
+    assert!(done[0].starts_with("created"), "{done:?}");
+    let status = probe(&settings).await.unwrap();
+    assert!(
+        status.contains(&stream) && status.contains("duplicate window 120 s"),
+        "{status}"
+    );
+    let kafka = crate::config::test_support::settings("");
+    assert!(!prepare(&kafka).await.unwrap_err().transient);
+    delete(settings.nats.as_ref().unwrap()).await;
 }
