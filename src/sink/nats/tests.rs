@@ -406,3 +406,23 @@ async fn prepare_and_probe_take_the_relay_settings() {
     assert!(!prepare(&kafka).await.unwrap_err().transient);
     delete(settings.nats.as_ref().unwrap()).await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn several_servers_one_of_them_down() {
+    let (s, prefix) = fresh(SHARED).await;
+    let dead = free_port();
+    let url = format!("nats://127.0.0.1:{dead}, {SHARED}");
+    let several = nats_settings(&url, &s.stream, &[], "connect_timeout_ms = 500");
+    let (sink, mut rx) = Publisher::<u64>::create(&several, 10).await.unwrap();
+    sink.send(
+        &record(&format!("{prefix}.a"), "k", b"id", b"{}"),
+        &[],
+        None,
+        Box::new(1),
+    )
+    .map_err(|r| r.failure)
+    .unwrap();
+    assert!(take(&mut rx, 1).await[0].1.is_ok());
+    abandon(Box::new(sink)).await.unwrap();
+    delete(&s).await;
+}
