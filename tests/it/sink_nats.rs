@@ -144,7 +144,7 @@ async fn sink_nats_broker_down_30s_loses_nothing_and_resumes() {
     let dups = check_delivered(&expected, &records, subject_of(&stream));
     check_order(&committed, &records);
     eprintln!(
-        "nats outage: {} events, 0 lost, {dups} duplicates, all in {:?} after the restart",
+        "nats outage: {} events, 0 lost, {dups} duplicates, all in the stream {:?} after the workload ended",
         expected.len(),
         started.elapsed()
     );
