@@ -28,6 +28,7 @@ pub(crate) mod debezium;
 pub(crate) mod http;
 pub(crate) mod ident;
 pub(crate) mod kafka;
+pub(crate) mod nats;
 pub(crate) mod outbox;
 pub(crate) mod poll;
 pub(crate) mod postgres;
@@ -88,6 +89,8 @@ pub(crate) struct FileConfig {
     pub(crate) redis: Option<RedisSection>,
     /// Present iff `[sink] kind = "rabbitmq"`.
     pub(crate) rabbitmq: Option<RabbitMqSection>,
+    /// Present if and only if `[sink] kind = "nats"`.
+    pub(crate) nats: Option<nats::NatsSection>,
     #[serde(default)]
     pub(crate) relay: RelaySection,
     #[serde(default)]
@@ -131,6 +134,8 @@ pub struct Settings {
     pub redis: Option<RedisSettings>,
     /// `[rabbitmq]`; `Some` iff the sink is RabbitMQ.
     pub rabbitmq: Option<RabbitMqSettings>,
+    /// `[nats]`; `Some` exactly when the sink is NATS JetStream.
+    pub nats: Option<nats::NatsSettings>,
     pub relay: RelaySettings,
     /// Only `outbox-relay poll` reads it.
     pub poll: PollSettings,
@@ -200,6 +205,7 @@ impl Settings {
         };
         let redis = self::redis::validate_section(sink, file.redis)?;
         let rabbitmq = rabbitmq::section(sink, file.rabbitmq)?;
+        let nats = nats::section_for(sink, file.nats)?;
         let relay = file.relay.validate()?;
         if relay.delivery == relay::Delivery::ExactlyOnce && sink == SinkKind::Kafka {
             validate_exactly_once_timeout(&kafka, &relay)?;
@@ -214,6 +220,7 @@ impl Settings {
             kafka,
             redis,
             rabbitmq,
+            nats,
             relay,
             poll: file.poll.validate()?,
             http: file.http.validate()?,

@@ -27,13 +27,16 @@ pub enum SinkKind {
     Redis,
     /// `[rabbitmq]`: an AMQP 0-9-1 broker's URL and exchange (docs/sink-rabbitmq.md).
     RabbitMq,
+    /// `[nats]`: NATS JetStream (docs/sink-nats.md).
+    Nats,
 }
 
 /// Every kind, as written in the config: the one list `[sink] kind` is checked against.
 const KINDS: &[(&str, SinkKind)] = &[
     ("kafka", SinkKind::Kafka),
-    ("redis", SinkKind::Redis),
+    ("nats", SinkKind::Nats),
     ("rabbitmq", SinkKind::RabbitMq),
+    ("redis", SinkKind::Redis),
 ];
 
 impl SinkKind {
@@ -43,6 +46,7 @@ impl SinkKind {
             SinkKind::Kafka => "Kafka",
             SinkKind::Redis => "Redis",
             SinkKind::RabbitMq => "RabbitMQ",
+            SinkKind::Nats => "NATS JetStream",
         }
     }
 

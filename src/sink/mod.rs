@@ -26,6 +26,7 @@ pub(crate) mod kafka;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod rabbitmq;
+pub(crate) mod nats;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -206,6 +207,7 @@ pub(crate) fn limits(settings: &Settings) -> SinkLimits {
         SinkKind::Kafka => kafka::limits(&settings.kafka),
         SinkKind::Redis => redis::limits(&settings.redis),
         SinkKind::RabbitMq => rabbitmq::limits(),
+        SinkKind::Nats => nats::limits(settings.nats.as_ref()),
     }
 }
 
@@ -216,6 +218,7 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
         SinkKind::Kafka => Ok(kafka::prepare()),
         SinkKind::Redis => redis::prepare(settings).await,
         SinkKind::RabbitMq => rabbitmq::prepare(section(&settings.rabbitmq, settings.sink)?).await,
+        SinkKind::Nats => nats::prepare(settings).await,
     }
 }
 
@@ -234,6 +237,7 @@ pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
         SinkKind::Kafka => kafka::probe(&settings.kafka).await,
         SinkKind::Redis => redis::probe(settings).await,
         SinkKind::RabbitMq => rabbitmq::probe(section(&settings.rabbitmq, settings.sink)?).await,
+        SinkKind::Nats => nats::probe(settings).await,
     }
 }
 
@@ -243,6 +247,7 @@ pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
         SinkKind::Kafka => ExactlyOnce::ReadBack,
         SinkKind::Redis => ExactlyOnce::BrokerDeduplicates,
         SinkKind::RabbitMq => ExactlyOnce::Unsupported(rabbitmq::NO_EXACTLY_ONCE),
+        SinkKind::Nats => ExactlyOnce::BrokerDeduplicates,
     }
 }
 
@@ -257,6 +262,7 @@ pub(crate) async fn create<Tag: Send + Sync + 'static>(
         SinkKind::Kafka => boxed(kafka::producer::Publisher::create(&settings.kafka, max_in_flight)?),
         SinkKind::Redis => boxed(redis::publisher::RedisSink::create(settings).await?),
         SinkKind::RabbitMq => boxed(rabbitmq::create(settings, max_in_flight).await?),
+        SinkKind::Nats => boxed(nats::publisher::Publisher::create(nats::settings(settings)?, max_in_flight).await?),
     })
 }
 

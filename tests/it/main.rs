@@ -26,4 +26,5 @@ mod pg_versions;
 mod poll;
 mod sink_redis;
 mod sink_rabbitmq;
+mod sink_nats;
 mod stream_shapes;

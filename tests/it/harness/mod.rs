@@ -79,6 +79,7 @@ pub mod consumer;
 pub mod debezium;
 pub mod fault_support;
 pub mod kafka;
+pub mod nats;
 pub mod postgres;
 pub mod process;
 pub mod redis;

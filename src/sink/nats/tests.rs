@@ -1,0 +1,428 @@
+//! The adapter against a real server: the shared one at 127.0.0.1:4222 (JetStream on; CI
+//! starts it), and, for authentication and connection loss, a `nats-server` of the test's own.
+//! Every stream and subject prefix is unique to its test; every wait is bounded.
+
+use std::borrow::Cow;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::publisher::{Publisher, KEY_HEADER, TIMESTAMP_HEADER};
+use super::*;
+use crate::config::nats::NatsSection;
+use crate::sink::{Completions, FailureKind, Sink, SinkRecord};
+
+const SHARED: &str = "nats://127.0.0.1:4222";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn unique(what: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("{what}{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn nats_settings(url: &str, stream: &str, subjects: &[&str], extra: &str) -> NatsSettings {
+    let subjects = match subjects {
+        [] => String::new(),
+        _ => format!(
+            "subjects = [{}]",
+            subjects
+                .iter()
+                .map(|s| format!("\"{s}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let text = format!("url = \"{url}\"\nstream = \"{stream}\"\n{subjects}\n{extra}");
+    toml::from_str::<NatsSection>(&text).unwrap().validate().unwrap()
+}
+
+/// A stream of its own (`T…`) holding `<prefix>.>`, created through `prepare`.
+async fn fresh(url: &str) -> (NatsSettings, String) {
+    let prefix = unique("t");
+    let s = nats_settings(url, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 3000");
+    let done = tokio::time::timeout(WAIT, prepare_stream(&s)).await.unwrap().unwrap();
+    assert!(done[0].starts_with("created"), "{done:?}");
+    (s, prefix)
+}
+
+async fn stream_handle(s: &NatsSettings) -> jetstream::stream::Stream {
+    let client = connect(s, None).await.unwrap();
+    let js = jetstream::new(client);
+    js.get_stream(&s.stream).await.unwrap()
+}
+
+async fn delete(s: &NatsSettings) {
+    let client = connect(s, None).await.unwrap();
+    let _ = jetstream::new(client).delete_stream(&s.stream).await;
+}
+
+fn record<'a>(subject: &'a str, key: &'a str, id: &'a [u8], value: &'a [u8]) -> SinkRecord<'a> {
+    SinkRecord {
+        destination: Cow::Borrowed(subject),
+        key: Cow::Borrowed(key.as_bytes()),
+        value: Some(Cow::Borrowed(value)),
+        event_id: id,
+        timestamp_ms: Some(1_700_000_000_123),
+        headers: Cow::Owned(vec![(Cow::Borrowed("tenant"), Some(Cow::Borrowed(&b"acme"[..])))]),
+        partition: None,
+    }
+}
+
+async fn take(rx: &mut Completions<u64>, n: usize) -> Vec<(u64, Result<(), crate::sink::SinkFailure>)> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(c)) => out.push((*c.tag, c.outcome)),
+            _ => panic!("{} of {n} completions within {WAIT:?}", out.len()),
+        }
+    }
+    out
+}
+
+fn abandon(sink: Box<dyn Sink<u64>>) -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_blocking(move || sink.abandon(Duration::from_secs(2)))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prepare_creates_accepts_and_refuses_and_probe_reports() {
+    let (s, prefix) = fresh(SHARED).await;
+    let again = prepare_stream(&s).await.unwrap();
+    assert!(again[0].contains("exists"), "{again:?}");
+    let status = probe_stream(&s).await.unwrap();
+    assert!(status.contains("0 messages") && status.contains(&s.stream), "{status}");
+    // Asking for more subjects than the stream holds: setup and run refuse, naming the fix.
+    let wider = nats_settings(SHARED, &s.stream, &[&format!("{prefix}.>"), "elsewhere.>"], "");
+    let e = prepare_stream(&wider).await.unwrap_err();
+    assert!(e.cause.contains("do not cover") && !e.transient, "{e}");
+    let e = Publisher::<u64>::create(&wider, 10).await.err().unwrap();
+    assert!(e.cause.contains("do not cover"), "{e}");
+    // The stream as it is when [nats] subjects is left out.
+    let as_is = nats_settings(SHARED, &s.stream, &[], "");
+    assert!(Publisher::<u64>::create(&as_is, 10).await.is_ok());
+    let e = prepare_stream(&nats_settings(SHARED, &unique("NOSUBJ"), &[], ""))
+        .await
+        .unwrap_err();
+    assert!(e.cause.contains("subjects is not set"), "{e}");
+    // A missing stream: create tells to run setup.
+    let missing = nats_settings(SHARED, &unique("NOPE"), &["nope.>"], "");
+    let e = Publisher::<u64>::create(&missing, 10).await.err().unwrap();
+    assert!(e.cause.contains("run `outbox-relay setup`") && !e.transient, "{e}");
+    let e = probe_stream(&missing).await.unwrap_err();
+    assert!(e.cause.contains("does not exist"), "{e}");
+    delete(&s).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn delivered_in_order_with_headers_and_unchanged_value() {
+    let (s, prefix) = fresh(SHARED).await;
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 1000).await.unwrap();
+    let n = 600u64;
+    let subjects = [format!("{prefix}.orders"), format!("{prefix}.users.x")];
+    for i in 0..n {
+        let id = format!("id-{i}");
+        let value = format!("{{\"n\":{i}, \"bytes\":\"\u{e9}\"}}");
+        let key = format!("k{}", i % 7);
+        let rec = record(&subjects[(i % 2) as usize], &key, id.as_bytes(), value.as_bytes());
+        let pos = i.to_string();
+        sink.send(&rec, &[("x-pos", pos.as_bytes())], None, Box::new(i))
+            .map_err(|r| r.failure)
+            .unwrap();
+    }
+    let done = take(&mut rx, n as usize).await;
+    assert!(
+        done.iter().all(|(_, o)| o.is_ok()),
+        "{:?}",
+        done.iter().find(|(_, o)| o.is_err())
+    );
+    let stream = stream_handle(&s).await;
+    for seq in 1..=n {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        let i = seq - 1;
+        assert_eq!(m.subject.as_str(), subjects[(i % 2) as usize]);
+        assert_eq!(
+            &m.payload[..],
+            format!("{{\"n\":{i}, \"bytes\":\"\u{e9}\"}}").as_bytes()
+        );
+        let h = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
+        assert_eq!(h("id").as_deref(), Some(format!("id-{i}").as_str()));
+        assert_eq!(h(KEY_HEADER).as_deref(), Some(format!("k{}", i % 7).as_str()));
+        assert_eq!(h(TIMESTAMP_HEADER).as_deref(), Some("1700000000123"));
+        assert_eq!(h("tenant").as_deref(), Some("acme"));
+        assert_eq!(h("x-pos").as_deref(), Some(i.to_string().as_str()));
+        assert_eq!(m.headers.get(async_nats::header::NATS_MESSAGE_ID), None);
+    }
+    abandon(Box::new(sink)).await.unwrap();
+    delete(&s).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn bad_records_are_refused_on_sight() {
+    let (s, prefix) = fresh(SHARED).await;
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let ok = format!("{prefix}.ok");
+    let big = vec![b'x'; 1024 * 1024];
+    let outside = format!("{}.other", unique("u"));
+    let cases: Vec<(String, Vec<u8>, &str)> = vec![
+        (ok.clone(), big, "max_payload"),
+        (outside, b"{}".to_vec(), "covers"),
+        (format!("{prefix}..gap"), b"{}".to_vec(), "empty token"),
+        (format!("{prefix}.*"), b"{}".to_vec(), "wildcard"),
+        (format!("{prefix}.a b"), b"{}".to_vec(), "whitespace"),
+    ];
+    for (i, (subject, value, why)) in cases.iter().enumerate() {
+        let r = sink
+            .send(&record(subject, "k", b"id", value), &[], None, Box::new(i as u64))
+            .unwrap_err();
+        assert_eq!(r.failure.kind, FailureKind::Refused, "{why}: {}", r.failure);
+        assert!(r.failure.cause.contains(why), "{why}: {}", r.failure);
+        assert_eq!(*r.tag, i as u64);
+    }
+    // A header value NATS cannot carry (a line break).
+    let mut rec = record(&ok, "k", b"id", b"{}");
+    rec.headers = Cow::Owned(vec![(Cow::Borrowed("h"), Some(Cow::Borrowed(&b"a\r\nb"[..])))]);
+    let r = sink.send(&rec, &[], None, Box::new(99)).unwrap_err();
+    assert_eq!(r.failure.kind, FailureKind::Refused, "{}", r.failure);
+    // The sink still works: nothing above reached the server.
+    sink.send(&record(&ok, "k", b"id", b"{}"), &[], None, Box::new(7))
+        .map_err(|r| r.failure)
+        .unwrap();
+    let done = take(&mut rx, 1).await;
+    assert!(done[0].1.is_ok() && done[0].0 == 7);
+    assert_eq!(stream_handle(&s).await.cached_info().state.messages, 1);
+    abandon(Box::new(sink)).await.unwrap();
+    delete(&s).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_duplicate_msg_id_is_delivered_and_stored_once() {
+    let (s, prefix) = fresh(SHARED).await;
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let subject = format!("{prefix}.orders");
+    for i in 0..3u64 {
+        sink.send(
+            &record(&subject, "k", b"id-1", b"{}"),
+            &[],
+            Some("src/0/0"),
+            Box::new(i),
+        )
+        .map_err(|r| r.failure)
+        .unwrap();
+    }
+    sink.send(
+        &record(&subject, "k", b"id-2", b"{}"),
+        &[],
+        Some("src/0/1"),
+        Box::new(3),
+    )
+    .map_err(|r| r.failure)
+    .unwrap();
+    let done = take(&mut rx, 4).await;
+    assert!(done.iter().all(|(_, o)| o.is_ok()), "{done:?}");
+    let stream = stream_handle(&s).await;
+    assert_eq!(stream.cached_info().state.messages, 2);
+    let first = stream.get_raw_message(1).await.unwrap();
+    assert_eq!(
+        first
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|v| v.as_str()),
+        Some("src/0/0"),
+        "{:?}",
+        first.headers
+    );
+    abandon(Box::new(sink)).await.unwrap();
+    delete(&s).await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `nats-server` of the test's own, killed when dropped.
+struct OwnServer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl OwnServer {
+    fn start(args: &[&str]) -> OwnServer {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-sd",
+                dir.path().to_str().unwrap(),
+            ])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server on PATH");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        OwnServer { child, port, _dir: dir }
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn connection_errors_say_whether_to_retry() {
+    let port = free_port();
+    let s = nats_settings(
+        &format!("nats://127.0.0.1:{port}"),
+        "S",
+        &[">"],
+        "connect_timeout_ms = 500",
+    );
+    let e = Publisher::<u64>::create(&s, 10).await.err().unwrap();
+    assert!(e.transient, "{e}");
+    let server = OwnServer::start(&["--user", "relay", "--pass", "right"]);
+    let url = format!("nats://relay:wrong@127.0.0.1:{}", server.port);
+    let s = nats_settings(&url, "S", &[">"], "connect_timeout_ms = 2000");
+    let e = Publisher::<u64>::create(&s, 10).await.err().unwrap();
+    assert!(!e.transient, "{e}");
+    assert!(!e.to_string().contains("wrong"), "the password is masked: {e}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_lost_connection_fails_everything_after_it() {
+    let mut server = OwnServer::start(&["-js"]);
+    let (s, prefix) = fresh(&format!("nats://127.0.0.1:{}", server.port)).await;
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 1000).await.unwrap();
+    let subject = format!("{prefix}.orders");
+    for i in 0..100u64 {
+        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+            .map_err(|r| r.failure)
+            .unwrap();
+    }
+    let first = take(&mut rx, 100).await;
+    assert!(first.iter().all(|(_, o)| o.is_ok()));
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut taken = 0u64;
+    for i in 100..200u64 {
+        match sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i)) {
+            Ok(()) => taken += 1,
+            Err(r) => assert_eq!(r.failure.kind, FailureKind::Transient),
+        }
+    }
+    let rest = take(&mut rx, taken as usize).await;
+    assert!(
+        rest.iter()
+            .all(|(_, o)| o.as_ref().is_err_and(|f| f.kind == FailureKind::Transient)),
+        "{rest:?}"
+    );
+    let started = Instant::now();
+    abandon(Box::new(sink)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn abandon_drops_the_queue_and_returns_in_time() {
+    let (s, prefix) = fresh(SHARED).await;
+    let (sink, rx) = Publisher::<u64>::create(&s, 10_000).await.unwrap();
+    let subject = format!("{prefix}.orders");
+    for i in 0..5_000u64 {
+        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+            .map_err(|r| r.failure)
+            .unwrap();
+    }
+    let started = Instant::now();
+    abandon(Box::new(sink)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    drop(rx);
+    let stored = stream_handle(&s).await.cached_info().state.messages;
+    assert!(stored <= 5_000, "{stored}");
+    delete(&s).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
+    let prefix = unique("t");
+    let s = nats_settings(SHARED, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 300");
+    prepare_stream(&s).await.unwrap();
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let subject = format!("{prefix}.orders");
+    for i in 0..3u64 {
+        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+            .map_err(|r| r.failure)
+            .unwrap();
+    }
+    // A frozen process: the runtime's only thread blocked, so the publishing task cannot run.
+    std::thread::sleep(Duration::from_millis(500));
+    let done = take(&mut rx, 3).await;
+    for (_, outcome) in &done {
+        let failure = outcome.as_ref().unwrap_err();
+        assert_eq!(failure.kind, FailureKind::Transient);
+        assert!(
+            failure.cause.contains("waited") || failure.cause.contains("earlier record failed"),
+            "{failure}"
+        );
+    }
+    assert_eq!(stream_handle(&s).await.cached_info().state.messages, 0);
+    abandon(Box::new(sink)).await.unwrap();
+    delete(&s).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prepare_and_probe_take_the_relay_settings() {
+    let prefix = unique("t");
+    let stream = unique("T");
+    let text = format!(
+        "[postgres]\nurl = \"postgres://relay@127.0.0.1:5432/app\"\n[sink]\nkind = \"nats\"\n\
+         [nats]\nurl = \"{SHARED}\"\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+    );
+    let settings =
+        crate::config::Settings::from_toml_str(&text, std::path::Path::new("t.toml"), std::iter::empty()).unwrap();
+    let done = prepare(&settings).await.unwrap();
+    assert!(done[0].starts_with("created"), "{done:?}");
+    let status = probe(&settings).await.unwrap();
+    assert!(
+        status.contains(&stream) && status.contains("duplicate window 120 s"),
+        "{status}"
+    );
+    let kafka = crate::config::test_support::settings("");
+    assert!(!prepare(&kafka).await.unwrap_err().transient);
+    delete(settings.nats.as_ref().unwrap()).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn several_servers_one_of_them_down() {
+    let (s, prefix) = fresh(SHARED).await;
+    let dead = free_port();
+    let url = format!("nats://127.0.0.1:{dead}, {SHARED}");
+    let several = nats_settings(&url, &s.stream, &[], "connect_timeout_ms = 500");
+    let (sink, mut rx) = Publisher::<u64>::create(&several, 10).await.unwrap();
+    sink.send(
+        &record(&format!("{prefix}.a"), "k", b"id", b"{}"),
+        &[],
+        None,
+        Box::new(1),
+    )
+    .map_err(|r| r.failure)
+    .unwrap();
+    assert!(take(&mut rx, 1).await[0].1.is_ok());
+    abandon(Box::new(sink)).await.unwrap();
+    delete(&s).await;
+}
