@@ -132,6 +132,21 @@ async fn sigkill_under_load_loses_nothing() {
     delete(SHARED_REDIS, &[stream]).await;
 }
 
+/// The replayed records a relay's log says Redis dropped as duplicates.
+fn duplicates_dropped(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("Redis dropped replayed records"))
+        .filter_map(|l| {
+            l.split("duplicates=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum()
+}
+
 /// Exactly-once: 20 SIGKILLs under load, each event in the stream exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_once_across_20_sigkills_has_no_duplicate() {
@@ -144,10 +159,12 @@ async fn exactly_once_across_20_sigkills_has_no_duplicate() {
     let mut w = Workload::new(OutboxSchema::B, kills * 100, 30, 4);
     w.pause = Duration::from_millis(10);
     let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    let mut dropped_by_redis = 0usize;
     for _ in 0..kills {
         let relay = RelayProcess::run(&config);
         tokio::time::sleep(Duration::from_millis(300 + random_below(1000))).await;
         assert!(relay.sigkill(), "{}", relay.log_text());
+        dropped_by_redis += duplicates_dropped(&relay.log_text());
     }
     let committed = load.await.expect("workload");
     let relay = RelayProcess::run(&config);
@@ -163,6 +180,12 @@ async fn exactly_once_across_20_sigkills_has_no_duplicate() {
     let records = read_stream(SHARED_REDIS, &stream).await.max_by_len(records);
     let dups = check_all(&committed, &records, &stream, "exactly-once, 20 SIGKILLs");
     assert_eq!(dups, 0, "duplicates in exactly-once mode; log:\n{}", relay.log_text());
+    dropped_by_redis += duplicates_dropped(&relay.log_text());
+    eprintln!("replayed records Redis' dedup sets dropped: {dropped_by_redis}");
+    assert!(
+        dropped_by_redis > 0,
+        "the SIGKILLs should have made replays for the dedup sets to drop"
+    );
     for r in &records {
         for h in ["outbox-relay-source", "outbox-relay-commit-lsn", "outbox-relay-index"] {
             assert!(r.header(h).is_some(), "{h} on every entry");

@@ -16,7 +16,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{ServerError, Value};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::{info, warn};
 
 use super::{
     connect, settings_of, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK,
@@ -191,7 +191,7 @@ impl<Tag> Writer<Tag> {
                     self.complete(item, outcome);
                 }
                 if duplicates > 0 {
-                    debug!(duplicates, "Redis dropped replayed records its dedup sets already held");
+                    info!(duplicates, "Redis dropped replayed records its dedup sets already held");
                 }
             }
             Ok(values) => {
