@@ -323,6 +323,45 @@ impl Longer for Vec<Received> {
     }
 }
 
+/// `rediss://`: TLS with the server's certificate checked against the system's roots, which
+/// `SSL_CERT_FILE` points at the test CA here; without it the relay refuses the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rediss_urls_use_tls_and_check_the_certificate() {
+    let (server, tls_port) = PrivateRedis::start_tls();
+    let prefix = unique_name("redis_tls");
+    let stream = format!("{prefix}.order");
+    let (db, _client, config) = prepared(OutboxSchema::B, "unused:9092").await;
+    let config = fast_restarts(to_redis(config, &format!("rediss://127.0.0.1:{tls_port}"), &prefix));
+    // An untrusted certificate is the operator's to fix: the relay stops and says so.
+    let mut untrusted = RelayProcess::run(&config);
+    let status = untrusted.wait_exit(Duration::from_secs(30)).await;
+    let log = untrusted.log_text();
+    assert!(status.is_some_and(|s| !s.success()), "{log}");
+    assert!(log.contains("UnknownIssuer") && log.contains("SSL_CERT_FILE"), "{log}");
+    drop(untrusted);
+    let ca = server.ca_path();
+    let relay = RelayProcess::run_with(&config, &[], &[("SSL_CERT_FILE", ca.to_str().unwrap())]);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let committed = run_workload(
+        &shared_cluster().await.url(&db),
+        &Workload::new(OutboxSchema::B, 50, 5, 2),
+    )
+    .await;
+    let records = read_streams_until(
+        &server.url(),
+        std::slice::from_ref(&stream),
+        committed.len(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let dups = check_all(&committed, &records, &stream, "rediss://");
+    assert_eq!(dups, 0);
+}
+
 /// Two relays on two databases, exactly-once, writing one stream: their dedup keys differ by
 /// source, so neither takes the other's events for duplicates; SIGKILLs on both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
