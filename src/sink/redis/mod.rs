@@ -111,13 +111,19 @@ fn is_transient(e: &RedisError) -> bool {
 }
 
 fn sink_error(what: &str, e: &RedisError, settings: &RedisSettings) -> SinkError {
-    let transient = is_transient(e);
+    // A TLS handshake refused for the server's certificate surfaces as an I/O error, but no
+    // retry fixes it.
+    let certificate = e.to_string().contains("certificate");
+    let transient = is_transient(e) && !certificate;
     SinkError {
         sink: SINK,
         cause: format!(
             "{what} {}: {e}. {}",
             settings.url,
-            if transient {
+            if certificate {
+                "rediss:// checks the server's certificate against the system's roots (SSL_CERT_FILE names \
+                 another CA file): fix the certificate or the trusted CA"
+            } else if transient {
                 "Is the server running and reachable?"
             } else {
                 "Check [redis] url (host, port, user, password, database) and the user's ACL"

@@ -16,11 +16,12 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{ServerError, Value};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::{info, warn};
 
 use super::{
     connect, settings_of, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK,
 };
+use crate::config::relay::Delivery;
 use crate::config::Settings;
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
@@ -55,19 +56,26 @@ impl<Tag: Send + Sync + 'static> RedisSink<Tag> {
     pub(crate) async fn create(settings: &Settings) -> Result<(RedisSink<Tag>, Completions<Tag>), SinkError> {
         let redis = settings_of(settings)?;
         let mut conn = connect(redis).await?;
-        let script_sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(DEDUP_SCRIPT)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| SinkError {
-                sink: SINK,
-                cause: format!(
-                    "cannot load the relay's script on {}: {e}. The user needs the SCRIPT and EVALSHA commands",
-                    redis.url
-                ),
-                transient: e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
-            })?;
+        // Only exactly-once needs the script: an at-least-once user needs no SCRIPT/EVALSHA.
+        let script_sha = if settings.relay.delivery == Delivery::ExactlyOnce {
+            let sha: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(DEDUP_SCRIPT)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| SinkError {
+                    sink: SINK,
+                    cause: format!(
+                        "cannot load the relay's dedup script on {}: {e}. relay.delivery = \"exactly-once\" needs \
+                         the SCRIPT and EVALSHA commands (docs/sink-redis.md, Permissions)",
+                        redis.url
+                    ),
+                    transient: e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
+                })?;
+            Some(sha)
+        } else {
+            None
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
@@ -99,7 +107,8 @@ impl<Tag: Send + Sync + 'static> RedisSink<Tag> {
 
 struct Writer<Tag> {
     conn: MultiplexedConnection,
-    script_sha: String,
+    /// The dedup script's SHA1, loaded in exactly-once mode only.
+    script_sha: Option<String>,
     window_ms: u64,
     max_keys: u64,
     done: mpsc::UnboundedSender<Completion<Tag>>,
@@ -156,15 +165,21 @@ impl<Tag> Writer<Tag> {
             }
             return;
         }
+        if self.script_sha.is_none() && batch.iter().any(|i| i.dedup_key.is_some()) {
+            let cause =
+                "a record with a dedup key, but relay.delivery is not exactly-once (no dedup script)".to_owned();
+            self.fail_all(batch, cause);
+            return;
+        }
         let mut pipe = redis::pipe();
         for item in &batch {
-            match &item.dedup_key {
-                None => {
+            match (&item.dedup_key, &self.script_sha) {
+                (None, _) | (Some(_), None) => {
                     pipe.cmd("XADD").arg(&item.stream).arg("*").arg(&item.fields);
                 }
-                Some(dedup) => {
+                (Some(dedup), Some(sha)) => {
                     pipe.cmd("EVALSHA")
-                        .arg(&self.script_sha)
+                        .arg(sha)
                         .arg(2)
                         .arg(&item.stream)
                         .arg(format!("{}{DEDUP_SUFFIX}", item.stream))
@@ -191,7 +206,7 @@ impl<Tag> Writer<Tag> {
                     self.complete(item, outcome);
                 }
                 if duplicates > 0 {
-                    debug!(duplicates, "Redis dropped replayed records its dedup sets already held");
+                    info!(duplicates, "Redis dropped replayed records its dedup sets already held");
                 }
             }
             Ok(values) => {

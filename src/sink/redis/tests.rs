@@ -15,6 +15,8 @@ use super::*;
 use crate::sink::{Completion, Completions, FailureKind, Sink, SinkRecord};
 
 const SHARED: &str = "redis://127.0.0.1:6379";
+/// Appended after `[redis]`: the relay in exactly-once mode (the sink loads its dedup script).
+const EXACTLY_ONCE: &str = "[relay]\ndelivery = \"exactly-once\"\n";
 
 fn settings_for(url: &str, extra: &str) -> Settings {
     let text = format!(
@@ -179,7 +181,7 @@ async fn delivers_every_field_in_order_binary_safe() {
 
 #[tokio::test]
 async fn a_key_of_another_type_refuses_its_record_only() {
-    let settings = settings_for(SHARED, "");
+    let settings = settings_for(SHARED, EXACTLY_ONCE);
     let (sink, mut completions) = RedisSink::<u32>::create(&settings).await.unwrap();
     let mut c = conn(SHARED).await;
     let (bad, good) = (unique("wrongtype"), unique("good"));
@@ -221,7 +223,7 @@ async fn a_key_of_another_type_refuses_its_record_only() {
 
 #[tokio::test]
 async fn exactly_once_drops_replays_atomically_within_the_window() {
-    let settings = settings_for(SHARED, "dedup_max_keys = 3");
+    let settings = settings_for(SHARED, &format!("dedup_max_keys = 3\n{EXACTLY_ONCE}"));
     let stream = unique("dedup");
     let dedup_set = format!("{stream}{DEDUP_SUFFIX}");
     let mut c = conn(SHARED).await;
@@ -473,4 +475,18 @@ async fn prepare_and_probe_tell_version_and_persistence() {
     let down = settings_for(&format!("redis://127.0.0.1:{port}"), "timeout_ms = 500");
     assert!(prepare(&down).await.unwrap_err().transient);
     assert!(probe(&down).await.unwrap_err().transient);
+}
+
+#[tokio::test]
+async fn at_least_once_loads_no_script_and_fails_a_dedup_key_instead_of_writing_it_unchecked() {
+    let settings = settings_for(SHARED, "");
+    let (sink, mut completions) = RedisSink::<u32>::create(&settings).await.unwrap();
+    let stream = unique("no-script");
+    sink.send(&record(&stream, b"k", b"v", b"id"), &[], Some("src/0/1"), Box::new(1))
+        .unwrap();
+    let c = next(&mut completions).await;
+    assert_eq!(c.outcome.unwrap_err().kind, FailureKind::Transient);
+    let mut c = conn(SHARED).await;
+    assert!(xrange(&mut c, &stream).await.is_empty());
+    Box::new(sink).abandon(Duration::from_secs(1));
 }

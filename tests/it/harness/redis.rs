@@ -123,6 +123,44 @@ impl PrivateRedis {
         r
     }
 
+    /// A server with TLS on [`PrivateRedis::tls_port`] (certificate for 127.0.0.1 signed by the
+    /// CA in `ca_pem`, written to [`PrivateRedis::ca_path`]) and plain TCP on `port`.
+    pub fn start_tls() -> (PrivateRedis, u16) {
+        let tls = super::tls::generate_server_tls();
+        let certs = tempfile::tempdir().unwrap();
+        std::fs::write(certs.path().join("ca.pem"), &tls.ca_pem).unwrap();
+        std::fs::write(certs.path().join("server.pem"), &tls.cert_pem).unwrap();
+        std::fs::write(certs.path().join("server.key"), &tls.key_pem).unwrap();
+        let tls_port = free_port();
+        let path = |f: &str| certs.path().join(f).to_string_lossy().into_owned();
+        let (cert, key, ca) = (path("server.pem"), path("server.key"), path("ca.pem"));
+        let mut r = PrivateRedis {
+            child: None,
+            _watchdog: None,
+            port: free_port(),
+            dir: certs,
+            args: vec![
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                cert,
+                "--tls-key-file".into(),
+                key,
+                "--tls-ca-cert-file".into(),
+                ca,
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+        };
+        r.launch();
+        (r, tls_port)
+    }
+
+    /// The CA of a [`PrivateRedis::start_tls`] server.
+    pub fn ca_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
     fn launch(&mut self) {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
