@@ -32,8 +32,8 @@ pub(crate) mod nats;
 pub(crate) mod outbox;
 pub(crate) mod poll;
 pub(crate) mod postgres;
-pub(crate) mod redis;
 pub(crate) mod rabbitmq;
+pub(crate) mod redis;
 pub(crate) mod relay;
 pub(crate) mod secret;
 pub(crate) mod sink;
@@ -45,8 +45,8 @@ use self::kafka::{KafkaProperties, KafkaValue};
 use self::outbox::{OutboxMapping, OutboxSection, RouteSection, TopicRoute};
 use self::poll::{PollSection, PollSettings};
 use self::postgres::{PostgresSection, PostgresSettings};
-use self::redis::{RedisSection, RedisSettings};
 use self::rabbitmq::{RabbitMqSection, RabbitMqSettings};
+use self::redis::{RedisSection, RedisSettings};
 use self::relay::{RelaySection, RelaySettings};
 use self::sink::{SinkKind, SinkSection};
 
@@ -207,6 +207,12 @@ impl Settings {
         let rabbitmq = rabbitmq::section(sink, file.rabbitmq)?;
         let nats = nats::section_for(sink, file.nats)?;
         let relay = file.relay.validate()?;
+        if let (SinkKind::Kafka, relay::BadEventPolicy::DeadLetter { topic }) = (sink, &relay.on_bad_event) {
+            kafka::validate_topic_name(topic).map_err(|m| ConfigError::Invalid {
+                key: "relay.on_bad_event",
+                message: format!("relay.dead_letter_topic: {m}"),
+            })?;
+        }
         if relay.delivery == relay::Delivery::ExactlyOnce && sink == SinkKind::Kafka {
             validate_exactly_once_timeout(&kafka, &relay)?;
             validate_exactly_once_partitioner(&kafka)?;

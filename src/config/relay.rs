@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::kafka::validate_topic_name;
 use crate::config::{number_or_numeric_string, ConfigError};
 
 /// Above this a standby reacts too slowly for the takeover promise in the docs to mean much.
@@ -169,7 +168,13 @@ impl BadEventPolicy {
                             .into(),
                     );
                 };
-                validate_topic_name(topic).map_err(|m| format!("relay.dead_letter_topic: {m}"))?;
+                // The sink's own name rule applies too: Kafka's in `Settings::validate`, the
+                // others' when the relay starts (`relay::run`).
+                if topic.trim().is_empty() {
+                    return Err(
+                        "relay.dead_letter_topic is empty; name the topic (subject, stream) bad events go to".into(),
+                    );
+                }
                 Ok(BadEventPolicy::DeadLetter {
                     topic: topic.to_owned(),
                 })
@@ -402,7 +407,8 @@ mod tests {
         assert!(BadEventPolicy::from_config("dead-letter", None)
             .unwrap_err()
             .contains("dead_letter_topic"));
-        assert!(BadEventPolicy::from_config("dead-letter", Some("bad topic"))
+        // The sink's name rule is applied with the sink known (Kafka's in `Settings::validate`).
+        assert!(BadEventPolicy::from_config("dead-letter", Some(" "))
             .unwrap_err()
             .contains("dead_letter_topic"));
         assert!(BadEventPolicy::from_config("ignore", None)

@@ -10,8 +10,13 @@ pub(crate) enum LogFormat {
 }
 
 pub(crate) fn init(format: LogFormat, default_level: &str) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rdkafka=warn,librdkafka=warn")));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            // lapin logs every message RabbitMQ returns (unroutable), body included: the relay
+            // reports those as bad events itself, without the payload.
+            "{default_level},rdkafka=warn,librdkafka=warn,lapin::returned_messages=error"
+        ))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -39,7 +39,8 @@ pub enum BadEvent {
     ShortTuple { got: usize, expected: usize },
     #[error("{0}")]
     Topic(String),
-    #[error("Kafka refused the record: {0}")]
+    /// The broker (or its client) refused the record: "<broker> refused the record: <why>".
+    #[error("{0}")]
     Rejected(String),
     #[error("logical decoding message: {0}")]
     Message(String),
@@ -50,6 +51,11 @@ pub enum BadEvent {
 }
 
 impl BadEvent {
+    /// `broker` (e.g. "Kafka") refused the record for `cause`.
+    pub(crate) fn refused_by(broker: &str, cause: &str) -> BadEvent {
+        BadEvent::Rejected(format!("{broker} refused the record: {cause}"))
+    }
+
     /// The `cause` label of `outbox_relay_bad_events_total`.
     pub(crate) fn label(&self) -> &'static str {
         match self {

@@ -102,10 +102,13 @@ pub(crate) enum PollError {
     #[error("{0}")]
     Sink(#[source] SinkError),
 
-    #[error("Kafka did not take a claimed batch ({0}); the batch was rolled back and will be claimed again")]
-    Delivery(Box<SinkFailure>),
+    #[error("{sink} did not take a claimed batch ({failure}); the batch was rolled back and will be claimed again")]
+    Delivery {
+        sink: &'static str,
+        failure: Box<SinkFailure>,
+    },
 
-    #[error("the Kafka producer stopped reporting deliveries; the batch was rolled back and will be claimed again")]
+    #[error("the sink stopped reporting deliveries; the batch was rolled back and will be claimed again")]
     ProducerGone,
 
     #[error("a poll worker crashed: {message}. This is a bug; please report it with the log")]
@@ -133,7 +136,7 @@ impl PollError {
     pub(crate) fn is_transient(&self) -> bool {
         match self {
             PollError::Connect(e) | PollError::Table(ControlError::Connect(e)) => e.is_transient(),
-            PollError::Delivery(_) | PollError::ProducerGone => true,
+            PollError::Delivery { .. } | PollError::ProducerGone => true,
             PollError::Sink(e) => e.transient,
             PollError::Table(ControlError::Query { source, .. }) | PollError::Query { source, .. } => {
                 transient_pg(source)

@@ -279,13 +279,19 @@ async fn publish_and_await(
             }),
         ) {
             if refusal.failure.is_refusal() {
-                return Err(bad(BadEvent::Rejected(refusal.failure.cause)));
+                return Err(bad(BadEvent::refused_by(
+                    settings.sink.broker_name(),
+                    &refusal.failure.cause,
+                )));
             }
-            return Err(PollError::Delivery(Box::new(refusal.failure)));
+            return Err(PollError::Delivery {
+                sink: settings.sink.broker_name(),
+                failure: Box::new(refusal.failure),
+            });
         }
         ids.push(id.to_owned());
     }
-    let all_acked = await_batch(deliveries, batch, ids.len(), shutdown, settings.relay.shutdown_timeout).await?;
+    let all_acked = await_batch(deliveries, batch, ids.len(), shutdown, settings).await?;
     Ok(all_acked.then_some(ids))
 }
 
@@ -296,8 +302,9 @@ async fn await_batch(
     batch: u64,
     count: usize,
     shutdown: &mut watch::Receiver<bool>,
-    shutdown_timeout: Duration,
+    settings: &Settings,
 ) -> Result<bool, PollError> {
+    let (sink, shutdown_timeout) = (settings.sink.broker_name(), settings.relay.shutdown_timeout);
     let mut deadline = shutdown.borrow().then(|| Instant::now() + shutdown_timeout);
     let mut settled = 0;
     let mut reports = Vec::with_capacity(count.min(REPORTS_PER_WAKEUP));
@@ -315,7 +322,7 @@ async fn await_batch(
                         continue;
                     }
                     settled += 1;
-                    report.outcome.map_err(|f| PollError::Delivery(Box::new(f)))?;
+                    report.outcome.map_err(|f| PollError::Delivery { sink, failure: Box::new(f) })?;
                     if let Some(created) = report.tag.created_unix_us {
                         latency.record(created, now_unix_us());
                     }

@@ -116,8 +116,9 @@ pub enum RelayError {
          relay.delivery = \"at-least-once\" (consumers deduplicate on the id header)"
     )]
     ExactlyOnceUnsupported { sink: &'static str, reason: &'static str },
-    #[error("Kafka delivery failed for the transaction committed at {commit_lsn}: {failure}; replaying from the last confirmed LSN")]
+    #[error("{sink} delivery failed for the transaction committed at {commit_lsn}: {failure}; replaying from the last confirmed LSN")]
     DeliveryFailed {
+        sink: &'static str,
         #[source]
         failure: Box<SinkFailure>,
         commit_lsn: Lsn,
@@ -134,11 +135,12 @@ pub enum RelayError {
         cause: BadEvent,
     },
     #[error(
-        "Kafka refused the record of the transaction committed at {commit_lsn}: {failure}. It may only have shared a \
+        "{sink} refused the record of the transaction committed at {commit_lsn}: {failure}. It may only have shared a \
          batch with a bad record, so the stream restarts from the last confirmed LSN and sends it alone; \
          relay.on_bad_event applies if it is refused again"
     )]
     RecordRejected {
+        sink: &'static str,
         #[source]
         failure: Box<SinkFailure>,
         commit_lsn: Lsn,

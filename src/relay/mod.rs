@@ -54,7 +54,7 @@ pub(crate) use session::SessionEnd;
 
 use self::slot_monitor::SlotVerdict;
 use self::standby::Standby;
-use crate::config::relay::Delivery as DeliveryMode;
+use crate::config::relay::{BadEventPolicy, Delivery as DeliveryMode};
 use crate::config::Settings;
 use crate::ops::health::{Mode, RelayHealth};
 use crate::ops::retry::{wait_or_shutdown, Backoff};
@@ -107,6 +107,15 @@ pub(crate) async fn run(
 ) -> Result<(), RelayError> {
     for warning in settings.start_warnings() {
         warn!("{warning}");
+    }
+    if let BadEventPolicy::DeadLetter { topic } = &settings.relay.on_bad_event {
+        (crate::sink::limits(settings).check_name)(topic).map_err(|m| {
+            RelayError::Sink(crate::sink::SinkError {
+                sink: settings.sink.broker_name(),
+                cause: format!("relay.dead_letter_topic {topic:?} is not a name this sink takes: {m}"),
+                transient: false,
+            })
+        })?;
     }
     if let (DeliveryMode::ExactlyOnce, crate::sink::ExactlyOnce::Unsupported(reason)) =
         (settings.relay.delivery, crate::sink::exactly_once(settings.sink))

@@ -118,10 +118,18 @@ impl StreamState<'_> {
         }
         match self.send(txn, &record, false)? {
             None => Ok(()),
-            Some(failure) if failure.is_refusal() => {
-                self.bad_event(txn, &event.id, BadEvent::Rejected(failure.cause), &raw(), false)
-            }
-            Some(failure) => Err(delivery_failed(failure, txn.commit_lsn())),
+            Some(failure) if failure.is_refusal() => self.bad_event(
+                txn,
+                &event.id,
+                BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause),
+                &raw(),
+                false,
+            ),
+            Some(failure) => Err(delivery_failed(
+                self.settings.sink.broker_name(),
+                failure,
+                txn.commit_lsn(),
+            )),
         }
     }
 
@@ -217,7 +225,7 @@ impl StreamState<'_> {
                 );
                 match self.send(txn, &record, true)? {
                     None => Ok(()),
-                    Some(failure) => Err(delivery_failed(failure, commit_lsn)),
+                    Some(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
                 }
             }
         }
@@ -235,9 +243,9 @@ impl StreamState<'_> {
             info!(
                 id = %String::from_utf8_lossy(&held.event.id),
                 commit_lsn = %tag.commit_lsn,
-                "Kafka refused the suspect event again on its own: it is a bad event"
+                "the broker refused the suspect event again on its own: it is a bad event"
             );
-            let cause = BadEvent::Rejected(failure.cause.clone());
+            let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause);
             return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false) {
                 // Skipped, or replaced by its dead letter (counted in flight by now).
                 Ok(()) => Ok(self.watermark.acked(tag.ticket, tag.bytes)?),
@@ -251,11 +259,13 @@ impl StreamState<'_> {
         if refused {
             self.suspects.insert(event, failure.cause.clone());
             return Err(RelayError::RecordRejected {
+                sink: self.settings.sink.broker_name(),
                 failure: Box::new(failure),
                 commit_lsn: tag.commit_lsn,
             });
         }
         Err(RelayError::DeliveryFailed {
+            sink: self.settings.sink.broker_name(),
             failure: Box::new(failure),
             commit_lsn: tag.commit_lsn,
         })
@@ -307,17 +317,22 @@ impl StreamState<'_> {
             Some(failure) if failure.is_refusal() => self.bad_event(
                 &held.txn,
                 &held.event.id,
-                BadEvent::Rejected(failure.cause),
+                BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause),
                 &held.raw,
                 false,
             ),
-            Some(failure) => Err(delivery_failed(failure, held.txn.commit_lsn())),
+            Some(failure) => Err(delivery_failed(
+                self.settings.sink.broker_name(),
+                failure,
+                held.txn.commit_lsn(),
+            )),
         }
     }
 }
 
-fn delivery_failed(failure: SinkFailure, commit_lsn: Lsn) -> RelayError {
+fn delivery_failed(sink: &'static str, failure: SinkFailure, commit_lsn: Lsn) -> RelayError {
     RelayError::DeliveryFailed {
+        sink,
         failure: Box::new(failure),
         commit_lsn,
     }

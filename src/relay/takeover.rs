@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Settings;
 use crate::ops::units::utc_from_system_time;
+use crate::sink::ExactlyOnce;
 
 /// What this process saw of the slot's previous holder while it stood by.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +64,13 @@ impl Predecessor {
     }
 
     /// The fence for a session starting `now` that follows this predecessor (`None`: no wait).
+    /// Only a sink whose replays the relay checks by reading back needs one: a broker that
+    /// deduplicates (NATS JetStream, Redis here) drops the old holder's late copies itself,
+    /// within its deduplication window (docs/sink-nats.md, docs/sink-redis.md).
     pub(crate) fn fence(&self, settings: &Settings, now: Instant) -> Option<Fence> {
+        if crate::sink::exactly_once(settings.sink) != ExactlyOnce::ReadBack {
+            return None;
+        }
         let Predecessor::Seen {
             last_reply,
             seen_at,
@@ -168,6 +175,18 @@ mod tests {
         let mut p = Predecessor::None;
         p.observe(Some(Duration::from_secs(3)), now);
         assert!(p.fence(&s, now).is_some());
+    }
+
+    #[test]
+    fn a_deduplicating_broker_needs_no_fence() {
+        let text = "[postgres]\nurl = \"postgres://relay@127.0.0.1/app\"\n[relay]\ndelivery = \"exactly-once\"\n\
+                    takeover_after_ms = 3000\n[sink]\nkind = \"redis\"\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n";
+        let s = Settings::from_toml_str(text, std::path::Path::new("t.toml"), std::iter::empty()).unwrap();
+        let now = Instant::now() + Duration::from_secs(100);
+        let mut p = Predecessor::None;
+        p.observe(Some(Duration::from_secs(4)), now);
+        p.terminated();
+        assert_eq!(p.fence(&s, now), None);
     }
 
     #[test]

@@ -24,9 +24,9 @@
 pub(crate) mod kafka;
 #[cfg(test)]
 pub(crate) mod memory;
-pub(crate) mod redis;
-pub(crate) mod rabbitmq;
 pub(crate) mod nats;
+pub(crate) mod rabbitmq;
+pub(crate) mod redis;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -226,7 +226,11 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
 fn section<T>(section: &Option<T>, kind: SinkKind) -> Result<&T, SinkError> {
     section.as_ref().ok_or_else(|| SinkError {
         sink: kind.broker_name(),
-        cause: format!("[sink] kind = \"{}\" without a [{}] section", kind.label(), kind.label()),
+        cause: format!(
+            "[sink] kind = \"{}\" without a [{}] section",
+            kind.label(),
+            kind.label()
+        ),
         transient: false,
     })
 }

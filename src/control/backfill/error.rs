@@ -56,8 +56,11 @@ pub(crate) enum BackfillError {
     )]
     BadRow { id: String, cause: BadEvent },
 
-    #[error("Kafka did not acknowledge a backfilled event: {0}. Check the brokers, then run `setup --backfill` again")]
-    Delivery(Box<SinkFailure>),
+    #[error("{sink} did not acknowledge a backfilled event: {failure}. Check the brokers, then run `setup --backfill` again")]
+    Delivery {
+        sink: &'static str,
+        failure: Box<SinkFailure>,
+    },
 
     #[error("{0}")]
     Unsupported(String),

@@ -71,9 +71,15 @@ impl<'s> BackfillPublisher<'s> {
         let bytes = record.size();
         if let Err(refusal) = self.publisher.send(&record, &[], None, Box::new(BackfillTag { bytes })) {
             if refusal.failure.is_refusal() {
-                return Err(bad(BadEvent::Rejected(refusal.failure.cause)));
+                return Err(bad(BadEvent::refused_by(
+                    self.settings.sink.broker_name(),
+                    &refusal.failure.cause,
+                )));
             }
-            return Err(BackfillError::Delivery(Box::new(refusal.failure)));
+            return Err(BackfillError::Delivery {
+                sink: self.settings.sink.broker_name(),
+                failure: Box::new(refusal.failure),
+            });
         }
         self.in_flight.events += 1;
         self.in_flight.bytes += bytes;
@@ -110,9 +116,10 @@ impl<'s> BackfillPublisher<'s> {
     fn settle(&mut self, delivery: Completion<BackfillTag>) -> Result<(), BackfillError> {
         self.in_flight.events -= 1;
         self.in_flight.bytes -= delivery.tag.bytes;
-        delivery
-            .outcome
-            .map_err(|failure| BackfillError::Delivery(Box::new(failure)))
+        delivery.outcome.map_err(|failure| BackfillError::Delivery {
+            sink: self.settings.sink.broker_name(),
+            failure: Box::new(failure),
+        })
     }
 }
 
