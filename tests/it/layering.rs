@@ -201,3 +201,59 @@ fn the_architecture_page_names_only_files_that_exist() {
         "docs/architecture.md names files that do not exist: {missing:?}"
     );
 }
+
+/// A sink is one folder, one config section and one line in `sink::create`, as
+/// docs/architecture.md ("Adding a sink") says: every kind `[sink] kind` accepts has exactly
+/// those, and the page lists each sink's folder.
+#[test]
+fn every_sink_is_a_folder_a_config_section_and_one_registration() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("read {p}: {e}"));
+    let kinds_src = read("src/config/sink.rs");
+    let kinds: Vec<(String, String)> = kinds_src
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = l.strip_prefix("(\"")?;
+            let (name, rest) = rest.split_once('"')?;
+            let variant = rest.split("SinkKind::").nth(1)?.trim_end_matches([')', ',', ']', ';']);
+            Some((name.to_owned(), variant.to_owned()))
+        })
+        .collect();
+    assert!(
+        kinds.len() >= 4,
+        "parsed too few sink kinds from src/config/sink.rs: {kinds:?}"
+    );
+    let registry = read("src/sink/mod.rs");
+    let create = registry
+        .split("pub(crate) async fn create")
+        .nth(1)
+        .expect("sink::create in src/sink/mod.rs");
+    let page = read("docs/architecture.md");
+    let adding = page
+        .split("- **A sink.**")
+        .nth(1)
+        .expect("docs/architecture.md: \"A sink.\"");
+    for needle in ["src/sink/<name>/", "src/config/", "sink::create"] {
+        assert!(adding.contains(needle), "\"Adding a sink\" does not say {needle}");
+    }
+    for (name, variant) in &kinds {
+        assert!(
+            root.join("src/sink").join(name).join("mod.rs").exists(),
+            "no src/sink/{name}/mod.rs"
+        );
+        assert!(
+            root.join("src/config").join(format!("{name}.rs")).exists(),
+            "no src/config/{name}.rs"
+        );
+        assert_eq!(
+            create.matches(&format!("SinkKind::{variant} =>")).count(),
+            1,
+            "sink::create registers {variant} once"
+        );
+        assert!(
+            page.contains(&format!("src/sink/{name}/")),
+            "docs/architecture.md does not list src/sink/{name}/"
+        );
+    }
+}
