@@ -635,6 +635,7 @@ fn a_debezium_server_file_with_a_broker_sink_gets_that_sinks_section_and_no_kafk
     assert_eq!(t["nats"]["stream"].as_str(), Some("OUTBOX"));
     assert!(t.get("kafka").is_none(), "{nats}");
     assert!(listed(&not_carried_over(&nats), "debezium.sink.nats-jetstream.create-stream").contains("setup"));
+    assert_eq!(load(&nats).sink, crate::config::sink::SinkKind::Nats);
 
     let rabbit = import(
         "application.properties",
@@ -653,6 +654,7 @@ fn a_debezium_server_file_with_a_broker_sink_gets_that_sinks_section_and_no_kafk
         "{rabbit}"
     );
     assert!(listed(&not_carried_over(&rabbit), "debezium.sink.rabbitmq.routingKey").contains("routing key"));
+    assert_eq!(load(&rabbit).sink, crate::config::sink::SinkKind::RabbitMq);
 
     let redis = import(
         "application.properties",
@@ -666,6 +668,7 @@ fn a_debezium_server_file_with_a_broker_sink_gets_that_sinks_section_and_no_kafk
     assert_eq!(t["redis"]["url"].as_str(), Some("redis://cache:6380"));
     assert!(!redis.contains("r-secret"), "{redis}");
     assert!(listed(&not_carried_over(&redis), "debezium.sink.redis.wait.enabled").contains("replicas"));
+    assert_eq!(load(&redis).sink, crate::config::sink::SinkKind::Redis);
 
     let err = import_err(
         "application.properties",
