@@ -389,6 +389,15 @@ impl Resume {
 
     fn log_window(&mut self) {
         self.window_logged = true;
+        if self.strategy != ExactlyOnce::ReadBack {
+            info!(
+                replay_from = %self.replay_start,
+                replay_to = %self.replay_end,
+                source = %self.source,
+                "exactly-once: the replay window went out with deduplication keys; the broker dropped what it held"
+            );
+            return;
+        }
         info!(
             skipped_already_in_kafka = self.skipped,
             partitions_read_back = self.partitions_read,
