@@ -138,21 +138,34 @@ impl DemoConsumer {
         let id = message
             .headers()
             .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
-            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok());
-        let payload: Option<serde_json::Value> = message.payload().and_then(|p| serde_json::from_slice(p).ok());
-        let (Some(id), Some(payload)) = (id, payload) else {
-            return;
-        };
-        if payload.get("run").and_then(|r| r.as_str()) != Some(self.run_id.as_str()) {
-            return;
-        }
-        let placed_at_us = payload
-            .get("placed_at_us")
-            .and_then(serde_json::Value::as_i64)
-            .unwrap_or(0);
-        let now_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as i64);
-        stats.consumed(id, Duration::from_micros((now_us - placed_at_us).max(0) as u64));
+            .and_then(parse_id);
+        record_event(stats, &self.run_id, id, message.payload());
     }
+}
+
+/// One message read by any of the demo's consumers: counted when it carries an event id and a
+/// payload of this run (`run`), with its latency from the payload's `placed_at_us`. Returns
+/// whether it was counted.
+pub(crate) fn record_event(stats: &Stats, run_id: &str, id: Option<i64>, payload: Option<&[u8]>) -> bool {
+    let payload: Option<serde_json::Value> = payload.and_then(|p| serde_json::from_slice(p).ok());
+    let (Some(id), Some(payload)) = (id, payload) else {
+        return false;
+    };
+    if payload.get("run").and_then(|r| r.as_str()) != Some(run_id) {
+        return false;
+    }
+    let placed_at_us = payload
+        .get("placed_at_us")
+        .and_then(serde_json::Value::as_i64)
+        .unwrap_or(0);
+    let now_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    stats.consumed(id, Duration::from_micros((now_us - placed_at_us).max(0) as u64));
+    true
+}
+
+/// The event id as the brokers carry it: decimal text.
+pub(crate) fn parse_id(bytes: &[u8]) -> Option<i64> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
 }

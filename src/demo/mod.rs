@@ -5,6 +5,10 @@
 //! creates the first seed's schema; runs `setup`; then runs, all in this process, producers
 //! placing orders at `--rate` ([`producer`]), the relay itself (`relay::run`, the same code as
 //! `outbox-relay run`), and a consumer ([`consumer`]), with a live progress line ([`stats`]).
+//! With `--sink nats|rabbitmq|redis` the relay publishes to a running server (`--sink-url`)
+//! instead: `setup` creates the run's NATS stream or RabbitMQ exchange, the matching consumer
+//! ([`consumer_nats`], [`consumer_rabbitmq`], [`consumer_redis`]) reads the run's events, and
+//! removes the stream, exchange or Redis key at the end (best effort).
 //! At the end (`--duration`, or Ctrl-C) it stops the producers, lets the relay and the consumer
 //! drain, stops the relay, and prints a summary.
 //!
@@ -13,6 +17,9 @@
 //! killed outright is covered by the server's watchdog (see [`postgres`]).
 
 pub(crate) mod consumer;
+pub(crate) mod consumer_nats;
+pub(crate) mod consumer_rabbitmq;
+pub(crate) mod consumer_redis;
 pub(crate) mod kafka;
 pub mod postgres;
 pub(crate) mod producer;
@@ -51,6 +58,13 @@ pub(crate) struct DemoArgs {
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long, value_name = "SECONDS")]
     pub(crate) duration: Option<u64>,
+    /// The broker the relay publishes to: the embedded (or `--bootstrap`) Kafka, or a running
+    /// NATS JetStream, RabbitMQ or Redis server (`--sink-url`).
+    #[arg(long, value_enum, default_value_t = DemoSink::Kafka)]
+    pub(crate) sink: DemoSink,
+    /// The server of `--sink nats|rabbitmq|redis` (default: the broker's usual port on 127.0.0.1).
+    #[arg(long, value_name = "URL", conflicts_with = "bootstrap")]
+    pub(crate) sink_url: Option<String>,
     /// Use this Kafka (host:port[,host:port…]) instead of the embedded one.
     #[arg(long, value_name = "SERVERS")]
     pub(crate) bootstrap: Option<String>,
@@ -58,6 +72,64 @@ pub(crate) struct DemoArgs {
     /// automatically when unset.
     #[arg(long, value_name = "DIR", env = "OUTBOX_RELAY_PG_BIN")]
     pub(crate) pg_bin: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DemoSink {
+    Kafka,
+    Nats,
+    Rabbitmq,
+    Redis,
+}
+
+impl DemoSink {
+    /// `--sink-url`'s default.
+    fn default_url(self) -> &'static str {
+        match self {
+            DemoSink::Kafka => "",
+            DemoSink::Nats => "nats://127.0.0.1:4222",
+            DemoSink::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
+            DemoSink::Redis => "redis://127.0.0.1:6379",
+        }
+    }
+}
+
+/// Where the relay publishes: the Kafka bootstrap servers, or another broker's URL and, for
+/// NATS and RabbitMQ, the run's stream or exchange (created by `setup`, deleted at the end).
+#[derive(Debug, Clone)]
+struct SinkTarget {
+    kind: DemoSink,
+    /// Kafka: the bootstrap servers; otherwise the server URL.
+    address: String,
+    /// NATS: the stream; RabbitMQ: the exchange; unused otherwise.
+    container: String,
+}
+
+/// The running demo consumer: the Kafka one on its own thread, the others as tasks that clean
+/// up what the run created and say so.
+enum RunningConsumer {
+    Thread(std::thread::JoinHandle<()>),
+    Task(tokio::task::JoinHandle<Vec<String>>),
+}
+
+impl RunningConsumer {
+    /// Waits (bounded) for the consumer to stop; returns its cleanup lines.
+    async fn join(self) -> Vec<String> {
+        match self {
+            RunningConsumer::Thread(t) => {
+                let _ = tokio::task::spawn_blocking(move || t.join()).await;
+                Vec::new()
+            }
+            RunningConsumer::Task(mut t) => match tokio::time::timeout(Duration::from_secs(20), &mut t).await {
+                Ok(Ok(lines)) => lines,
+                Ok(Err(e)) => vec![format!("FAILED: the demo consumer panicked: {e}")],
+                Err(_) => {
+                    t.abort();
+                    vec!["FAILED: the demo consumer did not stop within 20 s".to_owned()]
+                }
+            },
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +153,8 @@ pub enum DemoError {
     },
     #[error("Kafka: {0}")]
     Kafka(String),
+    #[error("{0}")]
+    Sink(String),
     #[error("demo configuration: {0}")]
     Config(#[from] ConfigError),
     #[error("setup: {0}")]
@@ -97,6 +171,17 @@ impl DemoError {
 
 /// Runs the demo; the exit code is 0 when every produced event was consumed.
 pub(crate) fn main(args: DemoArgs) -> ExitCode {
+    match (args.sink, &args.bootstrap, &args.sink_url) {
+        (DemoSink::Kafka, _, Some(_)) => {
+            eprintln!("error: --sink-url is for --sink nats|rabbitmq|redis; a Kafka is given by --bootstrap");
+            return ExitCode::from(2);
+        }
+        (DemoSink::Nats | DemoSink::Rabbitmq | DemoSink::Redis, Some(_), _) => {
+            eprintln!("error: --bootstrap is for Kafka; give the server of --sink with --sink-url");
+            return ExitCode::from(2);
+        }
+        _ => {}
+    }
     let runtime = match crate::ops::runtime(2) {
         Ok(rt) => rt,
         Err(e) => {
@@ -135,30 +220,56 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
         pg.url(DATABASE),
         dir.display()
     ));
-    let kafka = match &args.bootstrap {
-        Some(_) => None,
-        None => Some(EmbeddedKafka::start(producer::EVENT_TYPE)?),
+    let run_id = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let kafka = match (args.sink, &args.bootstrap) {
+        (DemoSink::Kafka, None) => match EmbeddedKafka::start(producer::EVENT_TYPE) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                let mut pg = pg;
+                let _ = tokio::task::spawn_blocking(move || pg.stop()).await;
+                return Err(e);
+            }
+        },
+        _ => None,
     };
-    let bootstrap = args
-        .bootstrap
-        .clone()
-        .or_else(|| kafka.as_ref().map(|k| k.bootstrap_servers().to_owned()));
-    let bootstrap = bootstrap.unwrap_or_default();
+    let target = SinkTarget {
+        kind: args.sink,
+        address: match args.sink {
+            DemoSink::Kafka => args
+                .bootstrap
+                .clone()
+                .or_else(|| kafka.as_ref().map(|k| k.bootstrap_servers().to_owned()))
+                .unwrap_or_default(),
+            other => args.sink_url.clone().unwrap_or_else(|| other.default_url().to_owned()),
+        },
+        container: match args.sink {
+            DemoSink::Nats => format!("OUTBOX_RELAY_DEMO_{run_id}"),
+            _ => format!("outbox-relay-demo-{run_id}"),
+        },
+    };
 
-    let outcome = pipeline(&args, &pg, &bootstrap, kafka.is_some(), interrupts, &mut progress).await;
+    let outcome = pipeline(&args, &pg, &target, &run_id, kafka.is_some(), interrupts, &mut progress).await;
 
     progress.finish();
     let mut pg = pg;
     let stopped = tokio::task::spawn_blocking(move || pg.stop()).await;
     drop(kafka);
     let cleanup = match stopped {
-        Ok(Ok(())) => vec![format!("PostgreSQL stopped and {} removed", dir.display())],
-        Ok(Err(e)) => vec![format!("FAILED: {e}")],
-        Err(e) => vec![format!("FAILED: stopping PostgreSQL panicked: {e}")],
+        Ok(Ok(())) => format!("PostgreSQL stopped and {} removed", dir.display()),
+        Ok(Err(e)) => format!("FAILED: {e}"),
+        Err(e) => format!("FAILED: stopping PostgreSQL panicked: {e}"),
     };
+    let cleanup = vec![cleanup];
     match outcome {
         Ok(mut summary) => {
-            summary.cleanup = cleanup;
+            // The pipeline's own lines (the broker's stream, exchange or key) come after.
+            let sink_lines = std::mem::replace(&mut summary.cleanup, cleanup);
+            summary.cleanup.extend(sink_lines);
             Ok(summary)
         }
         Err(e) => {
@@ -174,7 +285,8 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
 async fn pipeline(
     args: &DemoArgs,
     pg: &ThrowawayPostgres,
-    bootstrap: &str,
+    target: &SinkTarget,
+    run_id: &str,
     embedded: bool,
     mut interrupts: watch::Receiver<u32>,
     progress: &mut ProgressLine,
@@ -189,28 +301,15 @@ async fn pipeline(
         .await
         .map_err(DemoError::postgres("creating the seed schema"))?;
 
-    let settings = demo_settings(&pg.url(DATABASE), bootstrap)?;
+    let settings = demo_settings(&pg.url(DATABASE), target, run_id)?;
     let setup = crate::control::setup(&settings).await?;
     progress.message(&format!("demo: setup done\n{setup}"));
 
-    let run_id = format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    );
     let topic = settings.router.route(producer::EVENT_TYPE).into_owned();
     let stats = Arc::new(Stats::new());
     let consumer_stop = Arc::new(AtomicBool::new(false));
-    let consumer = {
-        let (bootstrap, topic, run_id) = (bootstrap.to_owned(), topic.clone(), run_id.clone());
-        tokio::task::spawn_blocking(move || DemoConsumer::new(&bootstrap, &topic, &run_id))
-            .await
-            .map_err(|e| DemoError::Kafka(e.to_string()))??
-    };
-    let consumer = consumer
-        .spawn(Arc::clone(&stats), Arc::clone(&consumer_stop))
-        .map_err(|e| DemoError::Io("starting the consumer thread".into(), e))?;
+    // Started before the relay: the RabbitMQ queue must be bound before anything is published.
+    let consumer = start_consumer(target, &topic, run_id, &stats, &consumer_stop).await?;
 
     let (relay_stop, relay_stop_rx) = watch::channel(false);
     let relay_settings = settings.clone();
@@ -227,7 +326,7 @@ async fn pipeline(
     let producers = producer::spawn(
         &pg.url(DATABASE),
         args.rate,
-        &run_id,
+        run_id,
         Arc::clone(&stats),
         producers_stop_rx,
     )
@@ -303,9 +402,9 @@ async fn pipeline(
         .ok()
         .flatten()
         .and_then(|r| r.get::<_, Option<String>>(0));
-    // Give the consumer a last look at the watermarks, then stop it.
+    // Give the consumer a last look at what the broker reports published, then stop it.
     consumer_stop.store(true, Ordering::Relaxed);
-    let _ = tokio::task::spawn_blocking(move || consumer.join()).await;
+    let sink_cleanup = consumer.join().await;
     let numbers = stats.snapshot(production);
     progress.update(&numbers);
 
@@ -319,20 +418,112 @@ async fn pipeline(
         numbers,
         rate: args.rate,
         topic,
-        kafka: if embedded {
-            format!("the embedded Kafka ({bootstrap})")
-        } else {
-            bootstrap.to_owned()
+        kafka: match target.kind {
+            DemoSink::Kafka if embedded => format!("the embedded Kafka ({})", target.address),
+            DemoSink::Kafka => target.address.clone(),
+            // The URLs as the settings print them: any password masked.
+            DemoSink::Nats => match &settings.nats {
+                Some(n) => format!("NATS JetStream {} (stream {})", n.url, n.stream),
+                None => "NATS JetStream".to_owned(),
+            },
+            DemoSink::Rabbitmq => match &settings.rabbitmq {
+                Some(r) => format!("RabbitMQ {} (exchange {})", r.url, r.exchange),
+                None => "RabbitMQ".to_owned(),
+            },
+            DemoSink::Redis => match &settings.redis {
+                Some(r) => format!("Redis {}", r.url),
+                None => "Redis".to_owned(),
+            },
         },
         slot: SLOT.to_owned(),
         confirmed_lsn,
         interrupted: *interrupts.borrow() > 0,
-        cleanup: Vec::new(),
+        cleanup: sink_cleanup,
+    })
+}
+
+/// Connects the consumer for `target` and starts it.
+async fn start_consumer(
+    target: &SinkTarget,
+    topic: &str,
+    run_id: &str,
+    stats: &Arc<Stats>,
+    stop: &Arc<AtomicBool>,
+) -> Result<RunningConsumer, DemoError> {
+    let (stats, stop) = (Arc::clone(stats), Arc::clone(stop));
+    Ok(match target.kind {
+        DemoSink::Kafka => {
+            let (bootstrap, topic, run_id) = (target.address.clone(), topic.to_owned(), run_id.to_owned());
+            let consumer = tokio::task::spawn_blocking(move || DemoConsumer::new(&bootstrap, &topic, &run_id))
+                .await
+                .map_err(|e| DemoError::Kafka(e.to_string()))??;
+            RunningConsumer::Thread(
+                consumer
+                    .spawn(stats, stop)
+                    .map_err(|e| DemoError::Io("starting the consumer thread".into(), e))?,
+            )
+        }
+        DemoSink::Nats => {
+            let c = consumer_nats::NatsConsumer::new(&target.address, &target.container, run_id).await?;
+            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
+        }
+        DemoSink::Rabbitmq => {
+            let c = consumer_rabbitmq::RabbitMqConsumer::new(&target.address, &target.container, topic, run_id).await?;
+            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
+        }
+        DemoSink::Redis => {
+            let c = consumer_redis::RedisConsumer::new(&target.address, topic, run_id).await?;
+            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
+        }
     })
 }
 
 /// The relay's configuration for the demo database, as a user would write it.
-fn demo_settings(url: &str, bootstrap: &str) -> Result<Settings, DemoError> {
+fn demo_settings(url: &str, target: &SinkTarget, run_id: &str) -> Result<Settings, DemoError> {
+    let address = toml_string(&target.address);
+    let container = &target.container;
+    let sink = match target.kind {
+        DemoSink::Kafka => format!("[kafka]\n\"bootstrap.servers\" = {address}\n"),
+        // A subject per run, so the run's stream overlaps no other stream (a stream left by an
+        // earlier, killed demo included); `setup` creates the stream from `subjects`.
+        DemoSink::Nats => format!(
+            r#"[sink]
+kind = "nats"
+
+[nats]
+url = {address}
+stream = "{container}"
+subjects = ["demo.{run_id}.>"]
+
+[route]
+topic_regex = "(?<routedByValue>.*)"
+topic_replacement = "demo.{run_id}.${{routedByValue}}"
+"#
+        ),
+        // `setup` declares the run's exchange; the demo's queue binds the routed topic to it.
+        DemoSink::Rabbitmq => format!(
+            r#"[sink]
+kind = "rabbitmq"
+
+[rabbitmq]
+url = {address}
+exchange = "{container}"
+"#
+        ),
+        // The stream key is the routed topic, one per run so nothing older is read.
+        DemoSink::Redis => format!(
+            r#"[sink]
+kind = "redis"
+
+[redis]
+url = {address}
+
+[route]
+topic_regex = "(?<routedByValue>.*)"
+topic_replacement = "outbox-relay-demo:{run_id}:${{routedByValue}}"
+"#
+        ),
+    };
     let text = format!(
         r#"
 [postgres]
@@ -344,9 +535,7 @@ publication = "{SLOT}"
 table = "public.events_outbox"
 timestamp_column = "created_at"
 
-[kafka]
-"bootstrap.servers" = "{bootstrap}"
-
+{sink}
 [relay]
 status_interval_ms = 500
 shutdown_timeout_ms = 10000
@@ -355,6 +544,22 @@ reconnect_backoff_initial_ms = 200
     );
     // The demo ignores OUTBOX_RELAY__* variables: it must not touch a real deployment.
     Ok(Settings::from_toml_str(&text, Path::new("<demo>"), std::iter::empty())?)
+}
+
+/// `value` as a TOML basic string.
+fn toml_string(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Counts SIGINT/SIGTERM: the first stops the producers, a second skips the drain.

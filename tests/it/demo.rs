@@ -262,3 +262,42 @@ async fn demo_uses_a_given_broker_and_counts_only_its_own_events() {
     assert_eq!(summary_number(&stdout, "consumed"), produced, "{stdout}");
     assert_cleaned_up(&demo.cluster_dir()).await;
 }
+
+/// `demo --sink <sink>` against the broker CI runs on 127.0.0.1: every event consumed, the
+/// broker's counts add up, and what the run created on the broker is removed.
+async fn demo_with_sink(sink: &str, cleaned: &str) {
+    let mut demo = Demo::start(&["--duration", "3", "--rate", "50", "--sink", sink]);
+    let status = demo.finish().await;
+    let (stdout, stderr) = (demo.stdout(), demo.stderr());
+    assert!(
+        status.success(),
+        "demo failed ({status}); stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("result          OK: all"), "summary:\n{stdout}");
+    let produced = summary_number(&stdout, "produced");
+    assert!(produced > 0, "{stdout}");
+    assert_eq!(
+        summary_number(&stdout, "published"),
+        produced + duplicates(&stdout),
+        "{stdout}"
+    );
+    assert_eq!(summary_number(&stdout, "consumed"), produced, "{stdout}");
+    assert!(stdout.contains(" 0 missing"), "{stdout}");
+    assert!(stdout.contains(cleaned), "{stdout}");
+    assert_cleaned_up(&demo.cluster_dir()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_nats_consumes_everything() {
+    demo_with_sink("nats", "cleaned up      NATS stream OUTBOX_RELAY_DEMO_").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_rabbitmq_consumes_everything() {
+    demo_with_sink("rabbitmq", "cleaned up      RabbitMQ exchange outbox-relay-demo-").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_redis_consumes_everything() {
+    demo_with_sink("redis", "cleaned up      Redis stream outbox-relay-demo:").await;
+}

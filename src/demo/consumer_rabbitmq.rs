@@ -1,0 +1,139 @@
+//! The demo's RabbitMQ consumer: an exclusive, auto-delete queue bound to the run's exchange
+//! with the demo's routing key, declared before the relay starts (a message no queue is bound
+//! for is a bad event to the relay). Counts by `message_id` (or the `id` header). RabbitMQ
+//! reports no count of what was published through an exchange, so `published` is what was read.
+//! At the end it deletes the exchange (the queue goes with its connection).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties};
+
+use super::consumer::{parse_id, record_event};
+use super::stats::Stats;
+use super::DemoError;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+const IDLE: Duration = Duration::from_millis(10);
+
+pub(crate) struct RabbitMqConsumer {
+    connection: Connection,
+    channel: Channel,
+    exchange: String,
+    queue: String,
+    run_id: String,
+}
+
+async fn bounded<T, E: std::fmt::Display>(
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, DemoError> {
+    match tokio::time::timeout(TIMEOUT, f).await {
+        Ok(r) => r.map_err(|e| DemoError::Sink(format!("RabbitMQ, {what}: {e}"))),
+        Err(_) => Err(DemoError::Sink(format!(
+            "RabbitMQ, {what}: no answer within {TIMEOUT:?}"
+        ))),
+    }
+}
+
+impl RabbitMqConsumer {
+    /// Connects and binds the queue; call it before the relay publishes.
+    pub(crate) async fn new(
+        url: &str,
+        exchange: &str,
+        routing_key: &str,
+        run_id: &str,
+    ) -> Result<RabbitMqConsumer, DemoError> {
+        let properties = ConnectionProperties::default()
+            .with_connection_name("outbox-relay-demo".into())
+            .with_executor(tokio_executor_trait::Tokio::current())
+            .with_reactor(tokio_reactor_trait::Tokio::current());
+        let connection = bounded("connecting", Connection::connect(url, properties)).await?;
+        let channel = bounded("opening a channel", connection.create_channel()).await?;
+        let options = QueueDeclareOptions {
+            exclusive: true,
+            auto_delete: true,
+            ..QueueDeclareOptions::default()
+        };
+        let queue = bounded(
+            "declaring the demo queue",
+            channel.queue_declare("", options, FieldTable::default()),
+        )
+        .await?
+        .name()
+        .as_str()
+        .to_owned();
+        bounded(
+            "binding the demo queue",
+            channel.queue_bind(
+                &queue,
+                exchange,
+                routing_key,
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        Ok(RabbitMqConsumer {
+            connection,
+            channel,
+            exchange: exchange.to_owned(),
+            queue,
+            run_id: run_id.to_owned(),
+        })
+    }
+
+    /// Reads until `stop`, then deletes the exchange; returns what it cleaned up.
+    pub(crate) async fn run(self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
+        while !stop.load(Ordering::Relaxed) {
+            match bounded(
+                "reading",
+                self.channel.basic_get(&self.queue, BasicGetOptions { no_ack: true }),
+            )
+            .await
+            {
+                Ok(Some(message)) => {
+                    let d = &message.delivery;
+                    let id = d
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .and_then(|m| parse_id(m.as_str().as_bytes()))
+                        .or_else(|| {
+                            d.properties
+                                .headers()
+                                .as_ref()
+                                .and_then(|h| h.inner().get("id"))
+                                .and_then(|v| match v {
+                                    AMQPValue::LongString(s) => parse_id(s.as_bytes()),
+                                    _ => None,
+                                })
+                        });
+                    record_event(&stats, &self.run_id, id, Some(&d.data));
+                }
+                Ok(None) => tokio::time::sleep(IDLE).await,
+                Err(e) => {
+                    eprintln!("demo: the RabbitMQ consumer stopped: {e}");
+                    break;
+                }
+            }
+        }
+        let deleted = bounded(
+            "deleting the exchange",
+            self.channel
+                .exchange_delete(&self.exchange, ExchangeDeleteOptions::default()),
+        )
+        .await;
+        let _ = tokio::time::timeout(TIMEOUT, self.connection.close(200, "demo done")).await;
+        vec![match deleted {
+            Ok(()) => format!(
+                "RabbitMQ exchange {} deleted (queue {} went with the connection)",
+                self.exchange, self.queue
+            ),
+            Err(e) => format!("FAILED: {e}"),
+        }]
+    }
+}
