@@ -23,6 +23,22 @@ use super::stats::Stats;
 use super::DemoError;
 
 const REFRESH: Duration = Duration::from_secs(1);
+/// How long a demo consumer waits for one call to its broker.
+pub(crate) const BROKER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `f`, bounded by [`BROKER_TIMEOUT`], its error naming the broker and what was being done.
+pub(crate) async fn bounded<T, E: std::fmt::Display>(
+    broker: &str,
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, DemoError> {
+    match tokio::time::timeout(BROKER_TIMEOUT, f).await {
+        Ok(r) => r.map_err(|e| DemoError::Sink(format!("{broker}, {what}: {e}"))),
+        Err(_) => Err(DemoError::Sink(format!(
+            "{broker}, {what}: no answer within {BROKER_TIMEOUT:?}"
+        ))),
+    }
+}
 const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub(crate) struct DemoConsumer {

@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures_util::StreamExt;
 
+use super::consumer::bounded;
 use super::consumer::{parse_id, record_event};
 use super::stats::Stats;
 use super::DemoError;
 
-const TIMEOUT: Duration = Duration::from_secs(5);
+const TIMEOUT: Duration = super::consumer::BROKER_TIMEOUT;
+const BROKER: &str = "NATS";
 const REFRESH: Duration = Duration::from_secs(1);
 
 pub(crate) struct NatsConsumer {
@@ -26,19 +28,10 @@ fn err(what: &str) -> impl FnOnce(String) -> DemoError + '_ {
     move |e| DemoError::Sink(format!("NATS, {what}: {e}"))
 }
 
-async fn bounded<T, E: std::fmt::Display>(
-    what: &str,
-    f: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, DemoError> {
-    match tokio::time::timeout(TIMEOUT, f).await {
-        Ok(r) => r.map_err(|e| e.to_string()).map_err(err(what)),
-        Err(_) => Err(err(what)(format!("no answer within {TIMEOUT:?}"))),
-    }
-}
-
 impl NatsConsumer {
     pub(crate) async fn new(url: &str, stream: &str, run_id: &str) -> Result<NatsConsumer, DemoError> {
         let client = bounded(
+            BROKER,
             "connecting",
             async_nats::ConnectOptions::new()
                 .connection_timeout(TIMEOUT)
@@ -57,7 +50,7 @@ impl NatsConsumer {
         if let Err(e) = self.read(&stats, &stop).await {
             eprintln!("demo: the NATS consumer stopped: {e}");
         }
-        let deleted = bounded("deleting the stream", self.js.delete_stream(&self.stream)).await;
+        let deleted = bounded(BROKER, "deleting the stream", self.js.delete_stream(&self.stream)).await;
         vec![match deleted {
             Ok(_) => format!("NATS stream {} deleted", self.stream),
             Err(e) => format!("FAILED: {e}"),
@@ -65,18 +58,19 @@ impl NatsConsumer {
     }
 
     async fn read(&self, stats: &Stats, stop: &AtomicBool) -> Result<(), DemoError> {
-        let mut stream = bounded("opening the stream", self.js.get_stream(&self.stream)).await?;
+        let mut stream = bounded(BROKER, "opening the stream", self.js.get_stream(&self.stream)).await?;
         let consumer = bounded(
+            BROKER,
             "creating the consumer",
             stream.create_consumer(OrderedConfig::default()),
         )
         .await?;
-        let mut messages = bounded("reading", consumer.messages()).await?;
+        let mut messages = bounded(BROKER, "reading", consumer.messages()).await?;
         let mut next_refresh = Instant::now();
         loop {
             if Instant::now() >= next_refresh {
                 next_refresh = Instant::now() + REFRESH;
-                if let Ok(info) = bounded("stream info", stream.info()).await {
+                if let Ok(info) = bounded(BROKER, "stream info", stream.info()).await {
                     stats.published.store(info.state.messages, Ordering::Relaxed);
                 }
             }
@@ -97,7 +91,7 @@ impl NatsConsumer {
                 Err(_) => {}
             }
         }
-        if let Ok(info) = bounded("stream info", stream.info()).await {
+        if let Ok(info) = bounded(BROKER, "stream info", stream.info()).await {
             stats.published.store(info.state.messages, Ordering::Relaxed);
         }
         Ok(())

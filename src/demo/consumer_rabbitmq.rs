@@ -12,11 +12,13 @@ use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions, Q
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 
+use super::consumer::bounded;
 use super::consumer::{parse_id, record_event};
 use super::stats::Stats;
 use super::DemoError;
 
-const TIMEOUT: Duration = Duration::from_secs(5);
+const TIMEOUT: Duration = super::consumer::BROKER_TIMEOUT;
+const BROKER: &str = "RabbitMQ";
 const IDLE: Duration = Duration::from_millis(10);
 
 pub(crate) struct RabbitMqConsumer {
@@ -25,18 +27,6 @@ pub(crate) struct RabbitMqConsumer {
     exchange: String,
     queue: String,
     run_id: String,
-}
-
-async fn bounded<T, E: std::fmt::Display>(
-    what: &str,
-    f: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, DemoError> {
-    match tokio::time::timeout(TIMEOUT, f).await {
-        Ok(r) => r.map_err(|e| DemoError::Sink(format!("RabbitMQ, {what}: {e}"))),
-        Err(_) => Err(DemoError::Sink(format!(
-            "RabbitMQ, {what}: no answer within {TIMEOUT:?}"
-        ))),
-    }
 }
 
 impl RabbitMqConsumer {
@@ -51,14 +41,15 @@ impl RabbitMqConsumer {
             .with_connection_name("outbox-relay-demo".into())
             .with_executor(tokio_executor_trait::Tokio::current())
             .with_reactor(tokio_reactor_trait::Tokio::current());
-        let connection = bounded("connecting", Connection::connect(url, properties)).await?;
-        let channel = bounded("opening a channel", connection.create_channel()).await?;
+        let connection = bounded(BROKER, "connecting", Connection::connect(url, properties)).await?;
+        let channel = bounded(BROKER, "opening a channel", connection.create_channel()).await?;
         let options = QueueDeclareOptions {
             exclusive: true,
             auto_delete: true,
             ..QueueDeclareOptions::default()
         };
         let queue = bounded(
+            BROKER,
             "declaring the demo queue",
             channel.queue_declare("", options, FieldTable::default()),
         )
@@ -67,6 +58,7 @@ impl RabbitMqConsumer {
         .as_str()
         .to_owned();
         bounded(
+            BROKER,
             "binding the demo queue",
             channel.queue_bind(
                 &queue,
@@ -90,6 +82,7 @@ impl RabbitMqConsumer {
     pub(crate) async fn run(self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
         while !stop.load(Ordering::Relaxed) {
             match bounded(
+                BROKER,
                 "reading",
                 self.channel.basic_get(&self.queue, BasicGetOptions { no_ack: true }),
             )
@@ -122,6 +115,7 @@ impl RabbitMqConsumer {
             }
         }
         let deleted = bounded(
+            BROKER,
             "deleting the exchange",
             self.channel
                 .exchange_delete(&self.exchange, ExchangeDeleteOptions::default()),

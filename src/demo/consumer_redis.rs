@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
+use super::consumer::bounded;
 use super::consumer::{parse_id, record_event};
 use super::stats::Stats;
 use super::DemoError;
 
-const TIMEOUT: Duration = Duration::from_secs(5);
+const BROKER: &str = "Redis";
 const IDLE: Duration = Duration::from_millis(10);
 const REFRESH: Duration = Duration::from_secs(1);
 const BATCH: usize = 500;
@@ -24,20 +25,10 @@ pub(crate) struct RedisConsumer {
     run_id: String,
 }
 
-async fn bounded<T, E: std::fmt::Display>(
-    what: &str,
-    f: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, DemoError> {
-    match tokio::time::timeout(TIMEOUT, f).await {
-        Ok(r) => r.map_err(|e| DemoError::Sink(format!("Redis, {what}: {e}"))),
-        Err(_) => Err(DemoError::Sink(format!("Redis, {what}: no answer within {TIMEOUT:?}"))),
-    }
-}
-
 impl RedisConsumer {
     pub(crate) async fn new(url: &str, key: &str, run_id: &str) -> Result<RedisConsumer, DemoError> {
         let client = redis::Client::open(url).map_err(|e| DemoError::Sink(format!("Redis, the URL: {e}")))?;
-        let connection = bounded("connecting", client.get_multiplexed_async_connection()).await?;
+        let connection = bounded(BROKER, "connecting", client.get_multiplexed_async_connection()).await?;
         Ok(RedisConsumer {
             connection,
             key: key.to_owned(),
@@ -53,7 +44,13 @@ impl RedisConsumer {
             if Instant::now() >= next_refresh || stop.load(Ordering::Relaxed) {
                 next_refresh = Instant::now() + REFRESH;
                 let mut c = self.connection.clone();
-                if let Ok(n) = bounded("XLEN", redis::cmd("XLEN").arg(&self.key).query_async::<u64>(&mut c)).await {
+                if let Ok(n) = bounded(
+                    BROKER,
+                    "XLEN",
+                    redis::cmd("XLEN").arg(&self.key).query_async::<u64>(&mut c),
+                )
+                .await
+                {
                     stats.published.store(n, Ordering::Relaxed);
                 }
             }
@@ -75,7 +72,12 @@ impl RedisConsumer {
             }
         }
         let mut c = self.connection.clone();
-        let deleted = bounded("DEL", redis::cmd("DEL").arg(&self.key).query_async::<u64>(&mut c)).await;
+        let deleted = bounded(
+            BROKER,
+            "DEL",
+            redis::cmd("DEL").arg(&self.key).query_async::<u64>(&mut c),
+        )
+        .await;
         vec![match deleted {
             Ok(_) => format!("Redis stream {} deleted", self.key),
             Err(e) => format!("FAILED: {e}"),
@@ -87,6 +89,7 @@ impl RedisConsumer {
     async fn batch(&self, after: &str) -> Result<Vec<(String, Option<i64>, Option<Vec<u8>>)>, DemoError> {
         let mut c = self.connection.clone();
         let v: Value = bounded(
+            BROKER,
             "XRANGE",
             redis::cmd("XRANGE")
                 .arg(&self.key)
