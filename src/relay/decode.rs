@@ -1,24 +1,126 @@
-//! Step 2, decode: a replication frame → a pgoutput message → an outbox event.
+//! Step 2, decode: a replication frame → a pgoutput message → what it means for the relay.
 //!
-//! Transactions open a watermark ticket at Begin and close it at Commit (which must carry the
-//! LSN Begin announced); Relation messages (re)resolve the outbox column mapping; Inserts into
-//! the outbox table and logical messages with the outbox prefix become events for the publish
-//! step. Keepalives move the received position and, when nothing is in flight, the watermark.
+//! [`Decoder::decode`] is the whole step: frame in, [`Decoded`] out, nothing else touched —
+//! no watermark, no sink, no exactly-once. Its own state is what decoding needs: the Relation
+//! cache with each outbox table's resolved column mapping, the open transaction (so Commit can be
+//! checked against Begin and each outbox event gets its position in its transaction), and the
+//! server's clock. Relation messages (re)resolve the mapping; Inserts into the outbox table and
+//! transactional logical messages with the outbox prefix become [`Decoded::Event`]s; updates,
+//! deletes and other tables are nothing to the relay. The caller (`stream.rs`) feeds the
+//! results to the watermark and the publish step.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::error::{RelayError, StreamViolation};
-use super::stream::{CachedRelation, FrameAction, OpenTxn, StreamState};
-use crate::outbox::bad_event::RawEvent;
-use crate::outbox::layout::OutboxLayout;
-use crate::postgres::pgoutput::{self, Insert, LogicalMessage, Relation};
+use super::quarantine::EventRef;
+use crate::config::Settings;
+use crate::outbox::layout::{DebeziumColumns, OutboxLayout};
+use crate::outbox::payload::ByteaTypes;
+use crate::postgres::lsn::Lsn;
+use crate::postgres::pgoutput::{
+    self, Insert, LogicalDecodingMessage, LogicalMessage, PgTimestamp, Relation, TupleData,
+};
 use crate::postgres::replication::frames::{decode_server_frame, ServerFrame};
 
-impl StreamState<'_> {
-    pub(crate) fn on_frame(&mut self, frame: Bytes) -> Result<FrameAction, RelayError> {
+/// A Relation message as last received, with the outbox column mapping when it is the outbox
+/// table.
+pub(crate) struct CachedRelation {
+    pub(crate) relation: Relation,
+    /// `Some` only for the outbox table.
+    pub(crate) layout: Option<OutboxLayout>,
+}
+
+/// What one frame means to the relay.
+#[derive(Debug)]
+pub(crate) enum Decoded {
+    /// The server's keepalive: everything before `wal_end` was sent.
+    Keepalive { wal_end: Lsn, reply_requested: bool },
+    /// A transaction begins; it commits at `commit_lsn`.
+    Begin { commit_lsn: Lsn },
+    /// The open transaction committed (checked against its Begin); the server continues at `end_lsn`.
+    Commit { end_lsn: Lsn },
+    /// An outbox event of the open transaction, at its position there.
+    Event { at: EventAt, source: EventSource },
+    /// Nothing the relay acts on (a Relation, another table's row, an update, a delete, …).
+    Nothing,
+}
+
+/// Where an event sits: its transaction and its position among that transaction's events.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EventAt {
+    pub(crate) event: EventRef,
+    pub(crate) commit_time: PgTimestamp,
+}
+
+/// An outbox event as decoded, before extraction (`publish.rs` extracts and routes it).
+#[derive(Debug)]
+pub(crate) enum EventSource {
+    /// A row inserted into the outbox table, with the relation it was decoded against.
+    Row {
+        relation: Arc<CachedRelation>,
+        row: TupleData,
+    },
+    /// A transactional `pg_logical_emit_message` with the outbox prefix.
+    Message(LogicalDecodingMessage),
+}
+
+impl std::fmt::Debug for CachedRelation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}.{} (oid {})",
+            self.relation.namespace, self.relation.name, self.relation.oid
+        )
+    }
+}
+
+struct OpenTxn {
+    commit_lsn: Lsn,
+    commit_time: PgTimestamp,
+    /// Outbox events seen so far: the next event's position.
+    events: u32,
+}
+
+/// The decode step's state (see the module docs).
+#[derive(Default)]
+pub(crate) struct Decoder {
+    relations: HashMap<u32, Arc<CachedRelation>>,
+    /// Which payload column types are binary (`bytea` and the domains over it), read from the
+    /// catalog when the session starts (`session.rs`).
+    bytea: ByteaTypes,
+    /// `[debezium]`: the format and the outbox table's NOT NULL columns, read with `bytea`.
+    debezium: Option<DebeziumColumns>,
+    open: Option<OpenTxn>,
+    /// The server's send time of the last data frame (µs since the epoch).
+    last_send_unix_us: i64,
+    /// How far behind the source the reading is, by the server's own clock: the send time of
+    /// the last data frame minus the commit time of the last transaction begun, in µs.
+    behind_us: i64,
+}
+
+impl Decoder {
+    /// A decoder for a session whose catalog says which types are binary and, with
+    /// `[debezium]`, which outbox columns are NOT NULL.
+    pub(crate) fn new(bytea: ByteaTypes, debezium: Option<DebeziumColumns>) -> Decoder {
+        Decoder {
+            bytea,
+            debezium,
+            ..Decoder::default()
+        }
+    }
+
+    /// How far behind its source the stream reads, by the server's clock (µs): see
+    /// `StreamState::catching_up`.
+    pub(crate) fn behind_us(&self) -> i64 {
+        self.behind_us
+    }
+
+    /// The step: one frame in, its meaning out.
+    pub(crate) fn decode(&mut self, settings: &Settings, frame: Bytes) -> Result<Decoded, RelayError> {
         match decode_server_frame(frame)? {
             ServerFrame::XLogData {
                 wal_start,
@@ -28,48 +130,31 @@ impl StreamState<'_> {
             } => {
                 self.last_send_unix_us = send_time.to_unix_micros();
                 let msg = pgoutput::decode(data).map_err(|source| RelayError::Decode { lsn: wal_start, source })?;
-                if let Some(resume) = &self.resume {
-                    resume.check_alive()?;
-                }
-                self.on_message(msg)?;
-                if self.resume.as_ref().is_some_and(|r| r.is_waiting()) {
-                    return Ok(FrameAction::Blocked);
-                }
-                Ok(FrameAction::Nothing)
+                self.on_message(settings, msg)
             }
             ServerFrame::PrimaryKeepalive {
                 wal_end,
                 reply_requested,
                 ..
-            } => {
-                self.received = self.received.max(wal_end);
-                self.watermark.keepalive(wal_end);
-                if let Some(resume) = &mut self.resume {
-                    resume.reached(wal_end);
-                }
-                Ok(if reply_requested {
-                    FrameAction::ReplyNow
-                } else {
-                    FrameAction::Nothing
-                })
-            }
+            } => Ok(Decoded::Keepalive {
+                wal_end,
+                reply_requested,
+            }),
         }
     }
 
-    fn on_message(&mut self, msg: LogicalMessage) -> Result<(), RelayError> {
-        match msg {
+    fn on_message(&mut self, settings: &Settings, msg: LogicalMessage) -> Result<Decoded, RelayError> {
+        Ok(match msg {
             LogicalMessage::Begin(b) => {
-                if let Some(resume) = &mut self.resume {
-                    resume.reached(b.final_lsn);
-                }
-                let ticket = self.watermark.begin()?;
                 self.behind_us = self.last_send_unix_us.saturating_sub(b.commit_time.to_unix_micros());
                 self.open = Some(OpenTxn {
-                    ticket,
                     commit_lsn: b.final_lsn,
                     commit_time: b.commit_time,
                     events: 0,
                 });
+                Decoded::Begin {
+                    commit_lsn: b.final_lsn,
+                }
             }
             LogicalMessage::Commit(c) => {
                 let txn = self.open.take().ok_or(StreamViolation::CommitWithoutBegin)?;
@@ -82,28 +167,28 @@ impl StreamState<'_> {
                     }
                     .into());
                 }
-                self.watermark.commit(txn.ticket, c.end_lsn)?;
-                self.received = self.received.max(c.end_lsn);
-                self.counts.transactions += 1;
+                Decoded::Commit { end_lsn: c.end_lsn }
             }
-            LogicalMessage::Relation(r) => self.on_relation(r)?,
+            LogicalMessage::Relation(r) => {
+                self.on_relation(settings, r)?;
+                Decoded::Nothing
+            }
             LogicalMessage::Insert(i) => self.on_insert(i)?,
-            LogicalMessage::Message(m) => self.on_logical_message(m)?,
+            LogicalMessage::Message(m) => self.on_logical_message(settings, m)?,
             // Updates and deletes of the outbox (a polling relayer's `SET dispatched_at`, an
             // insert-then-delete in one transaction, cleanup jobs) are not events.
             LogicalMessage::Update(_)
             | LogicalMessage::Delete(_)
             | LogicalMessage::Truncate(_)
             | LogicalMessage::Type(_)
-            | LogicalMessage::Origin(_) => {}
-        }
-        Ok(())
+            | LogicalMessage::Origin(_) => Decoded::Nothing,
+        })
     }
 
-    fn on_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
-        let table = &self.settings.outbox.table;
+    fn on_relation(&mut self, settings: &Settings, relation: Relation) -> Result<(), RelayError> {
+        let table = &settings.outbox.table;
         let layout = if relation.namespace == table.schema.as_str() && relation.name == table.name.as_str() {
-            let layout = OutboxLayout::resolve(&self.settings.outbox, &relation, &self.bytea, self.debezium.as_ref())?;
+            let layout = OutboxLayout::resolve(&settings.outbox, &relation, &self.bytea, self.debezium.as_ref())?;
             // PostgreSQL re-sends a table's Relation after every cache invalidation: only a
             // real change is news.
             match self
@@ -126,28 +211,66 @@ impl StreamState<'_> {
         Ok(())
     }
 
-    fn on_insert(&mut self, insert: Insert) -> Result<(), RelayError> {
-        let cached = self
+    fn on_insert(&mut self, insert: Insert) -> Result<Decoded, RelayError> {
+        let relation = self
             .relations
             .get(&insert.relation_oid)
             .cloned()
             .ok_or(StreamViolation::InsertBeforeRelation(insert.relation_oid))?;
-        let Some(layout) = &cached.layout else { return Ok(()) };
-        let settings = self.settings;
-        let table = || settings.outbox.table.to_string();
-        let txn = self.next_event()?;
-        // Borrows from the cached layout and the decoded row: no copies on the way to Kafka.
-        let event = match layout.extract(&cached.relation, &insert.new) {
-            Ok(event) => event,
-            Err(cause) => {
-                let id = layout.id_for_error(&insert.new);
-                let raw = RawEvent::row(&table(), &cached.relation, &insert.new, None);
-                return self.bad_event(&txn, id, cause, &raw, true);
-            }
+        if relation.layout.is_none() {
+            return Ok(Decoded::Nothing);
+        }
+        let at = self.next_event()?;
+        Ok(Decoded::Event {
+            at,
+            source: EventSource::Row {
+                relation,
+                row: insert.new,
+            },
+        })
+    }
+
+    /// A transactional `pg_logical_emit_message` with the configured prefix is an event; other
+    /// messages are not (see `outbox/message.rs` for why non-transactional ones are ignored).
+    fn on_logical_message(
+        &mut self,
+        settings: &Settings,
+        message: LogicalDecodingMessage,
+    ) -> Result<Decoded, RelayError> {
+        let Some(prefix) = settings.outbox.message_prefix.as_deref() else {
+            return Ok(Decoded::Nothing);
         };
-        self.publish(&txn, &event, || {
-            let key = Some(Bytes::copy_from_slice(&event.key));
-            RawEvent::row(&table(), &cached.relation, &insert.new, key)
+        if message.prefix != prefix {
+            return Ok(Decoded::Nothing);
+        }
+        if !message.transactional {
+            warn!(
+                prefix,
+                lsn = %message.lsn,
+                "ignored a non-transactional pg_logical_emit_message with the outbox prefix: it is not atomic with \
+                 the business write (it is decoded even if its transaction rolls back). Emit events with \
+                 pg_logical_emit_message(true, …)"
+            );
+            return Ok(Decoded::Nothing);
+        }
+        let at = self.next_event()?;
+        Ok(Decoded::Event {
+            at,
+            source: EventSource::Message(message),
+        })
+    }
+
+    /// The position of the open transaction's next outbox event.
+    fn next_event(&mut self) -> Result<EventAt, RelayError> {
+        let txn = self.open.as_mut().ok_or(StreamViolation::EventOutsideTransaction)?;
+        let seq = txn.events;
+        txn.events += 1;
+        Ok(EventAt {
+            event: EventRef {
+                commit_lsn: txn.commit_lsn,
+                seq,
+            },
+            commit_time: txn.commit_time,
         })
     }
 }
@@ -209,7 +332,9 @@ mod tests {
     use crate::config::test_support::settings;
     use crate::postgres::lsn::Lsn;
     use crate::relay::quarantine::Suspects;
-    use crate::relay::test_frames::{begin, commit, xlog, COMMITTED, SECOND_US};
+    use crate::relay::resume::Guarantee;
+    use crate::relay::stream::StreamState;
+    use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED, SECOND_US};
     use crate::sink::memory::memory;
 
     /// A session state over an in-memory sink (no event in these frames).
@@ -218,7 +343,14 @@ mod tests {
         let (sink, handle, _completions) = memory();
         let publisher = Box::new(sink);
         let mut suspects = Suspects::default();
-        let mut state = StreamState::new(&settings, publisher, Lsn(0x10), &mut suspects);
+        let mut state = StreamState::new(
+            &settings,
+            Decoder::default(),
+            publisher,
+            Guarantee::AtLeastOnce,
+            Lsn(0x10),
+            &mut suspects,
+        );
         test(&mut state);
         assert!(handle.stored().is_empty());
     }
@@ -245,6 +377,60 @@ mod tests {
             // The empty transaction is confirmed at its end.
             assert_eq!(state.confirmed(), Lsn(0x510));
         });
+    }
+
+    /// The step alone, no sink and no watermark: frames in, meanings out.
+    #[test]
+    fn the_step_turns_outbox_rows_into_positioned_events_and_nothing_else() {
+        let settings = settings("");
+        let mut decoder = Decoder::default();
+        let mut decode = |frame: &[u8]| decoder.decode(&settings, xlog(COMMITTED, frame)).unwrap();
+        let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
+        let row = [Some("1"), Some("a"), Some("Created"), Some("{}"), None, None];
+        assert!(matches!(
+            decode(&begin(0x500)),
+            Decoded::Begin { commit_lsn: Lsn(0x500) }
+        ));
+        assert!(matches!(
+            decode(&relation(7, "public", "events_outbox", &columns)),
+            Decoded::Nothing
+        ));
+        assert!(matches!(
+            decode(&relation(8, "public", "orders", &columns)),
+            Decoded::Nothing
+        ));
+        // Another table's row is nothing to the relay; the outbox's rows are numbered in order.
+        assert!(matches!(decode(&insert(8, &row)), Decoded::Nothing));
+        for seq in 0..2 {
+            match decode(&insert(7, &row)) {
+                Decoded::Event {
+                    at,
+                    source: EventSource::Row { relation, .. },
+                } => {
+                    assert_eq!(
+                        at.event,
+                        EventRef {
+                            commit_lsn: Lsn(0x500),
+                            seq
+                        }
+                    );
+                    assert_eq!(relation.relation.name, "events_outbox");
+                }
+                other => panic!("expected an event, got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            decode(&commit(0x500, 0x510)),
+            Decoded::Commit { end_lsn: Lsn(0x510) }
+        ));
+        // An event outside a transaction is a protocol violation, not a guess.
+        let err = decoder
+            .decode(&settings, xlog(COMMITTED, &insert(7, &row)))
+            .unwrap_err();
+        assert!(
+            matches!(err, RelayError::Stream(StreamViolation::EventOutsideTransaction)),
+            "{err}"
+        );
     }
 
     #[test]

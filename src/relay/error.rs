@@ -35,6 +35,8 @@ pub enum InternalError {
     StreamThreadPanicked,
     #[error("the slot monitor has no control connection")]
     NoControlConnection,
+    #[error("an outbox row was decoded against a relation that is not an outbox table")]
+    RowWithoutLayout,
 }
 
 #[derive(Debug, thiserror::Error)]

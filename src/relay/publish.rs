@@ -16,7 +16,11 @@
 use metrics::counter;
 use tracing::{info, warn};
 
-use super::stream::{DeliveryTag, Phase, StreamState};
+use bytes::Bytes;
+
+use super::decode::EventSource;
+use super::error::InternalError;
+use super::stream::{DeliveryTag, Phase, Published, StreamState};
 use crate::config::relay::BadEventPolicy;
 use crate::ops::metrics::BAD_EVENTS;
 use crate::outbox::bad_event::BadEvent;
@@ -24,87 +28,75 @@ use crate::outbox::bad_event::RawEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
-use crate::postgres::pgoutput::LogicalDecodingMessage;
-use crate::relay::error::{RelayError, StreamViolation};
+use crate::relay::error::RelayError;
 use crate::relay::quarantine::{EventRef, Held, TxnEvent};
 use crate::relay::resume::Verdict;
 use crate::sink::{SinkFailure, SinkRecord};
 
 impl StreamState<'_> {
-    /// The identity of the open transaction's next outbox event.
-    pub(super) fn next_event(&mut self) -> Result<TxnEvent, RelayError> {
-        let txn = self.open.as_mut().ok_or(StreamViolation::EventOutsideTransaction)?;
-        let seq = txn.events;
-        txn.events += 1;
-        Ok(TxnEvent {
-            ticket: txn.ticket,
-            commit_time_unix_us: txn.commit_time.to_unix_micros(),
-            event: EventRef {
-                commit_lsn: txn.commit_lsn,
-                seq,
-            },
-        })
-    }
-
-    /// A transactional `pg_logical_emit_message` with the configured prefix is an event; other
-    /// messages are not (see `outbox/message.rs` for why non-transactional ones are ignored).
-    pub(super) fn on_logical_message(&mut self, message: LogicalDecodingMessage) -> Result<(), RelayError> {
-        let settings = self.settings;
-        let Some(prefix) = settings.outbox.message_prefix.as_deref() else {
-            return Ok(());
-        };
-        if message.prefix != prefix {
-            return Ok(());
-        }
-        if !message.transactional {
-            warn!(
-                prefix,
-                lsn = %message.lsn,
-                "ignored a non-transactional pg_logical_emit_message with the outbox prefix: it is not atomic with \
-                 the business write (it is decoded even if its transaction rolls back). Emit events with \
-                 pg_logical_emit_message(true, …)"
-            );
-            return Ok(());
-        }
-        let txn = self.next_event()?;
-        let raw = || RawEvent::message(prefix, message.content.clone());
-        match OutboxEvent::from_message(&message.content) {
-            Ok(event) => self.publish(&txn, &event, raw),
-            Err(cause) => {
-                let id = best_effort_id(&message.content);
-                self.bad_event(&txn, id.as_bytes(), cause, &raw(), true)
+    /// The step: one decoded event (`decode.rs`) extracted, routed and handed to the sink — or
+    /// settled by `relay.on_bad_event` — unless the delivery guarantee makes it wait.
+    pub(super) fn publish_event(&mut self, txn: &TxnEvent, source: &EventSource) -> Result<Published, RelayError> {
+        match source {
+            EventSource::Row { relation, row } => {
+                let layout = relation.layout.as_ref().ok_or(InternalError::RowWithoutLayout)?;
+                let table = || self.settings.outbox.table.to_string();
+                // Borrows from the cached layout and the decoded row: no copies on the way to the sink.
+                match layout.extract(&relation.relation, row) {
+                    Ok(event) => {
+                        let key = Some(Bytes::copy_from_slice(&event.key));
+                        let raw = || RawEvent::row(&table(), &relation.relation, row, key);
+                        self.publish(txn, &event, raw)
+                    }
+                    Err(cause) => {
+                        let id = layout.id_for_error(row);
+                        let raw = RawEvent::row(&table(), &relation.relation, row, None);
+                        self.bad_event(txn, id, cause, &raw, true)
+                    }
+                }
+            }
+            EventSource::Message(message) => {
+                let prefix = self.settings.outbox.message_prefix.as_deref().unwrap_or_default();
+                let raw = || RawEvent::message(prefix, message.content.clone());
+                match OutboxEvent::from_message(&message.content) {
+                    Ok(event) => self.publish(txn, &event, raw),
+                    Err(cause) => {
+                        let id = best_effort_id(&message.content);
+                        self.bad_event(txn, id.as_bytes(), cause, &raw(), true)
+                    }
+                }
             }
         }
     }
 
     /// Routes and sends one event. `raw` renders the event for a dead letter (only when needed).
-    pub(super) fn publish(
+    fn publish(
         &mut self,
         txn: &TxnEvent,
         event: &OutboxEvent<'_>,
         raw: impl FnOnce() -> RawEvent,
-    ) -> Result<(), RelayError> {
+    ) -> Result<Published, RelayError> {
         let settings = self.settings;
         let record = match event.record(&settings.router, &self.limits) {
             Ok(record) => record,
             Err(cause) => return self.bad_event(txn, &event.id, cause, &raw(), true),
         };
-        if let Some(resume) = self.resume.as_mut() {
-            match resume.verdict(txn.event, &record.destination, &record.key, record.partition, true) {
-                Verdict::Send => {}
-                Verdict::Skip => return Ok(()),
-                Verdict::Wait => {
-                    self.unallocate_event();
-                    return Ok(());
-                }
-            }
-            // Should Kafka refuse the record, its dead letter must not wait either.
-            if let BadEventPolicy::DeadLetter { topic } = &settings.relay.on_bad_event {
-                if !resume.prepare(txn.event, topic, &event.key, None) {
-                    self.unallocate_event();
-                    return Ok(());
-                }
-            }
+        // Should the broker refuse the record, its dead letter must not wait either.
+        let dead_letters = match &settings.relay.on_bad_event {
+            BadEventPolicy::DeadLetter { topic } => Some(topic.as_str()),
+            _ => None,
+        };
+        match self.guarantee.admit(
+            txn.event,
+            &record.destination,
+            &record.key,
+            record.partition,
+            dead_letters,
+            true,
+        ) {
+            Verdict::Send => {}
+            Verdict::Skip => return Ok(Published::Done),
+            Verdict::Wait => return Ok(Published::Wait),
         }
         if let Some(earlier) = self.suspects.get(txn.event) {
             self.phase = Phase::Holding(Held {
@@ -114,10 +106,11 @@ impl StreamState<'_> {
                 earlier: earlier.to_owned(),
                 sent: false,
             });
-            return self.release_held();
+            self.release_held()?;
+            return Ok(Published::Done);
         }
         match self.send(txn, &record, false)? {
-            None => Ok(()),
+            None => Ok(Published::Done),
             Some(failure) if failure.is_refusal() => self.bad_event(
                 txn,
                 &event.id,
@@ -151,15 +144,10 @@ impl StreamState<'_> {
             dead_letter,
             topic,
         });
-        let sent = match &self.resume {
-            None => self.publisher.send(record, &[], None, tag),
-            Some(resume) => {
-                let mut buf = [0u8; 40];
-                let position = resume.position_headers(txn.event, &mut buf);
-                let key = resume.dedup_key(txn.event);
-                self.publisher.send(record, &position, key.as_deref(), tag)
-            }
-        };
+        let mut buf = [0u8; 40];
+        let stamp = self.guarantee.stamp(txn.event, &mut buf);
+        let extra = stamp.headers.as_ref().map_or(&[][..], |h| &h[..]);
+        let sent = self.publisher.send(record, extra, stamp.dedup_key.as_deref(), tag);
         if let Err(refusal) = sent {
             self.count_delivery(&refusal.tag, false);
             return Ok(Some(refusal.failure));
@@ -170,8 +158,8 @@ impl StreamState<'_> {
     }
 
     /// Applies `relay.on_bad_event` to an event that can never be published. `may_wait`: the
-    /// event's frame is being decoded and nothing of it was sent yet, so an exactly-once
-    /// read-back may hold it (`resume.rs`).
+    /// event is being published for the first time and nothing of it was sent yet, so the
+    /// delivery guarantee may make it wait for a read-back (`resume.rs`).
     pub(super) fn bad_event(
         &mut self,
         txn: &TxnEvent,
@@ -179,18 +167,15 @@ impl StreamState<'_> {
         cause: BadEvent,
         raw: &RawEvent,
         may_wait: bool,
-    ) -> Result<(), RelayError> {
+    ) -> Result<Published, RelayError> {
         let settings = self.settings;
         let policy = &settings.relay.on_bad_event;
-        if let (Some(resume), BadEventPolicy::DeadLetter { topic }) = (self.resume.as_mut(), policy) {
+        if let BadEventPolicy::DeadLetter { topic } = policy {
             let key = raw.key.as_deref().unwrap_or_default();
-            match resume.verdict(txn.event, topic, key, None, may_wait) {
+            match self.guarantee.admit(txn.event, topic, key, None, None, may_wait) {
                 Verdict::Send => {}
-                Verdict::Skip => return Ok(()),
-                Verdict::Wait => {
-                    self.unallocate_event();
-                    return Ok(());
-                }
+                Verdict::Skip => return Ok(Published::Done),
+                Verdict::Wait => return Ok(Published::Wait),
             }
         }
         counter!(BAD_EVENTS, "policy" => policy.label(), "cause" => cause.label()).increment(1);
@@ -211,7 +196,7 @@ impl StreamState<'_> {
                     cause = %cause,
                     "skipped a bad outbox event (relay.on_bad_event = \"skip\")"
                 );
-                Ok(())
+                Ok(Published::Done)
             }
             BadEventPolicy::DeadLetter { topic } => {
                 let record = raw.dead_letter(topic, id, commit_lsn, &cause, &self.limits);
@@ -224,7 +209,7 @@ impl StreamState<'_> {
                     "dead-lettering a bad outbox event (relay.on_bad_event = \"dead-letter\")"
                 );
                 match self.send(txn, &record, true)? {
-                    None => Ok(()),
+                    None => Ok(Published::Done),
                     Some(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
                 }
             }
@@ -247,8 +232,9 @@ impl StreamState<'_> {
             );
             let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause);
             return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false) {
-                // Skipped, or replaced by its dead letter (counted in flight by now).
-                Ok(()) => Ok(self.watermark.acked(tag.ticket, tag.bytes)?),
+                // Skipped, or replaced by its dead letter (counted in flight by now); it
+                // cannot wait (`may_wait` is false).
+                Ok(_) => Ok(self.watermark.acked(tag.ticket, tag.bytes)?),
                 Err(e) => {
                     self.watermark.failed(tag.ticket, tag.bytes)?;
                     Err(e)
@@ -306,7 +292,11 @@ impl StreamState<'_> {
         let record = match held.event.record(&settings.router, &self.limits) {
             Ok(record) => record,
             // It was routed before it was held, and routing depends on nothing else.
-            Err(cause) => return self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false),
+            Err(cause) => {
+                return self
+                    .bad_event(&held.txn, &held.event.id, cause, &held.raw, false)
+                    .map(drop)
+            }
         };
         match self.send(&held.txn, &record, false)? {
             None => {
@@ -314,13 +304,15 @@ impl StreamState<'_> {
                 self.phase = Phase::Holding(held);
                 Ok(())
             }
-            Some(failure) if failure.is_refusal() => self.bad_event(
-                &held.txn,
-                &held.event.id,
-                BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause),
-                &held.raw,
-                false,
-            ),
+            Some(failure) if failure.is_refusal() => self
+                .bad_event(
+                    &held.txn,
+                    &held.event.id,
+                    BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause),
+                    &held.raw,
+                    false,
+                )
+                .map(drop),
             Some(failure) => Err(delivery_failed(
                 self.settings.sink.broker_name(),
                 failure,
@@ -342,7 +334,9 @@ fn delivery_failed(sink: &'static str, failure: SinkFailure, commit_lsn: Lsn) ->
 mod tests {
     use super::*;
     use crate::config::test_support::settings;
+    use crate::relay::decode::Decoder;
     use crate::relay::quarantine::Suspects;
+    use crate::relay::resume::{Guarantee, Resume};
     use crate::relay::stream::Delivery;
     use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED};
     use crate::sink::memory::{memory, MemoryHandle};
@@ -365,12 +359,21 @@ mod tests {
         let settings = settings(extra_config);
         let (sink, handle, mut completions) = memory();
         let mut suspects = Suspects::default();
-        let mut state = StreamState::new(&settings, Box::new(sink), Lsn(0x10), &mut suspects);
-        if settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce {
+        let guarantee = if settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce {
             // Replay window empty (it ends where the stream starts): nothing is read back.
-            let (resume, _) = crate::relay::resume::Resume::new(&settings, "7000", Lsn(0x10), Lsn(0x10), None);
-            state.resume = Some(resume);
-        }
+            let (resume, _) = Resume::new(&settings, "7000", Lsn(0x10), Lsn(0x10), None);
+            Guarantee::ExactlyOnce(Box::new(resume))
+        } else {
+            Guarantee::AtLeastOnce
+        };
+        let mut state = StreamState::new(
+            &settings,
+            Decoder::default(),
+            Box::new(sink),
+            guarantee,
+            Lsn(0x10),
+            &mut suspects,
+        );
         let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
         let outcome = (|| {
             state.on_frame(xlog(COMMITTED, &begin(0x500)))?;

@@ -41,7 +41,7 @@ pub(super) fn take_batch(
     state: &mut StreamState<'_>,
 ) -> Result<Received, RelayError> {
     let mut received = Received {
-        reply_requested: state.on_frame_or_block(first)? == FrameAction::ReplyNow,
+        reply_requested: state.on_frame(first)? == FrameAction::ReplyNow,
         socket_drained: false,
     };
     for _ in 0..FRAME_BATCH {
@@ -49,7 +49,7 @@ pub(super) fn take_batch(
             break;
         }
         match reader.try_next_frame()? {
-            Some(frame) => received.reply_requested |= state.on_frame_or_block(frame)? == FrameAction::ReplyNow,
+            Some(frame) => received.reply_requested |= state.on_frame(frame)? == FrameAction::ReplyNow,
             None => {
                 received.socket_drained = true;
                 break;

@@ -24,7 +24,7 @@
 //! tail: computed with the producer's partitioner (`kafka::partitioner`, or the record's explicit
 //! partition), read back once per session on a thread of its own, lazily, before the first
 //! event for that partition is produced. Until it is known the stream reads no frames: the frame
-//! that needed it is kept and decoded again afterwards ([`Verdict::Wait`] leaves no trace).
+//! that needed it is kept, as decoded, and published afterwards (`stream.rs`'s `Pending`).
 //!
 //! **Gaps cost nothing but duplicates.** A failed delivery can leave a gap (librdkafka may still
 //! deliver later records of the partition, e.g. after an epoch bump), and a wind-down may give
@@ -41,6 +41,13 @@
 //! holder may still have queued has landed or expired (`takeover.rs`: the fence). What remains is
 //! in docs/reliability.md.
 //!
+//! **One place.** The rest of the stream meets exactly-once only through [`Guarantee`]: the
+//! coordinator (`stream.rs`) shows it every decoded frame ([`Guarantee::observe`]), the publish
+//! step asks it before handing a record to the sink ([`Guarantee::admit`]) and lets it stamp the
+//! record ([`Guarantee::stamp`]), confirm reports status updates, and the event loop feeds it
+//! read-backs. At-least-once is the same enum's other arm, which admits everything and stamps
+//! nothing.
+//!
 //! [`RelaySettings::stale_limit`]: crate::config::relay::RelaySettings::stale_limit
 
 use std::collections::{BTreeSet, HashMap};
@@ -51,6 +58,7 @@ use metrics::{counter, histogram};
 use tokio::sync::mpsc;
 use tracing::info;
 
+use super::decode::Decoded;
 use super::error::RelayError;
 use super::quarantine::EventRef;
 use crate::config::kafka::KafkaProperties;
@@ -120,6 +128,119 @@ pub(crate) struct Done {
 
 pub(crate) type DoneReceiver = mpsc::UnboundedReceiver<Done>;
 
+/// The delivery guarantee of one session, as the stream sees it (module docs: "One place").
+pub(crate) enum Guarantee {
+    AtLeastOnce,
+    ExactlyOnce(Box<Resume>),
+}
+
+/// What [`Guarantee::stamp`] adds to a record: position headers and a broker deduplication key.
+pub(crate) struct Stamp<'b> {
+    pub(crate) headers: Option<[(&'static str, &'b [u8]); 3]>,
+    pub(crate) dedup_key: Option<String>,
+}
+
+impl Guarantee {
+    /// Every decoded frame: exactly-once stops a stream that went stale (it may have been taken
+    /// over) before it hands anything on, and notes how far the stream got.
+    pub(crate) fn observe(&mut self, decoded: &Decoded) -> Result<(), RelayError> {
+        let Guarantee::ExactlyOnce(resume) = self else {
+            return Ok(());
+        };
+        match decoded {
+            Decoded::Keepalive { wal_end, .. } => resume.reached(*wal_end),
+            Decoded::Begin { commit_lsn, .. } => {
+                resume.check_alive()?;
+                resume.reached(*commit_lsn);
+            }
+            _ => resume.check_alive()?,
+        }
+        Ok(())
+    }
+
+    /// Whether a record at `at` for `topic` (keyed `key`, or placed in `explicit`) goes out
+    /// ([`Resume::verdict`]); `dead_letter_topic`: where the record's dead letter would go, should
+    /// the broker refuse it — checked now, so that the dead letter never has to wait.
+    pub(crate) fn admit(
+        &mut self,
+        at: EventRef,
+        topic: &str,
+        key: &[u8],
+        explicit: Option<i32>,
+        dead_letter_topic: Option<&str>,
+        may_wait: bool,
+    ) -> Verdict {
+        let Guarantee::ExactlyOnce(resume) = self else {
+            return Verdict::Send;
+        };
+        match resume.verdict(at, topic, key, explicit, may_wait) {
+            Verdict::Send => {}
+            other => return other,
+        }
+        match dead_letter_topic {
+            Some(dlt) if may_wait && !resume.prepare(at, dlt, key, None) => Verdict::Wait,
+            _ => Verdict::Send,
+        }
+    }
+
+    /// What a record at `at` carries for the guarantee (nothing at-least-once).
+    pub(crate) fn stamp<'b>(&'b self, at: EventRef, buf: &'b mut [u8; 40]) -> Stamp<'b> {
+        match self {
+            Guarantee::AtLeastOnce => Stamp {
+                headers: None,
+                dedup_key: None,
+            },
+            Guarantee::ExactlyOnce(resume) => Stamp {
+                dedup_key: resume.dedup_key(at),
+                headers: Some(resume.position_headers(at, buf)),
+            },
+        }
+    }
+
+    pub(crate) fn status_sent(&mut self) {
+        if let Guarantee::ExactlyOnce(resume) = self {
+            resume.status_sent();
+        }
+    }
+
+    pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
+        match self {
+            Guarantee::AtLeastOnce => Ok(()),
+            Guarantee::ExactlyOnce(resume) => resume.check_alive(),
+        }
+    }
+
+    pub(crate) fn on_done(&mut self, done: Done) -> Result<(), RelayError> {
+        match self {
+            Guarantee::AtLeastOnce => Ok(()),
+            Guarantee::ExactlyOnce(resume) => resume.on_done(done),
+        }
+    }
+
+    /// Past the replay window (at-least-once: there is none).
+    pub(crate) fn past_window(&self) -> bool {
+        match self {
+            Guarantee::AtLeastOnce => true,
+            Guarantee::ExactlyOnce(resume) => resume.past_window(),
+        }
+    }
+
+    /// Events skipped because the broker held them already.
+    pub(crate) fn skipped(&self) -> u64 {
+        match self {
+            Guarantee::AtLeastOnce => 0,
+            Guarantee::ExactlyOnce(resume) => resume.skipped(),
+        }
+    }
+
+    /// The session ends (exactly-once says what its check found).
+    pub(crate) fn finish(self) {
+        if let Guarantee::ExactlyOnce(resume) = self {
+            resume.finish();
+        }
+    }
+}
+
 /// The exactly-once state of one streaming session.
 pub(crate) struct Resume {
     /// [`HEADER_SOURCE`]'s value.
@@ -181,7 +302,8 @@ impl Resume {
         (resume, done_rx)
     }
 
-    /// A read-back is running: no frame may be decoded until it is done.
+    /// A read-back is running.
+    #[cfg(test)]
     pub(crate) fn is_waiting(&self) -> bool {
         self.waiting
     }

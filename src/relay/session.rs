@@ -35,10 +35,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{interval, Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
+use super::decode::Decoder;
 use super::error::{InternalError, RelayError};
 use super::outage::Waiting;
 use super::receive;
-use super::resume::{self, DoneReceiver, Resume};
+use super::resume::{self, DoneReceiver, Guarantee, Resume};
 use super::silence::Silence;
 use super::stream::{Delivery, StreamState};
 use super::takeover::{Fence, Predecessor};
@@ -134,9 +135,7 @@ pub(crate) async fn run_session(
     let _heartbeat = heartbeat::spawn(settings, &ctx.side);
     // Lent to the session's state and handed back after the wind-down, for the next session.
     let mut suspects = std::mem::take(&mut ctx.suspects);
-    let mut state = StreamState::new(settings, publisher, slot.confirmed_flush, &mut suspects);
-    state.bytea = bytea;
-    state.debezium = debezium;
+    let mut guarantee = Guarantee::AtLeastOnce;
     let mut read_backs = None;
     let mut fence = None;
     if let Some(replay_end) = replay_end {
@@ -161,12 +160,21 @@ pub(crate) async fn run_session(
             replay_end,
             fence.as_ref().map(|f| f.until),
         );
-        state.resume = Some(r);
+        guarantee = Guarantee::ExactlyOnce(Box::new(r));
         read_backs = Some(done);
     }
     if fence.is_none() {
         ctx.predecessor = Predecessor::None;
     }
+    let decoder = Decoder::new(bytea, debezium);
+    let mut state = StreamState::new(
+        settings,
+        decoder,
+        publisher,
+        guarantee,
+        slot.confirmed_flush,
+        &mut suspects,
+    );
     let outcome = stream(
         &mut state,
         &mut reader,
@@ -310,7 +318,7 @@ async fn stream(
 fn show_fence(fence: &mut Option<Fence>, state: &StreamState<'_>, health: &RelayHealth) -> bool {
     let Some(f) = fence else { return false };
     let now = std::time::Instant::now();
-    if now < f.until && !state.resume.as_ref().is_some_and(Resume::past_window) {
+    if now < f.until && !state.guarantee.past_window() {
         health.set_fence(Some(f.describe(now)), f.until.duration_since(now).as_secs_f64());
         return false;
     }
@@ -368,14 +376,12 @@ async fn wind_down(
         events_sent = counts.events_sent,
         events_acked = counts.events_acked,
         bad_events = counts.bad_events,
-        skipped_already_in_kafka = state.resume.as_ref().map_or(0, Resume::skipped),
+        skipped_already_in_kafka = state.guarantee.skipped(),
         final_status_sent = sent.is_ok(),
         "stream stopped"
     );
-    if let Some(resume) = state.resume.take() {
-        resume.finish();
-    }
-    let publisher = state.into_publisher();
+    let (publisher, guarantee) = state.into_parts();
+    guarantee.finish();
     // Awaited: the next session's producer must not start replaying while this one's requests
     // are still on the wire. Before the replication connection closes: once its walsender is
     // gone, a standby may take the slot over and read Kafka back, and nothing of this process

@@ -5,27 +5,26 @@
 //! | step | file | what it does |
 //! |---|---|---|
 //! | receive | `receive.rs` | reads replication frames off the socket, in batches |
-//! | decode | `decode.rs` | frame → pgoutput message → outbox event (transactions, relations, rows, messages) |
-//! | publish | `publish.rs` | event → topic → Kafka record; bad events and suspects |
+//! | decode | `decode.rs` | frame → [`Decoded`]: keepalive, Begin, Commit or an outbox event (pure) |
+//! | publish | `publish.rs` | event → route → sink record, through the delivery guarantee's gate; bad events and suspects |
 //! | watermark | `watermark.rs` | settles acknowledgements in commit order |
 //! | confirm | `confirm.rs` | flush LSN = watermark, never backwards, sent to PostgreSQL |
 //!
-//! Pure with respect to I/O except for handing records to librdkafka: the event loop
-//! (`session.rs`) feeds it frames and delivery reports and does the waiting.
-
-use std::collections::HashMap;
-use std::sync::Arc;
+//! [`StreamState::on_frame`] is where the steps meet: it takes the decode step's output and hands
+//! it on — transactions to the watermark, events to the publish step — and it is the one place
+//! the delivery guarantee (`resume.rs`'s [`Guarantee`]) sees the stream: what the stream reached,
+//! whether it is still alive, and an event that must wait for a read-back, kept here as decoded
+//! and published again once the read-back is done. Pure with respect to I/O except for handing
+//! records to the sink: the event loop (`session.rs`) feeds it frames, delivery reports and
+//! read-backs and does the waiting.
 
 use super::confirm::Confirm;
-use super::error::RelayError;
-use super::quarantine::{Held, Suspects};
-use super::resume::{Done, Resume};
+use super::decode::{Decoded, Decoder, EventSource};
+use super::error::{RelayError, StreamViolation};
+use super::quarantine::{Held, Suspects, TxnEvent};
+use super::resume::{Done, Guarantee};
 use crate::config::Settings;
-use crate::outbox::layout::DebeziumColumns;
-use crate::outbox::layout::OutboxLayout;
-use crate::outbox::payload::ByteaTypes;
 use crate::postgres::lsn::Lsn;
-use crate::postgres::pgoutput::{PgTimestamp, Relation};
 use crate::postgres::replication::connection::StatusWriter;
 use crate::relay::watermark::{AckWatermark, TxnTicket};
 
@@ -52,18 +51,20 @@ pub(crate) struct DeliveryTag {
 pub(crate) type Publisher = Box<dyn crate::sink::Sink<DeliveryTag>>;
 pub(crate) type Delivery = crate::sink::Completion<DeliveryTag>;
 
-pub(super) struct CachedRelation {
-    pub(super) relation: Relation,
-    /// `Some` only for the outbox table.
-    pub(super) layout: Option<OutboxLayout>,
+/// An event the delivery guarantee made wait for a read-back: published again, as decoded,
+/// once it is done (reading pauses meanwhile: [`StreamState::is_full`]).
+pub(super) struct Pending {
+    pub(super) txn: TxnEvent,
+    pub(super) source: EventSource,
 }
 
-pub(super) struct OpenTxn {
-    pub(super) ticket: TxnTicket,
-    pub(super) commit_lsn: Lsn,
-    pub(super) commit_time: PgTimestamp,
-    /// Outbox events (rows and messages) seen so far: the next event's position.
-    pub(super) events: u32,
+/// What the publish step did with an event.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Published {
+    /// Handed to the sink, skipped or settled by `relay.on_bad_event`.
+    Done,
+    /// The delivery guarantee needs a read-back first: publish it again afterwards.
+    Wait,
 }
 
 /// Where the session is, as far as sending goes.
@@ -119,68 +120,62 @@ pub(crate) enum FrameAction {
     Nothing,
     /// The server asked for a status update right away.
     ReplyNow,
-    /// Exactly-once: the frame's event waits for its partition's read-back; the frame is kept
-    /// and decoded again once it is done (`resume.rs`).
+    /// Exactly-once: the frame's event waits for its partition's read-back; it is kept and
+    /// published once that is done (`resume.rs`).
     Blocked,
 }
 
 pub(crate) struct StreamState<'s> {
     pub(super) settings: &'s Settings,
+    /// Step 2's own state.
+    pub(super) decoder: Decoder,
+    /// The open transaction's watermark ticket.
+    pub(super) ticket: Option<TxnTicket>,
     pub(super) publisher: Publisher,
     /// The sink's name rule and largest message.
     pub(super) limits: crate::sink::SinkLimits,
     pub(super) watermark: AckWatermark,
     /// The only producer of the flush LSN sent to PostgreSQL (`confirm.rs`).
     pub(super) confirm: Confirm,
-    pub(super) relations: HashMap<u32, Arc<CachedRelation>>,
-    /// Which payload column types are binary (`bytea` and the domains over it), read from the
-    /// catalog when the session starts (`session.rs`).
-    pub(super) bytea: ByteaTypes,
-    /// `[debezium]`: the format and the outbox table's NOT NULL columns, read with `bytea`.
-    pub(super) debezium: Option<DebeziumColumns>,
-    pub(super) open: Option<OpenTxn>,
     /// Events Kafka refused in earlier sessions (kept by the supervisor).
     pub(super) suspects: &'s mut Suspects,
     pub(super) phase: Phase,
     pub(super) received: Lsn,
-    /// How far behind the source the reading is, by the server's own clock: its send time of
-    /// the last data frame minus the commit time of the last transaction begun, in µs (see
-    /// [`StreamState::catching_up`]).
-    pub(super) behind_us: i64,
-    /// The server's send time of the last data frame (µs since the epoch).
-    pub(super) last_send_unix_us: i64,
     pub(crate) counts: SessionCounts,
     /// Per-topic counters and the commit-to-ack histogram (see `progress.rs`).
     pub(super) metrics: crate::ops::metrics::SessionMetrics,
     pub(super) lag: super::lag::CommitLag,
-    /// `relay.delivery = "exactly-once"`: the replay check (`resume.rs`); `None`: at-least-once.
-    pub(super) resume: Option<Resume>,
-    /// The frame whose event waits for a read-back (exactly-once only).
-    pub(super) blocked: Option<bytes::Bytes>,
+    /// `relay.delivery`: at-least-once, or exactly-once's replay check (`resume.rs`).
+    pub(super) guarantee: Guarantee,
+    /// The event that waits for a read-back (exactly-once only).
+    pub(super) blocked: Option<Pending>,
 }
 
 impl<'s> StreamState<'s> {
-    pub(crate) fn new(settings: &'s Settings, publisher: Publisher, start: Lsn, suspects: &'s mut Suspects) -> Self {
+    pub(crate) fn new(
+        settings: &'s Settings,
+        decoder: Decoder,
+        publisher: Publisher,
+        guarantee: Guarantee,
+        start: Lsn,
+        suspects: &'s mut Suspects,
+    ) -> Self {
         suspects.forget_before(start);
         StreamState {
             settings,
+            decoder,
+            ticket: None,
             publisher,
             limits: crate::sink::limits(settings),
             watermark: AckWatermark::new(start),
-            relations: HashMap::new(),
-            bytea: ByteaTypes::default(),
-            debezium: None,
-            open: None,
             suspects,
             confirm: Confirm::new(start),
             phase: Phase::Streaming,
             received: start,
-            behind_us: 0,
-            last_send_unix_us: 0,
             counts: SessionCounts::default(),
             metrics: crate::ops::metrics::SessionMetrics::default(),
             lag: super::lag::CommitLag::default(),
-            resume: None,
+            guarantee,
             blocked: None,
         }
     }
@@ -216,16 +211,14 @@ impl<'s> StreamState<'s> {
         self.confirm
             .send(&self.watermark, self.received, writer, reply_requested)
             .await?;
-        if let Some(resume) = &mut self.resume {
-            resume.status_sent();
-        }
+        self.guarantee.status_sent();
         Ok(())
     }
 
     /// Exactly-once: errs once the stream went longer than the stale limit without a status
     /// update (it was paused and may have been taken over; `resume.rs`).
     pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
-        self.resume.as_ref().map_or(Ok(()), Resume::check_alive)
+        self.guarantee.check_alive()
     }
 
     /// Whether acknowledgements moved the watermark past what PostgreSQL was told.
@@ -245,43 +238,66 @@ impl<'s> StreamState<'s> {
     /// than `age` after committing it. Both times are the server's, so this host's clock does
     /// not matter; live traffic is sent within milliseconds of its commit.
     pub(crate) fn catching_up(&self, age: std::time::Duration) -> bool {
-        self.behind_us > i64::try_from(age.as_micros()).unwrap_or(i64::MAX)
+        self.decoder.behind_us() > i64::try_from(age.as_micros()).unwrap_or(i64::MAX)
     }
 
-    pub(crate) fn into_publisher(self) -> Publisher {
-        self.publisher
+    /// The session ends: its sink and its delivery guarantee, for the wind-down.
+    pub(crate) fn into_parts(self) -> (Publisher, Guarantee) {
+        (self.publisher, self.guarantee)
     }
 
-    /// Decodes a frame; exactly-once, a frame whose event must wait for a read-back is kept
-    /// (reading pauses: [`is_full`](Self::is_full)) until [`on_read_back`](Self::on_read_back).
-    pub(crate) fn on_frame_or_block(&mut self, frame: bytes::Bytes) -> Result<FrameAction, RelayError> {
-        if self.resume.is_none() {
-            return self.on_frame(frame);
+    /// One frame through the steps: decoded, then handed on — transactions to the watermark,
+    /// events to the publish step. An event the delivery guarantee makes wait is kept (reading
+    /// pauses: [`is_full`](Self::is_full)) until [`on_read_back`](Self::on_read_back).
+    pub(crate) fn on_frame(&mut self, frame: bytes::Bytes) -> Result<FrameAction, RelayError> {
+        let decoded = self.decoder.decode(self.settings, frame)?;
+        self.guarantee.observe(&decoded)?;
+        match decoded {
+            Decoded::Keepalive {
+                wal_end,
+                reply_requested,
+            } => {
+                self.received = self.received.max(wal_end);
+                self.watermark.keepalive(wal_end);
+                return Ok(if reply_requested {
+                    FrameAction::ReplyNow
+                } else {
+                    FrameAction::Nothing
+                });
+            }
+            Decoded::Begin { .. } => self.ticket = Some(self.watermark.begin()?),
+            Decoded::Commit { end_lsn } => {
+                let ticket = self.ticket.take().ok_or(StreamViolation::CommitWithoutBegin)?;
+                self.watermark.commit(ticket, end_lsn)?;
+                self.received = self.received.max(end_lsn);
+                self.counts.transactions += 1;
+            }
+            Decoded::Event { at, source } => {
+                let ticket = self.ticket.ok_or(StreamViolation::EventOutsideTransaction)?;
+                let txn = TxnEvent {
+                    ticket,
+                    commit_time_unix_us: at.commit_time.to_unix_micros(),
+                    event: at.event,
+                };
+                if self.publish_event(&txn, &source)? == Published::Wait {
+                    self.blocked = Some(Pending { txn, source });
+                    return Ok(FrameAction::Blocked);
+                }
+            }
+            Decoded::Nothing => {}
         }
-        let action = self.on_frame(frame.clone())?;
-        if action == FrameAction::Blocked {
-            self.blocked = Some(frame);
-        }
-        Ok(action)
+        Ok(FrameAction::Nothing)
     }
 
-    /// A read-back finished: the kept frame is decoded again (and may wait for another one).
+    /// A read-back finished: the kept event is published (and may wait for another one).
     pub(crate) fn on_read_back(&mut self, done: Done) -> Result<(), RelayError> {
-        if let Some(resume) = &mut self.resume {
-            resume.on_done(done)?;
-        }
-        if let Some(frame) = self.blocked.take() {
-            self.on_frame_or_block(frame)?;
+        self.guarantee.on_done(done)?;
+        if let Some(pending) = self.blocked.take() {
+            if self.publish_event(&pending.txn, &pending.source)? == Published::Wait {
+                self.blocked = Some(pending);
+            }
         }
         Ok(())
-    }
-
-    /// Undoes the open transaction's last [`next_event`](Self::next_event): the frame that
-    /// asked for it is decoded again later.
-    pub(super) fn unallocate_event(&mut self) {
-        if let Some(txn) = self.open.as_mut() {
-            txn.events -= 1;
-        }
     }
 
     /// Applies one delivery report. A failure poisons the watermark and ends the session,
