@@ -98,11 +98,9 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
         let mut headers = vec![("id".to_owned(), Some(record.event_id.to_vec()))];
         headers.extend(
             record
-                .headers
-                .iter()
-                .map(|(n, v)| (n.clone().into_owned(), v.as_deref().map(<[u8]>::to_vec))),
+                .headers_with(extra)
+                .map(|(n, v)| (n.to_owned(), v.map(<[u8]>::to_vec))),
         );
-        headers.extend(extra.iter().map(|(n, v)| ((*n).to_owned(), Some(v.to_vec()))));
         state.stored.push(Stored {
             destination: record.destination.clone().into_owned(),
             key: record.key.to_vec(),

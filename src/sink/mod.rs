@@ -61,7 +61,24 @@ pub(crate) struct SinkRecord<'a> {
     pub(crate) partition: Option<i32>,
 }
 
-impl SinkRecord<'_> {
+/// One header as every adapter writes it: a name and a value (`None`: a null value, which a
+/// broker without nulls writes as empty).
+pub(crate) type HeaderRef<'h> = (&'h str, Option<&'h [u8]>);
+
+impl<'a> SinkRecord<'a> {
+    /// The headers a sink writes after its own fixed ones, in order: the record's own, then the
+    /// caller's `extra` ones (exactly-once's source position). One iterator for every adapter,
+    /// so no sink writes them in another order or forgets the extra ones.
+    pub(crate) fn headers_with<'h>(
+        &'h self,
+        extra: &'h [(&'h str, &'h [u8])],
+    ) -> impl Iterator<Item = HeaderRef<'h>> + 'h {
+        self.headers
+            .iter()
+            .map(|(name, value)| (&**name, value.as_deref()))
+            .chain(extra.iter().map(|&(name, value)| (name, Some(value))))
+    }
+
     /// What this record costs against the in-flight byte budget.
     pub(crate) fn size(&self) -> usize {
         self.key.len()

@@ -176,17 +176,8 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
             key: "id",
             value: Some(record.event_id),
         });
-        for (name, value) in record.headers.iter() {
-            headers = headers.insert(Header {
-                key: name,
-                value: value.as_deref(),
-            });
-        }
-        for &(name, value) in extra {
-            headers = headers.insert(Header {
-                key: name,
-                value: Some(value),
-            });
+        for (key, value) in record.headers_with(extra) {
+            headers = headers.insert(Header { key, value });
         }
         let mut base = BaseRecord::with_opaque_to(&record.destination, tag)
             .key(&*record.key)

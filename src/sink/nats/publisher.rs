@@ -135,10 +135,11 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         }
         let mut pairs: Vec<(&str, &[u8])> = Vec::with_capacity(4 + record.headers.len() + extra.len());
         pairs.push(("id", record.event_id));
-        for (name, value) in record.headers.iter() {
-            pairs.push((name, value.as_deref().unwrap_or_default()));
-        }
-        pairs.extend_from_slice(extra);
+        pairs.extend(
+            record
+                .headers_with(extra)
+                .map(|(name, value)| (name, value.unwrap_or_default())),
+        );
         pairs.push((KEY_HEADER, &record.key));
         let timestamp = record.timestamp_ms.map(|ts| ts.to_string());
         if let Some(ts) = &timestamp {

@@ -174,15 +174,12 @@ fn message(record: &SinkRecord<'_>, extra: &[(&str, &[u8])]) -> Result<(BasicPro
         }
         Ok(name.into())
     };
-    for (name, value) in record.headers.iter() {
+    for (name, value) in record.headers_with(extra) {
         let value = match value {
             Some(v) => AMQPValue::LongString(LongString::from(v.to_vec())),
             None => AMQPValue::Void,
         };
         headers.insert(named(name)?, value);
-    }
-    for &(name, value) in extra {
-        headers.insert(named(name)?, AMQPValue::LongString(LongString::from(value.to_vec())));
     }
     headers.insert(
         ID_HEADER.into(),

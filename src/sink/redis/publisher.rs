@@ -267,12 +267,9 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for RedisSink<Tag> {
         };
         push(FIELD_ID, record.event_id);
         push(FIELD_KEY, &record.key);
-        for (name, value) in record.headers.iter() {
+        for (name, value) in record.headers_with(extra) {
             // Stream values cannot be null: a null header is an empty value.
-            push(name, value.as_deref().unwrap_or_default());
-        }
-        for &(name, value) in extra {
-            push(name, value);
+            push(name, value.unwrap_or_default());
         }
         if let Some(ts) = record.timestamp_ms {
             push(FIELD_TIMESTAMP, ts.to_string().as_bytes());
