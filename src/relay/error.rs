@@ -164,7 +164,7 @@ pub enum RelayError {
     #[error("cannot start the stream's thread or runtime: {0}")]
     StreamThread(#[source] std::io::Error),
     #[error("exactly-once resume: {0}")]
-    ReadBack(#[from] crate::sink::kafka::tail::ReadBackError),
+    ReadBack(#[from] crate::sink::ReadBackError),
     #[error(
         "the stream sent no status update for {paused_ms} ms (the process was paused or starved): its walsender may \
          be gone and the slot taken over, so the frames in hand are dropped rather than published \

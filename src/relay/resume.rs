@@ -21,7 +21,7 @@
 //! position read right after `START_REPLICATION` ([`replay_end`]; the slot is ours by then, so no
 //! earlier holder can still be streaming) can have been published before. Later events are sent
 //! without any check: steady state costs nothing. A replay-window event needs its partition's
-//! tail: computed with the producer's partitioner (`kafka::partitioner`, or the record's explicit
+//! tail: computed with the producer's partitioner (`sink::ReadBackSpec::partition_for`, or the record's explicit
 //! partition), read back once per session on a thread of its own, lazily, before the first
 //! event for that partition is produced. Until it is known the stream reads no frames: the frame
 //! that needed it is kept, as decoded, and published afterwards (`stream.rs`'s `Pending`).
@@ -61,13 +61,11 @@ use tracing::info;
 use super::decode::Decoded;
 use super::error::RelayError;
 use super::quarantine::EventRef;
-use crate::config::kafka::KafkaProperties;
 use crate::config::Settings;
 use crate::ops::metrics::{EVENTS_SKIPPED_IN_KAFKA, PARTITIONS_READ_BACK, READ_BACK_SECONDS};
 use crate::postgres::lsn::Lsn;
-use crate::sink::kafka::partitioner::partition_for;
-use crate::sink::kafka::tail::{HeaderLookup, ReadBackError, Tail, TailReader};
 use crate::sink::ExactlyOnce;
+use crate::sink::{HeaderGet, ReadBack, ReadBackError, ReadBackSpec, Tail};
 
 /// `<database system identifier>/<slot>`: which relay wrote the record.
 pub(crate) const HEADER_SOURCE: &str = "outbox-relay-source";
@@ -120,7 +118,7 @@ struct Job {
 type Found = (Option<i32>, Option<(i32, Tail<EventRef>)>);
 
 pub(crate) struct Done {
-    reader: Option<TailReader>,
+    reader: Option<ReadBack>,
     topic: String,
     outcome: Result<Found, ReadBackError>,
     elapsed: Duration,
@@ -249,12 +247,13 @@ pub(crate) struct Resume {
     strategy: ExactlyOnce,
     replay_start: Lsn,
     replay_end: Lsn,
-    kafka: KafkaProperties,
+    /// What the sink's read-back needs (the sink's own business: `sink::ReadBackSpec`).
+    spec: ReadBackSpec,
     timeout: Duration,
     max_records: usize,
     topics: HashMap<String, TopicTail>,
     /// Lent to the running job.
-    reader: Option<TailReader>,
+    reader: Option<ReadBack>,
     waiting: bool,
     done_tx: mpsc::UnboundedSender<Done>,
     /// No read-back before this (a takeover's fence: `takeover.rs`).
@@ -284,7 +283,7 @@ impl Resume {
             strategy: crate::sink::exactly_once(settings.sink),
             replay_start,
             replay_end,
-            kafka: settings.kafka.clone(),
+            spec: ReadBackSpec::of(settings),
             timeout: settings.relay.connect_timeout,
             max_records: settings.relay.read_back_max_records,
             topics: HashMap::new(),
@@ -397,7 +396,7 @@ impl Resume {
         let Some(count) = t.partitions else {
             return Lookup::Unchecked;
         };
-        match explicit.or_else(|| partition_for(key, count)) {
+        match explicit.or_else(|| self.spec.partition_for(key, count)) {
             Some(p) if (0..count).contains(&p) => match t.found.get(&p) {
                 Some(found) => Lookup::Known(found.contains(&at)),
                 None => Lookup::Unknown(Some(Some(count))),
@@ -411,7 +410,7 @@ impl Resume {
     fn start(&mut self, job: Job) {
         self.waiting = true;
         let reader = self.reader.take();
-        let (kafka, timeout, max) = (self.kafka.clone(), self.timeout, self.max_records);
+        let (spec, timeout, max) = (self.spec.clone(), self.timeout, self.max_records);
         let (source, fence, tx) = (self.source.clone(), self.fence.take(), self.done_tx.clone());
         let floor = EventRef {
             commit_lsn: self.replay_start,
@@ -427,20 +426,14 @@ impl Resume {
             let outcome = (|| {
                 let r = match reader.take() {
                     Some(r) => reader.insert(r),
-                    None => reader.insert(TailReader::create(&kafka, timeout, max).map_err(|source| {
-                        ReadBackError::Kafka {
-                            topic: job.topic.clone(),
-                            partition: -1,
-                            source,
-                        }
-                    })?),
+                    None => reader.insert(spec.open(timeout, max)?),
                 };
                 let count = match job.partitions {
                     Some(count) => count,
                     None => r.partition_count(&job.topic)?,
                 };
                 let Some(count) = count else { return Ok((None, None)) };
-                let Some(p) = job.explicit.or_else(|| partition_for(&job.key, count)) else {
+                let Some(p) = job.explicit.or_else(|| spec.partition_for(&job.key, count)) else {
                     return Ok((Some(count), None));
                 };
                 if !(0..count).contains(&p) {
@@ -549,7 +542,7 @@ impl Resume {
 }
 
 /// The position of a record `source` wrote, from its headers.
-fn own_position(h: &HeaderLookup<'_>, source: &str) -> Option<EventRef> {
+fn own_position(h: &dyn HeaderGet, source: &str) -> Option<EventRef> {
     if h.get(HEADER_SOURCE)? != source.as_bytes() {
         return None;
     }
@@ -599,10 +592,12 @@ mod tests {
         t.found.insert(p, found.iter().copied().collect());
     }
 
+    /// A key the sink's partitioner places in partition `p` of 3.
     fn key_in(p: i32) -> Vec<u8> {
+        let spec = resume().spec;
         (0..)
             .map(|i: u32| i.to_string().into_bytes())
-            .find(|k| partition_for(k, 3) == Some(p))
+            .find(|k| spec.partition_for(k, 3) == Some(p))
             .unwrap()
     }
 
@@ -660,17 +655,13 @@ mod tests {
 
     #[test]
     fn own_records_are_recognised_by_source() {
-        let position = |headers: &[(&str, &[u8])]| {
-            let mut owned = rdkafka::message::OwnedHeaders::new();
-            for (k, v) in headers {
-                owned = owned.insert(rdkafka::message::Header {
-                    key: k,
-                    value: Some(*v),
-                });
+        struct Pairs<'a>(&'a [(&'a str, &'a [u8])]);
+        impl HeaderGet for Pairs<'_> {
+            fn get(&self, name: &str) -> Option<&[u8]> {
+                self.0.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
             }
-            let borrowed = owned.as_borrowed();
-            own_position(&HeaderLookup::new(Some(borrowed)), "1/s")
-        };
+        }
+        let position = |headers: &[(&str, &[u8])]| own_position(&Pairs(headers), "1/s");
         let good: [(&str, &[u8]); 3] = [
             (HEADER_SOURCE, b"1/s"),
             (HEADER_COMMIT_LSN, b"0/200"),

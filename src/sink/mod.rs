@@ -272,6 +272,131 @@ pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
     }
 }
 
+/// A record's headers by name, as a read-back sees them.
+pub(crate) trait HeaderGet {
+    /// The value of the first header called `name` (`None`: absent or null).
+    fn get(&self, name: &str) -> Option<&[u8]>;
+}
+
+/// What reading back one partition found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tail<P> {
+    /// Every position of the caller's records at or above the floor, from the partition's end
+    /// back to its first record below the floor (or the partition's start).
+    pub(crate) positions: std::collections::BTreeSet<P>,
+    pub(crate) records_read: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadBackError {
+    #[error("reading back the tail of {topic} partition {partition} failed: {cause}")]
+    Broker {
+        topic: String,
+        partition: i32,
+        cause: String,
+    },
+    #[error("reading back the tail of {topic} partition {partition} timed out after {timeout_ms} ms")]
+    Timeout {
+        topic: String,
+        partition: i32,
+        timeout_ms: u64,
+    },
+    #[error(
+        "read back {read} records of {topic} partition {partition} (offsets {from}..{high}) without reaching \
+         this relay's records from before the replay, so which events the broker already holds is unknown; raise \
+         relay.read_back_max_records (now {max}) or restart once with relay.delivery = \"at-least-once\" \
+         (which may publish the replayed events twice)"
+    )]
+    BoundHit {
+        topic: String,
+        partition: i32,
+        read: u64,
+        from: i64,
+        high: i64,
+        max: u64,
+    },
+}
+
+impl ReadBackError {
+    /// Only the bound is the operator's to change; everything else is the cluster's and passes.
+    pub(crate) fn is_transient(&self) -> bool {
+        !matches!(self, ReadBackError::BoundHit { .. })
+    }
+}
+
+/// What opening a [`ReadBack`] needs, cheap to clone and send to the thread that reads.
+#[derive(Debug, Clone)]
+pub(crate) enum ReadBackSpec {
+    Kafka(crate::config::kafka::KafkaProperties),
+    /// The sink does not read back ([`ExactlyOnce`] says what it does instead).
+    None,
+}
+
+impl ReadBackSpec {
+    pub(crate) fn of(settings: &Settings) -> ReadBackSpec {
+        match (exactly_once(settings.sink), settings.sink) {
+            (ExactlyOnce::ReadBack, SinkKind::Kafka) => ReadBackSpec::Kafka(settings.kafka.clone()),
+            _ => ReadBackSpec::None,
+        }
+    }
+
+    /// Where the sink's producer places a record keyed `key` among `count` partitions, so the
+    /// read-back looks where the record went (`None`: not computable; then it is not checked).
+    pub(crate) fn partition_for(&self, key: &[u8], count: i32) -> Option<i32> {
+        match self {
+            ReadBackSpec::Kafka(_) => kafka::partitioner::partition_for(key, count),
+            ReadBackSpec::None => None,
+        }
+    }
+
+    /// Opens a reader. Blocks.
+    pub(crate) fn open(&self, timeout: Duration, max_records: usize) -> Result<ReadBack, ReadBackError> {
+        match self {
+            ReadBackSpec::Kafka(props) => kafka::tail::TailReader::create(props, timeout, max_records)
+                .map(ReadBack::Kafka)
+                .map_err(|e| ReadBackError::Broker {
+                    topic: "(none yet)".into(),
+                    partition: -1,
+                    cause: format!("cannot create the Kafka reader: {e}"),
+                }),
+            ReadBackSpec::None => Err(ReadBackError::Broker {
+                topic: "(none)".into(),
+                partition: -1,
+                cause: "this sink deduplicates on the broker and reads nothing back".into(),
+            }),
+        }
+    }
+}
+
+/// Exactly-once by read-back ([`ExactlyOnce::ReadBack`]): reads what the sink stored. Every
+/// call blocks, bounded by the reader's timeout: run it on a thread of its own.
+pub(crate) enum ReadBack {
+    Kafka(kafka::tail::TailReader),
+}
+
+impl ReadBack {
+    /// The topic's partition count (`None`: no such topic).
+    pub(crate) fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
+        match self {
+            ReadBack::Kafka(r) => r.partition_count(topic),
+        }
+    }
+
+    /// The positions `own` finds in the headers of the partition's records at or above `floor`,
+    /// reading back from the partition's end until a record of the caller's below `floor`.
+    pub(crate) fn own_since<P: Ord>(
+        &self,
+        topic: &str,
+        partition: i32,
+        floor: &P,
+        own: impl Fn(&dyn HeaderGet) -> Option<P>,
+    ) -> Result<Tail<P>, ReadBackError> {
+        match self {
+            ReadBack::Kafka(r) => r.own_since(topic, partition, floor, own),
+        }
+    }
+}
+
 /// Creates the configured sink (connecting, where the broker needs a connection); `max_in_flight`
 /// is the caller's budget, which the sink's own queue must never refuse. Called inside a tokio
 /// runtime, whose tasks an adapter may use for its I/O. The one place that knows every sink.

@@ -257,3 +257,45 @@ fn every_sink_is_a_folder_a_config_section_and_one_registration() {
         );
     }
 }
+
+/// Brokers are adapters behind one publish interface: outside `src/sink/`, no file names a
+/// broker's folder (`sink::kafka`, `sink::nats`, …); the relay, poll, control and the domain
+/// see only `sink::Sink`, `sink::ReadBack` and the other neutral types of `src/sink/mod.rs`.
+#[test]
+fn no_file_outside_the_sinks_names_a_broker_adapter() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let kinds: Vec<String> = std::fs::read_dir(src.join("sink"))
+        .expect("src/sink")
+        .filter_map(|e| {
+            let path = e.expect("dir entry").path();
+            path.is_dir()
+                .then(|| path.file_name().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    assert!(kinds.len() >= 4, "found too few sink folders: {kinds:?}");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut violations = Vec::new();
+    for file in files.iter().filter(|f| !f.starts_with(src.join("sink"))) {
+        let text = std::fs::read_to_string(file).expect("read source");
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for kind in &kinds {
+                if code.contains(&format!("sink::{kind}::")) || code.contains(&format!("sink::{kind};")) {
+                    violations.push(format!(
+                        "{}:{}: {}",
+                        file.strip_prefix(root).unwrap().display(),
+                        n + 1,
+                        line.trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "broker adapters named outside src/sink/:\n{}",
+        violations.join("\n")
+    );
+}

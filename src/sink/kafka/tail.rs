@@ -24,6 +24,7 @@ use rdkafka::message::{BorrowedHeaders, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::kafka::KafkaProperties;
+use crate::sink::{HeaderGet, ReadBackError, Tail};
 
 /// The first window read below the high watermark; a single writer's newest record is almost
 /// always in it.
@@ -62,60 +63,19 @@ pub(crate) const PRODUCER_ONLY: &[&str] = &[
 /// A record's headers, for the caller's `own` test.
 pub(crate) struct HeaderLookup<'m>(Option<&'m BorrowedHeaders>);
 
-impl<'m> HeaderLookup<'m> {
-    pub(crate) fn new(headers: Option<&'m BorrowedHeaders>) -> Self {
-        HeaderLookup(headers)
-    }
-
+impl HeaderGet for HeaderLookup<'_> {
     /// The value of the first header called `name` (`None`: absent or null).
-    pub(crate) fn get(&self, name: &str) -> Option<&'m [u8]> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
         self.0?.iter().find(|h| h.key == name).and_then(|h| h.value)
     }
 }
 
-/// What reading back one partition found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Tail<P> {
-    /// Every position of the caller's records at or above the floor, from the partition's end
-    /// back to its first record below the floor (or the partition's start).
-    pub(crate) positions: BTreeSet<P>,
-    pub(crate) records_read: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReadBackError {
-    #[error("reading back the tail of {topic} partition {partition} failed: {source}")]
-    Kafka {
-        topic: String,
-        partition: i32,
-        source: KafkaError,
-    },
-    #[error("reading back the tail of {topic} partition {partition} timed out after {timeout_ms} ms")]
-    Timeout {
-        topic: String,
-        partition: i32,
-        timeout_ms: u64,
-    },
-    #[error(
-        "read back {read} records of {topic} partition {partition} (offsets {from}..{high}) without reaching \
-         this relay's records from before the replay, so which events Kafka already holds is unknown; raise \
-         relay.read_back_max_records (now {max}) or restart once with relay.delivery = \"at-least-once\" \
-         (which may publish the replayed events twice)"
-    )]
-    BoundHit {
-        topic: String,
-        partition: i32,
-        read: u64,
-        from: i64,
-        high: i64,
-        max: u64,
-    },
-}
-
-impl ReadBackError {
-    /// Only the bound is the operator's to change; everything else is the cluster's and passes.
-    pub(crate) fn is_transient(&self) -> bool {
-        !matches!(self, ReadBackError::BoundHit { .. })
+/// librdkafka's error, said in the sink-neutral error.
+fn broker(topic: &str, partition: i32) -> impl Fn(KafkaError) -> ReadBackError + Copy + '_ {
+    move |source| ReadBackError::Broker {
+        topic: topic.to_owned(),
+        partition,
+        cause: source.to_string(),
     }
 }
 
@@ -161,11 +121,7 @@ impl TailReader {
 
     /// The topic's partition count; `None` when the topic does not exist.
     pub(crate) fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
-        let err = |source| ReadBackError::Kafka {
-            topic: topic.to_owned(),
-            partition: -1,
-            source,
-        };
+        let err = broker(topic, -1);
         let metadata = self.consumer.fetch_metadata(Some(topic), self.timeout).map_err(err)?;
         let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
             return Ok(None);
@@ -198,13 +154,9 @@ impl TailReader {
         topic: &str,
         partition: i32,
         floor: &P,
-        own: impl Fn(&HeaderLookup<'_>) -> Option<P>,
+        own: impl Fn(&dyn HeaderGet) -> Option<P>,
     ) -> Result<Tail<P>, ReadBackError> {
-        let err = |source| ReadBackError::Kafka {
-            topic: topic.to_owned(),
-            partition,
-            source,
-        };
+        let err = broker(topic, partition);
         let (low, high) = self
             .consumer
             .fetch_watermarks(topic, partition, self.timeout)
@@ -256,14 +208,10 @@ impl TailReader {
         start: i64,
         stop: Option<i64>,
         floor: &P,
-        own: &impl Fn(&HeaderLookup<'_>) -> Option<P>,
+        own: &impl Fn(&dyn HeaderGet) -> Option<P>,
         positions: &mut BTreeSet<P>,
     ) -> Result<Window, ReadBackError> {
-        let err = |source| ReadBackError::Kafka {
-            topic: topic.to_owned(),
-            partition,
-            source,
-        };
+        let err = broker(topic, partition);
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition, Offset::Offset(start))
             .map_err(err)?;
@@ -297,7 +245,7 @@ impl TailReader {
                     }
                     window.records += 1;
                     window.first_offset.get_or_insert(msg.offset());
-                    match own(&HeaderLookup::new(msg.headers())) {
+                    match own(&HeaderLookup(msg.headers())) {
                         Some(p) if p >= *floor => {
                             positions.insert(p);
                         }
@@ -365,7 +313,7 @@ mod tests {
         (cluster, props)
     }
 
-    fn own(h: &HeaderLookup<'_>) -> Option<i64> {
+    fn own(h: &dyn HeaderGet) -> Option<i64> {
         std::str::from_utf8(h.get("pos")?).ok()?.parse().ok()
     }
 

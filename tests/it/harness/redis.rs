@@ -22,22 +22,44 @@ pub const SHARED_REDIS: &str = "redis://127.0.0.1:6379";
 
 pub async fn connect(url: &str) -> MultiplexedConnection {
     let client = redis::Client::open(url).expect("redis URL");
-    tokio::time::timeout(Duration::from_secs(10), client.get_multiplexed_async_connection())
-        .await
-        .expect("connect within 10 s")
-        .unwrap_or_else(|e| panic!("Redis at {url} is not reachable: {e}"))
+    // The client's default answer timeout (500 ms) is shorter than a loaded two-core machine
+    // takes to XRANGE a 20,000-entry stream.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(Some(Duration::from_secs(30)));
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .expect("connect within 10 s")
+    .unwrap_or_else(|e| panic!("Redis at {url} is not reachable: {e}"))
 }
 
 /// Every entry of `stream`, in stream order.
 pub async fn read_stream(url: &str, stream: &str) -> Vec<Received> {
     let mut c = connect(url).await;
-    let v: Value = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut c)
-        .await
-        .expect("XRANGE");
+    // A private server just restarted answers LOADING until its data is back: wait for it
+    // (bounded), as a consumer would.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let v: Value = loop {
+        match redis::cmd("XRANGE")
+            .arg(stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut c)
+            .await
+        {
+            Ok(v) => break v,
+            Err(e)
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("XRANGE {stream} on {url}: {e}"),
+        }
+    };
     let Value::Array(entries) = v else { return Vec::new() };
     entries
         .into_iter()
