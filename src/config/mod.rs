@@ -332,7 +332,16 @@ fn apply_env_overrides(
         } else {
             key.to_ascii_lowercase()
         };
-        let parsed = if section == "outbox" && key == "header_columns" {
+        // `outbox.table` takes a TOML array for several tables: `["a.outbox", "b.outbox"]`.
+        let parsed = if section == "outbox" && key == "table" && value.trim_start().starts_with('[') {
+            let doc: toml::Table = format!("v = {value}")
+                .parse()
+                .map_err(|e: toml::de::Error| ConfigError::Env {
+                    var: var.clone(),
+                    message: format!("expected a TOML array of table names such as [\"a.outbox\", \"b.outbox\"]: {e}"),
+                })?;
+            doc.get("v").cloned().unwrap_or(toml::Value::String(value))
+        } else if section == "outbox" && key == "header_columns" {
             let doc: toml::Table = format!("v = {value}")
                 .parse()
                 .map_err(|e: toml::de::Error| ConfigError::Env {

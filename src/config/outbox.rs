@@ -1,5 +1,12 @@
-//! `[outbox]` and `[route]`: which outbox columns carry which part of the Kafka record
-//! ([`OutboxMapping`]), and the compiled topic-routing rule ([`TopicRoute`]).
+//! `[outbox]` and `[route]`: which outbox tables are relayed and which of their columns carry
+//! which part of the Kafka record ([`OutboxMapping`]), and the compiled topic-routing rule
+//! ([`TopicRoute`]).
+//!
+//! `outbox.table` is one table or a list of them (Debezium's `table.include.list` with several
+//! outbox tables, e.g. one per schema of a modular monolith). Invariant: every table shares the
+//! one column mapping (as Debezium's EventRouter requires), the list is never empty and names
+//! each table once; [`OutboxMapping::tables`] is the list every module iterates and
+//! [`OutboxMapping::table_of`] tells which configured table a relation or row belongs to.
 //!
 //! Routing has the semantics of Debezium's Outbox EventRouter. Debezium takes the route-by
 //! column's value (`routedByValue`) and feeds it through Kafka Connect's `RegexRouter`: if
@@ -17,6 +24,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use regex::Regex;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use crate::config::debezium::{DebeziumFormat, Placement};
@@ -29,7 +37,7 @@ pub(crate) const DEFAULT_TOPIC_REPLACEMENT: &str = "${routedByValue}";
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct OutboxSection {
-    pub(crate) table: String,
+    pub(crate) table: TableList,
     pub(crate) id_column: String,
     pub(crate) key_column: String,
     pub(crate) route_by_column: String,
@@ -43,7 +51,7 @@ pub(crate) struct OutboxSection {
 impl Default for OutboxSection {
     fn default() -> Self {
         OutboxSection {
-            table: "public.events_outbox".into(),
+            table: TableList(vec!["public.events_outbox".into()]),
             id_column: "id".into(),
             key_column: "aggregate_id".into(),
             route_by_column: "type".into(),
@@ -55,10 +63,39 @@ impl Default for OutboxSection {
     }
 }
 
-/// Which outbox columns carry which part of the Kafka record.
+/// `outbox.table` as written: one string, or a list of strings (kept in the file's order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableList(pub(crate) Vec<String>);
+
+impl<'de> Deserialize<'de> for TableList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OneOrMany;
+        impl<'de> Visitor<'de> for OneOrMany {
+            type Value = TableList;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a table name (\"schema.table\") or a list of them ([\"sales.outbox\", \"billing.outbox\"])")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TableList, E> {
+                Ok(TableList(vec![v.to_owned()]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TableList, A::Error> {
+                let mut tables = Vec::new();
+                while let Some(t) = seq.next_element::<String>()? {
+                    tables.push(t);
+                }
+                Ok(TableList(tables))
+            }
+        }
+        deserializer.deserialize_any(OneOrMany)
+    }
+}
+
+/// Which outbox tables are relayed, and which of their columns carry which part of the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxMapping {
-    pub(crate) table: TableName,
+    /// Every configured outbox table, in the configured order: never empty, each once. All share
+    /// the column mapping below. Iterate this; never assume one table.
+    pub(crate) tables: Vec<TableName>,
     pub(crate) id: Ident,
     pub(crate) key: Ident,
     pub(crate) route_by: Ident,
@@ -74,6 +111,19 @@ pub struct OutboxMapping {
 }
 
 impl OutboxMapping {
+    /// The configured table `schema.name` is (`None`: not an outbox table), e.g. for a pgoutput
+    /// Relation's namespace and name. Exact comparison: the names are as the catalog stores them.
+    pub(crate) fn table_of(&self, schema: &str, name: &str) -> Option<&TableName> {
+        self.tables
+            .iter()
+            .find(|t| t.schema.as_str() == schema && t.name.as_str() == name)
+    }
+
+    /// The tables for people: `"public"."outbox"` or `"a"."outbox", "b"."outbox"`.
+    pub(crate) fn tables_display(&self) -> String {
+        self.tables.iter().map(TableName::to_string).collect::<Vec<_>>().join(", ")
+    }
+
     /// Reads the columns `[debezium]` places. A `header_columns` entry that a header placement
     /// repeats (same column, same header) is dropped: the placement writes that header, converted
     /// as Connect converts it. Any other header name used twice is an error.
@@ -157,7 +207,7 @@ impl OutboxSection {
             p => p,
         };
         Ok(OutboxMapping {
-            table: TableName::parse("outbox.table", &self.table).map_err(named("outbox.table"))?,
+            tables: parse_tables(&self.table)?,
             id: col("outbox.id_column", &self.id_column)?,
             key: col("outbox.key_column", &self.key_column)?,
             route_by: col("outbox.route_by_column", &self.route_by_column)?,
@@ -172,6 +222,33 @@ impl OutboxSection {
             placed: Vec::new(),
         })
     }
+}
+
+/// The configured tables, parsed: at least one, none twice (after case folding and the default
+/// schema, so `outbox` and `public.OUTBOX` are the same table).
+fn parse_tables(list: &TableList) -> Result<Vec<TableName>, ConfigError> {
+    if list.0.is_empty() {
+        return Err(ConfigError::Invalid {
+            key: "outbox.table",
+            message: "is an empty list; name at least one outbox table, e.g. table = \"public.outbox\" or \
+                      table = [\"sales.outbox\", \"billing.outbox\"]"
+                .into(),
+        });
+    }
+    let mut tables: Vec<TableName> = Vec::with_capacity(list.0.len());
+    for text in &list.0 {
+        let table = TableName::parse("outbox.table", text).map_err(named("outbox.table"))?;
+        if tables.contains(&table) {
+            return Err(ConfigError::Invalid {
+                key: "outbox.table",
+                message: format!(
+                    "lists {table} twice ({text:?} names it again); each outbox table is relayed once, remove the duplicate"
+                ),
+            });
+        }
+        tables.push(table);
+    }
+    Ok(tables)
 }
 
 #[derive(Debug, Deserialize)]

@@ -20,7 +20,8 @@ fn minimal_config_gets_documented_defaults() {
     let s = load(MINIMAL, &[]).unwrap();
     assert_eq!(s.postgres.slot.as_str(), "outbox_relay");
     assert_eq!(s.postgres.publication.as_str(), "outbox_relay");
-    assert_eq!(s.outbox.table.quoted(), r#""public"."events_outbox""#);
+    assert_eq!(s.outbox.tables.len(), 1);
+    assert_eq!(s.outbox.tables[0].quoted(), r#""public"."events_outbox""#);
     assert_eq!(s.outbox.key.as_str(), "aggregate_id");
     assert_eq!(s.relay.max_in_flight, 10_000);
     assert_eq!(s.relay.status_interval, Duration::from_secs(1));
@@ -93,7 +94,62 @@ fn names_are_validated() {
         .to_string();
     assert!(bad_table.contains("outbox.table"), "{bad_table}");
     let quoted = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "\"Sales\".\"OutBox\"")]).unwrap();
-    assert_eq!(quoted.outbox.table.name.as_str(), "OutBox");
+    assert_eq!(quoted.outbox.tables[0].name.as_str(), "OutBox");
+}
+
+#[test]
+fn outbox_table_takes_a_string_or_a_list() {
+    let one = load(&format!("{MINIMAL}[outbox]\ntable = \"sales.outbox\"\n"), &[]).unwrap();
+    assert_eq!(one.outbox.tables.len(), 1);
+    assert_eq!(one.outbox.tables[0].quoted(), r#""sales"."outbox""#);
+
+    let two = load(
+        &format!("{MINIMAL}[outbox]\ntable = [\"sales.outbox\", '\"Billing\".\"OutBox\"', \"outbox\"]\n"),
+        &[],
+    )
+    .unwrap();
+    let quoted: Vec<String> = two.outbox.tables.iter().map(|t| t.quoted()).collect();
+    assert_eq!(
+        quoted,
+        [r#""sales"."outbox""#, r#""Billing"."OutBox""#, r#""public"."outbox""#],
+        "in the configured order, the schema defaulting to public"
+    );
+    assert_eq!(
+        two.outbox.table_of("Billing", "OutBox").map(|t| t.quoted()).as_deref(),
+        Some(r#""Billing"."OutBox""#)
+    );
+    assert_eq!(two.outbox.table_of("billing", "outbox"), None, "catalog names compare exactly");
+    assert_eq!(two.outbox.table_of("public", "events_outbox"), None);
+
+    let env = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "[\"a.outbox\", \"b.outbox\"]")]).unwrap();
+    let names: Vec<&str> = env.outbox.tables.iter().map(|t| t.schema.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+}
+
+#[test]
+fn outbox_table_lists_are_checked() {
+    let empty = load(&format!("{MINIMAL}[outbox]\ntable = []\n"), &[]).unwrap_err().to_string();
+    assert!(empty.contains("outbox.table") && empty.contains("empty list"), "{empty}");
+
+    // `outbox` and `public.OUTBOX` fold to the same table.
+    let twice = load(&format!("{MINIMAL}[outbox]\ntable = [\"public.outbox\", \"sales.outbox\", \"OUTBOX\"]\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        twice.contains("outbox.table") && twice.contains(r#"lists "public"."outbox" twice"#) && twice.contains("\"OUTBOX\""),
+        "{twice}"
+    );
+
+    let bad = load(&format!("{MINIMAL}[outbox]\ntable = [\"sales.outbox\", \"x; drop table y\"]\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("outbox.table"), "{bad}");
+
+    let number = load(&format!("{MINIMAL}[outbox]\ntable = 5\n"), &[]).unwrap_err().to_string();
+    assert!(number.contains("a table name") && number.contains("list"), "{number}");
+
+    let bad_env = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "[\"a.outbox\",")]).unwrap_err().to_string();
+    assert!(bad_env.contains("OUTBOX_RELAY__OUTBOX__TABLE") && bad_env.contains("TOML array"), "{bad_env}");
 }
 
 #[test]

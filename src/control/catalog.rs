@@ -142,7 +142,8 @@ pub(crate) async fn publication_tables(client: &Client, name: &str) -> Result<Ve
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// The outbox table as the catalogs know it.
+/// An outbox table as the catalogs know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TableFacts {
     pub(crate) name: TableName,
     pub(crate) oid: u32,

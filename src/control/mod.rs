@@ -55,7 +55,7 @@ pub use error::ControlError;
 pub(crate) use preflight::{preflight, PreflightReport};
 pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
 pub use status::{
-    status, FailoverStatus, PublicationStatus, ServerStatus, SlotStatus, StandbyStatus, StatusReport, TableRef,
+    status, FailoverStatus, PublicationStatus, ServerStatus, SlotStatus, StandbyStatus, StatusReport, TableRef, OutboxTableStatus,
     STATUS_SCHEMA_VERSION,
 };
 pub use teardown::{teardown, Dropped, TeardownReport};

@@ -1,7 +1,8 @@
 //! Preflight: everything that must hold before the relay can create its slot or stream from it.
 //!
 //! Checks run cheapest-and-most-fundamental first (server version, standby, `wal_level`, role
-//! privileges), then the outbox table and its mapped columns, then the state of the slot and the
+//! privileges), then each outbox table (`outbox.table` may list several) and its mapped columns —
+//! every error names the table it is about — then the state of the slot and the
 //! publication, and last the server's free capacity (a slot and a WAL sender). The first failed
 //! check is returned as a [`ControlError`] that says what to change; everything that is merely
 //! worth knowing lands in [`PreflightReport::notes`].
@@ -50,12 +51,8 @@ pub struct PreflightReport {
     pub(crate) database: String,
     pub(crate) role: String,
     pub(crate) superuser: bool,
-    pub(crate) table: TableName,
-    pub(crate) table_oid: u32,
-    pub(crate) table_owner: String,
-    pub(crate) partitioned: bool,
-    /// The mapped columns in [`crate::config::outbox::OutboxMapping::columns`] order.
-    pub(crate) columns: Vec<MappedColumn>,
+    /// Every configured outbox table, checked, in `outbox.table` order.
+    pub(crate) tables: Vec<CheckedTable>,
     pub(crate) slot_name: String,
     /// `None`: the slot does not exist yet.
     pub(crate) slot: Option<SlotInfo>,
@@ -64,6 +61,29 @@ pub struct PreflightReport {
     pub(crate) publication: Option<PublicationInfo>,
     /// Things worth knowing that do not stop the relay.
     pub(crate) notes: Vec<String>,
+}
+
+/// One outbox table as preflight found it: it exists, is a table, has every mapped column with a
+/// usable type, and the role may read it.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckedTable {
+    pub(crate) name: TableName,
+    pub(crate) oid: u32,
+    pub(crate) owner: String,
+    pub(crate) partitioned: bool,
+    /// The mapped columns in [`crate::config::outbox::OutboxMapping::columns`] order.
+    pub(crate) columns: Vec<MappedColumn>,
+}
+
+impl CheckedTable {
+    fn facts(&self) -> TableFacts {
+        TableFacts {
+            name: self.name.clone(),
+            oid: self.oid,
+            owner: self.owner.clone(),
+            partitioned: self.partitioned,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,21 +99,29 @@ pub(crate) struct MappedColumn {
     pub(crate) not_null: bool,
 }
 
-/// How the poller and the backfill turn rows of the checked columns into events.
-pub(crate) fn row_format(settings: &Settings, columns: &[MappedColumn]) -> Result<RowFormat, ControlError> {
+/// How the poller and the backfill turn rows of `table`'s checked columns into events.
+pub(crate) fn row_format(
+    settings: &Settings,
+    table: &TableName,
+    columns: &[MappedColumn],
+) -> Result<RowFormat, ControlError> {
     Ok(RowFormat {
         payload: payload_format(columns),
-        connect: connect_layout(settings, columns)?,
+        connect: connect_layout(settings, table, columns)?,
     })
 }
 
-/// `[debezium]`'s record format for the checked columns (`None` without the section): also
-/// `setup`'s check that the section fits the table.
-fn connect_layout(settings: &Settings, columns: &[MappedColumn]) -> Result<Option<Arc<ConnectLayout>>, ControlError> {
+/// `[debezium]`'s record format for `table`'s checked columns (`None` without the section):
+/// also `setup`'s check that the section fits the table.
+fn connect_layout(
+    settings: &Settings,
+    table: &TableName,
+    columns: &[MappedColumn],
+) -> Result<Option<Arc<ConnectLayout>>, ControlError> {
     let Some(format) = &settings.debezium else {
         return Ok(None);
     };
-    let layout = ConnectLayout::new(format, &settings.outbox, |ident| {
+    let layout = ConnectLayout::new(format, &settings.outbox, table, |ident| {
         columns.iter().find(|c| c.column == *ident).map(|c| ColumnFacts {
             type_oid: c.base_oid,
             not_null: c.not_null,
@@ -146,12 +174,14 @@ impl PreflightReport {
             "preflight: PostgreSQL {}, database {}, wal_level = logical, role {} ({privilege})",
             self.server_version, self.database, self.role
         )?;
-        writeln!(
-            f,
-            "preflight: outbox table {}: {}",
-            self.table,
-            column_list(&self.columns)
-        )?;
+        for table in &self.tables {
+            writeln!(
+                f,
+                "preflight: outbox table {}: {}",
+                table.name,
+                column_list(&table.columns)
+            )?;
+        }
         for note in &self.notes {
             writeln!(f, "note: {note}")?;
         }
@@ -164,15 +194,18 @@ pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<Pr
     let server = catalog::server_info(client).await?;
     check_server(&server)?;
     let superuser = check_role(client, &server).await?;
-    let table = find_table(client, settings, &server).await?;
-    let columns = check_columns(client, settings, &table).await?;
-    connect_layout(settings, &columns)?;
-    check_select(client, &table, &server).await?;
+    let mut tables = Vec::with_capacity(settings.outbox.tables.len());
+    for name in &settings.outbox.tables {
+        let table = check_table(client, settings, name, &server).await?;
+        connect_layout(settings, name, &table.columns)?;
+        tables.push(table);
+    }
 
     let slot_name = settings.postgres.slot.as_str();
     let slot = check_slot(client, slot_name, &server.database).await?;
     let mut notes = Vec::new();
-    let publication = super::publication::check_publication(client, settings, &table, &server, &mut notes).await?;
+    let facts: Vec<TableFacts> = tables.iter().map(CheckedTable::facts).collect();
+    let publication = super::publication::check_publication(client, settings, &facts, &server, &mut notes).await?;
     check_capacity(client, slot_name, slot.as_ref()).await?;
 
     if server.version_num < MESSAGES_OPTION_VERSION_NUM {
@@ -193,11 +226,7 @@ pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<Pr
         database: server.database,
         role: server.role,
         superuser,
-        table: settings.outbox.table.clone(),
-        table_oid: table.oid,
-        table_owner: table.owner,
-        partitioned: table.partitioned,
-        columns,
+        tables,
         slot_name: slot_name.to_owned(),
         slot,
         publication_name: settings.postgres.publication.as_str().to_owned(),
@@ -206,12 +235,13 @@ pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<Pr
     })
 }
 
-/// The outbox table as the polling relayer needs it (see [`check_outbox_table`]).
+/// One outbox table as the polling relayer needs it (see [`check_outbox_table`]).
 #[derive(Debug, Clone)]
 pub(crate) struct OutboxTableFacts {
     pub(crate) server_version: String,
     pub(crate) database: String,
     pub(crate) role: String,
+    pub(crate) table: TableName,
     pub(crate) table_oid: u32,
     pub(crate) table_owner: String,
     pub(crate) partitioned: bool,
@@ -219,20 +249,43 @@ pub(crate) struct OutboxTableFacts {
     pub(crate) columns: Vec<MappedColumn>,
 }
 
-/// Only the outbox-table part of preflight: the table exists, the mapped columns exist with
-/// usable types, and the role may read it. Nothing about `wal_level`, slots or publications —
-/// the polling relayer (`crate::poll`) needs none of them.
-pub(crate) async fn check_outbox_table(client: &Client, settings: &Settings) -> Result<OutboxTableFacts, ControlError> {
+/// Only the outbox-table part of preflight, for `table` (one of `outbox.table`): the table
+/// exists, the mapped columns exist with usable types, and the role may read it. Nothing about
+/// `wal_level`, slots or publications — the polling relayer (`crate::poll`) needs none of them.
+pub(crate) async fn check_outbox_table(
+    client: &Client,
+    settings: &Settings,
+    table: &TableName,
+) -> Result<OutboxTableFacts, ControlError> {
     let server = catalog::server_info(client).await?;
-    let table = find_table(client, settings, &server).await?;
-    let columns = check_columns(client, settings, &table).await?;
-    check_select(client, &table, &server).await?;
+    let checked = check_table(client, settings, table, &server).await?;
     Ok(OutboxTableFacts {
         server_version: server.version,
         database: server.database,
         role: server.role,
-        table_oid: table.oid,
-        table_owner: table.owner,
+        table: checked.name,
+        table_oid: checked.oid,
+        table_owner: checked.owner,
+        partitioned: checked.partitioned,
+        columns: checked.columns,
+    })
+}
+
+/// One outbox table: it exists and is a table, its mapped columns exist with usable types, and
+/// the role may read it.
+async fn check_table(
+    client: &Client,
+    settings: &Settings,
+    name: &TableName,
+    server: &ServerInfo,
+) -> Result<CheckedTable, ControlError> {
+    let table = find_table(client, name, server).await?;
+    let columns = check_columns(client, settings, &table).await?;
+    check_select(client, &table, server).await?;
+    Ok(CheckedTable {
+        name: table.name,
+        oid: table.oid,
+        owner: table.owner,
         partitioned: table.partitioned,
         columns,
     })
@@ -276,8 +329,7 @@ async fn check_role(client: &Client, server: &ServerInfo) -> Result<bool, Contro
     Ok(superuser)
 }
 
-async fn find_table(client: &Client, settings: &Settings, server: &ServerInfo) -> Result<TableFacts, ControlError> {
-    let table = &settings.outbox.table;
+async fn find_table(client: &Client, table: &TableName, server: &ServerInfo) -> Result<TableFacts, ControlError> {
     let row = client
         .query_opt(
             "SELECT c.oid, c.relkind::text, pg_get_userbyid(c.relowner)::text \
@@ -388,14 +440,14 @@ async fn check_columns(
             &[&table.oid],
         )
         .await
-        .map_err(ControlError::query(format!("reading the columns of {}", settings.outbox.table)))?;
+        .map_err(ControlError::query(format!("reading the columns of {}", table.name)))?;
     let mut mapped = Vec::new();
     for (config_key, column) in settings.outbox.columns() {
         let Some(row) = rows.iter().find(|r| r.get::<_, String>(0) == column.as_str()) else {
             return Err(ControlError::ColumnNotFound {
                 key: config_key,
                 column: column.clone(),
-                table: settings.outbox.table.clone(),
+                table: table.name.clone(),
                 columns: rows.iter().map(|r| quote_ident(&r.get::<_, String>(0))).collect(),
             });
         };
@@ -406,7 +458,7 @@ async fn check_columns(
             return Err(ControlError::UnusableColumnType {
                 key: config_key,
                 column: column.clone(),
-                table: Box::new(settings.outbox.table.clone()),
+                table: Box::new(table.name.clone()),
                 type_name,
                 accepted: role.accepted(),
             });
@@ -427,7 +479,7 @@ async fn check_select(client: &Client, table: &TableFacts, server: &ServerInfo) 
     let row = client
         .query_one("SELECT has_table_privilege($1::oid, 'SELECT')", &[&table.oid])
         .await
-        .map_err(ControlError::query("checking SELECT on the outbox table"))?;
+        .map_err(ControlError::query(format!("checking SELECT on the outbox table {}", table.name)))?;
     if !row.get::<_, bool>(0) {
         return Err(ControlError::NoSelectPrivilege {
             role: server.role.clone(),

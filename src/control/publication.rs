@@ -1,7 +1,7 @@
 //! Preflight checks of an existing publication against what the relay needs.
 //!
-//! What matters is what pgoutput will actually send for the outbox table: the publication must
-//! cover it (directly, FOR ALL TABLES, or FOR TABLES IN SCHEMA on 15+), publish inserts, send a
+//! What matters is what pgoutput will actually send for the outbox tables (every one of
+//! `outbox.table`, each checked on its own and named in any error): the publication must cover it (directly, FOR ALL TABLES, or FOR TABLES IN SCHEMA on 15+), publish inserts, send a
 //! partitioned table's rows under the table's own name, and include every mapped column when it
 //! has a column list (15+). A row filter (15+) is allowed — someone chose it — but noted, since
 //! the rows it rejects never reach Kafka.
@@ -24,21 +24,23 @@ use crate::postgres::publication::PublicationScope;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PublicationInfo {
     pub(crate) owner: String,
-    /// The connected role owns it, so setup may add the outbox table to it.
+    /// The connected role owns it, so setup may add the outbox tables to it.
     pub(crate) owned_by_current_role: bool,
     pub(crate) all_tables: bool,
-    pub(crate) includes_table: bool,
+    /// Outbox tables it does not publish yet (setup adds them); empty when it covers them all.
+    pub(crate) missing_tables: Vec<TableFacts>,
     /// The published operations in PostgreSQL's order; `insert` is among them once preflight
     /// passed, and the others (update, delete, truncate) reach the relay only to be ignored.
     pub(crate) actions: Vec<String>,
     pub(crate) via_partition_root: bool,
 }
 
-/// The configured publication, if it exists, checked against what the relay needs.
+/// The configured publication, if it exists, checked against what the relay needs for every
+/// outbox table in `tables`.
 pub(crate) async fn check_publication(
     client: &Client,
     settings: &Settings,
-    table: &TableFacts,
+    tables: &[TableFacts],
     server: &ServerInfo,
     notes: &mut Vec<String>,
 ) -> Result<Option<PublicationInfo>, ControlError> {
@@ -46,15 +48,22 @@ pub(crate) async fn check_publication(
     let Some(publication) = catalog::publication(client, name).await? else {
         return Ok(None);
     };
-    let membership = membership(client, &publication, table, server).await?;
-    let includes_table = publication.puballtables || membership.is_some();
-    if !includes_table && !publication.owned_by_current_role {
-        return Err(ControlError::PublicationLacksTable {
-            publication: name.to_owned(),
-            table: table.name.clone(),
-            owner: publication.owner.clone(),
-            role: server.role.clone(),
-        });
+    let mut missing_tables = Vec::new();
+    let mut memberships = Vec::with_capacity(tables.len());
+    for table in tables {
+        let membership = membership(client, &publication, table, server).await?;
+        if !publication.puballtables && membership.is_none() {
+            if !publication.owned_by_current_role {
+                return Err(ControlError::PublicationLacksTable {
+                    publication: name.to_owned(),
+                    table: table.name.clone(),
+                    owner: publication.owner.clone(),
+                    role: server.role.clone(),
+                });
+            }
+            missing_tables.push(table.clone());
+        }
+        memberships.push(membership);
     }
     let actions = publication.actions();
     if !actions.iter().any(|a| a == "insert") {
@@ -71,13 +80,57 @@ pub(crate) async fn check_publication(
                 .join(", "),
         });
     }
+    for (table, membership) in tables.iter().zip(&memberships) {
+        check_table(settings, name, &publication, table, membership.as_ref(), notes)?;
+    }
+    let includes_table = missing_tables.len() < tables.len();
+    if includes_table {
+        let names: Vec<TableName> = tables.iter().map(|t| t.name.clone()).collect();
+        let other_tables = if publication.puballtables {
+            Vec::new()
+        } else {
+            crate::postgres::publication::other_tables(client, name, &names)
+                .await
+                .map_err(ControlError::query(format!("listing the tables of publication {name}")))?
+        };
+        let scope = PublicationScope {
+            name: name.to_owned(),
+            all_tables: publication.puballtables,
+            actions: actions.clone(),
+            other_tables,
+        };
+        if let Some(note) = surplus_note(&scope, &names) {
+            notes.push(note);
+        }
+    }
+    Ok(Some(PublicationInfo {
+        owner: publication.owner.clone(),
+        owned_by_current_role: publication.owned_by_current_role,
+        all_tables: publication.puballtables,
+        missing_tables,
+        actions,
+        via_partition_root: publication.pubviaroot,
+    }))
+}
+
+/// What the publication must do for one outbox table it publishes (`membership`, or `None` when
+/// only FOR ALL TABLES or setup's coming `ADD TABLE` covers it): send a partitioned table's rows
+/// under its own name, and every mapped column when it has a column list.
+fn check_table(
+    settings: &Settings,
+    name: &str,
+    publication: &PublicationRow,
+    table: &TableFacts,
+    membership: Option<&Membership>,
+    notes: &mut Vec<String>,
+) -> Result<(), ControlError> {
     if table.partitioned && !publication.pubviaroot {
         return Err(ControlError::PublicationNotViaRoot {
             publication: name.to_owned(),
             table: table.name.clone(),
         });
     }
-    if let Some(membership) = &membership {
+    if let Some(membership) = membership {
         if let Some(published) = &membership.column_list {
             let missing: Vec<String> = settings
                 .outbox
@@ -101,40 +154,16 @@ pub(crate) async fn check_publication(
             ));
         }
     }
-    if includes_table {
-        let other_tables = if publication.puballtables {
-            Vec::new()
-        } else {
-            crate::postgres::publication::other_tables(client, name, &table.name)
-                .await
-                .map_err(ControlError::query(format!("listing the tables of publication {name}")))?
-        };
-        let scope = PublicationScope {
-            name: name.to_owned(),
-            all_tables: publication.puballtables,
-            actions: actions.clone(),
-            other_tables,
-        };
-        if let Some(note) = surplus_note(&scope, &table.name) {
-            notes.push(note);
-        }
-    }
-    Ok(Some(PublicationInfo {
-        owner: publication.owner.clone(),
-        owned_by_current_role: publication.owned_by_current_role,
-        all_tables: publication.puballtables,
-        includes_table,
-        actions,
-        via_partition_root: publication.pubviaroot,
-    }))
+    Ok(())
 }
 
 /// The note for a publication that publishes more than the inserts into the outbox table
 /// (`None` when it publishes just those): what it publishes beyond them, that the relay ignores
 /// it, what that costs, and how to narrow it.
-pub(crate) fn surplus_note(scope: &PublicationScope, table: &TableName) -> Option<String> {
+pub(crate) fn surplus_note(scope: &PublicationScope, tables: &[TableName]) -> Option<String> {
     let beyond = scope.beyond_inserts()?;
-    let narrow = scope.narrowing(table);
+    let narrow = scope.narrowing(tables);
+    let table = tables.iter().map(TableName::to_string).collect::<Vec<_>>().join(", ");
     let how = match narrow.as_slice() {
         [] => String::new(),
         statements => format!(

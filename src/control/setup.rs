@@ -9,7 +9,10 @@
 //! publication, `unique_violation` on the catalog index) and reports "already exists" after
 //! re-checking what the winner created.
 //!
-//! Repairs: when the publication exists without the outbox table and the connected role owns it,
+//! With several outbox tables (`outbox.table` a list) the publication is created `FOR TABLE` all
+//! of them, and an existing one is extended by the ones it lacks.
+//!
+//! Repairs: when the publication exists without an outbox table and the connected role owns it,
 //! setup runs `ALTER PUBLICATION … ADD TABLE` and says so in a notice (adding a table only adds
 //! events; no subscriber loses anything). Nothing is ever taken away from a publication, because
 //! other subscribers may rely on it: one that publishes more than the relay needs (other
@@ -25,7 +28,8 @@ use tokio_postgres::Client;
 
 use super::preflight::{check_slot, PreflightReport};
 use super::{connect, error::describe, ControlError};
-use crate::config::ident::quote_ident;
+use super::catalog::TableFacts;
+use crate::config::ident::{quote_ident, TableName};
 use crate::config::Settings;
 use crate::postgres::lsn::Lsn;
 
@@ -45,7 +49,7 @@ pub struct SetupReport {
 pub enum PublicationOutcome {
     Created,
     AlreadyExists,
-    /// It existed without the outbox table; setup added the table.
+    /// It existed without one or more outbox tables; setup added them.
     TableAdded,
 }
 
@@ -77,14 +81,18 @@ impl SetupReport {
     fn render(&self, f: &mut String) -> fmt::Result {
         use fmt::Write as _;
         writeln!(f, "{}", self.preflight)?;
-        let (publication, table) = (&self.preflight.publication_name, &self.preflight.table);
+        let publication = &self.preflight.publication_name;
+        let tables = table_list(self.preflight.tables.iter().map(|t| &t.name));
         match self.publication {
             PublicationOutcome::Created => writeln!(
                 f,
-                "publication {publication}: created (FOR TABLE {table}, publish = 'insert')"
+                "publication {publication}: created (FOR TABLE {tables}, publish = 'insert')"
             )?,
             PublicationOutcome::AlreadyExists => writeln!(f, "publication {publication}: already exists")?,
-            PublicationOutcome::TableAdded => writeln!(f, "publication {publication}: already existed; added {table}")?,
+            PublicationOutcome::TableAdded => writeln!(
+                f,
+                "publication {publication}: already existed; added what it lacked of {tables}"
+            )?,
         }
         let slot = &self.preflight.slot_name;
         match &self.slot {
@@ -143,47 +151,43 @@ pub(super) async fn ensure_publication(
     notices: &mut Vec<String>,
 ) -> Result<PublicationOutcome, ControlError> {
     let name = &pre.publication_name;
-    let table = &pre.table;
     match &pre.publication {
-        Some(p) if p.includes_table => Ok(PublicationOutcome::AlreadyExists),
-        Some(_) => {
-            // Preflight only lets this through when we own the publication.
-            let sql = format!("ALTER PUBLICATION {} ADD TABLE {}", quote_ident(name), table.quoted());
-            match client.batch_execute(&sql).await {
-                Ok(()) => {}
-                Err(e) if is_duplicate(&e) => return Ok(PublicationOutcome::AlreadyExists),
-                Err(e) if is_permission_denied(&e) => {
-                    let owner = &pre.table_owner;
-                    let fix = format!("Adding a table needs its ownership (owner: {owner}); have {owner} run: {sql}");
-                    let action = format!("add {table} to publication {name}");
-                    return Err(ControlError::PermissionDenied {
-                        action,
-                        message: describe(&e),
-                        fix,
+        Some(p) if p.missing_tables.is_empty() => Ok(PublicationOutcome::AlreadyExists),
+        Some(p) => {
+            // Preflight only lets this through when we own the publication. One table per
+            // statement, so a refusal names the table and its owner.
+            let mut added = 0;
+            for table in &p.missing_tables {
+                if add_table(client, name, table).await? {
+                    added += 1;
+                    let table = &table.name;
+                    notices.push(match pre.slot.as_ref().and_then(|s| s.confirmed_flush_lsn) {
+                        Some(lsn) => format!(
+                            "publication {name} existed without {table}; setup added it. Rows committed to {table} \
+                             between {lsn} (the slot's confirmed position) and now were not published and will NOT \
+                             be relayed; re-insert them if they matter"
+                        ),
+                        None => format!("publication {name} existed without {table}; setup added it"),
                     });
                 }
-                Err(e) => return Err(ControlError::query(format!("adding {table} to publication {name}"))(e)),
             }
-            notices.push(match pre.slot.as_ref().and_then(|s| s.confirmed_flush_lsn) {
-                Some(lsn) => format!(
-                    "publication {name} existed without {table}; setup added it. Rows committed to {table} between \
-                     {lsn} (the slot's confirmed position) and now were not published and will NOT be relayed; \
-                     re-insert them if they matter"
-                ),
-                None => format!("publication {name} existed without {table}; setup added it"),
-            });
-            Ok(PublicationOutcome::TableAdded)
+            Ok(if added == 0 {
+                PublicationOutcome::AlreadyExists
+            } else {
+                PublicationOutcome::TableAdded
+            })
         }
         None => {
-            let via_root = if pre.partitioned {
+            let via_root = if pre.tables.iter().any(|t| t.partitioned) {
                 ", publish_via_partition_root = true"
             } else {
                 ""
             };
+            let tables: Vec<String> = pre.tables.iter().map(|t| t.name.quoted()).collect();
             let sql = format!(
                 "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
                 quote_ident(name),
-                table.quoted()
+                tables.join(", ")
             );
             match client.batch_execute(&sql).await {
                 Ok(()) => {}
@@ -193,9 +197,10 @@ pub(super) async fn ensure_publication(
                         action: format!("create publication {name}"),
                         message: describe(&e),
                         fix: format!(
-                            "CREATE PUBLICATION … FOR TABLE needs ownership of the table (owner: {}) and CREATE on \
-                             database {}. Run setup as the table owner or a superuser, or have one run: {sql}",
-                            pre.table_owner, pre.database
+                            "CREATE PUBLICATION … FOR TABLE needs ownership of the tables (owners: {}) and CREATE \
+                             on database {}. Run setup as the tables' owner or a superuser, or have one run: {sql}",
+                            table_owners(pre),
+                            pre.database
                         ),
                     })
                 }
@@ -212,6 +217,41 @@ pub(super) async fn ensure_publication(
             Ok(PublicationOutcome::Created)
         }
     }
+}
+
+/// `ALTER PUBLICATION … ADD TABLE` for one outbox table; `false` when a concurrent setup added it
+/// first.
+async fn add_table(client: &Client, name: &str, table: &TableFacts) -> Result<bool, ControlError> {
+    let sql = format!("ALTER PUBLICATION {} ADD TABLE {}", quote_ident(name), table.name.quoted());
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(true),
+        Err(e) if is_duplicate(&e) => Ok(false),
+        Err(e) if is_permission_denied(&e) => {
+            let owner = &table.owner;
+            Err(ControlError::PermissionDenied {
+                action: format!("add {} to publication {name}", table.name),
+                message: describe(&e),
+                fix: format!("Adding a table needs its ownership (owner: {owner}); have {owner} run: {sql}"),
+            })
+        }
+        Err(e) => Err(ControlError::query(format!("adding {} to publication {name}", table.name))(e)),
+    }
+}
+
+/// `a, b` for people.
+fn table_list<'t>(tables: impl Iterator<Item = &'t TableName>) -> String {
+    tables.map(TableName::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The owners of the outbox tables, each once: `app` or `sales, billing`.
+fn table_owners(pre: &PreflightReport) -> String {
+    let mut owners: Vec<&str> = Vec::new();
+    for t in &pre.tables {
+        if !owners.contains(&t.owner.as_str()) {
+            owners.push(&t.owner);
+        }
+    }
+    owners.join(", ")
 }
 
 async fn ensure_slot(client: &Client, pre: &PreflightReport) -> Result<SlotOutcome, ControlError> {

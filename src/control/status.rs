@@ -22,7 +22,11 @@
 //!     "in_recovery": false,            // true on a standby
 //!     "current_wal_lsn": "0/1A2B3C4"   // insert position (replay position on a standby); null if unknown
 //!   },
-//!   "outbox_table": { "schema": "public", "table": "events_outbox" },   // as configured, unquoted
+//!   "outbox_table": { "schema": "public", "table": "events_outbox" },   // the first of outbox.table, unquoted
+//!   "outbox_tables": [{                // every table of outbox.table, in its order
+//!     "schema": "public", "table": "events_outbox",
+//!     "in_publication": true           // the publication publishes it (directly, by schema or FOR ALL TABLES)
+//!   }],
 //!   "slot": {
 //!     "name": "outbox_relay",
 //!     "exists": true,
@@ -60,7 +64,7 @@
 //!     "all_tables": false,             // FOR ALL TABLES
 //!     "publish": ["insert"],           // subset of insert, update, delete, truncate
 //!     "tables": [{ "schema": "public", "table": "events_outbox" }],   // pg_publication_tables
-//!     "includes_outbox_table": true
+//!     "includes_outbox_table": true    // every outbox table (outbox_tables says which one is missing)
 //!   },
 //!   "sink": {                          // the broker events go to ([sink] kind), looked at directly
 //!     "kind": "kafka",
@@ -110,7 +114,11 @@ pub struct StatusReport {
     pub schema_version: u32,
     pub postgres_url: String,
     pub server: ServerStatus,
+    /// The first configured outbox table (kept for readers of schema version 1 from before
+    /// `outbox.table` took a list); `outbox_tables` has them all.
     pub outbox_table: TableRef,
+    #[serde(default)]
+    pub outbox_tables: Vec<OutboxTableStatus>,
     pub slot: SlotStatus,
     pub publication: PublicationStatus,
     pub health: HealthStatus,
@@ -200,6 +208,14 @@ pub struct ServerStatus {
     pub in_recovery: bool,
     #[serde(with = "lsn_text")]
     pub current_wal_lsn: Option<Lsn>,
+}
+
+/// One configured outbox table and whether the publication publishes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxTableStatus {
+    pub schema: String,
+    pub table: String,
+    pub in_publication: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -317,12 +333,25 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         },
     };
 
-    let table = &settings.outbox.table;
-    let outbox_table = TableRef {
-        schema: table.schema.as_str().to_owned(),
-        table: table.name.as_str().to_owned(),
-    };
+    let configured: Vec<TableRef> = settings
+        .outbox
+        .tables
+        .iter()
+        .map(|t| TableRef {
+            schema: t.schema.as_str().to_owned(),
+            table: t.name.as_str().to_owned(),
+        })
+        .collect();
+    let outbox_table = configured[0].clone();
     let publication_name = settings.postgres.publication.as_str();
+    let mut outbox_tables: Vec<OutboxTableStatus> = configured
+        .iter()
+        .map(|t| OutboxTableStatus {
+            schema: t.schema.clone(),
+            table: t.table.clone(),
+            in_publication: false,
+        })
+        .collect();
     let publication = match catalog::publication(&client, publication_name).await? {
         Some(p) => {
             let tables: Vec<TableRef> = catalog::publication_tables(&client, publication_name)
@@ -330,12 +359,15 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
                 .into_iter()
                 .map(|(schema, table)| TableRef { schema, table })
                 .collect();
+            for (status, table) in outbox_tables.iter_mut().zip(&configured) {
+                status.in_publication = p.puballtables || tables.contains(table);
+            }
             PublicationStatus {
                 name: publication_name.to_owned(),
                 exists: true,
                 all_tables: p.puballtables,
                 publish: p.actions(),
-                includes_outbox_table: p.puballtables || tables.contains(&outbox_table),
+                includes_outbox_table: outbox_tables.iter().all(|t| t.in_publication),
                 tables,
             }
         }
@@ -402,6 +434,7 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
             current_wal_lsn,
         },
         outbox_table,
+        outbox_tables,
         slot,
         publication,
     })
@@ -567,13 +600,19 @@ impl StatusReport {
         if let Some(lsn) = s.current_wal_lsn {
             writeln!(f, "current WAL position: {lsn}")?;
         }
-        let t = &self.outbox_table;
-        writeln!(
-            f,
-            "outbox table: {}.{}",
-            crate::config::ident::quote_ident(&t.schema),
-            crate::config::ident::quote_ident(&t.table)
-        )?;
+        for t in &self.outbox_tables {
+            let missing = if self.publication.exists && !t.in_publication {
+                " (NOT in the publication)"
+            } else {
+                ""
+            };
+            writeln!(
+                f,
+                "outbox table: {}.{}{missing}",
+                crate::config::ident::quote_ident(&t.schema),
+                crate::config::ident::quote_ident(&t.table)
+            )?;
+        }
         writeln!(f, "{}", self.slot)?;
         writeln!(f, "{}", self.publication)?;
         writeln!(f, "{}", self.failover)?;
@@ -691,7 +730,7 @@ impl PublicationStatus {
         if !self.includes_outbox_table {
             writeln!(
                 f,
-                "  does NOT include the outbox table (`outbox-relay setup` adds it or says why it cannot)"
+                "  does NOT include every outbox table (`outbox-relay setup` adds them or says why it cannot)"
             )?;
         }
         Ok(())
@@ -738,6 +777,11 @@ mod tests {
                 schema: "Sales".into(),
                 table: "OutBox".into(),
             },
+            outbox_tables: vec![OutboxTableStatus {
+                schema: "Sales".into(),
+                table: "OutBox".into(),
+                in_publication: true,
+            }],
             slot: SlotStatus {
                 name: "outbox_relay".into(),
                 exists: true,

@@ -7,9 +7,10 @@
 //! Both objects are checked before either is dropped, so a refusal leaves everything as it was.
 //! Teardown refuses to drop what does not look like the relay's own: a slot that is active (a
 //! relay still streams from it), physical, decoded by another plugin or bound to another database,
-//! and a publication that also publishes other tables (it may serve other subscribers). Missing
-//! objects are reported as already absent, so teardown is idempotent; it does not need the outbox
-//! table or `wal_level = logical`, so it also cleans up after a half-failed setup.
+//! and a publication that also publishes tables other than the outbox tables (every one of
+//! `outbox.table`; it may serve other subscribers). Missing objects are reported as already
+//! absent, so teardown is idempotent; it does not need the outbox tables or `wal_level =
+//! logical`, so it also cleans up after a half-failed setup.
 
 use std::fmt;
 
@@ -85,11 +86,12 @@ pub async fn teardown(settings: &Settings) -> Result<TeardownReport, ControlErro
     }
     let publication = catalog::publication(&client, publication_name).await?;
     if let Some(p) = &publication {
-        let table = &settings.outbox.table;
+        // The publication is the relay's own while it publishes nothing but the outbox tables.
+        let outbox = &settings.outbox;
         let others: Vec<String> = catalog::publication_tables(&client, publication_name)
             .await?
             .into_iter()
-            .filter(|(schema, name)| (schema.as_str(), name.as_str()) != (table.schema.as_str(), table.name.as_str()))
+            .filter(|(schema, name)| outbox.table_of(schema, name).is_none())
             .map(|(schema, name)| format!("{}.{}", quote_ident(&schema), quote_ident(&name)))
             .collect();
         if p.puballtables || !others.is_empty() {

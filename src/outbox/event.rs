@@ -24,6 +24,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use crate::config::ident::TableName;
 use crate::config::outbox::{OutboxMapping, TopicRoute};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::connect::ConnectLayout;
@@ -67,6 +68,9 @@ pub(crate) struct OutboxEvent<'a> {
     /// `[debezium]`: how this table's events become Debezium's records; `None`: the columns'
     /// text as it is.
     pub(crate) connect: Option<Arc<ConnectLayout>>,
+    /// The outbox table the row was read from (one of `outbox.table`); `None` for a logical
+    /// message, which has no table.
+    pub(crate) table: Option<Cow<'a, TableName>>,
 }
 
 impl<'a> OutboxEvent<'a> {
@@ -126,10 +130,11 @@ impl<'a> OutboxEvent<'a> {
                 .map(|v| v.map(|v| Cow::Owned(v.into_owned())))
                 .collect(),
             connect: self.connect,
+            table: self.table.map(|t| Cow::Owned(t.into_owned())),
         }
     }
 
-    /// The event of a row read with SQL: `values` are the mapped columns' text in
+    /// The event of a row of `table` (one of `mapping.tables`) read with SQL: `values` are the mapped columns' text in
     /// [`OutboxMapping::columns`] order (`None` = NULL), as the polling relayer's claim query
     /// and the backfill's snapshot read select them (in text format, under the replication
     /// connection's output settings, so the text is what pgoutput would have sent).
@@ -142,6 +147,7 @@ impl<'a> OutboxEvent<'a> {
     /// Under a `[debezium]` layout (`format.connect`) a NULL payload is an event.
     pub(crate) fn from_columns(
         mapping: &'a OutboxMapping,
+        table: &'a TableName,
         values: &[Option<&'a str>],
         format: &RowFormat,
     ) -> Result<Self, BadEvent> {
@@ -195,6 +201,7 @@ impl<'a> OutboxEvent<'a> {
             headers,
             placed,
             connect: connect.cloned(),
+            table: Some(Cow::Borrowed(table)),
         })
     }
 
@@ -321,7 +328,7 @@ mod tests {
     fn maps_columns_like_the_streaming_path() {
         let s = settings(FULL);
         let values = ROW.columns();
-        let event = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
         let record = event.record(&s.router, &LIMITS).unwrap();
         assert_eq!(record.destination, "order");
         assert_eq!(record.event_id, b"42");
@@ -341,15 +348,15 @@ mod tests {
     #[test]
     fn every_source_gives_the_same_record_for_the_same_content() {
         let s = settings(FULL);
-        let layout = OutboxLayout::resolve(&s.outbox, &relation(&TABLE), &ByteaTypes::default(), None).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &relation(&TABLE), &ByteaTypes::default(), None).unwrap();
         let streamed = ROW.streamed();
         let from_wal = layout.extract(&relation(&TABLE), &streamed).unwrap();
         // The poller's claim borrows from the query's row; the backfill reads owned strings.
         let polled_values = ROW.columns();
-        let polled = OutboxEvent::from_columns(&s.outbox, &polled_values, &RowFormat::default()).unwrap();
+        let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &polled_values, &RowFormat::default()).unwrap();
         let pending: Vec<Option<String>> = ROW.columns().iter().map(|v| v.map(str::to_owned)).collect();
         let pending_values: Vec<Option<&str>> = pending.iter().map(Option::as_deref).collect();
-        let backfilled = OutboxEvent::from_columns(&s.outbox, &pending_values, &RowFormat::default()).unwrap();
+        let backfilled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &pending_values, &RowFormat::default()).unwrap();
         assert_eq!(from_wal, polled);
         assert_eq!(from_wal, backfilled);
         let record = from_wal.record(&s.router, &LIMITS).unwrap();
@@ -367,10 +374,10 @@ mod tests {
                 .unwrap();
         let table = relation(&["id", "aggregate_id", "type", "payload"]);
         let row = tuple(&[Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")]);
-        let plain_layout = OutboxLayout::resolve(&plain.outbox, &table, &ByteaTypes::default(), None).unwrap();
+        let plain_layout = OutboxLayout::resolve(&plain.outbox, &plain.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         let from_wal = plain_layout.extract(&table, &row).unwrap();
         let values = [Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")];
-        let polled = OutboxEvent::from_columns(&plain.outbox, &values, &RowFormat::default()).unwrap();
+        let polled = OutboxEvent::from_columns(&plain.outbox, &plain.outbox.tables[0], &values, &RowFormat::default()).unwrap();
         let record = message.record(&plain.router, &LIMITS).unwrap();
         assert_eq!(record.destination, "order");
         assert_eq!(record, from_wal.record(&plain.router, &LIMITS).unwrap());
@@ -381,7 +388,7 @@ mod tests {
     fn a_streamed_row_is_borrowed_not_copied() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         let streamed = ROW.streamed();
         let event = layout.extract(&table, &streamed).unwrap();
         let borrowed = |c: &Cow<'_, [u8]>| matches!(c, Cow::Borrowed(_));
@@ -393,8 +400,7 @@ mod tests {
             .all(|(name, value)| matches!(name, Cow::Borrowed(_)) && value.as_ref().is_none_or(borrowed)));
         // The default rule routes to the value itself without building a topic.
         let default = settings("");
-        let record = OutboxEvent::from_columns(
-            &default.outbox,
+        let record = OutboxEvent::from_columns(&default.outbox, &default.outbox.tables[0],
             &[Some("1"), Some("k"), Some("t"), Some("{}")],
             &RowFormat::default(),
         )
@@ -409,7 +415,7 @@ mod tests {
     fn null_required_columns_and_bad_topics_are_bad_events() {
         let s = settings("");
         let values = [Some("7"), None, Some("t"), Some("{}")];
-        let err = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap_err();
+        let err = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap_err();
         assert_eq!(OutboxEvent::id_of_columns(&values), "7");
         assert_eq!(
             err,
@@ -419,10 +425,10 @@ mod tests {
             }
         );
         let values = [None, Some("k"), Some("t"), Some("{}")];
-        assert!(OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).is_err());
+        assert!(OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).is_err());
         assert_eq!(OutboxEvent::id_of_columns(&values), "?");
         let values = [Some("8"), Some("k"), Some("has space"), Some("{}")];
-        let event = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
         assert_eq!(OutboxEvent::id_of_columns(&values), "8");
         assert!(matches!(
             event.record(&s.router, &LIMITS).unwrap_err(),
@@ -434,7 +440,7 @@ mod tests {
     fn unparseable_timestamps_leave_the_record_timestamp_to_the_producer() {
         let s = settings("[outbox]\ntimestamp_column = \"created_at\"\n");
         let values = [Some("1"), Some("k"), Some("t"), Some("{}"), Some("infinity")];
-        let event = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
+        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
         assert_eq!(event.timestamp_ms, None);
     }
 
@@ -442,7 +448,7 @@ mod tests {
     fn streamed_rows_that_are_no_event_name_the_column() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         let with = |i: usize, value: ColumnValue| {
             let mut t = ROW.streamed();
             t.columns[i] = value;
@@ -500,11 +506,11 @@ mod tests {
         let bytea = ByteaTypes::with_domains([DOMAIN_OID]);
         for type_oid in [BYTEA_OID, DOMAIN_OID] {
             let table = typed_payload(type_oid);
-            let layout = OutboxLayout::resolve(&s.outbox, &table, &bytea, None).unwrap();
+            let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &bytea, None).unwrap();
             let streamed = layout.extract(&table, &row).unwrap();
             assert_eq!(streamed.payload.as_deref(), Some(&bytes[..]));
             let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
-            let polled = OutboxEvent::from_columns(&s.outbox, &values, &BYTEA_ROWS).unwrap();
+            let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &BYTEA_ROWS).unwrap();
             assert_eq!(streamed, polled);
             assert_eq!(
                 streamed.record(&s.router, &LIMITS).unwrap().value.as_deref(),
@@ -513,11 +519,11 @@ mod tests {
         }
         // A domain the session does not know of, and text types, pass the text unchanged.
         let table = typed_payload(DOMAIN_OID);
-        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         let event = layout.extract(&table, &row).unwrap();
         assert!(matches!(event.payload, Some(Cow::Borrowed(p)) if p == hex.as_bytes()));
         let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
-        let text = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
+        let text = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
         assert!(matches!(text.payload, Some(Cow::Borrowed(p)) if p == hex.as_bytes()));
     }
 
@@ -525,7 +531,7 @@ mod tests {
     fn a_malformed_bytea_payload_is_a_bad_event_naming_the_column() {
         let s = settings("");
         let table = typed_payload(crate::outbox::payload::BYTEA_OID);
-        let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
+        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         for bad in [r"\x0", r"\xzz", "00ff"] {
             let row = tuple(&[Some("9"), Some("k"), Some("t"), Some(bad)]);
             let err = layout.extract(&table, &row).unwrap_err();
@@ -535,7 +541,7 @@ mod tests {
             );
             assert_eq!(layout.id_for_error(&row), b"9");
             let values = [Some("9"), Some("k"), Some("t"), Some(bad)];
-            let polled = OutboxEvent::from_columns(&s.outbox, &values, &BYTEA_ROWS).unwrap_err();
+            let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &BYTEA_ROWS).unwrap_err();
             assert_eq!(polled, err);
         }
         // A NULL payload is still a NULL, whatever its type.
@@ -555,7 +561,7 @@ mod tests {
         ) {
             let s = settings(FULL);
             let table = relation(&TABLE);
-            let layout = OutboxLayout::resolve(&s.outbox, &table, &ByteaTypes::default(), None).unwrap();
+            let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
             let row = Row {
                 id: &id, key: &key, route: &route, payload: &payload,
                 created_at: created_at.as_deref(), a: a.as_deref(), b: b.as_deref(),
@@ -563,7 +569,7 @@ mod tests {
             let streamed = row.streamed();
             let from_wal = layout.extract(&table, &streamed).unwrap();
             let values = row.columns();
-            let polled = OutboxEvent::from_columns(&s.outbox, &values, &RowFormat::default()).unwrap();
+            let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
             prop_assert_eq!(from_wal.record(&s.router, &LIMITS).unwrap(), polled.record(&s.router, &LIMITS).unwrap());
             prop_assert_eq!(from_wal.timestamp_ms.is_some(), created_at.is_some());
         }

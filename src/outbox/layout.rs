@@ -5,6 +5,10 @@
 //! names to positions for the current Relation, so a column added or dropped mid-stream only
 //! shifts positions; a *mapped* column disappearing is an error the operator must act on.
 //!
+//! With several outbox tables (`outbox.table` a list) each table's Relation resolves a layout of
+//! its own: the tables share the column names, not their positions or types. A layout knows its
+//! table, so every event it extracts says which table it came from.
+//!
 //! Values arrive in text format, i.e. exactly as PostgreSQL's output functions render them (for
 //! `jsonb` that is its canonical text), and are passed through as bytes without re-encoding —
 //! except a `bytea` payload (or one of a domain over `bytea`), whose hex text is decoded to its
@@ -14,6 +18,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::config::debezium::DebeziumFormat;
+use crate::config::ident::TableName;
 use crate::config::outbox::OutboxMapping;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::connect::{ColumnFacts, ConnectLayout, ConnectLayoutError};
@@ -22,9 +27,11 @@ use crate::outbox::payload::{ByteaTypes, PayloadFormat};
 use crate::outbox::timestamp::parse_timestamp_ms;
 use crate::postgres::pgoutput::{ColumnValue, Relation, TupleData};
 
-/// Positions of the mapped columns in the current Relation of the outbox table.
+/// Positions of the mapped columns in the current Relation of one outbox table.
 #[derive(Debug, Clone)]
 pub(crate) struct OutboxLayout {
+    /// The configured outbox table this Relation is.
+    table: TableName,
     id: usize,
     key: usize,
     route_by: usize,
@@ -39,12 +46,23 @@ pub(crate) struct OutboxLayout {
     connect: Option<Arc<ConnectLayout>>,
 }
 
-/// What `[debezium]` needs besides the Relation: the format, and which columns are NOT NULL (a
-/// Relation does not say; read from the catalog when the session starts).
+/// What `[debezium]` needs besides the Relation: the format, and which columns of each outbox
+/// table are NOT NULL (a Relation does not say; read from the catalog when the session starts).
 #[derive(Debug, Clone)]
 pub(crate) struct DebeziumColumns {
     pub(crate) format: DebeziumFormat,
-    pub(crate) not_null: Vec<String>,
+    /// (table, its NOT NULL columns), one entry per configured outbox table.
+    pub(crate) not_null: Vec<(TableName, Vec<String>)>,
+}
+
+impl DebeziumColumns {
+    /// The NOT NULL columns of `table` (none when the session did not read them).
+    fn not_null_of(&self, table: &TableName) -> &[String] {
+        self.not_null
+            .iter()
+            .find(|(t, _)| t == table)
+            .map_or(&[], |(_, cols)| cols.as_slice())
+    }
 }
 
 /// The outbox table changed shape in a way the mapping cannot follow.
@@ -65,9 +83,11 @@ pub enum LayoutError {
 }
 
 impl OutboxLayout {
-    /// `bytea` tells which column types are binary payloads (`bytea` and the domains over it).
+    /// The layout of `relation`, a Relation of the configured outbox table `table`. `bytea` tells
+    /// which column types are binary payloads (`bytea` and the domains over it).
     pub(crate) fn resolve(
         mapping: &OutboxMapping,
+        table: &TableName,
         relation: &Relation,
         bytea: &ByteaTypes,
         debezium: Option<&DebeziumColumns>,
@@ -80,7 +100,7 @@ impl OutboxLayout {
                 .ok_or_else(|| LayoutError::Missing {
                     column: col.as_str().to_owned(),
                     config_key,
-                    table: mapping.table.to_string(),
+                    table: table.to_string(),
                     present: relation
                         .columns
                         .iter()
@@ -104,7 +124,7 @@ impl OutboxLayout {
         }
         let connect = match debezium {
             None => None,
-            Some(d) => Some(Arc::new(ConnectLayout::new(&d.format, mapping, |ident| {
+            Some(d) => Some(Arc::new(ConnectLayout::new(&d.format, mapping, table, |ident| {
                 relation
                     .columns
                     .iter()
@@ -116,11 +136,12 @@ impl OutboxLayout {
                         } else {
                             c.type_oid
                         },
-                        not_null: d.not_null.contains(&c.name),
+                        not_null: d.not_null_of(table).contains(&c.name),
                     })
             })?)),
         };
         Ok(OutboxLayout {
+            table: table.clone(),
             id: find(&mapping.id, "outbox.id_column")?,
             key: find(&mapping.key, "outbox.key_column")?,
             route_by: find(&mapping.route_by, "outbox.route_by_column")?,
@@ -209,7 +230,13 @@ impl OutboxLayout {
             headers,
             placed,
             connect: self.connect.clone(),
+            table: Some(Cow::Borrowed(&self.table)),
         })
+    }
+
+    /// The outbox table this layout's rows come from.
+    pub(crate) fn table(&self) -> &TableName {
+        &self.table
     }
 
     /// The event id of a row [`extract`](Self::extract) refused, best effort, for the error

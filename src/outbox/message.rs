@@ -82,6 +82,7 @@ impl<'a> OutboxEvent<'a> {
             placed: Vec::new(),
             // Debezium has no outbox records of logical messages: they keep the plain format.
             connect: None,
+            table: None,
         })
     }
 }

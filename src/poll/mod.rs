@@ -15,6 +15,11 @@
 //! which `benches/cdc_vs_polling` measures against streaming. `setup --poll` creates the partial
 //! index claims read ([`setup`]).
 //!
+//! With several outbox tables (`outbox.table` a list) every table is checked before any claim,
+//! and each gets `poll.workers` workers and a watchdog of its own: a worker claims from one table
+//! only, so per-aggregate order holds within each table exactly as with one, and a slow table
+//! never holds up another's claims.
+//!
 //! With `[http] listen` set, `poll` serves the same endpoints as `run` (`src/ops/http.rs`): `/readyz`
 //! is ready while polling, and `/latency` holds row-timestamp-to-ack samples.
 
@@ -53,28 +58,34 @@ pub(crate) async fn run(
             policy: settings.relay.on_bad_event.label(),
         });
     }
-    let Some(table) = check_table(settings, &mut shutdown).await? else {
-        return Ok(());
-    };
-    match &table.pending_index {
-        None => warn!(
-            table = %settings.outbox.table,
-            "no index on ({}) WHERE {} IS NULL: every claim scans the table. Run `outbox-relay setup --poll` to create it",
-            table.created_at, settings.poll.dispatched
-        ),
-        Some(index) if !index.valid => {
-            warn!(index = %index.name, "the pending-rows index is INVALID; run `outbox-relay setup --poll`")
+    // Every table is checked before the first claim: a misconfigured table stops `poll` at start,
+    // not after the others have run for a while.
+    let mut checked = Vec::with_capacity(settings.outbox.tables.len());
+    for outbox in &settings.outbox.tables {
+        let Some(table) = check_table(settings, outbox, &mut shutdown).await? else {
+            return Ok(());
+        };
+        match &table.pending_index {
+            None => warn!(
+                table = %outbox,
+                "no index on ({}) WHERE {} IS NULL: every claim scans the table. Run `outbox-relay setup --poll` to create it",
+                table.created_at, settings.poll.dispatched
+            ),
+            Some(index) if !index.valid => {
+                warn!(table = %outbox, index = %index.name, "the pending-rows index is INVALID; run `outbox-relay setup --poll`")
+            }
+            Some(_) => {}
         }
-        Some(_) => {}
+        let rows = crate::control::preflight::row_format(settings, outbox, &table.facts.columns)
+            .map_err(PollError::Table)?;
+        let sql = Arc::new(PollSql::new(settings, outbox, &table.id_type, &table.created_at, rows));
+        checked.push((sql, table));
     }
-    let rows = crate::control::preflight::row_format(settings, &table.facts.columns).map_err(PollError::Table)?;
-    let sql = Arc::new(PollSql::new(settings, &table.id_type, &table.created_at, rows));
-    let id_type: Arc<str> = table.id_type.into();
     let poll = &settings.poll;
     info!(
-        table = %settings.outbox.table,
+        tables = %settings.outbox.tables_display(),
         dispatched_column = %poll.dispatched,
-        workers = poll.workers,
+        workers_per_table = poll.workers,
         batch_size = poll.batch_size,
         interval_ms = poll.interval.as_millis() as u64,
         "polling started"
@@ -83,13 +94,20 @@ pub(crate) async fn run(
     let settings = Arc::new(settings.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut workers = JoinSet::new();
-    let watchdog = {
-        let (settings, created_at, stop) = (Arc::clone(&settings), table.created_at.clone(), stop_rx.clone());
-        tokio::spawn(async move { watchdog::run(&settings, &created_at, stop).await })
-    };
-    for index in 0..settings.poll.workers {
-        let worker = Worker::new(Arc::clone(&settings), Arc::clone(&sql), Arc::clone(&id_type), index);
-        workers.spawn(worker.run(stop_rx.clone()));
+    let mut watchdogs = Vec::with_capacity(checked.len());
+    let mut index = 0;
+    for (sql, table) in checked {
+        let (watched, created_at, stop) = (Arc::clone(&settings), table.created_at.clone(), stop_rx.clone());
+        let outbox = sql.table.clone();
+        watchdogs.push(tokio::spawn(async move {
+            watchdog::run(&watched, &outbox, &created_at, stop).await
+        }));
+        let id_type: Arc<str> = table.id_type.into();
+        for _ in 0..settings.poll.workers {
+            let worker = Worker::new(Arc::clone(&settings), Arc::clone(&sql), Arc::clone(&id_type), index);
+            workers.spawn(worker.run(stop_rx.clone()));
+            index += 1;
+        }
     }
     let mut first_error = None;
     let mut forwarded = false;
@@ -116,21 +134,24 @@ pub(crate) async fn run(
         }
     }
     let _ = stop_tx.send(true);
-    let _ = watchdog.await;
+    for watchdog in watchdogs {
+        let _ = watchdog.await;
+    }
     match first_error {
         Some(e) => Err(e),
         None => {
             health.set_mode(Mode::Stopping);
-            info!(table = %settings.outbox.table, "polling stopped");
+            info!(tables = %settings.outbox.tables_display(), "polling stopped");
             Ok(())
         }
     }
 }
 
-/// Checks the table (see [`table::check`]), retrying while the database is unreachable.
+/// Checks `outbox` (see [`table::check`]), retrying while the database is unreachable.
 /// `None`: shutdown was requested first.
 async fn check_table(
     settings: &Settings,
+    outbox: &crate::config::ident::TableName,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<table::PollTable>, PollError> {
     let mut backoff = Backoff::new(
@@ -140,13 +161,13 @@ async fn check_table(
     loop {
         let attempt = async {
             let client = crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
-            table::check(&client, settings).await
+            table::check(&client, settings, outbox).await
         };
         match attempt.await {
             Ok(table) => return Ok(Some(table)),
             Err(e) if e.is_transient() => {
                 let delay = backoff.next_delay();
-                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot check the outbox table yet; retrying");
+                warn!(error = %e, table = %outbox, retry_in_ms = delay.as_millis() as u64, "cannot check the outbox table yet; retrying");
                 if wait_or_shutdown(delay, shutdown).await {
                     return Ok(None);
                 }

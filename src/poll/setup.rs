@@ -1,4 +1,5 @@
-//! `setup --poll`: check the outbox table for polling and create the pending-rows index.
+//! `setup --poll`: check each outbox table for polling and create its pending-rows index (every
+//! table of `outbox.table`, in order; the first failure stops setup and names the table).
 //!
 //! The index is `(created_at) WHERE <dispatched> IS NULL`: it holds only pending rows, so it
 //! stays small however large the table grows, and it is in claim order, so a claim reads
@@ -16,19 +17,26 @@ use tokio_postgres::error::SqlState;
 use super::error::PollError;
 use super::sql::{create_pending_index, pending_index_name};
 use super::table::{self, PollTable};
-use crate::config::ident::Ident;
+use crate::config::ident::{Ident, TableName};
 use crate::config::Settings;
 use crate::control::describe;
 use crate::control::preflight::column_list;
 
 #[derive(Debug, Clone)]
 pub(crate) struct PollSetupReport {
-    pub(crate) table: PollTable,
-    pub(crate) table_name: String,
+    /// One entry per outbox table, in `outbox.table` order.
+    pub(crate) tables: Vec<TableSetup>,
     pub(crate) dispatched: Ident,
-    pub(crate) index: IndexOutcome,
     /// What setup did or found on the sink's side.
     pub(crate) sink: Vec<String>,
+}
+
+/// What setup found and did for one outbox table.
+#[derive(Debug, Clone)]
+pub(crate) struct TableSetup {
+    pub(crate) table: PollTable,
+    pub(crate) table_name: String,
+    pub(crate) index: IndexOutcome,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,30 +47,34 @@ pub(crate) enum IndexOutcome {
 
 impl fmt::Display for PollSetupReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let facts = &self.table.facts;
-        writeln!(
-            f,
-            "preflight (poll): PostgreSQL {}, database {}, role {}",
-            facts.server_version, facts.database, facts.role
-        )?;
-        writeln!(
-            f,
-            "preflight (poll): outbox table {}: {}",
-            self.table_name,
-            column_list(&facts.columns)
-        )?;
-        writeln!(
-            f,
-            "preflight (poll): poll.dispatched_column = {}; claims ordered by {}",
-            self.dispatched, self.table.created_at
-        )?;
-        let shape = format!(
-            "ON {} ({}) WHERE {} IS NULL",
-            self.table_name, self.table.created_at, self.dispatched
-        );
-        match &self.index {
-            IndexOutcome::Created { name } => writeln!(f, "pending index {name}: created ({shape})")?,
-            IndexOutcome::AlreadyExists { name } => writeln!(f, "pending index {name}: already exists ({shape})")?,
+        if let Some(first) = self.tables.first() {
+            let facts = &first.table.facts;
+            writeln!(
+                f,
+                "preflight (poll): PostgreSQL {}, database {}, role {}",
+                facts.server_version, facts.database, facts.role
+            )?;
+        }
+        for t in &self.tables {
+            writeln!(
+                f,
+                "preflight (poll): outbox table {}: {}",
+                t.table_name,
+                column_list(&t.table.facts.columns)
+            )?;
+            writeln!(
+                f,
+                "preflight (poll): poll.dispatched_column = {}; claims ordered by {}",
+                self.dispatched, t.table.created_at
+            )?;
+            let shape = format!(
+                "ON {} ({}) WHERE {} IS NULL",
+                t.table_name, t.table.created_at, self.dispatched
+            );
+            match &t.index {
+                IndexOutcome::Created { name } => writeln!(f, "pending index {name}: created ({shape})")?,
+                IndexOutcome::AlreadyExists { name } => writeln!(f, "pending index {name}: already exists ({shape})")?,
+            }
         }
         for line in &self.sink {
             writeln!(f, "sink: {line}")?;
@@ -74,14 +86,33 @@ impl fmt::Display for PollSetupReport {
     }
 }
 
-/// Checks the table and creates the pending-rows index if no usable one exists. Safe to repeat.
+/// Checks every outbox table and creates its pending-rows index if no usable one exists. Safe
+/// to repeat.
 pub(crate) async fn setup(settings: &Settings) -> Result<PollSetupReport, PollError> {
     let client = crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
-    let table = table::check(&client, settings).await?;
-    let table_name = settings.outbox.table.to_string();
+    let mut tables = Vec::with_capacity(settings.outbox.tables.len());
+    for outbox in &settings.outbox.tables {
+        tables.push(setup_table(&client, settings, outbox).await?);
+    }
+    let sink = crate::sink::prepare(settings).await.map_err(PollError::Sink)?;
+    Ok(PollSetupReport {
+        tables,
+        dispatched: settings.poll.dispatched.clone(),
+        sink,
+    })
+}
+
+/// Checks `outbox` and creates its pending-rows index if no usable one exists.
+async fn setup_table(
+    client: &tokio_postgres::Client,
+    settings: &Settings,
+    outbox: &TableName,
+) -> Result<TableSetup, PollError> {
+    let table = table::check(client, settings, outbox).await?;
+    let table_name = outbox.to_string();
     let invalid = |index: &table::PendingIndex| PollError::InvalidIndex {
         index: crate::config::ident::quote_ident(&index.name),
-        table: settings.outbox.table.clone(),
+        table: outbox.clone(),
         table_schema: crate::config::ident::quote_ident(&index.schema),
     };
     let index = match &table.pending_index {
@@ -90,13 +121,13 @@ pub(crate) async fn setup(settings: &Settings) -> Result<PollSetupReport, PollEr
         },
         Some(index) => return Err(invalid(index)),
         None => {
-            let name = pending_index_name(settings);
-            let sql = create_pending_index(settings, &name, &table.created_at, table.facts.partitioned);
+            let name = pending_index_name(settings, outbox);
+            let sql = create_pending_index(settings, outbox, &name, &table.created_at, table.facts.partitioned);
             if let Err(e) = client.batch_execute(&sql).await {
                 let denied = e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
                 return Err(if denied {
                     PollError::CreateIndex {
-                        table: settings.outbox.table.clone(),
+                        table: outbox.clone(),
                         owner: table.facts.table_owner.clone(),
                         message: describe(&e),
                         sql,
@@ -109,7 +140,7 @@ pub(crate) async fn setup(settings: &Settings) -> Result<PollSetupReport, PollEr
                 });
             }
             // IF NOT EXISTS also "succeeds" over an invalid leftover of that name: look again.
-            let after = table::check(&client, settings).await?;
+            let after = table::check(client, settings, outbox).await?;
             match &after.pending_index {
                 Some(index) if index.valid => IndexOutcome::Created {
                     name: index.name.clone(),
@@ -117,7 +148,7 @@ pub(crate) async fn setup(settings: &Settings) -> Result<PollSetupReport, PollEr
                 Some(index) => return Err(invalid(index)),
                 None => {
                     return Err(PollError::CreateIndex {
-                        table: settings.outbox.table.clone(),
+                        table: outbox.clone(),
                         owner: table.facts.table_owner.clone(),
                         message: format!("an object named {name:?} already exists and is not the pending-rows index"),
                         sql,
@@ -126,12 +157,9 @@ pub(crate) async fn setup(settings: &Settings) -> Result<PollSetupReport, PollEr
             }
         }
     };
-    let sink = crate::sink::prepare(settings).await.map_err(PollError::Sink)?;
-    Ok(PollSetupReport {
+    Ok(TableSetup {
         table,
         table_name,
-        dispatched: settings.poll.dispatched.clone(),
         index,
-        sink,
     })
 }

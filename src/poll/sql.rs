@@ -17,8 +17,11 @@
 //! NULL`, so a claim reads `batch_size` index entries instead of sorting every pending row — which
 //! is what keeps a large backlog draining at a constant cost per batch. (`ORDER BY id` alone
 //! could not use that index, and for uuid ids it is no order at all.)
+//!
+//! With several outbox tables (`outbox.table` a list) each table has statements of its own and
+//! workers of its own: order holds per aggregate within each table, as it does for streaming.
 
-use crate::config::ident::{quote_ident, Ident};
+use crate::config::ident::{quote_ident, Ident, TableName};
 use crate::config::Settings;
 use crate::outbox::event::RowFormat;
 
@@ -28,9 +31,11 @@ pub(crate) const SESSION_SETTINGS: &str =
     "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET IntervalStyle = 'postgres'; \
      SET bytea_output = 'hex'";
 
-/// The statements one worker prepares.
+/// The statements one worker prepares, for one outbox table.
 #[derive(Debug, Clone)]
 pub(crate) struct PollSql {
+    /// The outbox table the statements claim from and mark in (one of `outbox.table`).
+    pub(crate) table: TableName,
     /// `$1`: the batch size (int8). Returns the mapped columns as text, in
     /// [`crate::config::outbox::OutboxMapping::columns`] order.
     pub(crate) claim: String,
@@ -44,10 +49,16 @@ pub(crate) struct PollSql {
 impl PollSql {
     /// `id_type` is the id column's type as `format_type` prints it (valid SQL type syntax);
     /// `created_at` the column claims are ordered by.
-    /// `rows` is how a claimed row becomes an event.
-    pub(crate) fn new(settings: &Settings, id_type: &str, created_at: &Ident, rows: RowFormat) -> PollSql {
+    /// `rows` is how a claimed row becomes an event; `outbox` the table (one of `outbox.table`).
+    pub(crate) fn new(
+        settings: &Settings,
+        outbox: &TableName,
+        id_type: &str,
+        created_at: &Ident,
+        rows: RowFormat,
+    ) -> PollSql {
         let mapping = &settings.outbox;
-        let table = mapping.table.quoted();
+        let table = outbox.quoted();
         let dispatched = settings.poll.dispatched.quoted();
         let id = mapping.id.quoted();
         let columns: Vec<String> = mapping.columns().iter().map(|(_, c)| rendered_as_text(c)).collect();
@@ -57,7 +68,12 @@ impl PollSql {
             created_at.quoted(),
         );
         let mark = format!("UPDATE {table} SET {dispatched} = now() WHERE {id} = ANY ($1::text[]::{id_type}[])");
-        PollSql { claim, mark, rows }
+        PollSql {
+            table: outbox.clone(),
+            claim,
+            mark,
+            rows,
+        }
     }
 }
 
@@ -71,6 +87,7 @@ fn rendered_as_text(col: &Ident) -> String {
 /// write lock on a live outbox) except on a partitioned table, where PostgreSQL does not allow it.
 pub(crate) fn create_pending_index(
     settings: &Settings,
+    table: &TableName,
     index_name: &str,
     created_at: &Ident,
     partitioned: bool,
@@ -79,17 +96,18 @@ pub(crate) fn create_pending_index(
         "CREATE INDEX {}IF NOT EXISTS {} ON {} ({}) WHERE {} IS NULL",
         if partitioned { "" } else { "CONCURRENTLY " },
         quote_ident(index_name),
-        settings.outbox.table.quoted(),
+        table.quoted(),
         created_at.quoted(),
         settings.poll.dispatched.quoted()
     )
 }
 
 /// `<table>_<dispatched>_pending`, shortened to PostgreSQL's 63-byte limit on a character boundary.
-pub(crate) fn pending_index_name(settings: &Settings) -> String {
+/// An index lives in its table's schema, so tables of one name in several schemas do not clash.
+pub(crate) fn pending_index_name(settings: &Settings, table: &TableName) -> String {
     let mut name = format!(
         "{}_{}_pending",
-        settings.outbox.table.name.as_str(),
+        table.name.as_str(),
         settings.poll.dispatched.as_str()
     );
     while name.len() > crate::config::ident::MAX_IDENTIFIER_BYTES {
@@ -110,6 +128,7 @@ mod tests {
         let s = settings("[outbox]\ntimestamp_column = \"created_at\"\nheader_columns = { tenant = \"x-tenant\" }\n");
         let sql = PollSql::new(
             &s,
+            &s.outbox.tables[0],
             "bigint",
             &Ident::parse("t", "created_at").unwrap(),
             RowFormat::default(),
@@ -138,6 +157,7 @@ mod tests {
         );
         let sql = PollSql::new(
             &s,
+            &s.outbox.tables[0],
             "uuid",
             &Ident::parse("t", "created_at").unwrap(),
             RowFormat::default(),
@@ -158,15 +178,33 @@ mod tests {
     fn pending_index_statement_and_name() {
         let s = settings("[poll]\ndispatched_column = \"processed_at\"\n");
         let created = Ident::parse("t", "created_at").unwrap();
-        let name = pending_index_name(&s);
+        let table = &s.outbox.tables[0];
+        let name = pending_index_name(&s, table);
         assert_eq!(name, "events_outbox_processed_at_pending");
         assert_eq!(
-            create_pending_index(&s, &name, &created, false),
+            create_pending_index(&s, table, &name, &created, false),
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"events_outbox_processed_at_pending\" \
              ON \"public\".\"events_outbox\" (\"created_at\") WHERE \"processed_at\" IS NULL"
         );
-        assert!(create_pending_index(&s, &name, &created, true).starts_with("CREATE INDEX IF NOT EXISTS"));
+        assert!(create_pending_index(&s, table, &name, &created, true).starts_with("CREATE INDEX IF NOT EXISTS"));
         let long = settings(&format!("[outbox]\ntable = \"{}\"\n", "t".repeat(60)));
-        assert_eq!(pending_index_name(&long).len(), 63);
+        assert_eq!(pending_index_name(&long, &long.outbox.tables[0]).len(), 63);
+    }
+
+    #[test]
+    fn each_outbox_table_gets_its_own_statements() {
+        let s = settings("[outbox]\ntable = [\"sales.outbox\", \"billing.outbox\"]\n");
+        let created = Ident::parse("t", "created_at").unwrap();
+        let claims: Vec<String> = s
+            .outbox
+            .tables
+            .iter()
+            .map(|t| PollSql::new(&s, t, "bigint", &created, RowFormat::default()).claim)
+            .collect();
+        assert!(claims[0].contains("FROM \"sales\".\"outbox\" WHERE"), "{}", claims[0]);
+        assert!(claims[1].contains("FROM \"billing\".\"outbox\" WHERE"), "{}", claims[1]);
+        let billing = &s.outbox.tables[1];
+        assert!(create_pending_index(&s, billing, "outbox_dispatched_at_pending", &created, false)
+            .contains("ON \"billing\".\"outbox\" (\"created_at\")"));
     }
 }

@@ -1,4 +1,5 @@
-//! What the polling relayer checks about the outbox table before claiming from it.
+//! What the polling relayer checks about each outbox table before claiming from it (every table
+//! of `outbox.table`, each on its own; errors name the table).
 //!
 //! The mapped columns are checked exactly as for streaming ([`check_outbox_table`]); on top of
 //! that polling needs the dispatched column (a nullable timestamp), the creation-time column it
@@ -8,14 +9,14 @@
 use tokio_postgres::Client;
 
 use super::error::PollError;
-use crate::config::ident::Ident;
+use crate::config::ident::{Ident, TableName};
 use crate::config::Settings;
 use crate::control::preflight::{check_outbox_table, OutboxTableFacts};
 
 /// `timestamp` and `timestamptz` type OIDs.
 const TIMESTAMP_OIDS: [u32; 2] = [1114, 1184];
 
-/// The outbox table, checked for polling.
+/// One outbox table, checked for polling.
 #[derive(Debug, Clone)]
 pub(crate) struct PollTable {
     pub(crate) facts: OutboxTableFacts,
@@ -43,9 +44,11 @@ pub(crate) fn created_at_column(settings: &Settings) -> Ident {
         .unwrap_or_else(|| Ident::parse("created_at", "created_at").expect("literal"))
 }
 
-pub(crate) async fn check(client: &Client, settings: &Settings) -> Result<PollTable, PollError> {
-    let facts = check_outbox_table(client, settings).await.map_err(PollError::Table)?;
-    let table = &settings.outbox.table;
+/// Checks `table` (one of `outbox.table`) for polling.
+pub(crate) async fn check(client: &Client, settings: &Settings, table: &TableName) -> Result<PollTable, PollError> {
+    let facts = check_outbox_table(client, settings, table)
+        .await
+        .map_err(PollError::Table)?;
     let columns = client
         .query(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
@@ -56,6 +59,7 @@ pub(crate) async fn check(client: &Client, settings: &Settings) -> Result<PollTa
         )
         .await
         .map_err(PollError::query("reading the outbox table's columns"))?;
+    let table = &facts.table;
     let find = |name: &str| columns.iter().find(|r| r.get::<_, &str>(0) == name);
 
     let dispatched = &settings.poll.dispatched;

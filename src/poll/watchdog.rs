@@ -2,11 +2,14 @@
 //! the SLO the outbox write-ups ask for (`now() - min(created_at)` of what is pending) and the
 //! page they ask for (a row waiting more than five minutes).
 //!
-//! Every `poll.watchdog_interval_ms`, on a connection of its own (never a worker's: a slow count
-//! must not delay a claim), one statement reads both through the partial index claims use,
-//! bounded by `statement_timeout`. The figures become the gauges
+//! One watchdog per outbox table (`outbox.table` may list several). Every
+//! `poll.watchdog_interval_ms`, on a connection of its own (never a worker's: a slow count must
+//! not delay a claim), one statement reads both through the partial index claims use, bounded by
+//! `statement_timeout`. The figures become the gauges
 //! [`PENDING_ROWS`](crate::ops::metrics::PENDING_ROWS) and
-//! [`OLDEST_PENDING_AGE_SECONDS`](crate::ops::metrics::OLDEST_PENDING_AGE_SECONDS); the log says
+//! [`OLDEST_PENDING_AGE_SECONDS`](crate::ops::metrics::OLDEST_PENDING_AGE_SECONDS), labelled
+//! `table` with the table's `schema.table` (the same label value for one table whatever its
+//! position in the list, so dashboards survive a table added); the log says
 //! once when the oldest pending row passes `poll.stuck_after_ms`, and once when none does any
 //! more. A failed look is logged once (and once when looks work again) and leaves the gauges as
 //! they were: the watchdog never stops the poller.
@@ -15,7 +18,7 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 use tracing::{info, warn};
 
-use crate::config::ident::Ident;
+use crate::config::ident::{Ident, TableName};
 use crate::config::Settings;
 use crate::ops::metrics::{OLDEST_PENDING_AGE_SECONDS, PENDING_ROWS};
 
@@ -27,12 +30,15 @@ pub(crate) struct Pending {
     pub(crate) oldest_age_seconds: f64,
 }
 
-/// The statement: pending rows and the oldest one's age, in seconds.
-pub(crate) fn pending_sql(settings: &Settings, created_at: &Ident) -> String {
+/// The label of the watchdog's gauges: which outbox table they count.
+const TABLE_LABEL: &str = "table";
+
+/// The statement: pending rows of `table` and the oldest one's age, in seconds.
+pub(crate) fn pending_sql(settings: &Settings, table: &TableName, created_at: &Ident) -> String {
     format!(
         "SELECT count(*)::int8, COALESCE(EXTRACT(EPOCH FROM now() - min({c}))::float8, 0) FROM {t} WHERE {d} IS NULL",
         c = created_at.quoted(),
-        t = settings.outbox.table.quoted(),
+        t = table.quoted(),
         d = settings.poll.dispatched.quoted(),
     )
 }
@@ -44,9 +50,14 @@ struct Said {
     failing: bool,
 }
 
-/// Runs until `shutdown` turns true.
-pub(crate) async fn run(settings: &Settings, created_at: &Ident, mut shutdown: watch::Receiver<bool>) {
-    let sql = pending_sql(settings, created_at);
+/// Watches `table` until `shutdown` turns true.
+pub(crate) async fn run(
+    settings: &Settings,
+    table: &TableName,
+    created_at: &Ident,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let sql = pending_sql(settings, table, created_at);
     let interval = settings.poll.watchdog_interval;
     let mut client: Option<Client> = None;
     let mut said = Said::default();
@@ -72,14 +83,14 @@ pub(crate) async fn run(settings: &Settings, created_at: &Ident, mut shutdown: w
         match look.await {
             Ok(found) => {
                 if std::mem::take(&mut said.failing) {
-                    info!("the outbox watchdog reads the pending rows again");
+                    info!(table = %table, "the outbox watchdog reads the pending rows again");
                 }
-                report(settings, &found, &mut said);
+                report(settings, table, &found, &mut said);
             }
             Err(e) => {
                 client = None;
                 if !std::mem::replace(&mut said.failing, true) {
-                    warn!(error = %e, table = %settings.outbox.table, "the outbox watchdog cannot count the pending rows; retrying every interval");
+                    warn!(error = %e, table = %table, "the outbox watchdog cannot count the pending rows; retrying every interval");
                 }
             }
         }
@@ -89,13 +100,14 @@ pub(crate) async fn run(settings: &Settings, created_at: &Ident, mut shutdown: w
     }
 }
 
-fn report(settings: &Settings, found: &Pending, said: &mut Said) {
-    ::metrics::gauge!(PENDING_ROWS).set(found.rows as f64);
-    ::metrics::gauge!(OLDEST_PENDING_AGE_SECONDS).set(found.oldest_age_seconds);
+fn report(settings: &Settings, table: &TableName, found: &Pending, said: &mut Said) {
+    let label = label_value(table);
+    ::metrics::gauge!(PENDING_ROWS, TABLE_LABEL => label.clone()).set(found.rows as f64);
+    ::metrics::gauge!(OLDEST_PENDING_AGE_SECONDS, TABLE_LABEL => label).set(found.oldest_age_seconds);
     let stuck = found.oldest_age_seconds >= settings.poll.stuck_after.as_secs_f64();
     match (stuck, said.stuck) {
         (true, false) => warn!(
-            table = %settings.outbox.table,
+            table = %table,
             pending_rows = found.rows,
             oldest_pending_age_seconds = found.oldest_age_seconds.round() as u64,
             "outbox rows are stuck: the oldest pending row has waited {} s (poll.stuck_after_ms = {}); {} rows \
@@ -105,13 +117,18 @@ fn report(settings: &Settings, found: &Pending, said: &mut Said) {
             found.rows
         ),
         (false, true) => info!(
-            table = %settings.outbox.table,
+            table = %table,
             pending_rows = found.rows,
             "no outbox row is stuck any more"
         ),
         _ => {}
     }
     said.stuck = stuck;
+}
+
+/// `schema.table` as the catalog stores the names (unquoted: a label value, not SQL).
+fn label_value(table: &TableName) -> String {
+    format!("{}.{}", table.schema.as_str(), table.name.as_str())
 }
 
 #[cfg(test)]
@@ -124,7 +141,7 @@ mod tests {
         let s = settings("[poll]\ndispatched_column = \"processed_at\"\n");
         let created = Ident::parse("t", "created_at").unwrap();
         assert_eq!(
-            pending_sql(&s, &created),
+            pending_sql(&s, &s.outbox.tables[0], &created),
             "SELECT count(*)::int8, COALESCE(EXTRACT(EPOCH FROM now() - min(\"created_at\"))::float8, 0) \
              FROM \"public\".\"events_outbox\" WHERE \"processed_at\" IS NULL"
         );
@@ -136,6 +153,7 @@ mod tests {
         let mut said = Said::default();
         report(
             &s,
+            &s.outbox.tables[0],
             &Pending {
                 rows: 3,
                 oldest_age_seconds: 10.0,
@@ -145,6 +163,7 @@ mod tests {
         assert!(!said.stuck);
         report(
             &s,
+            &s.outbox.tables[0],
             &Pending {
                 rows: 3,
                 oldest_age_seconds: 61.0,
@@ -154,6 +173,7 @@ mod tests {
         assert!(said.stuck);
         report(
             &s,
+            &s.outbox.tables[0],
             &Pending {
                 rows: 0,
                 oldest_age_seconds: 0.0,
@@ -161,5 +181,30 @@ mod tests {
             &mut said,
         );
         assert!(!said.stuck);
+    }
+
+    #[test]
+    fn each_table_has_its_own_gauges() {
+        let s = settings("[outbox]\ntable = [\"sales.outbox\", '\"Billing\".\"OutBox\"']\n");
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        ::metrics::with_local_recorder(&recorder, || {
+            let (mut sales, mut billing) = (Said::default(), Said::default());
+            let pending = |rows, oldest_age_seconds| Pending {
+                rows,
+                oldest_age_seconds,
+            };
+            report(&s, &s.outbox.tables[0], &pending(3, 12.5), &mut sales);
+            report(&s, &s.outbox.tables[1], &pending(0, 0.0), &mut billing);
+        });
+        let text = handle.render();
+        for line in [
+            "outbox_relay_pending_rows{table=\"sales.outbox\"} 3",
+            "outbox_relay_pending_rows{table=\"Billing.OutBox\"} 0",
+            "outbox_relay_oldest_pending_age_seconds{table=\"sales.outbox\"} 12.5",
+            "outbox_relay_oldest_pending_age_seconds{table=\"Billing.OutBox\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! One claimer: begin → claim → produce every row → wait for every ack → mark → commit.
+//! One claimer of one outbox table: begin → claim → produce every row → wait for every ack →
+//! mark → commit.
 //!
 //! Invariants:
 //! * A row is marked dispatched only in the transaction that claimed it, and only after Kafka
@@ -34,7 +35,6 @@ use crate::ops::metrics::now_unix_us;
 use crate::ops::retry::{wait_or_shutdown, Backoff};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
-use crate::outbox::event::RowFormat;
 use crate::sink::{Completions, Sink, SinkLimits};
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
@@ -123,7 +123,7 @@ impl Worker {
                         self.connection = None;
                     }
                     let delay = backoff.next_delay();
-                    warn!(worker = self.index, error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; retrying");
+                    warn!(worker = self.index, table = %self.sql.table, error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; retrying");
                     if wait_or_shutdown(delay, &mut shutdown).await {
                         break Ok(());
                     }
@@ -179,7 +179,7 @@ impl Worker {
         };
         let published = publish_and_await(
             &self.settings,
-            &self.sql.rows,
+            &self.sql,
             publisher.as_ref(),
             deliveries,
             batch,
@@ -251,7 +251,7 @@ async fn connect(settings: &Settings, sql: &PollSql) -> Result<Connection, PollE
 /// acknowledged; `Ok(None)`: shutdown outlasted its timeout first.
 async fn publish_and_await(
     settings: &Settings,
-    rows_format: &RowFormat,
+    sql: &PollSql,
     publisher: &dyn Sink<BatchTag>,
     deliveries: &mut Completions<BatchTag>,
     batch: u64,
@@ -267,7 +267,7 @@ async fn publish_and_await(
             id: id.to_owned(),
             cause,
         };
-        let event = OutboxEvent::from_columns(&settings.outbox, &values, rows_format).map_err(bad)?;
+        let event = OutboxEvent::from_columns(&settings.outbox, &sql.table, &values, &sql.rows).map_err(bad)?;
         let record = event.record(&settings.router, &limits).map_err(bad)?;
         if let Err(refusal) = publisher.send(
             &record,

@@ -3,8 +3,8 @@
 //!
 //! A publication may publish more than one table's inserts (Debezium's `dbz_publication` is
 //! `FOR ALL TABLES` with every operation by default). Consumers of this module decide what they
-//! need; this module only says what is published beyond the inserts into one table, and which
-//! statements would narrow the publication to them.
+//! need; this module only says what is published beyond the inserts into the outbox tables (one
+//! or several, `outbox.table`), and which statements would narrow the publication to them.
 
 use tokio_postgres::Client;
 
@@ -13,7 +13,7 @@ use crate::config::ident::TableName;
 /// How many other published tables a description names before it says "and N more".
 const NAMED_TABLES: usize = 5;
 
-/// The operations and tables of one publication, relative to one table of interest.
+/// The operations and tables of one publication, relative to the tables of interest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct PublicationScope {
     pub(crate) name: String,
@@ -22,7 +22,7 @@ pub(crate) struct PublicationScope {
     /// The published operations in PostgreSQL's order (`insert, update, delete, truncate`), as
     /// `publish = '…'` spells them.
     pub(crate) actions: Vec<String>,
-    /// Tables published besides the table of interest, as `schema.table` (empty when
+    /// Tables published besides the tables of interest, as `schema.table` (empty when
     /// `all_tables`: then it is every table).
     pub(crate) other_tables: Vec<String>,
 }
@@ -55,7 +55,7 @@ impl PublicationScope {
             .collect()
     }
 
-    /// What the publication publishes beyond the inserts into the table of interest, in words
+    /// What the publication publishes beyond the inserts into the tables of interest, in words
     /// (`None`: nothing beyond them), e.g. `update, delete and truncate operations, and every
     /// table of the database (FOR ALL TABLES)`.
     pub(crate) fn beyond_inserts(&self) -> Option<String> {
@@ -78,28 +78,29 @@ impl PublicationScope {
         (!parts.is_empty()).then(|| parts.join(", and "))
     }
 
-    /// The statements that narrow the publication to the inserts into `table`; a `FOR ALL
+    /// The statements that narrow the publication to the inserts into `tables`; a `FOR ALL
     /// TABLES` publication cannot be narrowed to some tables in place (only dropped and
     /// recreated), so only its operations are narrowed.
-    pub(crate) fn narrowing(&self, table: &TableName) -> Vec<String> {
+    pub(crate) fn narrowing(&self, tables: &[TableName]) -> Vec<String> {
         let mut sql = Vec::new();
         if !self.other_actions().is_empty() {
             sql.push(format!("ALTER PUBLICATION {} SET (publish = 'insert')", self.name));
         }
         if !self.all_tables && !self.other_tables.is_empty() {
-            sql.push(format!("ALTER PUBLICATION {} SET TABLE {table}", self.name));
+            let list: Vec<String> = tables.iter().map(TableName::quoted).collect();
+            sql.push(format!("ALTER PUBLICATION {} SET TABLE {}", self.name, list.join(", ")));
         }
         sql
     }
 }
 
 /// The publication named `name` (`None`: it does not exist), with the tables it publishes
-/// besides `table`. `pubtruncate` is read through `to_jsonb` so the query also runs on servers
+/// besides `tables`. `pubtruncate` is read through `to_jsonb` so the query also runs on servers
 /// older than 11, which lack the column.
 pub(crate) async fn read_scope(
     client: &Client,
     name: &str,
-    table: &TableName,
+    tables: &[TableName],
 ) -> Result<Option<PublicationScope>, tokio_postgres::Error> {
     let Some(row) = client
         .query_opt(
@@ -117,7 +118,7 @@ pub(crate) async fn read_scope(
     let other_tables = if all_tables {
         Vec::new()
     } else {
-        other_tables(client, name, table).await?
+        other_tables(client, name, tables).await?
     };
     Ok(Some(PublicationScope {
         name: name.to_owned(),
@@ -127,17 +128,22 @@ pub(crate) async fn read_scope(
     }))
 }
 
-/// `schema.table` of every table `pg_publication_tables` lists for the publication, but `table`.
+/// `schema.table` of every table `pg_publication_tables` lists for the publication, but `tables`.
 pub(crate) async fn other_tables(
     client: &Client,
     name: &str,
-    table: &TableName,
+    tables: &[TableName],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
+    let schemas: Vec<&str> = tables.iter().map(|t| t.schema.as_str()).collect();
+    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
     let rows = client
         .query(
-            "SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables \
-             WHERE pubname = $1 AND NOT (schemaname = $2 AND tablename = $3) ORDER BY 1",
-            &[&name, &table.schema.as_str(), &table.name.as_str()],
+            "SELECT format('%I.%I', p.schemaname, p.tablename) FROM pg_publication_tables p \
+             WHERE p.pubname = $1 AND NOT EXISTS ( \
+                 SELECT 1 FROM unnest($2::text[], $3::text[]) AS o(schema_name, table_name) \
+                 WHERE o.schema_name = p.schemaname AND o.table_name = p.tablename) \
+             ORDER BY 1",
+            &[&name, &schemas, &names],
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -147,8 +153,8 @@ pub(crate) async fn other_tables(
 mod tests {
     use super::*;
 
-    fn table() -> TableName {
-        TableName::parse("outbox.table", "public.outbox").unwrap()
+    fn table() -> [TableName; 1] {
+        [TableName::parse("outbox.table", "public.outbox").unwrap()]
     }
 
     fn scope(all_tables: bool, actions: &[&str], other_tables: &[&str]) -> PublicationScope {
@@ -197,6 +203,15 @@ mod tests {
             "delete operations, and 7 other tables (public.t0, public.t1, public.t2, public.t3, public.t4 and 2 more)"
         );
         assert_eq!(wide.narrowing(&table()).len(), 2);
+        let two = [
+            TableName::parse("outbox.table", "sales.outbox").unwrap(),
+            TableName::parse("outbox.table", "billing.outbox").unwrap(),
+        ];
+        assert_eq!(
+            filtered.narrowing(&two),
+            ["ALTER PUBLICATION dbz_publication SET TABLE \"sales\".\"outbox\", \"billing\".\"outbox\""],
+            "narrowing keeps every outbox table"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! no watermark, no sink, no exactly-once. Its own state is what decoding needs: the Relation
 //! cache with each outbox table's resolved column mapping, the open transaction (so Commit can be
 //! checked against Begin and each outbox event gets its position in its transaction), and the
-//! server's clock. Relation messages (re)resolve the mapping; Inserts into the outbox table and
+//! server's clock. Relation messages (re)resolve the mapping; Inserts into an outbox table and
 //! transactional logical messages with the outbox prefix become [`Decoded::Event`]s; updates,
 //! deletes and other tables are nothing to the relay. The caller (`stream.rs`) feeds the
 //! results to the watermark and the publish step.
@@ -186,9 +186,10 @@ impl Decoder {
     }
 
     fn on_relation(&mut self, settings: &Settings, relation: Relation) -> Result<(), RelayError> {
-        let table = &settings.outbox.table;
-        let layout = if relation.namespace == table.schema.as_str() && relation.name == table.name.as_str() {
-            let layout = OutboxLayout::resolve(&settings.outbox, &relation, &self.bytea, self.debezium.as_ref())?;
+        // Any configured outbox table: each relation id resolves its own layout.
+        let outbox = &settings.outbox;
+        let layout = if let Some(table) = outbox.table_of(&relation.namespace, &relation.name) {
+            let layout = OutboxLayout::resolve(outbox, table, &relation, &self.bytea, self.debezium.as_ref())?;
             // PostgreSQL re-sends a table's Relation after every cache invalidation: only a
             // real change is news.
             match self

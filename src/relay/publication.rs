@@ -14,11 +14,11 @@ use crate::config::Settings;
 use crate::postgres::publication::read_scope;
 
 /// Fails when the publication exists without inserts; returns the note about what it publishes
-/// beyond the outbox table's inserts, if anything.
+/// beyond the outbox tables' inserts, if anything.
 pub(crate) async fn check(client: &tokio_postgres::Client, settings: &Settings) -> Result<Option<String>, RelayError> {
     let name = settings.postgres.publication.as_str();
-    let table = &settings.outbox.table;
-    let Some(scope) = read_scope(client, name, table).await? else {
+    let tables = &settings.outbox.tables;
+    let Some(scope) = read_scope(client, name, tables).await? else {
         return Ok(None);
     };
     if !scope.publishes_inserts() {
@@ -37,7 +37,8 @@ pub(crate) async fn check(client: &tokio_postgres::Client, settings: &Settings) 
         });
     }
     Ok(scope.beyond_inserts().map(|beyond| {
-        let narrow = scope.narrowing(table);
+        let narrow = scope.narrowing(tables);
+        let table = settings.outbox.tables_display();
         let how = if narrow.is_empty() {
             String::new()
         } else {

@@ -40,7 +40,7 @@ impl StreamState<'_> {
         match source {
             EventSource::Row { relation, row } => {
                 let layout = relation.layout.as_ref().ok_or(InternalError::RowWithoutLayout)?;
-                let table = || self.settings.outbox.table.to_string();
+                let table = || layout.table().to_string();
                 // Borrows from the cached layout and the decoded row: no copies on the way to the sink.
                 match layout.extract(&relation.relation, row) {
                     Ok(event) => {

@@ -82,8 +82,11 @@ pub(crate) async fn run_session(
     let debezium = match &settings.debezium {
         None => None,
         Some(format) => {
-            let table = &settings.outbox.table;
-            let not_null = pg_client::not_null_columns(&control, table.schema.as_str(), table.name.as_str()).await?;
+            let mut not_null = Vec::with_capacity(settings.outbox.tables.len());
+            for table in &settings.outbox.tables {
+                let columns = pg_client::not_null_columns(&control, table.schema.as_str(), table.name.as_str()).await?;
+                not_null.push((table.clone(), columns));
+            }
             Some(DebeziumColumns {
                 format: format.clone(),
                 not_null,

@@ -21,6 +21,7 @@ mod harness;
 mod harness_smoke;
 mod import_debezium;
 mod layering;
+mod multi_table;
 mod outage_logs;
 mod pg_versions;
 mod poll;

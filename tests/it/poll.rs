@@ -487,12 +487,12 @@ async fn the_watchdog_reports_pending_rows_and_stuck_ones_until_they_are_publish
     let pending_seen = wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
         Metrics::scrape(&addr)
             .await
-            .is_some_and(|m| m.value("outbox_relay_pending_rows", &[]) == 7.0)
+            .is_some_and(|m| m.value("outbox_relay_pending_rows", &[("table", schema.qualified_table())]) == 7.0)
     })
     .await;
     assert!(pending_seen, "{}", relay.log_text());
     let m = Metrics::scrape(&addr).await.unwrap();
-    let age = m.value("outbox_relay_oldest_pending_age_seconds", &[]);
+    let age = m.value("outbox_relay_oldest_pending_age_seconds", &[("table", schema.qualified_table())]);
     assert!((600.0..700.0).contains(&age), "oldest pending age {age}");
     assert!(
         relay
@@ -512,8 +512,8 @@ async fn the_watchdog_reports_pending_rows_and_stuck_ones_until_they_are_publish
     );
     let cleared = wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
         Metrics::scrape(&addr).await.is_some_and(|m| {
-            m.value("outbox_relay_pending_rows", &[]) == 0.0
-                && m.value("outbox_relay_oldest_pending_age_seconds", &[]) == 0.0
+            m.value("outbox_relay_pending_rows", &[("table", schema.qualified_table())]) == 0.0
+                && m.value("outbox_relay_oldest_pending_age_seconds", &[("table", schema.qualified_table())]) == 0.0
         })
     })
     .await;
@@ -549,7 +549,7 @@ async fn the_watchdog_reports_with_its_default_interval() {
     let seen = wait_until(Duration::from_secs(15), Duration::from_millis(200), || async {
         Metrics::scrape(&addr)
             .await
-            .is_some_and(|m| m.value("outbox_relay_pending_rows", &[]) == 1.0)
+            .is_some_and(|m| m.value("outbox_relay_pending_rows", &[("table", schema.qualified_table())]) == 1.0)
     })
     .await;
     assert!(seen, "the default watchdog did not count the pending row");

@@ -18,6 +18,10 @@
 //!    Kafka to acknowledge them all;
 //! 4. release the snapshot. `run` then starts at the consistent point.
 //!
+//! With several outbox tables (`outbox.table` a list) step 3 reads and publishes each table in
+//! turn, every one as of the same snapshot; within a table rows go in insertion order, so
+//! per-aggregate order holds within each table, as it does when streaming.
+//!
 //! No gap: a row committed before the consistent point is in the snapshot (published here if
 //! still pending); a row committed after it is decoded from the slot. No overlap in a clean run:
 //! a transaction is on exactly one side of the consistent point. Rows a poller dispatched
@@ -44,8 +48,9 @@ use pending::{PendingOrder, PendingRows};
 use publish::BackfillPublisher;
 
 use super::setup::{ensure_publication, SetupReport, SlotOutcome};
-use super::{connect, describe, preflight, PreflightReport};
-use crate::config::ident::Ident;
+use super::preflight::CheckedTable;
+use super::{connect, describe, preflight};
+use crate::config::ident::{Ident, TableName};
 use crate::config::Settings;
 use crate::outbox::event::RowFormat;
 use crate::postgres::lsn::Lsn;
@@ -95,25 +100,35 @@ pub(crate) async fn setup_with_backfill(
     }
     // The sink must be ready (a stream, an exchange) before the slot's snapshot is published.
     let sink = crate::sink::prepare(settings).await.map_err(BackfillError::Producer)?;
-    let id_is_sequential = before
-        .columns
-        .first()
-        .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str()));
-    match selection {
-        Selection::Undispatched(dispatched) => check_dispatched_column(&client, &before, dispatched).await?,
-        Selection::AfterId(_) if !id_is_sequential => {
-            return Err(BackfillError::Unsupported(format!(
-                "--since-id needs an integer id column (a sequence), but {} is {}; use --since TIMESTAMP",
-                settings.outbox.id,
-                before.columns.first().map_or("unknown", |c| c.type_name.as_str())
-            )))
+    // Every table is checked before the slot exists: a refusal leaves nothing behind.
+    let mut sources = Vec::with_capacity(before.tables.len());
+    for table in &before.tables {
+        let id_is_sequential = table
+            .columns
+            .first()
+            .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str()));
+        match selection {
+            Selection::Undispatched(dispatched) => check_dispatched_column(&client, table, dispatched).await?,
+            Selection::AfterId(_) if !id_is_sequential => {
+                return Err(BackfillError::Unsupported(format!(
+                    "--since-id needs an integer id column (a sequence), but {} of {} is {}; use --since TIMESTAMP",
+                    settings.outbox.id,
+                    table.name,
+                    table.columns.first().map_or("unknown", |c| c.type_name.as_str())
+                )))
+            }
+            Selection::Since(_) if settings.outbox.timestamp.is_none() => {
+                return Err(BackfillError::Unsupported(
+                    "--since needs outbox.timestamp_column (the rows' creation time); set it, or use --since-id".into(),
+                ))
+            }
+            _ => {}
         }
-        Selection::Since(_) if settings.outbox.timestamp.is_none() => {
-            return Err(BackfillError::Unsupported(
-                "--since needs outbox.timestamp_column (the rows' creation time); set it, or use --since-id".into(),
-            ))
-        }
-        _ => {}
+        sources.push(Source {
+            table: table.name.clone(),
+            id_is_sequential,
+            format: super::preflight::row_format(settings, &table.name, &table.columns)?,
+        });
     }
     let mut notices = Vec::new();
     let publication = ensure_publication(&client, &before, &mut notices).await?;
@@ -137,12 +152,7 @@ pub(crate) async fn setup_with_backfill(
     info!(%slot, %consistent_point, %snapshot, "slot created; publishing the rows pending in its snapshot");
 
     let description = selection.to_string();
-    let order = PendingOrder {
-        selection,
-        id_is_sequential,
-    };
-    let rows = super::preflight::row_format(settings, &before.columns)?;
-    let published = match copy_pending(settings, &snapshot, &order, rows).await {
+    let published = match copy_pending(settings, &snapshot, &selection, &sources).await {
         Ok(n) => n,
         Err(cause) => return Err(undo_slot(repl, &client, slot, settings.relay.connect_timeout, cause).await),
     };
@@ -165,16 +175,24 @@ pub(crate) async fn setup_with_backfill(
     })
 }
 
+/// One outbox table to backfill: how its rows are ordered and become events.
+struct Source {
+    table: TableName,
+    /// The id column is an integer (a sequence), so its order is insertion order.
+    id_is_sequential: bool,
+    format: RowFormat,
+}
+
 async fn check_dispatched_column(
     client: &Client,
-    pre: &PreflightReport,
+    table: &CheckedTable,
     dispatched: &Ident,
 ) -> Result<(), BackfillError> {
     let rows = client
         .query(
             "SELECT attname::text FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped \
              ORDER BY attnum",
-            &[&pre.table_oid],
+            &[&table.oid],
         )
         .await
         .map_err(BackfillError::query("listing the outbox table's columns"))?;
@@ -185,42 +203,49 @@ async fn check_dispatched_column(
     Err(BackfillError::DispatchedColumnMissing {
         key: DISPATCHED_KEY,
         column: dispatched.clone(),
-        table: pre.table.clone(),
+        table: table.name.clone(),
         columns,
     })
 }
 
-/// Reads the pending rows of `snapshot` and publishes them; returns how many Kafka acknowledged.
+/// Reads the pending rows of every table in `snapshot`, table after table, and publishes them;
+/// returns how many Kafka acknowledged.
 async fn copy_pending(
     settings: &Settings,
     snapshot: &str,
-    order: &PendingOrder<'_>,
-    format: RowFormat,
+    selection: &Selection<'_>,
+    sources: &[Source],
 ) -> Result<u64, BackfillError> {
-    let mut rows = PendingRows::open(settings, snapshot, order).await?;
-    let mut publisher = BackfillPublisher::new(settings, format).await?;
+    let mut publisher = BackfillPublisher::new(settings).await?;
     let sent = async {
-        loop {
-            let batch = rows.next_batch().await?;
-            if batch.is_empty() {
-                return Ok(());
+        for source in sources {
+            let order = PendingOrder {
+                selection: selection.clone(),
+                id_is_sequential: source.id_is_sequential,
+            };
+            let mut rows = PendingRows::open(settings, snapshot, &source.table, &order).await?;
+            loop {
+                let batch = rows.next_batch().await?;
+                if batch.is_empty() {
+                    break;
+                }
+                for row in &batch {
+                    publisher.publish(&source.table, &source.format, row).await?;
+                }
+                if publisher.sent % 10_000 < batch.len() as u64 {
+                    info!(published = publisher.sent, table = %source.table, "backfill in progress");
+                }
             }
-            for row in &batch {
-                publisher.publish(row).await?;
-            }
-            if publisher.sent % 10_000 < batch.len() as u64 {
-                info!(published = publisher.sent, "backfill in progress");
-            }
+            rows.close().await?;
         }
+        Ok(())
     }
     .await;
     if let Err(e) = sent {
         publisher.abandon();
         return Err(e);
     }
-    let published = publisher.finish().await?;
-    rows.close().await?;
-    Ok(published)
+    publisher.finish().await
 }
 
 /// After a failed backfill: drop the slot it created, so the next attempt can start over.

@@ -12,12 +12,15 @@
 //! `IntervalStyle=postgres`). A backfilled event therefore carries byte-for-byte what the relay
 //! would have published for the same row from the WAL.
 //!
-//! Memory stays bounded by reading through a cursor, [`FETCH_ROWS`] rows at a time.
+//! Memory stays bounded by reading through a cursor, [`FETCH_ROWS`] rows at a time. With several
+//! outbox tables each is read in turn, each in a transaction importing the same snapshot (the
+//! exporting connection stays open until all are read), so every table is read as of the one
+//! consistent point.
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::error::BackfillError;
-use crate::config::ident::Ident;
+use crate::config::ident::{Ident, TableName};
 use crate::config::Settings;
 use crate::control::ControlError;
 
@@ -29,18 +32,19 @@ const CURSOR: &str = "outbox_relay_backfill";
 /// (`None` = SQL NULL).
 pub(crate) type PendingRow = Vec<Option<String>>;
 
-/// An open cursor over the pending rows of the snapshot.
+/// An open cursor over the pending rows of one outbox table in the snapshot.
 pub(crate) struct PendingRows {
     client: Client,
     exhausted: bool,
 }
 
 impl PendingRows {
-    /// Connects, imports `snapshot` and opens the cursor. The replication connection that
-    /// exported `snapshot` must still be open and idle.
+    /// Connects, imports `snapshot` and opens the cursor over `table`'s pending rows. The
+    /// replication connection that exported `snapshot` must still be open and idle.
     pub(crate) async fn open(
         settings: &Settings,
         snapshot: &str,
+        table: &TableName,
         order: &PendingOrder<'_>,
     ) -> Result<Self, BackfillError> {
         if snapshot.is_empty() || !snapshot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
@@ -74,7 +78,7 @@ impl PendingRows {
         client
             .batch_execute(&format!(
                 "DECLARE {CURSOR} NO SCROLL CURSOR FOR {}",
-                select_pending(settings, order)
+                select_pending(settings, table, order)
             ))
             .await
             .map_err(BackfillError::query("selecting the pending outbox rows"))?;
@@ -157,12 +161,12 @@ pub(crate) struct PendingOrder<'a> {
     pub(crate) id_is_sequential: bool,
 }
 
-/// `SELECT <mapped columns> FROM <outbox> WHERE <selection> ORDER BY …`.
+/// `SELECT <mapped columns> FROM <table> WHERE <selection> ORDER BY …`, for one outbox table.
 ///
 /// Events are published in this order and Kafka keeps it per partition, so it must be
 /// insertion order within an aggregate: a sequence id gives that; otherwise (uuid ids) the
 /// mapped timestamp column (`created_at`) does, with the id only breaking ties.
-pub(crate) fn select_pending(settings: &Settings, order: &PendingOrder<'_>) -> String {
+pub(crate) fn select_pending(settings: &Settings, table: &TableName, order: &PendingOrder<'_>) -> String {
     let mapping = &settings.outbox;
     let columns: Vec<String> = mapping.columns().iter().map(|(_, c)| c.quoted()).collect();
     let mut order_by = Vec::new();
@@ -173,7 +177,7 @@ pub(crate) fn select_pending(settings: &Settings, order: &PendingOrder<'_>) -> S
     format!(
         "SELECT {} FROM {} WHERE {} ORDER BY {}",
         columns.join(", "),
-        mapping.table.quoted(),
+        table.quoted(),
         order.selection.condition(settings),
         order_by.join(", ")
     )
@@ -199,6 +203,7 @@ mod tests {
         let dispatched = Ident::parse("poll.dispatched_column", "\"SentAt\"").unwrap();
         let sql = select_pending(
             &s,
+            &s.outbox.tables[0],
             &PendingOrder {
                 selection: Selection::Undispatched(&dispatched),
                 id_is_sequential: true,
@@ -218,13 +223,15 @@ mod tests {
             selection: Selection::Undispatched(&dispatched),
             id_is_sequential: false,
         };
-        let with_ts = select_pending(&settings("timestamp_column = \"created_at\"\n"), &order);
+        let ts = settings("timestamp_column = \"created_at\"\n");
+        let with_ts = select_pending(&ts, &ts.outbox.tables[0], &order);
         assert!(
             with_ts.ends_with("WHERE \"processed_at\" IS NULL ORDER BY \"created_at\", \"id\""),
             "{with_ts}"
         );
         // Without a timestamp column the id is all there is.
-        let without = select_pending(&settings(""), &order);
+        let plain = settings("");
+        let without = select_pending(&plain, &plain.outbox.tables[0], &order);
         assert!(without.ends_with("ORDER BY \"id\""), "{without}");
     }
 
@@ -233,6 +240,7 @@ mod tests {
         let s = settings("timestamp_column = \"created_at\"\n");
         let after = select_pending(
             &s,
+            &s.outbox.tables[0],
             &PendingOrder {
                 selection: Selection::AfterId(41),
                 id_is_sequential: true,
@@ -241,6 +249,7 @@ mod tests {
         assert!(after.ends_with("WHERE \"id\" > 41 ORDER BY \"id\""), "{after}");
         let since = select_pending(
             &s,
+            &s.outbox.tables[0],
             &PendingOrder {
                 selection: Selection::Since("2024-05-01 12:00:00+00' OR '1"),
                 id_is_sequential: false,

@@ -8,6 +8,7 @@
 
 use super::error::BackfillError;
 use super::pending::PendingRow;
+use crate::config::ident::TableName;
 use crate::config::Settings;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
@@ -33,13 +34,11 @@ pub(crate) struct BackfillPublisher<'s> {
     deliveries: Completions<BackfillTag>,
     limits: SinkLimits,
     in_flight: InFlight,
-    /// How a pending row becomes an event (`bytea` payload decoded, `[debezium]` layout).
-    rows: RowFormat,
     pub(crate) sent: u64,
 }
 
 impl<'s> BackfillPublisher<'s> {
-    pub(crate) async fn new(settings: &'s Settings, rows: RowFormat) -> Result<Self, BackfillError> {
+    pub(crate) async fn new(settings: &'s Settings) -> Result<Self, BackfillError> {
         let (publisher, deliveries) = crate::sink::create(settings, settings.relay.max_in_flight)
             .await
             .map_err(BackfillError::Producer)?;
@@ -49,13 +48,19 @@ impl<'s> BackfillPublisher<'s> {
             deliveries,
             limits: crate::sink::limits(settings),
             in_flight: InFlight::default(),
-            rows,
             sent: 0,
         })
     }
 
-    /// Hands one pending row to Kafka, first waiting for room in the in-flight budget.
-    pub(crate) async fn publish(&mut self, row: &PendingRow) -> Result<(), BackfillError> {
+    /// Hands one pending row of `table` to Kafka, first waiting for room in the in-flight budget.
+    /// `format` is how that table's rows become events (`bytea` payload decoded, `[debezium]`
+    /// layout).
+    pub(crate) async fn publish(
+        &mut self,
+        table: &TableName,
+        format: &RowFormat,
+        row: &PendingRow,
+    ) -> Result<(), BackfillError> {
         let relay = &self.settings.relay;
         while self.in_flight.events >= relay.max_in_flight || self.in_flight.bytes >= relay.max_in_flight_bytes {
             self.settle_next().await?;
@@ -66,7 +71,7 @@ impl<'s> BackfillPublisher<'s> {
             id: id.to_owned(),
             cause,
         };
-        let event = OutboxEvent::from_columns(&self.settings.outbox, &values, &self.rows).map_err(bad)?;
+        let event = OutboxEvent::from_columns(&self.settings.outbox, table, &values, format).map_err(bad)?;
         let record = event.record(&self.settings.router, &self.limits).map_err(bad)?;
         let bytes = record.size();
         if let Err(refusal) = self.publisher.send(&record, &[], None, Box::new(BackfillTag { bytes })) {

@@ -369,7 +369,7 @@ fn find_router(opts: &mut Options<'_>, source: &str) -> Result<Router, ImportErr
             )))
         }
         many => Err(ImportError::Unsupported(format!(
-            "{source}: has {} EventRouter transforms ({}); one relay replaces one EventRouter on one outbox table",
+            "{source}: has {} EventRouter transforms ({}); one relay replaces one EventRouter (on one or several outbox tables of one column mapping)",
             many.len(),
             many.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
         ))),
@@ -574,39 +574,49 @@ fn sql_name(name: &str) -> String {
     }
 }
 
-/// `table.include.list` names tables by regular expression; the relay needs one table by name.
-fn outbox_table(opts: &mut Options<'_>, source: &str) -> Result<String, ImportError> {
+/// `table.include.list` names tables by regular expression; the relay needs the outbox tables
+/// by name. Every entry must be a plain `schema.table` (several entries: several outbox tables,
+/// which share the one column mapping, as the EventRouter requires); a pattern is refused, since
+/// what it matches depends on the database's tables at the time, which an import does not see.
+fn outbox_tables(opts: &mut Options<'_>, source: &str) -> Result<Vec<String>, ImportError> {
     let Some((key, list)) = opts.first(&["table.include.list", "table.whitelist"]) else {
         return Err(ImportError::Unsupported(format!(
-            "{source}: table.include.list is not set (Debezium then captures every table); outbox-relay relays one outbox table: set table.include.list to it, e.g. public.outbox"
+            "{source}: table.include.list is not set (Debezium then captures every table); outbox-relay relays the outbox tables it is given: set table.include.list to them, e.g. public.outbox"
         )));
     };
     let entries: Vec<&str> = list.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
-    let [entry] = entries.as_slice() else {
+    if entries.is_empty() {
         return Err(ImportError::Unsupported(format!(
-            "{source}: {key} names {} tables ({list}); outbox-relay relays one outbox table per process: run one relay (with its own slot and publication) per table, importing a copy of this config narrowed to that table",
-            entries.len()
-        )));
-    };
-    // The dot of schema.table is written plain or escaped (`\.`); any other regex syntax makes
-    // the entry a pattern.
-    let unescaped = entry.replace("\\.", "\u{0}").replace('.', "\u{0}");
-    if unescaped.chars().any(|c| "\\^$|?*+()[]{}".contains(c)) {
-        return Err(ImportError::Unsupported(format!(
-            "{source}: {key} entry {entry:?} is a pattern; outbox-relay needs the outbox table by name: narrow it to schema.table"
+            "{source}: {key} is empty; set it to the outbox table(s), e.g. public.outbox"
         )));
     }
-    let mut parts = unescaped.split('\u{0}');
-    let name = match (parts.next(), parts.next(), parts.next()) {
-        (Some(table), None, _) => sql_name(table),
-        (Some(schema), Some(table), None) => format!("{}.{}", sql_name(schema), sql_name(table)),
-        _ => {
+    let mut tables: Vec<String> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        // The dot of schema.table is written plain or escaped (`\.`); any other regex syntax
+        // makes the entry a pattern.
+        let unescaped = entry.replace("\\.", "\u{0}").replace('.', "\u{0}");
+        if unescaped.chars().any(|c| "\\^$|?*+()[]{}".contains(c)) {
             return Err(ImportError::Unsupported(format!(
-                "{source}: {key} entry {entry:?} is not schema.table"
-            )))
+                "{source}: {key} entry {entry:?} is a pattern; outbox-relay needs the outbox tables by name: replace it \
+                 with the tables it matches, each as schema.table, separated by commas (e.g. sales.outbox,billing.outbox)"
+            )));
         }
-    };
-    Ok(name)
+        let mut parts = unescaped.split('\u{0}');
+        let name = match (parts.next(), parts.next(), parts.next()) {
+            (Some(table), None, _) => sql_name(table),
+            (Some(schema), Some(table), None) => format!("{}.{}", sql_name(schema), sql_name(table)),
+            _ => {
+                return Err(ImportError::Unsupported(format!(
+                    "{source}: {key} entry {entry:?} is not schema.table"
+                )))
+            }
+        };
+        // Debezium matches each table once, however many entries match it.
+        if !tables.contains(&name) {
+            tables.push(name);
+        }
+    }
+    Ok(tables)
 }
 
 fn map_outbox(
@@ -616,8 +626,13 @@ fn map_outbox(
     notes: &mut Vec<(String, String)>,
     source: &str,
 ) -> Result<(), ImportError> {
-    let table = outbox_table(opts, source)?;
-    let mut lines = vec![Line::Set("table".into(), s(&table))];
+    let tables = outbox_tables(opts, source)?;
+    // One table stays a string, as every config written before lists existed.
+    let table = match tables.as_slice() {
+        [one] => s(one),
+        many => toml::Value::Array(many.iter().map(|t| s(t)).collect()),
+    };
+    let mut lines = vec![Line::Set("table".into(), table)];
     let mut take = |names: &[&str]| -> Option<(String, String)> {
         let found = names
             .iter()

@@ -35,7 +35,7 @@ pub(crate) enum ImportError {
         message: String,
     },
     /// A well-formed config that is not a Debezium PostgreSQL connector with one EventRouter on
-    /// one outbox table (the message names the file and the option).
+    /// outbox tables named in `table.include.list` (the message names the file and the option).
     #[error("{0}")]
     Unsupported(String),
 }

@@ -195,14 +195,45 @@ fn the_postgresql_connector_docs_example_has_no_event_router() {
 }
 
 #[test]
-fn more_than_one_table_or_a_pattern_is_refused() {
-    let e = import_err(
+fn several_tables_map_to_a_list_and_a_pattern_is_refused() {
+    let out = import(
         "c.properties",
-        &BASE.replace("public.outbox", "public.outbox, sales.outbox"),
+        &BASE.replace(
+            "public.outbox",
+            "sales.outbox, Billing.OutBox,public.outbox,sales.outbox",
+        ),
     );
-    assert!(e.contains("names 2 tables") && e.contains("one relay"), "{e}");
-    let e = import_err("c.properties", &BASE.replace("public.outbox", "public.outbox_.*"));
-    assert!(e.contains("is a pattern"), "{e}");
+    let d = data(&out);
+    let tables: Vec<&str> = d["outbox"]["table"]
+        .as_array()
+        .expect("several tables are written as a list")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    // In Debezium's order, exact names quoted, a repeated entry once.
+    assert_eq!(tables, ["sales.outbox", "\"Billing\".\"OutBox\"", "public.outbox"]);
+    let settings = load(&out);
+    let quoted: Vec<String> = settings.outbox.tables.iter().map(|t| t.quoted()).collect();
+    assert_eq!(
+        quoted,
+        [r#""sales"."outbox""#, r#""Billing"."OutBox""#, r#""public"."outbox""#]
+    );
+
+    // One table stays a plain string, as before lists existed.
+    let one = data(&import("c.properties", BASE));
+    assert_eq!(one["outbox"]["table"].as_str(), Some("public.outbox"));
+
+    for pattern in ["public.outbox_.*", "(sales|billing)\\.outbox", "sales.outbox,billing\\.outbox[0-9]"] {
+        let e = import_err("c.properties", &BASE.replace("public.outbox", pattern));
+        assert!(
+            e.contains("is a pattern") && e.contains("replace it with the tables it matches"),
+            "{pattern}: {e}"
+        );
+    }
+    let e = import_err("c.properties", &BASE.replace("public.outbox", "a.b.c"));
+    assert!(e.contains("is not schema.table"), "{e}");
+    let e = import_err("c.properties", &BASE.replace("public.outbox", " , "));
+    assert!(e.contains("is empty"), "{e}");
 }
 
 // ------------------------------------------------------------------ mapping

@@ -25,7 +25,7 @@ use std::borrow::Cow;
 use std::sync::Mutex;
 
 use crate::config::debezium::{ConverterClass, DebeziumFormat, JsonNulls, Placement};
-use crate::config::ident::Ident;
+use crate::config::ident::{Ident, TableName};
 use crate::config::outbox::OutboxMapping;
 use crate::outbox::bad_event::BadEvent;
 
@@ -89,10 +89,11 @@ pub(crate) struct ConnectLayout {
 }
 
 impl ConnectLayout {
-    /// The layout for a table whose mapped columns have `facts` (looked up by name).
+    /// The layout for the outbox table `table`, whose mapped columns have `facts` (looked up by name).
     pub(crate) fn new(
         format: &DebeziumFormat,
         mapping: &OutboxMapping,
+        table: &TableName,
         facts: impl Fn(&Ident) -> Option<ColumnFacts>,
     ) -> Result<ConnectLayout, ConnectLayoutError> {
         let column = |ident: &Ident, role: &'static str| -> Result<Column, ConnectLayoutError> {
@@ -160,7 +161,7 @@ impl ConnectLayout {
                 });
             }
         }
-        let table = &mapping.table;
+        // Each outbox table has its own envelope names, as Debezium's per-table schemas do.
         let envelope_prefix = format!(
             "{}.{}.{}.",
             format.topic_prefix.as_deref().unwrap_or_default(),
@@ -429,7 +430,7 @@ mod tests {
              [debezium]\n{section}"
         ));
         let format = s.debezium.clone().expect("[debezium]");
-        ConnectLayout::new(&format, &s.outbox, |c| {
+        ConnectLayout::new(&format, &s.outbox, &s.outbox.tables[0], |c| {
             let (type_oid, not_null) = match c.as_str() {
                 "id" => (UUID, true),
                 "aggregateid" | "aggregatetype" | "type" => (VARCHAR, true),
