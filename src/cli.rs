@@ -264,7 +264,7 @@ async fn run(settings: Settings) -> ExitCode {
         postgres = %settings.postgres.url,
         slot = %settings.postgres.slot,
         publication = %settings.postgres.publication,
-        table = %settings.outbox.table,
+        tables = %settings.outbox.tables_display(),
         "outbox-relay starting"
     );
     let (tx, rx) = watch::channel(false);
@@ -290,7 +290,7 @@ async fn run(settings: Settings) -> ExitCode {
 }
 
 async fn run_poll(settings: Settings) -> ExitCode {
-    info!(version = env!("CARGO_PKG_VERSION"), postgres = %settings.postgres.url, table = %settings.outbox.table, "outbox-relay poll starting");
+    info!(version = env!("CARGO_PKG_VERSION"), postgres = %settings.postgres.url, tables = %settings.outbox.tables_display(), "outbox-relay poll starting");
     let (tx, rx) = watch::channel(false);
     tokio::spawn(forward_signals(tx));
     let health = std::sync::Arc::new(crate::ops::health::RelayHealth::default());

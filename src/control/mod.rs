@@ -52,7 +52,7 @@ pub(crate) mod teardown;
 pub(crate) use backfill::setup_with_backfill;
 pub(crate) use error::describe;
 pub use error::ControlError;
-pub(crate) use preflight::{preflight, PreflightReport};
+pub(crate) use preflight::preflight;
 pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
 pub use status::{
     status, FailoverStatus, PublicationStatus, ServerStatus, SlotStatus, StandbyStatus, StatusReport, TableRef, OutboxTableStatus,

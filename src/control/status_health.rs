@@ -139,7 +139,7 @@ pub(crate) fn assess(facts: &Facts, thresholds: Thresholds) -> HealthStatus {
     if !facts.publication_ok {
         add(
             Verdict::Critical,
-            "the publication is missing or does not include the outbox table: new events are not captured; run \
+            "the publication is missing or does not include every outbox table: new events are not captured; run \
              `outbox-relay setup`"
                 .into(),
         );

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use crate::harness::fault_support::id_of;
 use crate::harness::scrape::{with_http, Metrics};
 use crate::harness::*;
 

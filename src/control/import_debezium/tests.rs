@@ -332,7 +332,7 @@ fn legacy_event_router_names_are_understood() {
         .replace("table.include.list=public.outbox\n", ""),
     );
     let settings = load(&out);
-    assert_eq!(settings.outbox.table.quoted(), r#""inventory"."outboxevent""#);
+    assert_eq!(settings.outbox.tables[0].quoted(), r#""inventory"."outboxevent""#);
     assert_eq!(settings.outbox.payload.as_str(), "body");
     // Debezium 1.x keyed records by the payload id when table.field.event.key was unset.
     assert_eq!(settings.outbox.key.as_str(), "aggregate_key");
@@ -537,7 +537,7 @@ fn names_the_relay_would_fold_are_quoted() {
         &with_base("transforms.outbox.table.field.event.key=aggregateId\n").replace("public.outbox", "Sales.OutBox"),
     );
     let settings = load(&out);
-    assert_eq!(settings.outbox.table.quoted(), r#""Sales"."OutBox""#);
+    assert_eq!(settings.outbox.tables[0].quoted(), r#""Sales"."OutBox""#);
     assert_eq!(settings.outbox.key.as_str(), "aggregateId");
 }
 
@@ -564,7 +564,7 @@ fn the_outbox_event_router_docs_example_imports_to_an_accepted_config() {
         .unwrap()
         .toml;
     let settings = load(&out);
-    assert_eq!(settings.outbox.table.quoted(), r#""inventory"."outboxevent""#);
+    assert_eq!(settings.outbox.tables[0].quoted(), r#""inventory"."outboxevent""#);
     assert_eq!(settings.router.route("order"), "outbox.event.order");
     let placed: Vec<(&str, &str)> = settings
         .debezium
@@ -597,7 +597,7 @@ fn the_outbox_event_router_docs_example_imports_to_an_accepted_config() {
 fn the_outbox_example_imports_to_an_accepted_config() {
     let out = super::import_debezium(&fixture("outbox-example.json")).unwrap().toml;
     let settings = load(&out);
-    assert_eq!(settings.outbox.table.quoted(), r#""inventory"."outboxevent""#);
+    assert_eq!(settings.outbox.tables[0].quoted(), r#""inventory"."outboxevent""#);
     assert_eq!(
         settings.outbox.timestamp.as_ref().map(|t| t.as_str()),
         Some("timestamp")
