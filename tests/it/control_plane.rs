@@ -871,6 +871,7 @@ fn check_json(report: &StatusReport, password: &str) {
             "failover",
             "health",
             "outbox_table",
+            "outbox_tables",
             "postgres_url",
             "publication",
             "relay",
@@ -910,6 +911,7 @@ fn check_json(report: &StatusReport, password: &str) {
             "wal_status"
         ]
     );
+    assert_eq!(keys(&v["outbox_tables"][0]), ["in_publication", "schema", "table"]);
     assert_eq!(
         keys(&v["publication"]),
         [
