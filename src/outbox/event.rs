@@ -346,6 +346,47 @@ mod tests {
     }
 
     #[test]
+    fn each_outbox_table_resolves_its_own_layout_and_events_name_their_table() {
+        let s = settings("[outbox]\ntable = [\"sales.outbox\", \"billing.outbox\"]\n");
+        let (sales, billing) = (&s.outbox.tables[0], &s.outbox.tables[1]);
+        // Same mapped columns, other positions and an extra column in the second table.
+        let sales_rel = Relation::text_columns("sales", "outbox", &["id", "aggregate_id", "type", "payload"]);
+        let billing_rel =
+            Relation::text_columns("billing", "outbox", &["note", "payload", "type", "aggregate_id", "id"]);
+        let bytea = ByteaTypes::default();
+        let sales_layout = OutboxLayout::resolve(&s.outbox, sales, &sales_rel, &bytea, None).unwrap();
+        let billing_layout = OutboxLayout::resolve(&s.outbox, billing, &billing_rel, &bytea, None).unwrap();
+        let sales_row = tuple(&[Some("1"), Some("agg"), Some("order.placed"), Some("{}")]);
+        let billing_row = tuple(&[Some("n"), Some("{}"), Some("order.placed"), Some("agg"), Some("1")]);
+        let from_sales = sales_layout.extract(&sales_rel, &sales_row).unwrap();
+        let from_billing = billing_layout.extract(&billing_rel, &billing_row).unwrap();
+        assert_eq!(from_sales.table.as_deref(), Some(sales));
+        assert_eq!(from_billing.table.as_deref(), Some(billing));
+        assert_eq!(
+            from_sales.record(&s.router, &LIMITS).unwrap(),
+            from_billing.record(&s.router, &LIMITS).unwrap(),
+            "the same content gives the same record whichever table holds it"
+        );
+        assert_eq!(from_billing.clone().into_owned().table.as_deref(), Some(billing));
+        let polled = OutboxEvent::from_columns(
+            &s.outbox,
+            billing,
+            &[Some("1"), Some("agg"), Some("order.placed"), Some("{}")],
+            &RowFormat::default(),
+        )
+        .unwrap();
+        assert_eq!(polled, from_billing);
+        let message =
+            OutboxEvent::from_message(br#"{"type":"t","aggregate_id":"a","id":1,"payload":{}}"#).unwrap();
+        assert_eq!(message.table, None, "a logical message has no table");
+
+        // A mapped column missing from one table's Relation names that table.
+        let short = Relation::text_columns("billing", "outbox", &["id", "aggregate_id", "type"]);
+        let err = OutboxLayout::resolve(&s.outbox, billing, &short, &bytea, None).unwrap_err();
+        assert!(err.to_string().contains(r#"table "billing"."outbox""#), "{err}");
+    }
+
+    #[test]
     fn every_source_gives_the_same_record_for_the_same_content() {
         let s = settings(FULL);
         let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &relation(&TABLE), &ByteaTypes::default(), None).unwrap();

@@ -425,8 +425,13 @@ mod tests {
 
     /// A Debezium sample table: uuid id, varchar key and route, jsonb payload, int4 shard.
     fn layout(section: &str, payload_type: u32) -> Result<ConnectLayout, ConnectLayoutError> {
+        layout_of("public.outbox", section, payload_type)
+    }
+
+    /// [`layout`] for the outbox table `table` (as `outbox.table` writes it).
+    fn layout_of(table: &str, section: &str, payload_type: u32) -> Result<ConnectLayout, ConnectLayoutError> {
         let s = settings(&format!(
-            "[outbox]\ntable = \"public.outbox\"\nkey_column = \"aggregateid\"\nroute_by_column = \"aggregatetype\"\n\
+            "[outbox]\ntable = \"{table}\"\nkey_column = \"aggregateid\"\nroute_by_column = \"aggregatetype\"\n\
              [debezium]\n{section}"
         ));
         let format = s.debezium.clone().expect("[debezium]");
@@ -564,6 +569,19 @@ mod tests {
         // Debezium caches the envelope schema per payload schema, named after the first event.
         assert_eq!(name_of("order"), "shop.public.outbox.order.Value");
         assert_eq!(name_of("customer"), "shop.public.outbox.order.Value");
+
+        // Each outbox table names its envelopes after itself, as Debezium's per-table schemas do.
+        for table in ["sales.outbox", "billing.outbox"] {
+            let of_table = layout_of(
+                table,
+                "\"table.fields.additional.placement\" = \"type:envelope\"\n\"topic.prefix\" = \"shop\"\n",
+                JSONB,
+            )
+            .unwrap();
+            let r = render(&of_table, Some("{}"), &[Some("x")], "order").unwrap();
+            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            assert_eq!(v["schema"]["name"], format!("shop.{table}.order.Value"));
+        }
     }
 
     #[test]
