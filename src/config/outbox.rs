@@ -73,7 +73,9 @@ impl<'de> Deserialize<'de> for TableList {
         impl<'de> Visitor<'de> for OneOrMany {
             type Value = TableList;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a table name (\"schema.table\") or a list of them ([\"sales.outbox\", \"billing.outbox\"])")
+                f.write_str(
+                    "a table name (\"schema.table\") or a list of them ([\"sales.outbox\", \"billing.outbox\"])",
+                )
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<TableList, E> {
                 Ok(TableList(vec![v.to_owned()]))
@@ -121,7 +123,11 @@ impl OutboxMapping {
 
     /// The tables for people: `"public"."outbox"` or `"a"."outbox", "b"."outbox"`.
     pub(crate) fn tables_display(&self) -> String {
-        self.tables.iter().map(TableName::to_string).collect::<Vec<_>>().join(", ")
+        self.tables
+            .iter()
+            .map(TableName::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Reads the columns `[debezium]` places. A `header_columns` entry that a header placement

@@ -118,38 +118,66 @@ fn outbox_table_takes_a_string_or_a_list() {
         two.outbox.table_of("Billing", "OutBox").map(|t| t.quoted()).as_deref(),
         Some(r#""Billing"."OutBox""#)
     );
-    assert_eq!(two.outbox.table_of("billing", "outbox"), None, "catalog names compare exactly");
+    assert_eq!(
+        two.outbox.table_of("billing", "outbox"),
+        None,
+        "catalog names compare exactly"
+    );
     assert_eq!(two.outbox.table_of("public", "events_outbox"), None);
 
-    let env = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "[\"a.outbox\", \"b.outbox\"]")]).unwrap();
+    let env = load(
+        MINIMAL,
+        &[("OUTBOX_RELAY__OUTBOX__TABLE", "[\"a.outbox\", \"b.outbox\"]")],
+    )
+    .unwrap();
     let names: Vec<&str> = env.outbox.tables.iter().map(|t| t.schema.as_str()).collect();
     assert_eq!(names, ["a", "b"]);
 }
 
 #[test]
 fn outbox_table_lists_are_checked() {
-    let empty = load(&format!("{MINIMAL}[outbox]\ntable = []\n"), &[]).unwrap_err().to_string();
-    assert!(empty.contains("outbox.table") && empty.contains("empty list"), "{empty}");
-
-    // `outbox` and `public.OUTBOX` fold to the same table.
-    let twice = load(&format!("{MINIMAL}[outbox]\ntable = [\"public.outbox\", \"sales.outbox\", \"OUTBOX\"]\n"), &[])
+    let empty = load(&format!("{MINIMAL}[outbox]\ntable = []\n"), &[])
         .unwrap_err()
         .to_string();
     assert!(
-        twice.contains("outbox.table") && twice.contains(r#"lists "public"."outbox" twice"#) && twice.contains("\"OUTBOX\""),
+        empty.contains("outbox.table") && empty.contains("empty list"),
+        "{empty}"
+    );
+
+    // `outbox` and `public.OUTBOX` fold to the same table.
+    let twice = load(
+        &format!("{MINIMAL}[outbox]\ntable = [\"public.outbox\", \"sales.outbox\", \"OUTBOX\"]\n"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        twice.contains("outbox.table")
+            && twice.contains(r#"lists "public"."outbox" twice"#)
+            && twice.contains("\"OUTBOX\""),
         "{twice}"
     );
 
-    let bad = load(&format!("{MINIMAL}[outbox]\ntable = [\"sales.outbox\", \"x; drop table y\"]\n"), &[])
-        .unwrap_err()
-        .to_string();
+    let bad = load(
+        &format!("{MINIMAL}[outbox]\ntable = [\"sales.outbox\", \"x; drop table y\"]\n"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
     assert!(bad.contains("outbox.table"), "{bad}");
 
-    let number = load(&format!("{MINIMAL}[outbox]\ntable = 5\n"), &[]).unwrap_err().to_string();
+    let number = load(&format!("{MINIMAL}[outbox]\ntable = 5\n"), &[])
+        .unwrap_err()
+        .to_string();
     assert!(number.contains("a table name") && number.contains("list"), "{number}");
 
-    let bad_env = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "[\"a.outbox\",")]).unwrap_err().to_string();
-    assert!(bad_env.contains("OUTBOX_RELAY__OUTBOX__TABLE") && bad_env.contains("TOML array"), "{bad_env}");
+    let bad_env = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "[\"a.outbox\",")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        bad_env.contains("OUTBOX_RELAY__OUTBOX__TABLE") && bad_env.contains("TOML array"),
+        "{bad_env}"
+    );
 }
 
 #[test]

@@ -55,8 +55,8 @@ pub use error::ControlError;
 pub(crate) use preflight::preflight;
 pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
 pub use status::{
-    status, FailoverStatus, PublicationStatus, ServerStatus, SlotStatus, StandbyStatus, StatusReport, TableRef, OutboxTableStatus,
-    STATUS_SCHEMA_VERSION,
+    status, FailoverStatus, OutboxTableStatus, PublicationStatus, ServerStatus, SlotStatus, StandbyStatus,
+    StatusReport, TableRef, STATUS_SCHEMA_VERSION,
 };
 pub use teardown::{teardown, Dropped, TeardownReport};
 

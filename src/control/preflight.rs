@@ -479,7 +479,10 @@ async fn check_select(client: &Client, table: &TableFacts, server: &ServerInfo) 
     let row = client
         .query_one("SELECT has_table_privilege($1::oid, 'SELECT')", &[&table.oid])
         .await
-        .map_err(ControlError::query(format!("checking SELECT on the outbox table {}", table.name)))?;
+        .map_err(ControlError::query(format!(
+            "checking SELECT on the outbox table {}",
+            table.name
+        )))?;
     if !row.get::<_, bool>(0) {
         return Err(ControlError::NoSelectPrivilege {
             role: server.role.clone(),

@@ -26,9 +26,9 @@ use std::fmt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
+use super::catalog::TableFacts;
 use super::preflight::{check_slot, PreflightReport};
 use super::{connect, error::describe, ControlError};
-use super::catalog::TableFacts;
 use crate::config::ident::{quote_ident, TableName};
 use crate::config::Settings;
 use crate::postgres::lsn::Lsn;
@@ -222,7 +222,11 @@ pub(super) async fn ensure_publication(
 /// `ALTER PUBLICATION … ADD TABLE` for one outbox table; `false` when a concurrent setup added it
 /// first.
 async fn add_table(client: &Client, name: &str, table: &TableFacts) -> Result<bool, ControlError> {
-    let sql = format!("ALTER PUBLICATION {} ADD TABLE {}", quote_ident(name), table.name.quoted());
+    let sql = format!(
+        "ALTER PUBLICATION {} ADD TABLE {}",
+        quote_ident(name),
+        table.name.quoted()
+    );
     match client.batch_execute(&sql).await {
         Ok(()) => Ok(true),
         Err(e) if is_duplicate(&e) => Ok(false),
@@ -234,7 +238,10 @@ async fn add_table(client: &Client, name: &str, table: &TableFacts) -> Result<bo
                 fix: format!("Adding a table needs its ownership (owner: {owner}); have {owner} run: {sql}"),
             })
         }
-        Err(e) => Err(ControlError::query(format!("adding {} to publication {name}", table.name))(e)),
+        Err(e) => Err(ControlError::query(format!(
+            "adding {} to publication {name}",
+            table.name
+        ))(e)),
     }
 }
 

@@ -376,8 +376,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(polled, from_billing);
-        let message =
-            OutboxEvent::from_message(br#"{"type":"t","aggregate_id":"a","id":1,"payload":{}}"#).unwrap();
+        let message = OutboxEvent::from_message(br#"{"type":"t","aggregate_id":"a","id":1,"payload":{}}"#).unwrap();
         assert_eq!(message.table, None, "a logical message has no table");
 
         // A mapped column missing from one table's Relation names that table.
@@ -389,15 +388,24 @@ mod tests {
     #[test]
     fn every_source_gives_the_same_record_for_the_same_content() {
         let s = settings(FULL);
-        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &relation(&TABLE), &ByteaTypes::default(), None).unwrap();
+        let layout = OutboxLayout::resolve(
+            &s.outbox,
+            &s.outbox.tables[0],
+            &relation(&TABLE),
+            &ByteaTypes::default(),
+            None,
+        )
+        .unwrap();
         let streamed = ROW.streamed();
         let from_wal = layout.extract(&relation(&TABLE), &streamed).unwrap();
         // The poller's claim borrows from the query's row; the backfill reads owned strings.
         let polled_values = ROW.columns();
-        let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &polled_values, &RowFormat::default()).unwrap();
+        let polled =
+            OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &polled_values, &RowFormat::default()).unwrap();
         let pending: Vec<Option<String>> = ROW.columns().iter().map(|v| v.map(str::to_owned)).collect();
         let pending_values: Vec<Option<&str>> = pending.iter().map(Option::as_deref).collect();
-        let backfilled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &pending_values, &RowFormat::default()).unwrap();
+        let backfilled =
+            OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &pending_values, &RowFormat::default()).unwrap();
         assert_eq!(from_wal, polled);
         assert_eq!(from_wal, backfilled);
         let record = from_wal.record(&s.router, &LIMITS).unwrap();
@@ -415,10 +423,18 @@ mod tests {
                 .unwrap();
         let table = relation(&["id", "aggregate_id", "type", "payload"]);
         let row = tuple(&[Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")]);
-        let plain_layout = OutboxLayout::resolve(&plain.outbox, &plain.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let plain_layout = OutboxLayout::resolve(
+            &plain.outbox,
+            &plain.outbox.tables[0],
+            &table,
+            &ByteaTypes::default(),
+            None,
+        )
+        .unwrap();
         let from_wal = plain_layout.extract(&table, &row).unwrap();
         let values = [Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")];
-        let polled = OutboxEvent::from_columns(&plain.outbox, &plain.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+        let polled =
+            OutboxEvent::from_columns(&plain.outbox, &plain.outbox.tables[0], &values, &RowFormat::default()).unwrap();
         let record = message.record(&plain.router, &LIMITS).unwrap();
         assert_eq!(record.destination, "order");
         assert_eq!(record, from_wal.record(&plain.router, &LIMITS).unwrap());
@@ -429,7 +445,8 @@ mod tests {
     fn a_streamed_row_is_borrowed_not_copied() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout =
+            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         let streamed = ROW.streamed();
         let event = layout.extract(&table, &streamed).unwrap();
         let borrowed = |c: &Cow<'_, [u8]>| matches!(c, Cow::Borrowed(_));
@@ -441,7 +458,9 @@ mod tests {
             .all(|(name, value)| matches!(name, Cow::Borrowed(_)) && value.as_ref().is_none_or(borrowed)));
         // The default rule routes to the value itself without building a topic.
         let default = settings("");
-        let record = OutboxEvent::from_columns(&default.outbox, &default.outbox.tables[0],
+        let record = OutboxEvent::from_columns(
+            &default.outbox,
+            &default.outbox.tables[0],
             &[Some("1"), Some("k"), Some("t"), Some("{}")],
             &RowFormat::default(),
         )
@@ -456,7 +475,8 @@ mod tests {
     fn null_required_columns_and_bad_topics_are_bad_events() {
         let s = settings("");
         let values = [Some("7"), None, Some("t"), Some("{}")];
-        let err = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap_err();
+        let err =
+            OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap_err();
         assert_eq!(OutboxEvent::id_of_columns(&values), "7");
         assert_eq!(
             err,
@@ -489,7 +509,8 @@ mod tests {
     fn streamed_rows_that_are_no_event_name_the_column() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout =
+            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         let with = |i: usize, value: ColumnValue| {
             let mut t = ROW.streamed();
             t.columns[i] = value;
@@ -560,7 +581,8 @@ mod tests {
         }
         // A domain the session does not know of, and text types, pass the text unchanged.
         let table = typed_payload(DOMAIN_OID);
-        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout =
+            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         let event = layout.extract(&table, &row).unwrap();
         assert!(matches!(event.payload, Some(Cow::Borrowed(p)) if p == hex.as_bytes()));
         let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
@@ -572,7 +594,8 @@ mod tests {
     fn a_malformed_bytea_payload_is_a_bad_event_naming_the_column() {
         let s = settings("");
         let table = typed_payload(crate::outbox::payload::BYTEA_OID);
-        let layout = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout =
+            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         for bad in [r"\x0", r"\xzz", "00ff"] {
             let row = tuple(&[Some("9"), Some("k"), Some("t"), Some(bad)]);
             let err = layout.extract(&table, &row).unwrap_err();

@@ -76,8 +76,8 @@ pub(crate) async fn run(
             }
             Some(_) => {}
         }
-        let rows = crate::control::preflight::row_format(settings, outbox, &table.facts.columns)
-            .map_err(PollError::Table)?;
+        let rows =
+            crate::control::preflight::row_format(settings, outbox, &table.facts.columns).map_err(PollError::Table)?;
         let sql = Arc::new(PollSql::new(settings, outbox, &table.id_type, &table.created_at, rows));
         checked.push((sql, table));
     }

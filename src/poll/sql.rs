@@ -105,11 +105,7 @@ pub(crate) fn create_pending_index(
 /// `<table>_<dispatched>_pending`, shortened to PostgreSQL's 63-byte limit on a character boundary.
 /// An index lives in its table's schema, so tables of one name in several schemas do not clash.
 pub(crate) fn pending_index_name(settings: &Settings, table: &TableName) -> String {
-    let mut name = format!(
-        "{}_{}_pending",
-        table.name.as_str(),
-        settings.poll.dispatched.as_str()
-    );
+    let mut name = format!("{}_{}_pending", table.name.as_str(), settings.poll.dispatched.as_str());
     while name.len() > crate::config::ident::MAX_IDENTIFIER_BYTES {
         name.pop();
     }
@@ -204,7 +200,9 @@ mod tests {
         assert!(claims[0].contains("FROM \"sales\".\"outbox\" WHERE"), "{}", claims[0]);
         assert!(claims[1].contains("FROM \"billing\".\"outbox\" WHERE"), "{}", claims[1]);
         let billing = &s.outbox.tables[1];
-        assert!(create_pending_index(&s, billing, "outbox_dispatched_at_pending", &created, false)
-            .contains("ON \"billing\".\"outbox\" (\"created_at\")"));
+        assert!(
+            create_pending_index(&s, billing, "outbox_dispatched_at_pending", &created, false)
+                .contains("ON \"billing\".\"outbox\" (\"created_at\")")
+        );
     }
 }

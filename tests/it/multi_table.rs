@@ -220,7 +220,10 @@ async fn two_outbox_tables_interleaved_in_one_transaction_arrive_in_order() {
         let seqs: Vec<i64> = origins.iter().map(|(_, s)| *s).collect();
         let mut sorted = seqs.clone();
         sorted.sort_unstable();
-        assert_eq!(seqs, sorted, "aggregate {key}: not in commit order across the two tables");
+        assert_eq!(
+            seqs, sorted,
+            "aggregate {key}: not in commit order across the two tables"
+        );
         let tables: Vec<&str> = origins.iter().map(|(t, _)| t.as_str()).collect();
         assert!(
             tables.contains(&TABLES[0]) && tables.contains(&TABLES[1]),
@@ -249,7 +252,10 @@ async fn setup_checks_and_publishes_every_outbox_table() {
     let (client, config) = database(&kafka, "ALTER TABLE billing.outbox RENAME COLUMN payload TO body").await;
     let out = run_cmd(&["setup"], &config).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "setup accepted a table without the payload column");
+    assert!(
+        !out.status.success(),
+        "setup accepted a table without the payload column"
+    );
     assert!(
         stderr.contains("\"billing\".\"outbox\"") && stderr.contains("payload"),
         "the error names the table and the column: {stderr}"
@@ -292,7 +298,11 @@ async fn poll_relays_every_outbox_table() {
         .set("poll", "watchdog_interval_ms", 200);
     let out = run_cmd(&["setup", "--poll"], &config).await;
     let report = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "setup --poll: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "setup --poll: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for table in ["\"sales\".\"outbox\"", "\"billing\".\"outbox\""] {
         assert!(report.contains(&format!("ON {table} (\"created_at\")")), "{report}");
     }
@@ -324,10 +334,17 @@ async fn poll_relays_every_outbox_table() {
         })
     })
     .await;
-    assert!(drained, "both tables' pending-rows gauges fall to 0; log:\n{}", relay.log_text());
+    assert!(
+        drained,
+        "both tables' pending-rows gauges fall to 0; log:\n{}",
+        relay.log_text()
+    );
     for table in TABLES {
         let pending: i64 = client
-            .query_one(&format!("SELECT count(*) FROM {table} WHERE dispatched_at IS NULL"), &[])
+            .query_one(
+                &format!("SELECT count(*) FROM {table} WHERE dispatched_at IS NULL"),
+                &[],
+            )
             .await
             .unwrap()
             .get(0);
@@ -351,7 +368,10 @@ async fn backfill_covers_every_outbox_table() {
             // A poller published it already: not sent again.
             client
                 .execute(
-                    &format!("UPDATE {} SET dispatched_at = now() WHERE id = $1::text::bigint", row.table),
+                    &format!(
+                        "UPDATE {} SET dispatched_at = now() WHERE id = $1::text::bigint",
+                        row.table
+                    ),
                     &[&row.id],
                 )
                 .await

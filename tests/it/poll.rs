@@ -492,7 +492,10 @@ async fn the_watchdog_reports_pending_rows_and_stuck_ones_until_they_are_publish
     .await;
     assert!(pending_seen, "{}", relay.log_text());
     let m = Metrics::scrape(&addr).await.unwrap();
-    let age = m.value("outbox_relay_oldest_pending_age_seconds", &[("table", schema.qualified_table())]);
+    let age = m.value(
+        "outbox_relay_oldest_pending_age_seconds",
+        &[("table", schema.qualified_table())],
+    );
     assert!((600.0..700.0).contains(&age), "oldest pending age {age}");
     assert!(
         relay
@@ -513,7 +516,10 @@ async fn the_watchdog_reports_pending_rows_and_stuck_ones_until_they_are_publish
     let cleared = wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
         Metrics::scrape(&addr).await.is_some_and(|m| {
             m.value("outbox_relay_pending_rows", &[("table", schema.qualified_table())]) == 0.0
-                && m.value("outbox_relay_oldest_pending_age_seconds", &[("table", schema.qualified_table())]) == 0.0
+                && m.value(
+                    "outbox_relay_oldest_pending_age_seconds",
+                    &[("table", schema.qualified_table())],
+                ) == 0.0
         })
     })
     .await;

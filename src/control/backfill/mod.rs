@@ -47,8 +47,8 @@ pub(crate) use pending::Selection;
 use pending::{PendingOrder, PendingRows};
 use publish::BackfillPublisher;
 
-use super::setup::{ensure_publication, SetupReport, SlotOutcome};
 use super::preflight::CheckedTable;
+use super::setup::{ensure_publication, SetupReport, SlotOutcome};
 use super::{connect, describe, preflight};
 use crate::config::ident::{Ident, TableName};
 use crate::config::Settings;

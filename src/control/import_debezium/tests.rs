@@ -223,7 +223,11 @@ fn several_tables_map_to_a_list_and_a_pattern_is_refused() {
     let one = data(&import("c.properties", BASE));
     assert_eq!(one["outbox"]["table"].as_str(), Some("public.outbox"));
 
-    for pattern in ["public.outbox_.*", "(sales|billing)\\.outbox", "sales.outbox,billing\\.outbox[0-9]"] {
+    for pattern in [
+        "public.outbox_.*",
+        "(sales|billing)\\.outbox",
+        "sales.outbox,billing\\.outbox[0-9]",
+    ] {
         let e = import_err("c.properties", &BASE.replace("public.outbox", pattern));
         assert!(
             e.contains("is a pattern") && e.contains("replace it with the tables it matches"),
