@@ -60,8 +60,10 @@ fn column_schema(facts: ColumnFacts) -> Option<Schema> {
 /// Why a table's columns cannot be rendered in the configured format: fatal at session start,
 /// naming the column and what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("[debezium]: column {column:?} ({role}): {problem}")]
+#[error("[debezium]: column {column:?} of {table} ({role}): {problem}")]
 pub struct ConnectLayoutError {
+    /// The outbox table, as `"schema"."table"` (several may be configured).
+    pub(crate) table: String,
     pub(crate) column: String,
     pub(crate) role: &'static str,
     pub(crate) problem: String,
@@ -96,8 +98,22 @@ impl ConnectLayout {
         table: &TableName,
         facts: impl Fn(&Ident) -> Option<ColumnFacts>,
     ) -> Result<ConnectLayout, ConnectLayoutError> {
+        // Errors name the table: with several outbox tables, one may be the one that does not fit.
+        Self::build(format, mapping, table, facts).map_err(|e| ConnectLayoutError {
+            table: table.to_string(),
+            ..e
+        })
+    }
+
+    fn build(
+        format: &DebeziumFormat,
+        mapping: &OutboxMapping,
+        table: &TableName,
+        facts: impl Fn(&Ident) -> Option<ColumnFacts>,
+    ) -> Result<ConnectLayout, ConnectLayoutError> {
         let column = |ident: &Ident, role: &'static str| -> Result<Column, ConnectLayoutError> {
             let err = |problem: String| ConnectLayoutError {
+                table: String::new(),
                 column: ident.as_str().to_owned(),
                 role,
                 problem,
@@ -118,6 +134,7 @@ impl ConnectLayout {
         let id = column(&mapping.id, "event id")?;
         if !matches!(id.schema.kind, Kind::String | Kind::Int16 | Kind::Int32 | Kind::Int64) {
             return Err(ConnectLayoutError {
+                table: String::new(),
                 column: id.name,
                 role: "event id",
                 problem: "Connect's header converter renders this type differently from PostgreSQL; use a text, uuid or integer id".into(),
@@ -139,6 +156,7 @@ impl ConnectLayout {
                 .iter()
                 .find(|c| c.name == f.column.as_str())
                 .ok_or_else(|| ConnectLayoutError {
+                    table: String::new(),
                     column: f.column.as_str().to_owned(),
                     role: "table.fields.additional.placement",
                     problem: "not read (internal: placed columns out of sync)".into(),
@@ -155,6 +173,7 @@ impl ConnectLayout {
             };
             if let Some(problem) = problem {
                 return Err(ConnectLayoutError {
+                    table: String::new(),
                     column: col.name.clone(),
                     role: "table.fields.additional.placement",
                     problem: problem.into(),
@@ -350,6 +369,7 @@ fn check_converter(class: ConverterClass, column: &Column, option: &str) -> Resu
     };
     match problem {
         Some(problem) => Err(ConnectLayoutError {
+            table: String::new(),
             column: column.name.clone(),
             role: if option == "key.converter" {
                 "message key"
@@ -496,6 +516,16 @@ mod tests {
         assert!(timestamp.to_string().contains("OID 1184"), "{timestamp}");
         let missing = layout("\"table.fields.additional.placement\" = \"nope:header\"", JSONB).unwrap_err();
         assert!(missing.to_string().contains("not in the table"), "{missing}");
+        let other = layout_of(
+            "billing.outbox",
+            "\"table.fields.additional.placement\" = \"nope:header\"",
+            JSONB,
+        )
+        .unwrap_err();
+        assert!(
+            other.to_string().contains(r#"column "nope" of "billing"."outbox""#),
+            "the error names the table: {other}"
+        );
     }
 
     #[test]
