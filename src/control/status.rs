@@ -74,6 +74,25 @@
 //!     "ready": false,                  // its /readyz verdict; null when unreachable
 //!     "detail": "not ready: exactly-once takeover fence: … until 2026-11-25T17:24:07.000000Z (4.2 s left): …"
 //!   },
+//!   "tables": [{                       // per outbox table (control/status_tables.rs)
+//!     "schema": "public", "table": "events_outbox",
+//!     "estimated_rows": 120000,        // the planner's estimate (reltuples, summed over partitions);
+//!                                      // null before the first ANALYZE
+//!     "size_bytes": 52428800,          // pg_total_relation_size over every partition
+//!     "partitioned": false,
+//!     "oldest_row": "2026-11-18T09:12:00.000000Z",   // min(timestamp column); null when empty
+//!     "oldest_row_age_seconds": 604800.0,
+//!     "retention": "delete, keep 604800 s, every 60 s",   // [retention] as configured; null: off
+//!     "last_retention": {              // retention's record table; null: no run recorded
+//!       "last_run_at": "2026-11-25T12:00:00.000000Z",
+//!       "last_removed_at": "2026-11-25T11:59:00.000000Z",
+//!       "last_removed_rows": 5000, "last_removed_partitions": 0,
+//!       "last_removed_through": "2026-11-18T09:11:00.000000Z",   // newest timestamp removed
+//!       "total_removed_rows": 900000,
+//!       "detached_partition": null     // a partition detached and waiting for the slot
+//!     },
+//!     "error": null                    // what could not be read, and why
+//!   }],
 //!   "health": {                        // ok / warn / critical and why (control/status_health.rs)
 //!     "verdict": "ok",                 // ok | warn | critical
 //!     "reasons": [],                   // one sentence per finding, most severe first; [] when ok
@@ -98,6 +117,7 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog;
 use super::status_health::{self, Facts, HealthStatus, Thresholds, WalsenderLag};
+pub use super::status_tables::TableStatus;
 use super::{connect, human_bytes, ControlError};
 use crate::config::Settings;
 use crate::postgres::lsn::Lsn;
@@ -118,6 +138,10 @@ pub struct StatusReport {
     /// The relay on this host, as its own `/readyz` says (`None`: `http.listen` not set).
     pub relay: Option<LocalRelay>,
     pub sink: SinkStatus,
+    /// Per outbox table: rows (estimate), size, oldest row, what retention last removed
+    /// (`control/status_tables.rs`).
+    #[serde(default)]
+    pub tables: Vec<TableStatus>,
 }
 
 /// The broker events go to, looked at directly (`crate::sink::probe`).
@@ -386,10 +410,12 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
             detail: e.to_string(),
         },
     };
+    let tables = super::status_tables::read(&client, settings).await;
     Ok(StatusReport {
         failover,
         relay,
         sink,
+        tables,
         health,
         schema_version: STATUS_SCHEMA_VERSION,
         postgres_url: settings.postgres.url.to_string(),
@@ -587,6 +613,9 @@ impl StatusReport {
             };
             writeln!(f, "relay at {} (http.listen): {verdict}: {}", r.address, r.detail)?;
         }
+        for t in &self.tables {
+            super::status_tables::render(t, f)?;
+        }
         self.health.render(f, self.slot.lag_bytes, self.slot.retained_wal_bytes)
     }
 }
@@ -767,6 +796,7 @@ mod tests {
                 reachable: true,
                 detail: "reachable: 1 broker(s), 2 topic(s)".into(),
             },
+            tables: Vec::new(),
             relay: Some(LocalRelay {
                 address: "127.0.0.1:9187".into(),
                 reachable: true,

@@ -87,6 +87,15 @@ pub(crate) async fn run(
         let (settings, created_at, stop) = (Arc::clone(&settings), table.created_at.clone(), stop_rx.clone());
         tokio::spawn(async move { watchdog::run(&settings, &created_at, stop).await })
     };
+    let _retention = crate::retention::spawn(
+        &settings,
+        crate::retention::Source::Poll {
+            dispatched: settings.poll.dispatched.clone(),
+        },
+        // Every poller is active: claims never overlap, and retention's deletes skip locked rows.
+        || true,
+        stop_rx.clone(),
+    );
     for index in 0..settings.poll.workers {
         let worker = Worker::new(Arc::clone(&settings), Arc::clone(&sql), Arc::clone(&id_type), index);
         workers.spawn(worker.run(stop_rx.clone()));
