@@ -24,6 +24,7 @@ mod layering;
 mod outage_logs;
 mod pg_versions;
 mod poll;
+mod retention;
 mod sink_nats;
 mod sink_rabbitmq;
 mod sink_redis;
