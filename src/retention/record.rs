@@ -68,17 +68,22 @@ pub(crate) struct Removed {
 
 /// Notes a finished run (and what it removed, if anything).
 pub(crate) async fn note_run(client: &Client, table: &TableName, removed: &Removed) -> Result<(), RetentionError> {
+    // Parameters cast once in a CTE: each is used both as a value and in comparisons.
     let sql = format!(
-        "INSERT INTO {t} AS r (outbox_table, last_run_at, last_removed_at, last_removed_rows, last_removed_partitions,
+        "WITH p AS (SELECT $1::text AS t, $2::int8 AS n, $3::int8 AS parts, to_timestamp($4::float8) AS through)
+         INSERT INTO {t} AS r (outbox_table, last_run_at, last_removed_at, last_removed_rows, last_removed_partitions,
                               last_removed_through, total_removed_rows)
-         VALUES ($1, now(), CASE WHEN $2 > 0 OR $3 > 0 THEN now() END, $2, $3, to_timestamp($4), $2)
+         SELECT t, now(), CASE WHEN n > 0 OR parts > 0 THEN now() END, n, parts, through, n FROM p
          ON CONFLICT (outbox_table) DO UPDATE SET
             last_run_at = now(),
-            last_removed_at = CASE WHEN $2 > 0 OR $3 > 0 THEN now() ELSE r.last_removed_at END,
-            last_removed_rows = CASE WHEN $2 > 0 OR $3 > 0 THEN $2 ELSE r.last_removed_rows END,
-            last_removed_partitions = CASE WHEN $2 > 0 OR $3 > 0 THEN $3 ELSE r.last_removed_partitions END,
-            last_removed_through = COALESCE(to_timestamp($4), r.last_removed_through),
-            total_removed_rows = r.total_removed_rows + $2",
+            last_removed_at = CASE WHEN EXCLUDED.last_removed_rows > 0 OR EXCLUDED.last_removed_partitions > 0
+                                   THEN now() ELSE r.last_removed_at END,
+            last_removed_rows = CASE WHEN EXCLUDED.last_removed_rows > 0 OR EXCLUDED.last_removed_partitions > 0
+                                     THEN EXCLUDED.last_removed_rows ELSE r.last_removed_rows END,
+            last_removed_partitions = CASE WHEN EXCLUDED.last_removed_rows > 0 OR EXCLUDED.last_removed_partitions > 0
+                                           THEN EXCLUDED.last_removed_partitions ELSE r.last_removed_partitions END,
+            last_removed_through = COALESCE(EXCLUDED.last_removed_through, r.last_removed_through),
+            total_removed_rows = r.total_removed_rows + EXCLUDED.last_removed_rows",
         t = record_table(table)
     );
     client
@@ -99,7 +104,7 @@ pub(crate) async fn set_detached(
 ) -> Result<(), RetentionError> {
     let sql = format!(
         "INSERT INTO {t} AS r (outbox_table, detached_partition, detached_bound, detached_lsn)
-         VALUES ($1, $2, $3, $4::text::pg_lsn)
+         VALUES ($1::text, $2::text, $3::text, $4::text::pg_lsn)
          ON CONFLICT (outbox_table) DO UPDATE SET
             detached_partition = $2, detached_bound = $3, detached_lsn = $4::text::pg_lsn",
         t = record_table(table)

@@ -100,13 +100,18 @@ async fn stop(mut relay: RelayProcess) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_transaction_keeps_its_row_until_published() {
+    // A cluster of its own: the open transaction would hold up every other test's slot
+    // creation on the shared one (a logical slot waits for running transactions).
+    let Some(pg) = PgCluster::start_dedicated(&[]).await else {
+        return;
+    };
     let kafka = MockKafka::new(1);
-    let (db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let (db, client, config) = prepared_on(&pg, "retlate", OutboxSchema::A, &kafka.bootstrap_servers()).await;
     let config = with_retention(config, "delete");
     let relay = RelayProcess::run_streaming(&config).await;
 
     // A transaction starts now (its rows' created_at is its start) and stays open.
-    let mut late = shared_cluster().await.client(&db).await;
+    let mut late = pg.client(&db).await;
     let tx = late.transaction().await.expect("begin");
     let late_id: String = tx
         .query_one(
