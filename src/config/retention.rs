@@ -28,7 +28,10 @@ pub(crate) struct RetentionSection {
     pub(crate) keep: String,
     #[serde(default = "default_interval")]
     pub(crate) interval: String,
-    #[serde(default = "default_batch_size", deserialize_with = "crate::config::number_or_numeric_string")]
+    #[serde(
+        default = "default_batch_size",
+        deserialize_with = "crate::config::number_or_numeric_string"
+    )]
     pub(crate) batch_size: u64,
     #[serde(default = "default_lock_timeout")]
     pub(crate) lock_timeout: String,
@@ -39,7 +42,10 @@ pub(crate) struct RetentionSection {
     pub(crate) timestamp_column: Option<String>,
     #[serde(default = "default_partition_width")]
     pub(crate) partition_width: String,
-    #[serde(default = "default_partitions_ahead", deserialize_with = "crate::config::number_or_numeric_string")]
+    #[serde(
+        default = "default_partitions_ahead",
+        deserialize_with = "crate::config::number_or_numeric_string"
+    )]
     pub(crate) partitions_ahead: u64,
 }
 
@@ -119,18 +125,26 @@ impl RetentionSection {
         let mode = match self.mode.as_str() {
             "delete" => RetentionMode::Delete,
             "partitions" => RetentionMode::Partitions,
-            other => {
-                return Err(ConfigError::Invalid {
-                    key: "retention.mode",
-                    message: format!(
-                        "is {other:?}; it must be \"delete\" (rows in batches) or \"partitions\" (an outbox partitioned \
+            other => return Err(ConfigError::Invalid {
+                key: "retention.mode",
+                message: format!(
+                    "is {other:?}; it must be \"delete\" (rows in batches) or \"partitions\" (an outbox partitioned \
                          by range of its timestamp column); remove the [retention] section to keep every row"
-                    ),
-                })
-            }
+                ),
+            }),
         };
-        let keep = duration("retention.keep", &self.keep, Duration::from_secs(1), Duration::from_secs(3650 * 86_400))?;
-        let interval = duration("retention.interval", &self.interval, Duration::from_secs(1), Duration::from_secs(86_400))?;
+        let keep = duration(
+            "retention.keep",
+            &self.keep,
+            Duration::from_secs(1),
+            Duration::from_secs(3650 * 86_400),
+        )?;
+        let interval = duration(
+            "retention.interval",
+            &self.interval,
+            Duration::from_secs(1),
+            Duration::from_secs(86_400),
+        )?;
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
             return Err(ConfigError::Invalid {
                 key: "retention.batch_size",
@@ -337,8 +351,16 @@ mod tests {
             ("mode = \"delete\"\n", "keep", "missing"),
             ("mode = \"delete\"\nkeep = \"7\"\n", "retention.keep", "without a unit"),
             ("mode = \"delete\"\nkeep = \"0s\"\n", "retention.keep", "between 1s"),
-            ("mode = \"delete\"\nkeep = \"7d\"\ninterval = \"2d\"\n", "retention.interval", "between"),
-            ("mode = \"delete\"\nkeep = \"7d\"\nbatch_size = 0\n", "retention.batch_size", "between 1"),
+            (
+                "mode = \"delete\"\nkeep = \"7d\"\ninterval = \"2d\"\n",
+                "retention.interval",
+                "between",
+            ),
+            (
+                "mode = \"delete\"\nkeep = \"7d\"\nbatch_size = 0\n",
+                "retention.batch_size",
+                "between 1",
+            ),
             (
                 "mode = \"delete\"\nkeep = \"7d\"\nlock_timeout = \"1m\"\nstatement_timeout = \"10s\"\n",
                 "retention.lock_timeout",
@@ -349,9 +371,21 @@ mod tests {
                 "retention.keep",
                 "partition_width",
             ),
-            ("mode = \"partitions\"\nkeep = \"7d\"\npartitions_ahead = 0\n", "retention.partitions_ahead", "between"),
-            ("mode = \"delete\"\nkeep = \"7d\"\ntimestamp_column = \"a b\"\n", "retention.timestamp_column", ""),
-            ("mode = \"delete\"\nkeep = \"7d\"\nkeep_for = \"1d\"\n", "keep_for", "unknown field"),
+            (
+                "mode = \"partitions\"\nkeep = \"7d\"\npartitions_ahead = 0\n",
+                "retention.partitions_ahead",
+                "between",
+            ),
+            (
+                "mode = \"delete\"\nkeep = \"7d\"\ntimestamp_column = \"a b\"\n",
+                "retention.timestamp_column",
+                "",
+            ),
+            (
+                "mode = \"delete\"\nkeep = \"7d\"\nkeep_for = \"1d\"\n",
+                "keep_for",
+                "unknown field",
+            ),
         ] {
             let err = load(&format!("[retention]\n{extra}"), &[]).unwrap_err().to_string();
             assert!(err.contains(key) && err.contains(says), "{extra}: {err}");

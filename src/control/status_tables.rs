@@ -80,11 +80,9 @@ fn time_text(sql_expr: &str) -> String {
 async fn read_one(client: &Client, settings: &Settings, table: &TableName) -> TableStatus {
     let timestamp = match &settings.retention {
         Some(r) => r.timestamp_column(settings.outbox.timestamp.as_ref()),
-        None => settings
-            .outbox
-            .timestamp
-            .clone()
-            .unwrap_or_else(|| crate::config::ident::Ident::parse("created_at", "created_at").expect("a plain literal")),
+        None => settings.outbox.timestamp.clone().unwrap_or_else(|| {
+            crate::config::ident::Ident::parse("created_at", "created_at").expect("a plain literal")
+        }),
     };
     let mut status = TableStatus {
         schema: table.schema.as_str().to_owned(),
@@ -95,7 +93,12 @@ async fn read_one(client: &Client, settings: &Settings, table: &TableName) -> Ta
         oldest_row: None,
         oldest_row_age_seconds: None,
         retention: settings.retention.as_ref().map(|r| {
-            format!("{}, keep {} s, every {} s", r.mode.label(), r.keep.as_secs(), r.interval.as_secs())
+            format!(
+                "{}, keep {} s, every {} s",
+                r.mode.label(),
+                r.keep.as_secs(),
+                r.interval.as_secs()
+            )
         }),
         last_retention: None,
         error: None,
@@ -183,11 +186,17 @@ async fn read_one(client: &Client, settings: &Settings, table: &TableName) -> Ta
                         detached_partition: r.get(6),
                     })
                 }
-                Err(e) => errors.push(format!("retention record: {}", crate::postgres::failure::describe_pg(&e))),
+                Err(e) => errors.push(format!(
+                    "retention record: {}",
+                    crate::postgres::failure::describe_pg(&e)
+                )),
             }
         }
         Ok(false) => {}
-        Err(e) => errors.push(format!("retention record: {}", crate::postgres::failure::describe_pg(&e))),
+        Err(e) => errors.push(format!(
+            "retention record: {}",
+            crate::postgres::failure::describe_pg(&e)
+        )),
     }
     if !errors.is_empty() {
         status.error = Some(errors.join("; "));
@@ -197,8 +206,10 @@ async fn read_one(client: &Client, settings: &Settings, table: &TableName) -> Ta
 
 /// The human lines of one table.
 pub(crate) fn render(t: &TableStatus, f: &mut String) -> std::fmt::Result {
-    let rows = t.estimated_rows.map_or("unknown (never analyzed)".to_owned(), |r| format!("~{r} (estimate)"));
-    let size = t.size_bytes.map_or("unknown".to_owned(), |b| super::human_bytes(b));
+    let rows = t
+        .estimated_rows
+        .map_or("unknown (never analyzed)".to_owned(), |r| format!("~{r} (estimate)"));
+    let size = t.size_bytes.map_or("unknown".to_owned(), super::human_bytes);
     writeln!(f, "outbox table {}.{}: {rows} rows, {size}", t.schema, t.table)?;
     match (&t.oldest_row, t.oldest_row_age_seconds) {
         (Some(at), Some(age)) => writeln!(f, "  oldest row: {at} ({:.0} s old)", age)?,

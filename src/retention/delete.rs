@@ -48,7 +48,11 @@ pub(crate) fn candidates_sql(target: &Target, limit: usize) -> String {
 }
 
 /// Takes a snapshot (see the module docs for why it is taken in this order).
-pub(crate) async fn snapshot(client: &mut Client, target: &Target, batch_size: usize) -> Result<Snapshot, RetentionError> {
+pub(crate) async fn snapshot(
+    client: &mut Client,
+    target: &Target,
+    batch_size: usize,
+) -> Result<Snapshot, RetentionError> {
     let limit = batch_size * SNAPSHOT_BATCHES;
     let failed = |what| RetentionError::query(&target.table, what);
     let tx = client

@@ -31,7 +31,11 @@ pub(crate) enum RetentionError {
         "retention.mode = \"partitions\", but {table} is not partitioned by range of {column} alone ({found}). Create \
          it with `PARTITION BY RANGE ({column})`, or use retention.mode = \"delete\""
     )]
-    NotPartitioned { table: String, column: String, found: String },
+    NotPartitioned {
+        table: String,
+        column: String,
+        found: String,
+    },
     #[error(
         "retention on {table}: partition names are the table's name plus \"_p\" and 10 digits, which exceeds \
          PostgreSQL's 63-byte limit; rename the table or create partitions yourself and use retention.mode = \"delete\""

@@ -99,7 +99,9 @@ pub(crate) fn spawn(
     let config = settings.retention.clone()?;
     let settings = settings.clone();
     Some(RetentionTask(tokio::spawn(async move {
-        Retention::new(settings, config, source, Box::new(active)).run(shutdown).await;
+        Retention::new(settings, config, source, Box::new(active))
+            .run(shutdown)
+            .await;
     })))
 }
 
@@ -192,8 +194,11 @@ impl Retention {
                     if state.failing.take().is_some() {
                         info!(table = %table, "retention works again");
                     }
-                    ::metrics::gauge!(RETENTION_LAST_RUN, TABLE_LABEL => key.clone())
-                        .set(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
+                    ::metrics::gauge!(RETENTION_LAST_RUN, TABLE_LABEL => key.clone()).set(
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0.0, |d| d.as_secs_f64()),
+                    );
                 }
                 Err(e) => {
                     ::metrics::counter!(RETENTION_ERRORS, TABLE_LABEL => key.clone(), "kind" => e.kind()).increment(1);
@@ -218,7 +223,8 @@ impl Retention {
             Some(c) if !c.is_closed() => c,
             _ => {
                 let client =
-                    crate::postgres::client::connect(&self.settings.postgres, self.settings.relay.connect_timeout).await?;
+                    crate::postgres::client::connect(&self.settings.postgres, self.settings.relay.connect_timeout)
+                        .await?;
                 client
                     .batch_execute(&format!(
                         "SET application_name = 'outbox-relay retention'; SET lock_timeout = {}; \
@@ -227,7 +233,10 @@ impl Retention {
                         self.config.statement_timeout.as_millis()
                     ))
                     .await
-                    .map_err(RetentionError::query(&"the retention connection", "setting its timeouts"))?;
+                    .map_err(RetentionError::query(
+                        &"the retention connection",
+                        "setting its timeouts",
+                    ))?;
                 client
             }
         };
@@ -293,7 +302,11 @@ impl Retention {
         Ok(target)
     }
 
-    async fn run_table(&mut self, table: &TableName, stop: &(dyn Fn() -> bool + Send + Sync)) -> Result<(), RetentionError> {
+    async fn run_table(
+        &mut self,
+        table: &TableName,
+        stop: &(dyn Fn() -> bool + Send + Sync),
+    ) -> Result<(), RetentionError> {
         let target = self.target(table).await?;
         let removed = match (self.config.mode, self.source.clone()) {
             (RetentionMode::Delete, Source::Stream) => self.delete_streamed(&target, stop).await?,
@@ -367,7 +380,11 @@ impl Retention {
     }
 
     /// Streaming, delete mode: snapshots applied once the slot passed them.
-    async fn delete_streamed(&mut self, target: &Target, stop: &(dyn Fn() -> bool + Send + Sync)) -> Result<Removed, RetentionError> {
+    async fn delete_streamed(
+        &mut self,
+        target: &Target,
+        stop: &(dyn Fn() -> bool + Send + Sync),
+    ) -> Result<Removed, RetentionError> {
         let mut total = Removed::default();
         for _ in 0..ROUNDS_PER_RUN {
             if stop() || self.gate(target).await?.is_none() {
@@ -425,7 +442,9 @@ impl Retention {
                 Source::Stream => {
                     let known = match self.tables.get(&target.label).and_then(|s| s.detached.clone()) {
                         Some(d) => Some(d),
-                        None => record::detached(self.connect().await?, &target.table).await.unwrap_or(None),
+                        None => record::detached(self.connect().await?, &target.table)
+                            .await
+                            .unwrap_or(None),
                     };
                     let d = match known {
                         Some(d) => d,

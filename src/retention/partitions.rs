@@ -21,7 +21,9 @@ use tokio_postgres::Client;
 use tracing::{info, warn};
 
 use crate::config::ident::Ident;
-use crate::ops::metrics::{RETENTION_PARTITIONS_CREATED, RETENTION_PARTITIONS_DROPPED, RETENTION_ROWS_REMOVED, TABLE_LABEL};
+use crate::ops::metrics::{
+    RETENTION_PARTITIONS_CREATED, RETENTION_PARTITIONS_DROPPED, RETENTION_ROWS_REMOVED, TABLE_LABEL,
+};
 use crate::retention::record::{self, Detached, Removed};
 use crate::retention::{RetentionError, Target};
 
@@ -51,7 +53,10 @@ pub(crate) async fn check(client: &Client, target: &Target) -> Result<(), Retent
             &[&target.table.quoted()],
         )
         .await
-        .map_err(RetentionError::query(&target.table, "reading how the table is partitioned"))?;
+        .map_err(RetentionError::query(
+            &target.table,
+            "reading how the table is partitioned",
+        ))?;
     let found = match row {
         None => "not partitioned".to_owned(),
         Some(r) => {
@@ -165,15 +170,26 @@ pub(crate) async fn create_ahead(
 }
 
 /// Whether `partition` holds a row whose dispatched column is NULL (polling: unpublished).
-async fn holds_undispatched(client: &Client, target: &Target, partition: &str, dispatched: &Ident) -> Result<bool, RetentionError> {
+async fn holds_undispatched(
+    client: &Client,
+    target: &Target,
+    partition: &str,
+    dispatched: &Ident,
+) -> Result<bool, RetentionError> {
     client
         .query_one(
-            &format!("SELECT EXISTS (SELECT 1 FROM {partition} WHERE {} IS NULL)", dispatched.quoted()),
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM {partition} WHERE {} IS NULL)",
+                dispatched.quoted()
+            ),
             &[],
         )
         .await
         .map(|r| r.get(0))
-        .map_err(RetentionError::query(&target.table, "looking for undispatched rows in a partition"))
+        .map_err(RetentionError::query(
+            &target.table,
+            "looking for undispatched rows in a partition",
+        ))
 }
 
 /// Detaches the oldest expired partition (never the default one). Streaming: returns it with
@@ -194,9 +210,16 @@ pub(crate) async fn detach_oldest(
         }
     }
     client
-        .batch_execute(&format!("ALTER TABLE {} DETACH PARTITION {}", target.table.quoted(), oldest.name))
+        .batch_execute(&format!(
+            "ALTER TABLE {} DETACH PARTITION {}",
+            target.table.quoted(),
+            oldest.name
+        ))
         .await
-        .map_err(RetentionError::query(&target.table, "detaching an expired partition (an insert into it may still be running)"))?;
+        .map_err(RetentionError::query(
+            &target.table,
+            "detaching an expired partition (an insert into it may still be running)",
+        ))?;
     let lsn: String = client
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
         .await
@@ -228,14 +251,21 @@ pub(crate) async fn reattach(client: &Client, target: &Target, detached: &Detach
             detached.bound
         ))
         .await
-        .map_err(RetentionError::query(&target.table, "attaching a detached partition again"))?;
+        .map_err(RetentionError::query(
+            &target.table,
+            "attaching a detached partition again",
+        ))?;
     record::set_detached(client, &target.table, None).await.ok();
     warn!(table = %target.table, partition = %detached.partition, "retention attached the partition again: it may hold an unpublished row");
     Ok(())
 }
 
 /// Drops a detached partition; what it held counts as removed (rows: the planner's estimate).
-pub(crate) async fn drop_detached(client: &Client, target: &Target, detached: &Detached) -> Result<Removed, RetentionError> {
+pub(crate) async fn drop_detached(
+    client: &Client,
+    target: &Target,
+    detached: &Detached,
+) -> Result<Removed, RetentionError> {
     let row = client
         .query_one(
             "SELECT GREATEST(c.reltuples, 0)::int8 FROM pg_class c WHERE c.oid = $1::text::regclass",
@@ -273,7 +303,10 @@ mod tests {
     #[test]
     fn retention_ranges_are_aligned_and_cover_now_and_ahead() {
         let r = wanted_ranges(86_400 * 10 + 5, 86_400, 2);
-        assert_eq!(r, vec![(864_000, 950_400), (950_400, 1_036_800), (1_036_800, 1_123_200)]);
+        assert_eq!(
+            r,
+            vec![(864_000, 950_400), (950_400, 1_036_800), (1_036_800, 1_123_200)]
+        );
         assert!(r[0].0 <= 86_400 * 10 + 5 && 86_400 * 10 + 5 < r[0].1);
     }
 }

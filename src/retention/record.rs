@@ -89,7 +89,12 @@ pub(crate) async fn note_run(client: &Client, table: &TableName, removed: &Remov
     client
         .execute(
             &sql,
-            &[&key(table), &(removed.rows as i64), &(removed.partitions as i64), &removed.through_unix],
+            &[
+                &key(table),
+                &(removed.rows as i64),
+                &(removed.partitions as i64),
+                &removed.through_unix,
+            ],
         )
         .await
         .map(drop)
@@ -110,7 +115,11 @@ pub(crate) async fn set_detached(
         t = record_table(table)
     );
     let (partition, bound, lsn) = match detached {
-        Some(d) => (Some(d.partition.as_str()), Some(d.bound.as_str()), Some(d.lsn.to_string())),
+        Some(d) => (
+            Some(d.partition.as_str()),
+            Some(d.bound.as_str()),
+            Some(d.lsn.to_string()),
+        ),
         None => (None, None, None),
     };
     client

@@ -50,10 +50,7 @@ async fn insert_rows(client: &Client, n: usize, age_seconds: i64) -> Vec<String>
 /// How many of `ids` are still in the table.
 async fn remaining(client: &Client, ids: &[String]) -> i64 {
     client
-        .query_one(
-            "SELECT count(*) FROM events_outbox WHERE id::text = ANY($1)",
-            &[&ids],
-        )
+        .query_one("SELECT count(*) FROM events_outbox WHERE id::text = ANY($1)", &[&ids])
         .await
         .expect("count")
         .get(0)
@@ -73,8 +70,15 @@ async fn assert_all_stay(client: &Client, ids: &[String], window: Duration, what
 }
 
 async fn wait_all_removed(client: &Client, ids: &[String], what: &str, relay: &RelayProcess) {
-    let gone = wait_until(WAIT, Duration::from_millis(200), || async move { remaining(client, ids).await == 0 }).await;
-    assert!(gone, "{what}: published rows were not removed; relay log:\n{}", relay.log_text());
+    let gone = wait_until(WAIT, Duration::from_millis(200), || async move {
+        remaining(client, ids).await == 0
+    })
+    .await;
+    assert!(
+        gone,
+        "{what}: published rows were not removed; relay log:\n{}",
+        relay.log_text()
+    );
 }
 
 /// The `id` headers of what arrived on topic `order`, once `want` records did.
@@ -156,11 +160,19 @@ async fn relay_stopped_and_behind_removes_nothing_unpublished() {
     // The relay comes back but cannot publish: it streams, retention runs, the slot stays behind.
     kafka.all_brokers_down();
     let relay = RelayProcess::run_streaming(&config).await;
-    assert!(relay.wait_for_log("retention active", Duration::from_secs(10)).await, "{}", relay.log_text());
+    assert!(
+        relay.wait_for_log("retention active", Duration::from_secs(10)).await,
+        "{}",
+        relay.log_text()
+    );
     assert_all_stay(&client, &ids, SEVERAL_RUNS, "relay behind, broker down").await;
 
     kafka.all_brokers_up();
-    assert_delivered(&delivered_ids(&kafka, ids.len()).await, &ids, "rows committed while stopped");
+    assert_delivered(
+        &delivered_ids(&kafka, ids.len()).await,
+        &ids,
+        "rows committed while stopped",
+    );
     wait_all_removed(&client, &ids, "rows committed while stopped", &relay).await;
     stop(relay).await;
 }
@@ -197,7 +209,10 @@ async fn dropped_slot_removes_nothing() {
     kafka.all_brokers_up();
     // The relay stops on the missing slot; retention, in it, removed nothing meanwhile.
     assert_all_stay(&client, &ids, SEVERAL_RUNS, "slot dropped").await;
-    let status = relay.wait_exit(Duration::from_secs(30)).await.expect("relay stops without its slot");
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("relay stops without its slot");
     assert!(!status.success());
     assert_all_stay(&client, &ids, Duration::from_secs(2), "after the relay stopped").await;
     let log = relay.log_text();
@@ -217,10 +232,18 @@ async fn standby_removes_nothing() {
         standby.log_text()
     );
     let ids = insert_rows(&client, 30, 60).await;
-    assert_delivered(&delivered_ids(&kafka, ids.len()).await, &ids, "published by the active instance");
+    assert_delivered(
+        &delivered_ids(&kafka, ids.len()).await,
+        &ids,
+        "published by the active instance",
+    );
     // Published and old, but the only instance with retention stands by.
     assert_all_stay(&client, &ids, SEVERAL_RUNS, "retention on a standby").await;
-    assert!(!standby.log_text().contains("retention removed"), "{}", standby.log_text());
+    assert!(
+        !standby.log_text().contains("retention removed"),
+        "{}",
+        standby.log_text()
+    );
 
     stop(active).await;
     wait_all_removed(&client, &ids, "after the standby took over", &standby).await;
@@ -245,7 +268,11 @@ async fn poll_mode_deletes_only_dispatched_rows() {
 
     kafka.all_brokers_down();
     let poller = RelayProcess::poll(&config);
-    assert!(poller.wait_for_log("polling started", Duration::from_secs(30)).await, "{}", poller.log_text());
+    assert!(
+        poller.wait_for_log("polling started", Duration::from_secs(30)).await,
+        "{}",
+        poller.log_text()
+    );
     // Old and pending (the broker is down): must stay.
     let pending = insert_rows(&client, 15, 3600).await;
     // Old and marked dispatched by an earlier poller: may go.
@@ -320,7 +347,9 @@ async fn partition_rotation_under_load_loses_nothing() {
     for _ in 0..4 {
         let url = url.clone();
         writers.push(tokio::spawn(async move {
-            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
             tokio::spawn(conn);
             let mut ids = Vec::new();
             let mut tick = tokio::time::interval(Duration::from_millis(4));

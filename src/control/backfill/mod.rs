@@ -69,7 +69,10 @@ async fn refuse_retention_shorter_than_window(
         return Ok(());
     };
     let window: f64 = client
-        .query_one("SELECT EXTRACT(EPOCH FROM now() - $1::text::timestamptz)::float8", &[since])
+        .query_one(
+            "SELECT EXTRACT(EPOCH FROM now() - $1::text::timestamptz)::float8",
+            &[since],
+        )
         .await
         .map_err(|e| BackfillError::Unsupported(format!("--since {since:?} is not a time PostgreSQL reads: {e}")))?
         .get(0);
