@@ -125,13 +125,15 @@ impl RetentionSection {
         let mode = match self.mode.as_str() {
             "delete" => RetentionMode::Delete,
             "partitions" => RetentionMode::Partitions,
-            other => return Err(ConfigError::Invalid {
-                key: "retention.mode",
-                message: format!(
+            other => {
+                return Err(ConfigError::Invalid {
+                    key: "retention.mode",
+                    message: format!(
                     "is {other:?}; it must be \"delete\" (rows in batches) or \"partitions\" (an outbox partitioned \
                          by range of its timestamp column); remove the [retention] section to keep every row"
                 ),
-            }),
+                })
+            }
         };
         let keep = duration(
             "retention.keep",
