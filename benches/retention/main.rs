@@ -342,7 +342,7 @@ fn report(args: &Args, runs: &[RunResult]) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "\n### Retention: deleting {} old rows under {} ev/s\n\n\
-         Measured {} on this machine (shared 2 cores){}: {} s of load at {} ev/s against an outbox holding {} rows \
+         Measured {} on this machine (shared 2 cores){}{}: {} s of load at {} ev/s against an outbox holding {} rows \
          dated 30 days back, once without `[retention]`, once with `mode = \"delete\"`, `keep = \"7d\"` (other keys \
          default), fresh cluster each run, librdkafka's mock cluster. Sizes are `pg_total_relation_size` after a plain \
          `VACUUM` (space is reused, the file does not shrink; `partitions` mode drops files instead).\n\n\
@@ -352,6 +352,12 @@ fn report(args: &Args, runs: &[RunResult]) -> String {
         args.rate,
         chrono_like_today(),
         if args.quick { ", `--quick`" } else { "" },
+        if cfg!(debug_assertions) {
+            ", relay and benchmark as debug builds (`cargo test --bench retention`; absolute latencies are \
+             pessimistic, the ratio is what counts)"
+        } else {
+            ""
+        },
         args.seconds,
         args.rate,
         args.old_rows
