@@ -106,12 +106,14 @@ pub(crate) async fn delete_ids(
         if stop() {
             break;
         }
+        let started = std::time::Instant::now();
         let n = client
             .execute(&statement, &[&batch])
             .await
             .map_err(RetentionError::query(&target.table, "deleting published rows"))?;
         removed.rows += n;
         record_rows(target, n);
+        rest_after(started).await;
     }
     removed.through_unix = snapshot.newest_unix;
     Ok(removed)
@@ -146,6 +148,7 @@ pub(crate) async fn delete_dispatched(
         if stop() {
             break;
         }
+        let started = std::time::Instant::now();
         let row = client
             .query_one(sql.as_str(), &[])
             .await
@@ -159,8 +162,20 @@ pub(crate) async fn delete_dispatched(
         if n < batch_size as u64 {
             break;
         }
+        rest_after(started).await;
     }
     Ok(removed)
+}
+
+/// Longest rest between two delete statements.
+const MAX_REST: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Rests as long as the statement that started at `started` took (at most [`MAX_REST`]): a
+/// backlog is removed at half the pace the server could take, and the other half is left to
+/// the writers and to the walsender, which decodes every delete's WAL even though it publishes
+/// none of them (measured in docs/benchmarks.md, "Retention").
+async fn rest_after(started: std::time::Instant) {
+    tokio::time::sleep(started.elapsed().min(MAX_REST)).await;
 }
 
 fn record_rows(target: &Target, n: u64) {
