@@ -7,7 +7,7 @@
 //! | leaves | [`config`], `failpoints` | nothing of the crate |
 //! | adapters | [`postgres`], `sink` (the publish interface and its brokers), [`ops`] | `config` |
 //! | domain | `outbox` | `config`, adapters |
-//! | pipelines and control | `relay`, `poll`, [`control`] | the layers below (`poll` and `control` never `relay`'s internals) |
+//! | pipelines and control | `relay`, `poll`, [`control`], `retention` | the layers below (`poll` and `control` never `relay`'s internals; `relay` and `poll` start `retention`) |
 //! | entry points | `demo`, [`cli`] | everything |
 //!
 //! `tests/it/layering.rs` fails the build's tests if an import goes upward.
@@ -28,4 +28,5 @@ pub(crate) mod outbox;
 pub(crate) mod poll;
 pub mod postgres;
 pub(crate) mod relay;
+pub(crate) mod retention;
 pub(crate) mod sink;

@@ -9,7 +9,7 @@
 //!
 //! This module is the leaf layer: it imports nothing from the rest of the crate. One file per
 //! section ([`postgres`], [`outbox`] (with `[route]`), [`sink`], [`kafka`], [`relay`], [`poll`],
-//! [`http`], [`debezium`]), each owning its raw and validated types; [`ident`] and [`secret`] are
+//! [`http`], [`retention`], [`debezium`]), each owning its raw and validated types; [`ident`] and [`secret`] are
 //! shared value types.
 //!
 //! Environment overrides: section and key are upper-cased with `__` between them, e.g.
@@ -35,6 +35,7 @@ pub(crate) mod postgres;
 pub(crate) mod rabbitmq;
 pub(crate) mod redis;
 pub(crate) mod relay;
+pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
 
@@ -48,6 +49,7 @@ use self::postgres::{PostgresSection, PostgresSettings};
 use self::rabbitmq::{RabbitMqSection, RabbitMqSettings};
 use self::redis::{RedisSection, RedisSettings};
 use self::relay::{RelaySection, RelaySettings};
+use self::retention::{RetentionSection, RetentionSettings};
 use self::sink::{SinkKind, SinkSection};
 
 /// Prefix of environment variables that override file settings.
@@ -97,6 +99,8 @@ pub(crate) struct FileConfig {
     pub(crate) poll: PollSection,
     #[serde(default)]
     pub(crate) http: HttpSection,
+    /// `[retention]`: absent = every row is kept.
+    pub(crate) retention: Option<RetentionSection>,
     /// Verbatim Debezium / Kafka Connect property names: validated by `debezium::validate`.
     pub(crate) debezium: Option<BTreeMap<String, toml::Value>>,
 }
@@ -141,6 +145,8 @@ pub struct Settings {
     pub poll: PollSettings,
     /// `[http]`: metrics and health endpoints.
     pub http: HttpSettings,
+    /// `[retention]`: `None` = rows are never removed.
+    pub retention: Option<RetentionSettings>,
     /// `[debezium]`: records written as Debezium + Kafka Connect write them; `None` = the
     /// columns' text as it is.
     pub debezium: Option<DebeziumFormat>,
@@ -230,6 +236,7 @@ impl Settings {
             relay,
             poll: file.poll.validate()?,
             http: file.http.validate()?,
+            retention: file.retention.map(RetentionSection::validate).transpose()?,
             debezium,
         })
     }

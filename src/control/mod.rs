@@ -47,6 +47,7 @@ mod publication;
 pub(crate) mod setup;
 pub(crate) mod status;
 pub(crate) mod status_health;
+pub(crate) mod status_tables;
 pub(crate) mod teardown;
 
 pub(crate) use backfill::setup_with_backfill;

@@ -25,7 +25,24 @@
 //!   "outbox_table": { "schema": "public", "table": "events_outbox" },   // the first of outbox.table, unquoted
 //!   "outbox_tables": [{                // every table of outbox.table, in its order
 //!     "schema": "public", "table": "events_outbox",
-//!     "in_publication": true           // the publication publishes it (directly, by schema or FOR ALL TABLES)
+//!     "in_publication": true,          // the publication publishes it (directly, by schema or FOR ALL TABLES)
+//!                                      // and its figures (control/status_tables.rs):
+//!     "estimated_rows": 120000,        // the planner's estimate (reltuples, summed over partitions);
+//!                                      // null before the first ANALYZE
+//!     "size_bytes": 52428800,          // pg_total_relation_size over every partition
+//!     "partitioned": false,
+//!     "oldest_row": "2026-11-18T09:12:00.000000Z",   // min(timestamp column); null when empty
+//!     "oldest_row_age_seconds": 604800.0,
+//!     "retention": "delete, keep 604800 s, every 60 s",   // [retention] as configured; null: off
+//!     "last_retention": {              // retention's record table; null: no run recorded
+//!       "last_run_at": "2026-11-25T12:00:00.000000Z",
+//!       "last_removed_at": "2026-11-25T11:59:00.000000Z",
+//!       "last_removed_rows": 5000, "last_removed_partitions": 0,
+//!       "last_removed_through": "2026-11-18T09:11:00.000000Z",   // newest timestamp removed
+//!       "total_removed_rows": 900000,
+//!       "detached_partition": null     // a partition detached and waiting for the slot
+//!     },
+//!     "error": null                    // what could not be read, and why
 //!   }],
 //!   "slot": {
 //!     "name": "outbox_relay",
@@ -102,6 +119,7 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog;
 use super::status_health::{self, Facts, HealthStatus, Thresholds, WalsenderLag};
+pub use super::status_tables::TableFigures;
 use super::{connect, human_bytes, ControlError};
 use crate::config::Settings;
 use crate::postgres::lsn::Lsn;
@@ -210,12 +228,15 @@ pub struct ServerStatus {
     pub current_wal_lsn: Option<Lsn>,
 }
 
-/// One configured outbox table and whether the publication publishes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One configured outbox table, whether the publication publishes it, and its figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutboxTableStatus {
     pub schema: String,
     pub table: String,
     pub in_publication: bool,
+    /// Rows (estimate), size, oldest row, what retention last removed (`control/status_tables.rs`).
+    #[serde(flatten)]
+    pub figures: TableFigures,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -350,6 +371,7 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
             schema: t.schema.clone(),
             table: t.table.clone(),
             in_publication: false,
+            figures: TableFigures::default(),
         })
         .collect();
     let publication = match catalog::publication(&client, publication_name).await? {
@@ -376,8 +398,8 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
             exists: false,
             all_tables: false,
             publish: Vec::new(),
-            tables: Vec::new(),
             includes_outbox_table: false,
+            tables: Vec::new(),
         },
     };
 
@@ -418,6 +440,12 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
             detail: e.to_string(),
         },
     };
+    for (status, figures) in outbox_tables
+        .iter_mut()
+        .zip(super::status_tables::read(&client, settings).await)
+    {
+        status.figures = figures;
+    }
     Ok(StatusReport {
         failover,
         relay,
@@ -606,12 +634,12 @@ impl StatusReport {
             } else {
                 ""
             };
-            writeln!(
-                f,
-                "outbox table: {}.{}{missing}",
+            let name = format!(
+                "{}.{}",
                 crate::config::ident::quote_ident(&t.schema),
                 crate::config::ident::quote_ident(&t.table)
-            )?;
+            );
+            super::status_tables::render(&name, missing, &t.figures, f)?;
         }
         writeln!(f, "{}", self.slot)?;
         writeln!(f, "{}", self.publication)?;
@@ -781,6 +809,7 @@ mod tests {
                 schema: "Sales".into(),
                 table: "OutBox".into(),
                 in_publication: true,
+                figures: TableFigures::default(),
             }],
             slot: SlotStatus {
                 name: "outbox_relay".into(),

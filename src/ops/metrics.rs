@@ -30,6 +30,12 @@
 //! | `outbox_relay_read_back_seconds` | histogram | exactly-once: time to read back one partition's tail (metadata included) |
 //! | `outbox_relay_pending_rows` | gauge | `poll` mode: outbox rows not yet dispatched, counted by the watchdog every `poll.watchdog_interval_ms` |
 //! | `outbox_relay_oldest_pending_age_seconds` | gauge | `poll` mode: how long the oldest pending row has waited (by its creation-time column; 0 when none) |
+//! | `outbox_relay_retention_rows_removed_total{table}` | counter | `[retention]`: published rows removed (partitions mode: the dropped partitions' row estimates) |
+//! | `outbox_relay_retention_partitions_created_total{table}` | counter | `[retention]` partitions mode: partitions created ahead |
+//! | `outbox_relay_retention_partitions_dropped_total{table}` | counter | `[retention]` partitions mode: expired partitions detached and dropped |
+//! | `outbox_relay_retention_errors_total{table,kind}` | counter | `[retention]`: failed runs (`kind`: transient, retried next interval; fatal, retention stopped for the table) |
+//! | `outbox_relay_retention_last_run_timestamp_seconds{table}` | gauge | `[retention]`: Unix time of the last successful run on this instance |
+//! | `outbox_relay_retention_paused{table}` | gauge | `[retention]` streaming: 1 while the slot is missing, invalidated or held by no relay (nothing is removed) |
 //! | `outbox_relay_takeover_fence_seconds` | gauge | exactly-once: seconds left of a takeover's wait for the previous holder's queued records to land or expire (0: none) |
 //!
 //! LSNs are exported as numbers (bytes since the start of WAL); `f64` is exact up to 8 PiB.
@@ -63,6 +69,15 @@ pub(crate) const READ_BACK_SECONDS: &str = "outbox_relay_read_back_seconds";
 pub(crate) const TAKEOVER_FENCE_SECONDS: &str = "outbox_relay_takeover_fence_seconds";
 pub(crate) const PENDING_ROWS: &str = "outbox_relay_pending_rows";
 pub(crate) const OLDEST_PENDING_AGE_SECONDS: &str = "outbox_relay_oldest_pending_age_seconds";
+pub(crate) const RETENTION_ROWS_REMOVED: &str = "outbox_relay_retention_rows_removed_total";
+pub(crate) const RETENTION_PARTITIONS_CREATED: &str = "outbox_relay_retention_partitions_created_total";
+pub(crate) const RETENTION_PARTITIONS_DROPPED: &str = "outbox_relay_retention_partitions_dropped_total";
+pub(crate) const RETENTION_ERRORS: &str = "outbox_relay_retention_errors_total";
+pub(crate) const RETENTION_LAST_RUN: &str = "outbox_relay_retention_last_run_timestamp_seconds";
+pub(crate) const RETENTION_PAUSED: &str = "outbox_relay_retention_paused";
+
+/// The label of the per-outbox-table retention metrics (`schema.name`).
+pub(crate) const TABLE_LABEL: &str = "table";
 
 /// The label of the per-topic counters.
 pub(crate) const TOPIC_LABEL: &str = "topic";
@@ -152,6 +167,30 @@ pub(crate) fn describe() {
     describe_gauge!(
         OLDEST_PENDING_AGE_SECONDS,
         "poll mode: seconds the oldest pending outbox row has waited (0 when none)."
+    );
+    describe_counter!(
+        RETENTION_ROWS_REMOVED,
+        "[retention]: published outbox rows removed, by table (partitions mode: row estimates of dropped partitions)."
+    );
+    describe_counter!(
+        RETENTION_PARTITIONS_CREATED,
+        "[retention] partitions mode: partitions created ahead, by table."
+    );
+    describe_counter!(
+        RETENTION_PARTITIONS_DROPPED,
+        "[retention] partitions mode: expired partitions detached and dropped, by table."
+    );
+    describe_counter!(
+        RETENTION_ERRORS,
+        "[retention]: failed runs, by table and kind (transient: retried; fatal: retention stopped for the table)."
+    );
+    describe_gauge!(
+        RETENTION_LAST_RUN,
+        "[retention]: Unix time of the last successful run on this instance, by table."
+    );
+    describe_gauge!(
+        RETENTION_PAUSED,
+        "[retention] streaming: 1 while the slot is missing, invalidated or held by no relay (nothing removed)."
     );
     counter!(RECONNECTS).absolute(0);
     gauge!(TAKEOVER_FENCE_SECONDS).set(0.0);

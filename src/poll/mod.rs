@@ -94,6 +94,15 @@ pub(crate) async fn run(
     let settings = Arc::new(settings.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut workers = JoinSet::new();
+    let _retention = crate::retention::spawn(
+        &settings,
+        crate::retention::Source::Poll {
+            dispatched: settings.poll.dispatched.clone(),
+        },
+        // Every poller is active: claims never overlap, and retention's deletes skip locked rows.
+        || true,
+        stop_rx.clone(),
+    );
     let mut watchdogs = Vec::with_capacity(checked.len());
     let mut index = 0;
     for (sql, table) in checked {

@@ -126,6 +126,16 @@ pub(crate) async fn run(
         });
     }
     let (_monitor, slot_verdict) = slot_monitor::spawn(settings, Arc::clone(&health));
+    // On the main runtime, like the slot monitor; it acts only while this instance streams.
+    let _retention = crate::retention::spawn(
+        settings,
+        crate::retention::Source::Stream,
+        {
+            let health = Arc::clone(&health);
+            move || health.mode() == Mode::Streaming
+        },
+        shutdown.clone(),
+    );
     let ctx = SessionContext {
         health: Arc::clone(&health),
         side: tokio::runtime::Handle::current(),

@@ -911,7 +911,22 @@ fn check_json(report: &StatusReport, password: &str) {
             "wal_status"
         ]
     );
-    assert_eq!(keys(&v["outbox_tables"][0]), ["in_publication", "schema", "table"]);
+    assert_eq!(
+        keys(&v["outbox_tables"][0]),
+        [
+            "error",
+            "estimated_rows",
+            "in_publication",
+            "last_retention",
+            "oldest_row",
+            "oldest_row_age_seconds",
+            "partitioned",
+            "retention",
+            "schema",
+            "size_bytes",
+            "table"
+        ]
+    );
     assert_eq!(
         keys(&v["publication"]),
         [

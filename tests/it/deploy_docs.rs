@@ -36,7 +36,9 @@ fn example_config_keys() -> BTreeSet<(String, String)> {
     }
     let mut section = String::new();
     for line in text.lines() {
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+        // An optional section is shown commented out (`# [retention]`): its keys count too.
+        let header = line.strip_prefix("# ").unwrap_or(line);
+        if let Some(name) = header.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             section = name.to_owned();
         } else if let Some(rest) = line.strip_prefix("# ") {
             let Some((key, _)) = rest.split_once(" = ") else {

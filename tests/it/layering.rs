@@ -2,9 +2,9 @@
 //!
 //! Layers, lowest first (`src/lib.rs` and `docs/architecture.md` say the same):
 //! leaves (`config`, `failpoints`) ← adapters (`postgres`, `sink`, `ops`) ← domain (`outbox`)
-//! ← pipelines and control (`relay`, `control`, `poll`) ← entry points (`demo`, `cli`).
+//! ← pipelines and control (`relay`, `control`, `poll`, `retention`) ← entry points (`demo`, `cli`).
 //! Modules of one layer do not import each other, except `poll` → `control` (the poller reuses
-//! the setup checks). The graph of top-level modules must also be acyclic.
+//! the setup checks) and `relay`, `poll` → `retention` (the active instance starts it). The graph of top-level modules must also be acyclic.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -17,14 +17,30 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sink", &["config", "failpoints"]),
     ("ops", &["config", "failpoints"]),
     ("outbox", &["config", "failpoints", "postgres", "sink"]),
-    ("relay", &["config", "failpoints", "postgres", "sink", "ops", "outbox"]),
+    (
+        "relay",
+        &["config", "failpoints", "postgres", "sink", "ops", "outbox", "retention"],
+    ),
+    (
+        "retention",
+        &["config", "failpoints", "postgres", "sink", "ops", "outbox"],
+    ),
     (
         "control",
         &["config", "failpoints", "postgres", "sink", "ops", "outbox"],
     ),
     (
         "poll",
-        &["config", "failpoints", "postgres", "sink", "ops", "outbox", "control"],
+        &[
+            "config",
+            "failpoints",
+            "postgres",
+            "sink",
+            "ops",
+            "outbox",
+            "control",
+            "retention",
+        ],
     ),
     (
         "demo",
@@ -38,6 +54,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "relay",
             "control",
             "poll",
+            "retention",
         ],
     ),
     (
@@ -52,6 +69,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "relay",
             "control",
             "poll",
+            "retention",
             "demo",
         ],
     ),

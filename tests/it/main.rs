@@ -25,6 +25,7 @@ mod multi_table;
 mod outage_logs;
 mod pg_versions;
 mod poll;
+mod retention;
 mod sink_nats;
 mod sink_rabbitmq;
 mod sink_redis;

@@ -62,6 +62,35 @@ pub(crate) const DISPATCHED_KEY: &str = "poll.dispatched_column";
 /// Id column types whose order is insertion order (sequences).
 const SEQUENTIAL_ID_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
 
+/// `--since TIMESTAMP` with `[retention]` configured: rows older than `retention.keep` may
+/// already be gone, so a window reaching further back than `keep` would silently publish less
+/// than asked. Refused, naming both.
+async fn refuse_retention_shorter_than_window(
+    client: &Client,
+    settings: &Settings,
+    selection: &Selection<'_>,
+) -> Result<(), BackfillError> {
+    let (Some(retention), Selection::Since(since)) = (&settings.retention, selection) else {
+        return Ok(());
+    };
+    let window: f64 = client
+        .query_one(
+            "SELECT EXTRACT(EPOCH FROM now() - $1::text::timestamptz)::float8",
+            &[since],
+        )
+        .await
+        .map_err(|e| BackfillError::Unsupported(format!("--since {since:?} is not a time PostgreSQL reads: {e}")))?
+        .get(0);
+    let keep = retention.keep.as_secs_f64();
+    if window > keep {
+        return Err(BackfillError::Unsupported(format!(
+            "--since {since:?} reaches {:.0} s back, but [retention] keep is {:.0} s: rows older than keep may already              have been removed, so the backfill could miss events. Raise retention.keep above the window (and restart              the relays) or choose a later --since",
+            window, keep
+        )));
+    }
+    Ok(())
+}
+
 /// What `setup --backfill` did.
 #[derive(Debug, Clone)]
 pub(crate) struct BackfillReport {
@@ -130,6 +159,7 @@ pub(crate) async fn setup_with_backfill(
             format: super::preflight::row_format(settings, &table.name, &table.columns)?,
         });
     }
+    refuse_retention_shorter_than_window(&client, settings, &selection).await?;
     let mut notices = Vec::new();
     let publication = ensure_publication(&client, &before, &mut notices).await?;
 
