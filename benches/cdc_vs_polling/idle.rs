@@ -170,8 +170,12 @@ fn per_thread(before: &[ThreadStat], after: &[ThreadStat], seconds: f64) -> (Vec
     for t in after {
         let b = before.iter().find(|b| b.tid == t.tid);
         let cpu = t.cpu - b.map_or(0.0, |b| b.cpu);
-        let v = t.voluntary_switches.saturating_sub(b.map_or(0, |b| b.voluntary_switches));
-        let n = t.nonvoluntary_switches.saturating_sub(b.map_or(0, |b| b.nonvoluntary_switches));
+        let v = t
+            .voluntary_switches
+            .saturating_sub(b.map_or(0, |b| b.voluntary_switches));
+        let n = t
+            .nonvoluntary_switches
+            .saturating_sub(b.map_or(0, |b| b.nonvoluntary_switches));
         voluntary += v;
         involuntary += n;
         let e = by_name.entry(t.name.clone()).or_default();

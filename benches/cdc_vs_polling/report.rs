@@ -191,8 +191,9 @@ pub fn markdown(r: &Results, targets: &str) -> String {
         "- **Per run:** {:.0} s warm-up, {:.0} s measured load, then until every event arrived (at least 1.5 s){}\n",
         e.warmup_s,
         e.measure_s,
-        e.idle_s
-            .map_or_else(String::new, |w| format!("; idle relay: {w:.0} s without events after the warm-up"))
+        e.idle_s.map_or_else(String::new, |w| format!(
+            "; idle relay: {w:.0} s without events after the warm-up"
+        ))
     );
     let _ = writeln!(s, "### Steady state\n");
     let _ = writeln!(
@@ -369,9 +370,9 @@ fn drain_table(s: &mut String, d: &DrainOutcome) {
             .sinks
             .iter()
             .map(|x| {
-                let broker = x.broker_cpu_s.map_or_else(String::new, |b| {
-                    format!(", the broker server {:.2}", b / x.seconds)
-                });
+                let broker = x
+                    .broker_cpu_s
+                    .map_or_else(String::new, |b| format!(", the broker server {:.2}", b / x.seconds));
                 format!(
                     "{} **{:.2}** (cores busy on average: relay {:.2}{broker})",
                     x.sink,
@@ -551,7 +552,10 @@ fn idle_section(s: &mut String, r: &Results) {
             .map_or_else(String::new, |w| format!("; its walsender {w:.3} % of a core")),
         i.status_interval_ms
     );
-    let _ = writeln!(s, "| thread (`comm`) | threads | CPU ms over the window | context switches/s |");
+    let _ = writeln!(
+        s,
+        "| thread (`comm`) | threads | CPU ms over the window | context switches/s |"
+    );
     let _ = writeln!(s, "|---|--:|--:|--:|");
     for t in &i.per_thread {
         let _ = writeln!(

@@ -157,67 +157,79 @@ pub async fn check_reachable(sinks: &[Sink]) -> Result<Vec<String>> {
     for &sink in sinks {
         let outcome: Result<String> = match sink {
             Sink::Kafka => continue,
-            Sink::Nats => async {
-                let js = nats_jetstream().await?;
-                bounded("NATS", "asking for the JetStream account", js.query_account())
-                    .await
-                    .context("is JetStream enabled (`-js`)?")?;
-                Ok(format!(
-                    "NATS server {} with JetStream (streams created by `setup`: file storage)",
-                    js.client().server_info().version
-                ))
-            }
-            .await,
-            Sink::RabbitMq => async {
-                let c = rabbitmq_connection("outbox-relay-bench-check").await?;
-                let _ = tokio::time::timeout(BROKER_TIMEOUT, c.close(200, "checked")).await;
-                let version = std::fs::read_dir("/usr/lib/rabbitmq/lib")
-                    .ok()
-                    .and_then(|d| {
-                        d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("rabbitmq_server-").map(str::to_owned))
-                            .next()
-                    })
-                    .unwrap_or_else(|| "(version unknown)".into());
-                Ok(format!(
-                    "RabbitMQ {version} (publisher confirms; the consumer's queue exclusive, not durable)"
-                ))
-            }
-            .await,
-            Sink::Redis => async {
-                let mut c = redis_connection().await?;
-                let info = bounded(
-                    "Redis",
-                    "INFO server",
-                    redis::cmd("INFO").arg("server").query_async::<String>(&mut c),
-                )
-                .await?;
-                let version = info
-                    .lines()
-                    .find_map(|l| l.strip_prefix("redis_version:"))
-                    .unwrap_or("(version unknown)")
-                    .trim()
-                    .to_owned();
-                let mut c2 = redis_connection().await?;
-                let aof = bounded(
-                    "Redis",
-                    "CONFIG GET appendonly",
-                    redis::cmd("CONFIG")
-                        .arg("GET")
-                        .arg("appendonly")
-                        .query_async::<Vec<String>>(&mut c2),
-                )
+            Sink::Nats => {
+                async {
+                    let js = nats_jetstream().await?;
+                    bounded("NATS", "asking for the JetStream account", js.query_account())
+                        .await
+                        .context("is JetStream enabled (`-js`)?")?;
+                    Ok(format!(
+                        "NATS server {} with JetStream (streams created by `setup`: file storage)",
+                        js.client().server_info().version
+                    ))
+                }
                 .await
-                .ok()
-                .and_then(|v| v.get(1).cloned())
-                .unwrap_or_else(|| "unknown".into());
-                Ok(format!("Redis {version} (appendonly {aof})"))
             }
-            .await,
+            Sink::RabbitMq => {
+                async {
+                    let c = rabbitmq_connection("outbox-relay-bench-check").await?;
+                    let _ = tokio::time::timeout(BROKER_TIMEOUT, c.close(200, "checked")).await;
+                    let version = std::fs::read_dir("/usr/lib/rabbitmq/lib")
+                        .ok()
+                        .and_then(|d| {
+                            d.filter_map(|e| {
+                                e.ok()?
+                                    .file_name()
+                                    .to_str()?
+                                    .strip_prefix("rabbitmq_server-")
+                                    .map(str::to_owned)
+                            })
+                            .next()
+                        })
+                        .unwrap_or_else(|| "(version unknown)".into());
+                    Ok(format!(
+                        "RabbitMQ {version} (publisher confirms; the consumer's queue exclusive, not durable)"
+                    ))
+                }
+                .await
+            }
+            Sink::Redis => {
+                async {
+                    let mut c = redis_connection().await?;
+                    let info = bounded(
+                        "Redis",
+                        "INFO server",
+                        redis::cmd("INFO").arg("server").query_async::<String>(&mut c),
+                    )
+                    .await?;
+                    let version = info
+                        .lines()
+                        .find_map(|l| l.strip_prefix("redis_version:"))
+                        .unwrap_or("(version unknown)")
+                        .trim()
+                        .to_owned();
+                    let mut c2 = redis_connection().await?;
+                    let aof = bounded(
+                        "Redis",
+                        "CONFIG GET appendonly",
+                        redis::cmd("CONFIG")
+                            .arg("GET")
+                            .arg("appendonly")
+                            .query_async::<Vec<String>>(&mut c2),
+                    )
+                    .await
+                    .ok()
+                    .and_then(|v| v.get(1).cloned())
+                    .unwrap_or_else(|| "unknown".into());
+                    Ok(format!("Redis {version} (appendonly {aof})"))
+                }
+                .await
+            }
         };
         match outcome {
             Ok(d) => described.push(d),
             Err(e) => {
-            bail!(
+                bail!(
                 "--sinks asks for {} but it is not reachable at {} ({e:#}): start it with {}, or leave `{}` out of \
                  --sinks (e.g. --sinks kafka)",
                 sink.name(),
@@ -314,7 +326,9 @@ impl SinkTarget {
                 let n = bounded(
                     "Redis",
                     "XLEN",
-                    redis::cmd("XLEN").arg(self.destination(topic)).query_async::<u64>(&mut c),
+                    redis::cmd("XLEN")
+                        .arg(self.destination(topic))
+                        .query_async::<u64>(&mut c),
                 )
                 .await?;
                 Ok(Some(n))
@@ -353,7 +367,9 @@ impl SinkTarget {
                 bounded(
                     "Redis",
                     "DEL",
-                    redis::cmd("DEL").arg(self.destination(topic)).query_async::<u64>(&mut c),
+                    redis::cmd("DEL")
+                        .arg(self.destination(topic))
+                        .query_async::<u64>(&mut c),
                 )
                 .await?;
                 Ok(())

@@ -369,7 +369,10 @@ async fn measure(
         statements_per_event: sc
             .mode
             .map(|_| (after.statements - before.statements) as f64 / events as f64),
-        broker_cpu_us_per_event: before.broker_cpu.zip(after.broker_cpu).map(|(b, a)| per_event_us(a - b)),
+        broker_cpu_us_per_event: before
+            .broker_cpu
+            .zip(after.broker_cpu)
+            .map(|(b, a)| per_event_us(a - b)),
     })
 }
 

@@ -7,7 +7,9 @@ use super::steady::Outcome;
 
 /// A run of the main (Kafka) tables.
 fn find<'a>(r: &'a Results, mode: &str, rate: &str) -> Option<&'a Outcome> {
-    r.steady.iter().find(|o| o.is_kafka() && o.mode == mode && o.rate == rate)
+    r.steady
+        .iter()
+        .find(|o| o.is_kafka() && o.mode == mode && o.rate == rate)
 }
 
 fn p99(o: &Outcome) -> Option<f64> {
