@@ -43,9 +43,10 @@
 //! `docs/benchmarks-latency.svg`; `--quick` writes to `target/cdc_vs_polling/` instead. Raw
 //! numbers go to `target/cdc_vs_polling/results.json`; `--report-from FILE` writes the docs again
 //! from such a file without measuring (after a change to the report or the targets; files from
-//! before the sinks and the idle run simply lack those rows). A full run takes about 25 minutes
-//! on two cores (about 30 with `--with-debezium --drain-poll`; the other brokers add about
-//! 3 minutes, the idle run 1.5); `--quick` about 8. Run it on an otherwise idle machine.
+//! before the sinks and the idle run simply lack those rows). A full run takes about 20 minutes
+//! on two cores (about 25 with `--with-debezium --drain-poll`): the 10 ev/s rate, the other
+//! brokers' runs and drains and the idle minute add a few minutes to the earlier 15; `--quick`
+//! takes about 8. Run it on an otherwise idle machine.
 //!
 //! Not part of `cargo test`: without cargo bench's `--bench` argument it only prints how to run.
 

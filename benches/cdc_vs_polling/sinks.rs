@@ -160,9 +160,14 @@ pub async fn check_reachable(sinks: &[Sink]) -> Result<Vec<String>> {
             Sink::Nats => {
                 async {
                     let js = nats_jetstream().await?;
-                    bounded("NATS", "asking for the JetStream account", js.query_account())
-                        .await
-                        .context("is JetStream enabled (`-js`)?")?;
+                    // A stream that does not exist: JetStream answers "not found"; without
+                    // JetStream nothing answers ("no responders").
+                    match tokio::time::timeout(BROKER_TIMEOUT, js.get_stream("OUTBOX_RELAY_BENCH_PROBE")).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) if e.to_string().contains("not found") => {}
+                        Ok(Err(e)) => bail!("JetStream did not answer: {e}; is it enabled (`-js`)?"),
+                        Err(_) => bail!("JetStream did not answer within {BROKER_TIMEOUT:?}; is it enabled (`-js`)?"),
+                    }
                     Ok(format!(
                         "NATS server {} with JetStream (streams created by `setup`: file storage)",
                         js.client().server_info().version
