@@ -16,6 +16,17 @@
 //! only when Connect flushes offsets, every 60 s by default, so the slot cannot tell); its CPU is
 //! the JVM's over that window, its peak RSS the JVM's VmHWM. The fill is one event per
 //! transaction, or `events_per_txn` per transaction (the batched shape).
+//!
+//! Every other broker of `--sinks` (NATS JetStream, RabbitMQ, Redis Streams) gets a relay of its
+//! own on a slot of its own, also created before the fill, timed like the Kafka relay (process
+//! start until the slot confirmed the end of the fill), one after the other. Then every event is
+//! checked to be there exactly once: NATS and Redis keep what was published, so an ordered
+//! consumer (NATS) or `XREAD` (Redis) reads the whole stream after the timed drain, beside the
+//! stream's own count; a RabbitMQ exchange keeps nothing, so its consumer (an exclusive queue
+//! bound before the relay starts, `basic.consume`) reads during the drain — its CPU then shares
+//! the two cores with the relay and the broker, which the other brokers' drains do not have to.
+//! The broker server's CPU over the drain window is taken from `/proc` (its process is the one
+//! listening on its port): the broker's share of the work, and where a slow drain spends it.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -32,6 +43,7 @@ use super::debezium::{ConnectChild, ConnectorConf, Install, Tuning};
 use super::pg::{self, BenchPg, RELAY_ROLE};
 use super::procfs;
 use super::relay::{self, Mode, RelayChild, RelayConf};
+use super::sinks::{Sink, SinkTarget};
 use super::steady::{Ctx, SCHEMA};
 
 const DB: &str = "bench_drain";
@@ -101,6 +113,31 @@ pub struct ExactlyOnceDrain {
     pub crash_published: u64,
 }
 
+/// The relay draining the same backlog into another broker (`--sinks`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SinkDrain {
+    /// `Sink::name`.
+    pub sink: String,
+    pub seconds: f64,
+    pub per_s: f64,
+    pub pg_cpu_s: f64,
+    pub cpu_s: f64,
+    pub cpu_us_per_event: f64,
+    pub peak_rss_mib: f64,
+    /// The broker server's CPU over the drain window (`None`: its process was not found).
+    pub broker_cpu_s: Option<f64>,
+    /// Messages the broker holds at the end (NATS stream count, Redis XLEN; RabbitMQ: none).
+    pub stored: Option<u64>,
+    /// Messages the check's consumer read, and how many distinct events among them.
+    pub received: u64,
+    pub distinct: u64,
+    /// Events of the backlog never read / read more than once.
+    pub missing: u64,
+    pub duplicates: u64,
+    /// The consumer read during the drain (RabbitMQ) rather than after it.
+    pub consumed_during_drain: bool,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DrainOutcome {
     pub rows: u64,
@@ -121,6 +158,9 @@ pub struct DrainOutcome {
     pub poll: Option<(f64, f64)>,
     pub debezium: Option<DebeziumDrain>,
     pub exactly_once: Option<ExactlyOnceDrain>,
+    /// The other brokers of `--sinks`, in that order (absent in results from before them).
+    #[serde(default)]
+    pub sinks: Vec<SinkDrain>,
 }
 
 pub struct DrainSpec<'a> {
@@ -134,12 +174,34 @@ pub struct DrainSpec<'a> {
 pub async fn run(ctx: &Ctx<'_>, spec: &DrainSpec<'_>, phase: &ProgressBar) -> Result<DrainOutcome> {
     let admin = pg::connect(&ctx.pg.url("postgres", "postgres")).await?;
     pg::recreate_database(&admin, DB).await?;
-    let outcome = drain(ctx, &admin, spec, phase).await;
+    let per_txn = spec.events_per_txn.max(1);
+    let targets: Vec<SinkTarget> = ctx
+        .sinks
+        .iter()
+        .filter_map(|s| SinkTarget::new(*s, ctx.run_id, &format!("drain{per_txn}")))
+        .collect();
+    let outcome = drain(ctx, &admin, spec, &targets, phase).await;
+    for t in &targets {
+        if let Err(e) = t.cleanup(&topic(per_txn)).await {
+            phase.println(format!("cleaning up after the {} drain: {e:#}", t.sink.name()));
+        }
+    }
     pg::drop_database(&admin, DB).await?;
     outcome
 }
 
-async fn drain(ctx: &Ctx<'_>, admin: &Client, spec: &DrainSpec<'_>, phase: &ProgressBar) -> Result<DrainOutcome> {
+/// The slot of the relay publishing to `sink` in the drain.
+fn sink_slot(sink: Sink) -> String {
+    format!("{DB}_{}", sink.word())
+}
+
+async fn drain(
+    ctx: &Ctx<'_>,
+    admin: &Client,
+    spec: &DrainSpec<'_>,
+    targets: &[SinkTarget],
+    phase: &ProgressBar,
+) -> Result<DrainOutcome> {
     let rows = spec.rows;
     let per_txn = spec.events_per_txn.max(1);
     let db = pg::connect(&ctx.pg.url("postgres", DB)).await?;
@@ -154,9 +216,24 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, spec: &DrainSpec<'_>, phase: &Prog
         status_interval_ms: 100,
         kafka: ctx.kafka,
         topic_prefix: "",
+        sink: None,
     };
     let config = conf.write(ctx.workdir)?;
     relay::setup(&config, false)?;
+    // `setup` creates each broker's stream / exchange with the slot, before the fill.
+    let slots: Vec<String> = targets.iter().map(|t| sink_slot(t.sink)).collect();
+    let mut sink_paths = Vec::new();
+    for (t, slot) in targets.iter().zip(&slots) {
+        let c = RelayConf {
+            slot,
+            topic_prefix: &t.prefix,
+            sink: Some(t),
+            ..conf
+        };
+        let path = c.write(ctx.workdir)?;
+        relay::setup(&path, false)?;
+        sink_paths.push(path);
+    }
     let eo_configs = [(EO_SLOT, "eo."), (EO_CRASH_SLOT, "eoc.")].map(|(slot, prefix)| RelayConf {
         slot,
         mode: Mode::CdcExactlyOnce,
@@ -288,6 +365,23 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, spec: &DrainSpec<'_>, phase: &Prog
     child.stop().await?;
     let published = published(ctx.broker.bootstrap(), &topic(per_txn))?;
 
+    let mut sinks = Vec::new();
+    for ((t, slot), path) in targets.iter().zip(&slots).zip(&sink_paths) {
+        let job = SinkJob {
+            target: t,
+            slot,
+            config: path,
+            rows,
+            topic: &topic(per_txn),
+            end_lsn: &end_lsn,
+            postmaster,
+        };
+        match sink_drain(admin, &db, &job, phase).await {
+            Ok(d) => sinks.push(d),
+            Err(e) => phase.println(format!("FAILED backlog drain into {}: {e:#}", t.sink.name())),
+        }
+    }
+
     let exactly_once =
         Some(exactly_once_drain(ctx, admin, &eo_paths, rows, per_txn, &start_lsn, &end_lsn, phase).await?);
 
@@ -319,6 +413,91 @@ async fn drain(ctx: &Ctx<'_>, admin: &Client, spec: &DrainSpec<'_>, phase: &Prog
         poll,
         debezium,
         exactly_once,
+        sinks,
+    })
+}
+
+/// One broker's drain: what it needs from [`drain`].
+struct SinkJob<'a> {
+    target: &'a SinkTarget,
+    slot: &'a str,
+    config: &'a std::path::Path,
+    rows: u64,
+    topic: &'a str,
+    end_lsn: &'a str,
+    postmaster: u32,
+}
+
+/// How long the check's consumer may take to read the whole backlog (bounded, generous).
+fn read_limit(rows: u64) -> Duration {
+    Duration::from_secs(60 + rows / 2_000)
+}
+
+async fn sink_drain(admin: &Client, db: &Client, job: &SinkJob<'_>, phase: &ProgressBar) -> Result<SinkDrain> {
+    let sink = job.target.sink;
+    phase.set_message(format!("drain: outbox-relay run → {}", sink.name()));
+    let during = sink == Sink::RabbitMq;
+    let mut consumer = if during {
+        Some(tokio::task::block_in_place(|| job.target.consumer(job.topic))?)
+    } else {
+        None
+    };
+    let broker_pid = sink.broker_pid();
+    let broker_cpu = broker_pid.and_then(procfs::cpu_seconds);
+    let pg_cpu = procfs::postgres_cpu(job.postmaster);
+    let started = Instant::now();
+    let child = RelayChild::start(job.config, Mode::Cdc).await?;
+    let pid = child.pid();
+    wait_confirmed(admin, job.slot, job.end_lsn, started).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let pg_cpu_s = procfs::postgres_cpu(job.postmaster) - pg_cpu;
+    let cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
+    let broker_cpu_s = broker_cpu
+        .zip(broker_pid.and_then(procfs::cpu_seconds))
+        .map(|(b, a)| a - b);
+    let peak_rss_mib = procfs::vm_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
+    child.stop().await?;
+
+    phase.set_message(format!("drain: checking every event in {}", sink.name()));
+    if consumer.is_none() {
+        consumer = Some(tokio::task::block_in_place(|| job.target.consumer(job.topic))?);
+    }
+    let consumer = consumer.context("no consumer")?;
+    let (first, last, count): (i64, i64, i64) = {
+        let row = db
+            .query_one(
+                "SELECT coalesce(min(id), 0)::int8, coalesce(max(id), 0)::int8, count(*)::int8 FROM events_outbox",
+                &[],
+            )
+            .await?;
+        (row.get(0), row.get(1), row.get(2))
+    };
+    super::steady::wait_for(&consumer, count as u64, read_limit(job.rows)).await;
+    // A little longer: a duplicate would arrive after the last new event.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let receipts = consumer.finish();
+    let stored = job.target.stored(job.topic).await?;
+    let mut ids: Vec<i64> = receipts.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    let received = ids.len() as u64;
+    ids.dedup();
+    let distinct = ids.len() as u64;
+    let in_backlog = ids.iter().filter(|id| (first..=last).contains(*id)).count() as u64;
+    Ok(SinkDrain {
+        sink: sink.name().to_owned(),
+        seconds,
+        per_s: job.rows as f64 / seconds,
+        pg_cpu_s,
+        cpu_s,
+        cpu_us_per_event: cpu_s * 1e6 / job.rows as f64,
+        peak_rss_mib,
+        broker_cpu_s,
+        stored,
+        received,
+        distinct,
+        missing: (count as u64).saturating_sub(in_backlog),
+        duplicates: received - distinct,
+        consumed_during_drain: during,
     })
 }
 
@@ -504,6 +683,7 @@ async fn poll_drain(
         status_interval_ms: 1000,
         kafka: ctx.kafka,
         topic_prefix: "",
+        sink: None,
     };
     let config = conf.write(cdc_config.parent().unwrap_or(ctx.workdir))?;
     relay::setup(&config, true)?;

@@ -1,19 +1,37 @@
 //! CDC versus polling: the streaming relay (`outbox-relay run`) against the classic polling
-//! relayer (`outbox-relay poll`) on the same machine, database, broker and load, in one run.
+//! relayer (`outbox-relay poll`) on the same machine, database, broker and load, in one run — and
+//! the streaming relay into each broker it supports.
 //!
 //! ```text
 //! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT]
 //!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR]
-//!     [--with-debezium]
+//!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
+//!     [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--report-from results.json]
 //! ```
 //!
 //! It starts its own PostgreSQL 15 cluster and (by default) librdkafka's mock Kafka cluster in
-//! this process, then for every rate (100, 1,000 and 5,000 events/s and the maximum; `--quick`:
-//! 100, 1,000 and the maximum) runs the load with no relay (the database's own cost), with CDC,
-//! and with polling at 10 ms, 100 ms and 1 s intervals (batch 100), plus a batched-producer
-//! maximum (100 events per transaction). Each run gets a fresh database (see `steady.rs` for what
-//! is measured and how). Then the backlog drain: 1,000,000 pending events (`--quick`: 100,000)
-//! published by the relay, beside `pg_recvlogical` draining the same slot contents to /dev/null.
+//! this process, then for every rate (10, 100, 1,000 and 5,000 events/s and the maximum;
+//! `--quick`: 10, 100, 1,000 and the maximum) runs the load with no relay (the database's own
+//! cost), with CDC (at-least-once and exactly-once), and with polling at 10 ms, 100 ms and 1 s
+//! intervals (batch 100), plus a batched-producer maximum (100 events per transaction). Each run
+//! gets a fresh database (see `steady.rs` for what is measured and how).
+//!
+//! **Sinks** (`--sinks`, default all four; `sinks.rs`): Kafka's runs are the main tables and always
+//! run; every other broker listed — NATS JetStream, RabbitMQ, Redis Streams, the servers running
+//! on this machine's usual ports — gets a CDC run at 1,000 events/s (same columns, a consumer of
+//! that broker, and the broker server's CPU per event) and a drain of the same backlog (below).
+//! A listed broker that does not answer stops the benchmark before anything is measured, naming
+//! it, how to start it, and `--sinks` to leave it out. Each run writes to a stream, exchange or
+//! key of its own and deletes it afterwards (the servers are shared).
+//!
+//! **Idle** (`idle.rs`): the CDC relay on Kafka with no events for `--idle-secs` (60 s; `--quick`:
+//! 15 s; 0: skipped) after a warm-up: CPU share of a core, CPU seconds per minute, threads, CPU per
+//! thread, context switches per second.
+//!
+//! **Backlog drain** (`drain.rs`): 1,000,000 pending events (`--quick`: 100,000; `--drain-rows`)
+//! published by the relay into Kafka, at-least-once and exactly-once (with a SIGKILL half-way),
+//! and into every other broker of `--sinks`, beside `pg_recvlogical` draining the same slot
+//! contents to /dev/null.
 //!
 //! `--with-debezium` adds Debezium + Kafka Connect standalone (`debezium.rs`; needs
 //! `scripts/install-debezium.sh`): at 1,000 events/s with Debezium's defaults and with
@@ -24,8 +42,11 @@
 //! Results: `docs/benchmarks.md` (a generated block; the analysis around it is kept) and
 //! `docs/benchmarks-latency.svg`; `--quick` writes to `target/cdc_vs_polling/` instead. Raw
 //! numbers go to `target/cdc_vs_polling/results.json`; `--report-from FILE` writes the docs again
-//! from such a file without measuring (after a change to the report or the targets). A full run takes about 15 minutes on two
-//! cores (about 20 with `--with-debezium --drain-poll`); run it on an otherwise idle machine.
+//! from such a file without measuring (after a change to the report or the targets; files from
+//! before the sinks and the idle run simply lack those rows). A full run takes about 20 minutes
+//! on two cores (about 25 with `--with-debezium --drain-poll`): the 10 ev/s rate, the other
+//! brokers' runs and drains and the idle minute add a few minutes to the earlier 15; `--quick`
+//! takes about 8. Run it on an otherwise idle machine.
 //!
 //! Not part of `cargo test`: without cargo bench's `--bench` argument it only prints how to run.
 
@@ -33,12 +54,15 @@ mod broker;
 mod consumer;
 mod debezium;
 mod drain;
+mod idle;
 mod load;
 mod pg;
 mod plot;
 mod procfs;
 mod relay;
 mod report;
+mod sink_consumer;
+mod sinks;
 mod stats;
 mod steady;
 mod targets;
@@ -50,6 +74,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use relay::{Mode, Tuning};
+use sinks::Sink;
 use steady::{Rate, Scenario};
 
 struct Options {
@@ -70,6 +95,10 @@ struct Options {
     /// Measure nothing: write the docs again from a run's saved `results.json` (after a change
     /// to the report or the targets).
     report_from: Option<PathBuf>,
+    /// The brokers (`--sinks`); Kafka's runs are the main tables and always measured.
+    sinks: Vec<Sink>,
+    /// The idle relay's window (`--idle-secs`; zero: no idle run).
+    idle: Duration,
 }
 
 /// Events per transaction of the batched drain (`--with-debezium`).
@@ -78,7 +107,7 @@ const BATCHED_DRAIN_TXN: u64 = 1_000;
 const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--report-from results.json]";
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--report-from results.json]";
 
 fn options() -> Result<Option<Options>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -105,6 +134,8 @@ fn options() -> Result<Option<Options>> {
         kafka: Vec::new(),
         with_debezium: false,
         report_from: None,
+        sinks: Sink::ALL.to_vec(),
+        idle: Duration::from_secs(if quick { 15 } else { 60 }),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -120,6 +151,8 @@ fn options() -> Result<Option<Options>> {
             "--report-from" => o.report_from = Some(PathBuf::from(value()?)),
             "--out-dir" => o.out_dir = PathBuf::from(value()?),
             "--only" => o.only = Some(value()?.clone()),
+            "--sinks" => o.sinks = Sink::parse_list(value()?)?,
+            "--idle-secs" => o.idle = Duration::from_secs(value()?.parse()?),
             "--kafka" => {
                 let pair = value()?;
                 let (k, v) = pair
@@ -139,9 +172,10 @@ fn options() -> Result<Option<Options>> {
 
 fn scenarios(o: &Options) -> Vec<Scenario> {
     let rates: &[Rate] = if o.quick {
-        &[Rate::Fixed(100.0), Rate::Fixed(1_000.0), Rate::Max]
+        &[Rate::Fixed(10.0), Rate::Fixed(100.0), Rate::Fixed(1_000.0), Rate::Max]
     } else {
         &[
+            Rate::Fixed(10.0),
             Rate::Fixed(100.0),
             Rate::Fixed(1_000.0),
             Rate::Fixed(5_000.0),
@@ -162,6 +196,7 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
         events_per_txn,
         warmup: o.warmup,
         measure: o.measure,
+        sink: Sink::Kafka,
     };
     let mut out: Vec<Scenario> = rates
         .iter()
@@ -170,6 +205,13 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
         .collect();
     for mode in [None, Some(Mode::Cdc), Some(Mode::Poll { interval_ms: 10 })] {
         out.push(scenario(mode, Rate::Max, 100));
+    }
+    // The other brokers: CDC at 1,000 events/s, beside Kafka's row of the same rate.
+    for sink in o.sinks.iter().filter(|s| **s != Sink::Kafka) {
+        out.push(Scenario {
+            sink: *sink,
+            ..scenario(Some(Mode::Cdc), Rate::Fixed(1_000.0), 1)
+        });
     }
     if o.with_debezium {
         for tuning in [Tuning::Defaults, Tuning::Latency] {
@@ -180,7 +222,7 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
         }
     }
     if let Some(only) = &o.only {
-        out.retain(|s| format!("{} at {}", s.mode_label(), s.rate_label()).contains(only.as_str()));
+        out.retain(|s| s.label().contains(only.as_str()));
     }
     out
 }
@@ -229,14 +271,27 @@ async fn run(o: Options) -> Result<()> {
             serde_json::from_str(&text).with_context(|| format!("{} is not a results.json", path.display()))?;
         return publish(&o, &results);
     }
+    // A broker that is not there fails the run now, not after the Kafka runs.
+    let sink_versions = sinks::check_reachable(&o.sinks).await?;
+    let other_sinks: Vec<Sink> = o.sinks.iter().copied().filter(|s| *s != Sink::Kafka).collect();
+    let run_id = format!(
+        "{}{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() % 100_000)
+    );
     let scenarios = scenarios(&o);
+    let with_idle = !o.idle.is_zero() && o.only.as_ref().is_none_or(|only| IDLE_LABEL.contains(only.as_str()));
     let drains = match (o.drain, o.with_debezium) {
         (false, _) => Vec::new(),
         (true, false) => vec![1],
         (true, true) => vec![1, BATCHED_DRAIN_TXN],
     };
     let progress = MultiProgress::new();
-    let overall = progress.add(ProgressBar::new((scenarios.len() + drains.len()) as u64));
+    let overall = progress.add(ProgressBar::new(
+        (scenarios.len() + drains.len() + usize::from(with_idle)) as u64,
+    ));
     overall.set_style(ProgressStyle::with_template(
         "[{elapsed_precise}] {bar:32} {pos}/{len} runs  {msg}",
     )?);
@@ -261,6 +316,8 @@ async fn run(o: Options) -> Result<()> {
         workdir: workdir.path(),
         kafka: &o.kafka,
         debezium: debezium.as_ref(),
+        run_id: &run_id,
+        sinks: &other_sinks,
     };
     let version: String = pg::connect(&pg.url("postgres", "postgres"))
         .await?
@@ -270,16 +327,25 @@ async fn run(o: Options) -> Result<()> {
 
     let mut steady_results = Vec::new();
     for (i, sc) in scenarios.iter().enumerate() {
-        overall.set_message(format!("{} at {}", sc.mode_label(), sc.rate_label()));
+        overall.set_message(sc.label());
         match steady::run(&ctx, sc, i, &phase).await {
             Ok(outcome) => {
                 say(&progress, summary(&outcome));
                 steady_results.push(outcome);
             }
-            Err(e) => say(
-                &progress,
-                format!("FAILED {} at {}: {e:#}", sc.mode_label(), sc.rate_label()),
-            ),
+            Err(e) => say(&progress, format!("FAILED {}: {e:#}", sc.label())),
+        }
+        overall.inc(1);
+    }
+    let mut idle = None;
+    if with_idle {
+        overall.set_message(IDLE_LABEL);
+        match idle::run(&ctx, o.warmup, o.idle, &phase).await {
+            Ok(i) => {
+                say(&progress, idle_summary(&i));
+                idle = Some(i);
+            }
+            Err(e) => say(&progress, format!("FAILED {IDLE_LABEL}: {e:#}")),
         }
         overall.inc(1);
     }
@@ -313,7 +379,7 @@ async fn run(o: Options) -> Result<()> {
     phase.finish_and_clear();
     overall.finish_with_message("done");
 
-    let environment = report::Environment::collect(
+    let mut environment = report::Environment::collect(
         version,
         broker.describe(),
         o.kafka.clone(),
@@ -321,11 +387,14 @@ async fn run(o: Options) -> Result<()> {
         o.measure.as_secs_f64(),
         debezium.as_ref().map(debezium::Install::describe),
     );
+    environment.sinks = sink_versions;
+    environment.idle_s = with_idle.then_some(o.idle.as_secs_f64());
     let results = report::Results {
         environment,
         steady: steady_results,
         drain,
         batched_drain,
+        idle,
     };
     let raw_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/cdc_vs_polling");
     std::fs::create_dir_all(&raw_dir)?;
@@ -344,8 +413,22 @@ fn drain_summary(d: &drain::DrainOutcome) -> String {
             z.startup_s
         )
     });
+    let sinks: String = d
+        .sinks
+        .iter()
+        .map(|x| {
+            format!(
+                "; → {} {:.0} ev/s ({:.2}×, {} missing, {} dup)",
+                x.sink,
+                x.per_s,
+                x.per_s / d.recvlogical_per_s,
+                x.missing,
+                x.duplicates
+            )
+        })
+        .collect();
     format!(
-        "drain {} events ({} per txn): relay {:.0} ev/s, pg_recvlogical {:.0} ev/s ({:.2}×), relay peak RSS {:.0} MiB{dbz}",
+        "drain {} events ({} per txn): relay {:.0} ev/s, pg_recvlogical {:.0} ev/s ({:.2}×), relay peak RSS {:.0} MiB{dbz}{sinks}",
         d.rows,
         d.events_per_txn,
         d.relay_per_s,
@@ -364,8 +447,27 @@ fn summary(o: &steady::Outcome) -> String {
     let cpu = o
         .relay_cpu_us_per_event
         .map_or_else(String::new, |c| format!(" relay {c:.1} µs/ev,"));
+    let mode = if o.is_kafka() {
+        o.mode.clone()
+    } else {
+        format!("{} → {}", o.mode, o.sink)
+    };
     format!(
         "{:>14} {:>12}: {:>6.0} ev/s,{latency}{cpu} PG {:.1} µs/ev",
-        o.mode, o.rate, o.achieved_per_s, o.pg_cpu_us_per_event
+        mode, o.rate, o.achieved_per_s, o.pg_cpu_us_per_event
+    )
+}
+
+/// What `--only` matches for the idle run.
+const IDLE_LABEL: &str = "CDC idle";
+
+fn idle_summary(i: &idle::IdleOutcome) -> String {
+    format!(
+        "{IDLE_LABEL}: {:.0} s without events: {:.3} % of a core ({:.2} s CPU per minute), {} threads, {:.1} context switches/s",
+        i.seconds,
+        i.cpu_pct_core,
+        i.cpu_s_per_min,
+        i.threads,
+        i.voluntary_switches_per_s + i.nonvoluntary_switches_per_s
     )
 }

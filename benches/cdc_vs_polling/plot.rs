@@ -20,7 +20,7 @@ pub fn latency_vs_rate(path: &Path, steady: &[Outcome]) -> Result<()> {
         .map(|mode| {
             let mut points: Vec<Point> = steady
                 .iter()
-                .filter(|o| o.mode == *mode && !o.rate.contains('×'))
+                .filter(|o| o.is_kafka() && o.mode == *mode && !o.rate.contains('×'))
                 .filter_map(|o| o.delivery.as_ref()?.latency.map(|l| (o.achieved_per_s, l.p50, l.p99)))
                 .collect();
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -44,7 +44,7 @@ pub fn latency_vs_rate(path: &Path, steady: &[Outcome]) -> Result<()> {
         .x_label_area_size(48)
         .y_label_area_size(64)
         .build_cartesian_2d(
-            (50.0..x_max * 1.5).log_scale(),
+            (5.0..x_max * 1.5).log_scale(),
             ((y_min * 0.7).max(0.1)..y_max * 1.5).log_scale(),
         )
         .map_err(|e| err(&e))?;

@@ -82,3 +82,97 @@ pub fn postgres_cpu(postmaster: u32) -> f64 {
         .sum();
     root.own_cpu + root.children_cpu + live
 }
+
+/// One thread of a process: its name (`comm`), CPU so far and context switches.
+#[derive(Debug, Clone)]
+pub struct ThreadStat {
+    pub tid: u32,
+    pub name: String,
+    /// On-CPU time in seconds: `schedstat`'s nanoseconds where the kernel has it, else
+    /// `utime + stime` in clock ticks.
+    pub cpu: f64,
+    pub voluntary_switches: u64,
+    pub nonvoluntary_switches: u64,
+}
+
+/// Every live thread of `pid` (`/proc/<pid>/task/*`).
+pub fn threads(pid: u32) -> Vec<ThreadStat> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ThreadStat> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|tid| {
+            let base = format!("/proc/{pid}/task/{tid}");
+            let name = fs::read_to_string(format!("{base}/comm")).ok()?.trim().to_owned();
+            let cpu = fs::read_to_string(format!("{base}/schedstat"))
+                .ok()
+                .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+                .map(|ns| ns / 1e9)
+                .or_else(|| {
+                    let text = fs::read_to_string(format!("{base}/stat")).ok()?;
+                    let rest = &text[text.rfind(')')? + 2..];
+                    let f: Vec<&str> = rest.split_whitespace().collect();
+                    Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / ticks())
+                })?;
+            let status = fs::read_to_string(format!("{base}/status")).ok()?;
+            let field = |name: &str| -> u64 {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            Some(ThreadStat {
+                tid,
+                name,
+                cpu,
+                voluntary_switches: field("voluntary_ctxt_switches"),
+                nonvoluntary_switches: field("nonvoluntary_ctxt_switches"),
+            })
+        })
+        .collect();
+    out.sort_by_key(|t| t.tid);
+    out
+}
+
+/// The process listening on TCP `port` (IPv4 or IPv6), found through the socket's inode in
+/// `/proc/net/tcp*` and the processes' `fd` links (needs the right to read them: root, or the
+/// same user); `None` when it cannot be told.
+pub fn listener_pid(port: u16) -> Option<u32> {
+    let hex_port = format!("{port:04X}");
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| fs::read_to_string(p).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let local_port = f.get(1)?.rsplit(':').next()?;
+                    // State 0A: LISTEN.
+                    (local_port == hex_port && *f.get(3)? == "0A").then(|| f.get(9).map(|s| s.to_string()))?
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|i| i != "0")
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    let procs = fs::read_dir("/proc").ok()?;
+    for pid in procs.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(link) = fs::read_link(fd.path()) {
+                if wanted.iter().any(|w| link.as_os_str() == w.as_str()) {
+                    return Some(pid);
+                }
+            }
+        }
+    }
+    None
+}

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use outbox_relay::ops::latency::LatencySummary;
 
 pub use super::debezium::Tuning;
+use super::sinks::SinkTarget;
 
 /// Built by cargo for this bench (the bench profile inherits `release`).
 pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -65,18 +66,26 @@ pub struct RelayConf<'a> {
     /// Prepended to every topic (`[route] topic_replacement`), so relays on the same rows can
     /// write topics of their own; `""`: the route-by value itself.
     pub topic_prefix: &'a str,
+    /// The broker when not Kafka (`[sink]` and its section instead of `[kafka]`).
+    pub sink: Option<&'a SinkTarget>,
 }
 
 impl RelayConf<'_> {
     fn render(&self) -> String {
-        let kafka: String = self.kafka.iter().map(|(k, v)| format!("\"{k}\" = \"{v}\"\n")).collect();
+        let sink = match self.sink {
+            Some(target) => target.relay_sections(),
+            None => {
+                let kafka: String = self.kafka.iter().map(|(k, v)| format!("\"{k}\" = \"{v}\"\n")).collect();
+                format!("[kafka]\n\"bootstrap.servers\" = \"{}\"\n{kafka}", self.bootstrap)
+            }
+        };
         let mut toml = format!(
             "[postgres]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{}\"\n\n\
              [outbox]\ntable = \"public.events_outbox\"\ntimestamp_column = \"created_at\"\n\n\
-             [kafka]\n\"bootstrap.servers\" = \"{}\"\n{kafka}\n\
+             {sink}\n\
              [relay]\nstatus_interval_ms = {}\n\n\
              [poll]\nbatch_size = 100\nworkers = 1\ndispatched_column = \"dispatched_at\"\n",
-            self.url, self.slot, self.slot, self.bootstrap, self.status_interval_ms
+            self.url, self.slot, self.slot, self.status_interval_ms
         );
         if !self.topic_prefix.is_empty() {
             toml.push_str(&format!(

@@ -22,6 +22,7 @@ use super::load::{self, LoadSpec, Producers};
 use super::pg::{self, BenchPg, RELAY_ROLE};
 use super::procfs;
 use super::relay::{self, Mode, RelayChild, RelayConf};
+use super::sinks::{Sink, SinkTarget};
 use super::stats::{self, Delivery, Percentiles};
 
 /// Every window lasts at least this long past the end of the load, for every mode alike.
@@ -57,6 +58,9 @@ pub struct Scenario {
     pub events_per_txn: usize,
     pub warmup: Duration,
     pub measure: Duration,
+    /// The broker the relay publishes to (Kafka for every run but the other sinks' CDC rows).
+    #[serde(skip)]
+    pub sink: Sink,
 }
 
 fn serialize_mode<S: serde::Serializer>(m: &Option<Mode>, s: S) -> Result<S::Ok, S::Error> {
@@ -66,6 +70,14 @@ fn serialize_mode<S: serde::Serializer>(m: &Option<Mode>, s: S) -> Result<S::Ok,
 impl Scenario {
     pub fn mode_label(&self) -> String {
         self.mode.map_or("no relay".into(), Mode::label)
+    }
+
+    /// "<relay> at <rate>", with the broker when it is not Kafka: what `--only` matches.
+    pub fn label(&self) -> String {
+        match self.sink {
+            Sink::Kafka => format!("{} at {}", self.mode_label(), self.rate_label()),
+            other => format!("{} → {} at {}", self.mode_label(), other.name(), self.rate_label()),
+        }
     }
 
     pub fn rate_label(&self) -> String {
@@ -93,6 +105,9 @@ impl Scenario {
 pub struct Outcome {
     pub mode: String,
     pub rate: String,
+    /// The broker (`Sink::name`); results.json files from before the sinks have Kafka only.
+    #[serde(default = "kafka_name")]
+    pub sink: String,
     pub offered_per_s: f64,
     pub events: u64,
     pub achieved_per_s: f64,
@@ -111,6 +126,21 @@ pub struct Outcome {
     /// CPU of the relay's own server processes (walsender, or the polling backend).
     pub pg_relay_backends_us_per_event: Option<f64>,
     pub statements_per_event: Option<f64>,
+    /// CPU of the broker server's process per event (NATS, RabbitMQ, Redis: a process of its own
+    /// on this machine; Kafka's mock cluster lives in the benchmark process: none).
+    #[serde(default)]
+    pub broker_cpu_us_per_event: Option<f64>,
+}
+
+fn kafka_name() -> String {
+    Sink::Kafka.name().to_owned()
+}
+
+impl Outcome {
+    /// A run of the main tables (Kafka), as opposed to another sink's row.
+    pub fn is_kafka(&self) -> bool {
+        self.sink == Sink::Kafka.name()
+    }
 }
 
 struct Counters {
@@ -120,6 +150,7 @@ struct Counters {
     producers_cpu: f64,
     backends_cpu: Option<f64>,
     statements: i64,
+    broker_cpu: Option<f64>,
 }
 
 pub struct Ctx<'a> {
@@ -130,6 +161,10 @@ pub struct Ctx<'a> {
     pub kafka: &'a [(String, String)],
     /// Java and the Debezium jars, checked at start-up (`--with-debezium`).
     pub debezium: Option<&'a Install>,
+    /// This benchmark run's id: in the names it creates on the shared brokers.
+    pub run_id: &'a str,
+    /// The non-Kafka brokers of `--sinks` (checked reachable at start-up).
+    pub sinks: &'a [Sink],
 }
 
 /// What reads the slot or polls the table in a run: the relay, or Debezium + Kafka Connect.
@@ -161,7 +196,13 @@ pub async fn run(ctx: &Ctx<'_>, sc: &Scenario, index: usize, phase: &ProgressBar
     let load_url = ctx.pg.url("postgres", &db);
     pg::connect(&load_url).await?.batch_execute(SCHEMA).await?;
     let topic = format!("bench-{index}");
-    let outcome = measure(ctx, sc, &db, &topic, &admin, phase).await;
+    let target = SinkTarget::new(sc.sink, ctx.run_id, &index.to_string());
+    let outcome = measure(ctx, sc, &db, &topic, target.as_ref(), &admin, phase).await;
+    if let Some(t) = &target {
+        if let Err(e) = t.cleanup(&topic).await {
+            phase.println(format!("cleaning up after {}: {e:#}", sc.label()));
+        }
+    }
     pg::drop_database(&admin, &db).await?;
     outcome
 }
@@ -171,6 +212,7 @@ async fn measure(
     sc: &Scenario,
     db: &str,
     topic: &str,
+    target: Option<&SinkTarget>,
     admin: &Client,
     phase: &ProgressBar,
 ) -> Result<Outcome> {
@@ -184,7 +226,9 @@ async fn measure(
     let mut consumer = None;
     if let Some(mode) = sc.mode {
         phase.set_message(format!("{}: setup", mode.label()));
-        ctx.broker.create_topic(topic, PARTITIONS).await?;
+        if target.is_none() {
+            ctx.broker.create_topic(topic, PARTITIONS).await?;
+        }
         let conf = RelayConf {
             url: &ctx.pg.url(RELAY_ROLE, db),
             slot: db,
@@ -193,10 +237,16 @@ async fn measure(
             metrics_port,
             status_interval_ms: 1000,
             kafka: ctx.kafka,
-            topic_prefix: "",
+            topic_prefix: target.map_or("", |t| t.prefix.as_str()),
+            sink: target,
         };
         let path = conf.write(ctx.workdir)?;
         relay::setup(&path, !mode.streams())?;
+        // Before the relay publishes: a RabbitMQ message no queue is bound for is a bad event.
+        consumer = Some(match target {
+            Some(t) => tokio::task::block_in_place(|| t.consumer(topic))?,
+            None => TopicConsumer::start(ctx.broker.bootstrap(), topic, PARTITIONS)?,
+        });
         relay_child = Some(match mode {
             Mode::Debezium(tuning) => {
                 let install = ctx
@@ -218,8 +268,8 @@ async fn measure(
             }
             _ => Contender::Relay(RelayChild::start(&path, mode).await?),
         });
-        consumer = Some(TopicConsumer::start(ctx.broker.bootstrap(), topic, PARTITIONS)?);
     }
+    let broker_pid = sc.sink.broker_pid();
     let producers = Producers::connect(&load_url, sc.connections()).await?;
     let producer_pids = session_pids(admin, db, load::APPLICATION_NAME).await?;
     let spec = |duration| LoadSpec {
@@ -244,7 +294,7 @@ async fn measure(
     if let Some(port) = metrics_port {
         relay::latency_window(port, true).context("the relay's /latency endpoint did not answer")?;
     }
-    let before = counters(ctx, admin, db, relay_pid, &backends, &producer_pids).await?;
+    let before = counters(ctx, admin, db, relay_pid, broker_pid, &backends, &producer_pids).await?;
 
     phase.set_message(format!("{} {}: measuring", sc.mode_label(), sc.rate_label()));
     phase.set_position(0);
@@ -262,7 +312,7 @@ async fn measure(
     if tail_end > Instant::now() {
         tokio::time::sleep_until(tail_end.into()).await;
     }
-    let after = counters(ctx, admin, db, relay_pid, &backends, &producer_pids).await?;
+    let after = counters(ctx, admin, db, relay_pid, broker_pid, &backends, &producer_pids).await?;
     let ack = metrics_port
         .and_then(|port| relay::latency_window(port, false))
         .and_then(|w| {
@@ -298,6 +348,7 @@ async fn measure(
     Ok(Outcome {
         mode: sc.mode_label(),
         rate: sc.rate_label(),
+        sink: sc.sink.name().to_owned(),
         offered_per_s: measured.events_per_second(),
         events,
         achieved_per_s: achieved,
@@ -318,10 +369,14 @@ async fn measure(
         statements_per_event: sc
             .mode
             .map(|_| (after.statements - before.statements) as f64 / events as f64),
+        broker_cpu_us_per_event: before
+            .broker_cpu
+            .zip(after.broker_cpu)
+            .map(|(b, a)| per_event_us(a - b)),
     })
 }
 
-async fn wait_for(consumer: &TopicConsumer, count: u64, limit: Duration) {
+pub async fn wait_for(consumer: &TopicConsumer, count: u64, limit: Duration) {
     let deadline = Instant::now() + limit;
     while consumer.count() < count && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -367,6 +422,7 @@ async fn counters(
     admin: &Client,
     db: &str,
     relay_pid: Option<u32>,
+    broker_pid: Option<u32>,
     backends: &[u32],
     producers: &[u32],
 ) -> Result<Counters> {
@@ -397,5 +453,6 @@ async fn counters(
             .context("a producer session ended during the measurement")?,
         backends_cpu,
         statements,
+        broker_cpu: broker_pid.and_then(procfs::cpu_seconds),
     })
 }

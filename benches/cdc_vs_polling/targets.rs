@@ -5,8 +5,11 @@ use std::fmt::Write as _;
 use super::report::{added_pg_cpu, Results};
 use super::steady::Outcome;
 
+/// A run of the main (Kafka) tables.
 fn find<'a>(r: &'a Results, mode: &str, rate: &str) -> Option<&'a Outcome> {
-    r.steady.iter().find(|o| o.mode == mode && o.rate == rate)
+    r.steady
+        .iter()
+        .find(|o| o.is_kafka() && o.mode == mode && o.rate == rate)
 }
 
 fn p99(o: &Outcome) -> Option<f64> {
@@ -24,7 +27,7 @@ fn verdict(ok: Option<bool>) -> &'static str {
 /// Rates of the single-event runs, in run order.
 fn rates(r: &Results) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for o in r.steady.iter().filter(|o| o.mode == "CDC") {
+    for o in r.steady.iter().filter(|o| o.is_kafka() && o.mode == "CDC") {
         if !out.contains(&o.rate) {
             out.push(o.rate.clone());
         }
@@ -129,7 +132,7 @@ pub fn table(r: &Results) -> String {
     let steady_peak = r
         .steady
         .iter()
-        .filter(|o| o.mode == "CDC")
+        .filter(|o| o.is_kafka() && o.mode == "CDC")
         .filter_map(|o| o.relay_peak_rss_mib)
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
     let _ = writeln!(
@@ -169,7 +172,200 @@ pub fn table(r: &Results) -> String {
         all_or_some(&pg_ok)
     );
     debezium(&mut s, r);
+    issue_21(&mut s, r);
+    sinks(&mut s, r);
     s
+}
+
+/// Latency and CPU per event at the rates services run at, idle cost, drain (issue 21).
+fn issue_21(s: &mut String, r: &Results) {
+    let cdc_1k = find(r, "CDC", "1000/s");
+    let ack_p99 = cdc_1k.and_then(|o| o.ack).map(|(_, p)| p.p99);
+    let consumer_p99 = cdc_1k.and_then(p99);
+    let _ = writeln!(
+        s,
+        "| CDC p99 commit→ack ≤ 2 ms at 1,000 ev/s (issue 21) | p99 {} ms | {} |",
+        fmt(ack_p99, 2),
+        verdict(ack_p99.map(|v| v <= 2.0))
+    );
+    let _ = writeln!(
+        s,
+        "| CDC p99 commit→consumer ≤ 5 ms at 1,000 ev/s (issue 21) | p99 {} ms | {} |",
+        fmt(consumer_p99, 2),
+        verdict(consumer_p99.map(|v| v <= 5.0))
+    );
+    for (rate, label, limit) in [("1000/s", "1,000", 30.0), ("100/s", "100", 60.0)] {
+        let cpu = find(r, "CDC", rate).and_then(|o| o.relay_cpu_us_per_event);
+        let _ = writeln!(
+            s,
+            "| Relay CPU ≤ {limit:.0} µs per event at {label} ev/s (CDC, issue 21) | {} µs/ev | {} |",
+            fmt(cpu, 1),
+            verdict(cpu.map(|v| v <= limit))
+        );
+    }
+    let idle = r.idle.as_ref();
+    let _ = writeln!(
+        s,
+        "| Idle relay ≤ 0.2 % of one core (no events, issue 21) | {} | {} |",
+        idle.map_or_else(
+            || "not run".into(),
+            |i| format!(
+                "{:.3} % over {:.0} s ({:.3} s CPU per minute, {} threads, {:.1} context switches/s)",
+                i.cpu_pct_core,
+                i.seconds,
+                i.cpu_s_per_min,
+                i.threads,
+                i.voluntary_switches_per_s + i.nonvoluntary_switches_per_s
+            )
+        ),
+        verdict(idle.map(|i| i.cpu_pct_core <= 0.2))
+    );
+    let (mut parts, mut oks) = (Vec::new(), Vec::new());
+    for d in r.drain.iter().chain(&r.batched_drain) {
+        let ratio = d.relay_per_s / d.recvlogical_per_s;
+        parts.push(format!(
+            "{} per txn: relay {:.0} ev/s, pg_recvlogical {:.0} ev/s: {ratio:.2}×",
+            d.events_per_txn, d.relay_per_s, d.recvlogical_per_s
+        ));
+        oks.push(ratio >= 1.0);
+    }
+    if r.batched_drain.is_none() && r.drain.is_some() {
+        parts.push("batched shape not run (it runs with --with-debezium)".into());
+    }
+    let _ = writeln!(
+        s,
+        "| Backlog drain ≥ 1.0 × `pg_recvlogical`, both transaction shapes (issue 21) | {} | {} |",
+        if parts.is_empty() {
+            "not run".into()
+        } else {
+            parts.join("; ")
+        },
+        all_or_some(&oks)
+    );
+}
+
+/// The other brokers (issue 20): latency at 1,000 events/s on every sink, drain rates, and every
+/// event delivered exactly once in their runs.
+fn sinks(s: &mut String, r: &Results) {
+    let rows: Vec<&Outcome> = r
+        .steady
+        .iter()
+        .filter(|o| o.mode == "CDC" && o.rate == "1000/s")
+        .collect();
+    let drains: Vec<_> = r.drain.iter().chain(&r.batched_drain).collect();
+    if rows.iter().all(|o| o.is_kafka()) && drains.iter().all(|d| d.sinks.is_empty()) {
+        return;
+    }
+    let (mut parts, mut oks) = (Vec::new(), Vec::new());
+    for o in &rows {
+        let v = p99(o);
+        parts.push(format!("{} {} ms", o.sink, fmt(v, 1)));
+        if let Some(v) = v {
+            oks.push(v <= 20.0);
+        }
+    }
+    let _ = writeln!(
+        s,
+        "| p99 commit→consumer ≤ 20 ms at 1,000 ev/s on every sink (issue 20) | {} | {} |",
+        parts.join(", "),
+        all_or_some(&oks)
+    );
+    let shape = |per_txn: u64| {
+        if per_txn <= 1 {
+            "1 per txn".to_owned()
+        } else {
+            format!("{per_txn} per txn")
+        }
+    };
+    for name in ["NATS JetStream", "Redis Streams"] {
+        let (mut parts, mut oks) = (Vec::new(), Vec::new());
+        for d in &drains {
+            if let Some(x) = d.sinks.iter().find(|x| x.sink == name) {
+                let ratio = x.per_s / d.recvlogical_per_s;
+                parts.push(format!(
+                    "{}: {:.0} ev/s, pg_recvlogical {:.0} ev/s: {ratio:.2}×",
+                    shape(d.events_per_txn),
+                    x.per_s,
+                    d.recvlogical_per_s
+                ));
+                oks.push(ratio >= 0.9);
+            }
+        }
+        let _ = writeln!(
+            s,
+            "| Backlog drain into {name} ≥ 0.9 × `pg_recvlogical` (issue 20) | {} | {} |",
+            if parts.is_empty() {
+                "not run".into()
+            } else {
+                parts.join("; ")
+            },
+            all_or_some(&oks)
+        );
+    }
+    let mut parts = Vec::new();
+    for d in &drains {
+        if let Some(x) = d.sinks.iter().find(|x| x.sink == "RabbitMQ") {
+            let cores = |cpu: f64| cpu / x.seconds;
+            parts.push(format!(
+                "{}: {:.0} ev/s = {:.2} × pg_recvlogical; cores busy on average: relay {:.2}, RabbitMQ's beam.smp {}, \
+                 walsender and PostgreSQL {:.2} ({:.1} µs/ev relay, {} µs/ev broker)",
+                shape(d.events_per_txn),
+                x.per_s,
+                x.per_s / d.recvlogical_per_s,
+                cores(x.cpu_s),
+                fmt(x.broker_cpu_s.map(cores), 2),
+                cores(x.pg_cpu_s),
+                x.cpu_us_per_event,
+                fmt(x.broker_cpu_s.map(|b| b * 1e6 / d.rows as f64), 1)
+            ));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "| Backlog drain into RabbitMQ: the figure, and where the time goes (issue 20, no target) | {} | stated |",
+        if parts.is_empty() {
+            "not run".into()
+        } else {
+            parts.join("; ")
+        }
+    );
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for o in rows.iter().filter(|o| !o.is_kafka()) {
+        if let Some(d) = &o.delivery {
+            checked += 1;
+            if d.missing + d.duplicates > 0 {
+                bad.push(format!(
+                    "{} at 1,000 ev/s: {} lost, {} dup",
+                    o.sink, d.missing, d.duplicates
+                ));
+            }
+        }
+    }
+    for d in &drains {
+        for x in &d.sinks {
+            checked += 1;
+            if x.missing + x.duplicates > 0 {
+                bad.push(format!(
+                    "{} drain {}: {} missing, {} dup",
+                    x.sink,
+                    shape(d.events_per_txn),
+                    x.missing,
+                    x.duplicates
+                ));
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "| Every event delivered once on every other sink, steady and drain (issue 20) | {} | {} |",
+        if bad.is_empty() {
+            format!("{checked} runs, 0 lost, 0 duplicates")
+        } else {
+            bad.join("; ")
+        },
+        verdict((checked > 0).then_some(bad.is_empty()))
+    );
 }
 
 /// Against Debezium + Kafka Connect (`--with-debezium`); nothing when it did not run.

@@ -1,0 +1,384 @@
+//! The sink as a dimension (`--sinks kafka,nats,rabbitmq,redis`): the relay publishing to NATS
+//! JetStream, RabbitMQ or Redis Streams instead of Kafka, on the servers already running on this
+//! machine (NATS 127.0.0.1:4222 with JetStream, RabbitMQ 127.0.0.1:5672 guest/guest, Redis
+//! 127.0.0.1:6379).
+//!
+//! The servers are shared with whatever else runs on the machine, so every run writes to names of
+//! its own and removes them afterwards: a JetStream stream `OUTBOX_RELAY_BENCH_<run>_<tag>` with
+//! the subjects `obench.<run>.<tag>.>` (the relay's `[route]` prefixes the routed topic with
+//! `obench.<run>.<tag>.`), a RabbitMQ topic exchange `outbox-relay-bench-<run>-<tag>` (routing key:
+//! the routed topic itself), a Redis stream key `outbox-relay-bench:<run>:<tag>:<topic>`. `setup`
+//! creates the stream and declares the exchange, as for a user.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use lapin::options::ExchangeDeleteOptions;
+use lapin::{Connection, ConnectionProperties};
+
+use super::consumer::TopicConsumer;
+use super::sink_consumer::AsyncSource;
+
+pub const NATS_URL: &str = "nats://127.0.0.1:4222";
+pub const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// One call to a broker (connect, create, delete, count) takes at most this long.
+pub const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    Kafka,
+    Nats,
+    RabbitMq,
+    Redis,
+}
+
+impl Sink {
+    pub const ALL: [Sink; 4] = [Sink::Kafka, Sink::Nats, Sink::RabbitMq, Sink::Redis];
+
+    /// `[sink] kind`, and the word of `--sinks`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Sink::Kafka => "kafka",
+            Sink::Nats => "nats",
+            Sink::RabbitMq => "rabbitmq",
+            Sink::Redis => "redis",
+        }
+    }
+
+    /// For people: tables and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sink::Kafka => "Kafka",
+            Sink::Nats => "NATS JetStream",
+            Sink::RabbitMq => "RabbitMQ",
+            Sink::Redis => "Redis Streams",
+        }
+    }
+
+    /// `--sinks` text: comma-separated words, each at most once.
+    pub fn parse_list(text: &str) -> Result<Vec<Sink>> {
+        let mut out = Vec::new();
+        for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let sink = Sink::ALL
+                .into_iter()
+                .find(|s| s.word() == word)
+                .with_context(|| format!("--sinks: unknown sink {word:?}; use some of kafka,nats,rabbitmq,redis"))?;
+            if !out.contains(&sink) {
+                out.push(sink);
+            }
+        }
+        Ok(out)
+    }
+
+    fn url(self) -> &'static str {
+        match self {
+            Sink::Kafka => "",
+            Sink::Nats => NATS_URL,
+            Sink::RabbitMq => RABBITMQ_URL,
+            Sink::Redis => REDIS_URL,
+        }
+    }
+
+    /// The server's port on 127.0.0.1 (its process is found through it, for its CPU).
+    pub fn port(self) -> Option<u16> {
+        match self {
+            Sink::Kafka => None,
+            Sink::Nats => Some(4222),
+            Sink::RabbitMq => Some(5672),
+            Sink::Redis => Some(6379),
+        }
+    }
+
+    fn how_to_start(self) -> &'static str {
+        match self {
+            Sink::Kafka => "",
+            Sink::Nats => "`nats-server -js -a 127.0.0.1 -p 4222` (JetStream on)",
+            Sink::RabbitMq => "`rabbitmq-server` (user guest/guest on 127.0.0.1:5672)",
+            Sink::Redis => "`redis-server --bind 127.0.0.1 --port 6379`",
+        }
+    }
+
+    /// The broker server's process (for its CPU), when it can be told.
+    pub fn broker_pid(self) -> Option<u32> {
+        self.port().and_then(super::procfs::listener_pid)
+    }
+}
+
+/// `f`, bounded by [`BROKER_TIMEOUT`], its error naming the broker and what was being done.
+pub async fn bounded<T, E: std::fmt::Display>(
+    broker: &str,
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T> {
+    match tokio::time::timeout(BROKER_TIMEOUT, f).await {
+        Ok(r) => r.map_err(|e| anyhow!("{broker}, {what}: {e}")),
+        Err(_) => Err(anyhow!("{broker}, {what}: no answer within {BROKER_TIMEOUT:?}")),
+    }
+}
+
+pub async fn rabbitmq_connection(name: &str) -> Result<Connection> {
+    let properties = ConnectionProperties::default()
+        .with_connection_name(name.into())
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    bounded("RabbitMQ", "connecting", Connection::connect(RABBITMQ_URL, properties)).await
+}
+
+pub async fn redis_connection() -> Result<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(REDIS_URL)?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(BROKER_TIMEOUT))
+        .set_response_timeout(Some(BROKER_TIMEOUT));
+    bounded(
+        "Redis",
+        "connecting",
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+}
+
+pub async fn nats_jetstream() -> Result<async_nats::jetstream::Context> {
+    let client = bounded(
+        "NATS",
+        "connecting",
+        async_nats::ConnectOptions::new()
+            .connection_timeout(BROKER_TIMEOUT)
+            .connect(NATS_URL),
+    )
+    .await?;
+    Ok(async_nats::jetstream::new(client))
+}
+
+/// Fails, before anything is measured, when a requested broker does not answer; otherwise
+/// describes each non-Kafka broker (name, version, where).
+pub async fn check_reachable(sinks: &[Sink]) -> Result<Vec<String>> {
+    let mut described = Vec::new();
+    for &sink in sinks {
+        let outcome: Result<String> = match sink {
+            Sink::Kafka => continue,
+            Sink::Nats => {
+                async {
+                    let js = nats_jetstream().await?;
+                    // A stream that does not exist: JetStream answers "not found"; without
+                    // JetStream nothing answers ("no responders").
+                    match tokio::time::timeout(BROKER_TIMEOUT, js.get_stream("OUTBOX_RELAY_BENCH_PROBE")).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) if e.to_string().contains("not found") => {}
+                        Ok(Err(e)) => bail!("JetStream did not answer: {e}; is it enabled (`-js`)?"),
+                        Err(_) => bail!("JetStream did not answer within {BROKER_TIMEOUT:?}; is it enabled (`-js`)?"),
+                    }
+                    Ok(format!(
+                        "NATS server {} with JetStream (streams created by `setup`: file storage)",
+                        js.client().server_info().version
+                    ))
+                }
+                .await
+            }
+            Sink::RabbitMq => {
+                async {
+                    let c = rabbitmq_connection("outbox-relay-bench-check").await?;
+                    let _ = tokio::time::timeout(BROKER_TIMEOUT, c.close(200, "checked")).await;
+                    let version = std::fs::read_dir("/usr/lib/rabbitmq/lib")
+                        .ok()
+                        .and_then(|d| {
+                            d.filter_map(|e| {
+                                e.ok()?
+                                    .file_name()
+                                    .to_str()?
+                                    .strip_prefix("rabbitmq_server-")
+                                    .map(str::to_owned)
+                            })
+                            .next()
+                        })
+                        .unwrap_or_else(|| "(version unknown)".into());
+                    Ok(format!(
+                        "RabbitMQ {version} (publisher confirms; the consumer's queue exclusive, not durable)"
+                    ))
+                }
+                .await
+            }
+            Sink::Redis => {
+                async {
+                    let mut c = redis_connection().await?;
+                    let info = bounded(
+                        "Redis",
+                        "INFO server",
+                        redis::cmd("INFO").arg("server").query_async::<String>(&mut c),
+                    )
+                    .await?;
+                    let version = info
+                        .lines()
+                        .find_map(|l| l.strip_prefix("redis_version:"))
+                        .unwrap_or("(version unknown)")
+                        .trim()
+                        .to_owned();
+                    let mut c2 = redis_connection().await?;
+                    let aof = bounded(
+                        "Redis",
+                        "CONFIG GET appendonly",
+                        redis::cmd("CONFIG")
+                            .arg("GET")
+                            .arg("appendonly")
+                            .query_async::<Vec<String>>(&mut c2),
+                    )
+                    .await
+                    .ok()
+                    .and_then(|v| v.get(1).cloned())
+                    .unwrap_or_else(|| "unknown".into());
+                    Ok(format!("Redis {version} (appendonly {aof})"))
+                }
+                .await
+            }
+        };
+        match outcome {
+            Ok(d) => described.push(d),
+            Err(e) => {
+                bail!(
+                "--sinks asks for {} but it is not reachable at {} ({e:#}): start it with {}, or leave `{}` out of \
+                 --sinks (e.g. --sinks kafka)",
+                sink.name(),
+                sink.url().replace("guest:guest@", ""),
+                    sink.how_to_start(),
+                    sink.word()
+                );
+            }
+        }
+    }
+    Ok(described)
+}
+
+/// Where one run of the relay publishes on a non-Kafka broker: names of its own on the shared
+/// server (see the module docs).
+#[derive(Debug, Clone)]
+pub struct SinkTarget {
+    pub sink: Sink,
+    /// NATS: the stream; RabbitMQ: the exchange; Redis: unused.
+    pub container: String,
+    /// Put before the routed topic by the relay's `[route]` (NATS subject, Redis key).
+    pub prefix: String,
+}
+
+impl SinkTarget {
+    /// `None` for Kafka (its topics are made per run already). `run`: this benchmark run's id;
+    /// `tag`: the run within it.
+    pub fn new(sink: Sink, run: &str, tag: &str) -> Option<SinkTarget> {
+        let (container, prefix) = match sink {
+            Sink::Kafka => return None,
+            Sink::Nats => (
+                format!("OUTBOX_RELAY_BENCH_{run}_{tag}"),
+                format!("obench.{run}.{tag}."),
+            ),
+            Sink::RabbitMq => (format!("outbox-relay-bench-{run}-{tag}"), String::new()),
+            Sink::Redis => (String::new(), format!("outbox-relay-bench:{run}:{tag}:")),
+        };
+        Some(SinkTarget {
+            sink,
+            container,
+            prefix,
+        })
+    }
+
+    /// Where the events of `topic` (the routed value) land: subject, routing key, stream key.
+    pub fn destination(&self, topic: &str) -> String {
+        format!("{}{topic}", self.prefix)
+    }
+
+    /// The relay's `[sink]` and broker section.
+    pub fn relay_sections(&self) -> String {
+        match self.sink {
+            Sink::Kafka => String::new(),
+            Sink::Nats => format!(
+                "[sink]\nkind = \"nats\"\n\n[nats]\nurl = \"{NATS_URL}\"\nstream = \"{}\"\nsubjects = [\"{}>\"]\n",
+                self.container, self.prefix
+            ),
+            Sink::RabbitMq => format!(
+                "[sink]\nkind = \"rabbitmq\"\n\n[rabbitmq]\nurl = \"{RABBITMQ_URL}\"\nexchange = \"{}\"\n",
+                self.container
+            ),
+            Sink::Redis => format!("[sink]\nkind = \"redis\"\n\n[redis]\nurl = \"{REDIS_URL}\"\n"),
+        }
+    }
+
+    /// A consumer of `topic`'s events from the start (RabbitMQ: from now on, its queue bound
+    /// before this returns — start it before the relay publishes).
+    pub fn consumer(&self, topic: &str) -> Result<TopicConsumer> {
+        let destination = self.destination(topic);
+        let container = self.container.clone();
+        match self.sink {
+            Sink::Kafka => bail!("the Kafka consumer is TopicConsumer::start"),
+            Sink::Nats => TopicConsumer::start_async("nats", move || AsyncSource::nats(container)),
+            Sink::RabbitMq => {
+                TopicConsumer::start_async("rabbitmq", move || AsyncSource::rabbitmq(container, destination))
+            }
+            Sink::Redis => TopicConsumer::start_async("redis", move || AsyncSource::redis(destination)),
+        }
+    }
+
+    /// Messages the broker holds for `topic`: the stream's count (NATS), the key's XLEN (Redis);
+    /// `None` for RabbitMQ (an exchange keeps nothing: the consumer's queue is the count).
+    pub async fn stored(&self, topic: &str) -> Result<Option<u64>> {
+        match self.sink {
+            Sink::Kafka | Sink::RabbitMq => Ok(None),
+            Sink::Nats => {
+                let js = nats_jetstream().await?;
+                let mut stream = bounded("NATS", "opening the stream", js.get_stream(&self.container)).await?;
+                let info = bounded("NATS", "stream info", stream.info()).await?;
+                Ok(Some(info.state.messages))
+            }
+            Sink::Redis => {
+                let mut c = redis_connection().await?;
+                let n = bounded(
+                    "Redis",
+                    "XLEN",
+                    redis::cmd("XLEN")
+                        .arg(self.destination(topic))
+                        .query_async::<u64>(&mut c),
+                )
+                .await?;
+                Ok(Some(n))
+            }
+        }
+    }
+
+    /// Deletes what the run created on the shared server (the stream, the exchange, the key).
+    pub async fn cleanup(&self, topic: &str) -> Result<()> {
+        match self.sink {
+            Sink::Kafka => Ok(()),
+            Sink::Nats => {
+                let js = nats_jetstream().await?;
+                match tokio::time::timeout(BROKER_TIMEOUT, js.delete_stream(&self.container)).await {
+                    Ok(Ok(_)) => Ok(()),
+                    // Never created (the run failed before `setup`).
+                    Ok(Err(e)) if e.to_string().contains("not found") => Ok(()),
+                    Ok(Err(e)) => Err(anyhow!("NATS, deleting stream {}: {e}", self.container)),
+                    Err(_) => Err(anyhow!("NATS, deleting stream {}: no answer", self.container)),
+                }
+            }
+            Sink::RabbitMq => {
+                let c = rabbitmq_connection("outbox-relay-bench-cleanup").await?;
+                let channel = bounded("RabbitMQ", "opening a channel", c.create_channel()).await?;
+                let deleted = bounded(
+                    "RabbitMQ",
+                    "deleting the exchange",
+                    channel.exchange_delete(&self.container, ExchangeDeleteOptions::default()),
+                )
+                .await;
+                let _ = tokio::time::timeout(BROKER_TIMEOUT, c.close(200, "cleaned up")).await;
+                deleted
+            }
+            Sink::Redis => {
+                let mut c = redis_connection().await?;
+                bounded(
+                    "Redis",
+                    "DEL",
+                    redis::cmd("DEL")
+                        .arg(self.destination(topic))
+                        .query_async::<u64>(&mut c),
+                )
+                .await?;
+                Ok(())
+            }
+        }
+    }
+}
