@@ -345,7 +345,7 @@ async fn pipeline(
     let deadline = args.duration.map(|s| started + Duration::from_secs(s));
     let mut relay_result = None;
     loop {
-        progress.update(&stats.snapshot(started.elapsed()));
+        progress.update(&stats.snapshot(started.elapsed(), &relay_window()));
         if deadline.is_some_and(|d| Instant::now() >= d) || *interrupts.borrow() > 0 {
             break;
         }
@@ -372,7 +372,7 @@ async fn pipeline(
         && Instant::now() < drain_deadline
         && *interrupts.borrow() < skip_drain_at
     {
-        progress.update(&stats.snapshot(production));
+        progress.update(&stats.snapshot(production, &relay_window()));
         tokio::select! {
             _ = tokio::time::sleep(TICK) => {}
             _ = interrupts.changed() => {}
@@ -405,7 +405,7 @@ async fn pipeline(
     // Give the consumer a last look at what the broker reports published, then stop it.
     consumer_stop.store(true, Ordering::Relaxed);
     let sink_cleanup = consumer.join().await;
-    let numbers = stats.snapshot(production);
+    let numbers = stats.snapshot(production, &relay_window());
     progress.update(&numbers);
 
     if let Ok(Err(e)) = relay_result {
@@ -440,6 +440,12 @@ async fn pipeline(
         interrupted: *interrupts.borrow() > 0,
         cleanup: sink_cleanup,
     })
+}
+
+/// The relay's commit-to-acknowledgement window: the relay runs in this process and records
+/// every acknowledgement there (what `GET /latency` serves).
+fn relay_window() -> crate::ops::latency::LatencySummary {
+    crate::ops::latency::commit_to_ack().summary(false)
 }
 
 /// Connects the consumer for `target` and starts it.

@@ -68,7 +68,8 @@ pub(crate) async fn spawn(
                     return Ok(());
                 }
                 let total_cents = 500 + (n * 7_919 + u64::from(worker) * 104_729) % 20_000;
-                place_order(&mut client, &run_id, total_cents as i64).await?;
+                let placed = place_order(&mut client, &run_id, total_cents as i64).await?;
+                stats.committed(placed.event_id, placed.committed_at_us, placed.took);
                 stats.produced.fetch_add(1, Ordering::Relaxed);
                 n += 1;
             }
@@ -77,11 +78,23 @@ pub(crate) async fn spawn(
     Ok(tasks)
 }
 
-/// One business transaction: the order and its `order.placed` event commit together or not at all.
-pub(crate) async fn place_order(client: &mut Client, run_id: &str, total_cents: i64) -> Result<(), DemoError> {
-    let placed_at_us = SystemTime::now()
+/// An order that committed: its outbox event's id, when `COMMIT` returned (µs since the epoch)
+/// and how long the transaction took from the moment the order was placed.
+pub(crate) struct Placed {
+    pub(crate) event_id: i64,
+    pub(crate) committed_at_us: i64,
+    pub(crate) took: Duration,
+}
+
+fn now_unix_us() -> i64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64);
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// One business transaction: the order and its `order.placed` event commit together or not at all.
+pub(crate) async fn place_order(client: &mut Client, run_id: &str, total_cents: i64) -> Result<Placed, DemoError> {
+    let placed_at_us = now_unix_us();
     let tx = client.transaction().await.map_err(DemoError::postgres("BEGIN"))?;
     let order = tx
         .query_one(
@@ -93,22 +106,31 @@ pub(crate) async fn place_order(client: &mut Client, run_id: &str, total_cents: 
         .await
         .map_err(DemoError::postgres("inserting an order"))?;
     let (order_id, customer_id): (String, String) = (order.get(0), order.get(1));
-    tx.execute(
-        "INSERT INTO events_outbox (aggregate_id, type, payload)
+    let event = tx
+        .query_one(
+            "INSERT INTO events_outbox (aggregate_id, type, payload)
          VALUES ($1::text::uuid, $2, jsonb_build_object('order_id', $1::text, 'customer_id', $3::text,
-                 'total_cents', $4::bigint, 'run', $5::text, 'placed_at_us', $6::bigint))",
-        &[
-            &order_id,
-            &EVENT_TYPE,
-            &customer_id,
-            &total_cents,
-            &run_id,
-            &placed_at_us,
-        ],
-    )
-    .await
-    .map_err(DemoError::postgres("inserting the outbox event"))?;
-    tx.commit().await.map_err(DemoError::postgres("COMMIT"))
+                 'total_cents', $4::bigint, 'run', $5::text, 'placed_at_us', $6::bigint))
+         RETURNING id",
+            &[
+                &order_id,
+                &EVENT_TYPE,
+                &customer_id,
+                &total_cents,
+                &run_id,
+                &placed_at_us,
+            ],
+        )
+        .await
+        .map_err(DemoError::postgres("inserting the outbox event"))?;
+    let event_id: i64 = event.get(0);
+    tx.commit().await.map_err(DemoError::postgres("COMMIT"))?;
+    let committed_at_us = now_unix_us();
+    Ok(Placed {
+        event_id,
+        committed_at_us,
+        took: Duration::from_micros((committed_at_us - placed_at_us).max(0) as u64),
+    })
 }
 
 pub(crate) async fn connect(url: &str) -> Result<Client, DemoError> {

@@ -1,28 +1,87 @@
 //! What the demo measures, the live progress line, and the closing summary.
 //!
-//! Latency is "order placed → consumed": the producer stamps the wall-clock time into each
-//! payload when its transaction starts, the consumer subtracts it from the time it reads the
-//! record. Both run in this process, so the clocks agree.
+//! Latency is shown in the parts a reader can attribute, all measured in this process (so the
+//! clocks agree):
+//! - **order placed → consumed**, end to end: the producer stamps the wall-clock time into each
+//!   payload before its `BEGIN`, the consumer subtracts it from the time it reads the record;
+//! - **order placed → committed**: the producer's own transaction (`BEGIN`, the order's
+//!   `INSERT`, the outbox `INSERT`, `COMMIT`: four round trips to PostgreSQL), which any outbox
+//!   pays whatever relays it;
+//! - **committed → consumed**: from the moment `COMMIT` returned to the producer to the consumer
+//!   reading the record: the walsender's wake-up, the relay, the broker and the consumer's fetch;
+//! - **commit → acknowledged**: the relay's own window, as it serves it at `GET /latency`
+//!   (`ops::latency`): from the commit timestamp in the WAL to the broker's acknowledgement.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
+
+use crate::ops::latency::LatencySummary;
 
 /// Counters shared by the producer tasks, the consumer thread and the progress printer.
 pub(crate) struct Stats {
     pub(crate) produced: AtomicU64,
-    /// Records in the demo topic since the demo started, as the broker reports them (Kafka: sum
-    /// of partition high watermarks; NATS: the run's stream; Redis: the run's stream key;
-    /// RabbitMQ: nothing, the queue drains as it is read). Shown as at least the records consumed.
+    /// Records in the demo's stream since the demo started, as the broker reports them (NATS:
+    /// the run's stream; Redis: the run's stream key; Kafka and RabbitMQ: nothing, the relay's own
+    /// count of acknowledgements stands for it). Shown as at least the events the relay saw
+    /// acknowledged and the records consumed.
     pub(crate) published: AtomicU64,
     pub(crate) consumed_records: AtomicU64,
     consumed_ids: Mutex<HashSet<i64>>,
+    /// Order placed → consumed.
     latency_us: Mutex<Histogram<u64>>,
+    /// Order placed → committed (the producer's transaction).
+    transaction_us: Mutex<Histogram<u64>>,
+    /// Committed → consumed.
+    after_commit_us: Mutex<Histogram<u64>>,
+    /// When `COMMIT` returned, per outbox event id (µs since the epoch), until it is consumed.
+    committed_at_us: Mutex<HashMap<i64, i64>>,
+}
+
+fn new_histogram() -> Mutex<Histogram<u64>> {
+    // 1 µs .. 1 h, 3 significant digits.
+    Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds"))
+}
+
+fn record(h: &Mutex<Histogram<u64>>, d: Duration) {
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).clamp(1, 3_600_000_000);
+    let _ = h.lock().unwrap_or_else(|e| e.into_inner()).record(us);
+}
+
+/// p50 / p99 / max of a histogram, in ms (`None` while empty).
+fn quantiles(h: &Mutex<Histogram<u64>>) -> Quantiles {
+    let h = h.lock().unwrap_or_else(|e| e.into_inner());
+    let ms = |q: f64| (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0);
+    Quantiles {
+        p50_ms: ms(0.5),
+        p99_ms: ms(0.99),
+        max_ms: (!h.is_empty()).then(|| h.max() as f64 / 1000.0),
+    }
+}
+
+/// p50 / p99 / max in ms.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Quantiles {
+    pub(crate) p50_ms: Option<f64>,
+    pub(crate) p99_ms: Option<f64>,
+    pub(crate) max_ms: Option<f64>,
+}
+
+impl fmt::Display for Quantiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:>9} {:>9} {:>9}",
+            ms(self.p50_ms),
+            ms(self.p99_ms),
+            ms(self.max_ms)
+        )
+    }
 }
 
 impl Stats {
@@ -32,9 +91,21 @@ impl Stats {
             published: AtomicU64::new(0),
             consumed_records: AtomicU64::new(0),
             consumed_ids: Mutex::new(HashSet::new()),
-            // 1 µs .. 1 h, 3 significant digits.
-            latency_us: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")),
+            latency_us: new_histogram(),
+            transaction_us: new_histogram(),
+            after_commit_us: new_histogram(),
+            committed_at_us: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The producer's transaction for outbox event `event_id` committed at `committed_at_us`
+    /// (µs since the epoch), `took` after the order was placed.
+    pub(crate) fn committed(&self, event_id: i64, committed_at_us: i64, took: Duration) {
+        record(&self.transaction_us, took);
+        self.committed_at_us
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(event_id, committed_at_us);
     }
 
     /// One record read by the consumer: its event id and its end-to-end latency.
@@ -46,10 +117,23 @@ impl Stats {
             .unwrap_or_else(|e| e.into_inner())
             .insert(event_id);
         if first {
-            let us = u64::try_from(latency.as_micros())
-                .unwrap_or(u64::MAX)
-                .clamp(1, 3_600_000_000);
-            let _ = self.latency_us.lock().unwrap_or_else(|e| e.into_inner()).record(us);
+            record(&self.latency_us, latency);
+            let committed = self
+                .committed_at_us
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&event_id);
+            // None: read before its producer saw `COMMIT` return (the relay was faster than the
+            // reply), or produced by an earlier run; no sample rather than a made-up one.
+            if let Some(at) = committed {
+                let now_us = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as i64);
+                record(
+                    &self.after_commit_us,
+                    Duration::from_micros((now_us - at).max(0) as u64),
+                );
+            }
         }
     }
 
@@ -58,23 +142,36 @@ impl Stats {
         self.consumed_ids.lock().unwrap_or_else(|e| e.into_inner()).len() as u64
     }
 
-    pub(crate) fn snapshot(&self, elapsed: Duration) -> Snapshot {
-        let h = self.latency_us.lock().unwrap_or_else(|e| e.into_inner());
-        let ms = |q: f64| (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0);
+    /// The numbers now, with the relay's own commit-to-acknowledgement window (`relay`: the
+    /// process-wide one the relay records every acknowledgement into).
+    pub(crate) fn snapshot(&self, elapsed: Duration, relay: &LatencySummary) -> Snapshot {
         let consumed_records = self.consumed_records.load(Ordering::Relaxed);
         let consumed = self.consumed_distinct();
+        let end_to_end = quantiles(&self.latency_us);
         Snapshot {
             elapsed,
             produced: self.produced.load(Ordering::Relaxed),
-            // The broker's count is refreshed now and then (Kafka: once a second), so it can trail
-            // what the consumer already read; every record read was published, so the line never
-            // shows fewer published than consumed.
-            published: self.published.load(Ordering::Relaxed).max(consumed_records),
+            // The broker's count is refreshed now and then, and the relay counts an
+            // acknowledgement once its batch of reports is handled, so either can trail what the
+            // consumer already read; every record read was published, so the line never shows
+            // fewer published than consumed.
+            published: self
+                .published
+                .load(Ordering::Relaxed)
+                .max(relay.count)
+                .max(consumed_records),
             consumed,
             duplicates: consumed_records.saturating_sub(consumed),
-            p50_ms: ms(0.5),
-            p99_ms: ms(0.99),
-            max_ms: (!h.is_empty()).then(|| h.max() as f64 / 1000.0),
+            p50_ms: end_to_end.p50_ms,
+            p99_ms: end_to_end.p99_ms,
+            max_ms: end_to_end.max_ms,
+            transaction: quantiles(&self.transaction_us),
+            after_commit: quantiles(&self.after_commit_us),
+            relay: Quantiles {
+                p50_ms: relay.p50_ms,
+                p99_ms: relay.p99_ms,
+                max_ms: relay.max_ms,
+            },
         }
     }
 }
@@ -93,9 +190,16 @@ pub(crate) struct Snapshot {
     pub(crate) published: u64,
     pub(crate) consumed: u64,
     pub(crate) duplicates: u64,
+    /// Order placed → consumed.
     pub(crate) p50_ms: Option<f64>,
     pub(crate) p99_ms: Option<f64>,
     pub(crate) max_ms: Option<f64>,
+    /// Order placed → committed: the producer's own transaction.
+    pub(crate) transaction: Quantiles,
+    /// Committed → consumed.
+    pub(crate) after_commit: Quantiles,
+    /// Commit → acknowledged, as the relay measures it.
+    pub(crate) relay: Quantiles,
 }
 
 impl Snapshot {
@@ -114,13 +218,15 @@ impl fmt::Display for Snapshot {
         let secs = self.elapsed.as_secs_f64().max(0.001);
         write!(
             f,
-            "[{:>5.1}s] produced {} ({:.0}/s) | published {} | consumed {} | lag {} | p50 {} | p99 {}",
+            "[{:>5.1}s] produced {} ({:.0}/s) | published {} | consumed {} | lag {} | relay commit->ack p50 {} p99 {} | placed->consumed p50 {} p99 {}",
             self.elapsed.as_secs_f64(),
             self.produced,
             self.produced as f64 / secs,
             self.published,
             self.consumed,
             self.lag(),
+            ms(self.relay.p50_ms),
+            ms(self.relay.p99_ms),
             ms(self.p50_ms),
             ms(self.p99_ms)
         )?;
@@ -238,12 +344,30 @@ impl fmt::Display for Summary {
             n.duplicates,
             n.produced.saturating_sub(n.consumed)
         )?;
+        let end_to_end = Quantiles {
+            p50_ms: n.p50_ms,
+            p99_ms: n.p99_ms,
+            max_ms: n.max_ms,
+        };
+        writeln!(f, "  latency                               p50       p99       max")?;
         writeln!(
             f,
-            "  latency         p50 {}, p99 {}, max {} (order placed -> consumed)",
-            ms(n.p50_ms),
-            ms(n.p99_ms),
-            ms(n.max_ms)
+            "    order placed -> consumed     {end_to_end}   end to end: the three parts below"
+        )?;
+        writeln!(
+            f,
+            "    order placed -> committed    {}   the producer's own transaction (BEGIN, 2 INSERTs, COMMIT: 4 round trips)",
+            n.transaction
+        )?;
+        writeln!(
+            f,
+            "    committed -> consumed        {}   walsender wake-up, relay, broker, and the consumer's fetch",
+            n.after_commit
+        )?;
+        writeln!(
+            f,
+            "    commit -> acknowledged       {}   the relay's part: WAL commit time to the broker's ack (GET /latency)",
+            n.relay
         )?;
         writeln!(
             f,
@@ -281,7 +405,7 @@ mod tests {
         s.consumed(1, Duration::from_millis(5));
         s.consumed(2, Duration::from_millis(10));
         s.consumed(2, Duration::from_millis(900));
-        let snap = s.snapshot(Duration::from_secs(1));
+        let snap = s.snapshot(Duration::from_secs(1), &LatencySummary::default());
         assert_eq!((snap.consumed, snap.duplicates, snap.lag()), (2, 1, 1));
         // The duplicate's latency is not a second sample.
         let max = snap.max_ms.unwrap();
@@ -296,9 +420,70 @@ mod tests {
         s.consumed(1, Duration::from_millis(1));
         s.consumed(2, Duration::from_millis(1));
         s.consumed(2, Duration::from_millis(1));
-        assert_eq!(s.snapshot(Duration::from_secs(1)).published, 3);
+        assert_eq!(
+            s.snapshot(Duration::from_secs(1), &LatencySummary::default()).published,
+            3
+        );
         s.published.store(5, Ordering::Relaxed);
-        assert_eq!(s.snapshot(Duration::from_secs(1)).published, 5);
+        assert_eq!(
+            s.snapshot(Duration::from_secs(1), &LatencySummary::default()).published,
+            5
+        );
+        // The relay's own count of acknowledgements counts as published too.
+        let relay = LatencySummary {
+            count: 7,
+            ..LatencySummary::default()
+        };
+        assert_eq!(s.snapshot(Duration::from_secs(1), &relay).published, 7);
+    }
+
+    #[test]
+    fn the_latency_is_shown_in_its_parts() {
+        let s = Stats::new();
+        s.produced.store(1, Ordering::Relaxed);
+        let now_us = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64;
+        // Committed 3 ms ago, 2 ms after the order was placed.
+        s.committed(1, now_us - 3_000, Duration::from_millis(2));
+        s.consumed(1, Duration::from_millis(5));
+        // An event whose commit the producer never saw return: no committed -> consumed sample.
+        s.consumed(2, Duration::from_millis(9));
+        let relay = LatencySummary {
+            count: 2,
+            p50_ms: Some(0.8),
+            p99_ms: Some(1.5),
+            max_ms: Some(1.6),
+            ..LatencySummary::default()
+        };
+        let snap = s.snapshot(Duration::from_secs(1), &relay);
+        let t = snap.transaction.p50_ms.unwrap();
+        assert!((1.99..2.01).contains(&t), "{t}");
+        let after = snap.after_commit.max_ms.unwrap();
+        assert!((2.9..50.0).contains(&after), "{after}");
+        assert_eq!(snap.after_commit.p50_ms, snap.after_commit.max_ms, "one sample only");
+        assert_eq!(snap.relay.p99_ms, Some(1.5));
+        assert!(
+            snap.to_string().contains("relay commit->ack p50 0.8 ms p99 1.5 ms"),
+            "{snap}"
+        );
+        let summary = Summary {
+            numbers: snap,
+            rate: 1,
+            topic: "order.placed".into(),
+            kafka: "embedded".into(),
+            slot: "demo".into(),
+            confirmed_lsn: None,
+            interrupted: false,
+            cleanup: vec![],
+        };
+        let text = summary.to_string();
+        for part in [
+            "order placed -> consumed",
+            "order placed -> committed",
+            "committed -> consumed",
+            "commit -> acknowledged",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
     }
 
     #[test]
@@ -307,7 +492,7 @@ mod tests {
         s.produced.store(2, Ordering::Relaxed);
         s.consumed(1, Duration::from_millis(1));
         let mut summary = Summary {
-            numbers: s.snapshot(Duration::from_secs(2)),
+            numbers: s.snapshot(Duration::from_secs(2), &LatencySummary::default()),
             rate: 1,
             topic: "order.placed".into(),
             kafka: "embedded".into(),
@@ -319,7 +504,7 @@ mod tests {
         assert!(!summary.all_consumed());
         assert!(summary.to_string().contains("INCOMPLETE: 1 produced events"));
         s.consumed(2, Duration::from_millis(1));
-        summary.numbers = s.snapshot(Duration::from_secs(2));
+        summary.numbers = s.snapshot(Duration::from_secs(2), &LatencySummary::default());
         assert!(summary.to_string().contains("OK: all 2 produced events were consumed"));
     }
 }

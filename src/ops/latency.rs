@@ -41,7 +41,7 @@ struct Window {
 }
 
 /// A window's percentiles, in milliseconds (`None` when it holds no sample).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     pub window_seconds: f64,
     pub count: u64,

@@ -1,8 +1,8 @@
 //! The Kafka side: an idempotent librdkafka producer that hands back one completion per event.
 //!
 //! Every record carries a boxed tag of the caller's type as its librdkafka opaque; librdkafka's delivery
-//! report callback (on the producer's polling thread) sends it back through an unbounded channel
-//! together with the outcome. The channel is bounded in practice by `max_in_flight`, because the
+//! report callback (on the producer's polling thread, [`POLL_WAIT`]) sends it back through an
+//! unbounded channel together with the outcome. The channel is bounded in practice by `max_in_flight`, because the
 //! relay stops reading the WAL while that many events are outstanding.
 //!
 //! "Delivered" means what librdkafka's delivery report means with `acks=all` and idempotence:
@@ -15,12 +15,14 @@
 //! The tag is the caller's: the relay's carries its watermark ticket, the poller's its claimed
 //! batch, the backfill's only its size. This adapter never looks inside it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -112,8 +114,27 @@ pub(crate) fn failure(
     }
 }
 
+/// How long one call of the polling thread waits for delivery reports before it looks at its stop
+/// flag. Reports are handed over the moment they arrive whatever this is; it only sets how often
+/// an idle producer wakes up. rdkafka's `ThreadedProducer` polls every 100 ms, and each of its
+/// polls ends by spinning through the last fraction of a millisecond (the remaining time is
+/// passed to librdkafka in whole milliseconds, so it turns into 0-ms polls): 0.4 ms of CPU per
+/// wake-up, 0.4 % of a core for an idle relay, nine tenths of its idle CPU
+/// (docs/benchmarks.md, "Where the time and the CPU go"). Once every 5 s makes that negligible.
+const POLL_WAIT: Duration = Duration::from_secs(5);
+
 pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
-    producer: ThreadedProducer<DeliveryReports<Tag>>,
+    producer: Arc<BaseProducer<DeliveryReports<Tag>>>,
+    /// Tells the polling thread to end; it holds the other reference to the producer, which is
+    /// destroyed when the thread ends (at most [`POLL_WAIT`] after the publisher is dropped,
+    /// with nothing left to send: see [`Publisher::abandon_now`]).
+    stop: Arc<AtomicBool>,
+}
+
+impl<Tag: Send + Sync + 'static> Drop for Publisher<Tag> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl<Tag: Send + Sync + 'static> Publisher<Tag> {
@@ -137,27 +158,49 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
             config.set("queue.buffering.max.messages", &min_queue);
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let producer = config
-            .create_with_context(DeliveryReports {
-                tx,
-                log: ClientLog::default(),
+        let producer: Arc<BaseProducer<DeliveryReports<Tag>>> = Arc::new(
+            config
+                .create_with_context(DeliveryReports {
+                    tx,
+                    log: ClientLog::default(),
+                })
+                .map_err(|e| SinkError {
+                    sink: "Kafka",
+                    cause: format!("cannot create the producer: {e}. Check the [kafka] properties"),
+                    transient: false,
+                })?,
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let (polled, stopped) = (Arc::clone(&producer), Arc::clone(&stop));
+        // Serves delivery reports (and librdkafka's logs and errors) as they arrive. Not joined
+        // when the publisher goes: the thread ends on its own within POLL_WAIT, and the
+        // producer it then destroys has nothing left to send.
+        std::thread::Builder::new()
+            .name("rdk:reports".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    polled.poll(POLL_WAIT);
+                }
             })
             .map_err(|e| SinkError {
                 sink: "Kafka",
-                cause: format!("cannot create the producer: {e}. Check the [kafka] properties"),
-                transient: false,
+                cause: format!("cannot start the producer's delivery-report thread: {e}"),
+                transient: true,
             })?;
-        Ok((Publisher { producer }, rx))
+        Ok((Publisher { producer, stop }, rx))
     }
 
     /// Gives up on this producer: drops what is still queued locally, and waits (bounded) for
     /// requests already on the wire, so a replay by the next producer cannot overtake them.
+    /// What is still in flight after the wait is purged too: the producer is destroyed by its
+    /// polling thread a little later (up to [`POLL_WAIT`]), and must not retry anything meanwhile.
     fn abandon_now(self, wait: Duration) {
         self.producer.purge(PurgeConfig::default().queue());
         // Crash tests: die while the abandoned producer's requests may still be on the wire.
         fail::fail_point!("publisher::abandon", |_| crate::failpoints::crash("publisher::abandon"));
         if let Err(e) = self.producer.flush(wait) {
             warn!(error = %e, "abandoned producer still had requests in flight");
+            self.producer.purge(PurgeConfig::default().queue().inflight());
         }
     }
 }
