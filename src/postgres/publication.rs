@@ -128,6 +128,26 @@ pub(crate) async fn read_scope(
     }))
 }
 
+/// The tables of `tables` the publication does not publish (`schema.table`, quoted as
+/// PostgreSQL prints them): their inserts never reach a walsender of this publication.
+/// `pg_publication_tables` lists what `FOR ALL TABLES`, `FOR TABLES IN SCHEMA` and partition
+/// roots (`publish_via_partition_root`) make published, so one query answers for every form.
+pub(crate) async fn unpublished(
+    client: &Client,
+    name: &str,
+    tables: &[TableName],
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let schemas: Vec<&str> = tables.iter().map(|t| t.schema.as_str()).collect();
+    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+    let rows = client
+        .query(
+            "SELECT format('%I.%I', o.schema_name, o.table_name)              FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS o(schema_name, table_name, n)              WHERE NOT EXISTS (SELECT 1 FROM pg_publication_tables p                  WHERE p.pubname = $1 AND p.schemaname = o.schema_name AND p.tablename = o.table_name)              ORDER BY o.n",
+            &[&name, &schemas, &names],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
 /// `schema.table` of every table `pg_publication_tables` lists for the publication, but `tables`.
 pub(crate) async fn other_tables(
     client: &Client,

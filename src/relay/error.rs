@@ -85,6 +85,12 @@ pub enum RelayError {
         with_insert: String,
     },
     #[error(
+        "publication {publication:?} does not publish the outbox table(s) {tables}, so their events would never \
+         reach the relay while the slot is confirmed past them. Run `outbox-relay setup` (it adds the outbox tables \
+         to the relay's publication), or ALTER PUBLICATION {publication} ADD TABLE {tables}"
+    )]
+    PublicationMissesTables { publication: String, tables: String },
+    #[error(
         "replication slot {slot:?} is invalidated ({cause}): PostgreSQL removed WAL the relay had not yet delivered, \
          so outbox events committed after {confirmed} may never be published. The relay never recreates a slot by \
          itself. Recover: (1) note the last event id each topic has in Kafka; (2) `outbox-relay teardown --yes` then \
@@ -190,6 +196,7 @@ impl RelayError {
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::PhysicalSlot { .. }
             | RelayError::PublicationWithoutInserts { .. }
+            | RelayError::PublicationMissesTables { .. }
             | RelayError::SlotLost { .. }
             | RelayError::SlotAdvanced { .. }
             | RelayError::BadEvent { .. }

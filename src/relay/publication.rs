@@ -11,7 +11,7 @@ use tracing::info;
 
 use super::error::RelayError;
 use crate::config::Settings;
-use crate::postgres::publication::read_scope;
+use crate::postgres::publication::{read_scope, unpublished};
 
 /// Fails when the publication exists without inserts; returns the note about what it publishes
 /// beyond the outbox tables' inserts, if anything.
@@ -34,6 +34,16 @@ pub(crate) async fn check(client: &tokio_postgres::Client, settings: &Settings) 
                 .chain(scope.actions.iter().map(String::as_str))
                 .collect::<Vec<_>>()
                 .join(", "),
+        });
+    }
+    // A configured outbox table the publication leaves out would be streamed past in silence:
+    // its rows never arrive, the slot is confirmed beyond them, and retention would take them
+    // for published.
+    let missing = unpublished(client, name, tables).await?;
+    if !missing.is_empty() {
+        return Err(RelayError::PublicationMissesTables {
+            publication: name.to_owned(),
+            tables: missing.join(", "),
         });
     }
     Ok(scope.beyond_inserts().map(|beyond| {

@@ -420,3 +420,48 @@ async fn backfill_covers_every_outbox_table() {
     }
     stop(relay).await;
 }
+
+/// An outbox table listed in the config but left out of the publication (a second table added to
+/// `outbox.table` without `setup`): the relay refuses to stream, naming the table and the fix,
+/// instead of streaming past its rows while the slot is confirmed beyond them (and retention
+/// takes them for published).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listed_table_missing_from_the_publication_stops_the_relay_with_the_fix() {
+    let kafka = MockKafka::new(3);
+    let (client, config) = database(&kafka, "").await;
+    setup(&config).await;
+    client
+        .batch_execute(&format!("ALTER PUBLICATION {} DROP TABLE billing.outbox", config.publication))
+        .await
+        .expect("narrow the publication");
+    let before: String = client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&config.slot],
+        )
+        .await
+        .expect("slot")
+        .get(0);
+    insert(&client, "billing.outbox", "agg-1", 0).await;
+    let mut relay = RelayProcess::run(&config);
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| panic!("the relay keeps running without billing.outbox published:\n{}", relay.log_text()));
+    let log = relay.log_text();
+    assert!(!status.success(), "exit status {status:?}; log:\n{log}");
+    assert!(
+        log.contains("does not publish the outbox table(s) billing.outbox") && log.contains("outbox-relay setup"),
+        "the log names the table and the fix:\n{log}"
+    );
+    assert!(!log.contains("streaming started"), "it streamed anyway:\n{log}");
+    let after: String = client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&config.slot],
+        )
+        .await
+        .expect("slot")
+        .get(0);
+    assert_eq!(before, after, "the slot was confirmed past the unpublished row");
+}
