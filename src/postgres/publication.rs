@@ -128,8 +128,15 @@ pub(crate) async fn read_scope(
     }))
 }
 
-/// The tables of `tables` the publication does not publish (`schema.table`, quoted as
-/// PostgreSQL prints them): their inserts never reach a walsender of this publication.
+/// `tables` as two parallel arrays (schemas, names), for `unnest($2::text[], $3::text[])`.
+fn columns(tables: &[TableName]) -> (Vec<&str>, Vec<&str>) {
+    tables.iter().map(|t| (t.schema.as_str(), t.name.as_str())).unzip()
+}
+
+/// The tables of `tables` that exist and that the publication does not publish
+/// (`schema.table`, quoted as PostgreSQL prints them): their inserts never reach a walsender of
+/// this publication. A table that does not exist has no rows to miss (events may come from
+/// logical decoding messages alone).
 /// `pg_publication_tables` lists what `FOR ALL TABLES`, `FOR TABLES IN SCHEMA` and partition
 /// roots (`publish_via_partition_root`) make published, so one query answers for every form.
 pub(crate) async fn unpublished(
@@ -137,11 +144,15 @@ pub(crate) async fn unpublished(
     name: &str,
     tables: &[TableName],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    let schemas: Vec<&str> = tables.iter().map(|t| t.schema.as_str()).collect();
-    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+    let (schemas, names) = columns(tables);
     let rows = client
         .query(
-            "SELECT format('%I.%I', o.schema_name, o.table_name)              FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS o(schema_name, table_name, n)              WHERE NOT EXISTS (SELECT 1 FROM pg_publication_tables p                  WHERE p.pubname = $1 AND p.schemaname = o.schema_name AND p.tablename = o.table_name)              ORDER BY o.n",
+            "SELECT format('%I.%I', o.schema_name, o.table_name) \
+             FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS o(schema_name, table_name, n) \
+             WHERE to_regclass(format('%I.%I', o.schema_name, o.table_name)) IS NOT NULL \
+               AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p \
+                   WHERE p.pubname = $1 AND p.schemaname = o.schema_name AND p.tablename = o.table_name) \
+             ORDER BY o.n",
             &[&name, &schemas, &names],
         )
         .await?;
@@ -154,8 +165,7 @@ pub(crate) async fn other_tables(
     name: &str,
     tables: &[TableName],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    let schemas: Vec<&str> = tables.iter().map(|t| t.schema.as_str()).collect();
-    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+    let (schemas, names) = columns(tables);
     let rows = client
         .query(
             "SELECT format('%I.%I', p.schemaname, p.tablename) FROM pg_publication_tables p \

@@ -434,14 +434,7 @@ async fn a_listed_table_missing_from_the_publication_stops_the_relay_with_the_fi
         .batch_execute(&format!("ALTER PUBLICATION {} DROP TABLE billing.outbox", config.publication))
         .await
         .expect("narrow the publication");
-    let before: String = client
-        .query_one(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-            &[&config.slot],
-        )
-        .await
-        .expect("slot")
-        .get(0);
+    let before = confirmed_flush(&client, &config.slot).await;
     insert(&client, "billing.outbox", "agg-1", 0).await;
     let mut relay = RelayProcess::run(&config);
     let status = relay
@@ -455,13 +448,17 @@ async fn a_listed_table_missing_from_the_publication_stops_the_relay_with_the_fi
         "the log names the table and the fix:\n{log}"
     );
     assert!(!log.contains("streaming started"), "it streamed anyway:\n{log}");
-    let after: String = client
+    let after = confirmed_flush(&client, &config.slot).await;
+    assert_eq!(before, after, "the slot was confirmed past the unpublished row");
+}
+
+async fn confirmed_flush(client: &Client, slot: &str) -> String {
+    client
         .query_one(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-            &[&config.slot],
+            &[&slot],
         )
         .await
         .expect("slot")
-        .get(0);
-    assert_eq!(before, after, "the slot was confirmed past the unpublished row");
+        .get(0)
 }
