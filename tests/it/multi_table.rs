@@ -431,16 +431,21 @@ async fn a_listed_table_missing_from_the_publication_stops_the_relay_with_the_fi
     let (client, config) = database(&kafka, "").await;
     setup(&config).await;
     client
-        .batch_execute(&format!("ALTER PUBLICATION {} DROP TABLE billing.outbox", config.publication))
+        .batch_execute(&format!(
+            "ALTER PUBLICATION {} DROP TABLE billing.outbox",
+            config.publication
+        ))
         .await
         .expect("narrow the publication");
     let before = confirmed_flush(&client, &config.slot).await;
     insert(&client, "billing.outbox", "agg-1", 0).await;
     let mut relay = RelayProcess::run(&config);
-    let status = relay
-        .wait_exit(Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|| panic!("the relay keeps running without billing.outbox published:\n{}", relay.log_text()));
+    let status = relay.wait_exit(Duration::from_secs(60)).await.unwrap_or_else(|| {
+        panic!(
+            "the relay keeps running without billing.outbox published:\n{}",
+            relay.log_text()
+        )
+    });
     let log = relay.log_text();
     assert!(!status.success(), "exit status {status:?}; log:\n{log}");
     assert!(
