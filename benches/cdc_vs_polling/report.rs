@@ -212,19 +212,13 @@ pub fn markdown(r: &Results, targets: &str) -> String {
             || "–".into(),
             |(_, p)| format!("{:.1} / {:.1} / {:.1} / {:.1}", p.p50, p.p90, p.p99, p.max),
         );
-        let rss = match (o.relay_rss_mib, o.relay_peak_rss_mib) {
-            (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
-            _ => "–".into(),
-        };
+        let rss = rss_cell(o);
         let added = if o.mode == "no relay" {
             "–".into()
         } else {
             opt(added_pg_cpu(&r.steady, o), 1)
         };
-        let lost = o
-            .delivery
-            .as_ref()
-            .map_or_else(|| "–".into(), |d| format!("{} / {}", d.missing, d.duplicates));
+        let lost = lost_cell(o);
         let _ = writeln!(
             s,
             "| {} | {} | {:.0} | {:.0} | {latency} | {ack} | {} | {rss} | {:.1} | {:.1} | {added} | {} | {} | {lost} |",
@@ -433,14 +427,8 @@ fn debezium_section(s: &mut String, r: &Results) {
             || "–".into(),
             |l| format!("{:.1} / {:.1} / {:.1} / {:.1}", l.p50, l.p90, l.p99, l.max),
         );
-        let rss = match (o.relay_rss_mib, o.relay_peak_rss_mib) {
-            (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
-            _ => "–".into(),
-        };
-        let lost = o
-            .delivery
-            .as_ref()
-            .map_or_else(|| "–".into(), |d| format!("{} / {}", d.missing, d.duplicates));
+        let rss = rss_cell(o);
+        let lost = lost_cell(o);
         let ratio = match (cdc.and_then(p99), p99(o)) {
             (Some(c), Some(x)) if o.mode != "CDC" => format!("1/{:.0}", x / c),
             _ => "–".into(),
@@ -497,14 +485,8 @@ fn sinks_section(s: &mut String, r: &Results) {
     );
     let _ = writeln!(s, "|---|--:|--:|--:|--:|--:|--:|--:|--:|");
     for o in rows {
-        let rss = match (o.relay_rss_mib, o.relay_peak_rss_mib) {
-            (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
-            _ => "–".into(),
-        };
-        let lost = o
-            .delivery
-            .as_ref()
-            .map_or_else(|| "–".into(), |d| format!("{} / {}", d.missing, d.duplicates));
+        let rss = rss_cell(o);
+        let lost = lost_cell(o);
         let broker = if o.is_kafka() {
             "– (mock, in-process)".to_owned()
         } else {
@@ -579,4 +561,19 @@ pub fn write_markdown(path: &Path, block: &str) -> Result<()> {
     }
     fs::write(path, text)?;
     Ok(())
+}
+
+/// "RSS / peak MiB" of a run's relay ("–" when not measured).
+fn rss_cell(o: &Outcome) -> String {
+    match (o.relay_rss_mib, o.relay_peak_rss_mib) {
+        (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+        _ => "–".into(),
+    }
+}
+
+/// "lost / dup" of a run ("–" when nothing was consumed).
+fn lost_cell(o: &Outcome) -> String {
+    o.delivery
+        .as_ref()
+        .map_or_else(|| "–".into(), |d| format!("{} / {}", d.missing, d.duplicates))
 }
