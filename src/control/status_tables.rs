@@ -58,16 +58,11 @@ pub struct RetentionRecord {
     pub detached_partition: Option<String>,
 }
 
-/// The outbox tables `status` reports on.
-fn tables(settings: &Settings) -> Vec<TableName> {
-    settings.outbox.tables.clone()
-}
-
 /// Reads every outbox table's figures, in `outbox.table` order.
 pub(crate) async fn read(client: &Client, settings: &Settings) -> Vec<TableFigures> {
     let mut out = Vec::new();
-    for table in tables(settings) {
-        out.push(read_one(client, settings, &table).await);
+    for table in &settings.outbox.tables {
+        out.push(read_one(client, settings, table).await);
     }
     out
 }

@@ -44,8 +44,11 @@ impl StreamState<'_> {
                 // Borrows from the cached layout and the decoded row: no copies on the way to the sink.
                 match layout.extract(&relation.relation, row) {
                     Ok(event) => {
-                        let key = Some(Bytes::copy_from_slice(&event.key));
-                        let raw = || RawEvent::row(&table(), &relation.relation, row, key);
+                        // Rendered (and the key copied) only for a dead letter or a suspect.
+                        let raw = || {
+                            let key = Some(Bytes::copy_from_slice(&event.key));
+                            RawEvent::row(&table(), &relation.relation, row, key)
+                        };
                         self.publish(txn, &event, raw)
                     }
                     Err(cause) => {

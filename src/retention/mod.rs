@@ -59,11 +59,6 @@ pub(crate) enum Source {
     Poll { dispatched: Ident },
 }
 
-/// The outbox tables retention looks after: the one place that lists them.
-pub(crate) fn tables(settings: &Settings) -> Vec<TableName> {
-    settings.outbox.tables.clone()
-}
-
 /// One outbox table, with what its statements need.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
@@ -182,7 +177,8 @@ impl Retention {
 
     /// One pass over every table.
     async fn run_once(&mut self, stop: &(dyn Fn() -> bool + Send + Sync)) {
-        for table in tables(&self.settings) {
+        // A copy: each table's run needs `self` mutably.
+        for table in self.settings.outbox.tables.clone() {
             let key = record::key(&table);
             if self.tables.get(&key).is_some_and(|s| s.stopped) {
                 continue;
