@@ -434,3 +434,36 @@ async fn bad_config_is_refused_with_clear_messages() {
         );
     }
 }
+
+/// The shipped defaults (interval 60 s, batch size, timeouts, status interval): only `keep` is
+/// short, as no test can wait 7 days. Published rows go within two intervals, and a row committed
+/// while the broker is down stays until it is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_its_default_interval_retention_removes_published_rows_and_keeps_the_rest() {
+    let kafka = MockKafka::new(1);
+    let (_db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let config = config
+        .route(PREFIX_REGEX, "${routedByValue}")
+        .set("retention", "mode", "delete")
+        .set("retention", "keep", "2s");
+    let relay = RelayProcess::run_streaming(&config).await;
+    let published = insert_rows(&client, 10, 60).await;
+    assert_delivered(&delivered_ids(&kafka, published.len()).await, &published, "old rows");
+    let gone = wait_until(Duration::from_secs(200), Duration::from_secs(1), || async {
+        remaining(&client, &published).await == 0
+    })
+    .await;
+    assert!(gone, "published rows not removed within 200 s:\n{}", relay.log_text());
+    kafka.all_brokers_down();
+    let pending = insert_rows(&client, 3, 60).await;
+    // One full default interval and more: nothing unpublished goes.
+    assert_all_stay(
+        &client,
+        &pending,
+        Duration::from_secs(75),
+        "broker down, default interval",
+    )
+    .await;
+    kafka.all_brokers_up();
+    stop(relay).await;
+}
