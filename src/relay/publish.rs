@@ -233,6 +233,10 @@ impl StreamState<'_> {
                 commit_lsn = %tag.commit_lsn,
                 "the broker refused the suspect event again on its own: it is a bad event"
             );
+            // Decided: the sink publishes the key's records again (its dead letter first).
+            if let Ok(record) = held.event.record(&self.settings.router, &self.limits) {
+                self.publisher.release(&record.key);
+            }
             let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause);
             return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false) {
                 // Skipped, or replaced by its dead letter (counted in flight by now); it
@@ -359,9 +363,23 @@ mod tests {
             Result<(), RelayError>,
         ),
     ) {
+        run_with(extra_config, types, Suspects::default(), test)
+    }
+
+    /// [`run`], replaying with `suspects` from an earlier session.
+    fn run_with(
+        extra_config: &str,
+        types: &[&str],
+        mut suspects: Suspects,
+        test: impl FnOnce(
+            &mut StreamState<'_>,
+            &MemoryHandle<DeliveryTag>,
+            &mut Completions<DeliveryTag>,
+            Result<(), RelayError>,
+        ),
+    ) {
         let settings = settings(extra_config);
         let (sink, handle, mut completions) = memory();
-        let mut suspects = Suspects::default();
         let guarantee = if settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce {
             // Replay window empty (it ends where the stream starts): nothing is read back.
             let (resume, _) = Resume::new(&settings, "7000", Lsn(0x10), Lsn(0x10), None);
@@ -476,6 +494,37 @@ mod tests {
             };
             assert_eq!(state.suspects.get(suspect), Some("record too large"));
         });
+    }
+
+    #[test]
+    fn a_suspect_refused_again_releases_its_key_before_its_dead_letter() {
+        let mut suspects = Suspects::default();
+        let suspect = EventRef {
+            commit_lsn: Lsn(0x500),
+            seq: 0,
+        };
+        suspects.insert(suspect, "batch refused".into());
+        let dead_letter = "[relay]\non_bad_event = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n";
+        run_with(
+            dead_letter,
+            &["order.placed"],
+            suspects,
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
+                assert!(sink.released().is_empty(), "nothing decided yet");
+                sink.fail_next(FailureKind::Refused, "record too large");
+                apply_all(state, completions).unwrap();
+                // The sink fenced agg-1 when it reported the refusal; the relay decided (dead
+                // letter) and released the key before handing over the dead letter.
+                assert_eq!(sink.released(), vec![(b"agg-1".to_vec(), 1)]);
+                let stored = sink.stored();
+                assert_eq!((stored.len(), stored[1].destination.as_str()), (2, "dlq"));
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                assert_eq!(state.confirmed(), Lsn(0x510));
+            },
+        );
     }
 
     #[test]

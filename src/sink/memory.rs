@@ -43,6 +43,9 @@ struct State<Tag> {
     /// Refuse records to this destination in `send` (as a client refusing a name locally).
     refuse: Option<String>,
     abandoned: bool,
+    /// Keys the caller released ([`Sink::release`]), in order, each with how many records the
+    /// sink had taken by then.
+    released: Vec<(Vec<u8>, usize)>,
 }
 
 /// The sink; the test keeps a [`MemoryHandle`] to look and complete.
@@ -63,6 +66,7 @@ pub(crate) fn memory<Tag: Send + 'static>() -> (MemorySink<Tag>, MemoryHandle<Ta
         pending: VecDeque::new(),
         refuse: None,
         abandoned: false,
+        released: Vec::new(),
     }));
     let (tx, rx) = mpsc::unbounded_channel();
     (
@@ -118,6 +122,12 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
         state.abandoned = true;
         state.pending.clear();
     }
+
+    fn release(&self, key: &[u8]) {
+        let mut state = self.state.lock().unwrap();
+        let stored = state.stored.len();
+        state.released.push((key.to_vec(), stored));
+    }
 }
 
 impl<Tag> MemoryHandle<Tag> {
@@ -133,6 +143,11 @@ impl<Tag> MemoryHandle<Tag> {
 
     pub(crate) fn abandoned(&self) -> bool {
         self.state.lock().unwrap().abandoned
+    }
+
+    /// The keys the caller released, in order, each with how many records were taken by then.
+    pub(crate) fn released(&self) -> Vec<(Vec<u8>, usize)> {
+        self.state.lock().unwrap().released.clone()
     }
 
     /// From now on `send` refuses records to `destination` (a local refusal: no completion).

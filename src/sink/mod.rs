@@ -14,13 +14,15 @@
 //!   record as durably as it can (Kafka `acks=all`).
 //! * **Order**: records of one key reach the broker in the order they were handed over, and
 //!   nothing handed over after a record that failed is stored ahead of it — so a replay keeps
-//!   each aggregate's first deliveries in commit order.
+//!   each aggregate's first deliveries in commit order. After a refusal the broker reported
+//!   later, the key stays fenced ([`fence::KeyFence`]) until the caller calls [`Sink::release`].
 //! * **Nothing after abandon**: [`Sink::abandon`] drops what is still queued and waits (bounded)
 //!   for what is on the wire; a new sink replays.
 //!
 //! Adding a sink: a folder `src/sink/<name>/` with the adapter, a section `[<name>]` in
 //! `src/config/`, and one line in [`create`] (docs/architecture.md, "Adding a sink").
 
+pub(crate) mod fence;
 pub(crate) mod kafka;
 #[cfg(test)]
 pub(crate) mod memory;
@@ -210,6 +212,13 @@ pub(crate) trait Sink<Tag>: Send + Sync {
     /// Gives up on this sink: drops what is still queued and waits, at most `wait`, for what is
     /// on the wire, so a replay by the next sink cannot be overtaken by stragglers. Blocks.
     fn abandon(self: Box<Self>, wait: Duration);
+
+    /// The caller has decided about a refused record of `key` (applied `relay.on_bad_event` to
+    /// it): records of `key` handed over from now on are published again. Until then, after a
+    /// refusal reported in a [`Completion`], the sink fails every later record of that key as
+    /// [`FailureKind::Transient`] without publishing it ([`fence::KeyFence`]). A caller that
+    /// gives up on the sink instead ([`Sink::abandon`]) needs no release.
+    fn release(&self, key: &[u8]);
 
     /// The broker's or client's latest complaint about the connection (e.g. "all brokers are
     /// down"), for the outage summary (`relay/outage.rs`); `None` when it has none to offer.

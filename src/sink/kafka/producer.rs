@@ -29,6 +29,7 @@ use tracing::warn;
 
 use super::logs::ClientLog;
 use crate::config::kafka::KafkaProperties;
+use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
 /// Whether Kafka (librdkafka locally, or the broker in a delivery report) refused a record for
@@ -59,6 +60,8 @@ pub(crate) fn is_record_rejection(error: &KafkaError) -> bool {
 pub(crate) struct DeliveryReports<Tag> {
     tx: mpsc::UnboundedSender<Completion<Tag>>,
     log: ClientLog,
+    /// Keys with a refused record the caller has not released ([`Sink::release`]).
+    fence: KeyFence,
 }
 
 impl<Tag: Send + Sync + 'static> ClientContext for DeliveryReports<Tag> {
@@ -90,7 +93,19 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
             )),
         };
         // The receiver is gone only while the relay abandons this producer; nothing to do then.
-        let _ = self.tx.send(Completion { tag, outcome });
+        match &outcome {
+            // Later records of the key are not produced until the caller decided about this
+            // one (`sink/fence.rs`); those librdkafka already holds may still go ahead of it.
+            Err(f) if f.kind == FailureKind::Refused => {
+                let key = KeyHash::of(result.as_ref().err().and_then(|(_, m)| m.key()).unwrap_or_default());
+                self.fence.close_then(key, || {
+                    let _ = self.tx.send(Completion { tag, outcome });
+                });
+            }
+            _ => {
+                let _ = self.tx.send(Completion { tag, outcome });
+            }
+        }
     }
 }
 
@@ -163,6 +178,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 .create_with_context(DeliveryReports {
                     tx,
                     log: ClientLog::default(),
+                    fence: KeyFence::default(),
                 })
                 .map_err(|e| SinkError {
                     sink: "Kafka",
@@ -214,6 +230,48 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         _dedup_key: Option<&str>,
         tag: Box<Tag>,
     ) -> Result<(), Refusal<Tag>> {
+        let context = self.producer.context();
+        context.fence.admit(
+            &record.key,
+            tag,
+            |tag| self.produce(record, extra, tag),
+            |tag| {
+                let failure = failure_of(record, FailureKind::Transient, stopped_cause());
+                // After the refusal that closed the fence, on the same channel (`fence.rs`).
+                let _ = context.tx.send(Completion {
+                    tag,
+                    outcome: Err(failure),
+                });
+                Ok(())
+            },
+        )
+    }
+
+    fn abandon(self: Box<Self>, wait: Duration) {
+        self.abandon_now(wait);
+    }
+
+    fn release(&self, key: &[u8]) {
+        self.producer.context().fence.open(key);
+    }
+
+    fn complaint(&self) -> Option<String> {
+        self.producer.context().log.last_error()
+    }
+}
+
+fn failure_of(record: &SinkRecord<'_>, kind: FailureKind, cause: String) -> SinkFailure {
+    SinkFailure {
+        kind,
+        destination: record.destination.clone().into_owned(),
+        partition: record.partition,
+        event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
+        cause,
+    }
+}
+
+impl<Tag: Send + Sync + 'static> Publisher<Tag> {
+    fn produce(&self, record: &SinkRecord<'_>, extra: &[(&str, &[u8])], tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
         let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len() + extra.len());
         headers = headers.insert(Header {
             key: "id",
@@ -244,12 +302,88 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
             ),
         })
     }
+}
 
-    fn abandon(self: Box<Self>, wait: Duration) {
-        self.abandon_now(wait);
+#[cfg(test)]
+mod tests {
+    //! The key fence against librdkafka's mock cluster (`sink/fence.rs`).
+
+    use std::borrow::Cow;
+    use std::collections::BTreeMap;
+    use std::time::Instant;
+
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::DefaultProducerContext;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    use super::*;
+
+    fn record<'a>(key: &'a [u8], id: &'a [u8]) -> SinkRecord<'a> {
+        SinkRecord {
+            destination: Cow::Borrowed("fenced"),
+            key: Cow::Borrowed(key),
+            value: Some(Cow::Borrowed(&b"{}"[..])),
+            event_id: id,
+            timestamp_ms: None,
+            headers: Cow::Owned(Vec::new()),
+            partition: None,
+        }
     }
 
-    fn complaint(&self) -> Option<String> {
-        self.producer.context().log.last_error()
+    fn next(rx: &mut Completions<u32>) -> (u32, Result<(), SinkFailure>) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(c) = rx.try_recv() {
+                return (*c.tag, c.outcome);
+            }
+            assert!(Instant::now() < deadline, "no completion within 20 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_refused_record_fences_its_key_until_released() {
+        let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("fenced", 1, 1).expect("topic");
+        let props = KafkaProperties::validate(BTreeMap::from([(
+            "bootstrap.servers".to_owned(),
+            crate::config::kafka::KafkaValue(cluster.bootstrap_servers()),
+        )]))
+        .expect("properties");
+        let (sink, mut rx) = Publisher::<u32>::create(&props, 100).expect("producer");
+        // Warm up (metadata, producer id) so the injected error hits the record below.
+        sink.send(&record(b"warm", b"0"), &[], None, Box::new(0))
+            .map_err(|r| r.failure)
+            .unwrap();
+        assert!(next(&mut rx).1.is_ok());
+        cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+        );
+        sink.send(&record(b"k", b"1"), &[], None, Box::new(1))
+            .map_err(|r| r.failure)
+            .unwrap();
+        let (tag, outcome) = next(&mut rx);
+        let refused = outcome.unwrap_err();
+        assert_eq!((tag, refused.kind), (1, FailureKind::Refused), "{refused}");
+        // Not produced: it would land ahead of record 1, which the caller replays.
+        sink.send(&record(b"k", b"2"), &[], None, Box::new(2))
+            .map_err(|r| r.failure)
+            .unwrap();
+        let (tag, outcome) = next(&mut rx);
+        let stopped = outcome.unwrap_err();
+        assert_eq!((tag, stopped.kind), (2, FailureKind::Transient), "{stopped}");
+        assert!(stopped.cause.contains("refused"), "{stopped}");
+        sink.send(&record(b"other", b"3"), &[], None, Box::new(3))
+            .map_err(|r| r.failure)
+            .unwrap();
+        assert_eq!(next(&mut rx).0, 3);
+        sink.release(b"k");
+        sink.send(&record(b"k", b"4"), &[], None, Box::new(4))
+            .map_err(|r| r.failure)
+            .unwrap();
+        let (tag, outcome) = next(&mut rx);
+        assert!(tag == 4 && outcome.is_ok(), "{outcome:?}");
+        Box::new(sink).abandon(Duration::from_secs(1));
     }
 }

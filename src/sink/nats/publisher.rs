@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::{checked_stream, connect, context};
 use crate::config::nats::{filter_covers, validate_subject, NatsSettings};
+use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
 /// The header the record's key travels in (NATS messages have no key of their own).
@@ -46,6 +47,7 @@ struct Outgoing<Tag> {
     event_id: String,
     /// When `send` took it: a record that waited longer than the ack timeout is not sent.
     queued_at: Instant,
+    key: KeyHash,
 }
 
 /// What a completion needs of a record once it is on the wire.
@@ -53,6 +55,7 @@ struct InFlight<Tag> {
     subject: String,
     event_id: String,
     tag: Box<Tag>,
+    key: KeyHash,
 }
 
 pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
@@ -65,6 +68,8 @@ pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
     /// `Some(wait)`: abandoned, with how long to wait for what is on the wire.
     stop: watch::Sender<Option<Duration>>,
     done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    /// Keys with a refused record the caller has not released (closed by the task).
+    fence: Arc<KeyFence>,
 }
 
 impl<Tag: Send + Sync + 'static> Publisher<Tag> {
@@ -90,7 +95,9 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         let (completions_tx, completions) = mpsc::unbounded_channel();
         let (stop, stopped) = watch::channel(None);
         let (done_tx, done) = std::sync::mpsc::channel();
+        let fence = Arc::new(KeyFence::default());
         let task = Task {
+            fence: Arc::clone(&fence),
             js,
             stream: settings.stream.clone(),
             completions: completions_tx,
@@ -113,6 +120,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 max_payload,
                 stop,
                 done: std::sync::Mutex::new(done),
+                fence,
             },
             completions,
         ))
@@ -215,6 +223,7 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
                 tag,
                 event_id: event_id.clone(),
                 queued_at: Instant::now(),
+                key: KeyHash::of(&record.key),
             })
             .map_err(|e| {
                 refusal(
@@ -227,6 +236,10 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
 
     fn abandon(self: Box<Self>, wait: Duration) {
         self.abandon_now(wait);
+    }
+
+    fn release(&self, key: &[u8]) {
+        self.fence.open(key);
     }
 }
 
@@ -249,6 +262,8 @@ struct Task<Tag> {
     ack_timeout: Duration,
     /// Whether a duplicate PubAck was logged already (once per sink).
     saw_duplicate: bool,
+    /// Keys with a refused record the caller has not released: their records are not sent.
+    fence: Arc<KeyFence>,
 }
 
 impl<Tag: Send + Sync + 'static> Task<Tag> {
@@ -315,6 +330,11 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
             self.send_completion(out.tag, out.subject, out.event_id, Err((FailureKind::Transient, cause)));
             return None;
         }
+        if self.fence.is_closed(out.key) {
+            let cause = stopped_cause();
+            self.send_completion(out.tag, out.subject, out.event_id, Err((FailureKind::Transient, cause)));
+            return None;
+        }
         let waited = out.queued_at.elapsed();
         if waited > self.ack_timeout {
             // A process frozen (or starved) this long may have been replaced by a standby that
@@ -340,6 +360,7 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
                         subject: out.subject,
                         event_id: out.event_id,
                         tag: out.tag,
+                        key: out.key,
                     },
                 );
                 Some(Box::pin(async move { (n, ack_future(ack).await) }))
@@ -389,8 +410,17 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
                 Err((kind, cause))
             }
         };
-        if let Err((FailureKind::Transient, cause)) = &outcome {
-            self.fail(cause.clone());
+        match &outcome {
+            Err((FailureKind::Transient, cause)) => self.fail(cause.clone()),
+            Err((FailureKind::Refused, _)) => {
+                // Later records of the key wait for the caller's decision (`sink/fence.rs`).
+                let fence = Arc::clone(&self.fence);
+                fence.close_then(rec.key, || {
+                    self.send_completion(rec.tag, rec.subject, rec.event_id, outcome);
+                });
+                return;
+            }
+            Ok(()) => {}
         }
         self.send_completion(rec.tag, rec.subject, rec.event_id, outcome);
     }

@@ -426,3 +426,45 @@ async fn several_servers_one_of_them_down() {
     abandon(Box::new(sink)).await.unwrap();
     delete(&s).await;
 }
+
+/// A record the stream refuses in its PubAck (larger than the stream's `max_msg_size`, within
+/// the server's `max_payload`) fences its key: a later record of the key is not stored ahead of
+/// it before the caller decided, other keys pass, and after `release` the key passes again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refusal_in_a_puback_fences_its_key_until_released() {
+    let (s, prefix) = fresh(SHARED).await;
+    let client = connect(&s, None).await.unwrap();
+    let js = jetstream::new(client);
+    let mut config = js.get_stream(&s.stream).await.unwrap().cached_info().config.clone();
+    config.max_message_size = 512;
+    js.update_stream(&config).await.unwrap();
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let subject = format!("{prefix}.orders");
+    let big = vec![b'x'; 2048];
+    sink.send(&record(&subject, "k", b"id-1", &big), &[], None, Box::new(1))
+        .map_err(|r| r.failure)
+        .unwrap();
+    let refused = take(&mut rx, 1).await.remove(0).1.unwrap_err();
+    assert_eq!(refused.kind, FailureKind::Refused, "{refused}");
+    sink.send(&record(&subject, "k", b"id-2", b"{}"), &[], None, Box::new(2))
+        .map_err(|r| r.failure)
+        .unwrap();
+    sink.send(&record(&subject, "other", b"id-3", b"{}"), &[], None, Box::new(3))
+        .map_err(|r| r.failure)
+        .unwrap();
+    let mut done = take(&mut rx, 2).await;
+    done.sort_by_key(|(tag, _)| *tag);
+    let stopped = done[0].1.as_ref().unwrap_err();
+    assert_eq!(stopped.kind, FailureKind::Transient, "{stopped}");
+    assert!(stopped.cause.contains("refused"), "{stopped}");
+    assert!(done[1].1.is_ok(), "another key passes: {:?}", done[1]);
+    sink.release(b"k");
+    sink.send(&record(&subject, "k", b"id-4", b"{}"), &[], None, Box::new(4))
+        .map_err(|r| r.failure)
+        .unwrap();
+    assert!(take(&mut rx, 1).await[0].1.is_ok());
+    let stream = stream_handle(&s).await;
+    assert_eq!(stream.cached_info().state.messages, 2, "id-3 and id-4 only");
+    abandon(Box::new(sink)).await.unwrap();
+    delete(&s).await;
+}

@@ -9,8 +9,9 @@
 //!   every queue it was routed to);
 //! * ack carrying a `basic.return` (`mandatory`, no queue bound for the routing key) →
 //!   [`FailureKind::Refused`]: the broker would otherwise drop it silently, so it is a bad event
-//!   and `relay.on_bad_event` decides; the records of the same key queued behind it are not
-//!   published but fail `Transient` (the caller replays them once it decided about this one);
+//!   and `relay.on_bad_event` decides; the records of the same key queued behind it, and those
+//!   handed over later until the caller releases the key ([`Sink::release`]), are not published
+//!   but fail `Transient` (the caller replays them once it decided about this one);
 //! * nack, a failed publish, a closed channel or connection → [`FailureKind::Transient`], and
 //!   the sink is *broken*: everything queued behind fails `Transient` at once and nothing more
 //!   is published (no reconnect inside one sink; the relay abandons it and replays).
@@ -24,6 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -36,6 +38,7 @@ use tracing::{debug, warn};
 
 use super::{check_exchange, connect, words, MAX_MESSAGE_BYTES, SINK};
 use crate::config::rabbitmq::{validate_routing_key, RabbitMqSettings, MAX_SHORT_STRING};
+use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
 /// Header holding the event id (also the `message_id` property).
@@ -85,6 +88,8 @@ pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
     stop: watch::Sender<Option<Duration>>,
     /// Disconnected once the task has closed the connection.
     done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    /// Keys refused and not released yet (closed by the task, opened by [`Sink::release`]).
+    fence: Arc<KeyFence>,
 }
 
 impl<Tag: Send + Sync + 'static> Publisher<Tag> {
@@ -112,7 +117,9 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         let (completions, rx) = mpsc::unbounded_channel();
         let (stop, stopped) = watch::channel(None);
         let (done_tx, done) = std::sync::mpsc::channel();
+        let fence = Arc::new(KeyFence::default());
         let task = Task {
+            fence: Arc::clone(&fence),
             exchange: settings.exchange.clone(),
             connection,
             channel,
@@ -134,6 +141,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 completions,
                 stop,
                 done: std::sync::Mutex::new(done),
+                fence,
             },
             rx,
         ))
@@ -265,6 +273,10 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         let done = self.done.lock().unwrap();
         let _ = done.recv_timeout(wait + Duration::from_secs(3));
     }
+
+    fn release(&self, key: &[u8]) {
+        self.fence.open(key);
+    }
 }
 
 struct Task<Tag> {
@@ -279,6 +291,8 @@ struct Task<Tag> {
     next_seq: u64,
     /// Why this sink stopped publishing (a nack, a failed publish, a lost channel).
     broken: Option<String>,
+    /// Keys with a refused record the caller has not released: their records are not published.
+    fence: Arc<KeyFence>,
 }
 
 impl<Tag: Send + Sync + 'static> Task<Tag> {
@@ -326,6 +340,11 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
     async fn accept(&mut self, outgoing: Outgoing<Tag>) {
         if let Some(cause) = &self.broken {
             let failure = outgoing.failure(FailureKind::Transient, cause.clone());
+            self.complete(outgoing.tag, Err(failure));
+            return;
+        }
+        if self.fence.is_closed(KeyHash::of(&outgoing.key)) {
+            let failure = outgoing.failure(FailureKind::Transient, stopped_cause());
             self.complete(outgoing.tag, Err(failure));
             return;
         }
@@ -441,7 +460,12 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
             )),
         };
         let failed = outcome.as_ref().err().map(|f| (f.kind, f.cause.clone()));
-        self.complete(sent.tag, outcome);
+        if matches!(failed, Some((FailureKind::Refused, _))) {
+            self.fence
+                .close_then(KeyHash::of(&sent.key), || self.complete(sent.tag, outcome));
+        } else {
+            self.complete(sent.tag, outcome);
+        }
         match failed {
             Some((FailureKind::Transient, cause)) => {
                 self.break_with(cause);
@@ -451,7 +475,7 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
                 // What waits behind a refused record of its aggregate is not published: the
                 // caller ends its session on a refusal and replays them after deciding about
                 // this one, so publishing them now would only store them ahead of it (and
-                // twice). Records handed over later are published as usual.
+                // twice). Records of the key handed over later meet the closed fence.
                 let behind = self.waiting.remove(&sent.key).unwrap_or_default();
                 for outgoing in behind {
                     let failure = outgoing.failure(

@@ -229,11 +229,27 @@ async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_publis
         bodies.contains(&b"1".to_vec()) && bodies.contains(&b"4".to_vec()),
         "{bodies:?}"
     );
-    // Records handed over after the refusal are published as usual.
+    // A record of the key handed over after the refusal is not published either: stored now,
+    // it would land ahead of record 3, which the caller replays after deciding about record 2.
     sink.send(&record("orders.d", "k", b"5", b"i5"), &[], None, Box::new(5))
         .map_err(|r| r.failure)
         .unwrap();
+    let stopped = completions(&mut rx, 1).await.remove(0).1.unwrap_err();
+    assert_eq!(stopped.kind, FailureKind::Transient, "{stopped}");
+    assert!(stopped.cause.contains("refused"), "{stopped}");
+    // Other keys pass meanwhile.
+    sink.send(&record("orders.e", "other", b"6", b"i6"), &[], None, Box::new(6))
+        .map_err(|r| r.failure)
+        .unwrap();
     assert!(completions(&mut rx, 1).await[0].1.is_ok());
+    // Once the caller has decided, the key's records are published again.
+    sink.release(b"k");
+    sink.send(&record("orders.d", "k", b"7", b"i7"), &[], None, Box::new(7))
+        .map_err(|r| r.failure)
+        .unwrap();
+    assert!(completions(&mut rx, 1).await[0].1.is_ok());
+    let bodies: Vec<Vec<u8>> = fx.drain().await.into_iter().map(|m| m.delivery.data).collect();
+    assert_eq!(bodies, vec![b"6".to_vec(), b"7".to_vec()], "5 was never published");
     Box::new(sink).abandon(Duration::from_secs(1));
     fx.clean().await;
 }

@@ -11,6 +11,7 @@
 //! with exactly-once, the dedup set drops it).
 
 use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -23,6 +24,7 @@ use super::{
 };
 use crate::config::relay::Delivery;
 use crate::config::Settings;
+use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
 /// Records per pipeline, and bytes: enough to keep the connection busy, small enough that a
@@ -39,6 +41,7 @@ struct Item<Tag> {
     fields: Vec<Vec<u8>>,
     dedup_key: Option<String>,
     bytes: usize,
+    key: KeyHash,
 }
 
 pub(crate) struct RedisSink<Tag> {
@@ -49,6 +52,8 @@ pub(crate) struct RedisSink<Tag> {
     /// The task says it ended (its connection dropped) here.
     ended: std::sync::Mutex<std_mpsc::Receiver<()>>,
     task: tokio::task::JoinHandle<()>,
+    /// Keys with a refused record the caller has not released (closed by the writer).
+    fence: Arc<KeyFence>,
 }
 
 impl<Tag: Send + Sync + 'static> RedisSink<Tag> {
@@ -80,7 +85,9 @@ impl<Tag: Send + Sync + 'static> RedisSink<Tag> {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
         let (ended_tx, ended) = std_mpsc::channel();
+        let fence = Arc::new(KeyFence::default());
         let writer = Writer {
+            fence: Arc::clone(&fence),
             conn,
             script_sha,
             window_ms: redis.dedup_window.as_millis() as u64,
@@ -99,6 +106,7 @@ impl<Tag: Send + Sync + 'static> RedisSink<Tag> {
                 max_message_bytes: redis.max_message_bytes,
                 ended: std::sync::Mutex::new(ended),
                 task,
+                fence,
             },
             done_rx,
         ))
@@ -114,6 +122,8 @@ struct Writer<Tag> {
     done: mpsc::UnboundedSender<Completion<Tag>>,
     /// Why this instance stopped writing: every later record fails with it.
     dead: Option<String>,
+    /// Keys with a refused record the caller has not released: their records are not written.
+    fence: Arc<KeyFence>,
 }
 
 impl<Tag> Writer<Tag> {
@@ -157,13 +167,23 @@ impl<Tag> Writer<Tag> {
         let _ = self.done.send(Completion { tag: item.tag, outcome });
     }
 
-    async fn write(&mut self, batch: Vec<Item<Tag>>) {
+    async fn write(&mut self, mut batch: Vec<Item<Tag>>) {
         if let Some(cause) = &self.dead {
             let cause = format!("not sent: an earlier command of this Redis connection failed ({cause})");
             for item in batch {
                 self.complete(item, Err((FailureKind::Transient, cause.clone())));
             }
             return;
+        }
+        if batch.iter().any(|item| self.fence.is_closed(item.key)) {
+            let (stopped, open): (Vec<_>, Vec<_>) = batch.into_iter().partition(|item| self.fence.is_closed(item.key));
+            for item in stopped {
+                self.complete(item, Err((FailureKind::Transient, stopped_cause())));
+            }
+            if open.is_empty() {
+                return;
+            }
+            batch = open;
         }
         if self.script_sha.is_none() && batch.iter().any(|i| i.dedup_key.is_some()) {
             let cause =
@@ -203,7 +223,13 @@ impl<Tag> Writer<Tag> {
                         }
                         _ => Ok(()),
                     };
-                    self.complete(item, outcome);
+                    if matches!(outcome, Err((FailureKind::Refused, _))) {
+                        // Later records of the key wait for the caller's decision (`sink/fence.rs`).
+                        let fence = Arc::clone(&self.fence);
+                        fence.close_then(item.key, || self.complete(item, outcome));
+                    } else {
+                        self.complete(item, outcome);
+                    }
                 }
                 if duplicates > 0 {
                     info!(duplicates, "Redis dropped replayed records its dedup sets already held");
@@ -300,6 +326,7 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for RedisSink<Tag> {
             bytes,
             fields,
             dedup_key: dedup_key.map(str::to_owned),
+            key: KeyHash::of(&record.key),
         };
         self.tx.send(item).map_err(|mpsc::error::SendError(item)| Refusal {
             tag: item.tag,
@@ -311,6 +338,10 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for RedisSink<Tag> {
                 cause: "the Redis sink's writer has stopped".into(),
             },
         })
+    }
+
+    fn release(&self, key: &[u8]) {
+        self.fence.open(key);
     }
 
     fn abandon(self: Box<Self>, wait: Duration) {

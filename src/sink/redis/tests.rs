@@ -191,11 +191,12 @@ async fn a_key_of_another_type_refuses_its_record_only() {
         .query_async(&mut c)
         .await
         .unwrap();
-    sink.send(&record(&good, b"k", b"1", b"a"), &[], None, Box::new(1))
+    // Other keys than the refused records' (those of the refused key are fenced: below).
+    sink.send(&record(&good, b"g", b"1", b"a"), &[], None, Box::new(1))
         .unwrap();
     sink.send(&record(&bad, b"k", b"2", b"b"), &[], None, Box::new(2))
         .unwrap();
-    sink.send(&record(&good, b"k", b"3", b"c"), &[], None, Box::new(3))
+    sink.send(&record(&good, b"h", b"3", b"c"), &[], None, Box::new(3))
         .unwrap();
     // Exactly-once goes through the script: the refusal must keep its kind.
     sink.send(&record(&bad, b"k", b"4", b"d"), &[], Some("src/0/1"), Box::new(4))
@@ -217,6 +218,18 @@ async fn a_key_of_another_type_refuses_its_record_only() {
         assert_eq!(destination, bad);
     }
     assert_eq!(xrange(&mut c, &good).await.len(), 2);
+    // The refused key is fenced: a later record of it is not written before the caller decided
+    // about the refused one, even to a stream that would take it; released, it is written.
+    sink.send(&record(&good, b"k", b"5", b"e"), &[], None, Box::new(5))
+        .unwrap();
+    let stopped = next(&mut completions).await.outcome.unwrap_err();
+    assert_eq!(stopped.kind, FailureKind::Transient, "{stopped}");
+    assert!(stopped.cause.contains("refused"), "{stopped}");
+    sink.release(b"k");
+    sink.send(&record(&good, b"k", b"6", b"f"), &[], None, Box::new(6))
+        .unwrap();
+    assert!(next(&mut completions).await.outcome.is_ok());
+    assert_eq!(xrange(&mut c, &good).await.len(), 3, "5 was never written");
     Box::new(sink).abandon(Duration::from_secs(1));
     cleanup(&mut c, &[&good, &bad]).await;
 }
