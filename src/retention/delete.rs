@@ -10,10 +10,23 @@
 //! acknowledged) every transaction that ended before it. A row committed later — even with an
 //! old timestamp, by a long transaction — is in no earlier snapshot, so it waits for a later one.
 //!
+//! Streaming, pace: the walsender decodes every delete's WAL (and replays each delete
+//! transaction through pgoutput at its commit) before it reaches the events committed after it,
+//! although it publishes none of them. Deleting at the server's pace put the stream seconds
+//! behind (docs/benchmarks.md, "Retention"), so after each batch [`delete_ids`] waits until the
+//! slot's walsender has decoded past the batch's commit (`pg_stat_replication.sent_lsn`) before
+//! the next one: the stream is never more than one batch behind because of retention. Where the
+//! role may not read `sent_lsn` (it needs `pg_read_all_stats`), it falls back to resting as long
+//! as each statement took, and says so once.
+//!
 //! Polling: the poller sets the dispatched column only after the broker acknowledged, so rows
 //! with it set are published; they are deleted directly, skipping rows a claim has locked.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
 use tokio_postgres::{Client, IsolationLevel};
+use tracing::{info, warn};
 
 use crate::config::ident::Ident;
 use crate::postgres::lsn::Lsn;
@@ -83,14 +96,82 @@ pub(crate) async fn snapshot(
     })
 }
 
-/// Deletes a snapshot's rows in batches; stops early (keeping the rest) when `stop` says so.
+/// Longest wait for the walsender to decode past one batch before the run leaves the rest to the
+/// next interval: the stream has a backlog of its own then, and retention yields to it.
+const DECODE_WAIT: Duration = Duration::from_secs(10);
+/// How often `sent_lsn` is read while waiting (a batch decodes in milliseconds).
+const DECODE_POLL: Duration = Duration::from_millis(5);
+
+/// How a batch's wait for the walsender ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pace {
+    /// The walsender decoded past the batch.
+    Decoded,
+    /// It did not within [`DECODE_WAIT`], or no walsender holds the slot: stop this run.
+    Behind,
+    /// `sent_lsn` is not visible to this role: rest instead.
+    Unknown,
+}
+
+/// Whether [`Pace::Unknown`] was logged (once per process).
+static UNKNOWN_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Waits until the walsender holding `slot` has sent (decoded) WAL up to the current insert
+/// position — past the batch that just committed.
+async fn decoded_past_now(client: &Client, target: &Target, slot: &str) -> Result<Pace, RetentionError> {
+    let failed = |what| RetentionError::query(&target.table, what);
+    let lsn: String = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .map_err(failed("reading the WAL position"))?
+        .get(0);
+    let lsn: Lsn = lsn.parse().map_err(|_| RetentionError::Lsn { text: lsn.clone() })?;
+    let deadline = Instant::now() + DECODE_WAIT;
+    loop {
+        let row = client
+            .query_opt(
+                "SELECT r.sent_lsn::text FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+                  WHERE s.slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .map_err(failed("reading the walsender's position"))?;
+        let sent: Option<String> = match row {
+            None => return Ok(Pace::Behind),
+            Some(row) => row.get(0),
+        };
+        let Some(sent) = sent else {
+            if !UNKNOWN_SAID.swap(true, Ordering::Relaxed) {
+                info!(
+                    slot,
+                    "retention cannot read the walsender's position (pg_stat_replication.sent_lsn needs the                      pg_read_all_stats role): it paces deletes by resting instead; GRANT pg_read_all_stats to the                      relay's role to keep the stream from falling behind while a backlog is deleted"
+                );
+            }
+            return Ok(Pace::Unknown);
+        };
+        match sent.parse::<Lsn>() {
+            Ok(sent) if sent >= lsn => return Ok(Pace::Decoded),
+            Ok(_) if Instant::now() >= deadline => {
+                warn!(table = %target.table, slot, "the walsender is more than 10 s behind retention's deletes; retention yields until the next interval");
+                return Ok(Pace::Behind);
+            }
+            Ok(_) => tokio::time::sleep(DECODE_POLL).await,
+            Err(_) => return Err(RetentionError::Lsn { text: sent }),
+        }
+    }
+}
+
+/// Deletes a snapshot's rows in batches, each once the walsender decoded the previous one (see
+/// the module docs); stops early (keeping the rest, `Pace::Behind`) when the walsender lags or
+/// `stop` says so.
 pub(crate) async fn delete_ids(
     client: &Client,
     target: &Target,
     snapshot: &Snapshot,
     batch_size: usize,
+    slot: &str,
     stop: &(dyn Fn() -> bool + Send + Sync),
-) -> Result<Removed, RetentionError> {
+) -> Result<(Removed, Pace), RetentionError> {
     let sql = format!(
         "DELETE FROM {t} WHERE {id} = ANY($1::text[]::{ty}[])",
         t = target.table.quoted(),
@@ -102,6 +183,7 @@ pub(crate) async fn delete_ids(
         .await
         .map_err(RetentionError::query(&target.table, "preparing the delete"))?;
     let mut removed = Removed::default();
+    let mut pace = Pace::Decoded;
     for batch in snapshot.ids.chunks(batch_size.max(1)) {
         if stop() {
             break;
@@ -113,10 +195,15 @@ pub(crate) async fn delete_ids(
             .map_err(RetentionError::query(&target.table, "deleting published rows"))?;
         removed.rows += n;
         record_rows(target, n);
-        rest_after(started).await;
+        pace = decoded_past_now(client, target, slot).await?;
+        match pace {
+            Pace::Decoded => {}
+            Pace::Behind => break,
+            Pace::Unknown => rest_after(started).await,
+        }
     }
     removed.through_unix = snapshot.newest_unix;
-    Ok(removed)
+    Ok((removed, pace))
 }
 
 /// Polling: deletes dispatched rows older than `keep`, `batch_size` per statement, until a
@@ -172,8 +259,7 @@ const MAX_REST: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Rests as long as the statement that started at `started` took (at most [`MAX_REST`]): a
 /// backlog is removed at half the pace the server could take, and the other half is left to
-/// the writers and to the walsender, which decodes every delete's WAL even though it publishes
-/// none of them (measured in docs/benchmarks.md, "Retention").
+/// the writers (and, streaming without a visible `sent_lsn`, to the walsender).
 async fn rest_after(started: std::time::Instant) {
     tokio::time::sleep(started.elapsed().min(MAX_REST)).await;
 }

@@ -403,11 +403,12 @@ impl Retention {
                 break;
             }
             let batch = self.config.batch_size;
+            let slot = self.settings.postgres.slot.clone();
             let client = self.connect().await?;
-            let removed = delete::delete_ids(client, target, &snapshot, batch, stop).await?;
+            let (removed, pace) = delete::delete_ids(client, target, &snapshot, batch, slot.as_str(), stop).await?;
             total.rows += removed.rows;
             total.through_unix = removed.through_unix.or(total.through_unix);
-            if stop() {
+            if stop() || pace == delete::Pace::Behind {
                 // Some ids may remain: the next run's snapshot finds them again.
                 self.tables.entry(target.label.clone()).or_default().snapshot = None;
                 break;
