@@ -320,3 +320,44 @@ async fn backfill_publishes_a_bytea_payload_as_its_bytes() {
     })
     .await;
 }
+
+/// `setup --backfill --since` reaching further back than `[retention] keep` is refused (rows
+/// older than keep may be gone already), naming both and the fix, and leaves no slot behind; a
+/// window within keep is accepted and publishes the pending rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_window_longer_than_retention_keep_is_refused() {
+    let kafka = MockKafka::new(1);
+    let (_db, mut client, config) = database(&kafka).await;
+    let pending = polling_era_rows(&mut client, 2, 3, false).await;
+    let config = config.set("retention", "mode", "delete").set("retention", "keep", "7d");
+    let out = run_cmd(&["setup", "--backfill", "--since", "2000-01-01 00:00:00+00"], &config).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("[retention] keep is 604800 s") && stderr.contains("Raise retention.keep above the window"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("   "), "the message reads as one sentence: {stderr}");
+    assert!(
+        slot_row(&client, &config.slot).await.is_none(),
+        "no slot may be left behind"
+    );
+
+    let since: String = client
+        .query_one("SELECT (now() - interval '1 hour')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let out = run_cmd(&["setup", "--backfill", "--since", &since], &config).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let records = collect_matching(
+        &kafka.bootstrap_servers(),
+        "^order$",
+        pending.len(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let all: Vec<ExpectedEvent> = pending.all().cloned().collect();
+    assert_eq!(check_delivered(&all, &records, |_| "order".to_owned()), 0);
+    check_order(&pending, &records);
+}

@@ -84,7 +84,9 @@ async fn refuse_retention_shorter_than_window(
     let keep = retention.keep.as_secs_f64();
     if window > keep {
         return Err(BackfillError::Unsupported(format!(
-            "--since {since:?} reaches {:.0} s back, but [retention] keep is {:.0} s: rows older than keep may already              have been removed, so the backfill could miss events. Raise retention.keep above the window (and restart              the relays) or choose a later --since",
+            "--since {since:?} reaches {:.0} s back, but [retention] keep is {:.0} s: rows older than keep may already \
+             have been removed, so the backfill could miss events. Raise retention.keep above the window (and restart \
+             the relays) or choose a later --since",
             window, keep
         )));
     }
