@@ -9,7 +9,7 @@
 //!
 //! This module is the leaf layer: it imports nothing from the rest of the crate. One file per
 //! section ([`postgres`], [`outbox`] (with `[route]`), [`sink`], [`kafka`], [`relay`], [`poll`],
-//! [`http`], [`retention`], [`debezium`]), each owning its raw and validated types; [`ident`] and [`secret`] are
+//! [`http`], [`retention`], [`debezium`], [`cloudevents`]), each owning its raw and validated types; [`ident`] and [`secret`] are
 //! shared value types.
 //!
 //! Environment overrides: section and key are upper-cased with `__` between them, e.g.
@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub(crate) mod cloudevents;
 pub(crate) mod debezium;
 pub(crate) mod http;
 pub(crate) mod ident;
@@ -39,6 +40,7 @@ pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
 
+use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;
 use self::http::{HttpSection, HttpSettings};
 use self::ident::IdentError;
@@ -103,6 +105,8 @@ pub(crate) struct FileConfig {
     pub(crate) retention: Option<RetentionSection>,
     /// Verbatim Debezium / Kafka Connect property names: validated by `debezium::validate`.
     pub(crate) debezium: Option<BTreeMap<String, toml::Value>>,
+    /// `[cloudevents]`: absent = records are not CloudEvents.
+    pub(crate) cloudevents: Option<CloudEventsSection>,
 }
 
 /// Numbers may also be written as numeric strings (what environment overrides produce).
@@ -150,6 +154,8 @@ pub struct Settings {
     /// `[debezium]`: records written as Debezium + Kafka Connect write them; `None` = the
     /// columns' text as it is.
     pub debezium: Option<DebeziumFormat>,
+    /// `[cloudevents]`: records written as CloudEvents; `None` = plain records.
+    pub cloudevents: Option<CloudEventsSettings>,
 }
 
 impl Settings {
@@ -196,6 +202,25 @@ impl Settings {
         let postgres = file.postgres.validate()?;
         let router = file.route.validate()?;
         let sink = file.sink.validate()?;
+        let cloudevents = match file.cloudevents {
+            None => None,
+            Some(section) => {
+                let database = postgres
+                    .connection
+                    .get_dbname()
+                    .or(postgres.connection.get_user())
+                    .unwrap_or("postgres");
+                let ce = section.validate(&cloudevents::Context {
+                    sink,
+                    debezium: debezium.is_some(),
+                    database,
+                    tables: &outbox.tables,
+                    message_prefix: outbox.message_prefix.as_deref(),
+                })?;
+                outbox.extensions = ce.extensions.iter().map(|e| e.column.clone()).collect();
+                Some(ce)
+            }
+        };
         let mut kafka = if sink == SinkKind::Kafka {
             KafkaProperties::validate(file.kafka.unwrap_or_default())?
         } else if file.kafka.is_some() {
@@ -238,6 +263,7 @@ impl Settings {
             http: file.http.validate()?,
             retention: file.retention.map(RetentionSection::validate).transpose()?,
             debezium,
+            cloudevents,
         })
     }
 
@@ -252,6 +278,16 @@ impl Settings {
     /// A warning for the operator about this configuration, logged when `run` starts.
     pub fn start_warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
+        if let Some(ce) = &self.cloudevents {
+            let long = ce.long_names();
+            if !long.is_empty() {
+                warnings.push(format!(
+                    "[cloudevents] extensions {long:?}: the CloudEvents spec recommends attribute names of at most \
+                     {} characters (some consumers truncate or refuse longer ones); consider shorter names",
+                    cloudevents::RECOMMENDED_NAME_LEN
+                ));
+            }
+        }
         if self.relay.delivery == relay::Delivery::ExactlyOnce && self.sink == SinkKind::Kafka {
             let fence = self.takeover_fence_max();
             if let (Some((key, _)), true) = (self.kafka.user_message_timeout(), fence > SLOW_TAKEOVER) {
