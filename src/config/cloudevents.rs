@@ -321,6 +321,23 @@ mod tests {
     }
 
     #[test]
+    fn a_tracestate_column_needs_a_trace_column() {
+        let e = load("[outbox]\ntracestate_column = \"ts\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("outbox.tracestate_column") && e.contains("trace_column too"),
+            "{e}"
+        );
+        let s = settings("[outbox]\ntrace_column = \"tp\"\ntracestate_column = \"ts\"\n");
+        let keys: Vec<_> = s.outbox.columns().iter().map(|(k, c)| (*k, c.as_str())).collect();
+        assert_eq!(
+            &keys[4..],
+            [("outbox.trace_column", "tp"), ("outbox.tracestate_column", "ts")]
+        );
+    }
+
+    #[test]
     fn long_names_are_warned_about_not_refused() {
         let s = settings("[cloudevents]\nextensions = { averyveryverylongname1 = \"c\" }\n");
         let warnings = s.start_warnings();

@@ -6,7 +6,8 @@
 //! `time` the timestamp column's time or else the commit time (omitted when neither is known: a
 //! polled row without a timestamp column), `datacontenttype` configured or derived from the
 //! payload ([`content_type`]), the configured extensions (a NULL column omits its attribute), and
-//! the Distributed Tracing extension's `traceparent`/`tracestate` from `outbox.trace_column`.
+//! the Distributed Tracing extension's `traceparent`/`tracestate` from `outbox.trace_column` (a
+//! `tracestate` only with a `traceparent`, as W3C Trace Context has it).
 //!
 //! * **binary**: the value is the payload, untouched; attributes are `ce_<name>` headers and the
 //!   content type is `content-type`.
@@ -79,9 +80,9 @@ pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings
             }
             if let Some(tp) = &event.traceparent {
                 put("ce_traceparent", Cow::Borrowed(tp));
-            }
-            if let Some(ts) = &event.tracestate {
-                put("ce_tracestate", Cow::Borrowed(ts));
+                if let Some(ts) = &event.tracestate {
+                    put("ce_tracestate", Cow::Borrowed(ts));
+                }
             }
             headers.extend(event.headers.iter().cloned());
             Rendered {
@@ -106,9 +107,9 @@ pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings
             }
             if let Some(tp) = &event.traceparent {
                 field(&mut out, "traceparent", tp);
-            }
-            if let Some(ts) = &event.tracestate {
-                field(&mut out, "tracestate", ts);
+                if let Some(ts) = &event.tracestate {
+                    field(&mut out, "tracestate", ts);
+                }
             }
             if let Some(payload) = event.payload.as_deref() {
                 if is_json_type(&content_type) && is_json(payload) {
@@ -130,9 +131,9 @@ pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings
             ));
             if let Some(tp) = &event.traceparent {
                 headers.push((Cow::Borrowed("traceparent"), Some(Cow::Borrowed(tp))));
-            }
-            if let Some(ts) = &event.tracestate {
-                headers.push((Cow::Borrowed("tracestate"), Some(Cow::Borrowed(ts))));
+                if let Some(ts) = &event.tracestate {
+                    headers.push((Cow::Borrowed("tracestate"), Some(Cow::Borrowed(ts))));
+                }
             }
             headers.extend(event.headers.iter().cloned());
             Rendered {

@@ -534,6 +534,80 @@ mod tests {
     }
 
     #[test]
+    fn trace_and_extension_columns_are_read_alike_from_every_source() {
+        const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        for ce in ["", "[cloudevents]\nextensions = { tenant = \"tenant\" }\n"] {
+            let s = settings(&format!(
+                "[outbox]\ntrace_column = \"tp\"\ntracestate_column = \"ts\"\nheader_columns = {{ h = \"x-h\" }}\n{ce}"
+            ));
+            // pgoutput's order differs from the mapping's.
+            let mut names = vec!["ts", "payload", "tp", "id", "h", "type", "aggregate_id"];
+            let mut streamed = vec![
+                Some("st=1"),
+                Some("{}"),
+                Some(TP),
+                Some("1"),
+                Some("hv"),
+                Some("t"),
+                Some("k"),
+            ];
+            let mut polled = vec![
+                Some("1"),
+                Some("k"),
+                Some("t"),
+                Some("{}"),
+                Some("hv"),
+                Some(TP),
+                Some("st=1"),
+            ];
+            if !ce.is_empty() {
+                names.insert(0, "tenant");
+                streamed.insert(0, Some("acme"));
+                polled.push(Some("acme"));
+            }
+            let table = relation(&names);
+            let layout =
+                OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+            let row = tuple(&streamed);
+            let from_wal = layout.extract(&table, &row).unwrap();
+            let from_sql =
+                OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &polled, &RowFormat::default()).unwrap();
+            assert_eq!(from_wal, from_sql);
+            assert_eq!(from_wal.traceparent.as_deref(), Some(TP.as_bytes()));
+            assert_eq!(from_wal.tracestate.as_deref(), Some(&b"st=1"[..]));
+            assert!(!from_wal.has_invalid_traceparent());
+            let record = from_wal.record(&s, &LIMITS).unwrap();
+            assert_eq!(record, from_sql.record(&s, &LIMITS).unwrap());
+            let names: Vec<&str> = record.headers.iter().map(|(n, _)| &**n).collect();
+            if ce.is_empty() {
+                assert_eq!(names, ["x-h", "traceparent", "tracestate"]);
+            } else {
+                assert!(
+                    names.contains(&"ce_traceparent") && names.contains(&"ce_tenant"),
+                    "{names:?}"
+                );
+                assert!(
+                    !names.contains(&"traceparent"),
+                    "binary mode names it ce_traceparent: {names:?}"
+                );
+            }
+        }
+        // A NULL trace column gives no header; a malformed one is kept as it is, and flagged.
+        let s = settings("[outbox]\ntrace_column = \"tp\"\n");
+        let null = [Some("1"), Some("k"), Some("t"), Some("{}"), None];
+        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &null, &RowFormat::default()).unwrap();
+        assert!(matches!(event.record(&s, &LIMITS).unwrap().headers, Cow::Borrowed([])));
+        assert!(!event.has_invalid_traceparent());
+        let bad = [Some("1"), Some("k"), Some("t"), Some("{}"), Some("00-zz")];
+        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &bad, &RowFormat::default()).unwrap();
+        assert!(event.has_invalid_traceparent());
+        assert_eq!(
+            event.record(&s, &LIMITS).unwrap().headers.as_ref(),
+            [(Cow::Borrowed("traceparent"), Some(Cow::Borrowed(&b"00-zz"[..])))]
+        );
+    }
+
+    #[test]
     fn a_streamed_row_is_borrowed_not_copied() {
         let s = settings(FULL);
         let table = relation(&TABLE);
