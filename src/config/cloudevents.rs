@@ -338,6 +338,21 @@ mod tests {
     }
 
     #[test]
+    fn the_environment_can_turn_it_on_and_set_extensions() {
+        let s = load(
+            "",
+            &[
+                ("OUTBOX_RELAY__CLOUDEVENTS__MODE", "structured"),
+                ("OUTBOX_RELAY__CLOUDEVENTS__EXTENSIONS", "{ tenant = \"tenant_id\" }"),
+            ],
+        )
+        .unwrap();
+        let ce = s.cloudevents.unwrap();
+        assert_eq!(ce.mode, CloudEventsMode::Structured);
+        assert_eq!(ce.extensions[0].column.as_str(), "tenant_id");
+    }
+
+    #[test]
     fn long_names_are_warned_about_not_refused() {
         let s = settings("[cloudevents]\nextensions = { averyveryverylongname1 = \"c\" }\n");
         let warnings = s.start_warnings();

@@ -15,7 +15,8 @@
 //! Environment overrides: section and key are upper-cased with `__` between them, e.g.
 //! `OUTBOX_RELAY__POSTGRES__URL`, `OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT`. In the `kafka` section the
 //! key's `_` become `.`: `OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS` sets `bootstrap.servers`.
-//! `OUTBOX_RELAY__OUTBOX__HEADER_COLUMNS` takes a TOML inline table (`{ tenant = "x-tenant" }`).
+//! `OUTBOX_RELAY__OUTBOX__HEADER_COLUMNS` and `OUTBOX_RELAY__CLOUDEVENTS__EXTENSIONS` take a TOML
+//! inline table (`{ tenant = "x-tenant" }`).
 //! Values are strings; numeric settings accept numeric strings.
 
 use std::collections::BTreeMap;
@@ -384,7 +385,8 @@ fn apply_env_overrides(
                     message: format!("expected a TOML array of table names such as [\"a.outbox\", \"b.outbox\"]: {e}"),
                 })?;
             doc.get("v").cloned().unwrap_or(toml::Value::String(value))
-        } else if section == "outbox" && key == "header_columns" {
+        } else if (section == "outbox" && key == "header_columns") || (section == "cloudevents" && key == "extensions")
+        {
             let doc: toml::Table = format!("v = {value}")
                 .parse()
                 .map_err(|e: toml::de::Error| ConfigError::Env {
