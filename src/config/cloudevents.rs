@@ -6,8 +6,10 @@
 //! messages), the extension attributes' header names. Invariant: every extension name is a legal
 //! CloudEvents attribute name (lower-case `a-z0-9`) and none is a core attribute or a
 //! distributed-tracing one (those come from `[outbox] trace_column`), so rendering never has to
-//! check a name; the section is refused with `[debezium]` (another record format) and on sinks
-//! without a binding implemented.
+//! check a name; the section is refused with `[debezium]` (another record format) and where no
+//! binding is implemented: Kafka takes both modes (its protocol binding), NATS the structured mode
+//! (its binding has no other), Redis both with the Kafka binding's names as stream fields (Redis
+//! has no binding), RabbitMQ none yet.
 
 use std::collections::BTreeMap;
 
@@ -119,15 +121,25 @@ impl CloudEventsSection {
                     .into(),
             });
         }
-        if cx.sink != SinkKind::Kafka {
-            return Err(ConfigError::Invalid {
-                key: "cloudevents",
-                message: format!(
-                    "is set but [sink] kind = \"{}\": CloudEvents output is implemented for the Kafka protocol \
-                     binding only so far. Remove [cloudevents], or publish to Kafka (kind = \"kafka\")",
-                    cx.sink.label()
-                ),
-            });
+        match (cx.sink, self.mode) {
+            (SinkKind::Kafka | SinkKind::Redis, _) | (SinkKind::Nats, CloudEventsMode::Structured) => {}
+            (SinkKind::Nats, CloudEventsMode::Binary) => {
+                return Err(ConfigError::Invalid {
+                    key: "cloudevents.mode",
+                    message: "is \"binary\" with [sink] kind = \"nats\": the CloudEvents NATS protocol binding \
+                              (1.0.2) defines the structured content mode only. Set mode = \"structured\""
+                        .into(),
+                })
+            }
+            (SinkKind::RabbitMq, _) => {
+                return Err(ConfigError::Invalid {
+                    key: "cloudevents",
+                    message: "is set but [sink] kind = \"rabbitmq\": the AMQP binding's `cloudEvents:` application \
+                              properties and content-type property are not written yet. Remove [cloudevents], or \
+                              publish to Kafka, Redis or NATS"
+                        .into(),
+                })
+            }
         }
         let table_sources = match &self.source {
             Some(s) if s.trim().is_empty() || s.chars().any(char::is_control) => {
@@ -313,11 +325,31 @@ mod tests {
     fn refused_with_debezium_and_on_sinks_without_a_binding() {
         let e = load("[cloudevents]\n[debezium]\n", &[]).unwrap_err().to_string();
         assert!(e.contains("[debezium]") && e.contains("Remove one"), "{e}");
-        let redis = "[postgres]\nurl = \"postgres://u@h/app\"\n[sink]\nkind = \"redis\"\n[redis]\nurl = \"redis://127.0.0.1\"\n[cloudevents]\n";
-        let e = crate::config::Settings::from_toml_str(redis, std::path::Path::new("t.toml"), Vec::new())
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("cloudevents") && e.contains("kind = \"kafka\""), "{e}");
+        let with_sink = |sink: &str, mode: &str| {
+            let text = format!(
+                "[postgres]\nurl = \"postgres://u@h/app\"\n[sink]\nkind = \"{sink}\"\n{}\n[cloudevents]\nmode = \"{mode}\"\n",
+                match sink {
+                    "redis" => "[redis]\nurl = \"redis://127.0.0.1\"",
+                    "nats" => "[nats]\nurl = \"nats://127.0.0.1:4222\"\nstream = \"OUTBOX\"",
+                    _ => "[rabbitmq]\nurl = \"amqp://g:g@127.0.0.1:5672/%2f\"\nexchange = \"outbox\"",
+                }
+            );
+            crate::config::Settings::from_toml_str(&text, std::path::Path::new("t.toml"), Vec::new())
+        };
+        for mode in ["binary", "structured"] {
+            let e = with_sink("rabbitmq", mode).unwrap_err().to_string();
+            assert!(
+                e.contains("config key cloudevents:") && e.contains("Remove [cloudevents]"),
+                "{e}"
+            );
+            assert!(with_sink("redis", mode).unwrap().cloudevents.is_some());
+        }
+        assert!(with_sink("nats", "structured").unwrap().cloudevents.is_some());
+        let e = with_sink("nats", "binary").unwrap_err().to_string();
+        assert!(
+            e.contains("cloudevents.mode") && e.contains("mode = \"structured\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -61,14 +61,14 @@ struct Row {
 }
 
 /// A fresh database with [`SCHEMA`], and a relay config streaming both tables (routed to topic
-/// `order`) with the trace columns mapped; `setup` done.
-async fn database(kafka: &MockKafka) -> (String, Client, RelayConfig) {
+/// `order`) with the trace columns mapped.
+async fn database(bootstrap: &str) -> (String, Client, RelayConfig) {
     let pg = shared_cluster().await;
     let db = unique_name("ce");
     pg.create_database(&db).await;
     let client = pg.client(&db).await;
     client.batch_execute(SCHEMA).await.expect("schema");
-    let config = RelayConfig::new(&pg.url(&db), &kafka.bootstrap_servers())
+    let config = RelayConfig::new(&pg.url(&db), bootstrap)
         .route(PREFIX_REGEX, "${routedByValue}")
         .set(
             "outbox",
@@ -148,7 +148,7 @@ async fn insert_rows(client: &Client) -> Vec<Row> {
 
 async fn cloudevents_round_trip(mode: &str) {
     let kafka = MockKafka::new(1);
-    let (db, client, config) = database(&kafka).await;
+    let (db, client, config) = database(&kafka.bootstrap_servers()).await;
     let mut extensions = toml::Table::new();
     extensions.insert("tenant".into(), toml::Value::String("tenant".into()));
     let config =
@@ -219,7 +219,13 @@ async fn cloudevents_round_trip(mode: &str) {
         }
     }
 
-    let Some(read) = read_with_sdk(mode, &records).await else {
+    check_with_sdk(mode, &db, &rows, &records).await;
+}
+
+/// Reads `records` back with the SDK in `mode` and compares every attribute and the data with
+/// the inserted `rows` (of database `db`).
+async fn check_with_sdk(mode: &str, db: &str, rows: &[Row], records: &[Received]) {
+    let Some(read) = read_with_sdk(mode, records).await else {
         return;
     };
     for (record, event) in records.iter().zip(&read) {
@@ -279,10 +285,66 @@ async fn cloudevents_structured_mode_reads_back_with_the_sdk() {
     cloudevents_round_trip("structured").await;
 }
 
+/// NATS (structured mode, the only one its binding defines) and Redis (binary mode, the Kafka
+/// binding's `ce_*` names as stream fields: Redis has no binding) carry the same CloudEvents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_on_nats_and_redis_read_back_with_the_sdk() {
+    use crate::harness::nats::{NatsStream, SHARED_NATS};
+    use crate::harness::redis::{read_streams_until, SHARED_REDIS};
+
+    let mut extensions = toml::Table::new();
+    extensions.insert("tenant".into(), toml::Value::String("tenant".into()));
+
+    let stream = NatsStream::create(SHARED_NATS).await;
+    // The Kafka address is a placeholder: `sink(…)` drops the [kafka] section.
+    let (db, client, config) = database("127.0.0.1:1").await;
+    let config = config
+        .sink("nats", &stream.section())
+        .route(PREFIX_REGEX, &format!("{}.${{routedByValue}}", stream.prefix))
+        .set("cloudevents", "mode", "structured")
+        .set("cloudevents", "extensions", toml::Value::Table(extensions.clone()));
+    setup(&config).await;
+    let relay = RelayProcess::run_streaming(&config).await;
+    let rows = insert_rows(&client).await;
+    let records = stream.collect(rows.len(), WAIT).await;
+    assert_eq!(records.len(), rows.len(), "{}", relay.log_text());
+    assert!(records
+        .iter()
+        .all(|r| r.header("content-type") == Some(&b"application/cloudevents+json; charset=UTF-8"[..])));
+    check_with_sdk("structured", &db, &rows, &records).await;
+    drop(relay);
+    stream.delete().await;
+
+    let prefix = unique_name("ce");
+    let (db, client, config) = database("127.0.0.1:1").await;
+    let config = config
+        .sink("redis", &[("url", SHARED_REDIS)])
+        .route(PREFIX_REGEX, &format!("{prefix}.${{routedByValue}}"))
+        .set("cloudevents", "mode", "binary")
+        .set("cloudevents", "extensions", toml::Value::Table(extensions));
+    setup(&config).await;
+    let relay = RelayProcess::run_streaming(&config).await;
+    let rows = insert_rows(&client).await;
+    let records = read_streams_until(SHARED_REDIS, &[format!("{prefix}.order")], rows.len(), WAIT).await;
+    assert_eq!(records.len(), rows.len(), "{}", relay.log_text());
+    for record in &records {
+        let row = rows
+            .iter()
+            .find(|r| Some(r.aggregate.as_str()) == record.key_str())
+            .unwrap();
+        assert_eq!(
+            record.payload.as_deref(),
+            Some(&row.payload[..]),
+            "binary mode: the payload field is the payload"
+        );
+    }
+    check_with_sdk("binary", &db, &rows, &records).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_off_traceparent_passes_through_and_invalid_ones_are_counted() {
     let kafka = MockKafka::new(1);
-    let (_db, client, config) = database(&kafka).await;
+    let (_db, client, config) = database(&kafka.bootstrap_servers()).await;
     let (config, addr) = with_http(&config);
     setup(&config).await;
     let relay = RelayProcess::run_streaming(&config).await;
