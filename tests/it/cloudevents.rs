@@ -31,7 +31,8 @@ CREATE TABLE public.ce_json (
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     tenant text,
     traceparent text,
-    tracestate text);
+    tracestate text,
+    dispatched_at timestamptz);
 CREATE TABLE public.ce_bytes (
     id bigserial PRIMARY KEY,
     aggregate_id text NOT NULL,
@@ -40,7 +41,8 @@ CREATE TABLE public.ce_bytes (
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     tenant text,
     traceparent text,
-    tracestate text);
+    tracestate text,
+    dispatched_at timestamptz);
 -- Event ids unique across both tables (consumers deduplicate on them).
 SELECT setval('public.ce_bytes_id_seq', 1000);
 ";
@@ -283,6 +285,59 @@ async fn cloudevents_binary_mode_reads_back_with_the_sdk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_structured_mode_reads_back_with_the_sdk() {
     cloudevents_round_trip("structured").await;
+}
+
+/// The polling relayer reads the trace and extension columns too: each row's polled record is
+/// the streamed one, header for header and byte for byte (binary mode, `time` from the timestamp
+/// column in both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_polled_rows_give_the_streamed_records() {
+    let kafka = MockKafka::new(1);
+    let (_db, client, config) = database(&kafka.bootstrap_servers()).await;
+    let mut extensions = toml::Table::new();
+    extensions.insert("tenant".into(), toml::Value::String("tenant".into()));
+    let config = config
+        .set("cloudevents", "extensions", toml::Value::Table(extensions))
+        .set("poll", "interval_ms", 20);
+    setup(&config).await;
+    let mut relay = RelayProcess::run_streaming(&config).await;
+    let rows = insert_rows(&client).await;
+    let streamed = collect(&kafka.bootstrap_servers(), &["order"], rows.len(), WAIT).await;
+    assert_eq!(streamed.len(), rows.len(), "{}", relay.log_text());
+    assert!(relay.sigterm());
+    assert!(
+        relay.wait_exit(Duration::from_secs(30)).await.is_some(),
+        "the relay stops"
+    );
+
+    let out = run_cmd(&["setup", "--poll"], &config).await;
+    assert!(
+        out.status.success(),
+        "setup --poll: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let poller = RelayProcess::poll(&config);
+    let all = collect(&kafka.bootstrap_servers(), &["order"], 2 * rows.len(), WAIT).await;
+    assert_eq!(all.len(), 2 * rows.len(), "{}", poller.log_text());
+    for row in &rows {
+        let both: Vec<&Received> = all
+            .iter()
+            .filter(|r| r.header("id") == Some(row.id.as_bytes()))
+            .collect();
+        assert_eq!(both.len(), 2, "row {} streamed once and polled once", row.id);
+        assert_eq!(both[0].key, both[1].key);
+        assert_eq!(both[0].payload, both[1].payload);
+        assert_eq!(
+            both[0].headers, both[1].headers,
+            "row {}: the same headers in the same order",
+            row.id
+        );
+        assert_eq!(both[0].header("ce_tenant"), row.tenant.as_deref().map(str::as_bytes));
+        assert_eq!(
+            both[0].header("ce_traceparent"),
+            row.traceparent.as_deref().map(str::as_bytes)
+        );
+    }
 }
 
 /// NATS (structured mode, the only one its binding defines) and Redis (binary mode, the Kafka
