@@ -353,6 +353,32 @@ mod tests {
     }
 
     #[test]
+    fn header_columns_may_not_take_the_names_the_relay_writes() {
+        let e = load(
+            "[outbox]\nheader_columns = { kind = \"ce_type\" }\n[cloudevents]\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("outbox.header_columns") && e.contains("extensions"), "{e}");
+        let e = load(
+            "[outbox]\nheader_columns = { ct = \"Content-Type\" }\n[cloudevents]\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("\"Content-Type\""), "{e}");
+        assert!(load("[outbox]\nheader_columns = { kind = \"ce_type\" }\n", &[]).is_ok());
+        let e = load(
+            "[outbox]\ntrace_column = \"tp\"\nheader_columns = { tp2 = \"traceparent\" }\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("outbox.trace_column writes"), "{e}");
+    }
+
+    #[test]
     fn a_tracestate_column_needs_a_trace_column() {
         let e = load("[outbox]\ntracestate_column = \"ts\"\n", &[])
             .unwrap_err()

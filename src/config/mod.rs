@@ -218,6 +218,20 @@ impl Settings {
                     tables: &outbox.tables,
                     message_prefix: outbox.message_prefix.as_deref(),
                 })?;
+                if let Some((column, header)) = outbox.headers.iter().find(|(_, h)| {
+                    let h = h.to_ascii_lowercase();
+                    h == "content-type" || h.starts_with("ce_")
+                }) {
+                    return Err(ConfigError::Invalid {
+                        key: "outbox.header_columns",
+                        message: format!(
+                            "column {column} maps to header {header:?}, a name [cloudevents] writes (content-type, \
+                             ce_*); rename the header, or map the column as an extension: [cloudevents] extensions \
+                             = {{ name = \"{}\" }}",
+                            column.as_str()
+                        ),
+                    });
+                }
                 outbox.extensions = ce.extensions.iter().map(|e| e.column.clone()).collect();
                 Some(ce)
             }

@@ -234,6 +234,21 @@ impl OutboxSection {
             }
             p => p,
         };
+        if self.trace_column.is_some() {
+            if let Some((column, header)) = self
+                .header_columns
+                .iter()
+                .find(|(_, h)| h.eq_ignore_ascii_case("traceparent") || h.eq_ignore_ascii_case("tracestate"))
+            {
+                return Err(ConfigError::Invalid {
+                    key: "outbox.header_columns",
+                    message: format!(
+                        "column {column:?} maps to header {header:?}, which outbox.trace_column writes; remove the \
+                         header_columns entry (map the column as trace_column or tracestate_column instead)"
+                    ),
+                });
+            }
+        }
         if self.tracestate_column.is_some() && self.trace_column.is_none() {
             return Err(ConfigError::Invalid {
                 key: "outbox.tracestate_column",
