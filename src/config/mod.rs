@@ -9,13 +9,14 @@
 //!
 //! This module is the leaf layer: it imports nothing from the rest of the crate. One file per
 //! section ([`postgres`], [`outbox`] (with `[route]`), [`sink`], [`kafka`], [`relay`], [`poll`],
-//! [`http`], [`retention`], [`debezium`]), each owning its raw and validated types; [`ident`] and [`secret`] are
+//! [`http`], [`retention`], [`debezium`], [`cloudevents`]), each owning its raw and validated types; [`ident`] and [`secret`] are
 //! shared value types.
 //!
 //! Environment overrides: section and key are upper-cased with `__` between them, e.g.
 //! `OUTBOX_RELAY__POSTGRES__URL`, `OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT`. In the `kafka` section the
 //! key's `_` become `.`: `OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS` sets `bootstrap.servers`.
-//! `OUTBOX_RELAY__OUTBOX__HEADER_COLUMNS` takes a TOML inline table (`{ tenant = "x-tenant" }`).
+//! `OUTBOX_RELAY__OUTBOX__HEADER_COLUMNS` and `OUTBOX_RELAY__CLOUDEVENTS__EXTENSIONS` take a TOML
+//! inline table (`{ tenant = "x-tenant" }`).
 //! Values are strings; numeric settings accept numeric strings.
 
 use std::collections::BTreeMap;
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub(crate) mod cloudevents;
 pub(crate) mod debezium;
 pub(crate) mod http;
 pub(crate) mod ident;
@@ -39,6 +41,7 @@ pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
 
+use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;
 use self::http::{HttpSection, HttpSettings};
 use self::ident::IdentError;
@@ -103,6 +106,8 @@ pub(crate) struct FileConfig {
     pub(crate) retention: Option<RetentionSection>,
     /// Verbatim Debezium / Kafka Connect property names: validated by `debezium::validate`.
     pub(crate) debezium: Option<BTreeMap<String, toml::Value>>,
+    /// `[cloudevents]`: absent = records are not CloudEvents.
+    pub(crate) cloudevents: Option<CloudEventsSection>,
 }
 
 /// Numbers may also be written as numeric strings (what environment overrides produce).
@@ -150,6 +155,8 @@ pub struct Settings {
     /// `[debezium]`: records written as Debezium + Kafka Connect write them; `None` = the
     /// columns' text as it is.
     pub debezium: Option<DebeziumFormat>,
+    /// `[cloudevents]`: records written as CloudEvents; `None` = plain records.
+    pub cloudevents: Option<CloudEventsSettings>,
 }
 
 impl Settings {
@@ -196,6 +203,39 @@ impl Settings {
         let postgres = file.postgres.validate()?;
         let router = file.route.validate()?;
         let sink = file.sink.validate()?;
+        let cloudevents = match file.cloudevents {
+            None => None,
+            Some(section) => {
+                let database = postgres
+                    .connection
+                    .get_dbname()
+                    .or(postgres.connection.get_user())
+                    .unwrap_or("postgres");
+                let ce = section.validate(&cloudevents::Context {
+                    sink,
+                    debezium: debezium.is_some(),
+                    database,
+                    tables: &outbox.tables,
+                    message_prefix: outbox.message_prefix.as_deref(),
+                })?;
+                if let Some((column, header)) = outbox.headers.iter().find(|(_, h)| {
+                    let h = h.to_ascii_lowercase();
+                    h == "content-type" || h.starts_with("ce_")
+                }) {
+                    return Err(ConfigError::Invalid {
+                        key: "outbox.header_columns",
+                        message: format!(
+                            "column {column} maps to header {header:?}, a name [cloudevents] writes (content-type, \
+                             ce_*); rename the header, or map the column as an extension: [cloudevents] extensions \
+                             = {{ name = \"{}\" }}",
+                            column.as_str()
+                        ),
+                    });
+                }
+                outbox.extensions = ce.extensions.iter().map(|e| e.column.clone()).collect();
+                Some(ce)
+            }
+        };
         let mut kafka = if sink == SinkKind::Kafka {
             KafkaProperties::validate(file.kafka.unwrap_or_default())?
         } else if file.kafka.is_some() {
@@ -238,6 +278,7 @@ impl Settings {
             http: file.http.validate()?,
             retention: file.retention.map(RetentionSection::validate).transpose()?,
             debezium,
+            cloudevents,
         })
     }
 
@@ -252,6 +293,16 @@ impl Settings {
     /// A warning for the operator about this configuration, logged when `run` starts.
     pub fn start_warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
+        if let Some(ce) = &self.cloudevents {
+            let long = ce.long_names();
+            if !long.is_empty() {
+                warnings.push(format!(
+                    "[cloudevents] extensions {long:?}: the CloudEvents spec recommends attribute names of at most \
+                     {} characters (some consumers truncate or refuse longer ones); consider shorter names",
+                    cloudevents::RECOMMENDED_NAME_LEN
+                ));
+            }
+        }
         if self.relay.delivery == relay::Delivery::ExactlyOnce && self.sink == SinkKind::Kafka {
             let fence = self.takeover_fence_max();
             if let (Some((key, _)), true) = (self.kafka.user_message_timeout(), fence > SLOW_TAKEOVER) {
@@ -348,7 +399,8 @@ fn apply_env_overrides(
                     message: format!("expected a TOML array of table names such as [\"a.outbox\", \"b.outbox\"]: {e}"),
                 })?;
             doc.get("v").cloned().unwrap_or(toml::Value::String(value))
-        } else if section == "outbox" && key == "header_columns" {
+        } else if (section == "outbox" && key == "header_columns") || (section == "cloudevents" && key == "extensions")
+        {
             let doc: toml::Table = format!("v = {value}")
                 .parse()
                 .map_err(|e: toml::de::Error| ConfigError::Env {

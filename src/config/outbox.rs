@@ -46,6 +46,10 @@ pub(crate) struct OutboxSection {
     pub(crate) header_columns: BTreeMap<String, String>,
     /// Transactional `pg_logical_emit_message` events with this prefix are outbox events too.
     pub(crate) message_prefix: Option<String>,
+    /// A text column holding a W3C `traceparent` to pass on.
+    pub(crate) trace_column: Option<String>,
+    /// A text column holding the W3C `tracestate` (only with `trace_column`).
+    pub(crate) tracestate_column: Option<String>,
 }
 
 impl Default for OutboxSection {
@@ -59,6 +63,8 @@ impl Default for OutboxSection {
             timestamp_column: None,
             header_columns: BTreeMap::new(),
             message_prefix: None,
+            trace_column: None,
+            tracestate_column: None,
         }
     }
 }
@@ -110,6 +116,13 @@ pub struct OutboxMapping {
     /// Columns read only for `[debezium]`'s `table.fields.additional.placement`, in placement
     /// order (each once); empty without that section.
     pub(crate) placed: Vec<Ident>,
+    /// The W3C `traceparent` column (`outbox.trace_column`).
+    pub(crate) traceparent: Option<Ident>,
+    /// The W3C `tracestate` column; only with `traceparent`.
+    pub(crate) tracestate: Option<Ident>,
+    /// `[cloudevents]` extension columns, in `CloudEventsSettings::extensions` order; empty
+    /// without that section.
+    pub(crate) extensions: Vec<Ident>,
 }
 
 impl OutboxMapping {
@@ -182,6 +195,15 @@ impl OutboxMapping {
         for col in &self.placed {
             cols.push(("debezium.\"table.fields.additional.placement\"", col));
         }
+        if let Some(col) = &self.traceparent {
+            cols.push(("outbox.trace_column", col));
+        }
+        if let Some(col) = &self.tracestate {
+            cols.push(("outbox.tracestate_column", col));
+        }
+        for col in &self.extensions {
+            cols.push(("cloudevents.extensions", col));
+        }
         cols
     }
 }
@@ -212,6 +234,29 @@ impl OutboxSection {
             }
             p => p,
         };
+        if self.trace_column.is_some() {
+            if let Some((column, header)) = self
+                .header_columns
+                .iter()
+                .find(|(_, h)| h.eq_ignore_ascii_case("traceparent") || h.eq_ignore_ascii_case("tracestate"))
+            {
+                return Err(ConfigError::Invalid {
+                    key: "outbox.header_columns",
+                    message: format!(
+                        "column {column:?} maps to header {header:?}, which outbox.trace_column writes; remove the \
+                         header_columns entry (map the column as trace_column or tracestate_column instead)"
+                    ),
+                });
+            }
+        }
+        if self.tracestate_column.is_some() && self.trace_column.is_none() {
+            return Err(ConfigError::Invalid {
+                key: "outbox.tracestate_column",
+                message: "is set without outbox.trace_column: a tracestate means nothing without its traceparent. \
+                          Set trace_column too, or remove tracestate_column"
+                    .into(),
+            });
+        }
         Ok(OutboxMapping {
             tables: parse_tables(&self.table)?,
             id: col("outbox.id_column", &self.id_column)?,
@@ -226,6 +271,17 @@ impl OutboxSection {
             headers,
             message_prefix,
             placed: Vec::new(),
+            traceparent: self
+                .trace_column
+                .as_deref()
+                .map(|c| col("outbox.trace_column", c))
+                .transpose()?,
+            tracestate: self
+                .tracestate_column
+                .as_deref()
+                .map(|c| col("outbox.tracestate_column", c))
+                .transpose()?,
+            extensions: Vec::new(),
         })
     }
 }

@@ -36,6 +36,7 @@
 //! | `outbox_relay_retention_errors_total{table,kind}` | counter | `[retention]`: failed runs (`kind`: transient, retried next interval; fatal, retention stopped for the table) |
 //! | `outbox_relay_retention_last_run_timestamp_seconds{table}` | gauge | `[retention]`: Unix time of the last successful run on this instance |
 //! | `outbox_relay_retention_paused{table}` | gauge | `[retention]` streaming: 1 while the slot is missing, invalidated or held by no relay (nothing is removed) |
+//! | `outbox_relay_traceparent_invalid_total` | counter | events whose `outbox.trace_column` held a value that is no W3C `traceparent` (published untouched all the same) |
 //! | `outbox_relay_takeover_fence_seconds` | gauge | exactly-once: seconds left of a takeover's wait for the previous holder's queued records to land or expire (0: none) |
 //!
 //! LSNs are exported as numbers (bytes since the start of WAL); `f64` is exact up to 8 PiB.
@@ -75,6 +76,7 @@ pub(crate) const RETENTION_PARTITIONS_DROPPED: &str = "outbox_relay_retention_pa
 pub(crate) const RETENTION_ERRORS: &str = "outbox_relay_retention_errors_total";
 pub(crate) const RETENTION_LAST_RUN: &str = "outbox_relay_retention_last_run_timestamp_seconds";
 pub(crate) const RETENTION_PAUSED: &str = "outbox_relay_retention_paused";
+pub(crate) const TRACEPARENT_INVALID: &str = "outbox_relay_traceparent_invalid_total";
 
 /// The label of the per-outbox-table retention metrics (`schema.name`).
 pub(crate) const TABLE_LABEL: &str = "table";
@@ -86,6 +88,12 @@ pub(crate) const TOPIC_LABEL: &str = "topic";
 pub(crate) const COMMIT_TO_ACK_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
+
+/// Counts an event published with an invalid `traceparent` (every pipeline calls this once per
+/// event it sends whose `OutboxEvent::has_invalid_traceparent` is true).
+pub(crate) fn count_invalid_traceparent() {
+    counter!(TRACEPARENT_INVALID).increment(1);
+}
 
 /// Help texts, and the process-wide series registered up front so a scrape shows them (at 0)
 /// before the first event or reconnect. Call once, after a recorder is installed.
@@ -192,7 +200,12 @@ pub(crate) fn describe() {
         RETENTION_PAUSED,
         "[retention] streaming: 1 while the slot is missing, invalidated or held by no relay (nothing removed)."
     );
+    describe_counter!(
+        TRACEPARENT_INVALID,
+        "Events whose trace column held no valid W3C traceparent (published with the value untouched)."
+    );
     counter!(RECONNECTS).absolute(0);
+    counter!(TRACEPARENT_INVALID).absolute(0);
     gauge!(TAKEOVER_FENCE_SECONDS).set(0.0);
     gauge!(ACTIVE).set(0.0);
     gauge!(IN_FLIGHT_EVENTS).set(0.0);

@@ -11,8 +11,10 @@
 //! | a pending row read by the backfill | `control::backfill` | [`OutboxEvent::from_columns`] |
 //!
 //! and [`OutboxEvent::record`] is the only way to a record: the route-by value goes through the
-//! [`TopicRoute`], the topic is checked against Kafka's rules, the id becomes the first header
-//! (`id`), the extra headers follow in the mapping's order. So the same content gives
+//! [`TopicRoute`](crate::config::outbox::TopicRoute), the topic is checked against Kafka's rules, the id becomes the first header
+//! (`id`), the extra headers follow in the mapping's order, then `traceparent`/`tracestate` from
+//! the trace columns; under `[cloudevents]` value and headers are the CloudEvent's
+//! (`outbox::cloudevents`). So the same content gives
 //! byte-identical records from every source (the unit tests below, and `tests/it/poll.rs`
 //! against a broker).
 //!
@@ -25,12 +27,15 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::config::ident::TableName;
-use crate::config::outbox::{OutboxMapping, TopicRoute};
+use crate::config::outbox::OutboxMapping;
+use crate::config::Settings;
 use crate::outbox::bad_event::BadEvent;
+use crate::outbox::cloudevents;
 use crate::outbox::connect::ConnectLayout;
 use crate::outbox::payload::PayloadFormat;
 use crate::outbox::routing;
 use crate::outbox::timestamp::parse_timestamp_ms;
+use crate::outbox::trace_context;
 use crate::sink::{RecordHeader, SinkLimits, SinkRecord};
 
 /// How a row read with SQL (claimed by the poller, read by the backfill) becomes an event, from
@@ -71,6 +76,19 @@ pub(crate) struct OutboxEvent<'a> {
     /// The outbox table the row was read from (one of `outbox.table`); `None` for a logical
     /// message, which has no table.
     pub(crate) table: Option<Cow<'a, TableName>>,
+    /// How the payload column's text became `payload` (`[cloudevents]` derives the content type
+    /// from it).
+    pub(crate) payload_format: PayloadFormat,
+    /// The transaction's commit time (Unix µs), where the source knows it (the stream); the
+    /// CloudEvents `time` when no timestamp column gives one.
+    pub(crate) commit_time_us: Option<i64>,
+    /// `outbox.trace_column`'s text, as it is (`None`: not configured, or NULL).
+    pub(crate) traceparent: Option<Cow<'a, [u8]>>,
+    /// `outbox.tracestate_column`'s text.
+    pub(crate) tracestate: Option<Cow<'a, [u8]>>,
+    /// `[cloudevents]` extension columns' text, in `CloudEventsSettings::extensions` order
+    /// (`None` = NULL: the attribute is left out).
+    pub(crate) extensions: Vec<Option<Cow<'a, [u8]>>>,
 }
 
 impl<'a> OutboxEvent<'a> {
@@ -79,8 +97,28 @@ impl<'a> OutboxEvent<'a> {
     ///
     /// Under `[debezium]` key, value, placed headers and partition are rendered as Debezium
     /// renders them ([`ConnectLayout::render`]); `header_columns` follow the placed headers.
-    pub(crate) fn record<'r>(&'r self, router: &TopicRoute, limits: &SinkLimits) -> Result<SinkRecord<'r>, BadEvent> {
-        let topic = routing::destination(router, limits, &self.route_value)?;
+    ///
+    /// Under `[cloudevents]` value and headers are the CloudEvent's (`outbox::cloudevents`).
+    /// Otherwise a `traceparent`/`tracestate` from `outbox.trace_column` follow the other
+    /// headers; without a trace column and `[cloudevents]`, nothing is copied.
+    pub(crate) fn record<'r>(
+        &'r self,
+        settings: &'r Settings,
+        limits: &SinkLimits,
+    ) -> Result<SinkRecord<'r>, BadEvent> {
+        let topic = routing::destination(&settings.router, limits, &self.route_value)?;
+        if let Some(ce) = &settings.cloudevents {
+            let rendered = cloudevents::render(self, ce);
+            return Ok(SinkRecord {
+                destination: topic,
+                key: Cow::Borrowed(&self.key),
+                value: rendered.value,
+                event_id: &self.id,
+                timestamp_ms: self.timestamp_ms,
+                headers: Cow::Owned(rendered.headers),
+                partition: None,
+            });
+        }
         let Some(connect) = &self.connect else {
             return Ok(SinkRecord {
                 destination: topic,
@@ -88,7 +126,13 @@ impl<'a> OutboxEvent<'a> {
                 value: self.payload.as_deref().map(Cow::Borrowed),
                 event_id: &self.id,
                 timestamp_ms: self.timestamp_ms,
-                headers: Cow::Borrowed(&self.headers),
+                headers: if self.traceparent.is_none() {
+                    Cow::Borrowed(&self.headers)
+                } else {
+                    let mut headers = self.headers.clone();
+                    self.push_trace_headers(&mut headers);
+                    Cow::Owned(headers)
+                },
                 partition: None,
             });
         };
@@ -99,6 +143,7 @@ impl<'a> OutboxEvent<'a> {
             .map(|(name, value)| (Cow::Owned(name), value.map(Cow::Owned)))
             .collect();
         headers.extend(self.headers.iter().cloned());
+        self.push_trace_headers(&mut headers);
         Ok(SinkRecord {
             destination: topic,
             key: Cow::Owned(rendered.key),
@@ -108,6 +153,30 @@ impl<'a> OutboxEvent<'a> {
             headers: Cow::Owned(headers),
             partition: rendered.partition,
         })
+    }
+
+    /// The W3C `traceparent` and `tracestate` headers of the trace columns, when not NULL.
+    fn push_trace_headers<'r>(&'r self, headers: &mut Vec<RecordHeader<'r>>) {
+        if let Some(tp) = &self.traceparent {
+            headers.push((Cow::Borrowed("traceparent"), Some(Cow::Borrowed(tp))));
+            if let Some(ts) = &self.tracestate {
+                headers.push((Cow::Borrowed("tracestate"), Some(Cow::Borrowed(ts))));
+            }
+        }
+    }
+
+    /// This event with its transaction's commit time (the stream knows it; SQL reads do not).
+    pub(crate) fn with_commit_time(mut self, unix_us: i64) -> Self {
+        self.commit_time_us = Some(unix_us);
+        self
+    }
+
+    /// Whether the trace column holds a value that is no W3C `traceparent`: it is published
+    /// untouched all the same; the caller counts it (`outbox_relay_traceparent_invalid_total`).
+    pub(crate) fn has_invalid_traceparent(&self) -> bool {
+        self.traceparent
+            .as_deref()
+            .is_some_and(|tp| trace_context::check_traceparent(tp).is_err())
     }
 
     /// The same event owning all its values, to outlive its source (a suspect the relay holds
@@ -131,6 +200,15 @@ impl<'a> OutboxEvent<'a> {
                 .collect(),
             connect: self.connect,
             table: self.table.map(|t| Cow::Owned(t.into_owned())),
+            payload_format: self.payload_format,
+            commit_time_us: self.commit_time_us,
+            traceparent: self.traceparent.map(|v| Cow::Owned(v.into_owned())),
+            tracestate: self.tracestate.map(|v| Cow::Owned(v.into_owned())),
+            extensions: self
+                .extensions
+                .into_iter()
+                .map(|v| v.map(|v| Cow::Owned(v.into_owned())))
+                .collect(),
         }
     }
 
@@ -192,6 +270,18 @@ impl<'a> OutboxEvent<'a> {
         let placed = (0..mapping.placed.len())
             .map(|i| value(next + i).map(|v| Cow::Borrowed(v.as_bytes())))
             .collect();
+        next += mapping.placed.len();
+        let mut optional = |configured: bool| {
+            configured.then(|| {
+                next += 1;
+                value(next - 1).map(|v| Cow::Borrowed(v.as_bytes()))
+            })
+        };
+        let traceparent = optional(mapping.traceparent.is_some()).flatten();
+        let tracestate = optional(mapping.tracestate.is_some()).flatten();
+        let extensions = (0..mapping.extensions.len())
+            .map(|i| value(next + i).map(|v| Cow::Borrowed(v.as_bytes())))
+            .collect();
         Ok(OutboxEvent {
             id: Cow::Borrowed(id.as_bytes()),
             key: Cow::Borrowed(key.as_bytes()),
@@ -202,6 +292,11 @@ impl<'a> OutboxEvent<'a> {
             placed,
             connect: connect.cloned(),
             table: Some(Cow::Borrowed(table)),
+            payload_format: format.payload,
+            commit_time_us: None,
+            traceparent,
+            tracestate,
+            extensions,
         })
     }
 
@@ -329,7 +424,7 @@ mod tests {
         let s = settings(FULL);
         let values = ROW.columns();
         let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
-        let record = event.record(&s.router, &LIMITS).unwrap();
+        let record = event.record(&s, &LIMITS).unwrap();
         assert_eq!(record.destination, "order");
         assert_eq!(record.event_id, b"42");
         assert_eq!(&*record.key, b"agg-1");
@@ -363,8 +458,8 @@ mod tests {
         assert_eq!(from_sales.table.as_deref(), Some(sales));
         assert_eq!(from_billing.table.as_deref(), Some(billing));
         assert_eq!(
-            from_sales.record(&s.router, &LIMITS).unwrap(),
-            from_billing.record(&s.router, &LIMITS).unwrap(),
+            from_sales.record(&s, &LIMITS).unwrap(),
+            from_billing.record(&s, &LIMITS).unwrap(),
             "the same content gives the same record whichever table holds it"
         );
         assert_eq!(from_billing.clone().into_owned().table.as_deref(), Some(billing));
@@ -408,13 +503,10 @@ mod tests {
             OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &pending_values, &RowFormat::default()).unwrap();
         assert_eq!(from_wal, polled);
         assert_eq!(from_wal, backfilled);
-        let record = from_wal.record(&s.router, &LIMITS).unwrap();
-        assert_eq!(record, polled.record(&s.router, &LIMITS).unwrap());
-        assert_eq!(record, backfilled.record(&s.router, &LIMITS).unwrap());
-        assert_eq!(
-            record,
-            from_wal.clone().into_owned().record(&s.router, &LIMITS).unwrap()
-        );
+        let record = from_wal.record(&s, &LIMITS).unwrap();
+        assert_eq!(record, polled.record(&s, &LIMITS).unwrap());
+        assert_eq!(record, backfilled.record(&s, &LIMITS).unwrap());
+        assert_eq!(record, from_wal.clone().into_owned().record(&s, &LIMITS).unwrap());
 
         // A message carries no timestamp or headers: compare with a row mapped without them.
         let plain = settings("[route]\ntopic_regex = '^(?<routedByValue>[^.]+)\\..*$'\n");
@@ -435,10 +527,84 @@ mod tests {
         let values = [Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")];
         let polled =
             OutboxEvent::from_columns(&plain.outbox, &plain.outbox.tables[0], &values, &RowFormat::default()).unwrap();
-        let record = message.record(&plain.router, &LIMITS).unwrap();
+        let record = message.record(&plain, &LIMITS).unwrap();
         assert_eq!(record.destination, "order");
-        assert_eq!(record, from_wal.record(&plain.router, &LIMITS).unwrap());
-        assert_eq!(record, polled.record(&plain.router, &LIMITS).unwrap());
+        assert_eq!(record, from_wal.record(&plain, &LIMITS).unwrap());
+        assert_eq!(record, polled.record(&plain, &LIMITS).unwrap());
+    }
+
+    #[test]
+    fn trace_and_extension_columns_are_read_alike_from_every_source() {
+        const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        for ce in ["", "[cloudevents]\nextensions = { tenant = \"tenant\" }\n"] {
+            let s = settings(&format!(
+                "[outbox]\ntrace_column = \"tp\"\ntracestate_column = \"ts\"\nheader_columns = {{ h = \"x-h\" }}\n{ce}"
+            ));
+            // pgoutput's order differs from the mapping's.
+            let mut names = vec!["ts", "payload", "tp", "id", "h", "type", "aggregate_id"];
+            let mut streamed = vec![
+                Some("st=1"),
+                Some("{}"),
+                Some(TP),
+                Some("1"),
+                Some("hv"),
+                Some("t"),
+                Some("k"),
+            ];
+            let mut polled = vec![
+                Some("1"),
+                Some("k"),
+                Some("t"),
+                Some("{}"),
+                Some("hv"),
+                Some(TP),
+                Some("st=1"),
+            ];
+            if !ce.is_empty() {
+                names.insert(0, "tenant");
+                streamed.insert(0, Some("acme"));
+                polled.push(Some("acme"));
+            }
+            let table = relation(&names);
+            let layout =
+                OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+            let row = tuple(&streamed);
+            let from_wal = layout.extract(&table, &row).unwrap();
+            let from_sql =
+                OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &polled, &RowFormat::default()).unwrap();
+            assert_eq!(from_wal, from_sql);
+            assert_eq!(from_wal.traceparent.as_deref(), Some(TP.as_bytes()));
+            assert_eq!(from_wal.tracestate.as_deref(), Some(&b"st=1"[..]));
+            assert!(!from_wal.has_invalid_traceparent());
+            let record = from_wal.record(&s, &LIMITS).unwrap();
+            assert_eq!(record, from_sql.record(&s, &LIMITS).unwrap());
+            let names: Vec<&str> = record.headers.iter().map(|(n, _)| &**n).collect();
+            if ce.is_empty() {
+                assert_eq!(names, ["x-h", "traceparent", "tracestate"]);
+            } else {
+                assert!(
+                    names.contains(&"ce_traceparent") && names.contains(&"ce_tenant"),
+                    "{names:?}"
+                );
+                assert!(
+                    !names.contains(&"traceparent"),
+                    "binary mode names it ce_traceparent: {names:?}"
+                );
+            }
+        }
+        // A NULL trace column gives no header; a malformed one is kept as it is, and flagged.
+        let s = settings("[outbox]\ntrace_column = \"tp\"\n");
+        let null = [Some("1"), Some("k"), Some("t"), Some("{}"), None];
+        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &null, &RowFormat::default()).unwrap();
+        assert!(matches!(event.record(&s, &LIMITS).unwrap().headers, Cow::Borrowed([])));
+        assert!(!event.has_invalid_traceparent());
+        let bad = [Some("1"), Some("k"), Some("t"), Some("{}"), Some("00-zz")];
+        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &bad, &RowFormat::default()).unwrap();
+        assert!(event.has_invalid_traceparent());
+        assert_eq!(
+            event.record(&s, &LIMITS).unwrap().headers.as_ref(),
+            [(Cow::Borrowed("traceparent"), Some(Cow::Borrowed(&b"00-zz"[..])))]
+        );
     }
 
     #[test]
@@ -466,7 +632,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(
-            record.record(&default.router, &LIMITS).unwrap().destination,
+            record.record(&default, &LIMITS).unwrap().destination,
             Cow::Borrowed("t")
         ));
     }
@@ -491,10 +657,7 @@ mod tests {
         let values = [Some("8"), Some("k"), Some("has space"), Some("{}")];
         let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
         assert_eq!(OutboxEvent::id_of_columns(&values), "8");
-        assert!(matches!(
-            event.record(&s.router, &LIMITS).unwrap_err(),
-            BadEvent::Topic(_)
-        ));
+        assert!(matches!(event.record(&s, &LIMITS).unwrap_err(), BadEvent::Topic(_)));
     }
 
     #[test]
@@ -574,10 +737,7 @@ mod tests {
             let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
             let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &BYTEA_ROWS).unwrap();
             assert_eq!(streamed, polled);
-            assert_eq!(
-                streamed.record(&s.router, &LIMITS).unwrap().value.as_deref(),
-                Some(&bytes[..])
-            );
+            assert_eq!(streamed.record(&s, &LIMITS).unwrap().value.as_deref(), Some(&bytes[..]));
         }
         // A domain the session does not know of, and text types, pass the text unchanged.
         let table = typed_payload(DOMAIN_OID);
@@ -634,7 +794,7 @@ mod tests {
             let from_wal = layout.extract(&table, &streamed).unwrap();
             let values = row.columns();
             let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
-            prop_assert_eq!(from_wal.record(&s.router, &LIMITS).unwrap(), polled.record(&s.router, &LIMITS).unwrap());
+            prop_assert_eq!(from_wal.record(&s, &LIMITS).unwrap(), polled.record(&s, &LIMITS).unwrap());
             prop_assert_eq!(from_wal.timestamp_ms.is_some(), created_at.is_some());
         }
     }

@@ -42,6 +42,11 @@ pub(crate) struct OutboxLayout {
     headers: Vec<(usize, String)>,
     /// `[debezium]` placed columns, in `OutboxMapping::placed` order.
     placed: Vec<usize>,
+    /// `outbox.trace_column` and `outbox.tracestate_column`.
+    traceparent: Option<usize>,
+    tracestate: Option<usize>,
+    /// `[cloudevents]` extension columns, in `OutboxMapping::extensions` order.
+    extensions: Vec<usize>,
     /// `[debezium]`: the table's record format, shared by its events.
     connect: Option<Arc<ConnectLayout>>,
 }
@@ -155,6 +160,21 @@ impl OutboxLayout {
             headers,
             placed,
             connect,
+            traceparent: mapping
+                .traceparent
+                .as_ref()
+                .map(|c| find(c, "outbox.trace_column"))
+                .transpose()?,
+            tracestate: mapping
+                .tracestate
+                .as_ref()
+                .map(|c| find(c, "outbox.tracestate_column"))
+                .transpose()?,
+            extensions: mapping
+                .extensions
+                .iter()
+                .map(|c| find(c, "cloudevents.extensions"))
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -221,6 +241,16 @@ impl OutboxLayout {
         for idx in &self.placed {
             placed.push(text(*idx, "header")?.map(Cow::Borrowed));
         }
+        let optional = |idx: Option<usize>| match idx {
+            Some(idx) => text(idx, "header").map(|v| v.map(Cow::Borrowed)),
+            None => Ok(None),
+        };
+        let traceparent = optional(self.traceparent)?;
+        let tracestate = optional(self.tracestate)?;
+        let mut extensions = Vec::with_capacity(self.extensions.len());
+        for idx in &self.extensions {
+            extensions.push(text(*idx, "header")?.map(Cow::Borrowed));
+        }
         Ok(OutboxEvent {
             id: Cow::Borrowed(id),
             key: Cow::Borrowed(key),
@@ -231,6 +261,11 @@ impl OutboxLayout {
             placed,
             connect: self.connect.clone(),
             table: Some(Cow::Borrowed(&self.table)),
+            payload_format: self.payload_format,
+            commit_time_us: None,
+            traceparent,
+            tracestate,
+            extensions,
         })
     }
 

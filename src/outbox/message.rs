@@ -83,6 +83,12 @@ impl<'a> OutboxEvent<'a> {
             // Debezium has no outbox records of logical messages: they keep the plain format.
             connect: None,
             table: None,
+            payload_format: crate::outbox::payload::PayloadFormat::Text,
+            commit_time_us: None,
+            // A message has no columns: no trace context, no extensions.
+            traceparent: None,
+            tracestate: None,
+            extensions: Vec::new(),
         })
     }
 }

@@ -8,6 +8,8 @@
 //! - [`timestamp`]: the record timestamp from the timestamp column's text;
 //! - [`routing`]: the destination of an event (the configured `[route]` rule, then the sink's
 //!   name rule);
+//! - [`cloudevents`]: the record as a CloudEvent 1.0 (`[cloudevents]`, binary or structured);
+//! - [`trace_context`]: whether a W3C `traceparent` from `outbox.trace_column` is well formed;
 //! - [`bad_event`]: [`bad_event::BadEvent`], why an event cannot be published, and its dead letter;
 //! - [`connect`]: the record in Debezium's format (`[debezium]`: Connect schemas, converters,
 //!   the EventRouter's expansion and placements).
@@ -16,6 +18,7 @@
 //! only the interface (`crate::sink`), never a broker's adapter.
 
 pub(crate) mod bad_event;
+pub(crate) mod cloudevents;
 pub(crate) mod connect;
 pub(crate) mod event;
 pub(crate) mod layout;
@@ -23,3 +26,4 @@ pub(crate) mod message;
 pub(crate) mod payload;
 pub(crate) mod routing;
 pub(crate) mod timestamp;
+pub(crate) mod trace_context;

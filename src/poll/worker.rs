@@ -268,7 +268,10 @@ async fn publish_and_await(
             cause,
         };
         let event = OutboxEvent::from_columns(&settings.outbox, &sql.table, &values, &sql.rows).map_err(bad)?;
-        let record = event.record(&settings.router, &limits).map_err(bad)?;
+        let record = event.record(settings, &limits).map_err(bad)?;
+        if event.has_invalid_traceparent() {
+            crate::ops::metrics::count_invalid_traceparent();
+        }
         if let Err(refusal) = publisher.send(
             &record,
             &[],

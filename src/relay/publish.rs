@@ -44,6 +44,7 @@ impl StreamState<'_> {
                 // Borrows from the cached layout and the decoded row: no copies on the way to the sink.
                 match layout.extract(&relation.relation, row) {
                     Ok(event) => {
+                        let event = event.with_commit_time(txn.commit_time_unix_us);
                         // Rendered (and the key copied) only for a dead letter or a suspect.
                         let raw = || {
                             let key = Some(Bytes::copy_from_slice(&event.key));
@@ -62,7 +63,7 @@ impl StreamState<'_> {
                 let prefix = self.settings.outbox.message_prefix.as_deref().unwrap_or_default();
                 let raw = || RawEvent::message(prefix, message.content.clone());
                 match OutboxEvent::from_message(&message.content) {
-                    Ok(event) => self.publish(txn, &event, raw),
+                    Ok(event) => self.publish(txn, &event.with_commit_time(txn.commit_time_unix_us), raw),
                     Err(cause) => {
                         let id = best_effort_id(&message.content);
                         self.bad_event(txn, id.as_bytes(), cause, &raw(), true)
@@ -80,7 +81,7 @@ impl StreamState<'_> {
         raw: impl FnOnce() -> RawEvent,
     ) -> Result<Published, RelayError> {
         let settings = self.settings;
-        let record = match event.record(&settings.router, &self.limits) {
+        let record = match event.record(settings, &self.limits) {
             Ok(record) => record,
             Err(cause) => return self.bad_event(txn, &event.id, cause, &raw(), true),
         };
@@ -100,6 +101,10 @@ impl StreamState<'_> {
             Verdict::Send => {}
             Verdict::Skip => return Ok(Published::Done),
             Verdict::Wait => return Ok(Published::Wait),
+        }
+        // Counted once per event the stream sends (not when it waits, or skips a replay).
+        if event.has_invalid_traceparent() {
+            crate::ops::metrics::count_invalid_traceparent();
         }
         if let Some(earlier) = self.suspects.get(txn.event) {
             self.phase = Phase::Holding(Held {
@@ -296,7 +301,7 @@ impl StreamState<'_> {
             "sending alone an event Kafka refused earlier, to tell whether it is the bad one"
         );
         let settings = self.settings;
-        let record = match held.event.record(&settings.router, &self.limits) {
+        let record = match held.event.record(settings, &self.limits) {
             Ok(record) => record,
             // It was routed before it was held, and routing depends on nothing else.
             Err(cause) => {

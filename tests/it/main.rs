@@ -6,6 +6,7 @@
 //! workloads, checks, fault helpers — lives under `harness/`, and no suite imports another.
 
 mod backfill;
+mod cloudevents;
 mod control_plane;
 mod debezium;
 mod debezium_slot;

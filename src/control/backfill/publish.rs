@@ -72,7 +72,10 @@ impl<'s> BackfillPublisher<'s> {
             cause,
         };
         let event = OutboxEvent::from_columns(&self.settings.outbox, table, &values, format).map_err(bad)?;
-        let record = event.record(&self.settings.router, &self.limits).map_err(bad)?;
+        let record = event.record(self.settings, &self.limits).map_err(bad)?;
+        if event.has_invalid_traceparent() {
+            crate::ops::metrics::count_invalid_traceparent();
+        }
         let bytes = record.size();
         if let Err(refusal) = self.publisher.send(&record, &[], None, Box::new(BackfillTag { bytes })) {
             if refusal.failure.is_refusal() {

@@ -125,7 +125,7 @@ const NO_COUNTERPART: &[(Scope, &str, &str)] = &[
     (Scope::Router, "table.fields.additional.error.on.missing", "always an error: setup and run refuse a mapped column that does not exist, naming the table's columns"),
     (Scope::Router, "table.op.invalid.behavior", "updates and deletes of the outbox are not even decoded (the publication publishes inserts only)"),
     (Scope::Router, "debezium.op.invalid.behavior", "updates and deletes of the outbox are not even decoded (the publication publishes inserts only)"),
-    (Scope::Router, "tracing.", "no OpenTracing spans are created; forward the stored context as a header instead, e.g. outbox.header_columns = { tracingspancontext = \"traceparent\" }"),
+    (Scope::Router, "tracing.", "no spans are created (an OTLP exporter is planned); the relay forwards a W3C traceparent column instead: outbox.trace_column = \"traceparent\" (a text column holding 00-<trace-id>-<parent-id>-<flags>, not a serialized java.util.Properties), see docs/migrating-from-debezium.md"),
     (Scope::Router, "predicate", "the relay reads the outbox table only"),
     (Scope::Router, "negate", "the relay reads the outbox table only"),
 ];

@@ -331,7 +331,8 @@ fn legacy_event_router_names_are_understood() {
              transforms.outbox.table.field.payload.id=aggregate_key\n\
              transforms.outbox.table.field.event.type=event_type\n\
              transforms.outbox.table.field.schema.version=schema_version\n\
-             transforms.outbox.debezium.op.invalid.behavior=fatal\n",
+             transforms.outbox.debezium.op.invalid.behavior=fatal\n\
+             transforms.outbox.tracing.span.context.field=tracingspancontext\n",
         )
         .replace("table.include.list=public.outbox\n", ""),
     );
@@ -350,6 +351,7 @@ fn legacy_event_router_names_are_understood() {
     let notes = not_carried_over(&out);
     assert!(listed(&notes, "transforms.outbox.table.field.schema.version").contains("Connect schema versions"));
     assert!(listed(&notes, "transforms.outbox.debezium.op.invalid.behavior").contains("not even decoded"));
+    assert!(listed(&notes, "transforms.outbox.tracing.span.context.field").contains("outbox.trace_column"));
     assert!(
         !notes
             .iter()
