@@ -239,7 +239,7 @@ impl StreamState<'_> {
                 "the broker refused the suspect event again on its own: it is a bad event"
             );
             // Decided: the sink publishes the key's records again (its dead letter first).
-            if let Ok(record) = held.event.record(&self.settings.router, &self.limits) {
+            if let Ok(record) = held.event.record(self.settings, &self.limits) {
                 self.publisher.release(&record.key);
             }
             let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause);
