@@ -467,3 +467,100 @@ async fn with_its_default_interval_retention_removes_published_rows_and_keeps_th
     kafka.all_brokers_up();
     stop(relay).await;
 }
+
+/// Poll mode, partitions: a partition holding a row the poller has not dispatched (broker down)
+/// is never dropped, however old; once the poller dispatched every row in it, it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
+    let kafka = MockKafka::new(1);
+    // A cluster of its own, as `poll_mode_deletes_only_dispatched_rows` says why.
+    let Some(pg) = PgCluster::start_dedicated(&[]).await else {
+        return;
+    };
+    let db = unique_name("retpollpart");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    client
+        .batch_execute(
+            "CREATE TABLE events_outbox (
+                id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL, payload jsonb NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+                PRIMARY KEY (id, created_at)
+             ) PARTITION BY RANGE (created_at);
+             CREATE TABLE events_outbox_default PARTITION OF events_outbox DEFAULT;",
+        )
+        .await
+        .expect("partitioned outbox");
+    let config = with_retention(
+        RelayConfig::for_schema(OutboxSchema::A, &pg.url(&db), &kafka.bootstrap_servers()),
+        "partitions",
+    )
+    .set("retention", "keep", "2s")
+    .set("retention", "partition_width", "2s")
+    .set("retention", "partitions_ahead", 4)
+    .set("retention", "lock_timeout", "200ms")
+    .set("poll", "interval_ms", 50);
+    let out = run_cmd(&["setup", "--poll"], &config).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    kafka.all_brokers_down();
+    let poller = RelayProcess::poll(&config);
+    assert!(
+        poller.wait_for_log("polling started", Duration::from_secs(30)).await,
+        "{}",
+        poller.log_text()
+    );
+    // Partitions ahead exist before the rows come, so they land in a ranged partition.
+    assert!(
+        wait_until(Duration::from_secs(30), Duration::from_millis(200), || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_inherits WHERE inhparent = 'events_outbox'::regclass",
+                    &[],
+                )
+                .await
+                .expect("partitions")
+                .get::<_, i64>(0)
+                >= 4
+        })
+        .await,
+        "no partitions created ahead:\n{}",
+        poller.log_text()
+    );
+    let pending = insert_rows(&client, 10, 0).await;
+    let in_default: i64 = client
+        .query_one("SELECT count(*) FROM ONLY events_outbox_default", &[])
+        .await
+        .expect("default count")
+        .get(0);
+    assert_eq!(in_default, 0, "the rows belong to a ranged partition");
+    // Past keep + width several times over, the broker still down: nothing may go.
+    assert_all_stay(
+        &client,
+        &pending,
+        Duration::from_secs(8),
+        "undispatched rows, broker down",
+    )
+    .await;
+    assert!(
+        !poller.log_text().contains("retention dropped a partition"),
+        "a partition was dropped while it held undispatched rows:\n{}",
+        poller.log_text()
+    );
+
+    kafka.all_brokers_up();
+    assert_delivered(&delivered_ids(&kafka, pending.len()).await, &pending, "pending rows");
+    wait_all_removed(&client, &pending, "rows dispatched after the outage", &poller).await;
+    assert!(
+        poller.log_text().contains("retention dropped a partition"),
+        "{}",
+        poller.log_text()
+    );
+    let default_kept: bool = client
+        .query_one("SELECT to_regclass('events_outbox_default') IS NOT NULL", &[])
+        .await
+        .expect("default")
+        .get(0);
+    assert!(default_kept, "the default partition was dropped");
+    stop(poller).await;
+}
