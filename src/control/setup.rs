@@ -124,6 +124,11 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
     let mut notices = Vec::new();
     let publication = ensure_publication(&client, &preflight, &mut notices).await?;
     let slot = ensure_slot(&client, &preflight).await?;
+    if matches!(slot, SlotOutcome::Created { .. }) {
+        // Rows committed before the new slot were not streamed by it: retention must not take
+        // its position for theirs (a slot lost and re-created).
+        notices.extend(crate::retention::note_slot_created(&client, settings, false).await);
+    }
     ensure_failover(settings, &preflight, &slot, &mut notices).await?;
     // Re-check with both objects in place: a concurrent setup may have created them differently.
     let preflight = super::preflight(&client, settings).await?;

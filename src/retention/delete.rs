@@ -48,11 +48,16 @@ pub(crate) struct Snapshot {
     pub(crate) full: bool,
 }
 
-/// `SELECT` of up to `limit` ids of rows older than `keep`, oldest first.
+/// `SELECT` of up to `limit` ids of rows older than `keep` (and not older than the slot, when
+/// `setup` created it without a backfill: [`Target::not_before_unix`]), oldest first.
 pub(crate) fn candidates_sql(target: &Target, limit: usize) -> String {
+    let not_before = target
+        .not_before_unix
+        .map(|t| format!(" AND {} >= to_timestamp({t})", target.timestamp.quoted()))
+        .unwrap_or_default();
     format!(
-        "SELECT {id}::text, EXTRACT(EPOCH FROM {ts})::float8 FROM {t} WHERE {ts} < now() - interval '{ms} milliseconds' \
-         ORDER BY {ts} LIMIT {limit}",
+        "SELECT {id}::text, EXTRACT(EPOCH FROM {ts})::float8 FROM {t} WHERE {ts} < now() - interval '{ms} milliseconds'\
+         {not_before} ORDER BY {ts} LIMIT {limit}",
         id = target.id.quoted(),
         ts = target.timestamp.quoted(),
         t = target.table.quoted(),

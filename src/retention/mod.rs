@@ -70,6 +70,35 @@ pub(crate) struct Target {
     pub(crate) id_type: String,
     pub(crate) timestamp: Ident,
     pub(crate) keep_ms: u128,
+    /// Streaming: rows whose timestamp is older than this (Unix seconds) were committed before
+    /// `setup` created the slot without a backfill, so the slot never streamed them and they
+    /// are never removed (`record::slot_created_at`). Read at every run.
+    pub(crate) not_before_unix: Option<f64>,
+}
+
+/// `setup` created the slot (`backfilled`: with `--backfill`): notes it beside every outbox
+/// table for retention ([`record::note_slot_created`]) when `[retention]` is configured or its
+/// record table exists. Returns what the setup report should say if it could not.
+pub(crate) async fn note_slot_created(client: &Client, settings: &Settings, backfilled: bool) -> Vec<String> {
+    let mut notices = Vec::new();
+    let slot = settings.postgres.slot.as_str();
+    for table in &settings.outbox.tables {
+        let known = settings.retention.is_some()
+            || client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&record::record_table(table)])
+                .await
+                .is_ok_and(|r| r.get::<_, bool>(0));
+        if !known {
+            continue;
+        }
+        if let Err(e) = record::note_slot_created(client, table, slot, backfilled).await {
+            notices.push(format!(
+                "could not note the new slot for retention beside {table} ({e}): retention will take rows older \
+                 than the slot for published; grant CREATE on the schema and run setup again before enabling it"
+            ));
+        }
+    }
+    notices
 }
 
 /// Stops retention when dropped.
@@ -114,6 +143,8 @@ struct TableState {
     failing: Option<String>,
     /// Stopped by a fatal error: an operator must act, then restart.
     stopped: bool,
+    /// Whether the "slot created by setup without a backfill" warning was logged.
+    not_before_said: bool,
 }
 
 struct Retention {
@@ -280,6 +311,7 @@ impl Retention {
             id_type,
             timestamp,
             keep_ms,
+            not_before_unix: None,
         };
         if mode == RetentionMode::Partitions {
             partitions::check(client, &target).await?;
@@ -303,7 +335,10 @@ impl Retention {
         table: &TableName,
         stop: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<(), RetentionError> {
-        let target = self.target(table).await?;
+        let mut target = self.target(table).await?;
+        if self.source == Source::Stream {
+            target.not_before_unix = self.slot_not_before(table).await?;
+        }
         let removed = match (self.config.mode, self.source.clone()) {
             (RetentionMode::Delete, Source::Stream) => self.delete_streamed(&target, stop).await?,
             (RetentionMode::Delete, Source::Poll { dispatched }) => {
@@ -332,6 +367,27 @@ impl Retention {
             }
         }
         Ok(())
+    }
+
+    /// When `setup` created the slot without a backfill (see [`Target::not_before_unix`]),
+    /// logged once per table.
+    async fn slot_not_before(&mut self, table: &TableName) -> Result<Option<f64>, RetentionError> {
+        let slot = self.settings.postgres.slot.clone();
+        let client = self.connect().await?;
+        let since = record::slot_created_at(client, table, slot.as_str()).await?;
+        let state = self.tables.entry(record::key(table)).or_default();
+        if since.is_some() && !state.not_before_said {
+            warn!(
+                table = %table,
+                slot = %slot,
+                "`setup` created this slot without --backfill: rows older than its creation were never streamed by it, \
+                 so retention keeps them (they may be unpublished, e.g. after the slot was lost and re-created). \
+                 Publish them with `setup --backfill` on a new slot, or delete them yourself once you know they are \
+                 published (docs/operations.md, \"A re-created slot\")"
+            );
+            state.not_before_said = true;
+        }
+        Ok(since)
     }
 
     /// The gate, with its closing and reopening logged once each.

@@ -201,7 +201,17 @@ pub(crate) async fn detach_oldest(
     dispatched: Option<&Ident>,
 ) -> Result<Option<Detached>, RetentionError> {
     let partitions = list(client, target).await?;
-    let Some(oldest) = partitions.into_iter().find(|p| p.expired && p.bound != "DEFAULT") else {
+    // Streaming after `setup` created the slot without a backfill: only partitions wholly after
+    // its creation (`Target::not_before_unix`).
+    let after_slot = |p: &Partition| match (target.not_before_unix, p.lower) {
+        (Some(t), Some(lower)) => lower >= t,
+        (Some(_), None) => false,
+        (None, _) => true,
+    };
+    let Some(oldest) = partitions
+        .into_iter()
+        .find(|p| p.expired && p.bound != "DEFAULT" && after_slot(p))
+    else {
         return Ok(None);
     };
     if let Some(d) = dispatched {

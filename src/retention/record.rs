@@ -3,7 +3,9 @@
 //!
 //! It also holds the partition detached and waiting to be dropped, so a restart between the
 //! detach and the drop finishes the job (or attaches the partition again) instead of leaving a
-//! stray table behind. The record is bookkeeping: if it cannot be created (no `CREATE` on the
+//! stray table behind; and when `setup` created the slot without `--backfill`
+//! ([`note_slot_created`]): rows older than that were never streamed by this slot, so its
+//! confirmed position says nothing about them ([`slot_created_at`]). The record is bookkeeping: if it cannot be created (no `CREATE` on the
 //! schema) retention still works, `status` just cannot say what it removed.
 
 use tokio_postgres::Client;
@@ -37,7 +39,7 @@ pub(crate) fn key(table: &TableName) -> String {
 /// Creates the record table if it is missing.
 pub(crate) async fn ensure(client: &Client, table: &TableName) -> Result<(), RetentionError> {
     let sql = format!(
-        "CREATE TABLE IF NOT EXISTS {} (
+        "CREATE TABLE IF NOT EXISTS {t} (
             outbox_table text PRIMARY KEY,
             last_run_at timestamptz,
             last_removed_at timestamptz,
@@ -48,13 +50,73 @@ pub(crate) async fn ensure(client: &Client, table: &TableName) -> Result<(), Ret
             detached_partition text,
             detached_bound text,
             detached_lsn pg_lsn
-        )",
-        record_table(table)
+        );
+        ALTER TABLE {t} ADD COLUMN IF NOT EXISTS slot_name text,
+                        ADD COLUMN IF NOT EXISTS slot_created_at timestamptz,
+                        ADD COLUMN IF NOT EXISTS slot_backfilled boolean",
+        t = record_table(table)
     );
     client
         .batch_execute(&sql)
         .await
         .map_err(RetentionError::query(table, "creating the retention record table"))
+}
+
+/// `setup` created `slot`: rows of `table` older than now were committed before the slot's
+/// consistent point (creating a logical slot waits for the transactions running then), so the
+/// slot never streamed them. `backfilled`: `setup --backfill` published the pending ones from
+/// the slot's snapshot, so the slot's position vouches for every row again.
+pub(crate) async fn note_slot_created(
+    client: &Client,
+    table: &TableName,
+    slot: &str,
+    backfilled: bool,
+) -> Result<(), RetentionError> {
+    ensure(client, table).await?;
+    let sql = format!(
+        "INSERT INTO {t} AS r (outbox_table, slot_name, slot_created_at, slot_backfilled)
+         VALUES ($1::text, $2::text, now(), $3)
+         ON CONFLICT (outbox_table) DO UPDATE SET
+            slot_name = EXCLUDED.slot_name, slot_created_at = EXCLUDED.slot_created_at,
+            slot_backfilled = EXCLUDED.slot_backfilled",
+        t = record_table(table)
+    );
+    client
+        .execute(&sql, &[&key(table), &slot, &backfilled])
+        .await
+        .map(drop)
+        .map_err(RetentionError::query(table, "recording the slot setup created"))
+}
+
+/// When `setup` created `slot` without a backfill (Unix seconds): rows of `table` older than
+/// that are not vouched for by the slot. `None`: no such record (an adopted slot, a backfilled
+/// one, or no record table).
+pub(crate) async fn slot_created_at(
+    client: &Client,
+    table: &TableName,
+    slot: &str,
+) -> Result<Option<f64>, RetentionError> {
+    let sql = format!(
+        "SELECT EXTRACT(EPOCH FROM slot_created_at)::float8 FROM {t}
+          WHERE outbox_table = $1 AND slot_name = $2 AND slot_created_at IS NOT NULL
+            AND NOT coalesce(slot_backfilled, false)",
+        t = record_table(table)
+    );
+    // The record table may be missing (never created): nothing recorded then.
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&record_table(table)])
+        .await
+        .map_err(RetentionError::query(table, "looking for the retention record table"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    ensure(client, table).await?;
+    Ok(client
+        .query_opt(&sql, &[&key(table), &slot])
+        .await
+        .map_err(RetentionError::query(table, "reading when setup created the slot"))?
+        .map(|r| r.get(0)))
 }
 
 /// One run's outcome.

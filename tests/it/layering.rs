@@ -27,7 +27,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "control",
-        &["config", "failpoints", "postgres", "sink", "ops", "outbox"],
+        &["config", "failpoints", "postgres", "sink", "ops", "outbox", "retention"],
     ),
     (
         "poll",

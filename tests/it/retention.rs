@@ -564,3 +564,41 @@ async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
     assert!(default_kept, "the default partition was dropped");
     stop(poller).await;
 }
+
+/// The slot lost and re-created by `setup` (without `--backfill`): rows committed while it was
+/// missing were never streamed, and the new slot's position says nothing about them, so
+/// retention keeps them; rows committed after the new slot are published and removed as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_re_created_by_setup_does_not_vouch_for_older_rows() {
+    let kafka = MockKafka::new(1);
+    let (_db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let config = with_retention(config, "delete");
+    let relay = RelayProcess::run_streaming(&config).await;
+    let before = insert_rows(&client, 5, 0).await;
+    assert_delivered(&delivered_ids(&kafka, before.len()).await, &before, "before the loss");
+    wait_all_removed(&client, &before, "published before the loss", &relay).await;
+    stop(relay).await;
+
+    // The slot is lost while nothing streams; rows keep coming.
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&config.slot])
+        .await
+        .expect("drop the slot");
+    let gap = insert_rows(&client, 5, 0).await;
+    // The operator's usual recovery: setup again, then run.
+    setup(&config).await;
+    let relay = RelayProcess::run_streaming(&config).await;
+    let after = insert_rows(&client, 5, 0).await;
+    assert_delivered(
+        &delivered_ids(&kafka, before.len() + after.len()).await,
+        &after,
+        "after the new slot",
+    );
+    wait_all_removed(&client, &after, "published by the new slot", &relay).await;
+    assert_all_stay(&client, &gap, SEVERAL_RUNS, "committed while the slot was missing").await;
+    let log = stop(relay).await;
+    assert!(
+        log.contains("without --backfill") && log.contains("retention keeps them"),
+        "{log}"
+    );
+}

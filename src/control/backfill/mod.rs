@@ -192,6 +192,8 @@ pub(crate) async fn setup_with_backfill(
     repl.close().await;
     info!(%slot, published, "backfill complete");
 
+    // The pending rows are published now: the slot vouches for every row again.
+    notices.extend(crate::retention::note_slot_created(&client, settings, true).await);
     let after = preflight(&client, settings).await?;
     Ok(BackfillReport {
         setup: SetupReport {
