@@ -52,8 +52,10 @@ pub(crate) struct RetentionSection {
 fn default_interval() -> String {
     "1m".into()
 }
+/// Small enough that the walsender decodes one batch's delete WAL in milliseconds (the stream
+/// waits behind it: docs/benchmarks.md, "Retention").
 fn default_batch_size() -> u64 {
-    5_000
+    1_000
 }
 fn default_lock_timeout() -> String {
     "1s".into()
@@ -319,7 +321,7 @@ mod tests {
         assert_eq!(r.mode, RetentionMode::Delete);
         assert_eq!(r.keep, Duration::from_secs(7 * 86_400));
         assert_eq!(r.interval, Duration::from_secs(60));
-        assert_eq!(r.batch_size, 5_000);
+        assert_eq!(r.batch_size, 1_000);
         assert_eq!(r.lock_timeout, Duration::from_secs(1));
         assert_eq!(r.statement_timeout, Duration::from_secs(30));
         assert_eq!(r.partition_width, Duration::from_secs(86_400));

@@ -15,9 +15,9 @@
 //! although it publishes none of them. Deleting at the server's pace put the stream seconds
 //! behind (docs/benchmarks.md, "Retention"), so after each batch [`delete_ids`] waits until the
 //! slot's walsender has decoded past the batch's commit (`pg_stat_replication.sent_lsn`) before
-//! the next one: the stream is never more than one batch behind because of retention. Where the
-//! role may not read `sent_lsn` (it needs `pg_read_all_stats`), it falls back to resting as long
-//! as each statement took, and says so once.
+//! the next one: the stream is never more than one batch behind because of retention. Then it
+//! rests as long as the statement took. Where the role may not read `sent_lsn` (it needs
+//! `pg_read_all_stats`), only the rest remains, and it says so once.
 //!
 //! Polling: the poller sets the dispatched column only after the broker acknowledged, so rows
 //! with it set are published; they are deleted directly, skipping rows a claim has locked.
@@ -201,11 +201,11 @@ pub(crate) async fn delete_ids(
         removed.rows += n;
         record_rows(target, n);
         pace = decoded_past_now(client, target, slot).await?;
-        match pace {
-            Pace::Decoded => {}
-            Pace::Behind => break,
-            Pace::Unknown => rest_after(started).await,
+        if pace == Pace::Behind {
+            break;
         }
+        // The writers and the server's other work get as much time as the statement took.
+        rest_after(started).await;
     }
     removed.through_unix = snapshot.newest_unix;
     Ok((removed, pace))
@@ -264,7 +264,7 @@ const MAX_REST: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Rests as long as the statement that started at `started` took (at most [`MAX_REST`]): a
 /// backlog is removed at half the pace the server could take, and the other half is left to
-/// the writers (and, streaming without a visible `sent_lsn`, to the walsender).
+/// the writers and, streaming, to the walsender.
 async fn rest_after(started: std::time::Instant) {
     tokio::time::sleep(started.elapsed().min(MAX_REST)).await;
 }
