@@ -43,6 +43,9 @@ pub(crate) struct SlotRow {
     pub(crate) safe_wal_size: Option<i64>,
     /// PostgreSQL 17+: why the slot was invalidated.
     pub(crate) invalidation_reason: Option<String>,
+    /// PostgreSQL 16+: the slot was invalidated by a recovery conflict (on a standby, rows or
+    /// catalog it needed were removed by the primary); 16 has no `invalidation_reason` to say so.
+    pub(crate) conflicting: Option<bool>,
     /// PostgreSQL 17+: a failover slot, synchronized to standbys with `sync_replication_slots`
     /// (`None` before 17).
     pub(crate) failover: Option<bool>,
@@ -63,6 +66,13 @@ impl SlotRow {
     pub(crate) fn invalidated(&self) -> Option<String> {
         if let Some(reason) = &self.invalidation_reason {
             return Some(format!("invalidation_reason = {reason}"));
+        }
+        if self.conflicting == Some(true) {
+            return Some(
+                "conflicting = true: invalidated by a recovery conflict (the primary removed rows or catalog \
+                 entries it needed)"
+                    .into(),
+            );
         }
         (self.wal_status.as_deref() == Some("lost"))
             .then(|| "wal_status = lost: WAL it needed was removed after exceeding max_slot_wal_keep_size".into())
@@ -181,6 +191,7 @@ struct SlotJson {
     wal_status: Option<String>,
     safe_wal_size: Option<i64>,
     invalidation_reason: Option<String>,
+    conflicting: Option<bool>,
     failover: Option<bool>,
     synced: Option<bool>,
 }
@@ -243,6 +254,7 @@ pub(crate) async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLooku
         wal_status: raw.wal_status,
         safe_wal_size: raw.safe_wal_size,
         invalidation_reason: raw.invalidation_reason,
+        conflicting: raw.conflicting,
         failover: raw.failover,
         synced: raw.synced,
         retained_wal_bytes: row.get(2),
@@ -272,6 +284,16 @@ mod tests {
             ..lost
         };
         assert_eq!(pg17.invalidated().unwrap(), "invalidation_reason = wal_removed");
+        let pg16_conflict = SlotRow {
+            conflicting: Some(true),
+            ..SlotRow::default()
+        };
+        assert!(pg16_conflict.invalidated().unwrap().contains("recovery conflict"));
+        let healthy = SlotRow {
+            conflicting: Some(false),
+            ..SlotRow::default()
+        };
+        assert_eq!(healthy.invalidated(), None);
         assert_eq!(SlotRow::default().invalidated(), None);
     }
 
