@@ -169,6 +169,8 @@ pub enum RelayError {
     NoWalPosition,
     #[error("cannot start the stream's thread or runtime: {0}")]
     StreamThread(#[source] std::io::Error),
+    #[error(transparent)]
+    Tracing(#[from] crate::ops::tracing_export::ExporterError),
     #[error("exactly-once resume: {0}")]
     ReadBack(#[from] crate::sink::ReadBackError),
     #[error(
@@ -206,7 +208,8 @@ impl RelayError {
             | RelayError::Watermark(_)
             | RelayError::Stream(_)
             | RelayError::Internal(_)
-            | RelayError::StreamThread(_) => false,
+            | RelayError::StreamThread(_)
+            | RelayError::Tracing(_) => false,
         }
     }
 
