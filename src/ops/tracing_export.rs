@@ -245,7 +245,7 @@ pub(crate) fn start(settings: &TracingSettings) -> Result<(Tracer, ExportTask), 
     let url = settings.export_url();
     let built = match settings.protocol {
         OtlpProtocol::HttpProtobuf => {
-            use opentelemetry_otlp::{WithExportConfig, WithHttpConfig as _};
+            use opentelemetry_otlp::WithExportConfig;
             opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
@@ -299,7 +299,8 @@ async fn export_loop(exporter: impl SpanExporter, mut spans: mpsc::Receiver<Ende
         let deadline = tokio::time::Instant::now() + settings.scheduled_delay;
         let mut closed = false;
         while pending.len() < max {
-            match tokio::time::timeout_at(deadline, spans.recv_many(&mut pending, max - pending.len())).await {
+            let room = max - pending.len();
+            match tokio::time::timeout_at(deadline, spans.recv_many(&mut pending, room)).await {
                 Ok(0) => {
                     closed = true;
                     break;

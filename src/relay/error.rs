@@ -169,8 +169,9 @@ pub enum RelayError {
     NoWalPosition,
     #[error("cannot start the stream's thread or runtime: {0}")]
     StreamThread(#[source] std::io::Error),
-    #[error(transparent)]
-    Tracing(#[from] crate::ops::tracing_export::ExporterError),
+    /// `[tracing]`'s exporter could not be built (`ops::tracing_export::ExporterError`'s text).
+    #[error("{0}")]
+    Tracing(String),
     #[error("exactly-once resume: {0}")]
     ReadBack(#[from] crate::sink::ReadBackError),
     #[error(

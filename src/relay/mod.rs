@@ -132,7 +132,8 @@ pub(crate) async fn run(
         .tracing
         .as_ref()
         .map(crate::ops::tracing_export::start)
-        .transpose()?;
+        .transpose()
+        .map_err(|e| RelayError::Tracing(e.to_string()))?;
     let (tracer, export_task) = tracing.map_or((None, None), |(t, task)| (Some(t), Some(task)));
     let (_monitor, slot_verdict) = slot_monitor::spawn(settings, Arc::clone(&health));
     // On the main runtime, like the slot monitor; it acts only while this instance streams.
