@@ -189,7 +189,13 @@ pub fn continue_trace(traceparent: &[u8]) -> Option<(String, String)> {
         return None;
     };
     let zero = |s: &str| s.bytes().all(|b| b == b'0');
-    if version != "00" || !hex(trace_id, 32) || !hex(parent_id, 16) || !hex(flags, 2) || zero(trace_id) || zero(parent_id) {
+    if version != "00"
+        || !hex(trace_id, 32)
+        || !hex(parent_id, 16)
+        || !hex(flags, 2)
+        || zero(trace_id)
+        || zero(parent_id)
+    {
         return None;
     }
     let span_id = &uuid::Uuid::new_v4().simple().to_string()[..16];

@@ -270,7 +270,10 @@ mod tests {
         let e = err("protocol = \"http/json\"\n");
         assert!(e.contains("tracing.protocol") && e.contains("\"grpc\""), "{e}");
         let e = err("scheduled_delay_ms = 0\n");
-        assert!(e.contains("tracing.scheduled_delay_ms") && e.contains("greater than zero"), "{e}");
+        assert!(
+            e.contains("tracing.scheduled_delay_ms") && e.contains("greater than zero"),
+            "{e}"
+        );
         let e = err("service_name = \" \"\n");
         assert!(e.contains("tracing.service_name"), "{e}");
         let e = err("endpoint = \"x\"\n");

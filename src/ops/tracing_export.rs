@@ -82,7 +82,12 @@ impl ProducerSpan {
     }
 
     /// The exportable span, ended at `end` (`error`: why the delivery failed).
-    pub(crate) fn into_span_data(self, end: SystemTime, error: Option<String>, scope: &InstrumentationScope) -> SpanData {
+    pub(crate) fn into_span_data(
+        self,
+        end: SystemTime,
+        error: Option<String>,
+        scope: &InstrumentationScope,
+    ) -> SpanData {
         let start = UNIX_EPOCH + Duration::from_micros(u64::try_from(self.start_unix_us).unwrap_or(0));
         let trace_state = self
             .tracestate
@@ -133,7 +138,12 @@ impl Tracer {
     /// A span for a record about to be sent. `parent`: the row's `traceparent` if it is valid
     /// (the caller checks; an invalid one makes a root span). `None`: an unsampled root, for
     /// which nothing is written or exported.
-    pub(crate) fn start(&self, parent: Option<&[u8]>, start_unix_us: i64, fields: &SpanFields<'_>) -> Option<ProducerSpan> {
+    pub(crate) fn start(
+        &self,
+        parent: Option<&[u8]>,
+        start_unix_us: i64,
+        fields: &SpanFields<'_>,
+    ) -> Option<ProducerSpan> {
         let ids = RandomIdGenerator::default();
         let (trace_id, parent_id, sampled) = match parent.and_then(parse_traceparent) {
             Some((trace_id, parent_id, flags)) => (trace_id, Some(parent_id), flags & 1 == 1),
@@ -206,6 +216,31 @@ impl Tracer {
         if self.queue.try_send(ended).is_err() {
             counter!(SPANS_DROPPED, "reason" => "queue_full").increment(1);
         }
+    }
+}
+
+/// A tracer whose ended spans stay in a queue of `capacity` for a test to read (no exporter).
+#[cfg(test)]
+pub(crate) fn test_tracer(ratio: f64, capacity: usize) -> (Tracer, TestSpans) {
+    let (queue, rx) = mpsc::channel(capacity);
+    (
+        Tracer {
+            queue,
+            ratio_bound: ratio_bound(ratio),
+        },
+        TestSpans(rx),
+    )
+}
+
+/// What [`test_tracer`]'s tracer queued.
+#[cfg(test)]
+pub(crate) struct TestSpans(mpsc::Receiver<Ended>);
+
+#[cfg(test)]
+impl TestSpans {
+    /// The next ended span and its error, if one was queued.
+    pub(crate) fn next(&mut self) -> Option<(ProducerSpan, Option<String>)> {
+        self.0.try_recv().ok().map(|e| (e.span, e.error))
     }
 }
 
@@ -379,17 +414,16 @@ mod tests {
     #[test]
     fn a_valid_parent_is_continued_with_a_new_span_id() {
         let (t, _rx) = tracer(0.0);
-        let span = t.start(Some(PARENT.as_bytes()), 1_700_000_000_000_000, &fields()).unwrap();
+        let span = t
+            .start(Some(PARENT.as_bytes()), 1_700_000_000_000_000, &fields())
+            .unwrap();
         assert_eq!(span.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(span.parent.unwrap().to_string(), "00f067aa0ba902b7");
         assert_ne!(span.span_id, span.parent.unwrap());
         assert!(span.sampled, "the parent's flag wins over sampling_ratio = 0");
         assert_eq!(span.name, "send orders");
         let tp = span.traceparent();
-        assert_eq!(
-            tp,
-            format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{}-01", span.span_id)
-        );
+        assert_eq!(tp, format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{}-01", span.span_id));
         assert_eq!(attr(&span, "messaging.system").as_deref(), Some("kafka"));
         assert_eq!(attr(&span, "messaging.destination.name").as_deref(), Some("orders"));
         assert_eq!(attr(&span, "messaging.operation.type").as_deref(), Some("send"));
@@ -439,8 +473,14 @@ mod tests {
         assert_eq!(data.parent_span_id.to_string(), "00f067aa0ba902b7");
         assert!(data.parent_span_is_remote);
         assert_eq!(data.span_context.trace_state().header(), "vendor=x");
-        assert_eq!(data.start_time, UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_000));
-        assert_eq!(data.end_time.duration_since(data.start_time).unwrap(), Duration::from_millis(250));
+        assert_eq!(
+            data.start_time,
+            UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_000)
+        );
+        assert_eq!(
+            data.end_time.duration_since(data.start_time).unwrap(),
+            Duration::from_millis(250)
+        );
         assert_eq!(data.status, Status::error("broker down"));
         let early = span.into_span_data(UNIX_EPOCH, None, &scope);
         assert_eq!(early.end_time, early.start_time, "end never precedes start");

@@ -148,13 +148,10 @@ impl StreamState<'_> {
     /// `tracestate` as read). A row's invalid `traceparent` is kept untouched and the span is a
     /// root. `None`: tracing is off, the event is an unsampled root (sent as read), or its
     /// destination is bad (the record's routing reports it).
-    fn start_span<'e>(
-        &self,
-        txn: &TxnEvent,
-        event: &OutboxEvent<'e>,
-    ) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
+    fn start_span<'e>(&self, txn: &TxnEvent, event: &OutboxEvent<'e>) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
         let tracer = self.tracer.as_ref()?;
-        let destination = crate::outbox::routing::destination(&self.settings.router, &self.limits, &event.route_value).ok()?;
+        let destination =
+            crate::outbox::routing::destination(&self.settings.router, &self.limits, &event.route_value).ok()?;
         let valid = event
             .traceparent
             .as_deref()
@@ -392,8 +389,10 @@ impl StreamState<'_> {
 /// (`[debezium]` placement); otherwise the broker chooses, after the span started.
 fn with_partition(mut span: Box<ProducerSpan>, partition: Option<i32>) -> Box<ProducerSpan> {
     if let (Some(p), true) = (partition, span.sampled) {
-        span.attributes
-            .push(opentelemetry::KeyValue::new("messaging.destination.partition.id", p.to_string()));
+        span.attributes.push(opentelemetry::KeyValue::new(
+            "messaging.destination.partition.id",
+            p.to_string(),
+        ));
     }
     span
 }
@@ -414,7 +413,7 @@ mod tests {
     use crate::relay::quarantine::Suspects;
     use crate::relay::resume::{Guarantee, Resume};
     use crate::relay::stream::Delivery;
-    use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED};
+    use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED, SECOND_US};
     use crate::sink::memory::{memory, MemoryHandle};
     use crate::sink::{Completions, FailureKind};
 
@@ -432,7 +431,7 @@ mod tests {
             Result<(), RelayError>,
         ),
     ) {
-        run_with(extra_config, types, Suspects::default(), test)
+        run_with(extra_config, types, Suspects::default(), None, test)
     }
 
     /// [`run`], replaying with `suspects` from an earlier session.
@@ -440,6 +439,7 @@ mod tests {
         extra_config: &str,
         types: &[&str],
         mut suspects: Suspects,
+        tracer: Option<crate::ops::tracing_export::Tracer>,
         test: impl FnOnce(
             &mut StreamState<'_>,
             &MemoryHandle<DeliveryTag>,
@@ -464,6 +464,7 @@ mod tests {
             Lsn(0x10),
             &mut suspects,
         );
+        state.tracer = tracer;
         let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
         let outcome = (|| {
             state.on_frame(xlog(COMMITTED, &begin(0x500)))?;
@@ -578,6 +579,7 @@ mod tests {
             dead_letter,
             &["order.placed"],
             suspects,
+            None,
             |state, sink, completions, outcome| {
                 outcome.unwrap();
                 assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
@@ -655,5 +657,57 @@ mod tests {
             outcome.unwrap();
             assert_eq!(sink.stored()[0].headers.len(), 1, "at-least-once adds no position");
         });
+    }
+
+    #[test]
+    fn a_traced_event_carries_its_span_in_the_header_and_the_ack_ends_it() {
+        use crate::ops::tracing_export::test_tracer;
+        let (tracer, mut spans) = test_tracer(1.0, 8);
+        run_with(
+            "",
+            &["order.placed", "order.paid"],
+            Suspects::default(),
+            Some(tracer),
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                let stored = sink.stored();
+                let headers: Vec<String> = stored
+                    .iter()
+                    .map(|r| {
+                        String::from_utf8_lossy(r.header("traceparent").expect("a root span's header")).into_owned()
+                    })
+                    .collect();
+                assert!(spans.next().is_none(), "nothing ends before the ack");
+                sink.deliver(1);
+                sink.fail_next(FailureKind::Transient, "broker down");
+                let _ = apply_all(state, completions);
+                let (ok, error) = spans.next().expect("the acked span");
+                assert_eq!(error, None);
+                assert_eq!(headers[0], ok.traceparent(), "the header names the span");
+                assert_eq!(ok.name, "send order.placed");
+                assert_eq!(ok.parent, None, "no trace column: a root");
+                // Started at the commit (the frames' time is µs since 2000-01-01).
+                assert_eq!(ok.start_unix_us, COMMITTED + 946_684_800 * SECOND_US);
+                let (failed, error) = spans.next().expect("the failed span");
+                assert_eq!(error.as_deref(), Some("broker down"));
+                assert_eq!(headers[1], failed.traceparent());
+                assert!(spans.next().is_none());
+            },
+        );
+        // sampling_ratio 0 and no parent: sent exactly as without tracing.
+        let (tracer, mut spans) = test_tracer(0.0, 8);
+        run_with(
+            "",
+            &["order.placed"],
+            Suspects::default(),
+            Some(tracer),
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                assert_eq!(sink.stored()[0].headers.len(), 1, "only the id header");
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                assert!(spans.next().is_none());
+            },
+        );
     }
 }

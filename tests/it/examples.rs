@@ -82,9 +82,15 @@ async fn orders_flow_through_the_relay_to_an_idempotent_consumer_exactly_once() 
     for i in 0..orders_placed {
         let customer = &customers[i % customers.len()];
         let total_cents = 1_050 + 333 * i as i64;
-        orders::place_order(&mut shop_client, &new_uuid(), customer, total_cents, &orders::new_traceparent())
-            .await
-            .expect("place order");
+        orders::place_order(
+            &mut shop_client,
+            &new_uuid(),
+            customer,
+            total_cents,
+            &orders::new_traceparent(),
+        )
+        .await
+        .expect("place order");
         *expected_points.entry(customer.clone()).or_default() += loyalty::points_for(total_cents);
     }
     let outbox_rows: i64 = shop_client
@@ -164,7 +170,11 @@ async fn the_handler_applies_an_event_once_per_consumer() {
     // The consumer's span continues the record's trace: same trace id, its own span id.
     let parent = orders::new_traceparent();
     let (child, parent_id) = loyalty::continue_trace(parent.as_bytes()).expect("a valid traceparent");
-    assert_eq!((&child[..36], &child[52..]), (&parent[..36], &parent[52..]), "{parent} → {child}");
+    assert_eq!(
+        (&child[..36], &child[52..]),
+        (&parent[..36], &parent[52..]),
+        "{parent} → {child}"
+    );
     assert_eq!(parent_id, parent[36..52]);
     assert_ne!(child[36..52], parent[36..52]);
     assert!(loyalty::continue_trace(b"ff-zz").is_none());

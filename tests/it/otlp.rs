@@ -116,7 +116,10 @@ async fn serve(stream: tokio::net::TcpStream, sink: Arc<Mutex<Vec<Exported>>>) -
                 Ok(request) => {
                     let mut spans = sink.lock().unwrap();
                     for rs in request.resource_spans {
-                        let service = rs.resource.as_ref().and_then(|r| string_attr(&r.attributes, "service.name"));
+                        let service = rs
+                            .resource
+                            .as_ref()
+                            .and_then(|r| string_attr(&r.attributes, "service.name"));
                         for ss in rs.scope_spans {
                             spans.extend(ss.spans.into_iter().map(|span| Exported {
                                 service: service.clone(),
@@ -228,7 +231,12 @@ async fn otlp_one_producer_span_per_event_child_of_the_row_and_named_in_the_head
     let records = collect(&kafka.bootstrap_servers(), &["order"], rows.len(), WAIT).await;
     assert_eq!(records.len(), rows.len(), "{}", relay.log_text());
     let spans = receiver.wait_for(rows.len()).await;
-    assert_eq!(spans.len(), rows.len(), "one span per event: {spans:#?}\n{}", relay.log_text());
+    assert_eq!(
+        spans.len(),
+        rows.len(),
+        "one span per event: {spans:#?}\n{}",
+        relay.log_text()
+    );
     // Let a late duplicate show up, if the relay sent one.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(receiver.spans().len(), rows.len(), "exactly one span per event");
@@ -238,7 +246,9 @@ async fn otlp_one_producer_span_per_event_child_of_the_row_and_named_in_the_head
         .map(|r| (string_attr(&r.span.attributes, "messaging.message.id").unwrap(), r))
         .collect();
     for row in &rows {
-        let received = by_id.get(&row.id).unwrap_or_else(|| panic!("a span for event {}", row.id));
+        let received = by_id
+            .get(&row.id)
+            .unwrap_or_else(|| panic!("a span for event {}", row.id));
         let span = &received.span;
         let attr = |k: &str| string_attr(&span.attributes, k);
         assert_eq!(received.service.as_deref(), Some("outbox-relay"));
@@ -266,14 +276,24 @@ async fn otlp_one_producer_span_per_event_child_of_the_row_and_named_in_the_head
             .iter()
             .find(|r| r.key_str() == Some(row.aggregate))
             .expect("every row published");
-        let header = record.header("traceparent").map(|h| String::from_utf8_lossy(h).into_owned());
+        let header = record
+            .header("traceparent")
+            .map(|h| String::from_utf8_lossy(h).into_owned());
         let own = format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id));
         match row.aggregate {
             "with-parent" => {
                 assert_eq!(hex(&span.trace_id), PARENT_TRACE, "the row's trace");
                 assert_eq!(hex(&span.parent_span_id), PARENT_SPAN, "child of the row's span");
-                assert_eq!(header.as_deref(), Some(own.as_str()), "the header names the relay's span");
-                assert_eq!(record.header("tracestate"), Some(&b"vendor=1"[..]), "tracestate as read");
+                assert_eq!(
+                    header.as_deref(),
+                    Some(own.as_str()),
+                    "the header names the relay's span"
+                );
+                assert_eq!(
+                    record.header("tracestate"),
+                    Some(&b"vendor=1"[..]),
+                    "tracestate as read"
+                );
                 assert_eq!(span.trace_state, "vendor=1");
             }
             "no-parent" => {
@@ -282,7 +302,10 @@ async fn otlp_one_producer_span_per_event_child_of_the_row_and_named_in_the_head
                 assert_eq!(header.as_deref(), Some(own.as_str()), "a root gets a header naming it");
             }
             _ => {
-                assert!(span.parent_span_id.is_empty(), "an invalid parent makes a root: {span:?}");
+                assert!(
+                    span.parent_span_id.is_empty(),
+                    "an invalid parent makes a root: {span:?}"
+                );
                 assert_eq!(header.as_deref(), row.traceparent, "an invalid value passes untouched");
             }
         }
@@ -335,9 +358,10 @@ async fn otlp_sampling_ratio_zero_without_trace_context_exports_nothing() {
     let kafka = MockKafka::new(1);
     let receiver = Receiver::start().await;
     let (mut client, config) = database(&kafka.bootstrap_servers(), false).await;
-    let config = config
-        .set("tracing", "otlp_endpoint", receiver.endpoint.clone())
-        .set("tracing", "sampling_ratio", 0.0);
+    let config =
+        config
+            .set("tracing", "otlp_endpoint", receiver.endpoint.clone())
+            .set("tracing", "sampling_ratio", 0.0);
     let (config, addr) = with_http(&config);
     setup(&config).await;
     let relay = RelayProcess::run_streaming(&config).await;
