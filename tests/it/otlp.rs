@@ -3,7 +3,8 @@
 //! server decoding `ExportTraceServiceRequest` with the `opentelemetry-proto` types). Checked: the
 //! span's parent, ids, name, attributes and times against the row and its commit, and that the
 //! record's `traceparent` names the relay's span; an unreachable collector leaves publishing
-//! alone and is counted; `sampling_ratio = 0.0` without trace context exports nothing.
+//! alone and is counted; `sampling_ratio = 0.0` without trace context exports nothing; `poll`
+//! exports the same spans.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -381,4 +382,65 @@ async fn otlp_sampling_ratio_zero_without_trace_context_exports_nothing() {
     let metrics = Metrics::scrape(&addr).await.expect("metrics");
     assert_eq!(metrics.value("outbox_relay_spans_exported_total", &[]), 0.0);
     assert_eq!(metrics.sum("outbox_relay_spans_dropped_total"), 0.0);
+}
+
+/// `outbox-relay poll` exports the same spans, started at the row's timestamp column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_polled_rows_get_producer_spans_from_their_timestamp() {
+    let kafka = MockKafka::new(1);
+    let receiver = Receiver::start().await;
+    let (client, config) = database(&kafka.bootstrap_servers(), true).await;
+    let config = config
+        .set("tracing", "otlp_endpoint", receiver.endpoint.clone())
+        .set("poll", "interval_ms", 20i64);
+    let out = run_cmd(&["setup", "--poll"], &config).await;
+    assert!(
+        out.status.success(),
+        "setup --poll: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut created = BTreeMap::new();
+    for (aggregate, tp) in [("with-parent", Some(TRACEPARENT)), ("no-parent", None)] {
+        let row = client
+            .query_one(
+                "INSERT INTO public.traced_outbox (aggregate_id, type, payload, traceparent) \
+                 VALUES ($1, 'order.placed', '{}'::jsonb, $2) \
+                 RETURNING id::text, floor(extract(epoch FROM created_at) * 1000)::bigint",
+                &[&aggregate, &tp],
+            )
+            .await
+            .expect("insert");
+        created.insert(row.get::<_, String>(0), (aggregate, row.get::<_, i64>(1)));
+    }
+    let poller = RelayProcess::poll(&config);
+    let records = collect(&kafka.bootstrap_servers(), &["order"], created.len(), WAIT).await;
+    assert_eq!(records.len(), created.len(), "{}", poller.log_text());
+    let spans = receiver.wait_for(created.len()).await;
+    assert_eq!(spans.len(), created.len(), "{spans:#?}\n{}", poller.log_text());
+    for exported in &spans {
+        let span = &exported.span;
+        let id = string_attr(&span.attributes, "messaging.message.id").expect("message id");
+        let (aggregate, created_ms) = created[&id];
+        assert_eq!(
+            (span.kind, span.name.as_str()),
+            (SpanKind::Producer as i32, "send order")
+        );
+        assert_eq!(
+            span.start_time_unix_nano,
+            created_ms as u64 * 1_000_000,
+            "{aggregate}: the row's timestamp"
+        );
+        assert!(span.end_time_unix_nano >= span.start_time_unix_nano);
+        let record = records.iter().find(|r| r.key_str() == Some(aggregate)).unwrap();
+        let own = format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id));
+        assert_eq!(record.header("traceparent"), Some(own.as_bytes()), "{aggregate}");
+        if aggregate == "with-parent" {
+            assert_eq!(
+                (hex(&span.trace_id), hex(&span.parent_span_id)),
+                (PARENT_TRACE.to_owned(), PARENT_SPAN.to_owned())
+            );
+        } else {
+            assert!(span.parent_span_id.is_empty());
+        }
+    }
 }
