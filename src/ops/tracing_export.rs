@@ -497,4 +497,21 @@ mod tests {
         assert!(rx.try_recv().is_ok() && rx.try_recv().is_ok());
         assert!(rx.try_recv().is_err(), "the third did not fit and was dropped");
     }
+
+    #[tokio::test]
+    async fn both_protocols_build_an_exporter_and_stop_when_the_tracers_are_gone() {
+        for (protocol, port) in [("http/protobuf", 4318), ("grpc", 4317)] {
+            let settings = crate::config::test_support::settings(&format!(
+                "[tracing]\notlp_endpoint = \"http://127.0.0.1:{port}\"\nprotocol = \"{protocol}\"\n"
+            ))
+            .tracing
+            .unwrap();
+            let (tracer, task) = start(&settings).unwrap_or_else(|e| panic!("{protocol}: {e}"));
+            drop(tracer);
+            tokio::time::timeout(Duration::from_secs(5), task.handle)
+                .await
+                .expect("the export task ends once no tracer is left")
+                .unwrap();
+        }
+    }
 }
