@@ -5,6 +5,10 @@
 //! cargo run --example place_order -- --database-url postgres://postgres@127.0.0.1:5432/shop \
 //!     --create-schema --count 100 --rate 10
 //! ```
+//!
+//! Each order's outbox row carries the `traceparent` of the order's request span; with
+//! `[outbox] trace_column = "traceparent"` (and `[tracing]` for the relay's own span) the
+//! consumer example continues that trace.
 
 #[path = "support/orders.rs"]
 mod orders;
@@ -58,8 +62,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let order_id = uuid::Uuid::new_v4().to_string();
         let customer = &customers[placed as usize % customers.len()];
         let total_cents = 1_000 + (placed as i64 * 737) % 9_000;
-        let event_id = orders::place_order(&mut client, &order_id, customer, total_cents).await?;
-        println!("placed order {order_id} for customer {customer}: {total_cents} cents (outbox event {event_id})");
+        // This order's "request" span: its context goes into the outbox row.
+        let traceparent = orders::new_traceparent();
+        let event_id = orders::place_order(&mut client, &order_id, customer, total_cents, &traceparent).await?;
+        println!(
+            "placed order {order_id} for customer {customer}: {total_cents} cents (outbox event {event_id}, \
+             traceparent {traceparent})"
+        );
         placed += 1;
     }
     eprintln!("placed {placed} orders");

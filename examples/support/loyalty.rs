@@ -12,6 +12,10 @@
 //!
 //! The event id comes from the record's `id` header, which outbox-relay sets from the outbox
 //! row's id. Shared by `examples/idempotent_consumer.rs` and the integration tests.
+//!
+//! Tracing: a record's W3C `traceparent` header (the relay's `send` span with `[tracing]`, else
+//! the producing request's) is continued — the consumer's span is its child, same trace id
+//! ([`continue_trace`]) — and logged with the event.
 
 use std::time::{Duration, Instant};
 
@@ -174,6 +178,30 @@ pub async fn run(
     }
 }
 
+/// The consumer's span continuing `traceparent` (a child: same trace id, a new span id, the
+/// parent's flags), as a W3C `traceparent`, with the parent's span id. `None`: the header is no
+/// valid version-00 `traceparent`, so the consumer starts a trace of its own.
+pub fn continue_trace(traceparent: &[u8]) -> Option<(String, String)> {
+    let text = std::str::from_utf8(traceparent).ok()?;
+    let fields: Vec<&str> = text.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let [version, trace_id, parent_id, flags] = fields[..] else {
+        return None;
+    };
+    let zero = |s: &str| s.bytes().all(|b| b == b'0');
+    if version != "00"
+        || !hex(trace_id, 32)
+        || !hex(parent_id, 16)
+        || !hex(flags, 2)
+        || zero(trace_id)
+        || zero(parent_id)
+    {
+        return None;
+    }
+    let span_id = &uuid::Uuid::new_v4().simple().to_string()[..16];
+    Some((format!("00-{trace_id}-{span_id}-{flags}"), parent_id.to_owned()))
+}
+
 async fn handle_record(
     client: &mut Client,
     consumer: &str,
@@ -189,5 +217,12 @@ async fn handle_record(
         .payload()
         .and_then(|p| serde_json::from_slice(p).ok())
         .ok_or_else(|| ConsumeError::BadRecord(format!("event {event_id}: payload is not JSON")))?;
+    let trace = message
+        .headers()
+        .and_then(|h| h.iter().find(|h| h.key == "traceparent").and_then(|h| h.value))
+        .and_then(continue_trace);
+    if let Some((span, parent)) = trace {
+        println!("event {event_id}: consumer span {span} (child of {parent})");
+    }
     handle_order_placed(client, consumer, &event_id, &payload).await
 }

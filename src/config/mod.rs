@@ -9,7 +9,7 @@
 //!
 //! This module is the leaf layer: it imports nothing from the rest of the crate. One file per
 //! section ([`postgres`], [`outbox`] (with `[route]`), [`sink`], [`kafka`], [`relay`], [`poll`],
-//! [`http`], [`retention`], [`debezium`], [`cloudevents`]), each owning its raw and validated types; [`ident`] and [`secret`] are
+//! [`http`], [`retention`], [`debezium`], [`cloudevents`], [`tracing`]), each owning its raw and validated types; [`ident`] and [`secret`] are
 //! shared value types.
 //!
 //! Environment overrides: section and key are upper-cased with `__` between them, e.g.
@@ -40,6 +40,7 @@ pub(crate) mod relay;
 pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
+pub(crate) mod tracing;
 
 use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;
@@ -54,6 +55,7 @@ use self::redis::{RedisSection, RedisSettings};
 use self::relay::{RelaySection, RelaySettings};
 use self::retention::{RetentionSection, RetentionSettings};
 use self::sink::{SinkKind, SinkSection};
+use self::tracing::{TracingSection, TracingSettings};
 
 /// Prefix of environment variables that override file settings.
 pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY__";
@@ -108,6 +110,8 @@ pub(crate) struct FileConfig {
     pub(crate) debezium: Option<BTreeMap<String, toml::Value>>,
     /// `[cloudevents]`: absent = records are not CloudEvents.
     pub(crate) cloudevents: Option<CloudEventsSection>,
+    /// `[tracing]`: absent = no spans are exported.
+    pub(crate) tracing: Option<TracingSection>,
 }
 
 /// Numbers may also be written as numeric strings (what environment overrides produce).
@@ -157,6 +161,8 @@ pub struct Settings {
     pub debezium: Option<DebeziumFormat>,
     /// `[cloudevents]`: records written as CloudEvents; `None` = plain records.
     pub cloudevents: Option<CloudEventsSettings>,
+    /// `[tracing]`: one OTLP PRODUCER span per event; `None` = no spans.
+    pub tracing: Option<TracingSettings>,
 }
 
 impl Settings {
@@ -279,6 +285,10 @@ impl Settings {
             retention: file.retention.map(RetentionSection::validate).transpose()?,
             debezium,
             cloudevents,
+            tracing: match file.tracing {
+                Some(section) => section.validate()?,
+                None => None,
+            },
         })
     }
 

@@ -37,6 +37,9 @@
 //! | `outbox_relay_retention_last_run_timestamp_seconds{table}` | gauge | `[retention]`: Unix time of the last successful run on this instance |
 //! | `outbox_relay_retention_paused{table}` | gauge | `[retention]` streaming: 1 while the slot is missing, invalidated or held by no relay (nothing is removed) |
 //! | `outbox_relay_traceparent_invalid_total` | counter | events whose `outbox.trace_column` held a value that is no W3C `traceparent` (published untouched all the same) |
+//! | `outbox_relay_spans_exported_total` | counter | `[tracing]`: PRODUCER spans the OTLP collector accepted |
+//! | `outbox_relay_spans_dropped_total{reason}` | counter | `[tracing]`: spans lost (`reason`: queue_full, the export queue was full and the span was not waited for; export_failed, its batch failed to export) |
+//! | `outbox_relay_span_export_errors_total` | counter | `[tracing]`: failed OTLP export calls (collector down, refused, timed out) |
 //! | `outbox_relay_takeover_fence_seconds` | gauge | exactly-once: seconds left of a takeover's wait for the previous holder's queued records to land or expire (0: none) |
 //!
 //! LSNs are exported as numbers (bytes since the start of WAL); `f64` is exact up to 8 PiB.
@@ -77,6 +80,9 @@ pub(crate) const RETENTION_ERRORS: &str = "outbox_relay_retention_errors_total";
 pub(crate) const RETENTION_LAST_RUN: &str = "outbox_relay_retention_last_run_timestamp_seconds";
 pub(crate) const RETENTION_PAUSED: &str = "outbox_relay_retention_paused";
 pub(crate) const TRACEPARENT_INVALID: &str = "outbox_relay_traceparent_invalid_total";
+pub(crate) const SPANS_EXPORTED: &str = "outbox_relay_spans_exported_total";
+pub(crate) const SPANS_DROPPED: &str = "outbox_relay_spans_dropped_total";
+pub(crate) const SPAN_EXPORT_ERRORS: &str = "outbox_relay_span_export_errors_total";
 
 /// The label of the per-outbox-table retention metrics (`schema.name`).
 pub(crate) const TABLE_LABEL: &str = "table";
@@ -203,6 +209,15 @@ pub(crate) fn describe() {
     describe_counter!(
         TRACEPARENT_INVALID,
         "Events whose trace column held no valid W3C traceparent (published with the value untouched)."
+    );
+    describe_counter!(SPANS_EXPORTED, "[tracing]: PRODUCER spans the OTLP collector accepted.");
+    describe_counter!(
+        SPANS_DROPPED,
+        "[tracing]: spans lost, by reason (queue_full: the export queue was full; export_failed: their batch failed)."
+    );
+    describe_counter!(
+        SPAN_EXPORT_ERRORS,
+        "[tracing]: failed OTLP export calls (collector down, refused or timed out)."
     );
     counter!(RECONNECTS).absolute(0);
     counter!(TRACEPARENT_INVALID).absolute(0);

@@ -16,6 +16,10 @@ pub(crate) enum PollError {
     #[error(transparent)]
     Table(ControlError),
 
+    /// `[tracing]`'s exporter could not be built (`ops::tracing_export::ExporterError`'s text).
+    #[error("{0}")]
+    Tracing(String),
+
     #[error("{context}: {}", describe(.source))]
     Query {
         context: &'static str,

@@ -91,6 +91,14 @@ pub(crate) async fn run(
         "polling started"
     );
     health.set_mode(Mode::Polling);
+    // `[tracing]`: every worker's spans go through one export queue, on this runtime.
+    let (tracer, export_task) = match &settings.tracing {
+        Some(t) => {
+            let (tracer, task) = crate::ops::tracing_export::start(t).map_err(|e| PollError::Tracing(e.to_string()))?;
+            (Some(tracer), Some(task))
+        }
+        None => (None, None),
+    };
     let settings = Arc::new(settings.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut workers = JoinSet::new();
@@ -113,7 +121,8 @@ pub(crate) async fn run(
         }));
         let id_type: Arc<str> = table.id_type.into();
         for _ in 0..settings.poll.workers {
-            let worker = Worker::new(Arc::clone(&settings), Arc::clone(&sql), Arc::clone(&id_type), index);
+            let worker = Worker::new(Arc::clone(&settings), Arc::clone(&sql), Arc::clone(&id_type), index)
+                .traced(tracer.clone());
             workers.spawn(worker.run(stop_rx.clone()));
             index += 1;
         }
@@ -145,6 +154,11 @@ pub(crate) async fn run(
     let _ = stop_tx.send(true);
     for watchdog in watchdogs {
         let _ = watchdog.await;
+    }
+    // The workers (and their tracers) are gone: the last spans go out.
+    drop(tracer);
+    if let Some(task) = export_task {
+        task.finish().await;
     }
     match first_error {
         Some(e) => Err(e),

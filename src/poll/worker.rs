@@ -36,6 +36,10 @@ use crate::ops::retry::{wait_or_shutdown, Backoff};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::sink::{Completions, Sink, SinkLimits};
+use std::borrow::Cow;
+
+use crate::config::sink::SinkKind;
+use crate::ops::tracing_export::{ProducerSpan, SpanFields, Tracer};
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
 /// a producer that is already abandoned, but the check keeps the count honest regardless.
@@ -44,6 +48,8 @@ pub(crate) struct BatchTag {
     batch: u64,
     /// The row's timestamp column (µs since the epoch), for `GET /latency`'s window.
     created_unix_us: Option<i64>,
+    /// `[tracing]`: the row's PRODUCER span, ended by its report; `None` (no allocation) without.
+    span: Option<Box<ProducerSpan>>,
 }
 
 /// How long an abandoned producer may take to finish requests already on the wire.
@@ -75,6 +81,8 @@ pub(crate) struct Worker {
     producer: Option<Producer>,
     next_batch: u64,
     counts: WorkerCounts,
+    /// `[tracing]`: `None` = no spans.
+    tracer: Option<Tracer>,
 }
 
 /// How a batch ended without error.
@@ -96,7 +104,14 @@ impl Worker {
             producer: None,
             next_batch: 0,
             counts: WorkerCounts::default(),
+            tracer: None,
         }
+    }
+
+    /// With `[tracing]`: a PRODUCER span per row.
+    pub(crate) fn traced(mut self, tracer: Option<Tracer>) -> Worker {
+        self.tracer = tracer;
+        self
     }
 
     /// Claims batches until `shutdown` turns true (`Ok`) or a fatal error occurs.
@@ -180,7 +195,10 @@ impl Worker {
         let published = publish_and_await(
             &self.settings,
             &self.sql,
-            publisher.as_ref(),
+            Outlet {
+                publisher: publisher.as_ref(),
+                tracer: self.tracer.as_ref(),
+            },
             deliveries,
             batch,
             &rows,
@@ -247,12 +265,52 @@ async fn connect(settings: &Settings, sql: &PollSql) -> Result<Connection, PollE
     Ok(Connection { client, claim, mark })
 }
 
+/// Where a batch's records go: the sink, and `[tracing]`'s spans.
+struct Outlet<'a> {
+    publisher: &'a dyn Sink<BatchTag>,
+    tracer: Option<&'a Tracer>,
+}
+
+/// `[tracing]`: the row's PRODUCER span, started at its timestamp column (else `claimed_us`, the
+/// claim), and the event as it is then sent, its `traceparent` naming the span. The stream's
+/// rule (`relay::publish`): a valid parent is followed, an invalid value kept untouched (its
+/// span a root), an unsampled root is sent as read (`None`).
+fn start_span<'e>(
+    settings: &Settings,
+    limits: &SinkLimits,
+    tracer: Option<&Tracer>,
+    event: &OutboxEvent<'e>,
+    claimed_us: i64,
+) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
+    let tracer = tracer?;
+    let destination = crate::outbox::routing::destination(&settings.router, limits, &event.route_value).ok()?;
+    let valid = event
+        .traceparent
+        .as_deref()
+        .filter(|tp| crate::outbox::trace_context::check_traceparent(tp).is_ok());
+    let fields = SpanFields {
+        system: settings.sink.label(),
+        destination: &destination,
+        message_id: &event.id,
+        kafka_key: (settings.sink == SinkKind::Kafka).then_some(&event.key[..]),
+        partition: None,
+        tracestate: event.tracestate.as_deref(),
+    };
+    let start = event.timestamp_ms.map_or(claimed_us, |ms| ms.saturating_mul(1000));
+    let span = tracer.start(valid, start, &fields)?;
+    let mut traced = event.clone();
+    if valid.is_some() || event.traceparent.is_none() {
+        traced.traceparent = Some(Cow::Owned(span.traceparent().into_bytes()));
+    }
+    Some((Box::new(span), traced))
+}
+
 /// Produces every claimed row and waits for all acknowledgements. `Ok(Some(ids))`: all
 /// acknowledged; `Ok(None)`: shutdown outlasted its timeout first.
 async fn publish_and_await(
     settings: &Settings,
     sql: &PollSql,
-    publisher: &dyn Sink<BatchTag>,
+    out: Outlet<'_>,
     deliveries: &mut Completions<BatchTag>,
     batch: u64,
     rows: &[tokio_postgres::Row],
@@ -260,6 +318,7 @@ async fn publish_and_await(
 ) -> Result<Option<Vec<String>>, PollError> {
     let mut ids = Vec::with_capacity(rows.len());
     let limits: SinkLimits = crate::sink::limits(settings);
+    let claimed_us = now_unix_us();
     for row in rows {
         let values = claimed_values(row)?;
         let id = OutboxEvent::id_of_columns(&values);
@@ -268,19 +327,25 @@ async fn publish_and_await(
             cause,
         };
         let event = OutboxEvent::from_columns(&settings.outbox, &sql.table, &values, &sql.rows).map_err(bad)?;
-        let record = event.record(settings, &limits).map_err(bad)?;
+        let (span, traced) = start_span(settings, &limits, out.tracer, &event, claimed_us).unzip();
+        let sent = traced.as_ref().unwrap_or(&event);
+        let record = sent.record(settings, &limits).map_err(bad)?;
         if event.has_invalid_traceparent() {
             crate::ops::metrics::count_invalid_traceparent();
         }
-        if let Err(refusal) = publisher.send(
+        if let Err(mut refusal) = out.publisher.send(
             &record,
             &[],
             None,
             Box::new(BatchTag {
                 batch,
                 created_unix_us: event.timestamp_ms.map(|ms| ms.saturating_mul(1000)),
+                span,
             }),
         ) {
+            if let (Some(span), Some(tracer)) = (refusal.tag.span.take(), out.tracer) {
+                tracer.end(*span, Some(refusal.failure.cause.clone()));
+            }
             if refusal.failure.is_refusal() {
                 return Err(bad(BadEvent::refused_by(
                     settings.sink.broker_name(),
@@ -294,7 +359,7 @@ async fn publish_and_await(
         }
         ids.push(id.to_owned());
     }
-    let all_acked = await_batch(deliveries, batch, ids.len(), shutdown, settings).await?;
+    let all_acked = await_batch(deliveries, (batch, out.tracer), ids.len(), shutdown, settings).await?;
     Ok(all_acked.then_some(ids))
 }
 
@@ -302,7 +367,7 @@ async fn publish_and_await(
 /// was requested and `shutdown_timeout` passed before every report arrived.
 async fn await_batch(
     deliveries: &mut Completions<BatchTag>,
-    batch: u64,
+    (batch, tracer): (u64, Option<&Tracer>),
     count: usize,
     shutdown: &mut watch::Receiver<bool>,
     settings: &Settings,
@@ -320,7 +385,10 @@ async fn await_batch(
                 if n == 0 {
                     return Err(PollError::ProducerGone);
                 }
-                for report in reports.drain(..) {
+                for mut report in reports.drain(..) {
+                    if let (Some(span), Some(tracer)) = (report.tag.span.take(), tracer) {
+                        tracer.end(*span, report.outcome.as_ref().err().map(|f| f.cause.clone()));
+                    }
                     if report.tag.batch != batch {
                         continue;
                     }

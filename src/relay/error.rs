@@ -169,6 +169,9 @@ pub enum RelayError {
     NoWalPosition,
     #[error("cannot start the stream's thread or runtime: {0}")]
     StreamThread(#[source] std::io::Error),
+    /// `[tracing]`'s exporter could not be built (`ops::tracing_export::ExporterError`'s text).
+    #[error("{0}")]
+    Tracing(String),
     #[error("exactly-once resume: {0}")]
     ReadBack(#[from] crate::sink::ReadBackError),
     #[error(
@@ -206,7 +209,8 @@ impl RelayError {
             | RelayError::Watermark(_)
             | RelayError::Stream(_)
             | RelayError::Internal(_)
-            | RelayError::StreamThread(_) => false,
+            | RelayError::StreamThread(_)
+            | RelayError::Tracing(_) => false,
         }
     }
 

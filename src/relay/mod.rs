@@ -90,6 +90,8 @@ pub(crate) struct SessionContext {
     pub(crate) broker: outage::BrokerWatch,
     /// Failed sessions in a row (`outage.rs`).
     pub(crate) reconnects: outage::Reconnects,
+    /// `[tracing]`: starts and ends each event's PRODUCER span; `None`: no spans.
+    pub(crate) tracer: Option<crate::ops::tracing_export::Tracer>,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
@@ -125,6 +127,14 @@ pub(crate) async fn run(
             reason,
         });
     }
+    // On the main runtime: exports never compete with the stream thread's event loop.
+    let tracing = settings
+        .tracing
+        .as_ref()
+        .map(crate::ops::tracing_export::start)
+        .transpose()
+        .map_err(|e| RelayError::Tracing(e.to_string()))?;
+    let (tracer, export_task) = tracing.map_or((None, None), |(t, task)| (Some(t), Some(task)));
     let (_monitor, slot_verdict) = slot_monitor::spawn(settings, Arc::clone(&health));
     // On the main runtime, like the slot monitor; it acts only while this instance streams.
     let _retention = crate::retention::spawn(
@@ -147,6 +157,7 @@ pub(crate) async fn run(
         last_confirmed_commit_unix_us: None,
         broker: Default::default(),
         reconnects: Default::default(),
+        tracer,
     };
     let (done, outcome) = tokio::sync::oneshot::channel();
     let settings = settings.clone();
@@ -168,6 +179,10 @@ pub(crate) async fn run(
         .await
         .unwrap_or_else(|_| Err(InternalError::StreamThreadPanicked.into()));
     health.set_mode(Mode::Stopping);
+    // The stream thread dropped its tracer with the context: the last spans go out.
+    if let Some(task) = export_task {
+        task.finish().await;
+    }
     outcome
 }
 

@@ -32,6 +32,10 @@ use crate::relay::error::RelayError;
 use crate::relay::quarantine::{EventRef, Held, TxnEvent};
 use crate::relay::resume::Verdict;
 use crate::sink::{SinkFailure, SinkRecord};
+use std::borrow::Cow;
+
+use crate::config::sink::SinkKind;
+use crate::ops::tracing_export::{ProducerSpan, SpanFields};
 
 impl StreamState<'_> {
     /// The step: one decoded event (`decode.rs`) extracted, routed and handed to the sink — or
@@ -81,6 +85,10 @@ impl StreamState<'_> {
         raw: impl FnOnce() -> RawEvent,
     ) -> Result<Published, RelayError> {
         let settings = self.settings;
+        let original = event;
+        // `[tracing]`: the span exists before the record, whose traceparent names it.
+        let (span, traced) = self.start_span(txn, event).unzip();
+        let event = traced.as_ref().unwrap_or(event);
         let record = match event.record(settings, &self.limits) {
             Ok(record) => record,
             Err(cause) => return self.bad_event(txn, &event.id, cause, &raw(), true),
@@ -107,9 +115,10 @@ impl StreamState<'_> {
             crate::ops::metrics::count_invalid_traceparent();
         }
         if let Some(earlier) = self.suspects.get(txn.event) {
+            // Kept as read: its release starts a span of its own.
             self.phase = Phase::Holding(Held {
                 txn: *txn,
-                event: event.clone().into_owned(),
+                event: original.clone().into_owned(),
                 raw: raw(),
                 earlier: earlier.to_owned(),
                 sent: false,
@@ -117,7 +126,7 @@ impl StreamState<'_> {
             self.release_held()?;
             return Ok(Published::Done);
         }
-        match self.send(txn, &record, false)? {
+        match self.send(txn, &record, false, span.map(|s| with_partition(s, record.partition)))? {
             None => Ok(Published::Done),
             Some(failure) if failure.is_refusal() => self.bad_event(
                 txn,
@@ -134,12 +143,44 @@ impl StreamState<'_> {
         }
     }
 
-    /// Hands a record to the sink; `Some(failure)` when it refused it (nothing was counted then).
+    /// `[tracing]`: the PRODUCER span of `event`, started at its commit, and the event as it is
+    /// then sent: its `traceparent` names the span (same trace, the span's id, its sampled flag;
+    /// `tracestate` as read). A row's invalid `traceparent` is kept untouched and the span is a
+    /// root. `None`: tracing is off, the event is an unsampled root (sent as read), or its
+    /// destination is bad (the record's routing reports it).
+    fn start_span<'e>(&self, txn: &TxnEvent, event: &OutboxEvent<'e>) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
+        let tracer = self.tracer.as_ref()?;
+        let destination =
+            crate::outbox::routing::destination(&self.settings.router, &self.limits, &event.route_value).ok()?;
+        let valid = event
+            .traceparent
+            .as_deref()
+            .filter(|tp| crate::outbox::trace_context::check_traceparent(tp).is_ok());
+        let sink = self.settings.sink;
+        let fields = SpanFields {
+            system: sink.label(),
+            destination: &destination,
+            message_id: &event.id,
+            kafka_key: (sink == SinkKind::Kafka).then_some(&event.key[..]),
+            partition: None,
+            tracestate: event.tracestate.as_deref(),
+        };
+        let span = tracer.start(valid, txn.commit_time_unix_us, &fields)?;
+        let mut traced = event.clone();
+        if valid.is_some() || event.traceparent.is_none() {
+            traced.traceparent = Some(Cow::Owned(span.traceparent().into_bytes()));
+        }
+        Some((Box::new(span), traced))
+    }
+
+    /// Hands a record to the sink; `Some(failure)` when it refused it (nothing was counted then;
+    /// `span` ended with the refusal).
     fn send(
         &mut self,
         txn: &TxnEvent,
         record: &SinkRecord<'_>,
         dead_letter: bool,
+        span: Option<Box<ProducerSpan>>,
     ) -> Result<Option<SinkFailure>, RelayError> {
         let bytes = record.size();
         let topic = self.count_sent(&record.destination, txn.commit_lsn(), txn.commit_time_unix_us);
@@ -151,13 +192,17 @@ impl StreamState<'_> {
             event_seq: txn.event.seq,
             dead_letter,
             topic,
+            span,
         });
         let mut buf = [0u8; 40];
         let stamp = self.guarantee.stamp(txn.event, &mut buf);
         let extra = stamp.headers.as_ref().map_or(&[][..], |h| &h[..]);
         let sent = self.publisher.send(record, extra, stamp.dedup_key.as_deref(), tag);
-        if let Err(refusal) = sent {
+        if let Err(mut refusal) = sent {
             self.count_delivery(&refusal.tag, false);
+            if let (Some(span), Some(tracer)) = (refusal.tag.span.take(), &self.tracer) {
+                tracer.end(*span, Some(refusal.failure.cause.clone()));
+            }
             return Ok(Some(refusal.failure));
         }
         self.watermark.event_sent(txn.ticket, bytes)?;
@@ -216,7 +261,7 @@ impl StreamState<'_> {
                     dead_letter_topic = %topic,
                     "dead-lettering a bad outbox event (relay.on_bad_event = \"dead-letter\")"
                 );
-                match self.send(txn, &record, true)? {
+                match self.send(txn, &record, true, None)? {
                     None => Ok(Published::Done),
                     Some(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
                 }
@@ -301,7 +346,9 @@ impl StreamState<'_> {
             "sending alone an event Kafka refused earlier, to tell whether it is the bad one"
         );
         let settings = self.settings;
-        let record = match held.event.record(settings, &self.limits) {
+        let (span, traced) = self.start_span(&held.txn, &held.event).unzip();
+        let event = traced.as_ref().unwrap_or(&held.event);
+        let record = match event.record(settings, &self.limits) {
             Ok(record) => record,
             // It was routed before it was held, and routing depends on nothing else.
             Err(cause) => {
@@ -310,7 +357,11 @@ impl StreamState<'_> {
                     .map(drop)
             }
         };
-        match self.send(&held.txn, &record, false)? {
+        let span = span.map(|s| with_partition(s, record.partition));
+        let sent = self.send(&held.txn, &record, false, span)?;
+        drop(record);
+        drop(traced);
+        match sent {
             None => {
                 held.sent = true;
                 self.phase = Phase::Holding(held);
@@ -334,6 +385,18 @@ impl StreamState<'_> {
     }
 }
 
+/// A span's `messaging.destination.partition.id` when the record names its partition
+/// (`[debezium]` placement); otherwise the broker chooses, after the span started.
+fn with_partition(mut span: Box<ProducerSpan>, partition: Option<i32>) -> Box<ProducerSpan> {
+    if let (Some(p), true) = (partition, span.sampled) {
+        span.attributes.push(opentelemetry::KeyValue::new(
+            "messaging.destination.partition.id",
+            p.to_string(),
+        ));
+    }
+    span
+}
+
 fn delivery_failed(sink: &'static str, failure: SinkFailure, commit_lsn: Lsn) -> RelayError {
     RelayError::DeliveryFailed {
         sink,
@@ -350,7 +413,7 @@ mod tests {
     use crate::relay::quarantine::Suspects;
     use crate::relay::resume::{Guarantee, Resume};
     use crate::relay::stream::Delivery;
-    use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED};
+    use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED, SECOND_US};
     use crate::sink::memory::{memory, MemoryHandle};
     use crate::sink::{Completions, FailureKind};
 
@@ -368,7 +431,7 @@ mod tests {
             Result<(), RelayError>,
         ),
     ) {
-        run_with(extra_config, types, Suspects::default(), test)
+        run_with(extra_config, types, Suspects::default(), None, test)
     }
 
     /// [`run`], replaying with `suspects` from an earlier session.
@@ -376,6 +439,7 @@ mod tests {
         extra_config: &str,
         types: &[&str],
         mut suspects: Suspects,
+        tracer: Option<crate::ops::tracing_export::Tracer>,
         test: impl FnOnce(
             &mut StreamState<'_>,
             &MemoryHandle<DeliveryTag>,
@@ -400,6 +464,7 @@ mod tests {
             Lsn(0x10),
             &mut suspects,
         );
+        state.tracer = tracer;
         let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
         let outcome = (|| {
             state.on_frame(xlog(COMMITTED, &begin(0x500)))?;
@@ -514,6 +579,7 @@ mod tests {
             dead_letter,
             &["order.placed"],
             suspects,
+            None,
             |state, sink, completions, outcome| {
                 outcome.unwrap();
                 assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
@@ -591,5 +657,57 @@ mod tests {
             outcome.unwrap();
             assert_eq!(sink.stored()[0].headers.len(), 1, "at-least-once adds no position");
         });
+    }
+
+    #[test]
+    fn a_traced_event_carries_its_span_in_the_header_and_the_ack_ends_it() {
+        use crate::ops::tracing_export::test_tracer;
+        let (tracer, mut spans) = test_tracer(1.0, 8);
+        run_with(
+            "",
+            &["order.placed", "order.paid"],
+            Suspects::default(),
+            Some(tracer),
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                let stored = sink.stored();
+                let headers: Vec<String> = stored
+                    .iter()
+                    .map(|r| {
+                        String::from_utf8_lossy(r.header("traceparent").expect("a root span's header")).into_owned()
+                    })
+                    .collect();
+                assert!(spans.next().is_none(), "nothing ends before the ack");
+                sink.deliver(1);
+                sink.fail_next(FailureKind::Transient, "broker down");
+                let _ = apply_all(state, completions);
+                let (ok, error) = spans.next().expect("the acked span");
+                assert_eq!(error, None);
+                assert_eq!(headers[0], ok.traceparent(), "the header names the span");
+                assert_eq!(ok.name, "send order.placed");
+                assert_eq!(ok.parent, None, "no trace column: a root");
+                // Started at the commit (the frames' time is µs since 2000-01-01).
+                assert_eq!(ok.start_unix_us, COMMITTED + 946_684_800 * SECOND_US);
+                let (failed, error) = spans.next().expect("the failed span");
+                assert_eq!(error.as_deref(), Some("broker down"));
+                assert_eq!(headers[1], failed.traceparent());
+                assert!(spans.next().is_none());
+            },
+        );
+        // sampling_ratio 0 and no parent: sent exactly as without tracing.
+        let (tracer, mut spans) = test_tracer(0.0, 8);
+        run_with(
+            "",
+            &["order.placed"],
+            Suspects::default(),
+            Some(tracer),
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                assert_eq!(sink.stored()[0].headers.len(), 1, "only the id header");
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                assert!(spans.next().is_none());
+            },
+        );
     }
 }

@@ -178,6 +178,7 @@ pub(crate) async fn run_session(
         slot.confirmed_flush,
         &mut suspects,
     );
+    state.tracer = ctx.tracer.clone();
     let outcome = stream(
         &mut state,
         &mut reader,

@@ -45,6 +45,9 @@ pub(crate) struct DeliveryTag {
     pub(crate) dead_letter: bool,
     /// The event's topic in the session's per-topic metrics (`crate::ops::metrics::SessionMetrics`).
     pub(crate) topic: crate::ops::metrics::TopicId,
+    /// `[tracing]`: the event's PRODUCER span, ended when this tag comes back; `None` (no
+    /// allocation) without tracing, for an unsampled root, and for dead letters.
+    pub(crate) span: Option<Box<crate::ops::tracing_export::ProducerSpan>>,
 }
 
 /// The relay's sink and its completions, tagged with [`DeliveryTag`]s.
@@ -149,6 +152,8 @@ pub(crate) struct StreamState<'s> {
     pub(super) guarantee: Guarantee,
     /// The event that waits for a read-back (exactly-once only).
     pub(super) blocked: Option<Pending>,
+    /// `[tracing]`: set by the session when spans are exported.
+    pub(super) tracer: Option<crate::ops::tracing_export::Tracer>,
 }
 
 impl<'s> StreamState<'s> {
@@ -177,6 +182,7 @@ impl<'s> StreamState<'s> {
             lag: super::lag::CommitLag::default(),
             guarantee,
             blocked: None,
+            tracer: None,
         }
     }
 
@@ -303,8 +309,11 @@ impl<'s> StreamState<'s> {
     /// Applies one delivery report. A failure poisons the watermark and ends the session,
     /// unless it is a suspect's verdict that `relay.on_bad_event` settles (see `publish.rs`).
     pub(crate) fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
-        let tag = delivery.tag;
+        let mut tag = delivery.tag;
         self.count_delivery(&tag, delivery.outcome.is_ok());
+        if let (Some(span), Some(tracer)) = (tag.span.take(), &self.tracer) {
+            tracer.end(*span, delivery.outcome.as_ref().err().map(|f| f.cause.clone()));
+        }
         match delivery.outcome {
             Ok(()) => {
                 self.watermark.acked(tag.ticket, tag.bytes)?;

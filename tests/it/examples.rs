@@ -69,7 +69,9 @@ async fn orders_flow_through_the_relay_to_an_idempotent_consumer_exactly_once() 
         .await
         .expect("loyalty schema");
 
-    let config = RelayConfig::new(&pg.url(&shop), &kafka.bootstrap_servers());
+    // The orders carry their request's traceparent; the relay forwards it to the consumer.
+    let config =
+        RelayConfig::new(&pg.url(&shop), &kafka.bootstrap_servers()).set("outbox", "trace_column", "traceparent");
     let out = run_cmd(&["setup"], &config).await;
     assert!(out.status.success(), "setup: {}", String::from_utf8_lossy(&out.stderr));
     let _relay = RelayProcess::run(&config);
@@ -80,9 +82,15 @@ async fn orders_flow_through_the_relay_to_an_idempotent_consumer_exactly_once() 
     for i in 0..orders_placed {
         let customer = &customers[i % customers.len()];
         let total_cents = 1_050 + 333 * i as i64;
-        orders::place_order(&mut shop_client, &new_uuid(), customer, total_cents)
-            .await
-            .expect("place order");
+        orders::place_order(
+            &mut shop_client,
+            &new_uuid(),
+            customer,
+            total_cents,
+            &orders::new_traceparent(),
+        )
+        .await
+        .expect("place order");
         *expected_points.entry(customer.clone()).or_default() += loyalty::points_for(total_cents);
     }
     let outbox_rows: i64 = shop_client
@@ -158,6 +166,19 @@ async fn the_handler_applies_an_event_once_per_consumer() {
     assert_eq!(handle("loyalty").await, Handled::Duplicate);
     // Deduplication is per consumer: another consumer of the same event does its own work.
     assert_eq!(handle("audit").await, Handled::Applied);
+
+    // The consumer's span continues the record's trace: same trace id, its own span id.
+    let parent = orders::new_traceparent();
+    let (child, parent_id) = loyalty::continue_trace(parent.as_bytes()).expect("a valid traceparent");
+    assert_eq!(
+        (&child[..36], &child[52..]),
+        (&parent[..36], &parent[52..]),
+        "{parent} → {child}"
+    );
+    assert_eq!(parent_id, parent[36..52]);
+    assert_ne!(child[36..52], parent[36..52]);
+    assert!(loyalty::continue_trace(b"ff-zz").is_none());
+    assert!(loyalty::continue_trace(b"00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
     assert_eq!(points(&client).await.get(&customer), Some(&(2 * 123)));
 
     let bad = serde_json::json!({ "order_id": "x" });

@@ -23,6 +23,7 @@ mod harness_smoke;
 mod import_debezium;
 mod layering;
 mod multi_table;
+mod otlp;
 mod outage_logs;
 mod pg_versions;
 mod poll;
