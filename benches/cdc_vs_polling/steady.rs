@@ -233,14 +233,19 @@ pub async fn run(ctx: &Ctx<'_>, sc: &Scenario, index: usize, phase: &ProgressBar
     let outcome = match outcome {
         Err(e) if matches!(sc.trace, Trace::Otlp { .. }) && relay::refuses_tracing(&format!("{e:#}")) => {
             let why = format!("{e:#}");
-            let line = why
-                .lines()
-                .find(|l| relay::refuses_tracing(l))
-                .unwrap_or("the relay refused [tracing]")
-                .trim();
+            // The refusal's own words, without the temporary config path and the list of sections.
+            let detail = match why.find("unknown field `tracing`") {
+                Some(_) => "unknown field `tracing`".to_owned(),
+                None => why
+                    .lines()
+                    .find(|l| relay::refuses_tracing(l))
+                    .unwrap_or("the relay refused [tracing]")
+                    .trim()
+                    .to_owned(),
+            };
             Err(anyhow::Error::new(Skipped(format!(
-                "this outbox-relay does not take the [tracing] section yet ({line}); the OTLP rows need a relay with \
-                 the OTLP span exporter"
+                "this outbox-relay refuses the [tracing] section ({detail}); the OTLP rows need a relay with the \
+                 OTLP span exporter"
             ))))
         }
         other => other,
