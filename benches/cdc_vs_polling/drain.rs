@@ -42,7 +42,7 @@ use tokio_postgres::Client;
 use super::debezium::{ConnectChild, ConnectorConf, Install, Tuning};
 use super::pg::{self, BenchPg, RELAY_ROLE};
 use super::procfs;
-use super::relay::{self, Mode, RelayChild, RelayConf};
+use super::relay::{self, Mode, RelayChild, RelayConf, Trace};
 use super::sinks::{Sink, SinkTarget};
 use super::steady::{Ctx, SCHEMA};
 
@@ -217,6 +217,8 @@ async fn drain(
         kafka: ctx.kafka,
         topic_prefix: "",
         sink: None,
+        trace: Trace::Off,
+        otlp_endpoint: None,
     };
     let config = conf.write(ctx.workdir)?;
     relay::setup(&config, false)?;
@@ -684,6 +686,8 @@ async fn poll_drain(
         kafka: ctx.kafka,
         topic_prefix: "",
         sink: None,
+        trace: Trace::Off,
+        otlp_endpoint: None,
     };
     let config = conf.write(cdc_config.parent().unwrap_or(ctx.workdir))?;
     relay::setup(&config, true)?;

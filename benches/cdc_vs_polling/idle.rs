@@ -17,7 +17,7 @@ use super::consumer::TopicConsumer;
 use super::load::{self, LoadSpec, Producers};
 use super::pg::{self, RELAY_ROLE};
 use super::procfs::{self, ThreadStat};
-use super::relay::{self, Mode, RelayChild, RelayConf};
+use super::relay::{self, Mode, RelayChild, RelayConf, Trace};
 use super::steady::{wait_for, Ctx, SCHEMA};
 
 const DB: &str = "bench_idle";
@@ -84,6 +84,8 @@ async fn measure(
         kafka: ctx.kafka,
         topic_prefix: "",
         sink: None,
+        trace: Trace::Off,
+        otlp_endpoint: None,
     };
     let path = conf.write(ctx.workdir)?;
     relay::setup(&path, false)?;
@@ -101,6 +103,7 @@ async fn measure(
             events_per_txn: 1,
             duration: warmup.max(Duration::from_secs(1)),
             event_type: TOPIC.to_owned(),
+            traceparent: false,
         },
         phase,
     )

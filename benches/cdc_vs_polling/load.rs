@@ -48,6 +48,8 @@ pub struct LoadSpec {
     pub duration: Duration,
     /// The `type` value, i.e. the topic the relays route to.
     pub event_type: String,
+    /// Every row gets a random valid W3C `traceparent` (the tracing rows); NULL otherwise.
+    pub traceparent: bool,
 }
 
 /// Event id and the instant its transaction's COMMIT returned.
@@ -88,7 +90,7 @@ pub async fn run(producers: &Producers, spec: &LoadSpec, progress: &ProgressBar)
                 } else if Instant::now() >= end {
                     break;
                 }
-                let sql = transaction_sql(&spec.event_type, spec.events_per_txn, seq);
+                let sql = transaction_sql(&spec.event_type, spec.events_per_txn, seq, spec.traceparent);
                 let messages = client.simple_query(&sql).await.context("producer transaction")?;
                 let committed = Instant::now();
                 for m in messages {
@@ -115,8 +117,17 @@ pub async fn run(producers: &Producers, spec: &LoadSpec, progress: &ProgressBar)
     })
 }
 
-/// One producer transaction: `n` orders and `n` outbox events (the outbox ids returned).
-fn transaction_sql(event_type: &str, n: usize, seq: u64) -> String {
+/// A random valid W3C `traceparent`: version 00, a random trace id and parent id (UUID v4
+/// bits: never all zero), sampled.
+fn traceparent() -> String {
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let parent_id = &uuid::Uuid::new_v4().simple().to_string()[..16];
+    format!("00-{trace_id}-{parent_id}-01")
+}
+
+/// One producer transaction: `n` orders and `n` outbox events (the outbox ids returned), each
+/// with a fresh `traceparent` when `with_trace`.
+fn transaction_sql(event_type: &str, n: usize, seq: u64, with_trace: bool) -> String {
     let mut orders = Vec::with_capacity(n);
     let mut events = Vec::with_capacity(n);
     for j in 0..n {
@@ -131,12 +142,17 @@ fn transaction_sql(event_type: &str, n: usize, seq: u64) -> String {
             "currency": "EUR",
             "items": [{"sku": format!("sku-{}", total % 977), "qty": 1 + total % 3}],
         });
-        events.push(format!("('{order}', '{event_type}', '{payload}')"));
+        if with_trace {
+            events.push(format!("('{order}', '{event_type}', '{payload}', '{}')", traceparent()));
+        } else {
+            events.push(format!("('{order}', '{event_type}', '{payload}')"));
+        }
     }
     format!(
         "BEGIN; INSERT INTO orders (id, customer_id, total_cents, status) VALUES {}; \
-         INSERT INTO events_outbox (aggregate_id, type, payload) VALUES {} RETURNING id; COMMIT",
+         INSERT INTO events_outbox (aggregate_id, type, payload{}) VALUES {} RETURNING id; COMMIT",
         orders.join(", "),
+        if with_trace { ", traceparent" } else { "" },
         events.join(", ")
     )
 }

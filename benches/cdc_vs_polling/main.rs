@@ -6,7 +6,7 @@
 //! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT]
 //!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR]
 //!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
-//!     [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--report-from results.json]
+//!     [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]
 //! ```
 //!
 //! It starts its own PostgreSQL 15 cluster and (by default) librdkafka's mock Kafka cluster in
@@ -33,6 +33,15 @@
 //! and into every other broker of `--sinks`, beside `pg_recvlogical` draining the same slot
 //! contents to /dev/null.
 //!
+//! **Tracing** (`otlp.rs`): beside the CDC row at 1,000 events/s on Kafka (trace context off,
+//! the baseline), three rows of the same run: `CDC + traceparent` (every row carries a random
+//! valid `traceparent`, `[outbox] trace_column` reads it, no export), `CDC + OTLP 100 %` and
+//! `CDC + OTLP 1 %` (plus `[tracing]` exporting OTLP/HTTP protobuf spans, sampled 100 % and 1 %,
+//! to a small receiver in this process that counts requests, bytes and spans). Included by
+//! default (about a minute in a full run, 30 s with `--quick`); `--no-tracing` leaves them out. A
+//! relay that refuses `[tracing]` (built before the exporter) skips the OTLP rows with the reason.
+//! `--only` takes comma-separated alternatives: `--only "CDC at 1000/s,CDC +"` runs the four.
+//!
 //! `--with-debezium` adds Debezium + Kafka Connect standalone (`debezium.rs`; needs
 //! `scripts/install-debezium.sh`): at 1,000 events/s with Debezium's defaults and with
 //! `poll.interval.ms=10`, and in the drain, which then runs twice — one event per transaction and
@@ -56,6 +65,7 @@ mod debezium;
 mod drain;
 mod idle;
 mod load;
+mod otlp;
 mod pg;
 mod plot;
 mod procfs;
@@ -73,7 +83,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use relay::{Mode, Tuning};
+use relay::{Mode, Trace, Tuning};
 use sinks::Sink;
 use steady::{Rate, Scenario};
 
@@ -86,8 +96,9 @@ struct Options {
     drain: bool,
     drain_poll: bool,
     out_dir: PathBuf,
-    /// Only runs whose "<relay> at <rate>" label contains this (for profiling one run).
-    only: Option<String>,
+    /// Only runs whose "<relay> at <rate>" label contains one of these (comma-separated on the
+    /// command line; for profiling one run, or a few to compare).
+    only: Option<Vec<String>>,
     /// Extra librdkafka properties for every relay, e.g. `linger.ms=0`.
     kafka: Vec<(String, String)>,
     /// Debezium + Kafka Connect beside the relay (steady 1,000/s and both drains).
@@ -99,6 +110,17 @@ struct Options {
     sinks: Vec<Sink>,
     /// The idle relay's window (`--idle-secs`; zero: no idle run).
     idle: Duration,
+    /// The tracing rows (on unless `--no-tracing`).
+    tracing: bool,
+}
+
+impl Options {
+    /// Whether `--only` (if given) selects a run of this label.
+    fn selects(&self, label: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|o| label.contains(o.as_str())))
+    }
 }
 
 /// Events per transaction of the batched drain (`--with-debezium`).
@@ -107,7 +129,10 @@ const BATCHED_DRAIN_TXN: u64 = 1_000;
 const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--report-from results.json]";
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
+                     --only TEXT[,TEXT…]: runs whose label contains one of them, e.g. --only \"CDC at 1000/s,CDC +\" for \
+                     the tracing rows beside their baseline; the tracing rows (CDC + traceparent / OTLP 100 % / OTLP 1 % at \
+                     1000/s, Kafka) run by default, --no-tracing leaves them out";
 
 fn options() -> Result<Option<Options>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -136,6 +161,7 @@ fn options() -> Result<Option<Options>> {
         report_from: None,
         sinks: Sink::ALL.to_vec(),
         idle: Duration::from_secs(if quick { 15 } else { 60 }),
+        tracing: true,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -150,7 +176,8 @@ fn options() -> Result<Option<Options>> {
             "--with-debezium" => o.with_debezium = true,
             "--report-from" => o.report_from = Some(PathBuf::from(value()?)),
             "--out-dir" => o.out_dir = PathBuf::from(value()?),
-            "--only" => o.only = Some(value()?.clone()),
+            "--only" => o.only = Some(value()?.split(',').map(str::to_owned).collect()),
+            "--no-tracing" => o.tracing = false,
             "--sinks" => o.sinks = Sink::parse_list(value()?)?,
             "--idle-secs" => o.idle = Duration::from_secs(value()?.parse()?),
             "--kafka" => {
@@ -197,6 +224,7 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
         warmup: o.warmup,
         measure: o.measure,
         sink: Sink::Kafka,
+        trace: Trace::Off,
     };
     let mut out: Vec<Scenario> = rates
         .iter()
@@ -213,6 +241,19 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
             ..scenario(Some(Mode::Cdc), Rate::Fixed(1_000.0), 1)
         });
     }
+    // Trace context and span export, beside the CDC row at 1,000 events/s (the "off" baseline).
+    if o.tracing {
+        for trace in [
+            Trace::Traceparent,
+            Trace::Otlp { ratio: 1.0 },
+            Trace::Otlp { ratio: 0.01 },
+        ] {
+            out.push(Scenario {
+                trace,
+                ..scenario(Some(Mode::Cdc), Rate::Fixed(1_000.0), 1)
+            });
+        }
+    }
     if o.with_debezium {
         for tuning in [Tuning::Defaults, Tuning::Latency] {
             out.push(Scenario {
@@ -221,9 +262,7 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
             });
         }
     }
-    if let Some(only) = &o.only {
-        out.retain(|s| s.label().contains(only.as_str()));
-    }
+    out.retain(|s| o.selects(&s.label()));
     out
 }
 
@@ -282,7 +321,11 @@ async fn run(o: Options) -> Result<()> {
             .map_or(0, |d| d.as_secs() % 100_000)
     );
     let scenarios = scenarios(&o);
-    let with_idle = !o.idle.is_zero() && o.only.as_ref().is_none_or(|only| IDLE_LABEL.contains(only.as_str()));
+    let with_idle = !o.idle.is_zero() && o.selects(IDLE_LABEL);
+    // The receiver's counts are in the report: check it before a run relies on them.
+    if scenarios.iter().any(|s| matches!(s.trace, Trace::Otlp { .. })) {
+        otlp::self_check().context("the benchmark's OTLP receiver failed its self-check")?;
+    }
     let drains = match (o.drain, o.with_debezium) {
         (false, _) => Vec::new(),
         (true, false) => vec![1],
@@ -326,6 +369,7 @@ async fn run(o: Options) -> Result<()> {
         .get(0);
 
     let mut steady_results = Vec::new();
+    let mut skipped = Vec::new();
     for (i, sc) in scenarios.iter().enumerate() {
         overall.set_message(sc.label());
         match steady::run(&ctx, sc, i, &phase).await {
@@ -333,7 +377,13 @@ async fn run(o: Options) -> Result<()> {
                 say(&progress, summary(&outcome));
                 steady_results.push(outcome);
             }
-            Err(e) => say(&progress, format!("FAILED {}: {e:#}", sc.label())),
+            Err(e) => match e.downcast_ref::<steady::Skipped>() {
+                Some(why) => {
+                    say(&progress, format!("SKIPPED {}: {why}", sc.label()));
+                    skipped.push((sc.label(), why.to_string()));
+                }
+                None => say(&progress, format!("FAILED {}: {e:#}", sc.label())),
+            },
         }
         overall.inc(1);
     }
@@ -395,6 +445,7 @@ async fn run(o: Options) -> Result<()> {
         drain,
         batched_drain,
         idle,
+        skipped,
     };
     let raw_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/cdc_vs_polling");
     std::fs::create_dir_all(&raw_dir)?;
@@ -452,8 +503,11 @@ fn summary(o: &steady::Outcome) -> String {
     } else {
         format!("{} → {}", o.mode, o.sink)
     };
+    let spans = o.otlp.map_or_else(String::new, |(c, events)| {
+        format!(" {} spans for {events} events ({} requests),", c.spans, c.requests)
+    });
     format!(
-        "{:>14} {:>12}: {:>6.0} ev/s,{latency}{cpu} PG {:.1} µs/ev",
+        "{:>14} {:>12}: {:>6.0} ev/s,{latency}{cpu}{spans} PG {:.1} µs/ev",
         mode, o.rate, o.achieved_per_s, o.pg_cpu_us_per_event
     )
 }

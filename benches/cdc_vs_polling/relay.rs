@@ -30,6 +30,42 @@ pub enum Mode {
     Debezium(Tuning),
 }
 
+/// The tracing dimension of a CDC run (Kafka, 1,000 events/s): what the relay does with W3C
+/// trace context. `Off` is the plain CDC row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Trace {
+    Off,
+    /// The rows carry a `traceparent`, `[outbox] trace_column` reads it into a header; no export.
+    Traceparent,
+    /// As `Traceparent`, and `[tracing]` exports a PRODUCER span per sampled event over
+    /// OTLP/HTTP (protobuf) to the benchmark's receiver (`otlp.rs`), sampling `ratio` of them.
+    Otlp {
+        ratio: f64,
+    },
+}
+
+impl Trace {
+    /// What the row's relay label adds ("CDC + …"); `None` for `Off`.
+    pub fn label(self) -> Option<String> {
+        match self {
+            Trace::Off => None,
+            Trace::Traceparent => Some("traceparent".into()),
+            Trace::Otlp { ratio } => Some(format!("OTLP {} %", ratio * 100.0)),
+        }
+    }
+
+    /// The load writes a random valid `traceparent` per row.
+    pub fn writes_traceparent(self) -> bool {
+        self != Trace::Off
+    }
+}
+
+/// Whether a relay's refusal (setup's stderr, run's log) is about `[tracing]`: a relay built
+/// before that section exists refuses it as an unknown field, a newer one names its keys.
+pub fn refuses_tracing(text: &str) -> bool {
+    text.contains("`tracing`") || text.contains("[tracing]") || text.contains("tracing.")
+}
+
 impl Mode {
     /// `outbox-relay run`, in either delivery mode.
     pub fn is_cdc(self) -> bool {
@@ -68,6 +104,9 @@ pub struct RelayConf<'a> {
     pub topic_prefix: &'a str,
     /// The broker when not Kafka (`[sink]` and its section instead of `[kafka]`).
     pub sink: Option<&'a SinkTarget>,
+    pub trace: Trace,
+    /// The receiver's `http://127.0.0.1:<port>` for `Trace::Otlp`.
+    pub otlp_endpoint: Option<&'a str>,
 }
 
 impl RelayConf<'_> {
@@ -101,6 +140,14 @@ impl RelayConf<'_> {
         }
         if let Some(port) = self.metrics_port {
             toml.push_str(&format!("\n[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+        }
+        if self.trace.writes_traceparent() {
+            toml = toml.replace("[outbox]\n", "[outbox]\ntrace_column = \"traceparent\"\n");
+        }
+        if let (Trace::Otlp { ratio }, Some(endpoint)) = (self.trace, self.otlp_endpoint) {
+            toml.push_str(&format!(
+                "\n[tracing]\notlp_endpoint = \"{endpoint}\"\nprotocol = \"http/protobuf\"\nsampling_ratio = {ratio:?}\n"
+            ));
         }
         toml
     }
@@ -166,7 +213,7 @@ impl RelayChild {
             .stderr(file)
             .spawn()
             .context("starting the relay")?;
-        let relay = RelayChild { child, log };
+        let mut relay = RelayChild { child, log };
         let ready = if mode.is_cdc() {
             "streaming started"
         } else {
@@ -174,6 +221,13 @@ impl RelayChild {
         };
         let deadline = Instant::now() + Duration::from_secs(if wrapper.is_empty() { 30 } else { 300 });
         while !relay.log_text().contains(ready) {
+            // An exit at start (a refused configuration) is reported now, not at the deadline.
+            if let Some(status) = relay.child.try_wait()? {
+                bail!(
+                    "the relay exited at start with {status}; log:\n{}",
+                    tail(&relay.log_text())
+                );
+            }
             if Instant::now() >= deadline {
                 bail!("the relay did not start in time; log:\n{}", relay.log_text());
             }

@@ -55,6 +55,9 @@ pub struct Results {
     /// The relay with no events (absent in results from before it).
     #[serde(default)]
     pub idle: Option<IdleOutcome>,
+    /// Runs not measured for a reason outside the benchmark: (label, reason).
+    #[serde(default)]
+    pub skipped: Vec<(String, String)>,
 }
 
 fn sh(program: &str, args: &[&str]) -> String {
@@ -203,7 +206,8 @@ pub fn markdown(r: &Results, targets: &str) -> String {
          | relay's PG backends µs/ev | statements/ev | lost / dup |"
     );
     let _ = writeln!(s, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
-    for o in r.steady.iter().filter(|o| o.is_kafka()) {
+    // The tracing rows have a section of their own, beside this table's CDC row at 1,000/s.
+    for o in r.steady.iter().filter(|o| o.is_kafka() && o.tracing.is_none()) {
         let latency = o.delivery.as_ref().and_then(|d| d.latency).map_or_else(
             || "–".into(),
             |l| format!("{:.1} / {:.1} / {:.1} / {:.1}", l.p50, l.p90, l.p99, l.max),
@@ -234,6 +238,7 @@ pub fn markdown(r: &Results, targets: &str) -> String {
         );
     }
     sinks_section(&mut s, r);
+    tracing_section(&mut s, r);
     idle_section(&mut s, r);
     for d in r.drain.iter().chain(&r.batched_drain) {
         drain_table(&mut s, d);
@@ -509,6 +514,90 @@ fn sinks_section(s: &mut String, r: &Results) {
          its section only). Consumers: NATS an ordered push consumer on the run's stream, RabbitMQ `basic.consume` on \
          an exclusive queue bound with the routed key, Redis `XREAD BLOCK` on the stream key; commit→ack is the \
          relay's `/latency` to the broker's acknowledgement (PubAck, publisher confirm, the XADD reply)."
+    );
+}
+
+/// The tracing rows beside the CDC row at 1,000 events/s on Kafka (trace context off), with
+/// the ratios to it; skipped rows with their reason.
+fn tracing_section(s: &mut String, r: &Results) {
+    let rows: Vec<&Outcome> = r.steady.iter().filter(|o| o.tracing.is_some()).collect();
+    let skipped: Vec<&(String, String)> = r.skipped.iter().filter(|(label, _)| label.contains("CDC +")).collect();
+    if rows.is_empty() && skipped.is_empty() {
+        return;
+    }
+    let off = r
+        .steady
+        .iter()
+        .find(|o| o.is_kafka() && o.mode == "CDC" && o.rate == "1000/s");
+    let _ = writeln!(
+        s,
+        "\n### Tracing and trace context at 1,000 ev/s\n\n\
+         | trace context | achieved ev/s | commit→ack p50 / p99 ms | commit→consumer p99 ms | relay CPU µs/ev \
+         | CPU / off | ack p99 / off | spans received (per event) | OTLP requests / KiB |"
+    );
+    let _ = writeln!(s, "|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "–".into(),
+    };
+    let ack_p99 = |o: &Outcome| o.ack.map(|(_, p)| p.p99);
+    for (name, o) in off
+        .map(|o| ("off (the steady table's CDC row)".to_owned(), o))
+        .into_iter()
+        .chain(rows.iter().map(|o| (o.tracing.clone().unwrap_or_default(), *o)))
+    {
+        let ack = o
+            .ack
+            .map_or_else(|| "–".into(), |(_, p)| format!("{:.1} / {:.1}", p.p50, p.p99));
+        let consumer_p99 = opt(o.delivery.as_ref().and_then(|d| d.latency).map(|l| l.p99), 1);
+        let (spans, requests) = match o.otlp {
+            Some((c, events)) => (
+                format!(
+                    "{} ({}){}",
+                    c.spans,
+                    if events > 0 {
+                        format!("{:.3}", c.spans as f64 / events as f64)
+                    } else {
+                        "–".into()
+                    },
+                    if c.unreadable > 0 {
+                        format!(", {} requests unreadable", c.unreadable)
+                    } else {
+                        String::new()
+                    }
+                ),
+                format!("{} / {:.0}", c.requests, c.bytes as f64 / 1024.0),
+            ),
+            None => ("–".into(), "–".into()),
+        };
+        let (cpu_ratio, ack_ratio) = if o.tracing.is_none() {
+            ("1".to_owned(), "1".to_owned())
+        } else {
+            (
+                ratio(o.relay_cpu_us_per_event, off.and_then(|f| f.relay_cpu_us_per_event)),
+                ratio(ack_p99(o), off.and_then(ack_p99)),
+            )
+        };
+        let _ = writeln!(
+            s,
+            "| {name} | {:.0} | {ack} | {consumer_p99} | {} | {cpu_ratio} | {ack_ratio} | {spans} | {requests} |",
+            o.achieved_per_s,
+            opt(o.relay_cpu_us_per_event, 1),
+        );
+    }
+    for (label, why) in skipped {
+        let _ = writeln!(s, "| {label}: skipped — {why} | | | | | | | | |");
+    }
+    let _ = writeln!(
+        s,
+        "\nSame run, load, warm-up and window as the steady table; every row a fresh database. *traceparent*: every \
+         outbox row carries a random valid W3C `traceparent` (sampled flag set), `[outbox] trace_column` puts it in a \
+         header, no spans. *OTLP*: the same plus `[tracing]` exporting a PRODUCER span per sampled event over \
+         OTLP/HTTP (protobuf) to a receiver in the benchmark process that answers at once (its own CPU is not the \
+         relay's). Spans and requests are counted over the whole run — warm-up, measured load and the relay's \
+         shutdown flush — and divided by the events the consumer received over the same span, as the exporter \
+         batches on its own schedule. *CPU / off* and *ack p99 / off* divide by the CDC row with trace context off; \
+         a difference within run-to-run noise (a few %) is no measurable change."
     );
 }
 

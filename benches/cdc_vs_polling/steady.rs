@@ -19,9 +19,10 @@ use super::broker::Broker;
 use super::consumer::TopicConsumer;
 use super::debezium::{ConnectChild, ConnectorConf, Install};
 use super::load::{self, LoadSpec, Producers};
+use super::otlp::{OtlpCounts, OtlpReceiver};
 use super::pg::{self, BenchPg, RELAY_ROLE};
 use super::procfs;
-use super::relay::{self, Mode, RelayChild, RelayConf};
+use super::relay::{self, Mode, RelayChild, RelayConf, Trace};
 use super::sinks::{Sink, SinkTarget};
 use super::stats::{self, Delivery, Percentiles};
 
@@ -38,7 +39,9 @@ CREATE TABLE events_outbox (
     type text NOT NULL,
     payload jsonb NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
-    dispatched_at timestamptz
+    dispatched_at timestamptz,
+    -- W3C trace context: written only by the tracing rows' load (NULL elsewhere: no cost).
+    traceparent text
 );
 CREATE INDEX events_outbox_pending_idx ON events_outbox (created_at) WHERE dispatched_at IS NULL;
 ";
@@ -61,15 +64,36 @@ pub struct Scenario {
     /// The broker the relay publishes to (Kafka for every run but the other sinks' CDC rows).
     #[serde(skip)]
     pub sink: Sink,
+    /// Trace context and span export (the tracing rows; `Off` everywhere else).
+    #[serde(skip)]
+    pub trace: Trace,
 }
+
+/// A run that could not be measured for a reason outside the benchmark (a relay without
+/// `[tracing]`): reported as skipped, with the reason, not as a failure.
+#[derive(Debug)]
+pub struct Skipped(pub String);
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Skipped {}
 
 fn serialize_mode<S: serde::Serializer>(m: &Option<Mode>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&m.map_or("baseline".into(), Mode::label))
 }
 
 impl Scenario {
+    /// The relay, with the tracing dimension when on ("CDC + OTLP 100 %").
     pub fn mode_label(&self) -> String {
-        self.mode.map_or("no relay".into(), Mode::label)
+        let mode = self.mode.map_or("no relay".into(), Mode::label);
+        match self.trace.label() {
+            Some(trace) => format!("{mode} + {trace}"),
+            None => mode,
+        }
     }
 
     /// "<relay> at <rate>", with the broker when it is not Kafka: what `--only` matches.
@@ -130,6 +154,13 @@ pub struct Outcome {
     /// on this machine; Kafka's mock cluster lives in the benchmark process: none).
     #[serde(default)]
     pub broker_cpu_us_per_event: Option<f64>,
+    /// The tracing dimension's label ("traceparent", "OTLP 1 %"); `None` for every other row.
+    #[serde(default)]
+    pub tracing: Option<String>,
+    /// What the OTLP receiver got over the whole run (warm-up and measured load, through the
+    /// relay's shutdown flush), and the events the consumer received over the same span.
+    #[serde(default)]
+    pub otlp: Option<(OtlpCounts, u64)>,
 }
 
 fn kafka_name() -> String {
@@ -198,6 +229,27 @@ pub async fn run(ctx: &Ctx<'_>, sc: &Scenario, index: usize, phase: &ProgressBar
     let topic = format!("bench-{index}");
     let target = SinkTarget::new(sc.sink, ctx.run_id, &index.to_string());
     let outcome = measure(ctx, sc, &db, &topic, target.as_ref(), &admin, phase).await;
+    // A relay that refuses `[tracing]` (built before that section): skipped, not failed.
+    let outcome = match outcome {
+        Err(e) if matches!(sc.trace, Trace::Otlp { .. }) && relay::refuses_tracing(&format!("{e:#}")) => {
+            let why = format!("{e:#}");
+            // The refusal's own words, without the temporary config path and the list of sections.
+            let detail = match why.find("unknown field `tracing`") {
+                Some(_) => "unknown field `tracing`".to_owned(),
+                None => why
+                    .lines()
+                    .find(|l| relay::refuses_tracing(l))
+                    .unwrap_or("the relay refused [tracing]")
+                    .trim()
+                    .to_owned(),
+            };
+            Err(anyhow::Error::new(Skipped(format!(
+                "this outbox-relay refuses the [tracing] section ({detail}); the OTLP rows need a relay with the \
+                 OTLP span exporter"
+            ))))
+        }
+        other => other,
+    };
     if let Some(t) = &target {
         if let Err(e) = t.cleanup(&topic).await {
             phase.println(format!("cleaning up after {}: {e:#}", sc.label()));
@@ -224,6 +276,12 @@ async fn measure(
         .map(|_| pg::free_port());
     let mut relay_child = None;
     let mut consumer = None;
+    // The span sink of the OTLP rows, for the whole run (the exporter may flush at shutdown).
+    let receiver = match sc.trace {
+        Trace::Otlp { .. } => Some(OtlpReceiver::start().context("starting the OTLP receiver")?),
+        _ => None,
+    };
+    let otlp_endpoint = receiver.as_ref().map(OtlpReceiver::endpoint);
     if let Some(mode) = sc.mode {
         phase.set_message(format!("{}: setup", mode.label()));
         if target.is_none() {
@@ -239,6 +297,8 @@ async fn measure(
             kafka: ctx.kafka,
             topic_prefix: target.map_or("", |t| t.prefix.as_str()),
             sink: target,
+            trace: sc.trace,
+            otlp_endpoint: otlp_endpoint.as_deref(),
         };
         let path = conf.write(ctx.workdir)?;
         relay::setup(&path, !mode.streams())?;
@@ -280,6 +340,7 @@ async fn measure(
         events_per_txn: sc.events_per_txn,
         duration,
         event_type: topic.to_owned(),
+        traceparent: sc.trace.writes_traceparent(),
     };
 
     phase.set_message(format!("{} {}: warm-up", sc.mode_label(), sc.rate_label()));
@@ -335,6 +396,8 @@ async fn measure(
     if let Some(r) = relay_child {
         r.stop().await?;
     }
+    let run_events = consumer.as_ref().map_or(0, TopicConsumer::count);
+    let otlp = receiver.as_ref().map(|r| (r.counts(), run_events));
     let delivery = consumer.map(|c| stats::delivery(&measured.commits, &c.finish()));
     let events = delivery.as_ref().map_or(measured.commits.len() as u64, |d| d.delivered);
     if events == 0 {
@@ -373,6 +436,8 @@ async fn measure(
             .broker_cpu
             .zip(after.broker_cpu)
             .map(|(b, a)| per_event_us(a - b)),
+        tracing: sc.trace.label(),
+        otlp,
     })
 }
 

@@ -9,7 +9,7 @@
 //! check a name; the section is refused with `[debezium]` (another record format) and where no
 //! binding is implemented: Kafka takes both modes (its protocol binding), NATS the structured mode
 //! (its binding has no other), Redis both with the Kafka binding's names as stream fields (Redis
-//! has no binding), RabbitMQ none yet.
+//! has no binding), RabbitMQ both (the AMQP binding; its adapter maps the names).
 
 use std::collections::BTreeMap;
 
@@ -122,21 +122,13 @@ impl CloudEventsSection {
             });
         }
         match (cx.sink, self.mode) {
-            (SinkKind::Kafka | SinkKind::Redis, _) | (SinkKind::Nats, CloudEventsMode::Structured) => {}
+            (SinkKind::Kafka | SinkKind::Redis | SinkKind::RabbitMq, _)
+            | (SinkKind::Nats, CloudEventsMode::Structured) => {}
             (SinkKind::Nats, CloudEventsMode::Binary) => {
                 return Err(ConfigError::Invalid {
                     key: "cloudevents.mode",
                     message: "is \"binary\" with [sink] kind = \"nats\": the CloudEvents NATS protocol binding \
                               (1.0.2) defines the structured content mode only. Set mode = \"structured\""
-                        .into(),
-                })
-            }
-            (SinkKind::RabbitMq, _) => {
-                return Err(ConfigError::Invalid {
-                    key: "cloudevents",
-                    message: "is set but [sink] kind = \"rabbitmq\": the AMQP binding's `cloudEvents:` application \
-                              properties and content-type property are not written yet. Remove [cloudevents], or \
-                              publish to Kafka, Redis or NATS"
                         .into(),
                 })
             }
@@ -322,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn refused_with_debezium_and_on_sinks_without_a_binding() {
+    fn refused_with_debezium_and_where_the_sink_has_no_such_mode() {
         let e = load("[cloudevents]\n[debezium]\n", &[]).unwrap_err().to_string();
         assert!(e.contains("[debezium]") && e.contains("Remove one"), "{e}");
         let with_sink = |sink: &str, mode: &str| {
@@ -337,11 +329,7 @@ mod tests {
             crate::config::Settings::from_toml_str(&text, std::path::Path::new("t.toml"), Vec::new())
         };
         for mode in ["binary", "structured"] {
-            let e = with_sink("rabbitmq", mode).unwrap_err().to_string();
-            assert!(
-                e.contains("config key cloudevents:") && e.contains("Remove [cloudevents]"),
-                "{e}"
-            );
+            assert!(with_sink("rabbitmq", mode).unwrap().cloudevents.is_some());
             assert!(with_sink("redis", mode).unwrap().cloudevents.is_some());
         }
         assert!(with_sink("nats", "structured").unwrap().cloudevents.is_some());

@@ -4,7 +4,11 @@
 //! a venv that scripts/install-cloudevents-sdk.sh makes) as well as checked byte for byte where
 //! the Kafka binding fixes the bytes (binary mode's value is the payload; the structured content
 //! type). A third test checks the W3C `traceparent` pass-through without `[cloudevents]`: valid
-//! and invalid values are published untouched, invalid ones counted.
+//! and invalid values are published untouched, invalid ones counted. On RabbitMQ (the AMQP
+//! binding) the properties are checked against the binding's rules directly, then — as the SDK
+//! has no AMQP reader — renamed one to one to the Kafka binding's names (`cloudEvents:x` →
+//! `ce_x`, the `content_type` property → `content-type`: the only differences between the two
+//! bindings) and read with the Kafka reader.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -394,6 +398,109 @@ async fn cloudevents_on_nats_and_redis_read_back_with_the_sdk() {
         );
     }
     check_with_sdk("binary", &db, &rows, &records).await;
+}
+
+/// RabbitMQ, both modes (the AMQP protocol binding 1.0.2): binary mode's attributes are the
+/// `cloudEvents:`-prefixed application properties (AMQP 0-9-1 headers, which RabbitMQ maps to
+/// AMQP 1.0 application-properties) and `datacontenttype` the `content_type` property;
+/// structured mode's `content_type` is the JSON event format's. The relay's own `id`/`key`
+/// headers and `message_id` stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_on_rabbitmq_follow_the_amqp_binding_and_read_back_with_the_sdk() {
+    use crate::harness::rabbitmq::{RabbitFixture, RABBITMQ_URL};
+
+    let mut extensions = toml::Table::new();
+    extensions.insert("tenant".into(), toml::Value::String("tenant".into()));
+    for mode in ["binary", "structured"] {
+        let fx = RabbitFixture::new(&["#"]).await;
+        let (db, client, config) = database("127.0.0.1:1").await;
+        let config = config
+            .sink("rabbitmq", &[("url", RABBITMQ_URL), ("exchange", &fx.exchange)])
+            .set("cloudevents", "mode", mode)
+            .set("cloudevents", "extensions", toml::Value::Table(extensions.clone()));
+        setup(&config).await;
+        let relay = RelayProcess::run_streaming(&config).await;
+        let rows = insert_rows(&client).await;
+        let records = fx.collect(rows.len(), WAIT).await;
+        assert_eq!(records.len(), rows.len(), "{mode}: {}", relay.log_text());
+        for record in &records {
+            let id = String::from_utf8_lossy(record.header("id").expect("the id header")).into_owned();
+            let row = rows.iter().find(|r| r.id == id).expect("a record of an inserted row");
+            assert_eq!(record.header("message_id"), Some(row.id.as_bytes()), "{mode}");
+            assert_eq!(
+                record.key.as_deref(),
+                Some(row.aggregate.as_bytes()),
+                "{mode}: the key header"
+            );
+            assert!(
+                record.header("content-type").is_none() && !record.headers.iter().any(|(n, _)| n.starts_with("ce_")),
+                "{mode}: no Kafka-binding names left: {:?}",
+                record.headers
+            );
+            if mode == "binary" {
+                let source = format!("/outbox-relay/{db}/{}", row.table);
+                assert_eq!(
+                    record.payload.as_deref(),
+                    Some(&row.payload[..]),
+                    "the body is the payload"
+                );
+                let content_type = if row.table == TABLES[1] {
+                    "application/octet-stream"
+                } else {
+                    "application/json"
+                };
+                assert_eq!(record.header("content_type"), Some(content_type.as_bytes()));
+                for (name, value) in [
+                    ("cloudEvents:specversion", Some(&b"1.0"[..])),
+                    ("cloudEvents:id", Some(row.id.as_bytes())),
+                    ("cloudEvents:source", Some(source.as_bytes())),
+                    ("cloudEvents:type", Some(&b"order.placed"[..])),
+                    ("cloudEvents:subject", Some(row.aggregate.as_bytes())),
+                    ("cloudEvents:tenant", row.tenant.as_deref().map(str::as_bytes)),
+                    ("cloudEvents:traceparent", row.traceparent.as_deref().map(str::as_bytes)),
+                    ("cloudEvents:tracestate", row.tracestate.as_deref().map(str::as_bytes)),
+                    ("cloudEvents:datacontenttype", None),
+                    ("traceparent", None),
+                ] {
+                    assert_eq!(record.header(name), value, "{name} of row {}", row.id);
+                }
+                assert!(record.header("cloudEvents:time").is_some(), "time from created_at");
+            } else {
+                assert_eq!(
+                    record.header("content_type"),
+                    Some(&b"application/cloudevents+json; charset=UTF-8"[..])
+                );
+                assert!(!record.headers.iter().any(|(n, _)| n.starts_with("cloudEvents:")));
+                assert_eq!(
+                    record.header("traceparent"),
+                    row.traceparent.as_deref().map(str::as_bytes)
+                );
+            }
+        }
+        // The one-to-one renaming to the Kafka binding, so the SDK's reader checks the rest.
+        let as_kafka: Vec<Received> = records
+            .iter()
+            .map(|r| Received {
+                headers: r
+                    .headers
+                    .iter()
+                    .filter_map(|(name, value)| {
+                        let name = match (name.strip_prefix("cloudEvents:"), name.as_str()) {
+                            (Some(attribute), _) => format!("ce_{attribute}"),
+                            (None, "content_type") => "content-type".to_owned(),
+                            (None, "id" | "key") => name.clone(),
+                            (None, _) => return None,
+                        };
+                        Some((name, value.clone()))
+                    })
+                    .collect(),
+                ..r.clone()
+            })
+            .collect();
+        check_with_sdk(mode, &db, &rows, &as_kafka).await;
+        drop(relay);
+        fx.clean().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

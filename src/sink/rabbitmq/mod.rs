@@ -50,7 +50,7 @@ pub(crate) async fn create<Tag: Send + Sync + 'static>(
         .rabbitmq
         .as_ref()
         .ok_or_else(|| err("[sink] kind = \"rabbitmq\" without a [rabbitmq] section".into(), false))?;
-    publisher::Publisher::create(rabbitmq, max_in_flight).await
+    publisher::Publisher::create(rabbitmq, max_in_flight, settings.cloudevents.as_ref().map(|ce| ce.mode)).await
 }
 
 /// Why the relay cannot offer exactly-once with this sink (the config error's words).

@@ -21,6 +21,15 @@
 //! can never leave message k+1 of the same aggregate stored ahead of it — k+1 was not sent yet,
 //! and fails with the sink. Different keys are pipelined freely. The cost: one aggregate gets
 //! at most one message per confirm round trip (docs/sink-rabbitmq.md has numbers).
+//!
+//! **CloudEvents** (`[cloudevents]`, the AMQP protocol binding 1.0.2): the record arrives with
+//! the Kafka binding's names (`ce_<attr>` headers, `content-type`), and [`message`] moves them
+//! where AMQP puts them. Binary mode: each `ce_<attr>` becomes the application property (header)
+//! `cloudEvents:<attr>`, a string (the binding allows the canonical string form for every
+//! type), and `content-type` becomes the `content_type` property (the `datacontenttype`).
+//! Structured mode: the body is the JSON envelope and `content_type` its media type. The config
+//! refuses header columns named `ce_*` or `content-type` with `[cloudevents]`, so every such
+//! name here is one the relay wrote.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -37,6 +46,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use super::{check_exchange, connect, words, MAX_MESSAGE_BYTES, SINK};
+use crate::config::cloudevents::CloudEventsMode;
 use crate::config::rabbitmq::{validate_routing_key, RabbitMqSettings, MAX_SHORT_STRING};
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
@@ -45,6 +55,12 @@ use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError
 pub(crate) const ID_HEADER: &str = "id";
 /// Header holding the aggregate key (the Kafka record key), as bytes.
 pub(crate) const KEY_HEADER: &str = "key";
+/// The AMQP binding's prefix of a CloudEvents attribute's application property.
+pub(crate) const CE_PROPERTY_PREFIX: &str = "cloudEvents:";
+/// The prefix of a CloudEvents attribute's header in the record (the Kafka binding's).
+const CE_HEADER_PREFIX: &str = "ce_";
+/// The record header carrying the content type in CloudEvents modes.
+const CONTENT_TYPE_HEADER: &str = "content-type";
 
 /// One message for the task, owning everything.
 struct Outgoing<Tag> {
@@ -90,15 +106,18 @@ pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
     done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
     /// Keys refused and not released yet (closed by the task, opened by [`Sink::release`]).
     fence: Arc<KeyFence>,
+    /// `[cloudevents]`'s mode: records carry CloudEvents headers to map to the AMQP binding.
+    cloudevents: Option<CloudEventsMode>,
 }
 
 impl<Tag: Send + Sync + 'static> Publisher<Tag> {
     /// Connects, checks the exchange, turns on publisher confirms and starts the task on the
     /// current runtime. `_max_in_flight` needs no local queue sizing: the task's queue is
-    /// unbounded and the caller's budget bounds it.
+    /// unbounded and the caller's budget bounds it. `cloudevents`: `[cloudevents]`'s mode, if set.
     pub(crate) async fn create(
         settings: &RabbitMqSettings,
         _max_in_flight: usize,
+        cloudevents: Option<CloudEventsMode>,
     ) -> Result<(Publisher<Tag>, Completions<Tag>), SinkError> {
         let (connection, channel) = connect(settings).await?;
         if let Err(e) = check_exchange(&channel, settings).await {
@@ -142,6 +161,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 stop,
                 done: std::sync::Mutex::new(done),
                 fence,
+                cloudevents,
             },
             rx,
         ))
@@ -169,8 +189,14 @@ fn content_type(body: &[u8]) -> Option<&'static str> {
 }
 
 /// The AMQP message of a record: headers (the record's, the extra ones, then `id` and `key`,
-/// which win over a record header of the same name), properties, body.
-fn message(record: &SinkRecord<'_>, extra: &[(&str, &[u8])]) -> Result<(BasicProperties, Vec<u8>), String> {
+/// which win over a record header of the same name), properties, body. With `cloudevents`, the
+/// CloudEvents headers are mapped to the AMQP binding (module docs) and the content type is the
+/// event's, never derived from the body.
+fn message(
+    record: &SinkRecord<'_>,
+    extra: &[(&str, &[u8])],
+    cloudevents: Option<CloudEventsMode>,
+) -> Result<(BasicProperties, Vec<u8>), String> {
     let mut headers = FieldTable::default();
     let named = |name: &str| -> Result<ShortString, String> {
         if name.len() > MAX_SHORT_STRING {
@@ -182,12 +208,31 @@ fn message(record: &SinkRecord<'_>, extra: &[(&str, &[u8])]) -> Result<(BasicPro
         }
         Ok(name.into())
     };
+    let mut ce_content_type: Option<String> = None;
     for (name, value) in record.headers_with(extra) {
+        if cloudevents.is_some() && name == CONTENT_TYPE_HEADER {
+            let ct = value
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .filter(|ct| ct.len() <= MAX_SHORT_STRING);
+            ce_content_type = Some(
+                ct.ok_or_else(|| {
+                    "the CloudEvents content type is not UTF-8 text of at most 255 bytes, so it cannot be the AMQP \
+                     content_type property; set [cloudevents] content_type to a shorter media type"
+                        .to_owned()
+                })?
+                .to_owned(),
+            );
+            continue;
+        }
         let value = match value {
             Some(v) => AMQPValue::LongString(LongString::from(v.to_vec())),
             None => AMQPValue::Void,
         };
-        headers.insert(named(name)?, value);
+        let name = match (cloudevents, name.strip_prefix(CE_HEADER_PREFIX)) {
+            (Some(CloudEventsMode::Binary), Some(attribute)) => named(&format!("{CE_PROPERTY_PREFIX}{attribute}"))?,
+            _ => named(name)?,
+        };
+        headers.insert(name, value);
     }
     headers.insert(
         ID_HEADER.into(),
@@ -213,8 +258,16 @@ fn message(record: &SinkRecord<'_>, extra: &[(&str, &[u8])]) -> Result<(BasicPro
         // AMQP timestamps are whole seconds.
         properties = properties.with_timestamp((ms / 1000) as u64);
     }
-    if let Some(ct) = content_type(&body) {
-        properties = properties.with_content_type(ct.into());
+    match ce_content_type {
+        Some(ct) => properties = properties.with_content_type(ct.into()),
+        // A CloudEvent's content type is its `datacontenttype` or nothing: a guess from the body
+        // would state an attribute the event does not have.
+        None if cloudevents.is_some() => {}
+        None => {
+            if let Some(ct) = content_type(&body) {
+                properties = properties.with_content_type(ct.into());
+            }
+        }
     }
     Ok((properties, body))
 }
@@ -241,7 +294,7 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
                 ),
             ));
         }
-        let (properties, body) = match message(record, extra) {
+        let (properties, body) = match message(record, extra, self.cloudevents) {
             Ok(m) => m,
             Err(e) => return Err(refusal(record, tag, e)),
         };

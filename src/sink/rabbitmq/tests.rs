@@ -14,6 +14,7 @@ use lapin::{Channel, Connection, ExchangeKind};
 
 use super::publisher::Publisher;
 use super::*;
+use crate::config::cloudevents::CloudEventsMode;
 use crate::config::secret::Secret;
 use crate::sink::{Completions, FailureKind, Sink, SinkRecord};
 
@@ -146,7 +147,9 @@ fn bytes(v: Option<&AMQPValue>) -> Vec<u8> {
 #[tokio::test]
 async fn every_record_is_confirmed_and_arrives_with_its_properties_in_key_order() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000).await.expect("create");
+    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000, None)
+        .await
+        .expect("create");
     let n = 300u32;
     let ids: Vec<String> = (0..n).map(|i| format!("id-{i}")).collect();
     for i in 0..n {
@@ -196,7 +199,7 @@ async fn every_record_is_confirmed_and_arrives_with_its_properties_in_key_order(
 #[tokio::test]
 async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_published() {
     let fx = Fixture::new("orders.#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10).await.expect("create");
+    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, None).await.expect("create");
     sink.send(&record("orders.a", "k", b"1", b"i1"), &[], None, Box::new(1))
         .map_err(|r| r.failure)
         .unwrap();
@@ -257,7 +260,7 @@ async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_publis
 #[tokio::test]
 async fn long_routing_keys_and_oversized_messages_are_refused_on_sight() {
     let fx = Fixture::new("#").await;
-    let (sink, _rx) = Publisher::<u32>::create(&fx.settings, 10).await.expect("create");
+    let (sink, _rx) = Publisher::<u32>::create(&fx.settings, 10, None).await.expect("create");
     let long = "r".repeat(256);
     let refusal = sink
         .send(&record(&long, "k", b"v", b"i"), &[], None, Box::new(1))
@@ -283,7 +286,9 @@ async fn long_routing_keys_and_oversized_messages_are_refused_on_sight() {
 #[tokio::test]
 async fn a_lost_channel_fails_everything_in_flight_and_later_as_transient() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000).await.expect("create");
+    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000, None)
+        .await
+        .expect("create");
     // Deleting the exchange makes the broker close the publishing channel (404) at the next
     // publish: every record from then on must fail as transient, none be lost silently.
     fx.channel
@@ -318,7 +323,9 @@ async fn a_lost_channel_fails_everything_in_flight_and_later_as_transient() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandon_drops_what_is_queued_and_returns_in_bounded_time() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10_000).await.expect("create");
+    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10_000, None)
+        .await
+        .expect("create");
     // One key: each waits for the previous one's confirm, so most are still queued.
     for i in 0..2000u32 {
         sink.send(&record("orders", "hot", b"v", b"i"), &[], None, Box::new(i))
@@ -347,21 +354,24 @@ async fn create_classifies_what_is_wrong() {
     // Nothing listens on port 1: unreachable, transient.
     let mut s = settings("outbox");
     s.url = Secret::new("amqp://guest:guest@127.0.0.1:1/%2f");
-    let e = Publisher::<u32>::create(&s, 1).await.err().expect("unreachable");
+    let e = Publisher::<u32>::create(&s, 1, None).await.err().expect("unreachable");
     assert!(e.transient, "{e}");
     // Bad password: the operator's.
     s.url = Secret::new("amqp://guest:wrong-secret@127.0.0.1:5672/%2f");
-    let e = Publisher::<u32>::create(&s, 1).await.err().expect("bad login");
+    let e = Publisher::<u32>::create(&s, 1, None).await.err().expect("bad login");
     assert!(!e.transient, "{e}");
     assert!(!e.to_string().contains("wrong-secret"), "{e}");
     // Unknown vhost.
     s.url = Secret::new("amqp://guest:guest@127.0.0.1:5672/no-such-vhost");
-    let e = Publisher::<u32>::create(&s, 1).await.err().expect("bad vhost");
+    let e = Publisher::<u32>::create(&s, 1, None).await.err().expect("bad vhost");
     assert!(!e.transient, "{e}");
     assert!(e.to_string().contains("vhost"), "{e}");
     // Missing exchange: tells to run setup.
     let s = settings(&unique("t-rmq-missing"));
-    let e = Publisher::<u32>::create(&s, 1).await.err().expect("missing exchange");
+    let e = Publisher::<u32>::create(&s, 1, None)
+        .await
+        .err()
+        .expect("missing exchange");
     assert!(!e.transient && e.to_string().contains("setup"), "{e}");
     let e = probe(&s).await.unwrap_err();
     assert!(e.to_string().contains("setup"), "{e}");
@@ -405,7 +415,9 @@ async fn prepare_is_idempotent_and_refuses_an_exchange_of_another_type() {
 #[tokio::test]
 async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000).await.expect("create");
+    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000, None)
+        .await
+        .expect("create");
     let started = std::time::Instant::now();
     for i in 0..500u32 {
         sink.send(&record("orders", "hot", b"{}", b"i"), &[], None, Box::new(i))
@@ -454,7 +466,7 @@ async fn a_nack_breaks_the_sink_and_nothing_of_its_key_is_stored_past_it() {
         )
         .await
         .unwrap();
-    let (sink, mut rx) = Publisher::<u32>::create(&settings, 100).await.expect("create");
+    let (sink, mut rx) = Publisher::<u32>::create(&settings, 100, None).await.expect("create");
     let values: Vec<String> = (0..20).map(|i| i.to_string()).collect();
     for (i, v) in values.iter().enumerate() {
         sink.send(
@@ -500,4 +512,162 @@ async fn a_nack_breaks_the_sink_and_nothing_of_its_key_is_stored_past_it() {
         .exchange_delete(&settings.exchange, ExchangeDeleteOptions::default())
         .await;
     let _ = connection.close(200, "").await;
+}
+
+/// A record as `[cloudevents]` binary mode renders it (the Kafka binding's header names).
+fn binary_ce_record<'a>(destination: &'a str, id: &'a [u8]) -> SinkRecord<'a> {
+    let h = |n: &'static str, v: &'static [u8]| (Cow::Borrowed(n), Some(Cow::Borrowed(v)));
+    SinkRecord {
+        destination: Cow::Borrowed(destination),
+        key: Cow::Borrowed(b"order-7"),
+        value: Some(Cow::Borrowed(b"{\"total\":12}")),
+        event_id: id,
+        timestamp_ms: Some(1_700_000_000_123),
+        headers: Cow::Owned(vec![
+            h("ce_specversion", b"1.0"),
+            (Cow::Borrowed("ce_id"), Some(Cow::Borrowed(id))),
+            h("ce_source", b"/outbox-relay/app/public.outbox"),
+            h("ce_type", b"orders.created"),
+            h("ce_time", b"2023-11-14T22:13:20.123Z"),
+            h("ce_subject", b"order-7"),
+            h("content-type", b"application/vnd.acme+json"),
+            h("ce_tenant", b"acme"),
+            h(
+                "ce_traceparent",
+                b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            h("region", b"eu"),
+        ]),
+        partition: None,
+    }
+}
+
+#[tokio::test]
+async fn cloudevents_binary_mode_writes_the_amqp_bindings_application_properties() {
+    let fx = Fixture::new("#").await;
+    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, Some(CloudEventsMode::Binary))
+        .await
+        .expect("create");
+    sink.send(&binary_ce_record("orders.created", b"ev-1"), &[], None, Box::new(1))
+        .map_err(|r| r.failure)
+        .unwrap();
+    let done = completions(&mut rx, 1).await;
+    assert!(done[0].1.is_ok(), "{done:?}");
+    let messages = fx.drain().await;
+    assert_eq!(messages.len(), 1);
+    let m = &messages[0];
+    let p = &m.delivery.properties;
+    assert_eq!(
+        m.delivery.data, b"{\"total\":12}",
+        "binary mode: the body is the payload as is"
+    );
+    // The datacontenttype is the AMQP content_type property, never an application property,
+    // and never the body-derived application/json the plain mode would set.
+    assert_eq!(
+        p.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/vnd.acme+json")
+    );
+    let names: std::collections::BTreeSet<String> = p
+        .headers()
+        .as_ref()
+        .unwrap()
+        .inner()
+        .keys()
+        .map(|k| k.as_str().to_owned())
+        .collect();
+    let expected: std::collections::BTreeSet<String> = [
+        "cloudEvents:specversion",
+        "cloudEvents:id",
+        "cloudEvents:source",
+        "cloudEvents:type",
+        "cloudEvents:time",
+        "cloudEvents:subject",
+        "cloudEvents:tenant",
+        "cloudEvents:traceparent",
+        "region",
+        "id",
+        "key",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    assert_eq!(names, expected, "no ce_* or content-type header is left over");
+    for (name, value) in [
+        ("cloudEvents:specversion", &b"1.0"[..]),
+        ("cloudEvents:id", b"ev-1"),
+        ("cloudEvents:source", b"/outbox-relay/app/public.outbox"),
+        ("cloudEvents:type", b"orders.created"),
+        ("cloudEvents:time", b"2023-11-14T22:13:20.123Z"),
+        ("cloudEvents:subject", b"order-7"),
+        ("cloudEvents:tenant", b"acme"),
+        (
+            "cloudEvents:traceparent",
+            b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ),
+        ("region", b"eu"),
+        ("id", b"ev-1"),
+        ("key", b"order-7"),
+    ] {
+        assert_eq!(bytes(header(m, name)), value, "{name}");
+    }
+    assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some("ev-1"));
+    Box::new(sink).abandon(Duration::from_secs(1));
+    fx.clean().await;
+}
+
+#[tokio::test]
+async fn cloudevents_structured_mode_sets_the_event_formats_content_type() {
+    let fx = Fixture::new("#").await;
+    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, Some(CloudEventsMode::Structured))
+        .await
+        .expect("create");
+    let envelope = br#"{"specversion":"1.0","id":"ev-2","source":"/s","type":"t","data":{"a":1}}"#;
+    let record = SinkRecord {
+        destination: Cow::Borrowed("orders.created"),
+        key: Cow::Borrowed(b"order-7"),
+        value: Some(Cow::Borrowed(envelope)),
+        event_id: b"ev-2",
+        timestamp_ms: None,
+        headers: Cow::Owned(vec![
+            (
+                Cow::Borrowed("content-type"),
+                Some(Cow::Borrowed(
+                    crate::outbox::cloudevents::STRUCTURED_CONTENT_TYPE.as_bytes(),
+                )),
+            ),
+            (
+                Cow::Borrowed("traceparent"),
+                Some(Cow::Borrowed(
+                    &b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"[..],
+                )),
+            ),
+        ]),
+        partition: None,
+    };
+    sink.send(&record, &[], None, Box::new(2))
+        .map_err(|r| r.failure)
+        .unwrap();
+    let done = completions(&mut rx, 1).await;
+    assert!(done[0].1.is_ok(), "{done:?}");
+    let messages = fx.drain().await;
+    assert_eq!(messages.len(), 1);
+    let m = &messages[0];
+    assert_eq!(m.delivery.data, envelope);
+    assert_eq!(
+        m.delivery.properties.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/cloudevents+json; charset=UTF-8")
+    );
+    assert_eq!(
+        header(m, "content-type"),
+        None,
+        "the content type is a property, not a header"
+    );
+    assert_eq!(
+        bytes(header(m, "traceparent")),
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    );
+    assert_eq!(bytes(header(m, "id")), b"ev-2");
+    assert_eq!(bytes(header(m, "key")), b"order-7");
+    Box::new(sink).abandon(Duration::from_secs(1));
+    fx.clean().await;
 }

@@ -3,7 +3,8 @@
 //! and reading that queue back as [`Received`] records so the Kafka checks
 //! ([`check_delivered`](super::checks::check_delivered), [`check_order`](super::checks::check_order))
 //! apply: topic = routing key, key = the `key` header, payload = body, headers = the AMQP
-//! headers that are byte strings (plus `message_id`), timestamp = the AMQP timestamp in ms.
+//! headers that are byte strings (plus the `message_id`, `delivery_mode` and `content_type`
+//! properties under those names), timestamp = the AMQP timestamp in ms.
 //! Also [`AmqpProxy`], a TCP proxy that can cut every connection to the broker for a while.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -191,6 +192,9 @@ fn to_received(d: &lapin::message::Delivery, offset: i64) -> Received {
     }
     if let Some(mode) = p.delivery_mode() {
         headers.push(("delivery_mode".into(), mode.to_string().into_bytes()));
+    }
+    if let Some(ct) = p.content_type() {
+        headers.push(("content_type".into(), ct.as_str().as_bytes().to_vec()));
     }
     Received {
         topic: d.routing_key.as_str().to_owned(),
