@@ -52,7 +52,8 @@ pub const SCRAM_PASSWORD: &str = "scram-Secret-42";
 /// Settings of every local cluster, on top of the library's defaults (`wal_level = logical`,
 /// `fsync = off`, loopback only); a test's own settings come after these.
 const TEST_SETTINGS: &[(&str, &str)] = &[
-    ("max_replication_slots", "128"),
+    // Every test on the shared cluster leaves its slot behind (about 200 do): 128 ran out.
+    ("max_replication_slots", "512"),
     ("max_wal_senders", "64"),
     ("wal_sender_timeout", "5s"),
     ("max_connections", "200"),
