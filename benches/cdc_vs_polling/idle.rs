@@ -103,7 +103,7 @@ async fn measure(
             events_per_txn: 1,
             duration: warmup.max(Duration::from_secs(1)),
             event_type: TOPIC.to_owned(),
-            traceparent: false,
+            traceparent: None,
         },
         phase,
     )

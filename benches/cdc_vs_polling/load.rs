@@ -48,8 +48,10 @@ pub struct LoadSpec {
     pub duration: Duration,
     /// The `type` value, i.e. the topic the relays route to.
     pub event_type: String,
-    /// Every row gets a random valid W3C `traceparent` (the tracing rows); NULL otherwise.
-    pub traceparent: bool,
+    /// `Some(share)`: every row gets a random valid W3C `traceparent`, sampled (flag `01`) in
+    /// `share` of the rows and not (`00`) in the others — the producing service's own head
+    /// sampling, which the relay follows (the tracing rows); `None`: NULL.
+    pub traceparent: Option<f64>,
 }
 
 /// Event id and the instant its transaction's COMMIT returned.
@@ -118,16 +120,18 @@ pub async fn run(producers: &Producers, spec: &LoadSpec, progress: &ProgressBar)
 }
 
 /// A random valid W3C `traceparent`: version 00, a random trace id and parent id (UUID v4
-/// bits: never all zero), sampled.
-fn traceparent() -> String {
+/// bits: never all zero), sampled with probability `sampled_share`.
+fn traceparent(sampled_share: f64) -> String {
     let trace_id = uuid::Uuid::new_v4().simple().to_string();
     let parent_id = &uuid::Uuid::new_v4().simple().to_string()[..16];
-    format!("00-{trace_id}-{parent_id}-01")
+    let draw = uuid::Uuid::new_v4().as_u128() as f64 / u128::MAX as f64;
+    let flags = if draw < sampled_share { "01" } else { "00" };
+    format!("00-{trace_id}-{parent_id}-{flags}")
 }
 
 /// One producer transaction: `n` orders and `n` outbox events (the outbox ids returned), each
-/// with a fresh `traceparent` when `with_trace`.
-fn transaction_sql(event_type: &str, n: usize, seq: u64, with_trace: bool) -> String {
+/// with a fresh `traceparent` when `with_trace` says how many are sampled.
+fn transaction_sql(event_type: &str, n: usize, seq: u64, with_trace: Option<f64>) -> String {
     let mut orders = Vec::with_capacity(n);
     let mut events = Vec::with_capacity(n);
     for j in 0..n {
@@ -142,8 +146,11 @@ fn transaction_sql(event_type: &str, n: usize, seq: u64, with_trace: bool) -> St
             "currency": "EUR",
             "items": [{"sku": format!("sku-{}", total % 977), "qty": 1 + total % 3}],
         });
-        if with_trace {
-            events.push(format!("('{order}', '{event_type}', '{payload}', '{}')", traceparent()));
+        if let Some(share) = with_trace {
+            events.push(format!(
+                "('{order}', '{event_type}', '{payload}', '{}')",
+                traceparent(share)
+            ));
         } else {
             events.push(format!("('{order}', '{event_type}', '{payload}')"));
         }
@@ -152,7 +159,7 @@ fn transaction_sql(event_type: &str, n: usize, seq: u64, with_trace: bool) -> St
         "BEGIN; INSERT INTO orders (id, customer_id, total_cents, status) VALUES {}; \
          INSERT INTO events_outbox (aggregate_id, type, payload{}) VALUES {} RETURNING id; COMMIT",
         orders.join(", "),
-        if with_trace { ", traceparent" } else { "" },
+        if with_trace.is_some() { ", traceparent" } else { "" },
         events.join(", ")
     )
 }

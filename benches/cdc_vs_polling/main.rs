@@ -37,7 +37,9 @@
 //! the baseline), three rows of the same run: `CDC + traceparent` (every row carries a random
 //! valid `traceparent`, `[outbox] trace_column` reads it, no export), `CDC + OTLP 100 %` and
 //! `CDC + OTLP 1 %` (plus `[tracing]` exporting OTLP/HTTP protobuf spans, sampled 100 % and 1 %,
-//! to a small receiver in this process that counts requests, bytes and spans). Included by
+//! to a small receiver in this process that counts requests, bytes and spans; the rows' own
+//! `traceparent` flags are sampled in the same share, as the producing service's head sampling
+//! would set them, since the relay follows a valid parent's flag). Included by
 //! default (about a minute in a full run, 30 s with `--quick`); `--no-tracing` leaves them out. A
 //! relay that refuses `[tracing]` (built before the exporter) skips the OTLP rows with the reason.
 //! `--only` takes comma-separated alternatives: `--only "CDC at 1000/s,CDC +"` runs the four.

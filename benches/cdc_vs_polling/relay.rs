@@ -58,6 +58,17 @@ impl Trace {
     pub fn writes_traceparent(self) -> bool {
         self != Trace::Off
     }
+
+    /// The share of rows whose `traceparent` is sampled: the producing service samples as the
+    /// relay's `sampling_ratio` says (a relay follows a valid parent's flag, so writing `01`
+    /// everywhere would export every span whatever the ratio); `None`: no `traceparent`.
+    pub fn sampled_share(self) -> Option<f64> {
+        match self {
+            Trace::Off => None,
+            Trace::Traceparent => Some(1.0),
+            Trace::Otlp { ratio } => Some(ratio),
+        }
+    }
 }
 
 /// Whether a relay's refusal (setup's stderr, run's log) is about `[tracing]`: a relay built

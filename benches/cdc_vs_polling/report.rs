@@ -593,7 +593,8 @@ fn tracing_section(s: &mut String, r: &Results) {
         "\nSame run, load, warm-up and window as the steady table; every row a fresh database. *traceparent*: every \
          outbox row carries a random valid W3C `traceparent` (sampled flag set), `[outbox] trace_column` puts it in a \
          header, no spans. *OTLP*: the same plus `[tracing]` exporting a PRODUCER span per sampled event over \
-         OTLP/HTTP (protobuf) to a receiver in the benchmark process that answers at once (its own CPU is not the \
+         OTLP/HTTP (protobuf), `sampling_ratio` 1.0 or 0.01 and the rows' sampled flags set in the same share (the \
+         producing service's head sampling: the relay follows a valid parent's flag), to a receiver in the benchmark process that answers at once (its own CPU is not the \
          relay's). Spans and requests are counted over the whole run — warm-up, measured load and the relay's \
          shutdown flush — and divided by the events the consumer received over the same span, as the exporter \
          batches on its own schedule. *CPU / off* and *ack p99 / off* divide by the CDC row with trace context off; \

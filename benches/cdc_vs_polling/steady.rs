@@ -340,7 +340,7 @@ async fn measure(
         events_per_txn: sc.events_per_txn,
         duration,
         event_type: topic.to_owned(),
-        traceparent: sc.trace.writes_traceparent(),
+        traceparent: sc.trace.sampled_share(),
     };
 
     phase.set_message(format!("{} {}: warm-up", sc.mode_label(), sc.rate_label()));

@@ -47,6 +47,21 @@ async fn insert_rows(client: &Client, n: usize, age_seconds: i64) -> Vec<String>
     ids
 }
 
+/// Schema A's outbox partitioned by range of `created_at`, with a default partition.
+async fn create_partitioned_outbox(client: &Client) {
+    client
+        .batch_execute(
+            "CREATE TABLE events_outbox (
+                id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL, payload jsonb NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+                PRIMARY KEY (id, created_at)
+             ) PARTITION BY RANGE (created_at);
+             CREATE TABLE events_outbox_default PARTITION OF events_outbox DEFAULT;",
+        )
+        .await
+        .expect("partitioned outbox");
+}
+
 /// How many of `ids` are still in the table.
 async fn remaining(client: &Client, ids: &[String]) -> i64 {
     client
@@ -305,17 +320,7 @@ async fn partition_rotation_under_load_loses_nothing() {
     let db = unique_name("retpart");
     pg.create_database(&db).await;
     let client = pg.client(&db).await;
-    client
-        .batch_execute(
-            "CREATE TABLE events_outbox (
-                id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL, payload jsonb NOT NULL,
-                created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
-                PRIMARY KEY (id, created_at)
-             ) PARTITION BY RANGE (created_at);
-             CREATE TABLE events_outbox_default PARTITION OF events_outbox DEFAULT;",
-        )
-        .await
-        .expect("partitioned outbox");
+    create_partitioned_outbox(&client).await;
     let config = with_retention(
         RelayConfig::for_schema(OutboxSchema::A, &pg.url(&db), &kafka.bootstrap_servers()),
         "partitions",
@@ -480,17 +485,7 @@ async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
     let db = unique_name("retpollpart");
     pg.create_database(&db).await;
     let client = pg.client(&db).await;
-    client
-        .batch_execute(
-            "CREATE TABLE events_outbox (
-                id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL, payload jsonb NOT NULL,
-                created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
-                PRIMARY KEY (id, created_at)
-             ) PARTITION BY RANGE (created_at);
-             CREATE TABLE events_outbox_default PARTITION OF events_outbox DEFAULT;",
-        )
-        .await
-        .expect("partitioned outbox");
+    create_partitioned_outbox(&client).await;
     let config = with_retention(
         RelayConfig::for_schema(OutboxSchema::A, &pg.url(&db), &kafka.bootstrap_servers()),
         "partitions",
