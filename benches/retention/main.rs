@@ -193,6 +193,15 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
     if !setup.status.success() {
         bail!("setup failed: {}", String::from_utf8_lossy(&setup.stderr));
     }
+    if retention {
+        // `setup` created the slot after the backlog, so retention would keep every row older
+        // than the slot (it cannot know they were published: docs/operations.md, "A re-created
+        // slot"). The backlog stands for rows an earlier relay published: the operator's step.
+        client
+            .batch_execute("UPDATE outbox_relay_retention SET slot_created_at = NULL")
+            .await
+            .context("clearing the new slot's note for retention")?;
+    }
     let log_path = dir.path().join("relay.log");
     let log = fs::File::create(&log_path)?;
     let mut relay: Child = Command::new(RELAY_BIN)
