@@ -52,6 +52,8 @@ struct Args {
     rate: u64,
     seconds: u64,
     quick: bool,
+    /// `retention.batch_size` for the run with retention (`None`: the relay's default).
+    batch_size: Option<u64>,
 }
 
 fn args() -> Result<Args> {
@@ -60,6 +62,7 @@ fn args() -> Result<Args> {
         rate: 1_000,
         seconds: 60,
         quick: false,
+        batch_size: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -78,9 +81,12 @@ fn args() -> Result<Args> {
             "--old-rows" => a.old_rows = num("--old-rows")?,
             "--rate" => a.rate = num("--rate")?.max(1),
             "--seconds" => a.seconds = num("--seconds")?.max(1),
+            "--batch-size" => a.batch_size = Some(num("--batch-size")?.max(1)),
             // cargo bench passes --bench.
             "--bench" => {}
-            other => bail!("unknown argument {other}; use [--quick] [--old-rows N] [--rate N] [--seconds N]"),
+            other => bail!(
+                "unknown argument {other}; use [--quick] [--old-rows N] [--rate N] [--seconds N] [--batch-size N]"
+            ),
         }
     }
     Ok(a)
@@ -136,7 +142,7 @@ async fn connect(url: &str) -> Result<Client> {
     Ok(client)
 }
 
-fn relay_config(dir: &Path, url: &str, bootstrap: &str, retention: bool) -> Result<PathBuf> {
+fn relay_config(dir: &Path, url: &str, bootstrap: &str, retention: bool, batch_size: Option<u64>) -> Result<PathBuf> {
     let mut text = format!(
         "[postgres]\nurl = \"{url}\"\nslot = \"bench\"\npublication = \"bench\"\n\
          [outbox]\ntable = \"public.events_outbox\"\ntimestamp_column = \"created_at\"\n\
@@ -145,6 +151,9 @@ fn relay_config(dir: &Path, url: &str, bootstrap: &str, retention: bool) -> Resu
     );
     if retention {
         text.push_str("[retention]\nmode = \"delete\"\nkeep = \"7d\"\n");
+        if let Some(n) = batch_size {
+            text.push_str(&format!("batch_size = {n}\n"));
+        }
     }
     let path = dir.join("relay.toml");
     fs::write(&path, text)?;
@@ -184,7 +193,7 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
     let before = client.query_one(sizes_sql(), &[]).await?;
 
     let dir = tempfile::tempdir()?;
-    let config = relay_config(dir.path(), &url, &kafka.bootstrap, retention)?;
+    let config = relay_config(dir.path(), &url, &kafka.bootstrap, retention, args.batch_size)?;
     let setup = Command::new(RELAY_BIN)
         .arg("setup")
         .arg("--config")
