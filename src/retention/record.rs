@@ -111,7 +111,8 @@ pub(crate) async fn slot_created_at(
     if !exists {
         return Ok(None);
     }
-    ensure(client, table).await?;
+    // Its columns were added by `ensure` when retention first resolved the table (`target`),
+    // not here: this runs every interval and `ensure` takes the table's exclusive lock.
     Ok(client
         .query_opt(&sql, &[&key(table), &slot])
         .await
