@@ -529,6 +529,16 @@ async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
         .expect("default count")
         .get(0);
     assert_eq!(in_default, 0, "the rows belong to a ranged partition");
+    let holding: Vec<String> = client
+        .query(
+            "SELECT DISTINCT tableoid::regclass::text FROM events_outbox WHERE id::text = ANY($1)",
+            &[&pending],
+        )
+        .await
+        .expect("the rows' partitions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     // Past keep + width several times over, the broker still down: nothing may go.
     assert_all_stay(
         &client,
@@ -537,11 +547,16 @@ async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
         "undispatched rows, broker down",
     )
     .await;
-    assert!(
-        !poller.log_text().contains("retention dropped a partition"),
-        "a partition was dropped while it held undispatched rows:\n{}",
-        poller.log_text()
-    );
+    // Empty partitions older than the rows' may go (the rows may have crossed a partition
+    // boundary after the first ones were created); the rows' own may not.
+    let log = poller.log_text();
+    for partition in &holding {
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("retention dropped a partition") && l.contains(partition.as_str())),
+            "partition {partition} was dropped while it held undispatched rows:\n{log}"
+        );
+    }
 
     kafka.all_brokers_up();
     assert_delivered(&delivered_ids(&kafka, pending.len()).await, &pending, "pending rows");
