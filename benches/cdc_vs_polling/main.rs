@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT]
-//!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR]
+//!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR]
 //!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
 //!     [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]
 //! ```
@@ -48,7 +48,7 @@
 //! `scripts/install-debezium.sh`): at 1,000 events/s with Debezium's defaults and with
 //! `poll.interval.ms=10`, and in the drain, which then runs twice — one event per transaction and
 //! `BATCHED_DRAIN_TXN` events per transaction — with the relay, `pg_recvlogical` and Debezium each on
-//! its own slot over the same WAL.
+//! its own slot over the same WAL. `--batched-drain` runs that second shape without Debezium.
 //!
 //! Results: `docs/benchmarks.md` (a generated block; the analysis around it is kept) and
 //! `docs/benchmarks-latency.svg`; `--quick` writes to `target/cdc_vs_polling/` instead. Raw
@@ -97,6 +97,8 @@ struct Options {
     drain_rows: u64,
     drain: bool,
     drain_poll: bool,
+    /// The drain with 1,000 events per transaction too, without Debezium (it always runs with it).
+    batched_drain: bool,
     out_dir: PathBuf,
     /// Only runs whose "<relay> at <rate>" label contains one of these (comma-separated on the
     /// command line; for profiling one run, or a few to compare).
@@ -125,13 +127,13 @@ impl Options {
     }
 }
 
-/// Events per transaction of the batched drain (`--with-debezium`).
+/// Events per transaction of the batched drain (`--with-debezium` or `--batched-drain`).
 const BATCHED_DRAIN_TXN: u64 = 1_000;
 /// Debezium's warm-up at least this long: a JVM compiles its hot paths in the first seconds.
 const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
                      --only TEXT[,TEXT…]: runs whose label contains one of them, e.g. --only \"CDC at 1000/s,CDC +\" for \
                      the tracing rows beside their baseline; the tracing rows (CDC + traceparent / OTLP 100 % / OTLP 1 % at \
                      1000/s, Kafka) run by default, --no-tracing leaves them out";
@@ -152,6 +154,7 @@ fn options() -> Result<Option<Options>> {
         drain_rows: if quick { 100_000 } else { 1_000_000 },
         drain: true,
         drain_poll: false,
+        batched_drain: false,
         out_dir: if quick {
             root.join("target/cdc_vs_polling")
         } else {
@@ -175,6 +178,7 @@ fn options() -> Result<Option<Options>> {
             "--drain-rows" => o.drain_rows = value()?.replace('_', "").parse()?,
             "--no-drain" => o.drain = false,
             "--drain-poll" => o.drain_poll = true,
+            "--batched-drain" => o.batched_drain = true,
             "--with-debezium" => o.with_debezium = true,
             "--report-from" => o.report_from = Some(PathBuf::from(value()?)),
             "--out-dir" => o.out_dir = PathBuf::from(value()?),
@@ -330,8 +334,8 @@ async fn run(o: Options) -> Result<()> {
     }
     let drains = match (o.drain, o.with_debezium) {
         (false, _) => Vec::new(),
-        (true, false) => vec![1],
-        (true, true) => vec![1, BATCHED_DRAIN_TXN],
+        (true, false) if !o.batched_drain => vec![1],
+        (true, _) => vec![1, BATCHED_DRAIN_TXN],
     };
     let progress = MultiProgress::new();
     let overall = progress.add(ProgressBar::new(

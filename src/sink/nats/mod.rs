@@ -52,10 +52,12 @@ fn error(cause: String, transient: bool) -> SinkError {
 
 /// Connects with transparent reconnection disabled: each server of the URL is tried once, and a
 /// lost connection stays lost (the publisher fails what it had in flight; the relay starts a
-/// new session, with a new connection, after its backoff). `events` sees the client's events.
+/// new session, with a new connection, after its backoff). `events` sees the client's events;
+/// `subscription_capacity` (messages queued per subscription) replaces the client's default.
 pub(crate) async fn connect(
     s: &NatsSettings,
     events: Option<tokio::sync::mpsc::UnboundedSender<Event>>,
+    subscription_capacity: Option<usize>,
 ) -> Result<Client, SinkError> {
     let servers: Vec<ServerAddr> = s
         .url
@@ -80,6 +82,9 @@ pub(crate) async fn connect(
     }
     if let Some(ca) = &s.tls_ca {
         options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let Some(capacity) = subscription_capacity {
+        options = options.subscription_capacity(capacity);
     }
     if let Some(events) = events {
         options = options.event_callback(move |event| {
@@ -192,7 +197,7 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
 
 /// [`prepare`] on the `[nats]` section.
 pub(crate) async fn prepare_stream(settings: &NatsSettings) -> Result<Vec<String>, SinkError> {
-    let client = connect(settings, None).await?;
+    let client = connect(settings, None, None).await?;
     let js = context(client, settings, 0);
     let mut done = Vec::new();
     match checked_stream(&js, settings).await {
@@ -246,7 +251,7 @@ pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
 
 /// [`probe`] on the `[nats]` section.
 pub(crate) async fn probe_stream(settings: &NatsSettings) -> Result<String, SinkError> {
-    let client = connect(settings, None).await?;
+    let client = connect(settings, None, None).await?;
     let server = client.server_info();
     let js = context(client, settings, 0);
     let info = checked_stream(&js, settings).await?;

@@ -46,13 +46,13 @@ async fn fresh(url: &str) -> (NatsSettings, String) {
 }
 
 async fn stream_handle(s: &NatsSettings) -> jetstream::stream::Stream {
-    let client = connect(s, None).await.unwrap();
+    let client = connect(s, None, None).await.unwrap();
     let js = jetstream::new(client);
     js.get_stream(&s.stream).await.unwrap()
 }
 
 async fn delete(s: &NatsSettings) {
-    let client = connect(s, None).await.unwrap();
+    let client = connect(s, None, None).await.unwrap();
     let _ = jetstream::new(client).delete_stream(&s.stream).await;
 }
 
@@ -433,7 +433,7 @@ async fn several_servers_one_of_them_down() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     let (s, prefix) = fresh(SHARED).await;
-    let client = connect(&s, None).await.unwrap();
+    let client = connect(&s, None, None).await.unwrap();
     let js = jetstream::new(client);
     let mut config = js.get_stream(&s.stream).await.unwrap().cached_info().config.clone();
     config.max_message_size = 512;
@@ -467,4 +467,80 @@ async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     assert_eq!(stream.cached_info().state.messages, 2, "id-3 and id-4 only");
     abandon(Box::new(sink)).await.unwrap();
     delete(&s).await;
+}
+
+/// The stream gone after the sink connected: the server answers the record's reply subject with
+/// 503 no responders, which fails it (and the sink) as transient, naming the stream.
+#[tokio::test(flavor = "current_thread")]
+async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
+    let (s, prefix) = fresh(SHARED).await;
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    delete(&s).await;
+    let subject = format!("{prefix}.orders");
+    sink.send(&record(&subject, "k", b"id-1", b"{}"), &[], None, Box::new(1))
+        .map_err(|r| r.failure)
+        .unwrap();
+    let failed = take(&mut rx, 1).await.remove(0).1.unwrap_err();
+    assert_eq!(failed.kind, FailureKind::Transient, "{failed}");
+    assert!(
+        failed.cause.contains("no responders") && failed.cause.contains(&s.stream),
+        "{failed}"
+    );
+    // Nothing more is sent after a failure.
+    sink.send(&record(&subject, "k", b"id-2", b"{}"), &[], None, Box::new(2))
+        .map_err(|r| r.failure)
+        .unwrap();
+    let after = take(&mut rx, 1).await.remove(0).1.unwrap_err();
+    assert!(after.cause.contains("earlier record failed"), "{after}");
+    abandon(Box::new(sink)).await.unwrap();
+}
+
+/// A server that stops answering (SIGSTOP: the connection stays open, no PubAck comes): every
+/// record on the wire fails as transient once the ack timeout has passed, not later than a few
+/// check periods after it, and none completes twice.
+#[tokio::test(flavor = "current_thread")]
+async fn records_without_a_puback_fail_after_the_ack_timeout() {
+    let server = OwnServer::start(&["-js"]);
+    let url = format!("nats://127.0.0.1:{}", server.port);
+    let prefix = unique("t");
+    let s = nats_settings(&url, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 400");
+    prepare_stream(&s).await.unwrap();
+    let (sink, mut rx) = Publisher::<u64>::create(&s, 100).await.unwrap();
+    let subject = format!("{prefix}.orders");
+    sink.send(&record(&subject, "k", b"id-0", b"{}"), &[], None, Box::new(0))
+        .map_err(|r| r.failure)
+        .unwrap();
+    assert!(take(&mut rx, 1).await[0].1.is_ok());
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let sent = Instant::now();
+    for i in 1..=5u64 {
+        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+            .map_err(|r| r.failure)
+            .unwrap();
+    }
+    let done = take(&mut rx, 5).await;
+    let waited = sent.elapsed();
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    for (_, outcome) in &done {
+        let failure = outcome.as_ref().unwrap_err();
+        assert_eq!(failure.kind, FailureKind::Transient, "{failure}");
+        assert!(
+            failure.cause.contains("no PubAck within") || failure.cause.contains("earlier record failed"),
+            "{failure}"
+        );
+    }
+    assert!(
+        done.iter()
+            .any(|(_, o)| o.as_ref().unwrap_err().cause.contains("no PubAck within")),
+        "{done:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
+        "failed after {waited:?}"
+    );
+    // Acks that come after the timeout complete nothing a second time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "a record completed twice");
+    abandon(Box::new(sink)).await.unwrap();
 }
