@@ -149,7 +149,9 @@ async fn decoded_past_now(client: &Client, target: &Target, slot: &str) -> Resul
             if !UNKNOWN_SAID.swap(true, Ordering::Relaxed) {
                 info!(
                     slot,
-                    "retention cannot read the walsender's position (pg_stat_replication.sent_lsn needs the                      pg_read_all_stats role): it paces deletes by resting instead; GRANT pg_read_all_stats to the                      relay's role to keep the stream from falling behind while a backlog is deleted"
+                    "retention cannot read the walsender's position (pg_stat_replication.sent_lsn needs the \
+                     pg_read_all_stats role): it paces deletes by resting instead; GRANT pg_read_all_stats to the \
+                     relay's role to keep the stream from falling behind while a backlog is deleted"
                 );
             }
             return Ok(Pace::Unknown);
