@@ -107,6 +107,9 @@ struct RunResult {
     rows_after: i64,
     old_left: i64,
     retention_seconds: Option<f64>,
+    /// The relay's own commit→ack p50 / p99 over the load (`GET /latency`): tells the relay's
+    /// delay from the consumer's.
+    ack_ms: Option<(f64, f64)>,
 }
 
 /// The mock cluster on a thread of its own (it must outlive every client).
@@ -142,9 +145,17 @@ async fn connect(url: &str) -> Result<Client> {
     Ok(client)
 }
 
-fn relay_config(dir: &Path, url: &str, bootstrap: &str, retention: bool, batch_size: Option<u64>) -> Result<PathBuf> {
+fn relay_config(
+    dir: &Path,
+    url: &str,
+    bootstrap: &str,
+    retention: bool,
+    batch_size: Option<u64>,
+    http_port: u16,
+) -> Result<PathBuf> {
     let mut text = format!(
         "[postgres]\nurl = \"{url}\"\nslot = \"bench\"\npublication = \"bench\"\n\
+         [http]\nlisten = \"127.0.0.1:{http_port}\"\n\
          [outbox]\ntable = \"public.events_outbox\"\ntimestamp_column = \"created_at\"\n\
          [route]\ntopic_regex = '^(?<routedByValue>[^.]+)\\..*$'\ntopic_replacement = '${{routedByValue}}'\n\
          [kafka]\n\"bootstrap.servers\" = \"{bootstrap}\"\n\"linger.ms\" = \"1\"\n"
@@ -193,7 +204,8 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
     let before = client.query_one(sizes_sql(), &[]).await?;
 
     let dir = tempfile::tempdir()?;
-    let config = relay_config(dir.path(), &url, &kafka.bootstrap, retention, args.batch_size)?;
+    let http_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let config = relay_config(dir.path(), &url, &kafka.bootstrap, retention, args.batch_size, http_port)?;
     let setup = Command::new(RELAY_BIN)
         .arg("setup")
         .arg("--config")
@@ -277,6 +289,7 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
     let mut commits: Vec<(i64, Instant)> = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / args.rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    latency_window(http_port, true);
     let load_end = Instant::now() + Duration::from_secs(args.seconds);
     while Instant::now() < load_end {
         tick.tick().await;
@@ -292,6 +305,7 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let ack_ms = latency_window(http_port, true).and_then(|w| Some((w.p50_ms?, w.p99_ms?)));
     let mut retention_seconds = None;
     if retention {
         let deadline = started + Duration::from_secs(args.seconds + 600);
@@ -349,7 +363,24 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
         rows_after: after.get(1),
         old_left: after.get(2),
         retention_seconds,
+        ack_ms,
     })
+}
+
+/// The relay's commit→ack window (`GET /latency`, see `outbox_relay::ops::latency`), reset as it
+/// is read; `None` when the endpoint does not answer.
+fn latency_window(port: u16, reset: bool) -> Option<outbox_relay::ops::latency::LatencySummary> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let path = if reset { "/latency?reset=true" } else { "/latency" };
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (_, body) = response.split_once("\r\n\r\n")?;
+    serde_json::from_str(body.trim()).ok()
 }
 
 fn mib(b: i64) -> String {
@@ -364,8 +395,8 @@ fn report(args: &Args, runs: &[RunResult]) -> String {
          dated 30 days back, once without `[retention]`, once with `mode = \"delete\"`, `keep = \"7d\"` (other keys \
          default), fresh cluster each run, librdkafka's mock cluster. Sizes are `pg_total_relation_size` after a plain \
          `VACUUM` (space is reused, the file does not shrink; `partitions` mode drops files instead).\n\n\
-         | run | events | lost | commit→consumer p50 | p99 | max | table before | table after | rows before → after | old rows left | retention done after |\n\
-         |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+         | run | events | lost | commit→consumer p50 | p99 | max | relay commit→ack p50 / p99 | table before | table after | rows before → after | old rows left | retention done after |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
         args.old_rows,
         args.rate,
         chrono_like_today(),
@@ -382,13 +413,14 @@ fn report(args: &Args, runs: &[RunResult]) -> String {
     ));
     for r in runs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {} → {} | {} | {} |\n",
+            "| {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {} | {} → {} | {} | {} |\n",
             if r.retention { "with retention" } else { "without" },
             r.events,
             r.lost,
             r.p50_ms,
             r.p99_ms,
             r.max_ms,
+            r.ack_ms.map_or("–".into(), |(p50, p99)| format!("{p50:.1} / {p99:.1} ms")),
             mib(r.size_before),
             mib(r.size_after),
             r.rows_before,
