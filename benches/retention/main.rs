@@ -205,7 +205,14 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
 
     let dir = tempfile::tempdir()?;
     let http_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let config = relay_config(dir.path(), &url, &kafka.bootstrap, retention, args.batch_size, http_port)?;
+    let config = relay_config(
+        dir.path(),
+        &url,
+        &kafka.bootstrap,
+        retention,
+        args.batch_size,
+        http_port,
+    )?;
     let setup = Command::new(RELAY_BIN)
         .arg("setup")
         .arg("--config")
@@ -420,7 +427,8 @@ fn report(args: &Args, runs: &[RunResult]) -> String {
             r.p50_ms,
             r.p99_ms,
             r.max_ms,
-            r.ack_ms.map_or("–".into(), |(p50, p99)| format!("{p50:.1} / {p99:.1} ms")),
+            r.ack_ms
+                .map_or("–".into(), |(p50, p99)| format!("{p50:.1} / {p99:.1} ms")),
             mib(r.size_before),
             mib(r.size_after),
             r.rows_before,
