@@ -66,6 +66,8 @@ mod consumer;
 mod debezium;
 mod drain;
 mod idle;
+#[path = "../shared/latency_window.rs"]
+mod latency_window;
 mod load;
 mod otlp;
 mod pg;

@@ -31,6 +31,10 @@ use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_postgres::{Client, NoTls};
 
+#[path = "../shared/latency_window.rs"]
+mod latency_window;
+use latency_window::latency_window;
+
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
 const TOPIC: &str = "order";
@@ -372,22 +376,6 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
         retention_seconds,
         ack_ms,
     })
-}
-
-/// The relay's commit→ack window (`GET /latency`, see `outbox_relay::ops::latency`), reset as it
-/// is read; `None` when the endpoint does not answer.
-fn latency_window(port: u16, reset: bool) -> Option<outbox_relay::ops::latency::LatencySummary> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let path = if reset { "/latency?reset=true" } else { "/latency" };
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (_, body) = response.split_once("\r\n\r\n")?;
-    serde_json::from_str(body.trim()).ok()
 }
 
 fn mib(b: i64) -> String {
