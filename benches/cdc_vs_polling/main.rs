@@ -334,10 +334,10 @@ async fn run(o: Options) -> Result<()> {
     if scenarios.iter().any(|s| matches!(s.trace, Trace::Otlp { .. })) {
         otlp::self_check().context("the benchmark's OTLP receiver failed its self-check")?;
     }
-    let drains = match (o.drain, o.with_debezium) {
+    let drains = match (o.drain, o.with_debezium || o.batched_drain) {
         (false, _) => Vec::new(),
-        (true, false) if !o.batched_drain => vec![1],
-        (true, _) => vec![1, BATCHED_DRAIN_TXN],
+        (true, false) => vec![1],
+        (true, true) => vec![1, BATCHED_DRAIN_TXN],
     };
     let progress = MultiProgress::new();
     let overall = progress.add(ProgressBar::new(

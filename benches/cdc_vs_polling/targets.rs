@@ -230,7 +230,7 @@ fn issue_21(s: &mut String, r: &Results) {
         oks.push(ratio >= 1.0);
     }
     if r.batched_drain.is_none() && r.drain.is_some() {
-        parts.push("batched shape not run (it runs with --with-debezium)".into());
+        parts.push("batched shape not run (it runs with --with-debezium or --batched-drain)".into());
     }
     let _ = writeln!(
         s,

@@ -120,11 +120,11 @@ pub(crate) async fn connect(
     }
 }
 
-fn context(client: Client, s: &NatsSettings, max_in_flight: usize) -> jetstream::Context {
+/// The JetStream API context for stream management (`setup`, `status`, the publisher's stream
+/// check); records are not published through it (`publisher.rs` publishes with its own replies).
+fn context(client: Client, s: &NatsSettings) -> jetstream::Context {
     jetstream::context::ContextBuilder::new()
         .timeout(s.ack_timeout)
-        // Never refuse what the caller's budget allows; the caller bounds what is in flight.
-        .max_ack_inflight(max_in_flight.saturating_add(1024))
         .build(client)
 }
 
@@ -198,7 +198,7 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
 /// [`prepare`] on the `[nats]` section.
 pub(crate) async fn prepare_stream(settings: &NatsSettings) -> Result<Vec<String>, SinkError> {
     let client = connect(settings, None, None).await?;
-    let js = context(client, settings, 0);
+    let js = context(client, settings);
     let mut done = Vec::new();
     match checked_stream(&js, settings).await {
         Ok(info) => done.push(format!(
@@ -253,7 +253,7 @@ pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
 pub(crate) async fn probe_stream(settings: &NatsSettings) -> Result<String, SinkError> {
     let client = connect(settings, None, None).await?;
     let server = client.server_info();
-    let js = context(client, settings, 0);
+    let js = context(client, settings);
     let info = checked_stream(&js, settings).await?;
     Ok(format!(
         "NATS {} at {} (max_payload {} bytes): stream {:?} subjects {:?}, {} messages, {} bytes, duplicate window {} s",

@@ -97,7 +97,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                  and dead letters may not fit; set [nats] max_payload = {max_payload}"
             );
         }
-        let js = context(client.clone(), settings, max_in_flight);
+        let js = context(client.clone(), settings);
         let info = checked_stream(&js, settings).await?;
         // One subscription for every PubAck of this sink: `<inbox>.<record number>`. Publishing
         // with a reply subject of our own instead of JetStream's request API saves a timer, a
