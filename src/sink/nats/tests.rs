@@ -500,10 +500,27 @@ async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
 /// check periods after it, and none completes twice.
 #[tokio::test(flavor = "current_thread")]
 async fn records_without_a_puback_fail_after_the_ack_timeout() {
+    no_puback_case(
+        "ack_timeout_ms = 400",
+        Duration::from_millis(400),
+        Duration::from_secs(3),
+    )
+    .await;
+}
+
+/// The same with the shipped `ack_timeout_ms` (10 s; checked every 1 s): what users get.
+#[tokio::test(flavor = "current_thread")]
+async fn records_without_a_puback_fail_after_the_shipped_ack_timeout() {
+    no_puback_case("", Duration::from_secs(10), Duration::from_secs(13)).await;
+}
+
+/// Records sent while the sink's own server is stopped fail after `timeout` and before `within`.
+async fn no_puback_case(extra: &str, timeout: Duration, within: Duration) {
     let server = OwnServer::start(&["-js"]);
     let url = format!("nats://127.0.0.1:{}", server.port);
     let prefix = unique("t");
-    let s = nats_settings(&url, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 400");
+    let s = nats_settings(&url, &unique("T"), &[&format!("{prefix}.>")], extra);
+    assert_eq!(s.ack_timeout, timeout);
     prepare_stream(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 100).await.unwrap();
     let subject = format!("{prefix}.orders");
@@ -535,10 +552,7 @@ async fn records_without_a_puback_fail_after_the_ack_timeout() {
             .any(|(_, o)| o.as_ref().unwrap_err().cause.contains("no PubAck within")),
         "{done:?}"
     );
-    assert!(
-        waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
-        "failed after {waited:?}"
-    );
+    assert!(waited >= timeout && waited < within, "failed after {waited:?}");
     // Acks that come after the timeout complete nothing a second time.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(rx.try_recv().is_err(), "a record completed twice");
