@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 
 use crate::harness::*;
 
@@ -29,8 +29,8 @@ fn with_retention(config: RelayConfig, mode: &str) -> RelayConfig {
         .set("retention", "batch_size", 7)
 }
 
-/// Inserts `n` rows (one transaction each), `age` old by `created_at`; their ids.
-async fn insert_rows(client: &Client, n: usize, age_seconds: i64) -> Vec<String> {
+/// Inserts `n` rows (one transaction each, or the caller's), `age` old by `created_at`; their ids.
+async fn insert_rows(client: &impl GenericClient, n: usize, age_seconds: i64) -> Vec<String> {
     let mut ids = Vec::new();
     for _ in 0..n {
         let row = client
@@ -45,6 +45,37 @@ async fn insert_rows(client: &Client, n: usize, age_seconds: i64) -> Vec<String>
         ids.push(row.get(0));
     }
     ids
+}
+
+/// Whether a ranged (not the default) partition of `events_outbox` covers the transaction's
+/// `now()`: its bound expression is `FOR VALUES FROM ('…') TO ('…')`.
+const A_RANGED_PARTITION_COVERS_NOW: &str = r"
+    SELECT EXISTS (
+        SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
+                                        'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') AS b
+        WHERE i.inhparent = 'events_outbox'::regclass
+          AND b[1]::timestamptz <= now() AND now() < b[2]::timestamptz)";
+
+/// Inserts `n` rows of age 0 in one transaction whose `now()` a ranged partition covers (checked
+/// inside that transaction, so the rows land there); `None` if none did within 30 s.
+async fn insert_rows_into_a_ranged_partition(client: &mut Client, n: usize) -> Option<Vec<String>> {
+    for _ in 0..150 {
+        let tx = client.transaction().await.expect("begin");
+        let covered: bool = tx
+            .query_one(A_RANGED_PARTITION_COVERS_NOW, &[])
+            .await
+            .expect("partition bounds")
+            .get(0);
+        if covered {
+            let ids = insert_rows(&tx, n, 0).await;
+            tx.commit().await.expect("commit");
+            return Some(ids);
+        }
+        tx.rollback().await.expect("rollback");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
 }
 
 /// Schema A's outbox partitioned by range of `created_at`, with a default partition.
@@ -484,7 +515,7 @@ async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
     };
     let db = unique_name("retpollpart");
     pg.create_database(&db).await;
-    let client = pg.client(&db).await;
+    let mut client = pg.client(&db).await;
     create_partitioned_outbox(&client).await;
     let config = with_retention(
         RelayConfig::for_schema(OutboxSchema::A, &pg.url(&db), &kafka.bootstrap_servers()),
@@ -505,24 +536,12 @@ async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
         "{}",
         poller.log_text()
     );
-    // Partitions ahead exist before the rows come, so they land in a ranged partition.
-    assert!(
-        wait_until(Duration::from_secs(30), Duration::from_millis(200), || async {
-            client
-                .query_one(
-                    "SELECT count(*) FROM pg_inherits WHERE inhparent = 'events_outbox'::regclass",
-                    &[],
-                )
-                .await
-                .expect("partitions")
-                .get::<_, i64>(0)
-                >= 4
-        })
-        .await,
-        "no partitions created ahead:\n{}",
-        poller.log_text()
-    );
-    let pending = insert_rows(&client, 10, 0).await;
+    // The rows go in once a ranged partition covers their commit's `now()`, so they land in
+    // one: counting the partitions created ahead is not enough, as under load the first ones
+    // can lie behind `now()` before the next run creates the current one.
+    let pending = insert_rows_into_a_ranged_partition(&mut client, 10)
+        .await
+        .unwrap_or_else(|| panic!("no ranged partition covered now() within 30 s:\n{}", poller.log_text()));
     let in_default: i64 = client
         .query_one("SELECT count(*) FROM ONLY events_outbox_default", &[])
         .await
@@ -547,8 +566,7 @@ async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
         "undispatched rows, broker down",
     )
     .await;
-    // Empty partitions older than the rows' may go (the rows may have crossed a partition
-    // boundary after the first ones were created); the rows' own may not.
+    // Empty partitions older than the rows' expire meanwhile and may go; the rows' own may not.
     let log = poller.log_text();
     for partition in &holding {
         assert!(
