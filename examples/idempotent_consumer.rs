@@ -5,9 +5,14 @@
 //! cargo run --example idempotent_consumer -- --database-url postgres://postgres@127.0.0.1:5432/loyalty \
 //!     --bootstrap 127.0.0.1:9092 --create-schema
 //! ```
+//!
+//! Each record is handled in a CONSUMER span continuing the record's `traceparent`; set
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` (e.g. `http://127.0.0.1:4318`) to export the spans over OTLP/HTTP.
 
 #[path = "support/loyalty.rs"]
 mod loyalty;
+#[path = "support/telemetry.rs"]
+mod telemetry;
 
 use std::time::Duration;
 
@@ -42,6 +47,7 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    let telemetry = telemetry::Telemetry::from_env("loyalty")?;
     let (mut client, connection) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -67,10 +73,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_records: None,
         idle: args.idle_exit_secs.map(Duration::from_secs),
     };
-    let stats = loyalty::run(&kafka, &mut client, &args.consumer_name, stop).await?;
+    let stats = loyalty::run(&kafka, &mut client, &telemetry.tracer, &args.consumer_name, stop).await?;
     eprintln!(
         "applied {} events, skipped {} duplicates",
         stats.applied, stats.duplicates
     );
+    telemetry.shutdown();
     Ok(())
 }

@@ -6,12 +6,15 @@
 //!     --create-schema --count 100 --rate 10
 //! ```
 //!
-//! Each order's outbox row carries the `traceparent` of the order's request span; with
-//! `[outbox] trace_column = "traceparent"` (and `[tracing]` for the relay's own span) the
-//! consumer example continues that trace.
+//! Each order is placed in an OpenTelemetry span (`place order`) whose `traceparent` the outbox
+//! row carries; with `[outbox] trace_column = "traceparent"` (and `[tracing]` for the relay's
+//! own span) the consumer example continues that trace. Set `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! (e.g. `http://127.0.0.1:4318`) to export the spans over OTLP/HTTP.
 
 #[path = "support/orders.rs"]
 mod orders;
+#[path = "support/telemetry.rs"]
+mod telemetry;
 
 use std::time::Duration;
 
@@ -40,6 +43,7 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    let telemetry = telemetry::Telemetry::from_env("shop")?;
     let (mut client, connection) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -62,15 +66,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let order_id = uuid::Uuid::new_v4().to_string();
         let customer = &customers[placed as usize % customers.len()];
         let total_cents = 1_000 + (placed as i64 * 737) % 9_000;
-        // This order's "request" span: its context goes into the outbox row.
-        let traceparent = orders::new_traceparent();
-        let event_id = orders::place_order(&mut client, &order_id, customer, total_cents, &traceparent).await?;
+        let order = orders::place_order(&mut client, &telemetry.tracer, &order_id, customer, total_cents).await?;
         println!(
-            "placed order {order_id} for customer {customer}: {total_cents} cents (outbox event {event_id}, \
-             traceparent {traceparent})"
+            "placed order {order_id} for customer {customer}: {total_cents} cents (outbox event {}, \
+             traceparent {})",
+            order.event_id,
+            order.traceparent.as_deref().unwrap_or("-")
         );
         placed += 1;
     }
     eprintln!("placed {placed} orders");
+    telemetry.shutdown();
     Ok(())
 }

@@ -13,11 +13,16 @@
 //! The event id comes from the record's `id` header, which outbox-relay sets from the outbox
 //! row's id. Shared by `examples/idempotent_consumer.rs` and the integration tests.
 //!
-//! Tracing: a record's W3C `traceparent` header (the relay's `send` span with `[tracing]`, else
-//! the producing request's) is continued — the consumer's span is its child, same trace id
-//! ([`continue_trace`]) — and logged with the event.
+//! Tracing: each record is handled in an OpenTelemetry CONSUMER span, `process <topic>`, whose
+//! parent is the record's W3C `traceparent` header (the relay's `send` span with `[tracing]`,
+//! else the producing request's), read with the SDK's propagator: one trace from the order's
+//! request to the points awarded. A record without a valid `traceparent` starts a new trace.
 
 use std::time::{Duration, Instant};
+
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::trace::SdkTracer;
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
@@ -141,6 +146,7 @@ pub struct StopWhen {
 pub async fn run(
     kafka: &StreamConsumer,
     client: &mut Client,
+    tracer: &SdkTracer,
     consumer_name: &str,
     stop: StopWhen,
 ) -> Result<RunStats, ConsumeError> {
@@ -168,7 +174,7 @@ pub async fn run(
             Ok(Ok(m)) => m,
         };
         last_record = Instant::now();
-        match handle_record(client, consumer_name, &message).await? {
+        match handle_record(client, tracer, consumer_name, &message).await? {
             Handled::Applied => stats.applied += 1,
             Handled::Duplicate => stats.duplicates += 1,
         }
@@ -178,38 +184,54 @@ pub async fn run(
     }
 }
 
-/// The consumer's span continuing `traceparent` (a child: same trace id, a new span id, the
-/// parent's flags), as a W3C `traceparent`, with the parent's span id. `None`: the header is no
-/// valid version-00 `traceparent`, so the consumer starts a trace of its own.
-pub fn continue_trace(traceparent: &[u8]) -> Option<(String, String)> {
-    let text = std::str::from_utf8(traceparent).ok()?;
-    let fields: Vec<&str> = text.split('-').collect();
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    let [version, trace_id, parent_id, flags] = fields[..] else {
-        return None;
-    };
-    let zero = |s: &str| s.bytes().all(|b| b == b'0');
-    if version != "00"
-        || !hex(trace_id, 32)
-        || !hex(parent_id, 16)
-        || !hex(flags, 2)
-        || zero(trace_id)
-        || zero(parent_id)
-    {
-        return None;
-    }
-    let span_id = &uuid::Uuid::new_v4().simple().to_string()[..16];
-    Some((format!("00-{trace_id}-{span_id}-{flags}"), parent_id.to_owned()))
+/// A header's value (the first of that name).
+fn header<'a>(message: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
+    message
+        .headers()
+        .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
 }
 
+/// Handles one record in a CONSUMER span continuing the record's trace (OpenTelemetry's
+/// messaging conventions: `process <destination>`, system, operation, destination, message id).
 async fn handle_record(
     client: &mut Client,
+    tracer: &SdkTracer,
     consumer: &str,
     message: &BorrowedMessage<'_>,
 ) -> Result<Handled, ConsumeError> {
-    let event_id = message
-        .headers()
-        .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
+    let parent = super::telemetry::remote_parent(header(message, "traceparent"), header(message, "tracestate"));
+    let topic = message.topic().to_owned();
+    let span = tracer
+        .span_builder(format!("process {topic}"))
+        .with_kind(SpanKind::Consumer)
+        .with_attributes([
+            KeyValue::new("messaging.system", "kafka"),
+            KeyValue::new("messaging.operation.type", "process"),
+            KeyValue::new("messaging.destination.name", topic),
+            KeyValue::new("messaging.destination.partition.id", message.partition().to_string()),
+            KeyValue::new("messaging.kafka.offset", message.offset()),
+            KeyValue::new("messaging.consumer.group.name", consumer.to_owned()),
+        ])
+        .start_with_context(tracer, &parent);
+    let cx = parent.with_span(span);
+    let handled = handle_traced(client, consumer, message, &cx).await;
+    match &handled {
+        Ok(h) => cx
+            .span()
+            .set_attribute(KeyValue::new("loyalty.handled", format!("{h:?}"))),
+        Err(e) => cx.span().set_status(Status::error(e.to_string())),
+    }
+    cx.span().end();
+    handled
+}
+
+async fn handle_traced(
+    client: &mut Client,
+    consumer: &str,
+    message: &BorrowedMessage<'_>,
+    cx: &opentelemetry::Context,
+) -> Result<Handled, ConsumeError> {
+    let event_id = header(message, "id")
         .and_then(|v| std::str::from_utf8(v).ok())
         .ok_or_else(|| ConsumeError::BadRecord(format!("offset {} has no id header", message.offset())))?
         .to_owned();
@@ -217,12 +239,9 @@ async fn handle_record(
         .payload()
         .and_then(|p| serde_json::from_slice(p).ok())
         .ok_or_else(|| ConsumeError::BadRecord(format!("event {event_id}: payload is not JSON")))?;
-    let trace = message
-        .headers()
-        .and_then(|h| h.iter().find(|h| h.key == "traceparent").and_then(|h| h.value))
-        .and_then(continue_trace);
-    if let Some((span, parent)) = trace {
-        println!("event {event_id}: consumer span {span} (child of {parent})");
-    }
+    cx.span()
+        .set_attribute(KeyValue::new("messaging.message.id", event_id.clone()));
+    let sc = cx.span().span_context().clone();
+    println!("event {event_id}: trace {} span {}", sc.trace_id(), sc.span_id());
     handle_order_placed(client, consumer, &event_id, &payload).await
 }

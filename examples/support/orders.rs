@@ -4,14 +4,18 @@
 //! commit together or not at all — the whole point of the outbox pattern. Nothing here talks to
 //! Kafka: outbox-relay publishes the outbox row once PostgreSQL committed it.
 //!
-//! Tracing: the outbox row carries the W3C `traceparent` of the request that placed the order
-//! (column `traceparent`; map it with `[outbox] trace_column = "traceparent"`), so the trace goes
-//! on through the relay (its `send` span with `[tracing]`) to the consumer. A real service takes
-//! it from its OpenTelemetry span (the W3C propagator's `traceparent`); the example makes one up
-//! per request with [`new_traceparent`].
+//! Tracing: `place_order` runs in an OpenTelemetry span of its own (`place order`, a child of
+//! whatever span is current, e.g. the HTTP request's), and the outbox row carries that span's
+//! W3C `traceparent`, as the SDK's propagator writes it (column `traceparent`; map it with
+//! `[outbox] trace_column = "traceparent"`). The trace goes on through the relay (its `send`
+//! span with `[tracing]`) to the consumer, whose span is a child of the record's `traceparent`.
 //!
 //! Shared by `examples/place_order.rs` and the integration tests (`#[path]`-included there).
 
+use opentelemetry::context::FutureExt;
+use opentelemetry::trace::{Status, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::SdkTracer;
 use tokio_postgres::{Client, Error};
 
 /// The business table and the outbox table (the first seed's schema A).
@@ -37,26 +41,55 @@ ALTER TABLE events_outbox ADD COLUMN IF NOT EXISTS traceparent text;
 /// The event type; with the relay's default routing it is also the topic.
 pub const ORDER_PLACED: &str = "order.placed";
 
-/// A W3C `traceparent` for a new request's span: version 00, a random 16-byte trace id, a
-/// random 8-byte span id, sampled. (With the OpenTelemetry SDK: the current span's context,
-/// injected with `TraceContextPropagator`.)
-pub fn new_traceparent() -> String {
-    let trace_id = uuid::Uuid::new_v4().simple().to_string();
-    let span_id = &uuid::Uuid::new_v4().simple().to_string()[..16];
-    format!("00-{trace_id}-{span_id}-01")
+/// An order placed: its outbox event's id and the `traceparent` written with it.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub event_id: i64,
+    pub traceparent: Option<String>,
 }
 
-/// Places an order: the order row and the outbox event commit atomically. Returns the event id.
-/// `traceparent`: the request's span (written to the outbox row, so the trace continues).
+/// Places an order in a `place order` span of `tracer` (a child of the current context's span):
+/// the order row and the outbox event, which carries the span's `traceparent`, commit
+/// atomically.
 ///
 /// The payload is serialized here, at write time, and carries everything a consumer needs
 /// (order, customer, amount), so nobody has to call back into this service to enrich it.
 pub async fn place_order(
     client: &mut Client,
+    tracer: &SdkTracer,
     order_id: &str,
     customer_id: &str,
     total_cents: i64,
-    traceparent: &str,
+) -> Result<Placed, Error> {
+    let span = tracer
+        .span_builder("place order")
+        .with_attributes([KeyValue::new("order.id", order_id.to_owned())])
+        .start_with_context(tracer, &Context::current());
+    let cx = Context::current_with_span(span);
+    // What the SDK's W3C propagator writes for this span; in the outbox row it outlives the
+    // request, so the relay and the consumer continue the trace.
+    let traceparent = super::telemetry::traceparent(&cx);
+    let placed = write_order(client, order_id, customer_id, total_cents, traceparent.as_deref())
+        .with_context(cx.clone())
+        .await;
+    match &placed {
+        Ok(event_id) => cx.span().set_attribute(KeyValue::new("outbox.event_id", *event_id)),
+        Err(e) => cx.span().set_status(Status::error(e.to_string())),
+    }
+    cx.span().end();
+    Ok(Placed {
+        event_id: placed?,
+        traceparent,
+    })
+}
+
+/// The order row and its outbox row, in one transaction.
+async fn write_order(
+    client: &mut Client,
+    order_id: &str,
+    customer_id: &str,
+    total_cents: i64,
+    traceparent: Option<&str>,
 ) -> Result<i64, Error> {
     let tx = client.transaction().await?;
     tx.execute(

@@ -80,6 +80,7 @@ pub mod debezium;
 pub mod fault_support;
 pub mod kafka;
 pub mod nats;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 pub mod rabbitmq;
