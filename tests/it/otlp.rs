@@ -1,5 +1,5 @@
 //! `[tracing]` end to end: the relay streams an outbox table to the mock Kafka cluster and
-//! exports one PRODUCER span per event over OTLP/HTTP to a test receiver
+//! exports one PRODUCER span per event over OTLP (HTTP/protobuf, and gRPC) to a test receiver
 //! ([`crate::harness::otlp::Receiver`]). Checked: the
 //! span's parent, ids, name, attributes and times against the row and its commit, and that the
 //! record's `traceparent` names the relay's span; an unreachable collector leaves publishing
@@ -320,4 +320,49 @@ async fn otlp_polled_rows_get_producer_spans_from_their_timestamp() {
             assert!(span.parent_span_id.is_empty());
         }
     }
+}
+
+/// `protocol = "grpc"`: the same spans reach a gRPC collector (the OTLP `TraceService`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_over_grpc_exports_the_same_spans() {
+    let kafka = MockKafka::new(1);
+    let receiver = Receiver::start_grpc().await;
+    let (mut client, config) = database(&kafka.bootstrap_servers(), true).await;
+    let config = config
+        .set("tracing", "protocol", "grpc")
+        .set("tracing", "otlp_endpoint", receiver.endpoint.clone());
+    setup(&config).await;
+    let relay = RelayProcess::run_streaming(&config).await;
+    let rows = vec![
+        insert(&mut client, "with-parent", Some(TRACEPARENT), None).await,
+        insert(&mut client, "no-parent", None, None).await,
+    ];
+    let records = collect(&kafka.bootstrap_servers(), &["order"], rows.len(), WAIT).await;
+    assert_eq!(records.len(), rows.len(), "{}", relay.log_text());
+    let spans = receiver.wait_for(rows.len()).await;
+    assert_eq!(spans.len(), rows.len(), "{spans:#?}\n{}", relay.log_text());
+    for row in &rows {
+        let received = spans
+            .iter()
+            .find(|e| string_attr(&e.span.attributes, "messaging.message.id").as_deref() == Some(row.id.as_str()))
+            .unwrap_or_else(|| panic!("a span for event {}", row.id));
+        let span = &received.span;
+        assert_eq!(received.service.as_deref(), Some("outbox-relay"));
+        assert_eq!(
+            (span.kind, span.name.as_str()),
+            (SpanKind::Producer as i32, "send order")
+        );
+        let record = records.iter().find(|r| r.key_str() == Some(row.aggregate)).unwrap();
+        let own = format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id));
+        assert_eq!(record.header("traceparent"), Some(own.as_bytes()), "{}", row.aggregate);
+        if row.traceparent.is_some() {
+            assert_eq!(
+                (hex(&span.trace_id), hex(&span.parent_span_id)),
+                (PARENT_TRACE.to_owned(), PARENT_SPAN.to_owned())
+            );
+        } else {
+            assert!(span.parent_span_id.is_empty(), "a root span: {span:?}");
+        }
+    }
+    drop(relay);
 }

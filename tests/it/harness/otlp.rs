@@ -1,12 +1,13 @@
-//! A test OTLP/HTTP collector: a small HTTP/1.1 server taking `POST /v1/traces` with a protobuf
-//! `ExportTraceServiceRequest` (decoded with the `opentelemetry-proto` types) and keeping every
-//! span with its resource's `service.name`. Used by the relay's `[tracing]` tests and the
-//! examples' end-to-end trace.
+//! Test OTLP collectors keeping every span with its resource's `service.name`: over HTTP, a small
+//! HTTP/1.1 server taking `POST /v1/traces` with a protobuf `ExportTraceServiceRequest` (decoded
+//! with the `opentelemetry-proto` types); over gRPC, the generated `TraceService` server on
+//! tonic's transport. Used by the relay's `[tracing]` tests and the examples' end-to-end trace.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -54,6 +55,22 @@ impl Receiver {
         Receiver { endpoint, spans, task }
     }
 
+    /// The same over gRPC: `endpoint` is for `[tracing] protocol = "grpc"`.
+    pub async fn start_grpc() -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the receiver");
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let spans: Arc<Mutex<Vec<Exported>>> = Arc::default();
+        let service = TraceServiceServer::new(GrpcSink(Arc::clone(&spans)));
+        let task = tokio::spawn(async move {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        Receiver { endpoint, spans, task }
+    }
+
     pub fn spans(&self) -> Vec<Exported> {
         self.spans.lock().unwrap().clone()
     }
@@ -65,6 +82,38 @@ impl Receiver {
         })
         .await;
         self.spans()
+    }
+}
+
+/// Keeps every span of an export request with its resource's `service.name`.
+fn keep(sink: &Mutex<Vec<Exported>>, request: ExportTraceServiceRequest) {
+    let mut spans = sink.lock().unwrap();
+    for rs in request.resource_spans {
+        let service = rs
+            .resource
+            .as_ref()
+            .and_then(|r| string_attr(&r.attributes, "service.name"));
+        for ss in rs.scope_spans {
+            spans.extend(ss.spans.into_iter().map(|span| Exported {
+                service: service.clone(),
+                span,
+            }));
+        }
+    }
+}
+
+struct GrpcSink(Arc<Mutex<Vec<Exported>>>);
+
+#[tonic::async_trait]
+impl TraceService for GrpcSink {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        keep(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
     }
 }
 
@@ -96,19 +145,7 @@ async fn serve(stream: tokio::net::TcpStream, sink: Arc<Mutex<Vec<Exported>>>) -
         let status = if request_line.starts_with("POST /v1/traces ") {
             match ExportTraceServiceRequest::decode(&body[..]) {
                 Ok(request) => {
-                    let mut spans = sink.lock().unwrap();
-                    for rs in request.resource_spans {
-                        let service = rs
-                            .resource
-                            .as_ref()
-                            .and_then(|r| string_attr(&r.attributes, "service.name"));
-                        for ss in rs.scope_spans {
-                            spans.extend(ss.spans.into_iter().map(|span| Exported {
-                                service: service.clone(),
-                                span,
-                            }));
-                        }
-                    }
+                    keep(&sink, request);
                     "200 OK"
                 }
                 Err(_) => "400 Bad Request",
