@@ -1,10 +1,13 @@
 //! Retention benchmark: what `[retention]` removing a backlog of old rows costs the stream.
 //!
-//! Two runs on identical fresh clusters: an outbox holding `--old-rows` rows dated 30 days back,
-//! the relay (`outbox-relay run`, the real binary) streaming to librdkafka's in-process mock
-//! cluster, and a producer committing `--rate` events a second for `--seconds`; once without
-//! `[retention]`, once with `mode = "delete"`, `keep = "7d"` (everything else default), which
-//! removes every old row during the load. Reported per run: p50/p99/max commit→consumer (the
+//! Runs on identical fresh clusters: an outbox holding `--old-rows` rows dated 30 days back, the
+//! relay (`outbox-relay run`, the real binary) streaming to librdkafka's in-process mock cluster,
+//! and a producer committing `--rate` events a second for `--seconds`. Per retention mode of
+//! `--modes` (default `delete,partitions`), two runs on the same table shape: without
+//! `[retention]`, then with it (`keep = "7d"`, everything else default), which removes every old
+//! row during the load. `delete` uses a plain table; `partitions` the same table partitioned by
+//! range of `created_at` (the old rows in a partition of their own, a current one and a default
+//! one made by the benchmark). Reported per run: p50/p99/max commit→consumer (the
 //! producer's `COMMIT` returned → the consumer received the record, every event), events lost,
 //! the table's size and rows before and after, and how long retention took. The result section
 //! is written into docs/benchmarks.md between this benchmark's own markers.
@@ -58,6 +61,65 @@ struct Args {
     quick: bool,
     /// `retention.batch_size` for the run with retention (`None`: the relay's default).
     batch_size: Option<u64>,
+    /// The retention modes measured, each beside a run without retention on its table shape.
+    modes: Vec<Mode>,
+}
+
+/// A retention mode, and with it the table shape it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A plain table; rows deleted in batches.
+    Delete,
+    /// The table partitioned by range of `created_at`; expired partitions dropped.
+    Partitions,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Delete => "delete",
+            Mode::Partitions => "partitions",
+        }
+    }
+
+    fn table(self) -> &'static str {
+        match self {
+            Mode::Delete => "plain table",
+            Mode::Partitions => "partitioned table",
+        }
+    }
+
+    /// The outbox: the same columns either way; partitioned, the primary key includes the
+    /// partition key (PostgreSQL requires it), and partitions hold the old rows (31 to 29 days
+    /// back), the load (a day either side of now) and anything else (default).
+    fn ddl(self) -> &'static str {
+        match self {
+            Mode::Delete => {
+                "CREATE TABLE events_outbox (id bigserial PRIMARY KEY, aggregate_id uuid NOT NULL, type text NOT NULL,
+                     payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+                 CREATE INDEX ON events_outbox (created_at);"
+            }
+            Mode::Partitions => {
+                "CREATE TABLE events_outbox (id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL,
+                     payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
+                     PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at);
+                 CREATE INDEX ON events_outbox (created_at);
+                 CREATE TABLE events_outbox_old PARTITION OF events_outbox
+                     FOR VALUES FROM (now() - interval '31 days') TO (now() - interval '29 days');
+                 CREATE TABLE events_outbox_now PARTITION OF events_outbox
+                     FOR VALUES FROM (now() - interval '1 day') TO (now() + interval '1 day');
+                 CREATE TABLE events_outbox_default PARTITION OF events_outbox DEFAULT;"
+            }
+        }
+    }
+
+    /// What the relay logs when it removed old rows this way.
+    fn removed_log(self) -> &'static str {
+        match self {
+            Mode::Delete => "retention removed published rows",
+            Mode::Partitions => "retention dropped a partition",
+        }
+    }
 }
 
 fn args() -> Result<Args> {
@@ -67,6 +129,7 @@ fn args() -> Result<Args> {
         seconds: 60,
         quick: false,
         batch_size: None,
+        modes: vec![Mode::Delete, Mode::Partitions],
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -86,10 +149,22 @@ fn args() -> Result<Args> {
             "--rate" => a.rate = num("--rate")?.max(1),
             "--seconds" => a.seconds = num("--seconds")?.max(1),
             "--batch-size" => a.batch_size = Some(num("--batch-size")?.max(1)),
+            "--modes" => {
+                let list = it.next().context("--modes needs a list, e.g. delete,partitions")?;
+                a.modes = list
+                    .split(',')
+                    .map(|m| match m.trim() {
+                        "delete" => Ok(Mode::Delete),
+                        "partitions" => Ok(Mode::Partitions),
+                        other => Err(anyhow!("--modes: unknown mode {other:?}; use delete and/or partitions")),
+                    })
+                    .collect::<Result<_>>()?;
+            }
             // cargo bench passes --bench.
             "--bench" => {}
             other => bail!(
-                "unknown argument {other}; use [--quick] [--old-rows N] [--rate N] [--seconds N] [--batch-size N]"
+                "unknown argument {other}; use [--quick] [--old-rows N] [--rate N] [--seconds N] [--batch-size N] \
+                 [--modes delete,partitions]"
             ),
         }
     }
@@ -99,6 +174,7 @@ fn args() -> Result<Args> {
 /// One run's figures.
 #[derive(Debug, Clone)]
 struct RunResult {
+    mode: Mode,
     retention: bool,
     events: usize,
     lost: usize,
@@ -153,7 +229,7 @@ fn relay_config(
     dir: &Path,
     url: &str,
     bootstrap: &str,
-    retention: bool,
+    retention: Option<Mode>,
     batch_size: Option<u64>,
     http_port: u16,
 ) -> Result<PathBuf> {
@@ -164,8 +240,8 @@ fn relay_config(
          [route]\ntopic_regex = '^(?<routedByValue>[^.]+)\\..*$'\ntopic_replacement = '${{routedByValue}}'\n\
          [kafka]\n\"bootstrap.servers\" = \"{bootstrap}\"\n\"linger.ms\" = \"1\"\n"
     );
-    if retention {
-        text.push_str("[retention]\nmode = \"delete\"\nkeep = \"7d\"\n");
+    if let Some(mode) = retention {
+        text.push_str(&format!("[retention]\nmode = \"{}\"\nkeep = \"7d\"\n", mode.name()));
         if let Some(n) = batch_size {
             text.push_str(&format!("batch_size = {n}\n"));
         }
@@ -175,25 +251,21 @@ fn relay_config(
     Ok(path)
 }
 
+/// Size (every partition's, indexes and TOAST included), rows, rows older than `keep`.
 fn sizes_sql() -> &'static str {
-    "SELECT pg_total_relation_size('events_outbox')::int8, (SELECT count(*) FROM events_outbox)::int8,
+    "SELECT (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('events_outbox'))::int8,
+            (SELECT count(*) FROM events_outbox)::int8,
             (SELECT count(*) FROM events_outbox WHERE created_at < now() - interval '7 days')::int8"
 }
 
-async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
+async fn run(args: &Args, kafka: &Kafka, mode: Mode, retention: bool) -> Result<RunResult> {
     let pg = ThrowawayPostgres::start_with(Path::new(PG_BIN), SETTINGS, "outbox-relay-bench-retention-")
         .context("starting PostgreSQL 15 (apt-get install postgresql-15)")?;
     let admin = connect(&pg.url("postgres")).await?;
     admin.batch_execute("CREATE DATABASE bench").await?;
     let url = pg.url("bench");
     let client = connect(&url).await?;
-    client
-        .batch_execute(
-            "CREATE TABLE events_outbox (id bigserial PRIMARY KEY, aggregate_id uuid NOT NULL, type text NOT NULL,
-                 payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
-             CREATE INDEX ON events_outbox (created_at);",
-        )
-        .await?;
+    client.batch_execute(mode.ddl()).await?;
     // The backlog: old rows committed (and, for the slot created next, behind it) before the run.
     client
         .execute(
@@ -213,7 +285,7 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
         dir.path(),
         &url,
         &kafka.bootstrap,
-        retention,
+        retention.then_some(mode),
         args.batch_size,
         http_port,
     )?;
@@ -322,16 +394,19 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
         let deadline = started + Duration::from_secs(args.seconds + 600);
         loop {
             let old: i64 = client.query_one(sizes_sql(), &[]).await?.get(2);
-            if old == 0 {
-                let log = fs::read_to_string(&log_path)?;
-                // The first run starts with streaming; the removal ends with the last one logged.
+            // Done when no old row is left and the relay said it removed them (a detached
+            // partition's rows are out of the table before they are dropped).
+            if old == 0 && fs::read_to_string(&log_path)?.contains(mode.removed_log()) {
                 retention_seconds = Some(started.elapsed().as_secs_f64());
-                if !log.contains("retention removed published rows") {
-                    bail!("old rows are gone but retention never said it removed any:\n{log}");
-                }
                 break;
             }
             if Instant::now() > deadline {
+                if old == 0 {
+                    bail!(
+                        "old rows are gone but retention never said it removed any:\n{}",
+                        fs::read_to_string(&log_path)?
+                    );
+                }
                 break;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -362,6 +437,7 @@ async fn run(args: &Args, kafka: &Kafka, retention: bool) -> Result<RunResult> {
     };
     let _keep_cluster_until_here = &pg;
     Ok(RunResult {
+        mode,
         retention,
         events: commits.len(),
         lost: commits.len() - latencies.len(),
@@ -383,15 +459,18 @@ fn mib(b: i64) -> String {
 }
 
 fn report(args: &Args, runs: &[RunResult]) -> String {
+    let modes: Vec<&str> = args.modes.iter().map(|m| m.name()).collect();
     let mut s = String::new();
     s.push_str(&format!(
-        "\n### Retention: deleting {} old rows under {} ev/s\n\n\
+        "\n### Retention: removing {} old rows under {} ev/s\n\n\
          Measured {} on this machine (shared 2 cores){}{}: {} s of load at {} ev/s against an outbox holding {} rows \
-         dated 30 days back, once without `[retention]`, once with `mode = \"delete\"`, `keep = \"7d\"` (other keys \
-         default), fresh cluster each run, librdkafka's mock cluster. Sizes are `pg_total_relation_size` after a plain \
-         `VACUUM` (space is reused, the file does not shrink; `partitions` mode drops files instead).\n\n\
-         | run | events | lost | commit→consumer p50 | p99 | max | relay commit→ack p50 / p99 | table before | table after | rows before → after | old rows left | retention done after |\n\
-         |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+         dated 30 days back; per mode ({}) a run without `[retention]` and one with it (`keep = \"7d\"`, other keys \
+         default) on the same table shape, fresh cluster each run, librdkafka's mock cluster. `delete`: a plain table. \
+         `partitions`: partitioned by range of `created_at`, the old rows in one partition, a current and a default \
+         one. Sizes are every partition's `pg_total_relation_size` after a plain `VACUUM` (space is reused, a file \
+         does not shrink; a dropped partition's files are gone).\n\n\
+         | mode | run | events | lost | commit→consumer p50 | p99 | max | relay commit→ack p50 / p99 | table before | table after | rows before → after | old rows left | retention done after |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
         args.old_rows,
         args.rate,
         chrono_like_today(),
@@ -404,12 +483,18 @@ fn report(args: &Args, runs: &[RunResult]) -> String {
         },
         args.seconds,
         args.rate,
-        args.old_rows
+        args.old_rows,
+        modes.join(", "),
     ));
     for r in runs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {} | {} → {} | {} | {} |\n",
-            if r.retention { "with retention" } else { "without" },
+            "| {} | {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {} | {} → {} | {} | {} |\n",
+            r.mode.name(),
+            if r.retention {
+                "with retention".to_owned()
+            } else {
+                format!("without ({})", r.mode.table())
+            },
             r.events,
             r.lost,
             r.p50_ms,
@@ -425,11 +510,20 @@ fn report(args: &Args, runs: &[RunResult]) -> String {
             r.retention_seconds.map_or("–".into(), |t| format!("{t:.0} s")),
         ));
     }
-    if let [without, with] = runs {
-        s.push_str(&format!(
-            "\np99 with retention / without: **{:.2}×** (target ≤ 1.2×).\n",
-            with.p99_ms / without.p99_ms
-        ));
+    s.push('\n');
+    for mode in &args.modes {
+        let of = |retention: bool| runs.iter().find(|r| r.mode == *mode && r.retention == retention);
+        if let (Some(without), Some(with)) = (of(false), of(true)) {
+            let ack = match (with.ack_ms, without.ack_ms) {
+                (Some((_, w)), Some((_, wo))) => format!(", relay commit→ack p99 **{:.2}×**", w / wo),
+                _ => String::new(),
+            };
+            s.push_str(&format!(
+                "- `{}`: p99 commit→consumer with retention / without **{:.2}×**{ack} (target ≤ 1.2×).\n",
+                mode.name(),
+                with.p99_ms / without.p99_ms
+            ));
+        }
     }
     s
 }
@@ -465,14 +559,18 @@ fn main() -> Result<()> {
         .build()?;
     let kafka = start_kafka()?;
     let mut runs = Vec::new();
-    for retention in [false, true] {
-        eprintln!(
-            "retention bench: run {} retention …",
-            if retention { "with" } else { "without" }
-        );
-        // A topic of its own per run would need a second cluster; the consumer starts at the end.
-        runs.push(runtime.block_on(run(&args, &kafka, retention))?);
-        eprintln!("{:?}", runs.last());
+    for &mode in &args.modes {
+        for retention in [false, true] {
+            eprintln!(
+                "retention bench: {} ({}), run {} retention …",
+                mode.name(),
+                mode.table(),
+                if retention { "with" } else { "without" }
+            );
+            // A topic of its own per run would need a second cluster; the consumer starts at the end.
+            runs.push(runtime.block_on(run(&args, &kafka, mode, retention))?);
+            eprintln!("{:?}", runs.last());
+        }
     }
     let section = report(&args, &runs);
     println!("{section}");

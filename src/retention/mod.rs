@@ -46,6 +46,9 @@ use crate::ops::metrics::{RETENTION_ERRORS, RETENTION_LAST_RUN, RETENTION_PAUSED
 const CONFIRM_WAIT: Duration = Duration::from_secs(5);
 /// How often the slot is read while waiting.
 const CONFIRM_POLL: Duration = Duration::from_millis(200);
+/// How often an instance that is not the active one checks whether it became active.
+const INACTIVE_RECHECK: Duration = Duration::from_secs(1);
+
 /// Snapshots (or polling batches of `SNAPSHOT_BATCHES` statements) one run goes through at
 /// most, so one run of a huge backlog stays bounded and yields to the next interval.
 const ROUNDS_PER_RUN: usize = 50;
@@ -200,7 +203,15 @@ impl Retention {
                 let stop = shutdown.clone();
                 self.run_once(&move || *stop.borrow()).await;
             }
-            if crate::ops::retry::wait_or_shutdown(self.config.interval, &mut shutdown).await {
+            // Not active yet (starting, or a standby): look again soon rather than after a whole
+            // interval, so an instance that starts streaming or takes over runs at once — in
+            // partitions mode, the partitions ahead are then there before the first interval.
+            let wait = if active {
+                self.config.interval
+            } else {
+                self.config.interval.min(INACTIVE_RECHECK)
+            };
+            if crate::ops::retry::wait_or_shutdown(wait, &mut shutdown).await {
                 return;
             }
         }

@@ -504,6 +504,64 @@ async fn with_its_default_interval_retention_removes_published_rows_and_keeps_th
     stop(relay).await;
 }
 
+/// The shipped interval (one minute) and no default partition: the relay creates the partitions
+/// ahead as soon as it streams, not one interval later, so the service's inserts find one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_ahead_exist_as_soon_as_the_relay_streams_with_the_default_interval() {
+    let kafka = MockKafka::new(1);
+    let pg = shared_cluster().await;
+    let db = unique_name("retpartstart");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    client
+        .batch_execute(
+            "CREATE TABLE events_outbox (
+                id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL, payload jsonb NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+                PRIMARY KEY (id, created_at)
+             ) PARTITION BY RANGE (created_at);",
+        )
+        .await
+        .expect("partitioned outbox without a default partition");
+    let config = RelayConfig::for_schema(OutboxSchema::A, &pg.url(&db), &kafka.bootstrap_servers())
+        .route(PREFIX_REGEX, "${routedByValue}")
+        .set("retention", "mode", "partitions")
+        .set("retention", "keep", "7d");
+    setup(&config).await;
+    let relay = RelayProcess::run_streaming(&config).await;
+    let streaming = std::time::Instant::now();
+    let mut inserted = None;
+    while inserted.is_none() && streaming.elapsed() < Duration::from_secs(20) {
+        inserted = insert_one(&client).await;
+        if inserted.is_none() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let id = inserted.unwrap_or_else(|| {
+        panic!(
+            "no partition for an insert within 20 s of streaming (interval 60 s):\n{}",
+            relay.log_text()
+        )
+    });
+    assert_delivered(&delivered_ids(&kafka, 1).await, &[id], "the first insert");
+}
+
+/// One row at now(); `None` while no partition takes it.
+async fn insert_one(client: &Client) -> Option<String> {
+    match client
+        .query_one(
+            "INSERT INTO events_outbox (aggregate_id, type, payload) VALUES (gen_random_uuid(), 'order.created', '{}')
+             RETURNING id::text",
+            &[],
+        )
+        .await
+    {
+        Ok(row) => Some(row.get(0)),
+        Err(e) if e.as_db_error().is_some_and(|d| d.message().contains("no partition of relation")) => None,
+        Err(e) => panic!("insert: {e:?}"),
+    }
+}
+
 /// Poll mode, partitions: a partition holding a row the poller has not dispatched (broker down)
 /// is never dropped, however old; once the poller dispatched every row in it, it goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
