@@ -557,7 +557,12 @@ async fn insert_one(client: &Client) -> Option<String> {
         .await
     {
         Ok(row) => Some(row.get(0)),
-        Err(e) if e.as_db_error().is_some_and(|d| d.message().contains("no partition of relation")) => None,
+        Err(e)
+            if e.as_db_error()
+                .is_some_and(|d| d.message().contains("no partition of relation")) =>
+        {
+            None
+        }
         Err(e) => panic!("insert: {e:?}"),
     }
 }
