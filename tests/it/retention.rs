@@ -656,6 +656,60 @@ async fn poll_mode_drops_only_partitions_whose_rows_are_all_dispatched() {
     stop(poller).await;
 }
 
+/// The slot invalidated (`max_slot_wal_keep_size` exceeded) while rows wait unpublished (broker
+/// down): the relay stops, naming the cause and the recovery, and no unpublished row is removed —
+/// neither before it stops nor by a relay started again on the lost slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidated_slot_removes_nothing() {
+    let Some(pg) = PgCluster::start_dedicated(&[("max_slot_wal_keep_size", "1MB")]).await else {
+        return;
+    };
+    let kafka = MockKafka::new(1);
+    let (_db, client, config) = prepared_on(&pg, "retinval", OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let config = with_retention(config, "delete");
+    let mut relay = RelayProcess::run_streaming(&config).await;
+    kafka.all_brokers_down();
+    let ids = insert_rows(&client, 10, 60).await;
+    assert_all_stay(&client, &ids, Duration::from_secs(3), "broker down").await;
+
+    // WAL past max_slot_wal_keep_size while the slot cannot advance (nothing is acknowledged):
+    // the checkpoint invalidates it and ends its walsender.
+    let lost = wait_until(Duration::from_secs(90), Duration::from_millis(50), || async {
+        client
+            .batch_execute(
+                "INSERT INTO orders SELECT gen_random_uuid(), gen_random_uuid(), 1, 'x' FROM generate_series(1, 2000);
+                 SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .await
+            .expect("write WAL");
+        slot_row(&client, &config.slot)
+            .await
+            .is_some_and(|s| s.wal_status.as_deref() == Some("lost"))
+    })
+    .await;
+    assert!(lost, "the slot was not invalidated");
+    assert_all_stay(&client, &ids, SEVERAL_RUNS, "slot invalidated").await;
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("the relay stops on an invalidated slot");
+    assert!(!status.success());
+    let log = relay.log_text();
+    assert!(
+        log.contains("is invalidated") && log.contains("wal_status = lost"),
+        "the cause, clearly: {log}"
+    );
+    kafka.all_brokers_up();
+    // Started again on the lost slot: it stops at once, and its retention removes nothing.
+    let mut again = RelayProcess::run(&config);
+    again
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("a relay on a lost slot stops");
+    assert_all_stay(&client, &ids, Duration::from_secs(2), "after the relay stopped").await;
+    assert!(!again.log_text().contains("retention removed"), "{}", again.log_text());
+}
+
 /// The slot lost and re-created by `setup` (without `--backfill`): rows committed while it was
 /// missing were never streamed, and the new slot's position says nothing about them, so
 /// retention keeps them; rows committed after the new slot are published and removed as usual.
