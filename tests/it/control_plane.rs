@@ -18,8 +18,8 @@ use crate::harness::postgres::PG_BIN;
 use outbox_relay::postgres::replication::connection::ReplicationConnection;
 
 use crate::harness::{
-    create_schema_a, free_port, run_cmd, shared_cluster, slot_row, unique_name, wait_until, PgCluster, RelayConfig,
-    RelayProcess,
+    create_schema_a, free_port, invalidate_slot, run_cmd, shared_cluster, slot_row, unique_name, wait_until, PgCluster,
+    RelayConfig, RelayProcess,
 };
 
 // ------------------------------------------------------------------ local helpers
@@ -1009,19 +1009,7 @@ async fn wal_level_needs_restart_and_invalidated_slots_are_never_recreated() {
     control::setup(&settings).await.expect("setup after restart");
 
     // Push WAL past the slot's restart_lsn until a checkpoint invalidates it.
-    let lost = wait_until(Duration::from_secs(60), Duration::from_millis(50), || async {
-        admin
-            .batch_execute(
-                "INSERT INTO orders SELECT gen_random_uuid(), gen_random_uuid(), 1, 'x' FROM generate_series(1, 2000);
-                 SELECT pg_switch_wal(); CHECKPOINT;",
-            )
-            .await
-            .unwrap();
-        slot_row(&admin, &cfg.slot)
-            .await
-            .is_some_and(|s| s.wal_status.as_deref() == Some("lost"))
-    })
-    .await;
+    let lost = invalidate_slot(&admin, &cfg.slot, Duration::from_secs(60)).await;
     assert!(lost, "slot was not invalidated");
 
     let status = control::status(&settings).await.unwrap();

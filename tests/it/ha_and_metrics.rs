@@ -447,19 +447,7 @@ async fn an_invalidated_slot_stops_the_relay_with_the_cause_and_recovery_steps()
     .await;
 
     assert!(relay.sigstop());
-    let lost = wait_until(Duration::from_secs(90), Duration::from_millis(50), || async {
-        client
-            .batch_execute(
-                "INSERT INTO orders SELECT gen_random_uuid(), gen_random_uuid(), 1, 'x' FROM generate_series(1, 2000);
-                 SELECT pg_switch_wal(); CHECKPOINT;",
-            )
-            .await
-            .expect("write WAL");
-        slot_row(&client, &config.slot)
-            .await
-            .is_some_and(|s| s.wal_status.as_deref() == Some("lost"))
-    })
-    .await;
+    let lost = invalidate_slot(&client, &config.slot, Duration::from_secs(90)).await;
     assert!(relay.sigcont());
     assert!(lost, "the slot was not invalidated");
 

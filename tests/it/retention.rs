@@ -674,19 +674,7 @@ async fn invalidated_slot_removes_nothing() {
 
     // WAL past max_slot_wal_keep_size while the slot cannot advance (nothing is acknowledged):
     // the checkpoint invalidates it and ends its walsender.
-    let lost = wait_until(Duration::from_secs(90), Duration::from_millis(50), || async {
-        client
-            .batch_execute(
-                "INSERT INTO orders SELECT gen_random_uuid(), gen_random_uuid(), 1, 'x' FROM generate_series(1, 2000);
-                 SELECT pg_switch_wal(); CHECKPOINT;",
-            )
-            .await
-            .expect("write WAL");
-        slot_row(&client, &config.slot)
-            .await
-            .is_some_and(|s| s.wal_status.as_deref() == Some("lost"))
-    })
-    .await;
+    let lost = invalidate_slot(&client, &config.slot, Duration::from_secs(90)).await;
     assert!(lost, "the slot was not invalidated");
     assert_all_stay(&client, &ids, SEVERAL_RUNS, "slot invalidated").await;
     let status = relay

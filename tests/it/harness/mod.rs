@@ -97,8 +97,9 @@ pub use consumer::{collect, collect_matching, collect_with, produce, Received, T
 pub use debezium::{Debezium, DebeziumRecord};
 pub use kafka::MockKafka;
 pub use postgres::{
-    confirmed_flush_lsn, current_wal_lsn, format_lsn, parse_lsn, pg_bin_for_major, shared_cluster, skip_missing_major,
-    slot_row, PgCluster, SlotRow, EXTERNAL_PG_ENV, PINNED_PG_VERSIONS, SCRAM_PASSWORD, SCRAM_USER, SUPPORTED_MAJORS,
+    confirmed_flush_lsn, current_wal_lsn, format_lsn, invalidate_slot, parse_lsn, pg_bin_for_major, shared_cluster,
+    skip_missing_major, slot_row, PgCluster, SlotRow, EXTERNAL_PG_ENV, PINNED_PG_VERSIONS, SCRAM_PASSWORD, SCRAM_USER,
+    SUPPORTED_MAJORS,
 };
 pub use relay_process::{prepared, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN};
 pub use tansu::Tansu;

@@ -657,6 +657,25 @@ pub struct SlotRow {
     pub wal_status: Option<String>,
 }
 
+/// Writes WAL (rows into the test schema's `orders`, a WAL switch, a checkpoint) until `slot` is
+/// invalidated — on a cluster with a small `max_slot_wal_keep_size`, while the slot cannot
+/// advance; whether it was within `within`.
+pub async fn invalidate_slot(client: &Client, slot: &str, within: std::time::Duration) -> bool {
+    super::util::wait_until(within, std::time::Duration::from_millis(50), || async {
+        client
+            .batch_execute(
+                "INSERT INTO orders SELECT gen_random_uuid(), gen_random_uuid(), 1, 'x' FROM generate_series(1, 2000);
+                 SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .await
+            .expect("write WAL");
+        slot_row(client, slot)
+            .await
+            .is_some_and(|s| s.wal_status.as_deref() == Some("lost"))
+    })
+    .await
+}
+
 pub async fn slot_row(client: &Client, slot: &str) -> Option<SlotRow> {
     let row = client
         .query_opt(
