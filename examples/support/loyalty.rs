@@ -210,7 +210,8 @@ async fn handle_record(
             KeyValue::new("messaging.destination.name", topic),
             KeyValue::new("messaging.destination.partition.id", message.partition().to_string()),
             KeyValue::new("messaging.kafka.offset", message.offset()),
-            KeyValue::new("messaging.consumer.group.name", consumer.to_owned()),
+            // The dedup name (processed_events.consumer), not necessarily the Kafka group.
+            KeyValue::new("loyalty.consumer", consumer.to_owned()),
         ])
         .start_with_context(tracer, &parent);
     let cx = parent.with_span(span);
