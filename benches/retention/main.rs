@@ -448,12 +448,7 @@ async fn run(args: &Args, kafka: &Kafka, mode: Mode, retention: bool) -> Result<
         .collect();
     let mut latencies: Vec<f64> = timed.iter().map(|(_, ms)| *ms).collect();
     latencies.sort_by(f64::total_cmp);
-    let pick = |q: f64| {
-        latencies
-            .get(((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1))
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
+    let pick = |q: f64| quantile(&latencies, q);
     let _keep_cluster_until_here = &pg;
     Ok(RunResult {
         mode,
@@ -629,11 +624,15 @@ fn p99_between(timed: &[(f64, f64)], from: f64, to: f64) -> (f64, usize) {
         .map(|(_, ms)| *ms)
         .collect();
     ms.sort_by(f64::total_cmp);
-    let p99 = ms
-        .get(((ms.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+    (quantile(&ms, 0.99), ms.len())
+}
+
+/// The `q` quantile of sorted values (nearest rank); NaN when there are none.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1))
         .copied()
-        .unwrap_or(f64::NAN);
-    (p99, ms.len())
+        .unwrap_or(f64::NAN)
 }
 
 /// Today's date (UTC), from `date -u` as `cdc_vs_polling`'s report takes it.

@@ -78,17 +78,20 @@ async fn insert_rows_into_a_ranged_partition(client: &mut Client, n: usize) -> O
     None
 }
 
-/// Schema A's outbox partitioned by range of `created_at`, with a default partition.
+/// Schema A's outbox partitioned by range of `created_at`, no partition yet.
+const PARTITIONED_OUTBOX: &str = "
+    CREATE TABLE events_outbox (
+        id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL, payload jsonb NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+        PRIMARY KEY (id, created_at)
+    ) PARTITION BY RANGE (created_at);";
+
+/// [`PARTITIONED_OUTBOX`] with a default partition.
 async fn create_partitioned_outbox(client: &Client) {
     client
-        .batch_execute(
-            "CREATE TABLE events_outbox (
-                id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL, payload jsonb NOT NULL,
-                created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
-                PRIMARY KEY (id, created_at)
-             ) PARTITION BY RANGE (created_at);
-             CREATE TABLE events_outbox_default PARTITION OF events_outbox DEFAULT;",
-        )
+        .batch_execute(&format!(
+            "{PARTITIONED_OUTBOX} CREATE TABLE events_outbox_default PARTITION OF events_outbox DEFAULT;"
+        ))
         .await
         .expect("partitioned outbox");
 }
@@ -514,13 +517,7 @@ async fn partitions_ahead_exist_as_soon_as_the_relay_streams_with_the_default_in
     pg.create_database(&db).await;
     let client = pg.client(&db).await;
     client
-        .batch_execute(
-            "CREATE TABLE events_outbox (
-                id bigserial, aggregate_id uuid NOT NULL, type text NOT NULL, payload jsonb NOT NULL,
-                created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
-                PRIMARY KEY (id, created_at)
-             ) PARTITION BY RANGE (created_at);",
-        )
+        .batch_execute(PARTITIONED_OUTBOX)
         .await
         .expect("partitioned outbox without a default partition");
     let config = RelayConfig::for_schema(OutboxSchema::A, &pg.url(&db), &kafka.bootstrap_servers())
