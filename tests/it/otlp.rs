@@ -38,7 +38,14 @@ fn unix_nanos(t: SystemTime) -> u64 {
 }
 
 /// A fresh database with [`SCHEMA`], routed to topic `order`; `trace_columns` maps the columns.
+/// Spans are batched for 100 ms instead of the shipped second, so the tests wait less.
 async fn database(bootstrap: &str, trace_columns: bool) -> (Client, RelayConfig) {
+    let (client, config) = database_with_shipped_export(bootstrap, trace_columns).await;
+    (client, config.set("tracing", "scheduled_delay_ms", 100i64))
+}
+
+/// [`database`] with the exporter's shipped batching (`scheduled_delay_ms` not set).
+async fn database_with_shipped_export(bootstrap: &str, trace_columns: bool) -> (Client, RelayConfig) {
     let pg = shared_cluster().await;
     let db = unique_name("otlp");
     pg.create_database(&db).await;
@@ -46,8 +53,7 @@ async fn database(bootstrap: &str, trace_columns: bool) -> (Client, RelayConfig)
     client.batch_execute(SCHEMA).await.expect("schema");
     let mut config = RelayConfig::new(&pg.url(&db), bootstrap)
         .route(PREFIX_REGEX, "${routedByValue}")
-        .set("outbox", "table", "public.traced_outbox")
-        .set("tracing", "scheduled_delay_ms", 100i64);
+        .set("outbox", "table", "public.traced_outbox");
     if trace_columns {
         config = config
             .set("outbox", "trace_column", "traceparent")
@@ -322,12 +328,13 @@ async fn otlp_polled_rows_get_producer_spans_from_their_timestamp() {
     }
 }
 
-/// `protocol = "grpc"`: the same spans reach a gRPC collector (the OTLP `TraceService`).
+/// `protocol = "grpc"`: the same spans reach a gRPC collector (the OTLP `TraceService`), with
+/// the exporter's shipped batching — what users get.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn otlp_over_grpc_exports_the_same_spans() {
     let kafka = MockKafka::new(1);
     let receiver = Receiver::start_grpc().await;
-    let (mut client, config) = database(&kafka.bootstrap_servers(), true).await;
+    let (mut client, config) = database_with_shipped_export(&kafka.bootstrap_servers(), true).await;
     let config = config
         .set("tracing", "protocol", "grpc")
         .set("tracing", "otlp_endpoint", receiver.endpoint.clone());
