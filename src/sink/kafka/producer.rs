@@ -341,6 +341,64 @@ mod tests {
         }
     }
 
+    /// Why `linger.ms` stays 5 and docs/reliability.md calls first-delivery order across a
+    /// failed request a known gap: librdkafka sends what is queued behind a request that failed
+    /// for good right after it, before the application hears of the failure — even with one
+    /// request in flight per connection and `enable.gapless.guarantee`. Should a librdkafka
+    /// release stop doing so, this fails, and the gap can be closed by configuration.
+    #[test]
+    fn librdkafka_sends_what_queued_behind_a_failed_request_before_anyone_can_stop_it() {
+        let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("fenced", 1, 1).expect("topic");
+        let value = |v: &str| crate::config::kafka::KafkaValue(v.to_owned());
+        let props = KafkaProperties::validate(BTreeMap::from([
+            ("bootstrap.servers".to_owned(), value(&cluster.bootstrap_servers())),
+            ("linger.ms".to_owned(), value("0")),
+            ("max.in.flight.requests.per.connection".to_owned(), value("1")),
+            ("enable.gapless.guarantee".to_owned(), value("true")),
+        ]))
+        .expect("properties");
+        let (sink, mut rx) = Publisher::<u32>::create(&props, 100).expect("producer");
+        sink.send(&record(b"warm", b"0"), &[], None, Box::new(0))
+            .map_err(|r| r.failure)
+            .unwrap();
+        assert!(next(&mut rx).1.is_ok());
+        // Permanent for librdkafka, and not a refusal of the record: the relay would replay it.
+        cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION],
+        );
+        // Long enough that 2..6 are queued before record 1's failure comes back, even on a
+        // loaded machine.
+        cluster
+            .broker_round_trip_time(-1, Duration::from_secs(1))
+            .expect("round trip time");
+        sink.send(&record(b"k", b"1"), &[], None, Box::new(1))
+            .map_err(|r| r.failure)
+            .unwrap();
+        // Record 1 is on the wire alone; 2..6 queue behind it while its failure comes back.
+        std::thread::sleep(Duration::from_millis(50));
+        for n in 2..=6u32 {
+            let id = n.to_string();
+            sink.send(&record(b"k", id.as_bytes()), &[], None, Box::new(n))
+                .map_err(|r| r.failure)
+                .unwrap();
+        }
+        let outcomes: Vec<(u32, Result<(), SinkFailure>)> = (1..=6).map(|_| next(&mut rx)).collect();
+        assert_eq!(outcomes[0].0, 1, "record 1's failure is reported first: {outcomes:?}");
+        assert_eq!(
+            outcomes[0].1.as_ref().map_err(|f| f.kind),
+            Err(FailureKind::Transient),
+            "{outcomes:?}"
+        );
+        // Record 2 at least is stored ahead of record 1's replay. (The rest follow it, or — when
+        // the gapless guarantee's fatal error, raised a little later, catches them still queued —
+        // fail as purged; both were seen.)
+        let stored: Vec<u32> = outcomes.iter().filter(|(_, o)| o.is_ok()).map(|(t, _)| *t).collect();
+        assert_eq!(stored.first(), Some(&2), "{outcomes:?}");
+        Box::new(sink).abandon(Duration::from_secs(1));
+    }
+
     #[test]
     fn a_refused_record_fences_its_key_until_released() {
         let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).expect("mock cluster");
