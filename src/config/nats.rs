@@ -250,6 +250,38 @@ pub(crate) fn validate_stream_name(name: &str) -> Result<(), String> {
 /// The NATS subject rule. `wildcards`: a stream's subject filter (`*` and a final `>` allowed);
 /// otherwise a subject to publish to, where they are not.
 pub(crate) fn validate_subject(subject: &str, wildcards: bool) -> Result<(), String> {
+    // Every record is checked (routing, then the publisher): the common valid subject is
+    // settled in one pass over its bytes, without allocating; anything else takes the long way,
+    // which also words the error.
+    if plainly_valid_subject(subject, wildcards) {
+        return Ok(());
+    }
+    subject_error(subject, wildcards)
+}
+
+/// Whether `subject` is valid for certain: ASCII without whitespace or control characters,
+/// 1..=4096 bytes, no empty token, wildcards only as whole tokens (and only if allowed), `>` last.
+fn plainly_valid_subject(subject: &str, wildcards: bool) -> bool {
+    if subject.is_empty() || subject.len() > 4096 {
+        return false;
+    }
+    let mut tokens = subject.as_bytes().split(|&b| b == b'.').peekable();
+    while let Some(token) = tokens.next() {
+        match token {
+            [] => return false,
+            [b'*'] if wildcards => {}
+            [b'>'] if wildcards && tokens.peek().is_none() => {}
+            // Whitespace and control characters, DEL and anything not ASCII (whose Unicode
+            // whitespace the worded rule judges), or a wildcard inside a token.
+            _ if token.iter().any(|&b| b <= b' ' || b >= 0x7f || b == b'*' || b == b'>') => return false,
+            _ => {}
+        }
+    }
+    true
+}
+
+/// The rule of [`validate_subject`], worded: `Err` says what is wrong.
+fn subject_error(subject: &str, wildcards: bool) -> Result<(), String> {
     if subject.is_empty() {
         return Err("is empty; a NATS subject needs at least one token".into());
     }
@@ -281,28 +313,65 @@ pub(crate) fn validate_subject(subject: &str, wildcards: bool) -> Result<(), Str
 }
 
 /// Whether the subject filter `filter` (wildcards allowed) matches every subject `inner` (a
-/// subject or a filter) matches.
+/// subject or a filter) matches. Token by token, without collecting (it runs per record).
 pub(crate) fn filter_covers(filter: &str, inner: &str) -> bool {
-    let f: Vec<&str> = filter.split('.').collect();
-    let s: Vec<&str> = inner.split('.').collect();
-    for (i, ft) in f.iter().enumerate() {
-        if *ft == ">" {
-            return s.len() > i;
+    let mut inner_tokens = inner.as_bytes().split(|&b| b == b'.');
+    for ft in filter.as_bytes().split(|&b| b == b'.') {
+        if ft == b">" {
+            return inner_tokens.next().is_some();
         }
-        let Some(st) = s.get(i) else { return false };
-        match (*ft, *st) {
-            ("*", ">") => return false,
-            ("*", _) => {}
+        let Some(st) = inner_tokens.next() else { return false };
+        match (ft, st) {
+            (b"*", b">") => return false,
+            (b"*", _) => {}
             (a, b) if a == b => {}
             _ => return false,
         }
     }
-    f.len() == s.len()
+    inner_tokens.next().is_none()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The filter rule as first written (one `Vec` per call), which the per-record version must match.
+    fn reference_filter_covers(filter: &str, inner: &str) -> bool {
+        let f: Vec<&str> = filter.split('.').collect();
+        let s: Vec<&str> = inner.split('.').collect();
+        for (i, ft) in f.iter().enumerate() {
+            if *ft == ">" {
+                return s.len() > i;
+            }
+            let Some(st) = s.get(i) else { return false };
+            match (*ft, *st) {
+                ("*", ">") => return false,
+                ("*", _) => {}
+                (a, b) if a == b => {}
+                _ => return false,
+            }
+        }
+        f.len() == s.len()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn subject_rules_agree_with_the_reference(
+            subject in "[a-z*>. \t\u{7f}\u{a0}é-]{0,12}",
+            filter in "[a-z*>.]{0,8}",
+            wildcards in proptest::bool::ANY,
+        ) {
+            // The one-pass check only ever says "valid" where the worded rule does.
+            proptest::prop_assert_eq!(
+                validate_subject(&subject, wildcards),
+                subject_error(&subject, wildcards)
+            );
+            proptest::prop_assert_eq!(
+                filter_covers(&filter, &subject),
+                reference_filter_covers(&filter, &subject)
+            );
+        }
+    }
 
     fn section(toml: &str) -> Result<NatsSettings, String> {
         let s: NatsSection = toml::from_str(toml).map_err(|e| e.to_string())?;

@@ -170,7 +170,11 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 .map(|(name, value)| (name, value.unwrap_or_default())),
         );
         pairs.push((KEY_HEADER, &record.key));
-        let timestamp = record.timestamp_ms.map(|ts| ts.to_string());
+        let timestamp = record.timestamp_ms.map(|ts| {
+            let mut text = String::with_capacity(20);
+            push_decimal(&mut text, ts.into());
+            text
+        });
         if let Some(ts) = &timestamp {
             pairs.push((TIMESTAMP_HEADER, ts.as_bytes()));
         }
@@ -188,8 +192,15 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         }
         let mut headers = HeaderMap::new();
         for (name, value) in pairs {
-            let header_name = HeaderName::from_str(name)
-                .map_err(|_| format!("header name {name:?} is not a valid NATS header name"))?;
+            let header_name = match name {
+                // The sink's own names need no check and no copy.
+                "id" => HeaderName::from_static("id"),
+                KEY_HEADER => HeaderName::from_static(KEY_HEADER),
+                TIMESTAMP_HEADER => HeaderName::from_static(TIMESTAMP_HEADER),
+                MSG_ID_HEADER => HeaderName::from_static(MSG_ID_HEADER),
+                _ => HeaderName::from_str(name)
+                    .map_err(|_| format!("header name {name:?} is not a valid NATS header name"))?,
+            };
             let text = std::str::from_utf8(value)
                 .map_err(|_| format!("header {name:?} is not UTF-8 text, which NATS headers must be"))?;
             let header_value = HeaderValue::from_str(text)
@@ -375,18 +386,28 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
         }
         let n = self.next;
         self.next += 1;
-        let reply = format!("{}{n}", self.reply_prefix);
-        let publish = self
-            .client
-            .publish_with_reply_and_headers(out.subject.clone(), reply, out.headers, out.payload);
-        // The client's command queue is full only while the connection is stuck: bounded, like
-        // an ack. (The timer is registered only if the queue has no room.)
-        let sent = match tokio::time::timeout(self.ack_timeout, publish).await {
-            Ok(sent) => sent.map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
-                "the connection took no message for the ack timeout ({} ms)",
-                self.ack_timeout.as_millis()
-            )),
+        let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
+        reply.push_str(&self.reply_prefix);
+        push_decimal(&mut reply, n.into());
+        // The publish borrows the client: settled before anything else touches `self`.
+        let sent = {
+            let publish =
+                self.client
+                    .publish_with_reply_and_headers(out.subject.clone(), reply, out.headers, out.payload);
+            let mut publish = std::pin::pin!(publish);
+            // The client's command queue has room unless the connection is stuck: then the wait is
+            // bounded, like an ack. The timer only for that case (a timeout on every publish cost 4 %
+            // of the relay's instructions draining; docs/benchmarks.md).
+            match futures_util::poll!(publish.as_mut()) {
+                std::task::Poll::Ready(sent) => sent.map_err(|e| e.to_string()),
+                std::task::Poll::Pending => match tokio::time::timeout(self.ack_timeout, publish).await {
+                    Ok(sent) => sent.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!(
+                        "the connection took no message for the ack timeout ({} ms)",
+                        self.ack_timeout.as_millis()
+                    )),
+                },
+            }
         };
         match sent {
             Ok(()) => {
@@ -452,6 +473,13 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
         if let Some(status) = reply.status.filter(|s| !s.is_success()) {
             let what = reply.description.as_deref().unwrap_or_default();
             return Err((FailureKind::Transient, format!("the server answered {status} {what}")));
+        }
+        // Nearly every reply is a plain PubAck: read it without async-nats's untagged response
+        // type, whose deserializer buffers the whole document first (10 % of the relay's
+        // instructions draining into NATS; docs/benchmarks.md). Anything else — an error, a
+        // duplicate (logged with its sequence), escapes in the name — takes the full parse.
+        if plain_ack_of(&reply.payload, &self.stream) {
+            return Ok(());
         }
         match serde_json::from_slice::<Response<PublishAck>>(&reply.payload) {
             Ok(Response::Ok(ack)) if ack.stream == self.stream => {
@@ -539,6 +567,40 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
     }
 }
 
+/// Whether `payload` is a plain PubAck from `stream`: `{"stream":"<stream>",` and neither an
+/// `"error"` nor a `"duplicate"` key (names cannot hold an unescaped `"`, so those keys cannot hide
+/// in a value). `false` only means "read it in full".
+fn plain_ack_of(payload: &[u8], stream: &str) -> bool {
+    const PREFIX: &[u8] = b"{\"stream\":\"";
+    let has = |needle: &[u8]| payload.windows(needle.len()).any(|w| w == needle);
+    payload
+        .strip_prefix(PREFIX)
+        .and_then(|rest| rest.strip_prefix(stream.as_bytes()))
+        .is_some_and(|rest| rest.starts_with(b"\","))
+        && !has(b"\"error\"")
+        && !has(b"\"duplicate\"")
+}
+
+/// Appends `n` in decimal (what `to_string` gives, without the formatting machinery: it runs
+/// for every record).
+fn push_decimal(out: &mut String, n: i128) {
+    let mut digits = [0u8; 40];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
 /// Refused (the record itself can never be stored: larger than the stream's `max_msg_size`) or
 /// transient (everything else: timeouts, 503 no responders, a full stream, a lost connection).
 fn classify(e: &jetstream::Error) -> FailureKind {
@@ -546,5 +608,49 @@ fn classify(e: &jetstream::Error) -> FailureKind {
         FailureKind::Refused
     } else {
         FailureKind::Transient
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn decimals_are_what_to_string_gives() {
+        for n in [
+            0i128,
+            7,
+            10,
+            99,
+            1_700_000_000_123,
+            -1,
+            -1_234,
+            i64::MAX.into(),
+            i64::MIN.into(),
+            u64::MAX.into(),
+        ] {
+            let mut text = String::from("x.");
+            push_decimal(&mut text, n);
+            assert_eq!(text, format!("x.{n}"));
+        }
+    }
+
+    #[test]
+    fn only_a_plain_ack_takes_the_short_parse() {
+        let plain = |json: &str| plain_ack_of(json.as_bytes(), "S");
+        assert!(plain(r#"{"stream":"S","seq":12}"#));
+        assert!(plain(r#"{"stream":"S","domain":"hub","seq":12}"#));
+        assert!(!plain(r#"{"stream":"S","seq":12,"duplicate":true}"#));
+        assert!(!plain(r#"{"stream":"SS","seq":12}"#), "another stream");
+        assert!(!plain(r#"{"stream":"S"}"#), "no sequence");
+        assert!(!plain(
+            r#"{"error":{"code":503,"err_code":10077,"description":"x"},"stream":"S"}"#
+        ));
+        assert!(!plain(r#"{"stream":"S","error":{"code":400}}"#));
+        assert!(
+            !plain(r#"{"stream":"\u0053","seq":1}"#),
+            "escaped: the full parse decides"
+        );
+        assert!(!plain(r#"{"seq":1}"#));
     }
 }
