@@ -341,6 +341,36 @@ mod tests {
         }
     }
 
+    /// A one-broker mock cluster with a topic `fenced` of one partition, and a producer with the
+    /// relay's properties plus `extra`, warmed up (metadata, producer id) so that an injected
+    /// error hits the records that follow.
+    fn warmed_sink(
+        extra: &[(&str, &str)],
+    ) -> (
+        MockCluster<'static, DefaultProducerContext>,
+        Publisher<u32>,
+        Completions<u32>,
+    ) {
+        let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("fenced", 1, 1).expect("topic");
+        let value = |v: &str| crate::config::kafka::KafkaValue(v.to_owned());
+        let mut raw = BTreeMap::from([("bootstrap.servers".to_owned(), value(&cluster.bootstrap_servers()))]);
+        raw.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), value(v))));
+        let props = KafkaProperties::validate(raw).expect("properties");
+        let (sink, mut rx) = Publisher::<u32>::create(&props, 100).expect("producer");
+        send(&sink, b"warm", 0);
+        assert!(next(&mut rx).1.is_ok());
+        (cluster, sink, rx)
+    }
+
+    /// Hands over the record keyed `key` whose id and tag are `n`.
+    fn send(sink: &Publisher<u32>, key: &[u8], n: u32) {
+        let id = n.to_string();
+        sink.send(&record(key, id.as_bytes()), &[], None, Box::new(n))
+            .map_err(|r| r.failure)
+            .unwrap();
+    }
+
     /// Why `linger.ms` stays 5 and docs/reliability.md calls first-delivery order across a
     /// failed request a known gap: librdkafka sends what is queued behind a request that failed
     /// for good right after it, before the application hears of the failure — even with one
@@ -348,21 +378,11 @@ mod tests {
     /// release stop doing so, this fails, and the gap can be closed by configuration.
     #[test]
     fn librdkafka_sends_what_queued_behind_a_failed_request_before_anyone_can_stop_it() {
-        let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).expect("mock cluster");
-        cluster.create_topic("fenced", 1, 1).expect("topic");
-        let value = |v: &str| crate::config::kafka::KafkaValue(v.to_owned());
-        let props = KafkaProperties::validate(BTreeMap::from([
-            ("bootstrap.servers".to_owned(), value(&cluster.bootstrap_servers())),
-            ("linger.ms".to_owned(), value("0")),
-            ("max.in.flight.requests.per.connection".to_owned(), value("1")),
-            ("enable.gapless.guarantee".to_owned(), value("true")),
-        ]))
-        .expect("properties");
-        let (sink, mut rx) = Publisher::<u32>::create(&props, 100).expect("producer");
-        sink.send(&record(b"warm", b"0"), &[], None, Box::new(0))
-            .map_err(|r| r.failure)
-            .unwrap();
-        assert!(next(&mut rx).1.is_ok());
+        let (cluster, sink, mut rx) = warmed_sink(&[
+            ("linger.ms", "0"),
+            ("max.in.flight.requests.per.connection", "1"),
+            ("enable.gapless.guarantee", "true"),
+        ]);
         // Permanent for librdkafka, and not a refusal of the record: the relay would replay it.
         cluster.request_errors(
             RDKafkaApiKey::Produce,
@@ -373,16 +393,11 @@ mod tests {
         cluster
             .broker_round_trip_time(-1, Duration::from_secs(1))
             .expect("round trip time");
-        sink.send(&record(b"k", b"1"), &[], None, Box::new(1))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send(&sink, b"k", 1);
         // Record 1 is on the wire alone; 2..6 queue behind it while its failure comes back.
         std::thread::sleep(Duration::from_millis(50));
         for n in 2..=6u32 {
-            let id = n.to_string();
-            sink.send(&record(b"k", id.as_bytes()), &[], None, Box::new(n))
-                .map_err(|r| r.failure)
-                .unwrap();
+            send(&sink, b"k", n);
         }
         let outcomes: Vec<(u32, Result<(), SinkFailure>)> = (1..=6).map(|_| next(&mut rx)).collect();
         assert_eq!(outcomes[0].0, 1, "record 1's failure is reported first: {outcomes:?}");
@@ -401,45 +416,25 @@ mod tests {
 
     #[test]
     fn a_refused_record_fences_its_key_until_released() {
-        let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).expect("mock cluster");
-        cluster.create_topic("fenced", 1, 1).expect("topic");
-        let props = KafkaProperties::validate(BTreeMap::from([(
-            "bootstrap.servers".to_owned(),
-            crate::config::kafka::KafkaValue(cluster.bootstrap_servers()),
-        )]))
-        .expect("properties");
-        let (sink, mut rx) = Publisher::<u32>::create(&props, 100).expect("producer");
-        // Warm up (metadata, producer id) so the injected error hits the record below.
-        sink.send(&record(b"warm", b"0"), &[], None, Box::new(0))
-            .map_err(|r| r.failure)
-            .unwrap();
-        assert!(next(&mut rx).1.is_ok());
+        let (cluster, sink, mut rx) = warmed_sink(&[]);
         cluster.request_errors(
             RDKafkaApiKey::Produce,
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
         );
-        sink.send(&record(b"k", b"1"), &[], None, Box::new(1))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send(&sink, b"k", 1);
         let (tag, outcome) = next(&mut rx);
         let refused = outcome.unwrap_err();
         assert_eq!((tag, refused.kind), (1, FailureKind::Refused), "{refused}");
         // Not produced: it would land ahead of record 1, which the caller replays.
-        sink.send(&record(b"k", b"2"), &[], None, Box::new(2))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send(&sink, b"k", 2);
         let (tag, outcome) = next(&mut rx);
         let stopped = outcome.unwrap_err();
         assert_eq!((tag, stopped.kind), (2, FailureKind::Transient), "{stopped}");
         assert!(stopped.cause.contains("refused"), "{stopped}");
-        sink.send(&record(b"other", b"3"), &[], None, Box::new(3))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send(&sink, b"other", 3);
         assert_eq!(next(&mut rx).0, 3);
         sink.release(b"k");
-        sink.send(&record(b"k", b"4"), &[], None, Box::new(4))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send(&sink, b"k", 4);
         let (tag, outcome) = next(&mut rx);
         assert!(tag == 4 && outcome.is_ok(), "{outcome:?}");
         Box::new(sink).abandon(Duration::from_secs(1));
