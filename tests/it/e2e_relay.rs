@@ -1,5 +1,6 @@
-//! End-to-end: real PostgreSQL → `outbox-relay run` (a child process) → Kafka (mock cluster,
-//! or tansu where installed) → an rdkafka consumer.
+//! End-to-end: real PostgreSQL → `outbox-relay run` (a child process) → a real Apache Kafka
+//! broker (the harness's shared one; a cluster of the test's own where the broker is killed)
+//! → an rdkafka consumer.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -10,8 +11,8 @@ use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent,
 use crate::harness::*;
 
 async fn end_to_end(schema: OutboxSchema) {
-    let kafka = MockKafka::new(3);
-    let (db, mut client, mut config) = prepared(schema, &kafka.bootstrap_servers()).await;
+    let Some(kafka) = shared_kafka().await else { return };
+    let (db, mut client, mut config) = prepared_ns(schema, &kafka).await;
     // All of an aggregate's events in one topic, so "per-aggregate order" is observable.
     config = match schema {
         OutboxSchema::A => config.route(PREFIX_REGEX, "${routedByValue}"),
@@ -28,8 +29,7 @@ async fn end_to_end(schema: OutboxSchema) {
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
     assert_eq!(all.len(), 10_005);
 
-    let records = collect(
-        &kafka.bootstrap_servers(),
+    let records = kafka.collect(
         &["order"],
         all.len(),
         Duration::from_secs(120),
@@ -51,8 +51,7 @@ async fn end_to_end(schema: OutboxSchema) {
 
     // Graceful stop: exit 0, and a final status update confirms everything acknowledged.
     let (last, commit_end) = commit_one(&mut client, schema).await;
-    let records = collect(
-        &kafka.bootstrap_servers(),
+    let records = kafka.collect(
         &["order"],
         all.len() + 1,
         Duration::from_secs(60),
@@ -102,8 +101,8 @@ async fn schema_b_outbox_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn default_route_is_the_type_and_headers_are_mapped() {
-    let kafka = MockKafka::new(1);
-    let (_db, client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    let Some(kafka) = shared_kafka().await else { return };
+    let (_db, client, config) = prepared_ns(OutboxSchema::B, &kafka).await;
     let config = RelayConfig {
         route_by_column: "event_type".into(),
         ..config
@@ -119,8 +118,7 @@ async fn default_route_is_the_type_and_headers_are_mapped() {
         .into_iter()
         .collect();
     let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let records = collect(
-        &kafka.bootstrap_servers(),
+    let records = kafka.collect(
         &topic_refs,
         events.len(),
         Duration::from_secs(60),
@@ -134,8 +132,8 @@ async fn default_route_is_the_type_and_headers_are_mapped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restart_after_sigterm_and_after_sigkill_loses_nothing() {
-    let kafka = MockKafka::new(3);
-    let (db, _client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let Some(kafka) = shared_kafka().await else { return };
+    let (db, _client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     let config = config.route(PREFIX_REGEX, "${routedByValue}");
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::A, 3_000, 30, 4);
@@ -169,8 +167,7 @@ async fn restart_after_sigterm_and_after_sigkill_loses_nothing() {
     let _relay = RelayProcess::run(&config);
     let committed = load.await.expect("workload");
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = collect(
-        &kafka.bootstrap_servers(),
+    let records = kafka.collect(
         &["order"],
         all.len(),
         Duration::from_secs(120),
@@ -196,8 +193,10 @@ pub(crate) async fn commit_end_lsn(client: &Client, xid: u32, from: u64, to: u64
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
-    let kafka = MockKafka::new(3);
-    let (_db, mut client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    // The broker is killed and started again: a cluster of this test's own.
+    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else { return };
+    let kafka = cluster.own_ns();
+    let (_db, mut client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     // A tiny in-flight budget keeps the relay paused (not reading) for the whole outage, longer
     // than the cluster's 5 s wal_sender_timeout: status updates must keep the walsender alive.
     let config = config.max_in_flight(2);
@@ -208,7 +207,7 @@ async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
         relay.log_text()
     );
 
-    kafka.all_brokers_down();
+    cluster.kill(1);
     let before = current_wal_lsn(&client).await;
     let tx = client.transaction().await.unwrap();
     let xid: i64 = tx.query_one("SELECT txid_current()", &[]).await.unwrap().get(0);
@@ -234,11 +233,10 @@ async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
-    kafka.all_brokers_up();
+    cluster.restart(1).await;
     let topics: HashSet<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
     let topics: Vec<&str> = topics.into_iter().collect();
-    let records = collect(
-        &kafka.bootstrap_servers(),
+    let records = kafka.collect(
         &topics,
         events.len(),
         Duration::from_secs(60),
@@ -266,8 +264,8 @@ async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_outbox_does_not_pin_wal_while_other_tables_are_busy() {
-    let kafka = MockKafka::new(1);
-    let (_db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let Some(kafka) = shared_kafka().await else { return };
+    let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     let relay = RelayProcess::run(&config);
     assert!(
         relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
@@ -315,13 +313,14 @@ async fn tls_and_scram_with_tight_backpressure() {
         eprintln!("SKIPPING tls_and_scram_with_tight_backpressure: the external server has no TLS/SCRAM user");
         return;
     };
-    let kafka = MockKafka::new(1);
+    let Some(kafka) = shared_kafka().await else { return };
     let db = unique_name("tls");
     pg.create_database(&db).await;
     let client = pg.client(&db).await;
     create_schema(&client, OutboxSchema::A).await;
     let scram_url = pg.scram_url(&db).unwrap();
     let config = RelayConfig::new(&scram_url, &kafka.bootstrap_servers())
+        .on_kafka(&kafka)
         .sslrootcert(&ca)
         .max_in_flight(3)
         .route(PREFIX_REGEX, "${routedByValue}");
@@ -330,8 +329,7 @@ async fn tls_and_scram_with_tight_backpressure() {
     let url = pg.url(&db);
     let committed = run_workload(&url, &Workload::new(OutboxSchema::A, 300, 10, 2)).await;
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = collect(
-        &kafka.bootstrap_servers(),
+    let records = kafka.collect(
         &["order"],
         all.len(),
         Duration::from_secs(60),
@@ -346,36 +344,9 @@ async fn tls_and_scram_with_tight_backpressure() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn end_to_end_against_a_standalone_tansu_broker() {
-    let Some(tansu) = Tansu::start().await else { return };
-    let (db, _client, config) = prepared(OutboxSchema::A, &tansu.bootstrap_servers()).await;
-    tansu.create_topic("order", 3).await;
-    let config = config.route(PREFIX_REGEX, "${routedByValue}");
-    let relay = RelayProcess::run(&config);
-    let url = shared_cluster().await.url(&db);
-    let committed = run_workload(&url, &Workload::new(OutboxSchema::A, 500, 20, 4)).await;
-    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = collect(
-        &tansu.bootstrap_servers(),
-        &["order"],
-        all.len(),
-        Duration::from_secs(90),
-    )
-    .await;
-    assert!(
-        records.len() >= all.len(),
-        "relay log:\n{}\ntansu log:\n{}",
-        relay.log_text(),
-        tansu.log_text()
-    );
-    check_delivered(&all, &records, |_| "order".to_owned());
-    check_order(&committed, &records);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn schema_changes_updates_and_deletes_mid_stream() {
-    let kafka = MockKafka::new(1);
-    let (_db, mut client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let Some(kafka) = shared_kafka().await else { return };
+    let (_db, mut client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     // Updates and deletes must reach the relay too, to prove they are ignored, not just unpublished.
     client
         .batch_execute(&format!(
@@ -410,8 +381,7 @@ async fn schema_changes_updates_and_deletes_mid_stream() {
         .unwrap();
     tx.commit().await.unwrap();
     expected.push(ev);
-    let records = collect(
-        &kafka.bootstrap_servers(),
+    let records = kafka.collect(
         &["order"],
         expected.len(),
         Duration::from_secs(60),
@@ -442,8 +412,9 @@ async fn schema_changes_updates_and_deletes_mid_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failed_deliveries_restart_the_stream_and_lose_nothing() {
-    let kafka = MockKafka::new(3);
-    let (_db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else { return };
+    let kafka = cluster.own_ns();
+    let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     let config = config
         .route(PREFIX_REGEX, "${routedByValue}")
         .kafka("message.timeout.ms", "1500")
@@ -455,7 +426,7 @@ async fn failed_deliveries_restart_the_stream_and_lose_nothing() {
         "{}",
         relay.log_text()
     );
-    kafka.all_brokers_down();
+    cluster.kill(1);
     let agg = new_uuid();
     let expected = insert_multi_row(&client, OutboxSchema::A, &agg, 0, 20).await;
     assert!(
@@ -468,9 +439,8 @@ async fn failed_deliveries_restart_the_stream_and_lose_nothing() {
         "{}",
         relay.log_text()
     );
-    kafka.all_brokers_up();
-    let records = collect(
-        &kafka.bootstrap_servers(),
+    cluster.restart(1).await;
+    let records = kafka.collect(
         &["order"],
         expected.len(),
         Duration::from_secs(60),

@@ -37,6 +37,12 @@
 //!   partition count (the mock does not implement the CreateTopics admin API).
 //!   Consumer-group joins on the mock wait its 3 s initial-rebalance delay, which is why
 //!   [`collect`] assigns partitions itself instead of joining a group.
+//! * [`kafka_real`]: real Apache Kafka (KRaft) from `scripts/install-kafka.sh`: [`shared_kafka`]
+//!   (one broker shared by the binary; each test gets a [`KafkaNs`], a topic prefix that
+//!   [`RelayConfig::on_kafka`] and [`KafkaNs::collect`] apply), [`replicated_kafka`] (three
+//!   brokers, RF 3, `min.insync.replicas = 2`, one test at a time) and [`KafkaCluster::start`]
+//!   for a cluster of a test's own. The suites that prove the Kafka path use these; the
+//!   mock cluster stays where a fault can be injected nowhere else.
 //! * [`Tansu`]: the standalone `tansu` broker (memory storage) when installed
 //!   (`scripts/install-tansu.sh`); `Tansu::start()` returns `None` with a loud message
 //!   otherwise. tansu does NOT auto-create topics: call [`Tansu::create_topic`] (admin API)
@@ -79,6 +85,7 @@ pub mod consumer;
 pub mod debezium;
 pub mod fault_support;
 pub mod kafka;
+pub mod kafka_real;
 pub mod nats;
 pub mod otlp;
 pub mod postgres;
@@ -96,12 +103,13 @@ pub use checks::{check_delivered, check_order, ids_by_key};
 pub use consumer::{collect, collect_matching, collect_with, produce, Received, Topics};
 pub use debezium::{Debezium, DebeziumRecord};
 pub use kafka::MockKafka;
+pub use kafka_real::{replicated_kafka, shared_kafka, ClusterSpec, KafkaCluster, KafkaNs, SaslSsl};
 pub use postgres::{
     confirmed_flush_lsn, current_wal_lsn, format_lsn, invalidate_slot, parse_lsn, pg_bin_for_major, shared_cluster,
     skip_missing_major, slot_row, PgCluster, SlotRow, EXTERNAL_PG_ENV, PINNED_PG_VERSIONS, SCRAM_PASSWORD, SCRAM_USER,
     SUPPORTED_MAJORS,
 };
-pub use relay_process::{prepared, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN};
+pub use relay_process::{prepared, prepared_ns, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN};
 pub use tansu::Tansu;
 pub use util::{free_port, unique_name, wait_until};
 pub use workload::{

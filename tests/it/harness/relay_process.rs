@@ -44,6 +44,9 @@ pub struct RelayConfig {
     pub header_columns: BTreeMap<String, String>,
     pub topic_regex: String,
     pub topic_replacement: String,
+    /// Put before `[route] topic_replacement` when rendering: a test's topic namespace on a
+    /// shared real broker ([`super::kafka_real::KafkaNs`]); empty elsewhere.
+    pub topic_prefix: String,
     /// librdkafka properties, rendered verbatim under `[kafka]`.
     pub kafka: BTreeMap<String, String>,
     pub max_in_flight: i64,
@@ -72,6 +75,7 @@ impl RelayConfig {
             header_columns: BTreeMap::new(),
             topic_regex: "(?<routedByValue>.*)".into(),
             topic_replacement: "${routedByValue}".into(),
+            topic_prefix: String::new(),
             kafka,
             max_in_flight: 10_000,
             status_interval_ms: 1000,
@@ -117,6 +121,13 @@ impl RelayConfig {
     pub fn route(mut self, topic_regex: &str, topic_replacement: &str) -> Self {
         self.topic_regex = topic_regex.into();
         self.topic_replacement = topic_replacement.into();
+        self
+    }
+
+    /// Routes into `ns`'s topics on its (real, shared) broker: bootstrap and topic prefix.
+    pub fn on_kafka(mut self, ns: &super::kafka_real::KafkaNs) -> Self {
+        self.kafka.insert("bootstrap.servers".into(), ns.bootstrap_servers());
+        self.topic_prefix = ns.topic_prefix().to_string();
         self
     }
 
@@ -170,7 +181,10 @@ impl RelayConfig {
         outbox.insert("header_columns".into(), Value::Table(headers));
         let mut route = Table::new();
         route.insert("topic_regex".into(), s(&self.topic_regex));
-        route.insert("topic_replacement".into(), s(&self.topic_replacement));
+        route.insert(
+            "topic_replacement".into(),
+            s(&format!("{}{}", self.topic_prefix, self.topic_replacement)),
+        );
         let kafka: Table = self.kafka.iter().map(|(k, v)| (k.clone(), s(v))).collect();
         let mut relay = Table::new();
         relay.insert("max_in_flight".into(), Value::Integer(self.max_in_flight));
@@ -409,6 +423,12 @@ pub const PREFIX_REGEX: &str = r"^(?<routedByValue>[^.]+)\..*$";
 /// config for it with `setup` done.
 pub async fn prepared(schema: OutboxSchema, bootstrap: &str) -> (String, Client, RelayConfig) {
     prepared_on(shared_cluster().await, "e2e", schema, bootstrap).await
+}
+
+/// Like [`prepared`], publishing into `ns` (a test's share of a real broker).
+pub async fn prepared_ns(schema: OutboxSchema, ns: &super::kafka_real::KafkaNs) -> (String, Client, RelayConfig) {
+    let (db, client, config) = prepared(schema, &ns.bootstrap_servers()).await;
+    (db, client, config.on_kafka(ns))
 }
 
 /// Like [`prepared`], on `pg`, the database named after `prefix`.
