@@ -4,7 +4,8 @@
 //! and several relays writing the same topics (docs/reliability.md, "Exactly-once delivery").
 //!
 //! The crash and broker-fault suites run in both modes in `failures.rs`; these are the
-//! scenarios specific to the mode. `OUTBOX_RELAY_LONG_TESTS=1` runs the long variants.
+//! scenarios specific to the mode, on a real Apache Kafka broker (the mock cluster only where
+//! the fault is a broker round-trip time, which nothing else here injects). `OUTBOX_RELAY_LONG_TESTS=1` runs the long variants.
 
 use std::time::{Duration, Instant};
 
@@ -56,24 +57,16 @@ async fn system_identifier(client: &Client) -> String {
     row.get(0)
 }
 
-/// One scenario as two tests, each with topic `order` in 3 partitions: on librdkafka's mock
-/// cluster, and on tansu (a separate broker process; skipped loudly when it is not installed).
-macro_rules! on_mock_and_tansu {
-    ($scenario:ident: $on_mock:ident, $on_tansu:ident) => {
+/// One scenario as a test on the shared real broker, with topic `order` in 3 partitions.
+macro_rules! on_kafka {
+    ($scenario:ident: $test:ident) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn $on_mock() {
-            let kafka = MockKafka::new(3);
-            kafka.create_topic("order", 3);
-            $scenario(&kafka.bootstrap_servers()).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn $on_tansu() {
-            let Some(tansu) = Tansu::start().await else {
+        async fn $test() {
+            let Some(kafka) = shared_kafka().await else {
                 return;
             };
-            tansu.create_topic("order", 3).await;
-            $scenario(&tansu.bootstrap_servers()).await;
+            kafka.create_topic("order", 3).await;
+            $scenario(&kafka).await;
         }
     };
 }
@@ -120,20 +113,22 @@ fn check_exactly_once(committed: &Committed, records: &[Received], what: &str) {
     assert_eq!(dups, 0, "{what}: duplicates in exactly-once mode");
 }
 
-async fn collect_all(bootstrap: &str, committed: &Committed) -> Vec<Received> {
-    collect(bootstrap, &["order"], committed.len(), Duration::from_secs(120)).await
+async fn collect_all(kafka: &KafkaNs, committed: &Committed) -> Vec<Received> {
+    kafka
+        .collect(&["order"], committed.len(), Duration::from_secs(120))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn records_carry_their_source_position_and_land_where_the_relay_computes() {
-    let kafka = MockKafka::new(3);
-    kafka.create_topic("order", 5);
-    let (db, client, config) = prepared(OutboxSchema::B, &kafka.bootstrap_servers()).await;
+    let Some(kafka) = shared_kafka().await else { return };
+    kafka.create_topic("order", 5).await;
+    let (db, client, config) = prepared_ns(OutboxSchema::B, &kafka).await;
     let config = exactly_once(config);
     let relay = RelayProcess::run_streaming(&config).await;
     let url = shared_cluster().await.url(&db);
     let committed = run_workload(&url, &Workload::new(OutboxSchema::B, 60, 20, 4)).await;
-    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    let records = collect_all(&kafka, &committed).await;
     check_exactly_once(&committed, &records, "positions");
     let source = format!("{}/{}", system_identifier(&client).await, config.slot);
     let mut last: std::collections::HashMap<i32, (u64, u32)> = Default::default();
@@ -166,12 +161,10 @@ async fn records_carry_their_source_position_and_land_where_the_relay_computes()
     );
 }
 
-on_mock_and_tansu!(walsender_terminations:
-    walsender_terminations_under_load_publish_each_event_once,
-    walsender_terminations_under_load_on_tansu_publish_each_event_once);
+on_kafka!(walsender_terminations: walsender_terminations_under_load_publish_each_event_once);
 
-async fn walsender_terminations(bootstrap: &str) {
-    let (db, client, config) = prepared(OutboxSchema::B, bootstrap).await;
+async fn walsender_terminations(kafka: &KafkaNs) {
+    let (db, client, config) = prepared_ns(OutboxSchema::B, kafka).await;
     let config = exactly_once(config).max_in_flight(50);
     let relay = RelayProcess::run_streaming(&config).await;
     let url = shared_cluster().await.url(&db);
@@ -193,18 +186,16 @@ async fn walsender_terminations(bootstrap: &str) {
     }
     let committed = load.await.expect("workload");
     assert!(terminated >= 3, "only {terminated} walsender terminations");
-    let records = collect_all(bootstrap, &committed).await;
+    let records = collect_all(kafka, &committed).await;
     check_exactly_once(&committed, &records, &format!("{terminated} walsender terminations"));
     let log = relay.log_text();
     assert!(log.matches("streaming started").count() > terminated / 2, "{log}");
 }
 
-on_mock_and_tansu!(standby_takeovers:
-    a_standby_taking_over_from_a_killed_holder_publishes_each_event_once,
-    a_standby_taking_over_from_a_killed_holder_on_tansu_publishes_each_event_once);
+on_kafka!(standby_takeovers: a_standby_taking_over_from_a_killed_holder_publishes_each_event_once);
 
-async fn standby_takeovers(bootstrap: &str) {
-    let (db, _client, config) = prepared(OutboxSchema::B, bootstrap).await;
+async fn standby_takeovers(kafka: &KafkaNs) {
+    let (db, _client, config) = prepared_ns(OutboxSchema::B, kafka).await;
     // A killed holder closed its connections while healthy: no takeover fence, Kafka defaults.
     let config = exactly_once(config)
         .max_in_flight(50)
@@ -235,7 +226,7 @@ async fn standby_takeovers(bootstrap: &str) {
         a = b;
     }
     let committed = load.await.expect("workload");
-    let records = collect_all(bootstrap, &committed).await;
+    let records = collect_all(kafka, &committed).await;
     check_exactly_once(
         &committed,
         &records,
@@ -244,16 +235,14 @@ async fn standby_takeovers(bootstrap: &str) {
     drop(a);
 }
 
-on_mock_and_tansu!(two_relays_killed_repeatedly:
-    two_relays_on_two_databases_writing_the_same_topic_killed_repeatedly,
-    two_relays_on_two_databases_writing_the_same_topic_on_tansu_killed_repeatedly);
+on_kafka!(two_relays_killed_repeatedly: two_relays_on_two_databases_writing_the_same_topic_killed_repeatedly);
 
-async fn two_relays_killed_repeatedly(bootstrap: &str) {
+async fn two_relays_killed_repeatedly(kafka: &KafkaNs) {
     let kills_wanted: usize = if long_tests() { 30 } else { 6 };
     let mut configs = Vec::new();
     let mut loads = Vec::new();
     for _ in 0..2 {
-        let (db, _client, config) = prepared(OutboxSchema::B, bootstrap).await;
+        let (db, _client, config) = prepared_ns(OutboxSchema::B, kafka).await;
         configs.push(exactly_once(config).max_in_flight(30));
         let url = shared_cluster().await.url(&db);
         let mut w = Workload::new(OutboxSchema::B, kills_wanted * 150, 30, 3);
@@ -275,7 +264,7 @@ async fn two_relays_killed_repeatedly(bootstrap: &str) {
             .by_aggregate
             .extend(load.await.expect("workload").by_aggregate);
     }
-    let records = collect_all(bootstrap, &committed).await;
+    let records = collect_all(kafka, &committed).await;
     let sources: std::collections::HashSet<&[u8]> = records.iter().filter_map(|r| r.header(SOURCE)).collect();
     assert_eq!(sources.len(), 2, "two sources in one topic");
     check_exactly_once(&committed, &records, &format!("two relays, {kills} SIGKILLs"));
@@ -291,7 +280,9 @@ async fn a_frozen_holder_thawed_after_the_takeover_duplicates_within_the_bound()
         return;
     };
     let max_in_flight = 50;
+    // Mock cluster: the fault is 200 ms of broker round trip, injected by the mock alone.
     let kafka = MockKafka::new(3);
+    let ns = KafkaNs::plain(&kafka.bootstrap_servers());
     let (db, _client, config) = prepared_on(&pg, "frozen", OutboxSchema::B, &kafka.bootstrap_servers()).await;
     let config = exactly_once(config)
         .max_in_flight(max_in_flight)
@@ -333,7 +324,7 @@ async fn a_frozen_holder_thawed_after_the_takeover_duplicates_within_the_bound()
     let committed = load.await.expect("workload");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    let records = collect_all(&ns, &committed).await;
     let dups = check_delivered(&all, &records, |_| "order".to_owned());
     check_order(&committed, &records);
     let holder = a.log_text();
@@ -352,20 +343,20 @@ async fn a_frozen_holder_thawed_after_the_takeover_duplicates_within_the_bound()
     );
 }
 
-/// Continuous load against tansu (a standalone broker), the relay SIGKILLed and restarted.
+/// Continuous load on the real broker, the relay SIGKILLed and restarted: each restart reads
+/// back what the broker holds and skips it.
 ///
-/// tansu reports a high watermark below its end (the newest batch's base offset + 1) and
-/// answers a fetch inside a batch from the next batch: a read-back that trusted either missed
-/// the newest records and re-sent them (39–104 duplicates in 50 SIGKILLs). `kafka::tail` reads
-/// each window to the end of the partition; this test holds it to that.
+/// (On tansu this caught a read-back that trusted the high watermark: tansu reports one
+/// below its end and answers a fetch inside a batch from the next batch. `kafka::tail` reads
+/// each window to the end of the partition.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigkill_under_load_on_tansu_publishes_each_event_once() {
-    let Some(tansu) = Tansu::start().await else {
+async fn sigkill_under_load_publishes_each_event_once() {
+    let Some(kafka) = shared_kafka().await else {
         return;
     };
-    tansu.create_topic("order", 3).await;
+    kafka.create_topic("order", 3).await;
     let kills_wanted: usize = if long_tests() { 50 } else { 5 };
-    let (db, _client, config) = prepared(OutboxSchema::B, &tansu.bootstrap_servers()).await;
+    let (db, _client, config) = prepared_ns(OutboxSchema::B, &kafka).await;
     let config = exactly_once(config).max_in_flight(20);
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, kills_wanted * 200, 30, 4);
@@ -378,19 +369,20 @@ async fn sigkill_under_load_on_tansu_publishes_each_event_once() {
     }
     let committed = load.await.expect("workload");
     let _relay = RelayProcess::run(&config);
-    let records = collect_all(&tansu.bootstrap_servers(), &committed).await;
-    check_exactly_once(&committed, &records, &format!("tansu, {kills_wanted} SIGKILLs"));
+    let records = collect_all(&kafka, &committed).await;
+    check_exactly_once(&committed, &records, &format!("real broker, {kills_wanted} SIGKILLs"));
 }
 
-/// The only broker unresponsive for 30 s under load (tansu SIGSTOPped: its memory storage would
-/// not survive a restart), deliveries timing out and sessions replaying meanwhile.
+/// The only broker unresponsive for 30 s under load (SIGSTOPped: connections stay open and
+/// silent), deliveries timing out and sessions replaying meanwhile. A broker of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn broker_down_30_seconds_on_tansu_publishes_each_event_once() {
-    let Some(tansu) = Tansu::start().await else {
+async fn broker_down_30_seconds_publishes_each_event_once() {
+    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else {
         return;
     };
-    tansu.create_topic("order", 3).await;
-    let (db, _client, config) = prepared(OutboxSchema::B, &tansu.bootstrap_servers()).await;
+    let kafka = cluster.own_ns();
+    kafka.create_topic("order", 3).await;
+    let (db, _client, config) = prepared_ns(OutboxSchema::B, &kafka).await;
     let config = exactly_once(config)
         .max_in_flight(50)
         .kafka("message.timeout.ms", "5000");
@@ -400,17 +392,17 @@ async fn broker_down_30_seconds_on_tansu_publishes_each_event_once() {
     w.pause = Duration::from_millis(50);
     let load = tokio::spawn(async move { run_workload(&url, &w).await });
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(tansu.pause(), "SIGSTOP tansu");
+    assert!(cluster.pause(1), "SIGSTOP the broker");
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert!(tansu.resume(), "SIGCONT tansu");
+    assert!(cluster.resume(1), "SIGCONT the broker");
     let committed = load.await.expect("workload");
-    let records = collect_all(&tansu.bootstrap_servers(), &committed).await;
+    let records = collect_all(&kafka, &committed).await;
     assert!(
         relay.log_text().contains("Kafka delivery failed"),
         "the outage should have failed deliveries; log:\n{}",
         relay.log_text()
     );
-    check_exactly_once(&committed, &records, "tansu down 30 s");
+    check_exactly_once(&committed, &records, "the broker stopped for 30 s");
 }
 
 /// What happens to the holder in [`takeover_with_kafka_defaults`].
@@ -437,8 +429,10 @@ async fn takeover_with_kafka_defaults(fate: HolderFate) {
     };
     const TAKEOVER_AFTER_MS: u64 = 3_000;
     let max_in_flight = 200;
+    // Mock cluster: 20 ms of broker round trip, injected by the mock alone.
     let kafka = MockKafka::new(3);
     kafka.create_topic("order", 3);
+    let ns = KafkaNs::plain(&kafka.bootstrap_servers());
     let name = format!("takeover_{fate:?}").to_lowercase();
     let (db, _client, config) = prepared_on(&pg, &name, OutboxSchema::B, &kafka.bootstrap_servers()).await;
     let config = config
@@ -490,7 +484,7 @@ async fn takeover_with_kafka_defaults(fate: HolderFate) {
     }
     let committed = load.await.expect("workload");
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = collect_all(&kafka.bootstrap_servers(), &committed).await;
+    let records = collect_all(&ns, &committed).await;
     let dups = check_delivered(&all, &records, |_| "order".to_owned());
     check_order(&committed, &records);
     let log_b = b.log_text();

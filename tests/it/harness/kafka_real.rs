@@ -278,7 +278,10 @@ impl KafkaCluster {
     }
 
     fn log4j_arg(&self) -> String {
-        format!("-Dlog4j2.configurationFile={}", self.home.join("log4j2.properties").display())
+        format!(
+            "-Dlog4j2.configurationFile={}",
+            self.home.join("log4j2.properties").display()
+        )
     }
 
     /// Runs a Kafka tool class to completion (bounded); its stdout. Panics with its output
@@ -311,7 +314,11 @@ impl KafkaCluster {
             .append(true)
             .open(&node.log)
             .expect("kafka log");
-        let heap = if node.roles == "controller" { "-Xmx256m" } else { "-Xmx512m" };
+        let heap = if node.roles == "controller" {
+            "-Xmx256m"
+        } else {
+            "-Xmx512m"
+        };
         let child = Command::new("java")
             .args([heap, "-Xms64m", "-XX:+UseSerialGC", "-Djava.awt.headless=true"])
             .arg(self.log4j_arg())
@@ -342,13 +349,21 @@ impl KafkaCluster {
             }
             for node in &self.nodes {
                 if !self.running(node.id) {
-                    panic!("Kafka node {} exited while starting; log:\n{}", node.id, self.log_text(node.id));
+                    panic!(
+                        "Kafka node {} exited while starting; log:\n{}",
+                        node.id,
+                        self.log_text(node.id)
+                    );
                 }
             }
             if Instant::now() >= deadline {
                 panic!(
                     "Kafka cluster not ready within {READY_TIMEOUT:?} ({n} of {want} brokers); logs:\n{}",
-                    self.nodes.iter().map(|n| self.log_text(n.id)).collect::<Vec<_>>().join("\n----\n")
+                    self.nodes
+                        .iter()
+                        .map(|n| self.log_text(n.id))
+                        .collect::<Vec<_>>()
+                        .join("\n----\n")
                 );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -421,7 +436,11 @@ impl KafkaCluster {
         let deadline = Instant::now() + READY_TIMEOUT;
         let port = self.node(id).port;
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(self.running(id), "node {id} exited on restart; log:\n{}", self.log_text(id));
+            assert!(
+                self.running(id),
+                "node {id} exited on restart; log:\n{}",
+                self.log_text(id)
+            );
             assert!(Instant::now() < deadline, "node {id} did not listen again");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -442,7 +461,10 @@ impl KafkaCluster {
                 let brokers = md.brokers().len();
                 let full = md.topics().iter().all(|tm| {
                     !tm.partitions().is_empty()
-                        && tm.partitions().iter().all(|p| p.isr().len() >= want.min(3) && p.leader() >= 0)
+                        && tm
+                            .partitions()
+                            .iter()
+                            .all(|p| p.isr().len() >= want.min(3) && p.leader() >= 0)
                 });
                 Some(brokers >= want && full)
             })
@@ -476,37 +498,8 @@ impl KafkaCluster {
     /// Creates `topic` (replication `min(3, brokers)`), with topic-level `configs`. An
     /// existing topic is fine.
     pub async fn create_topic_with(&self, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap_servers())
-            .create()
-            .expect("admin client");
         let rf = self.spec.brokers.min(3) as i32;
-        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(rf));
-        for (k, v) in configs {
-            new = new.set(k, v);
-        }
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-        let res = tokio::time::timeout(Duration::from_secs(60), admin.create_topics([&new], &opts))
-            .await
-            .unwrap_or_else(|_| panic!("create_topics {topic} timed out"))
-            .unwrap_or_else(|e| panic!("create_topics {topic}: {e}"));
-        for r in res {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((t, e)) => panic!("create topic {t}: {e}"),
-            }
-        }
-        // Wait until the metadata shows a leader for every partition (producers would
-        // otherwise see the topic as unknown for a moment).
-        let ok = super::util::wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
-            let mut all = true;
-            for p in 0..partitions {
-                all &= self.leader_of(topic, p).await.is_some();
-            }
-            all
-        })
-        .await;
-        assert!(ok, "topic {topic} has no leader for every partition after 30 s");
+        create_topic_at(&self.bootstrap_servers(), rf, topic, partitions, configs).await
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
@@ -529,6 +522,7 @@ impl KafkaCluster {
         KafkaNs {
             bootstrap: self.bootstrap_servers(),
             prefix: format!("{}.", unique_name("k")),
+            replication: self.spec.brokers.min(3) as i32,
         }
     }
 
@@ -573,6 +567,47 @@ fn pem_one_line(pem: &str) -> String {
     pem.trim().replace('\n', "\\n")
 }
 
+/// Creates `topic` through the CreateTopics admin API and waits (bounded) until every
+/// partition has a leader (producers would otherwise see it as unknown for a moment).
+async fn create_topic_at(bootstrap: &str, rf: i32, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin client");
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(rf));
+    for (k, v) in configs {
+        new = new.set(k, v);
+    }
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    let res = tokio::time::timeout(Duration::from_secs(60), admin.create_topics([&new], &opts))
+        .await
+        .unwrap_or_else(|_| panic!("create_topics {topic} timed out"))
+        .unwrap_or_else(|e| panic!("create_topics {topic}: {e}"));
+    for r in res {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => panic!("create topic {t}: {e}"),
+        }
+    }
+    let ok = super::util::wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
+        let (b, t) = (bootstrap.to_string(), topic.to_string());
+        tokio::task::spawn_blocking(move || {
+            metadata_client(&b)
+                .and_then(|c| c.fetch_metadata(Some(&t), Duration::from_secs(3)).ok())
+                .and_then(|md| {
+                    md.topics().first().map(|tm| {
+                        tm.partitions().len() == partitions as usize && tm.partitions().iter().all(|p| p.leader() >= 0)
+                    })
+                })
+                .unwrap_or(false)
+        })
+        .await
+        .unwrap_or(false)
+    })
+    .await;
+    assert!(ok, "topic {topic} has no leader for every partition after 30 s");
+}
+
 fn metadata_client(bootstrap: &str) -> Option<BaseConsumer> {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -596,11 +631,16 @@ static REPLICATED_LOCK: AsyncMutex<()> = AsyncMutex::const_new(());
 /// The one-broker cluster every fast suite shares (started on first use), and a fresh
 /// topic namespace for the calling test. `None` after a loud line when Kafka is missing.
 pub async fn shared_kafka() -> Option<KafkaNs> {
-    let cluster = SHARED
+    Some(shared_cluster().await?.own_ns())
+}
+
+/// The cluster behind [`shared_kafka`] (to create a namespace's topics with partitions of
+/// their own, or read its logs).
+pub async fn shared_cluster() -> Option<&'static KafkaCluster> {
+    SHARED
         .get_or_init(|| async { KafkaCluster::start(ClusterSpec::single()).await })
         .await
-        .as_ref()?;
-    Some(cluster.own_ns())
+        .as_ref()
 }
 
 /// The three-broker cluster of the replication suite, held by the caller alone until the
@@ -638,9 +678,20 @@ impl std::ops::Deref for ReplicatedLease {
 pub struct KafkaNs {
     bootstrap: String,
     prefix: String,
+    /// Replication factor of the topics [`KafkaNs::create_topic`] makes.
+    replication: i32,
 }
 
 impl KafkaNs {
+    /// The whole of a broker of the test's own, without a prefix (the mock cluster).
+    pub fn plain(bootstrap: &str) -> KafkaNs {
+        KafkaNs {
+            bootstrap: bootstrap.to_string(),
+            prefix: String::new(),
+            replication: 1,
+        }
+    }
+
     pub fn bootstrap_servers(&self) -> String {
         self.bootstrap.clone()
     }
@@ -653,6 +704,12 @@ impl KafkaNs {
     /// The real topic of `name`.
     pub fn topic(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
+    }
+
+    /// Creates this namespace's topic `name` with `partitions` partitions (real brokers only:
+    /// the mock cluster has no CreateTopics).
+    pub async fn create_topic(&self, name: &str, partitions: i32) {
+        create_topic_at(&self.bootstrap, self.replication, &self.topic(name), partitions, &[]).await
     }
 
     /// [`super::consumer::collect`] over this namespace's `topics`; `Received::topic` without the prefix.
