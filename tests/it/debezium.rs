@@ -15,15 +15,16 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::harness::{
-    collect_matching, confirmed_flush_lsn, current_wal_lsn, setup, shared_cluster, unique_name, wait_until, Debezium,
-    DebeziumRecord, MockKafka, Received, RelayConfig, RelayProcess,
+    confirmed_flush_lsn, current_wal_lsn, setup, shared_cluster, shared_kafka, unique_name, wait_until, Debezium,
+    DebeziumRecord, Received, RelayConfig, RelayProcess,
 };
 
 const JSON: &str = "org.apache.kafka.connect.json.JsonConverter";
 const STRING: &str = "org.apache.kafka.connect.storage.StringConverter";
 const BINARY: &str = "io.debezium.converters.BinaryDataConverter";
 const BYTE_ARRAY: &str = "org.apache.kafka.connect.converters.ByteArrayConverter";
-/// The mock cluster auto-creates topics with 4 partitions; Debezium's partition is computed for that.
+/// The harness's real broker auto-creates topics with 4 partitions (as the mock cluster did);
+/// Debezium's partition is computed for that.
 const PARTITIONS: i32 = 4;
 const TOPIC_PREFIX: &str = "conformance";
 const PLACEMENTS: &str = "type:header:eventType,tenant:header,aggregatetype:envelope:atype,shard:partition";
@@ -483,19 +484,12 @@ async fn records_are_byte_identical_to_debezium_for_every_supported_combination(
     for (v, config) in VARIANTS.iter().zip(configs) {
         let expected: Vec<&DebeziumRecord> = records.iter().filter(|r| r.variant == v.name).collect();
         let publishable = expected.iter().filter(|r| r.error.is_none()).count();
-        let kafka = MockKafka::new(1);
-        let mut config = config;
-        config
-            .kafka
-            .insert("bootstrap.servers".into(), kafka.bootstrap_servers());
+        let Some(kafka) = shared_kafka().await else { return };
+        let config = config.on_kafka(&kafka);
         let relay = RelayProcess::run(&config);
-        let got = collect_matching(
-            &kafka.bootstrap_servers(),
-            "^outbox\\.event\\.",
-            publishable,
-            Duration::from_secs(30),
-        )
-        .await;
+        let got = kafka
+            .collect_matching("^outbox\\.event\\.", publishable, Duration::from_secs(30))
+            .await;
         drop(relay);
         let (identical, fails) = compare(v, &ids, &expected, &got);
         assert_eq!(
@@ -551,8 +545,10 @@ async fn poll_writes_the_same_debezium_records_as_run() {
         ],
     };
     let url = pg.url(&db);
-    let streamed_kafka = MockKafka::new(1);
-    let streamed = relay_config(&url, &streamed_kafka.bootstrap_servers(), &variant);
+    let Some(streamed_kafka) = shared_kafka().await else {
+        return;
+    };
+    let streamed = relay_config(&url, &streamed_kafka.bootstrap_servers(), &variant).on_kafka(&streamed_kafka);
     setup(&streamed).await;
     // `poll` stops on a bad event (it never skips), so leave out the rows Debezium's expansion
     // fails on, `[]` included (no envelope around a dropped schema); the streaming side of those
@@ -578,17 +574,16 @@ async fn poll_writes_the_same_debezium_records_as_run() {
     })
     .await;
     assert!(confirmed, "the relay did not confirm the rows: {}", relay.log_text());
-    let from_run = collect_matching(
-        &streamed_kafka.bootstrap_servers(),
-        "^outbox\\.event\\.",
-        ids.len(),
-        Duration::from_secs(5),
-    )
-    .await;
+    let from_run = streamed_kafka
+        .collect_matching("^outbox\\.event\\.", ids.len(), Duration::from_secs(5))
+        .await;
     drop(relay);
 
-    let polled_kafka = MockKafka::new(1);
+    let Some(polled_kafka) = shared_kafka().await else {
+        return;
+    };
     let mut polled = relay_config(&url, &polled_kafka.bootstrap_servers(), &variant)
+        .on_kafka(&polled_kafka)
         .set("relay", "on_bad_event", "fail")
         .set("poll", "dispatched_column", "dispatched_at")
         .set("poll", "interval_ms", 20);
@@ -600,13 +595,9 @@ async fn poll_writes_the_same_debezium_records_as_run() {
         String::from_utf8_lossy(&out.stderr)
     );
     let poller = RelayProcess::poll(&polled);
-    let from_poll = collect_matching(
-        &polled_kafka.bootstrap_servers(),
-        "^outbox\\.event\\.",
-        from_run.len(),
-        Duration::from_secs(30),
-    )
-    .await;
+    let from_poll = polled_kafka
+        .collect_matching("^outbox\\.event\\.", from_run.len(), Duration::from_secs(30))
+        .await;
     let poll_log = poller.log_text();
     drop(poller);
 

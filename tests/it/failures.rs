@@ -1,5 +1,7 @@
-//! Failure and bad-input suite: crashes at random moments and at failpoints, broker faults on
-//! the mock cluster, and hostile rows under every `relay.on_bad_event` policy.
+//! Failure and bad-input suite: crashes at random moments and at failpoints, broker faults, and
+//! hostile rows under every `relay.on_bad_event` policy — on a real Apache Kafka broker, except
+//! where the fault is one only librdkafka's mock cluster injects (produce errors of a chosen
+//! code, broker round-trip times): those tests say so.
 //!
 //! The promise under test: no crash, outage or bad row loses an event, first deliveries per
 //! aggregate follow commit order, and the confirmed LSN never passes an event Kafka has not
@@ -62,8 +64,8 @@ async fn sigkill_at_random_moments_under_load_exactly_once() {
 async fn sigkill_suite(mode: Mode) {
     let kills_wanted: usize = if long_tests() { 50 } else { 10 };
     let max_in_flight = 20;
-    let kafka = MockKafka::new(3);
-    let (db, _client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let Some(kafka) = shared_kafka().await else { return };
+    let (db, _client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     let config = mode
         .apply(config)
         .route(PREFIX_REGEX, "${routedByValue}")
@@ -93,13 +95,7 @@ async fn sigkill_suite(mode: Mode) {
     let committed = load.await.expect("workload");
     let _relay = RelayProcess::run(&config);
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        all.len(),
-        Duration::from_secs(120),
-    )
-    .await;
+    let records = kafka.collect(&["order"], all.len(), Duration::from_secs(120)).await;
     let dups = check_delivered(&all, &records, |_| "order".to_owned());
     check_order(&committed, &records);
     let bound = kills * max_in_flight as usize;
@@ -133,8 +129,12 @@ async fn failpoint_suite(mode: Mode) {
     }
     let crashes_wanted: usize = if long_tests() { 30 } else { 6 };
     let max_in_flight = 20;
-    let kafka = MockKafka::new(3);
-    let (db, client, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    // Part 2 kills the broker: a cluster of this test's own.
+    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else {
+        return;
+    };
+    let kafka = cluster.own_ns();
+    let (db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     let config = mode
         .apply(config)
         .route(PREFIX_REGEX, "${routedByValue}")
@@ -188,7 +188,7 @@ async fn failpoint_suite(mode: Mode) {
         "{}",
         relay.log_text()
     );
-    kafka.all_brokers_down();
+    cluster.kill(1);
     let mut client = client;
     let agg = new_uuid();
     let tx = client.transaction().await.unwrap();
@@ -205,19 +205,13 @@ async fn failpoint_suite(mode: Mode) {
     );
     crashes += 1;
     sessions += sessions_in_log(&log);
-    kafka.all_brokers_up();
+    cluster.restart(1).await;
 
     let relay = RelayProcess::run(&config);
     let mut committed = committed;
     committed.by_aggregate.insert(agg, outage);
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        all.len(),
-        Duration::from_secs(120),
-    )
-    .await;
+    let records = kafka.collect(&["order"], all.len(), Duration::from_secs(120)).await;
     let dups = check_delivered(&all, &records, |_| "order".to_owned());
     check_order(&committed, &records);
     sessions += sessions_in_log(&relay.log_text());
@@ -270,10 +264,10 @@ async fn commit_batch(client: &mut Client, count: u64) -> (Vec<ExpectedEvent>, C
 /// A relay streaming `prepared` schema A through `kafka`, warmed up (one event delivered and
 /// confirmed, so producer id and metadata exist before a fault starts).
 async fn warm_relay(
-    kafka: &MockKafka,
+    kafka: &KafkaNs,
     tune: impl FnOnce(RelayConfig) -> RelayConfig,
 ) -> (Client, RelayConfig, RelayProcess) {
-    let (db, _, config) = prepared(OutboxSchema::A, &kafka.bootstrap_servers()).await;
+    let (db, _, config) = prepared_ns(OutboxSchema::A, kafka).await;
     let mut client = shared_cluster().await.client(&db).await;
     install_walinspect(&client).await;
     let config = tune(
@@ -289,7 +283,7 @@ async fn warm_relay(
         relay.log_text()
     );
     let (warm, point) = commit_batch(&mut client, 1).await;
-    let records = collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(30)).await;
+    let records = kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
     check_delivered(&warm, &records, |_| "order".to_owned());
     assert!(
         confirmed_reaches(&client, &config.slot, point.end_lsn, Duration::from_secs(15)).await,
@@ -303,19 +297,15 @@ async fn warm_relay(
 /// none is missing and each aggregate's order, and that the slot confirms `point`; returns how
 /// many arrived more than once.
 async fn delivered_in_order_and_confirmed(
-    kafka: &MockKafka,
+    kafka: &KafkaNs,
     client: &Client,
     slot: &str,
     events: &[ExpectedEvent],
     point: &CommitPoint,
 ) -> usize {
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        events.len() + 1,
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka
+        .collect(&["order"], events.len() + 1, Duration::from_secs(60))
+        .await;
     let records: Vec<Received> = records
         .into_iter()
         .filter(|r| events.iter().any(|e| e.id == id_of(r)))
@@ -352,31 +342,31 @@ async fn all_brokers_down_for_30_seconds_exactly_once() {
 }
 
 async fn brokers_down_suite(mode: Mode) {
-    let kafka = MockKafka::new(3);
+    // The broker is killed (kill -9) for 30 s and started again: a cluster of this test's own.
+    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else {
+        return;
+    };
+    let kafka = cluster.own_ns();
     // Short message timeout: sessions fail and replay during the outage (the restart path).
     let (mut client, config, relay) = warm_relay(&kafka, |c| {
         mode.apply(c).max_in_flight(50).kafka("message.timeout.ms", "5000")
     })
     .await;
-    let warm = collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(5)).await;
+    let warm = kafka.collect(&["order"], 1, Duration::from_secs(5)).await;
 
-    kafka.all_brokers_down();
+    cluster.kill(1);
     let outage = Instant::now();
     let (first, first_point) = commit_batch(&mut client, 5).await;
     let (second, _) = commit_batch(&mut client, 5).await;
     let remaining = Duration::from_secs(30).saturating_sub(outage.elapsed());
     assert_never_confirmed_past(&client, &config.slot, first_point.end_lsn, remaining, "brokers down").await;
     let (third, last_point) = commit_batch(&mut client, 5).await;
-    kafka.all_brokers_up();
+    cluster.restart(1).await;
 
     let (all, committed) = expect_all(&[&first, &second, &third]);
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        all.len() + warm.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka
+        .collect(&["order"], all.len() + warm.len(), Duration::from_secs(60))
+        .await;
     let records: Vec<Received> = records
         .into_iter()
         .filter(|r| !warm.iter().any(|w| id_of(w) == id_of(r)))
@@ -398,15 +388,17 @@ async fn brokers_down_suite(mode: Mode) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retriable_produce_errors_are_retried_without_loss_or_duplicates() {
-    let kafka = MockKafka::new(1);
-    kafka.create_topic("order", 1);
+    // Mock cluster: produce errors injected by the mock alone.
+    let mock = MockKafka::new(1);
+    mock.create_topic("order", 1);
+    let kafka = KafkaNs::plain(&mock.bootstrap_servers());
     let (mut client, config, relay) = warm_relay(&kafka, |c| {
         c.kafka("retry.backoff.ms", "100").kafka("retry.backoff.max.ms", "200")
     })
     .await;
     // Each refused attempt takes at least the round trip, so 20 errors keep the events
     // unacknowledged for well over the 2 s polled below.
-    kafka.set_round_trip_time(Duration::from_millis(300));
+    mock.set_round_trip_time(Duration::from_millis(300));
     let errors: Vec<RDKafkaRespErr> = (0..20)
         .map(|i| {
             if i % 2 == 0 {
@@ -416,7 +408,7 @@ async fn retriable_produce_errors_are_retried_without_loss_or_duplicates() {
             }
         })
         .collect();
-    kafka.with_cluster(move |c| c.request_errors(RDKafkaApiKey::Produce, &errors));
+    mock.with_cluster(move |c| c.request_errors(RDKafkaApiKey::Produce, &errors));
     let (events, point) = commit_batch(&mut client, 5).await;
     assert_never_confirmed_past(
         &client,
@@ -426,7 +418,7 @@ async fn retriable_produce_errors_are_retried_without_loss_or_duplicates() {
         "retriable errors",
     )
     .await;
-    kafka.set_round_trip_time(Duration::ZERO);
+    mock.set_round_trip_time(Duration::ZERO);
 
     let dups = delivered_in_order_and_confirmed(&kafka, &client, &config.slot, &events, &point).await;
     assert_eq!(dups, 0, "the idempotent producer's retries must not duplicate");
@@ -449,13 +441,15 @@ async fn non_retriable_broker_error_replays_exactly_once() {
 }
 
 async fn non_retriable_suite(mode: Mode) {
-    let kafka = MockKafka::new(1);
-    kafka.create_topic("order", 1);
+    // Mock cluster: produce errors injected by the mock alone.
+    let mock = MockKafka::new(1);
+    mock.create_topic("order", 1);
+    let kafka = KafkaNs::plain(&mock.bootstrap_servers());
     let (mut client, config, relay) = warm_relay(&kafka, |c| mode.apply(c)).await;
     // TOPIC_AUTHORIZATION_FAILED is permanent for librdkafka, but it is the cluster's verdict on
     // the relay's credentials, not on the record: the relay replays (with backoff) until it passes.
-    kafka.set_round_trip_time(Duration::from_millis(400));
-    kafka.with_cluster(|c| {
+    mock.set_round_trip_time(Duration::from_millis(400));
+    mock.with_cluster(|c| {
         c.request_errors(
             RDKafkaApiKey::Produce,
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 3],
@@ -470,7 +464,7 @@ async fn non_retriable_suite(mode: Mode) {
         "authorization",
     )
     .await;
-    kafka.set_round_trip_time(Duration::ZERO);
+    mock.set_round_trip_time(Duration::ZERO);
 
     let dups = delivered_in_order_and_confirmed(&kafka, &client, &config.slot, &events, &point).await;
     eprintln!("producer restarts ({mode:?}): {dups} duplicates");
@@ -485,9 +479,11 @@ async fn non_retriable_suite(mode: Mode) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_second_round_trips() {
-    let kafka = MockKafka::new(3);
+    // Mock cluster: the fault is the broker's round-trip time, injected by the mock alone.
+    let mock = MockKafka::new(3);
+    let kafka = KafkaNs::plain(&mock.bootstrap_servers());
     let (mut client, config, relay) = warm_relay(&kafka, |c| c.max_in_flight(100)).await;
-    kafka.set_round_trip_time(Duration::from_secs(2));
+    mock.set_round_trip_time(Duration::from_secs(2));
     let (first, first_point) = commit_batch(&mut client, 5).await;
     // No acknowledgement can come back before one round trip.
     assert_never_confirmed_past(
@@ -508,18 +504,12 @@ async fn two_second_round_trips() {
         "not confirmed within 60 s at 2 s round trips; log:\n{}",
         relay.log_text()
     );
-    kafka.set_round_trip_time(Duration::ZERO);
+    mock.set_round_trip_time(Duration::ZERO);
     let mut committed = load;
     let (_, extra) = expect_all(&[&first, &last]);
     committed.by_aggregate.extend(extra.by_aggregate);
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        all.len() + 1,
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&["order"], all.len() + 1, Duration::from_secs(60)).await;
     let records: Vec<Received> = records
         .into_iter()
         .filter(|r| all.iter().any(|e| e.id == id_of(r)))
@@ -614,7 +604,7 @@ struct Written {
 }
 
 /// A database with `bad_outbox`, pg_walinspect, and a relay config for it (setup done).
-async fn bad_rows_db(kafka: &MockKafka, policy: &str) -> (Client, RelayConfig) {
+async fn bad_rows_db(kafka: &KafkaNs, policy: &str) -> (Client, RelayConfig) {
     let pg = shared_cluster().await;
     let db = unique_name("bad");
     pg.create_database(&db).await;
@@ -622,6 +612,7 @@ async fn bad_rows_db(kafka: &MockKafka, policy: &str) -> (Client, RelayConfig) {
     client.batch_execute(BAD_TABLE).await.unwrap();
     install_walinspect(&client).await;
     let mut config = RelayConfig::new(&pg.url(&db), &kafka.bootstrap_servers())
+        .on_kafka(kafka)
         .route(PREFIX_REGEX, "${routedByValue}")
         .kafka("message.max.bytes", &MAX_MESSAGE.to_string())
         .set("outbox", "message_prefix", MESSAGE_PREFIX)
@@ -630,7 +621,7 @@ async fn bad_rows_db(kafka: &MockKafka, policy: &str) -> (Client, RelayConfig) {
         .set("relay", "reconnect_backoff_max_ms", 500);
     config.table = "public.bad_outbox".into();
     if policy == "dead-letter" {
-        config = config.set("relay", "dead_letter_topic", DEAD_LETTERS);
+        config = config.set("relay", "dead_letter_topic", kafka.topic(DEAD_LETTERS));
     }
     setup(&config).await;
     (client, config)
@@ -705,7 +696,7 @@ fn check_goods(goods: &[Written], records: &[Received]) {
 }
 
 async fn fail_case(case: BadCase) {
-    let kafka = MockKafka::new(1);
+    let Some(kafka) = shared_kafka().await else { return };
     let (mut client, config) = bad_rows_db(&kafka, "fail").await;
     let mut relay = RelayProcess::run(&config);
     assert!(
@@ -744,7 +735,7 @@ async fn fail_case(case: BadCase) {
         format_lsn(before.point.end_lsn),
         format_lsn(bad.point.end_lsn)
     );
-    let records = collect(&kafka.bootstrap_servers(), &["order"], 2, Duration::from_secs(3)).await;
+    let records = kafka.collect(&["order"], 2, Duration::from_secs(3)).await;
     check_goods(&[before], &records);
     assert!(
         !records.iter().any(|r| id_of(r) == after.id),
@@ -783,7 +774,7 @@ async fn write_every_bad_case(client: &mut Client) -> (Vec<Written>, Vec<(BadCas
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_events_under_skip_are_logged_counted_and_passed() {
-    let kafka = MockKafka::new(1);
+    let Some(kafka) = shared_kafka().await else { return };
     let (mut client, config) = bad_rows_db(&kafka, "skip").await;
     let listen = format!("127.0.0.1:{}", free_port());
     let config = config.set("http", "listen", listen.as_str());
@@ -794,13 +785,7 @@ async fn bad_events_under_skip_are_logged_counted_and_passed() {
         relay.log_text()
     );
     let (goods, bads) = write_every_bad_case(&mut client).await;
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        goods.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&["order"], goods.len(), Duration::from_secs(60)).await;
     check_goods(&goods, &records);
     let last = goods.last().unwrap().point.end_lsn;
     assert!(
@@ -847,7 +832,7 @@ async fn bad_events_under_skip_are_logged_counted_and_passed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_events_under_dead_letter_are_published_raw_with_the_error() {
-    let kafka = MockKafka::new(1);
+    let Some(kafka) = shared_kafka().await else { return };
     let (mut client, config) = bad_rows_db(&kafka, "dead-letter").await;
     let relay = RelayProcess::run(&config);
     assert!(
@@ -856,13 +841,13 @@ async fn bad_events_under_dead_letter_are_published_raw_with_the_error() {
         relay.log_text()
     );
     let (goods, bads) = write_every_bad_case(&mut client).await;
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order", DEAD_LETTERS],
-        goods.len() + bads.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka
+        .collect(
+            &["order", DEAD_LETTERS],
+            goods.len() + bads.len(),
+            Duration::from_secs(60),
+        )
+        .await;
     check_goods(&goods, &records);
     let last = goods.last().unwrap().point.end_lsn;
     assert!(
@@ -935,8 +920,10 @@ async fn bad_events_under_dead_letter_are_published_raw_with_the_error() {
 /// The broker refuses the bad event's produce request twice (the first time as it would refuse
 /// a whole batch, the second time when the relay sends it alone): then the policy applies.
 async fn broker_refusal(policy: &str) {
-    let kafka = MockKafka::new(1);
-    kafka.create_topic("order", 1);
+    // Mock cluster: the broker's refusal is injected, twice in a row, by the mock alone.
+    let mock = MockKafka::new(1);
+    mock.create_topic("order", 1);
+    let kafka = KafkaNs::plain(&mock.bootstrap_servers());
     let (mut client, config) = bad_rows_db(&kafka, policy).await;
     let mut relay = RelayProcess::run(&config);
     assert!(
@@ -945,9 +932,9 @@ async fn broker_refusal(policy: &str) {
         relay.log_text()
     );
     let before = good(&mut client, 1).await;
-    collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(30)).await;
+    kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
     assert!(confirmed_reaches(&client, &config.slot, before.point.end_lsn, Duration::from_secs(15)).await);
-    kafka.with_cluster(|c| {
+    mock.with_cluster(|c| {
         c.request_errors(
             RDKafkaApiKey::Produce,
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 2],
@@ -972,11 +959,11 @@ async fn broker_refusal(policy: &str) {
                 "{log}"
             );
             assert!(confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0) < bad.point.end_lsn);
-            let records = collect(&kafka.bootstrap_servers(), &topics, 3, Duration::from_secs(3)).await;
+            let records = kafka.collect(&topics, 3, Duration::from_secs(3)).await;
             check_goods(&[before], &records);
         }
         "skip" => {
-            let records = collect(&kafka.bootstrap_servers(), &topics, 2, Duration::from_secs(30)).await;
+            let records = kafka.collect(&topics, 2, Duration::from_secs(30)).await;
             check_goods(&[before, after.clone()], &records);
             assert!(
                 relay.log_text().contains(&format!("id={} ", bad.id)),
@@ -985,7 +972,7 @@ async fn broker_refusal(policy: &str) {
             );
         }
         _ => {
-            let records = collect(&kafka.bootstrap_servers(), &topics, 3, Duration::from_secs(30)).await;
+            let records = kafka.collect(&topics, 3, Duration::from_secs(30)).await;
             check_goods(&[before, after.clone()], &records);
             let letter = records.iter().find(|r| r.topic == DEAD_LETTERS).expect("a dead letter");
             assert_eq!(id_of(letter), bad.id);
@@ -1011,12 +998,98 @@ async fn broker_refused_record_goes_through_every_policy() {
     }
 }
 
+/// The real broker's own refusal: topic `order` made with `max.message.bytes = 20000` (real
+/// clusters set it per topic, below the client's `message.max.bytes`), and one event above it.
+/// The broker answers MESSAGE_TOO_LARGE; the relay sends the suspect alone, is refused again,
+/// and the policy applies: `fail` stops naming the event with nothing of it confirmed, `skip`
+/// goes on, `dead-letter` publishes the raw row (cut to fit) to the dead-letter topic.
+async fn topic_limit_refusal(policy: &str) {
+    const TOPIC_LIMIT: usize = 20_000;
+    let Some(kafka) = shared_kafka().await else { return };
+    let cluster = crate::harness::kafka_real::shared_cluster()
+        .await
+        .expect("shared Kafka");
+    let limit = TOPIC_LIMIT.to_string();
+    cluster
+        .create_topic_with(&kafka.topic("order"), 1, &[("max.message.bytes", &limit)])
+        .await;
+    let (mut client, config) = bad_rows_db(&kafka, policy).await;
+    let mut relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let before = good(&mut client, 1).await;
+    kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
+    assert!(confirmed_reaches(&client, &config.slot, before.point.end_lsn, Duration::from_secs(15)).await);
+    // Above the topic's limit, well below the client's (MAX_MESSAGE): only the broker refuses.
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(TOPIC_LIMIT + 5_000));
+    let bad = insert_row(&mut client, Some(GOOD_KEY), Some("order.placed"), Some(&big)).await;
+    let after = good(&mut client, 3).await;
+    let topics = ["order", DEAD_LETTERS];
+    match policy {
+        "fail" => {
+            let status = relay.wait_exit(Duration::from_secs(60)).await;
+            let log = relay.log_text();
+            assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+            assert!(log.contains(&format!("id={}", bad.id)), "{log}");
+            assert!(
+                log.to_lowercase().contains("too large") || log.contains("MessageSizeTooLarge"),
+                "the error names the cause: {log}"
+            );
+            assert!(confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0) < bad.point.end_lsn);
+            let records = kafka.collect(&topics, 3, Duration::from_secs(3)).await;
+            check_goods(&[before], &records);
+        }
+        "skip" => {
+            let records = kafka.collect(&topics, 2, Duration::from_secs(60)).await;
+            check_goods(&[before, after.clone()], &records);
+            let log = relay.log_text();
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("skipped a bad outbox event") && l.contains(&format!("id={} ", bad.id))),
+                "{log}"
+            );
+        }
+        _ => {
+            let records = kafka.collect(&topics, 3, Duration::from_secs(60)).await;
+            check_goods(&[before, after.clone()], &records);
+            let letter = records.iter().find(|r| r.topic == DEAD_LETTERS).expect("a dead letter");
+            assert_eq!(id_of(letter), bad.id);
+            // The dead-letter topic has the broker's default limit: the raw row goes there whole.
+            let row: serde_json::Value = serde_json::from_slice(letter.payload.as_deref().unwrap()).unwrap();
+            assert_eq!(row["payload"].as_str(), bad.payload.as_deref());
+            let error = String::from_utf8_lossy(letter.header("outbox-relay-error").unwrap_or_default()).into_owned();
+            assert!(error.contains("too large") || error.contains("TooLarge"), "{error}");
+        }
+    }
+    if policy != "fail" {
+        assert!(confirmed_reaches(&client, &config.slot, after.point.end_lsn, Duration::from_secs(30)).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn record_above_the_topics_max_message_bytes_goes_through_every_policy() {
+    let tasks: Vec<_> = ["fail", "skip", "dead-letter"]
+        .iter()
+        .map(|p| (*p, tokio::spawn(topic_limit_refusal(p))))
+        .collect();
+    for (policy, task) in tasks {
+        if let Err(e) = task.await {
+            panic!("policy {policy}: {e}");
+        }
+    }
+}
+
 /// One refusal of a whole batch: every event in it is a suspect, each is sent alone, each is
 /// accepted — none is skipped although the policy is `skip`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn innocent_batch_mates_of_a_refused_batch_are_delivered() {
-    let kafka = MockKafka::new(1);
-    kafka.create_topic("order", 1);
+    // Mock cluster: one refusal of a whole batch, injected by the mock alone.
+    let mock = MockKafka::new(1);
+    mock.create_topic("order", 1);
+    let kafka = KafkaNs::plain(&mock.bootstrap_servers());
     let (mut client, config) = bad_rows_db(&kafka, "skip").await;
     let relay = RelayProcess::run(&config);
     assert!(
@@ -1025,9 +1098,9 @@ async fn innocent_batch_mates_of_a_refused_batch_are_delivered() {
         relay.log_text()
     );
     let warm = good(&mut client, 0).await;
-    collect(&kafka.bootstrap_servers(), &["order"], 1, Duration::from_secs(30)).await;
+    kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
     assert!(confirmed_reaches(&client, &config.slot, warm.point.end_lsn, Duration::from_secs(15)).await);
-    kafka.with_cluster(|c| {
+    mock.with_cluster(|c| {
         c.request_errors(
             RDKafkaApiKey::Produce,
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
@@ -1055,7 +1128,7 @@ async fn innocent_batch_mates_of_a_refused_batch_are_delivered() {
         });
     }
     tx.commit().await.unwrap();
-    let records = collect(&kafka.bootstrap_servers(), &["order"], 6, Duration::from_secs(30)).await;
+    let records = kafka.collect(&["order"], 6, Duration::from_secs(30)).await;
     let ids: HashSet<String> = records.iter().map(id_of).collect();
     for w in &batch {
         assert!(
