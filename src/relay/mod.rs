@@ -224,7 +224,7 @@ async fn supervise(
                 }
                 if ctx.broker.stalled() && e.is_delivery_failure() {
                     // Part of the broker outage the log already reports (`outage.rs`).
-                    ctx.broker.session_restarted();
+                    ctx.broker.session_restarted(e.to_string());
                     info!(slot = %settings.postgres.slot, error = %e, retry_in_ms = delay.as_millis() as u64, "restarting the session during the broker outage");
                 } else {
                     ctx.reconnects

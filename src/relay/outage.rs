@@ -45,6 +45,9 @@ enum BrokerState {
         since: Instant,
         next_summary: Instant,
         sessions_restarted: u32,
+        /// Why the last session ended (a delivery the cluster failed, in its words): the
+        /// summaries name it when the new session's client has no complaint of its own yet.
+        last_failure: Option<String>,
     },
 }
 
@@ -99,10 +102,16 @@ impl BrokerWatch {
         }
     }
 
-    /// A session ended during the outage (its replay follows).
-    pub(crate) fn session_restarted(&mut self) {
-        if let BrokerState::Stalled { sessions_restarted, .. } = &mut self.state {
+    /// A session ended during the outage with `failure` (its replay follows).
+    pub(crate) fn session_restarted(&mut self, failure: String) {
+        if let BrokerState::Stalled {
+            sessions_restarted,
+            last_failure,
+            ..
+        } = &mut self.state
+        {
             *sessions_restarted += 1;
+            *last_failure = Some(failure);
         }
     }
 
@@ -131,12 +140,14 @@ impl BrokerWatch {
                     since: self.last_progress,
                     next_summary: now + SUMMARY_EVERY,
                     sessions_restarted: 0,
+                    last_failure: None,
                 };
             }
             BrokerState::Stalled {
                 since,
                 next_summary,
                 sessions_restarted,
+                last_failure,
             } => {
                 if now < *next_summary {
                     return;
@@ -148,7 +159,10 @@ impl BrokerWatch {
                     waiting_events = waiting.events,
                     waiting_bytes = waiting.bytes,
                     sessions_restarted = *sessions_restarted,
-                    cause = complaint.as_deref().unwrap_or("no acknowledgement"),
+                    cause = complaint
+                        .as_deref()
+                        .or(last_failure.as_deref())
+                        .unwrap_or("no acknowledgement"),
                     "{sink} still acknowledges nothing, for {} s now: {}; nothing is lost",
                     now.duration_since(*since).as_secs(),
                     describe(waiting)
@@ -259,7 +273,7 @@ mod tests {
         assert!(!w.stalled(), "4 s since the last quiet tick is not an outage yet");
         w.tick(t0 + Duration::from_secs(5), &waiting(3), "Kafka", None);
         assert!(w.stalled());
-        w.session_restarted();
+        w.session_restarted("delivery failed".to_owned());
         // The replay's session has nothing in flight yet: still the same outage.
         w.tick(t0 + Duration::from_secs(7), &waiting(0), "Kafka", None);
         assert!(w.stalled());

@@ -263,6 +263,9 @@ async fn stream(
                     retained_wal_bytes: ctx.health.retained_wal_bytes(),
                 };
                 ctx.broker.tick(std::time::Instant::now(), &waiting, broker, state.publisher.complaint());
+                if let Some(fatal) = state.publisher.verdict() {
+                    return Err(RelayError::Sink(fatal));
+                }
                 if show_fence(&mut fence, state, &ctx.health) {
                     ctx.predecessor = Predecessor::None;
                 }

@@ -169,7 +169,7 @@ pub(crate) type Completions<Tag> = mpsc::UnboundedReceiver<Completion<Tag>>;
 pub(crate) type SinkWithCompletions<Tag> = (Box<dyn Sink<Tag>>, Completions<Tag>);
 
 /// The sink could not be created, or its broker not prepared or checked.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{sink}: {cause}")]
 pub struct SinkError {
     /// The broker's name for people: "Kafka", "NATS JetStream", …
@@ -223,6 +223,14 @@ pub(crate) trait Sink<Tag>: Send + Sync {
     /// The broker's or client's latest complaint about the connection (e.g. "all brokers are
     /// down"), for the outage summary (`relay/outage.rs`); `None` when it has none to offer.
     fn complaint(&self) -> Option<String> {
+        None
+    }
+
+    /// The client's own word that waiting cannot help: the broker refused the credentials, its
+    /// TLS certificate is not trusted, a bootstrap host does not resolve. The session then ends
+    /// with this error (not transient: an operator must fix the configuration), nothing
+    /// confirmed past what was acknowledged. `None` while the broker may still answer.
+    fn verdict(&self) -> Option<SinkError> {
         None
     }
 }

@@ -8,12 +8,15 @@
 //! outage summary.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::{debug, warn};
+
+use crate::sink::SinkError;
 
 /// The same message is repeated at WARN at most this often.
 const REPEAT_AFTER: Duration = Duration::from_secs(60);
@@ -24,6 +27,13 @@ const REMEMBERED: usize = 256;
 #[derive(Debug, Default)]
 pub(crate) struct ClientLog {
     last_error: Mutex<Option<String>>,
+    /// The first global error that no retry can mend ([`ClientLog::verdict`]).
+    fatal: Mutex<Option<SinkError>>,
+    /// A broker acknowledged a record of this client (a host that fails to resolve later is
+    /// then a stale bootstrap entry or a DNS hiccup, not a configuration that never worked).
+    acknowledged: AtomicBool,
+    /// librdkafka said every broker is down.
+    all_down: AtomicBool,
     warned: Mutex<HashMap<String, Instant>>,
 }
 
@@ -47,6 +57,45 @@ impl ClientLog {
         if let Ok(mut last) = self.last_error.lock() {
             *last = Some(format!("{error}: {reason}"));
         }
+        let code = error.rdkafka_error_code();
+        if code == Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.all_down.store(true, Ordering::Relaxed);
+        }
+        if let Some(cause) = code.and_then(|c| fatal_cause(c, reason)) {
+            if let Ok(mut fatal) = self.fatal.lock() {
+                fatal.get_or_insert(SinkError {
+                    sink: "Kafka",
+                    cause,
+                    transient: false,
+                });
+            }
+        }
+    }
+
+    /// A delivery failed for a reason the cluster gave: the latest complaint from now on.
+    pub(crate) fn note(&self, cause: &str) {
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = Some(cause.to_owned());
+        }
+    }
+
+    /// A delivery was acknowledged: the connection settings work.
+    pub(crate) fn acknowledged(&self) {
+        if !self.acknowledged.load(Ordering::Relaxed) {
+            self.acknowledged.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The cluster refused the credentials, its certificate is not trusted, or (before any
+    /// broker ever acknowledged and with every broker down) a bootstrap host does not resolve:
+    /// what an operator must fix, said with the keys to look at (`Sink::verdict`).
+    pub(crate) fn verdict(&self) -> Option<SinkError> {
+        let fatal = self.fatal.lock().ok()?.clone()?;
+        let resolve = fatal.cause.starts_with(UNRESOLVED);
+        if resolve && (self.acknowledged.load(Ordering::Relaxed) || !self.all_down.load(Ordering::Relaxed)) {
+            return None;
+        }
+        Some(fatal)
     }
 
     /// The latest global error (for `Sink::complaint`).
@@ -70,6 +119,34 @@ impl ClientLog {
         }
         warned.insert(message.to_owned(), now);
         true
+    }
+}
+
+const UNRESOLVED: &str = "a bootstrap host does not resolve";
+
+/// What an operator must fix, for the global errors that waiting cannot mend; `None` for the
+/// rest (a broker down, a connection refused or reset: the relay waits for the broker).
+fn fatal_cause(code: RDKafkaErrorCode, reason: &str) -> Option<String> {
+    match code {
+        RDKafkaErrorCode::Authentication => Some(format!(
+            "the cluster refused the relay's credentials ({reason}). Check sasl.mechanism, sasl.username and \
+             the password (sasl.password, e.g. from OUTBOX_RELAY__KAFKA__SASL_PASSWORD), and that the user \
+             exists on the cluster for that mechanism"
+        )),
+        RDKafkaErrorCode::SSL => Some(format!(
+            "the TLS handshake with the cluster failed ({reason}). {}",
+            if reason.contains("certificate verify failed") || reason.contains("verify") {
+                "The broker's certificate is not signed by a CA the relay trusts: point ssl.ca.location at the \
+                 CA that signed it (and check ssl.endpoint.identification.algorithm for the host name)"
+            } else {
+                "Check security.protocol (SSL or SASL_SSL against a TLS listener), ssl.ca.location and the \
+                 client certificate settings"
+            }
+        )),
+        RDKafkaErrorCode::Resolve => Some(format!(
+            "{UNRESOLVED} ({reason}). Check bootstrap.servers for a typo, and the relay's DNS"
+        )),
+        _ => None,
     }
 }
 

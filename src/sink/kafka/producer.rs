@@ -79,7 +79,10 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
 
     fn delivery(&self, result: &DeliveryResult<'_>, tag: Self::DeliveryOpaque) {
         let outcome = match result {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.log.acknowledged();
+                Ok(())
+            }
             Err((error, msg)) => Err(failure(
                 error,
                 msg.topic(),
@@ -92,6 +95,13 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
                 }),
             )),
         };
+        // What the cluster said last is what the outage summary names (a topic that does not
+        // exist, an ACL that denies it), rather than "no acknowledgement".
+        if let Err(f) = &outcome {
+            if f.kind == FailureKind::Transient {
+                self.log.note(&f.cause);
+            }
+        }
         // The receiver is gone only while the relay abandons this producer; nothing to do then.
         match &outcome {
             // Later records of the key are not produced until the caller decided about this
@@ -125,7 +135,31 @@ pub(crate) fn failure(
         destination: topic.to_owned(),
         partition,
         event_id,
-        cause: error.to_string(),
+        cause: explain(error, topic),
+    }
+}
+
+/// librdkafka's words, and for what an operator fixes on the cluster, what to do.
+fn explain(error: &KafkaError, topic: &str) -> String {
+    match error.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition) => format!(
+            "{error}: topic \"{topic}\" does not exist and the cluster does not create topics on first use \
+             (auto.create.topics.enable = false). Create it (kafka-topics.sh --create --topic {topic} \
+             --partitions N --replication-factor 3): the relay retries until it exists and confirms nothing past \
+             this event meanwhile"
+        ),
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed) => format!(
+            "{error}: the cluster's ACLs do not let the relay's principal write to topic \"{topic}\". Grant it \
+             WRITE and DESCRIBE on the topic (kafka-acls.sh --add --allow-principal User:<relay user> \
+             --operation Write --operation Describe --topic {topic}); the relay retries meanwhile and confirms \
+             nothing past it"
+        ),
+        Some(RDKafkaErrorCode::ClusterAuthorizationFailed) => format!(
+            "{error}: the cluster's ACLs deny the relay's principal IDEMPOTENT_WRITE on the cluster (brokers \
+             before Kafka 3.0 need it for the idempotent producer): grant it (kafka-acls.sh --add \
+             --allow-principal User:<relay user> --operation IdempotentWrite --cluster)"
+        ),
+        _ => error.to_string(),
     }
 }
 
@@ -257,6 +291,10 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
 
     fn complaint(&self) -> Option<String> {
         self.producer.context().log.last_error()
+    }
+
+    fn verdict(&self) -> Option<SinkError> {
+        self.producer.context().log.verdict()
     }
 }
 

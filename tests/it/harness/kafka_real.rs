@@ -249,6 +249,7 @@ impl KafkaCluster {
             fs::write(&key, &s.key_pem).expect("write broker key");
             lines.extend([
                 "sasl.enabled.mechanisms=SCRAM-SHA-512".to_string(),
+                "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;".to_string(),
                 "ssl.keystore.type=PEM".to_string(),
                 format!("ssl.keystore.certificate.chain={}", pem_one_line(&s.cert_pem)),
                 format!("ssl.keystore.key={}", pem_one_line(&s.key_pem)),

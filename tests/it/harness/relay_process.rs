@@ -359,13 +359,27 @@ impl Drop for RelayProcess {
     }
 }
 
+/// In the `env` of [`RelayProcess::run_with`] / [`run_cmd_with`]: not a variable, but "run
+/// the relay where no DNS server is configured" — a mount namespace of its own with an empty
+/// `/etc/resolv.conf` (glibc then asks 127.0.0.1:53, where nothing answers), so a test of an
+/// unknown host sends no query off the machine. Needs root and `unshare` (CI has both).
+pub const NO_DNS: &str = "outbox-relay-test:no-dns";
+
 fn relay_command(env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(RELAY_BIN);
+    let mut cmd = if env.iter().any(|(k, _)| *k == NO_DNS) {
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(r#"mount --bind /dev/null /etc/resolv.conf && exec "$0" "$@""#)
+            .arg(RELAY_BIN);
+        c
+    } else {
+        Command::new(RELAY_BIN)
+    };
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
     cmd.env("NO_COLOR", "1");
-    for (k, v) in env {
+    for (k, v) in env.iter().filter(|(k, _)| *k != NO_DNS) {
         cmd.env(k, v);
     }
     cmd
