@@ -8,8 +8,8 @@ use crate::harness::tls::pg_connector;
 use crate::harness::workload::{insert_event, new_uuid};
 use crate::harness::{
     collect, collect_with, confirmed_flush_lsn, create_schema, current_wal_lsn, insert_multi_row, insert_rolled_back,
-    parse_lsn, produce, run_workload, shared_cluster, slot_row, unique_name, wait_until, MockKafka, OutboxSchema,
-    PgCluster, RelayConfig, Tansu, Workload, SCRAM_USER,
+    parse_lsn, produce, run_workload, shared_cluster, shared_kafka, slot_row, unique_name, wait_until, ClusterSpec,
+    KafkaCluster, MockKafka, OutboxSchema, PgCluster, RelayConfig, Workload, SCRAM_USER,
 };
 
 #[tokio::test]
@@ -226,20 +226,24 @@ async fn harness_mock_kafka_brokers_down_and_up() {
 }
 
 #[tokio::test]
-async fn harness_tansu_round_trip() {
-    let Some(tansu) = Tansu::start().await else {
+async fn harness_real_kafka_round_trip_in_a_namespace() {
+    let Some(kafka) = shared_kafka().await else {
         return;
     };
-    let bootstrap = tansu.bootstrap_servers();
-    let topic = unique_name("tansu");
-    tansu.create_topic(&topic, 3).await;
+    kafka.create_topic("smoke", 3).await;
+    let topic = kafka.topic("smoke");
+    let bootstrap = kafka.bootstrap_servers();
     produce(&bootstrap, &topic, Some(b"k"), b"{\"a\":1}", &[("id", b"1")]).await;
-    let got = collect(&bootstrap, &[&topic], 1, Duration::from_secs(30)).await;
-    assert_eq!(got.len(), 1, "tansu log:\n{}", tansu.log_text());
+    let got = kafka.collect(&["smoke"], 1, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].topic, "smoke", "read back without the namespace prefix");
     assert_eq!(got[0].key_str(), Some("k"));
     assert_eq!(got[0].payload_str(), Some("{\"a\":1}"));
     assert_eq!(got[0].header("id"), Some(&b"1"[..]));
     assert_eq!(metadata_partitions(&bootstrap, &topic).await, 3);
+    // Another namespace on the same broker sees nothing of it.
+    let other = shared_kafka().await.unwrap();
+    assert!(other.collect(&["smoke"], 1, Duration::from_secs(2)).await.is_empty());
 }
 
 #[tokio::test]
@@ -325,19 +329,35 @@ fn harness_external_url_rewriting() {
 }
 
 #[tokio::test]
-async fn harness_tansu_does_not_auto_create_topics() {
-    // The harness docs (and tests using tansu) rely on this: create topics first.
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let Some(tansu) = Tansu::start().await else {
+async fn harness_real_kafka_broker_killed_and_restarted_keeps_its_data() {
+    let Some(cluster) = KafkaCluster::start(ClusterSpec::single().prop("auto.create.topics.enable", "false")).await
+    else {
         return;
     };
-    let topic = unique_name("no_auto");
+    let kafka = cluster.own_ns();
+    kafka.create_topic("t", 1).await;
+    let bootstrap = kafka.bootstrap_servers();
+    produce(&bootstrap, &kafka.topic("t"), None, b"before", &[]).await;
+    cluster.kill(1);
+    assert!(!cluster.running(1));
+    cluster.restart(1).await;
+    produce(&bootstrap, &kafka.topic("t"), None, b"after", &[]).await;
+    let got = kafka.collect(&["t"], 2, Duration::from_secs(30)).await;
+    let payloads: Vec<_> = got.iter().filter_map(|r| r.payload_str()).collect();
+    assert_eq!(payloads, ["before", "after"]);
+    // auto.create.topics.enable = false holds: a produce to an unknown topic fails.
+    use rdkafka::producer::{FutureProducer, FutureRecord};
     let producer: FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", tansu.bootstrap_servers())
-        .set("message.timeout.ms", "2000")
+        .set("bootstrap.servers", &bootstrap)
+        .set("message.timeout.ms", "3000")
         .create()
         .unwrap();
-    let rec = FutureRecord::<[u8], [u8]>::to(&topic).payload(b"x");
-    let res = producer.send(rec, Duration::from_secs(5)).await;
-    assert!(res.is_err(), "tansu auto-created {topic}; update harness docs");
+    let missing = kafka.topic("missing");
+    let res = producer
+        .send(
+            FutureRecord::<[u8], [u8]>::to(&missing).payload(b"x"),
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(res.is_err(), "{missing} was auto-created");
 }

@@ -1,7 +1,7 @@
 //! Reading back what was published (and writing single records for harness tests).
 //!
 //! The consumer assigns partitions itself (no consumer-group join): the mock cluster
-//! delays every group join by 3 s and tansu's group support is not what is under test.
+//! delays every group join by 3 s, and a test's reader must not depend on group rebalances.
 //! Topics and partitions are re-discovered every [`REFRESH`], so topics created while
 //! collecting are picked up. Records are de-duplicated by (topic, partition, offset) only,
 //! which drops client-side re-deliveries but never hides a duplicate the relay produced

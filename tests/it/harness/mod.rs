@@ -43,10 +43,6 @@
 //!   brokers, RF 3, `min.insync.replicas = 2`, one test at a time) and [`KafkaCluster::start`]
 //!   for a cluster of a test's own. The suites that prove the Kafka path use these; the
 //!   mock cluster stays where a fault can be injected nowhere else.
-//! * [`Tansu`]: the standalone `tansu` broker (memory storage) when installed
-//!   (`scripts/install-tansu.sh`); `Tansu::start()` returns `None` with a loud message
-//!   otherwise. tansu does NOT auto-create topics: call [`Tansu::create_topic`] (admin API)
-//!   before producing.
 //! * [`collect`] / [`collect_matching`] / [`collect_with`]: read what was published;
 //!   [`produce`]: write one record.
 //!
@@ -94,7 +90,6 @@ pub mod rabbitmq;
 pub mod redis;
 pub mod relay_process;
 pub mod scrape;
-pub mod tansu;
 pub mod tls;
 pub mod util;
 pub mod workload;
@@ -112,7 +107,6 @@ pub use postgres::{
 pub use relay_process::{
     prepared, prepared_ns, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN,
 };
-pub use tansu::Tansu;
 pub use util::{free_port, unique_name, wait_until};
 pub use workload::{
     create_schema, create_schema_a, create_schema_b, insert_multi_row, insert_rolled_back, run_workload, Committed,
