@@ -227,7 +227,10 @@ async fn a_killed_demo_still_leaves_no_postgres_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_uses_a_given_broker_and_counts_only_its_own_events() {
-    let kafka = crate::harness::MockKafka::new(1);
+    // A real Apache Kafka broker of its own (the demo writes the fixed topic order.placed).
+    let Some(kafka) = crate::harness::KafkaCluster::start(crate::harness::ClusterSpec::single()).await else {
+        return;
+    };
     let bootstrap = kafka.bootstrap_servers();
     // The topic already holds a record from "an earlier run": it must count neither as published
     // nor as consumed.
