@@ -48,7 +48,8 @@ async fn assert_not_confirmed(client: &Client, slot: &str, point: &CommitPoint, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_routed_topic_that_does_not_exist_is_named_with_the_fix_and_nothing_is_confirmed() {
     // Shipped defaults throughout: the broker answers UNKNOWN_TOPIC_OR_PARTITION, librdkafka
-    // retries it until message.timeout.ms (the relay's 30 s) and the session replays.
+    // fails the records after its topic.metadata.propagation.max.ms (30 s) and the session
+    // replays.
     let Some(cluster) = KafkaCluster::start(ClusterSpec::single().prop("auto.create.topics.enable", "false")).await
     else {
         return;
