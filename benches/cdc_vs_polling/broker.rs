@@ -1,5 +1,7 @@
-//! The Kafka side of the benchmark: librdkafka's in-process mock cluster (default), a tansu
-//! broker (`--broker tansu`, when installed), or any external cluster (`--broker HOST:PORT`).
+//! The Kafka side of the benchmark: librdkafka's in-process mock cluster (default), a real
+//! Apache Kafka broker the benchmark starts (`--broker kafka`: one KRaft node from the jars
+//! `scripts/install-kafka.sh` installs, data in a temp dir), a tansu broker (`--broker tansu`,
+//! when installed), or any external cluster (`--broker HOST:PORT`).
 //!
 //! The mock cluster lives in this process, so its CPU is never counted as the relay's. It acks
 //! `acks=all` produce requests as soon as it appended them (replication is instant), which makes
@@ -33,6 +35,12 @@ pub enum Broker {
         child: Child,
         bootstrap: String,
     },
+    /// Apache Kafka: one combined broker+controller, its log and data in `dir`.
+    Kafka {
+        child: Child,
+        bootstrap: String,
+        _dir: tempfile::TempDir,
+    },
     External {
         bootstrap: String,
     },
@@ -47,6 +55,7 @@ impl Broker {
         match kind {
             "mock" => Broker::mock(),
             "tansu" => Broker::tansu(),
+            "kafka" => Broker::kafka(),
             bootstrap => Ok(Broker::External {
                 bootstrap: bootstrap.to_owned(),
             }),
@@ -115,6 +124,84 @@ impl Broker {
         })
     }
 
+    fn kafka() -> Result<Broker> {
+        let home = kafka_home().context(
+            "Apache Kafka is not installed; run scripts/install-kafka.sh (or set KAFKA_HOME) or use --broker mock",
+        )?;
+        let dir = tempfile::Builder::new().prefix("bench-kafka-").tempdir()?;
+        let (port, controller) = (super::pg::free_port(), super::pg::free_port());
+        let props = dir.path().join("server.properties");
+        std::fs::write(
+            &props,
+            format!(
+                "process.roles=broker,controller\nnode.id=1\ncontroller.quorum.voters=1@127.0.0.1:{controller}\n\
+                 controller.listener.names=CONTROLLER\n\
+                 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
+                 advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+                 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+                 log.dirs={}\noffsets.topic.replication.factor=1\ntransaction.state.log.replication.factor=1\n\
+                 transaction.state.log.min.isr=1\noffsets.topic.num.partitions=4\n\
+                 group.initial.rebalance.delay.ms=0\nnum.partitions=4\n",
+                dir.path().join("data").display()
+            ),
+        )?;
+        let classpath = format!("{}/libs/*", home.display());
+        let log4j = format!(
+            "-Dlog4j2.configurationFile={}",
+            home.join("log4j2.properties").display()
+        );
+        let id = Command::new("java")
+            .args(["-cp", &classpath, "kafka.tools.StorageTool", "random-uuid"])
+            .output()?;
+        let id = String::from_utf8_lossy(&id.stdout).trim().to_owned();
+        let format = Command::new("java")
+            .args([
+                &log4j,
+                "-cp",
+                &classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                &id,
+                "-c",
+            ])
+            .arg(&props)
+            .output()?;
+        if !format.status.success() {
+            bail!(
+                "formatting the Kafka storage: {}",
+                String::from_utf8_lossy(&format.stderr)
+            );
+        }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("kafka.log"))?;
+        // A production-like heap; the broker's CPU is measured as the broker's, not the relay's.
+        let child = Command::new("java")
+            .args(["-Xmx1g", "-Xms1g", &log4j, "-cp", &classpath, "kafka.Kafka"])
+            .arg(&props)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() >= deadline {
+                bail!(
+                    "Kafka did not listen on port {port} within 90 s; log in {}",
+                    dir.path().display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(Broker::Kafka {
+            child,
+            bootstrap: format!("127.0.0.1:{port}"),
+            _dir: dir,
+        })
+    }
+
     /// librdkafka's mock cluster (Kafka's Java clients need `MockKafkaAgent` against it).
     pub fn is_mock(&self) -> bool {
         matches!(self, Broker::Mock { .. })
@@ -122,9 +209,10 @@ impl Broker {
 
     pub fn bootstrap(&self) -> &str {
         match self {
-            Broker::Mock { bootstrap, .. } | Broker::Tansu { bootstrap, .. } | Broker::External { bootstrap } => {
-                bootstrap
-            }
+            Broker::Mock { bootstrap, .. }
+            | Broker::Tansu { bootstrap, .. }
+            | Broker::Kafka { bootstrap, .. }
+            | Broker::External { bootstrap } => bootstrap,
         }
     }
 
@@ -134,6 +222,9 @@ impl Broker {
                 format!("librdkafka mock cluster ({MOCK_BROKERS} brokers, in the benchmark process)")
             }
             Broker::Tansu { .. } => "tansu (memory storage, one broker)".into(),
+            Broker::Kafka { .. } => {
+                "Apache Kafka 4.3 (one KRaft broker on loopback, started by the benchmark; replication factor 1)".into()
+            }
             Broker::External { bootstrap } => format!("external cluster at {bootstrap}"),
         }
     }
@@ -157,7 +248,7 @@ impl Broker {
                 rx.recv_timeout(Duration::from_secs(30))?
                     .map_err(|e| anyhow!("creating topic {topic}: {e}"))
             }
-            Broker::Tansu { bootstrap, .. } | Broker::External { bootstrap } => {
+            Broker::Tansu { bootstrap, .. } | Broker::Kafka { bootstrap, .. } | Broker::External { bootstrap } => {
                 let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
                     .set("bootstrap.servers", bootstrap.as_str())
                     .create()?;
@@ -188,13 +279,25 @@ impl Drop for Broker {
                     let _ = t.join();
                 }
             }
-            Broker::Tansu { child, .. } => {
+            Broker::Tansu { child, .. } | Broker::Kafka { child, .. } => {
                 let _ = child.kill();
                 let _ = child.wait();
             }
             Broker::External { .. } => {}
         }
     }
+}
+
+/// `$KAFKA_HOME`, else where scripts/install-kafka.sh puts Kafka (the harness's version).
+fn kafka_home() -> Option<PathBuf> {
+    if let Some(h) = std::env::var_os("KAFKA_HOME") {
+        return Some(PathBuf::from(h));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let dir = cache.join("outbox-relay").join("kafka-4.3.1");
+    dir.join("libs").is_dir().then_some(dir)
 }
 
 fn find_tansu() -> Option<PathBuf> {

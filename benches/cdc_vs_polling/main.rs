@@ -3,7 +3,7 @@
 //! the streaming relay into each broker it supports.
 //!
 //! ```text
-//! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT]
+//! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT]
 //!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR]
 //!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
 //!     [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]
@@ -134,7 +134,7 @@ const BATCHED_DRAIN_TXN: u64 = 1_000;
 /// Debezium's warm-up at least this long: a JVM compiles its hot paths in the first seconds.
 const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
-const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|tansu|HOST:PORT] \
+const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT] \
                      [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
                      --only TEXT[,TEXT…]: runs whose label contains one of them, e.g. --only \"CDC at 1000/s,CDC +\" for \
                      the tracing rows beside their baseline; the tracing rows (CDC + traceparent / OTLP 100 % / OTLP 1 % at \
