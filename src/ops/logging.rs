@@ -5,7 +5,8 @@
 //! to do). The broker clients' own log lines say the same thing again in the client's terms — a
 //! refused RabbitMQ login arrived as lapin's `io_loop: Connection closed …` and `Connection
 //! error …` ERROR lines before the relay's own message — so they count as DEBUG: shown only when
-//! the relay logs at DEBUG or finer. librdkafka's are routed to DEBUG by its log callback
+//! the relay logs at DEBUG or finer, whether the level comes from `--log-level` or `RUST_LOG`
+//! (which may name a client's target to choose otherwise). librdkafka's are routed to DEBUG by its log callback
 //! (`src/sink/kafka/logs.rs`), which keeps what it calls critical at WARN.
 
 use tracing_subscriber::filter::LevelFilter;
@@ -23,24 +24,47 @@ pub(crate) enum LogFormat {
 
 /// The filter for `--log-level` when `RUST_LOG` is unset.
 fn default_filter(default_level: &str) -> String {
-    // A level finer than INFO lets the clients' lines through (at that level); anything else,
-    // including a composite `--log-level` directive, keeps them out.
-    let clients = match default_level.trim().parse::<LevelFilter>() {
-        Ok(level) if level >= LevelFilter::DEBUG => level.to_string().to_lowercase(),
+    with_client_directives(&format!("{default_level},rdkafka=warn,librdkafka=warn"))
+}
+
+/// `filter` with the broker clients' targets at its own level when that is DEBUG or finer and
+/// off otherwise — except a target `filter` names itself, which is the operator's choice. Also
+/// applied to `RUST_LOG` (`RUST_LOG=info` is a common setting, and the clients' lines were the
+/// problem there too; `RUST_LOG=info,lapin=debug` shows them).
+fn with_client_directives(filter: &str) -> String {
+    let directives: Vec<&str> = filter.split(',').map(str::trim).collect();
+    // The bare level (`info` in `info,outbox_relay=debug`); none, or a composite one, keeps the
+    // clients out.
+    let level = directives.iter().find(|d| !d.contains('=') && !d.is_empty());
+    let clients = match level.map(|l| l.parse::<LevelFilter>()) {
+        Some(Ok(level)) if level >= LevelFilter::DEBUG => level.to_string().to_lowercase(),
         _ => "off".to_owned(),
     };
-    let mut filter = format!("{default_level},rdkafka=warn,librdkafka=warn");
+    let names = |target: &str| {
+        // Exact names only: EnvFilter lets a more specific directive (`lapin::io_loop=debug`)
+        // win over the `lapin=off` added beside it.
+        directives.iter().any(|d| d.split(['=', '[']).next() == Some(target))
+    };
+    let mut out = filter.to_owned();
     for target in CLIENT_TARGETS {
-        filter.push_str(&format!(",{target}={clients}"));
+        if !names(target) {
+            out.push_str(&format!(",{target}={clients}"));
+        }
     }
     // lapin logs every message RabbitMQ returns (unroutable), body included: the relay reports
     // those as bad events itself, without the payload — never shown, even at DEBUG.
-    filter.push_str(",lapin::returned_messages=error");
-    filter
+    if !names("lapin::returned_messages") {
+        out.push_str(",lapin::returned_messages=error");
+    }
+    out
 }
 
 pub(crate) fn init(format: LogFormat, default_level: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter(default_level)));
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(operator) if !operator.trim().is_empty() => EnvFilter::try_new(with_client_directives(&operator))
+            .unwrap_or_else(|_| EnvFilter::new(default_filter(default_level))),
+        _ => EnvFilter::new(default_filter(default_level)),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -103,6 +127,18 @@ mod tests {
         for text in [&info, &debug, &written("trace")] {
             assert!(!text.contains("with its body"), "{text}");
         }
+    }
+
+    #[test]
+    fn rust_log_keeps_the_clients_out_unless_it_names_them() {
+        assert!(with_client_directives("info").contains(",lapin=off"));
+        assert!(with_client_directives("debug").contains(",lapin=debug"));
+        let named = with_client_directives("info,lapin=debug");
+        assert!(!named.contains("lapin=off"), "{named}");
+        assert!(named.contains(",async_nats=off"), "{named}");
+        let returned = with_client_directives("warn,lapin::returned_messages=trace");
+        assert!(!returned.contains("lapin::returned_messages=error"), "{returned}");
+        assert!(returned.contains(",lapin=off"), "{returned}");
     }
 
     #[test]
