@@ -1,6 +1,5 @@
 //! The files around the code stay true to it: every key of the example config is in
-//! docs/configuration.md (with its environment variable), every source file is in
-//! docs/architecture.md's table and every `src/` path it names exists, the Kubernetes manifests and the
+//! docs/configuration.md (with its environment variable), the Kubernetes manifests and the
 //! compose file parse and wire up what the relay really serves and exports, and the compose
 //! stack's SQL and config work against a real database.
 
@@ -82,79 +81,6 @@ fn every_example_config_key_is_documented_with_its_environment_variable() {
         }
     }
     assert!(missing.is_empty(), "docs/configuration.md lacks: {missing:?}");
-}
-
-/// Every `.rs` file under `dir`, as a repository path (`src/relay/outage.rs`).
-fn source_files(dir: &Path, out: &mut Vec<String>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            source_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            let relative = path.strip_prefix(repo("")).expect("under the repository");
-            out.push(relative.to_string_lossy().into_owned());
-        }
-    }
-}
-
-/// Whether docs/architecture.md names `file`: by its path, or by its backticked name on a line
-/// that names its folder (a row of the Files table, `src/relay/` … `outage.rs` …).
-fn names_file(doc: &str, file: &str) -> bool {
-    let (folder, name) = file.rsplit_once('/').expect("a path under src/");
-    doc.contains(file)
-        || doc
-            .lines()
-            .any(|line| line.contains(&format!("`{folder}/`")) && line.contains(&format!("`{name}`")))
-}
-
-/// The `src/…` paths docs/architecture.md names (files and folders).
-fn src_paths_in(doc: &str) -> BTreeSet<String> {
-    let mut paths = BTreeSet::new();
-    let mut rest = doc;
-    while let Some(i) = rest.find("src/") {
-        // Only a path's start: not `tests/it/…src/…` or the middle of a word.
-        let preceded_by_word = rest[..i]
-            .chars()
-            .next_back()
-            .is_some_and(|c| c.is_alphanumeric() || c == '/' || c == '_');
-        let tail = &rest[i..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '/' || c == '.'))
-            .unwrap_or(tail.len());
-        let path = tail[..end].trim_end_matches('.');
-        if !preceded_by_word && (path.ends_with(".rs") || path.ends_with('/')) {
-            paths.insert(path.to_owned());
-        }
-        rest = &tail[end.max(4)..];
-    }
-    paths
-}
-
-#[test]
-fn architecture_doc_names_every_source_file_and_no_missing_one() {
-    let doc = read("docs/architecture.md");
-    let mut files = Vec::new();
-    source_files(&repo("src"), &mut files);
-    assert!(files.len() > 100, "found too few source files: {files:?}");
-    // Unit-test files beside the code they test are the only ones the page leaves out.
-    let missing: Vec<&String> = files
-        .iter()
-        .filter(|f| !f.ends_with("/tests.rs") && !names_file(&doc, f))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "docs/architecture.md does not name these files (add each to its folder's row of the Files table): {missing:?}"
-    );
-    let named = src_paths_in(&doc);
-    assert!(
-        named.len() > 30,
-        "found too few src/ paths in docs/architecture.md: {named:?}"
-    );
-    let stale: Vec<&String> = named.iter().filter(|p| !repo(p).exists()).collect();
-    assert!(
-        stale.is_empty(),
-        "docs/architecture.md names paths that do not exist: {stale:?}"
-    );
 }
 
 /// Metric names the relay exports (the constants in src/ops/metrics.rs).
