@@ -18,6 +18,10 @@ pub enum ControlError {
     #[error(transparent)]
     Refused(#[from] crate::sink::StartRefusal),
 
+    /// `[tracing]`'s exporter cannot be built, as `run` would find (in its words).
+    #[error(transparent)]
+    Tracing(#[from] crate::ops::tracing_export::ExporterError),
+
     /// `[retention]` does not fit an outbox table: retention would stop at its first run.
     #[error(transparent)]
     Retention(#[from] crate::retention::RetentionError),

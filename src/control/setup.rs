@@ -127,9 +127,20 @@ impl SetupReport {
     }
 }
 
+/// What `run` refuses from the configuration alone, before it connects to anything: the sink's
+/// refusals (`crate::sink::refusal`, the very function `run` calls) and a `[tracing]` exporter
+/// that cannot be built (the check `run`'s start makes). The same errors, so the same words.
+pub(crate) fn refuse_as_run(settings: &Settings) -> Result<(), ControlError> {
+    crate::sink::refusal::refusal(settings)?;
+    if let Some(tracing) = &settings.tracing {
+        crate::ops::tracing_export::check(tracing)?;
+    }
+    Ok(())
+}
+
 /// Checks the server and the outbox table, then creates what is missing. Safe to repeat.
 pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
-    crate::sink::refusal::refusal(settings)?;
+    refuse_as_run(settings)?;
     let client = connect(settings).await?;
     let preflight = super::preflight(&client, settings).await?;
     let retention = crate::retention::check(&client, settings).await?;
@@ -204,7 +215,7 @@ impl fmt::Display for CheckReport {
 /// only for what an operator must fix (credentials, permissions, a missing stream); a broker
 /// that does not answer now is reported and passes, as `run` retries it.
 pub async fn check(settings: &Settings) -> Result<CheckReport, ControlError> {
-    crate::sink::refusal::refusal(settings)?;
+    refuse_as_run(settings)?;
     let client = connect(settings).await?;
     let preflight = super::preflight(&client, settings).await?;
     let retention = crate::retention::check(&client, settings).await?;

@@ -54,6 +54,9 @@ pub(crate) fn refusal(settings: &Settings) -> Result<(), PollError> {
             policy: settings.relay.on_bad_event.label(),
         });
     }
+    if let Some(tracing) = &settings.tracing {
+        crate::ops::tracing_export::check(tracing).map_err(|e| PollError::Tracing(e.to_string()))?;
+    }
     Ok(())
 }
 

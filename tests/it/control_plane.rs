@@ -756,17 +756,21 @@ async fn run_with_a_wrong_password_exits_at_once_naming_authentication() {
 
 // ------------------------------------------------------------------ what `run` refuses, and [retention]
 
-/// The name of each refusal `run` makes from the configuration alone. Exhaustive on purpose: a
-/// new refusal does not compile until it is named here, and it must then be in
-/// [`REFUSAL_KINDS`] and provoked by a case of the test below.
-fn refusal_kind(refusal: &StartRefusal) -> &'static str {
-    match refusal {
-        StartRefusal::DeadLetterName { .. } => "dead-letter name",
-        StartRefusal::ExactlyOnceUnsupported { .. } => "exactly-once unsupported",
+/// The name of each refusal `run` makes from the configuration alone, as `setup` returns it.
+/// Exhaustive over [`StartRefusal`] on purpose: a new refusal does not compile until it is named
+/// here, and it must then be in [`REFUSAL_KINDS`] and provoked by a case of the test below.
+fn refusal_kind(error: &ControlError) -> &'static str {
+    match error {
+        ControlError::Refused(refusal) => match refusal {
+            StartRefusal::DeadLetterName { .. } => "dead-letter name",
+            StartRefusal::ExactlyOnceUnsupported { .. } => "exactly-once unsupported",
+        },
+        ControlError::Tracing(_) => "tracing exporter",
+        other => panic!("not one of run's refusals: {other:?}"),
     }
 }
 
-const REFUSAL_KINDS: [&str; 2] = ["dead-letter name", "exactly-once unsupported"];
+const REFUSAL_KINDS: [&str; 3] = ["dead-letter name", "exactly-once unsupported", "tracing exporter"];
 
 fn settings_of(config: &RelayConfig) -> Settings {
     Settings::from_toml_str(&config.render(), Path::new("test.toml"), std::iter::empty())
@@ -795,19 +799,21 @@ async fn setup_and_its_check_refuse_what_run_refuses_in_the_same_words() {
             .sink("nats", &[("url", "nats://127.0.0.1:4222"), ("stream", "OUTBOX")])
             .set("relay", "on_bad_event", "dead-letter")
             .set("relay", "dead_letter_topic", "dead.*"),
+        // The config takes any http:// URL; the exporter `run` builds refuses this one.
+        RelayConfig::new(&url, "127.0.0.1:9").set("tracing", "otlp_endpoint", "http://no spaces in hosts:4318"),
     ];
     let mut provoked = Vec::new();
     for config in &cases {
         let settings = settings_of(config);
         let refusal = match control::setup(&settings).await {
-            Err(ControlError::Refused(r)) => r,
-            other => panic!("setup should have refused {}: {other:?}", config.render()),
+            Err(e) => e,
+            Ok(report) => panic!("setup should have refused {}:\n{report}", config.render()),
         };
         provoked.push(refusal_kind(&refusal));
         let message = refusal.to_string();
         match control::check(&settings).await {
-            Err(ControlError::Refused(r)) => assert_eq!(r, refusal),
-            other => panic!("setup --check should have refused: {other:?}"),
+            Err(e) => assert_eq!(e.to_string(), message),
+            Ok(report) => panic!("setup --check should have refused:\n{report}"),
         }
         for args in [&["run"][..], &["setup"], &["setup", "--check"]] {
             let out = run_cmd(args, config).await;

@@ -123,8 +123,8 @@ pub(crate) async fn setup_with_backfill(
     settings: &Settings,
     selection: Selection<'_>,
 ) -> Result<BackfillReport, BackfillError> {
-    // What `run` would refuse, refused before anything is created (`src/sink/refusal.rs`).
-    crate::sink::refusal::refusal(settings).map_err(ControlError::from)?;
+    // What `run` would refuse, refused before anything is created.
+    super::setup::refuse_as_run(settings)?;
     let client = connect(settings).await?;
     let before = preflight(&client, settings).await?;
     let retention = crate::retention::check(&client, settings)
