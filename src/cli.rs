@@ -65,6 +65,12 @@ pub(crate) enum Command {
         /// dispatched_column> IS NULL`, if missing.
         #[arg(long, conflicts_with = "backfill")]
         poll: bool,
+        /// A dry run: make every check setup makes — what `run` would refuse, the database and
+        /// the outbox tables, [retention] against each table, the sink's reachability — and
+        /// create or change nothing. Exits 1 on the first problem, with the message setup or
+        /// `run` would print. See docs/configuration.md, "Checking a configuration".
+        #[arg(long, conflicts_with_all = ["backfill", "poll"])]
+        check: bool,
     },
     /// Stream outbox inserts to Kafka until SIGINT/SIGTERM.
     Run,
@@ -105,6 +111,7 @@ enum Configured {
         poll: bool,
         since_id: Option<i64>,
         since: Option<String>,
+        check: bool,
     },
     Run,
     Poll,
@@ -136,11 +143,13 @@ pub fn main() -> ExitCode {
             poll,
             since_id,
             since,
+            check,
         } => Configured::Setup {
             backfill,
             poll,
             since_id,
             since,
+            check,
         },
         Command::Run => Configured::Run,
         Command::Poll => Configured::Poll,
@@ -175,6 +184,7 @@ pub fn main() -> ExitCode {
 
 async fn dispatch(command: Configured, settings: Settings) -> ExitCode {
     match command {
+        Configured::Setup { check: true, .. } => report(control::check(&settings).await.map(|r| r.to_string())),
         Configured::Setup { poll: true, .. } => {
             report(crate::poll::setup::setup(&settings).await.map(|r| r.to_string()))
         }

@@ -239,7 +239,8 @@ fn duration(key: &'static str, text: &str, min: Duration, max: Duration) -> Resu
     Ok(d)
 }
 
-fn show(d: Duration) -> String {
+/// A duration as the config writes it: `604800 s` as `7d`.
+pub(crate) fn show(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
         _ if ms % 86_400_000 == 0 => format!("{}d", ms / 86_400_000),

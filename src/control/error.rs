@@ -14,6 +14,18 @@ pub enum ControlError {
     #[error("{0}")]
     Sink(#[from] crate::sink::SinkError),
 
+    /// A configuration `run` refuses too, in `run`'s words (`src/sink/refusal.rs`).
+    #[error(transparent)]
+    Refused(#[from] crate::sink::StartRefusal),
+
+    /// `[tracing]`'s exporter cannot be built, as `run` would find (in its words).
+    #[error(transparent)]
+    Tracing(#[from] crate::ops::tracing_export::ExporterError),
+
+    /// `[retention]` does not fit an outbox table: retention would stop at its first run.
+    #[error(transparent)]
+    Retention(#[from] crate::retention::RetentionError),
+
     #[error("{context}: {}", describe(.source))]
     Query {
         context: String,

@@ -50,11 +50,12 @@ pub(crate) mod status_health;
 pub(crate) mod status_tables;
 pub(crate) mod teardown;
 
+pub use crate::sink::StartRefusal;
 pub(crate) use backfill::setup_with_backfill;
 pub(crate) use error::describe;
 pub use error::ControlError;
 pub(crate) use preflight::preflight;
-pub use setup::{setup, PublicationOutcome, SetupReport, SlotOutcome};
+pub use setup::{check, setup, CheckReport, PublicationOutcome, SetupReport, SlotOutcome};
 pub use status::{
     status, FailoverStatus, OutboxTableStatus, PublicationStatus, ServerStatus, SlotStatus, StandbyStatus,
     StatusReport, TableRef, STATUS_SCHEMA_VERSION,

@@ -20,6 +20,11 @@
 //! is used as it is, with a note saying how to narrow it; one that hides what the relay needs (a
 //! column list without a mapped column, no inserts) is an error with the statement to run. A slot
 //! is never repaired or recreated (see [`super`]); an existing one must be a pgoutput slot.
+//!
+//! Before anything is connected to or created, setup refuses what `run` would refuse, with the
+//! same message (`crate::sink::refusal`), and it checks `[retention]` against every outbox table
+//! (`crate::retention::check`) before it changes anything. [`check`] (`setup --check`) makes the
+//! same checks and changes nothing: a deploy pipeline's dry run.
 
 use std::fmt;
 
@@ -43,6 +48,8 @@ pub struct SetupReport {
     pub notices: Vec<String>,
     /// What setup did or found on the sink's side (a stream, an exchange).
     pub sink: Vec<String>,
+    /// What setup found of `[retention]`, one line per outbox table (empty: not configured).
+    pub retention: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +117,9 @@ impl SetupReport {
         for line in &self.sink {
             writeln!(f, "sink: {line}")?;
         }
+        for line in &self.retention {
+            writeln!(f, "retention: {line}")?;
+        }
         for notice in &self.notices {
             writeln!(f, "notice: {notice}")?;
         }
@@ -117,10 +127,23 @@ impl SetupReport {
     }
 }
 
+/// What `run` refuses from the configuration alone, before it connects to anything: the sink's
+/// refusals (`crate::sink::refusal`, the very function `run` calls) and a `[tracing]` exporter
+/// that cannot be built (the check `run`'s start makes). The same errors, so the same words.
+pub(crate) fn refuse_as_run(settings: &Settings) -> Result<(), ControlError> {
+    crate::sink::refusal::refusal(settings)?;
+    if let Some(tracing) = &settings.tracing {
+        crate::ops::tracing_export::check(tracing)?;
+    }
+    Ok(())
+}
+
 /// Checks the server and the outbox table, then creates what is missing. Safe to repeat.
 pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
+    refuse_as_run(settings)?;
     let client = connect(settings).await?;
     let preflight = super::preflight(&client, settings).await?;
+    let retention = crate::retention::check(&client, settings).await?;
     let mut notices = Vec::new();
     let publication = ensure_publication(&client, &preflight, &mut notices).await?;
     let slot = ensure_slot(&client, &preflight).await?;
@@ -139,6 +162,72 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
         slot,
         notices,
         sink,
+        retention,
+    })
+}
+
+/// What `setup --check` found: everything setup checks, with nothing created or changed.
+#[derive(Debug, Clone)]
+pub struct CheckReport {
+    pub preflight: PreflightReport,
+    /// The sink as `status` probes it (reachable, and how it looks), or why it is not reachable
+    /// now (a broker that is down is no configuration problem: `run` waits for it).
+    pub sink: String,
+    /// As in [`SetupReport::retention`].
+    pub retention: Vec<String>,
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        super::display_lines(f, |f| {
+            use fmt::Write as _;
+            writeln!(f, "{}", self.preflight)?;
+            let publication = &self.preflight.publication_name;
+            match &self.preflight.publication {
+                None => writeln!(f, "publication {publication}: missing; setup would create it")?,
+                Some(p) if !p.missing_tables.is_empty() => writeln!(
+                    f,
+                    "publication {publication}: exists without {}; setup would add them",
+                    table_list(p.missing_tables.iter().map(|t| &t.name))
+                )?,
+                Some(_) => writeln!(f, "publication {publication}: exists")?,
+            }
+            let slot = &self.preflight.slot_name;
+            match &self.preflight.slot {
+                None => writeln!(f, "slot {slot}: missing; setup would create it")?,
+                Some(s) => match s.confirmed_flush_lsn {
+                    Some(lsn) => writeln!(f, "slot {slot}: exists (confirmed up to {lsn})")?,
+                    None => writeln!(f, "slot {slot}: exists")?,
+                },
+            }
+            writeln!(f, "sink: {}", self.sink)?;
+            for line in &self.retention {
+                writeln!(f, "retention: {line}")?;
+            }
+            writeln!(f, "check passed: nothing was created or changed")
+        })
+    }
+}
+
+/// `setup --check`: the refusals `run` makes, preflight, `[retention]` against every outbox
+/// table and the sink — every check `setup` makes, creating nothing. A configuration this
+/// passes, `setup` and `run` start with (barring changes in between). The sink fails the check
+/// only for what an operator must fix (credentials, permissions, a missing stream); a broker
+/// that does not answer now is reported and passes, as `run` retries it.
+pub async fn check(settings: &Settings) -> Result<CheckReport, ControlError> {
+    refuse_as_run(settings)?;
+    let client = connect(settings).await?;
+    let preflight = super::preflight(&client, settings).await?;
+    let retention = crate::retention::check(&client, settings).await?;
+    let sink = match crate::sink::probe(settings).await {
+        Ok(found) => found,
+        Err(e) if e.transient => format!("not reachable now ({e}); `run` waits for it"),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(CheckReport {
+        preflight,
+        sink,
+        retention,
     })
 }
 

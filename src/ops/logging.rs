@@ -1,7 +1,20 @@
 //! Log output: human text (default) or one JSON object per line, always on stderr so that
 //! `status --json` on stdout stays machine-readable. `RUST_LOG` overrides the level filter.
+//!
+//! Invariant: the operator reads each failure once, in the relay's words (what failed and what
+//! to do). The broker clients' own log lines say the same thing again in the client's terms — a
+//! refused RabbitMQ login arrived as lapin's `io_loop: Connection closed …` and `Connection
+//! error …` ERROR lines before the relay's own message — so they count as DEBUG: shown only when
+//! the relay logs at DEBUG or finer, whether the level comes from `--log-level` or `RUST_LOG`
+//! (which may name a client's target to choose otherwise). librdkafka's are routed to DEBUG by its log callback
+//! (`src/sink/kafka/logs.rs`), which keeps what it calls critical at WARN.
 
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::EnvFilter;
+
+/// The broker clients that log through `tracing` on their own (the tracing targets of
+/// lapin, async-nats and redis), and whose failures the relay reports itself.
+const CLIENT_TARGETS: &[&str] = &["lapin", "async_nats", "redis"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum LogFormat {
@@ -9,14 +22,49 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// The filter for `--log-level` when `RUST_LOG` is unset.
+fn default_filter(default_level: &str) -> String {
+    with_client_directives(&format!("{default_level},rdkafka=warn,librdkafka=warn"))
+}
+
+/// `filter` with the broker clients' targets at its own level when that is DEBUG or finer and
+/// off otherwise — except a target `filter` names itself, which is the operator's choice. Also
+/// applied to `RUST_LOG` (`RUST_LOG=info` is a common setting, and the clients' lines were the
+/// problem there too; `RUST_LOG=info,lapin=debug` shows them).
+fn with_client_directives(filter: &str) -> String {
+    let directives: Vec<&str> = filter.split(',').map(str::trim).collect();
+    // The bare level (`info` in `info,outbox_relay=debug`); none, or a composite one, keeps the
+    // clients out.
+    let level = directives.iter().find(|d| !d.contains('=') && !d.is_empty());
+    let clients = match level.map(|l| l.parse::<LevelFilter>()) {
+        Some(Ok(level)) if level >= LevelFilter::DEBUG => level.to_string().to_lowercase(),
+        _ => "off".to_owned(),
+    };
+    let names = |target: &str| {
+        // Exact names only: EnvFilter lets a more specific directive (`lapin::io_loop=debug`)
+        // win over the `lapin=off` added beside it.
+        directives.iter().any(|d| d.split(['=', '[']).next() == Some(target))
+    };
+    let mut out = filter.to_owned();
+    for target in CLIENT_TARGETS {
+        if !names(target) {
+            out.push_str(&format!(",{target}={clients}"));
+        }
+    }
+    // lapin logs every message RabbitMQ returns (unroutable), body included: the relay reports
+    // those as bad events itself, without the payload — never shown, even at DEBUG.
+    if !names("lapin::returned_messages") {
+        out.push_str(",lapin::returned_messages=error");
+    }
+    out
+}
+
 pub(crate) fn init(format: LogFormat, default_level: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(format!(
-            // lapin logs every message RabbitMQ returns (unroutable), body included: the relay
-            // reports those as bad events itself, without the payload.
-            "{default_level},rdkafka=warn,librdkafka=warn,lapin::returned_messages=error"
-        ))
-    });
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(operator) if !operator.trim().is_empty() => EnvFilter::try_new(with_client_directives(&operator))
+            .unwrap_or_else(|_| EnvFilter::new(default_filter(default_level))),
+        _ => EnvFilter::new(default_filter(default_level)),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -25,4 +73,78 @@ pub(crate) fn init(format: LogFormat, default_level: &str) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What a subscriber with `default_filter(level)` writes for a lapin ERROR (as lapin logs a
+    /// refused login), a relay ERROR and a returned message.
+    fn written(level: &str) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(EnvFilter::new(default_filter(level)))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(target: "lapin::channels", "Connection error");
+            tracing::error!(target: "async_nats::connector", "authorization violation");
+            tracing::error!(target: "outbox_relay::cli", "RabbitMQ refused the login");
+            tracing::warn!(target: "lapin::returned_messages", "returned message with its body");
+        });
+        let text = buffer.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        String::from_utf8(text).unwrap_or_default()
+    }
+
+    #[test]
+    fn broker_clients_own_errors_are_shown_only_at_debug() {
+        let info = written("info");
+        assert!(info.contains("RabbitMQ refused the login"), "{info}");
+        assert!(!info.contains("Connection error"), "{info}");
+        assert!(!info.contains("authorization violation"), "{info}");
+        let debug = written("debug");
+        assert!(debug.contains("Connection error"), "{debug}");
+        assert!(debug.contains("authorization violation"), "{debug}");
+        for text in [&info, &debug, &written("trace")] {
+            assert!(!text.contains("with its body"), "{text}");
+        }
+    }
+
+    #[test]
+    fn rust_log_keeps_the_clients_out_unless_it_names_them() {
+        assert!(with_client_directives("info").contains(",lapin=off"));
+        assert!(with_client_directives("debug").contains(",lapin=debug"));
+        let named = with_client_directives("info,lapin=debug");
+        assert!(!named.contains("lapin=off"), "{named}");
+        assert!(named.contains(",async_nats=off"), "{named}");
+        let returned = with_client_directives("warn,lapin::returned_messages=trace");
+        assert!(!returned.contains("lapin::returned_messages=error"), "{returned}");
+        assert!(returned.contains(",lapin=off"), "{returned}");
+    }
+
+    #[test]
+    fn a_composite_log_level_keeps_the_clients_out() {
+        let filter = default_filter("info,outbox_relay=debug");
+        assert!(filter.contains(",lapin=off"), "{filter}");
+        assert!(filter.starts_with("info,outbox_relay=debug,"), "{filter}");
+    }
 }

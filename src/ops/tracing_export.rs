@@ -32,7 +32,7 @@ use crate::ops::metrics::{SPANS_DROPPED, SPANS_EXPORTED, SPAN_EXPORT_ERRORS};
 /// The exporter could not be built from the settings.
 #[derive(Debug, thiserror::Error)]
 #[error("[tracing] cannot start the OTLP {protocol} exporter for {url}: {cause}. Check tracing.otlp_endpoint")]
-pub(crate) struct ExporterError {
+pub struct ExporterError {
     protocol: &'static str,
     url: String,
     cause: String,
@@ -275,8 +275,13 @@ impl ExportTask {
     }
 }
 
-/// Builds the OTLP exporter and spawns its task on the current runtime.
-pub(crate) fn start(settings: &TracingSettings) -> Result<(Tracer, ExportTask), ExporterError> {
+/// The OTLP exporter `settings` describe, built and dropped: `setup` and `setup --check` refuse
+/// what [`start`] would (the same error, so the same words as `run`'s).
+pub(crate) fn check(settings: &TracingSettings) -> Result<(), ExporterError> {
+    exporter(settings).map(drop)
+}
+
+fn exporter(settings: &TracingSettings) -> Result<opentelemetry_otlp::SpanExporter, ExporterError> {
     let url = settings.export_url();
     let built = match settings.protocol {
         OtlpProtocol::HttpProtobuf => {
@@ -297,11 +302,16 @@ pub(crate) fn start(settings: &TracingSettings) -> Result<(Tracer, ExportTask), 
                 .build()
         }
     };
-    let mut exporter = built.map_err(|e| ExporterError {
+    built.map_err(|e| ExporterError {
         protocol: settings.protocol.label(),
-        url: url.clone(),
+        url,
         cause: e.to_string(),
-    })?;
+    })
+}
+
+/// Builds the OTLP exporter and spawns its task on the current runtime.
+pub(crate) fn start(settings: &TracingSettings) -> Result<(Tracer, ExportTask), ExporterError> {
+    let mut exporter = exporter(settings)?;
     exporter.set_resource(
         &Resource::builder_empty()
             .with_service_name(settings.service_name.clone())
@@ -379,6 +389,25 @@ async fn export_loop(exporter: impl SpanExporter, mut spans: mpsc::Receiver<Ende
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn check_refuses_an_endpoint_the_exporter_cannot_use_as_start_would() {
+        for protocol in ["http/protobuf", "grpc"] {
+            let tracing = |endpoint: &str| {
+                crate::config::test_support::settings(&format!(
+                    "[tracing]\notlp_endpoint = \"{endpoint}\"\nprotocol = \"{protocol}\"\n"
+                ))
+                .tracing
+                .expect("[tracing] configured")
+            };
+            let bad = tracing("http://no spaces in hosts:4318");
+            let refused = check(&bad).expect_err("an unusable endpoint is refused");
+            let started = start(&bad).err().expect("start refuses it too");
+            assert_eq!(refused.to_string(), started.to_string());
+            assert!(refused.to_string().contains("Check tracing.otlp_endpoint"), "{refused}");
+            check(&tracing("http://127.0.0.1:4318")).expect("a usable endpoint passes");
+        }
+    }
 
     const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

@@ -22,7 +22,7 @@
 use std::borrow::Cow;
 
 use crate::config::cloudevents::{CloudEventsMode, CloudEventsSettings};
-use crate::outbox::event::OutboxEvent;
+use crate::config::ident::TableName;
 use crate::outbox::payload::PayloadFormat;
 use crate::sink::RecordHeader;
 
@@ -42,10 +42,30 @@ pub(crate) struct Rendered<'r> {
     pub(crate) headers: Vec<RecordHeader<'r>>,
 }
 
+/// What a CloudEvent is made of: an outbox event's values, borrowed
+/// (`crate::outbox::event::OutboxEvent::record` lends them). Its own type so this file needs
+/// nothing of `event.rs`, which calls it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Source<'r> {
+    pub(crate) id: &'r [u8],
+    pub(crate) key: &'r [u8],
+    pub(crate) route_value: &'r str,
+    pub(crate) payload: Option<&'r [u8]>,
+    pub(crate) payload_format: PayloadFormat,
+    pub(crate) timestamp_ms: Option<i64>,
+    pub(crate) commit_time_us: Option<i64>,
+    pub(crate) table: Option<&'r TableName>,
+    pub(crate) headers: &'r [RecordHeader<'r>],
+    pub(crate) traceparent: Option<&'r [u8]>,
+    pub(crate) tracestate: Option<&'r [u8]>,
+    /// In `CloudEventsSettings::extensions` order (`None` = NULL: left out).
+    pub(crate) extensions: &'r [Option<Cow<'r, [u8]>>],
+}
+
 /// `event` as a CloudEvent under `ce`.
-pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings) -> Rendered<'r> {
-    let source = ce.source_of(event.table.as_deref());
-    let content_type = content_type(event, ce);
+pub(crate) fn render<'r>(event: Source<'r>, ce: &'r CloudEventsSettings) -> Rendered<'r> {
+    let source = ce.source_of(event.table);
+    let content_type = content_type(&event, ce);
     let time = event
         .timestamp_ms
         .map(|ms| ms.saturating_mul(1000))
@@ -54,20 +74,20 @@ pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings
     let extensions = ce
         .extensions
         .iter()
-        .zip(&event.extensions)
+        .zip(event.extensions)
         .filter_map(|(ext, value)| value.as_deref().map(|v| (ext, v)));
     match ce.mode {
         CloudEventsMode::Binary => {
             let mut headers: Vec<RecordHeader<'r>> = Vec::with_capacity(9 + ce.extensions.len() + event.headers.len());
             let mut put = |name: &'r str, value: Cow<'r, [u8]>| headers.push((Cow::Borrowed(name), Some(value)));
             put("ce_specversion", Cow::Borrowed(SPEC_VERSION.as_bytes()));
-            put("ce_id", Cow::Borrowed(&event.id));
+            put("ce_id", Cow::Borrowed(event.id));
             put("ce_source", Cow::Borrowed(source.as_bytes()));
             put("ce_type", Cow::Borrowed(event.route_value.as_bytes()));
             if let Some(time) = time {
                 put("ce_time", Cow::Owned(time.into_bytes()));
             }
-            put("ce_subject", Cow::Borrowed(&event.key));
+            put("ce_subject", Cow::Borrowed(event.key));
             put(
                 "content-type",
                 match content_type {
@@ -78,26 +98,26 @@ pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings
             for (ext, value) in extensions {
                 put(&ext.header, Cow::Borrowed(value));
             }
-            if let Some(tp) = &event.traceparent {
+            if let Some(tp) = event.traceparent {
                 put("ce_traceparent", Cow::Borrowed(tp));
-                if let Some(ts) = &event.tracestate {
+                if let Some(ts) = event.tracestate {
                     put("ce_tracestate", Cow::Borrowed(ts));
                 }
             }
             headers.extend(event.headers.iter().cloned());
             Rendered {
-                value: event.payload.as_deref().map(Cow::Borrowed),
+                value: event.payload.map(Cow::Borrowed),
                 headers,
             }
         }
         CloudEventsMode::Structured => {
-            let payload_len = event.payload.as_ref().map_or(0, |p| p.len());
+            let payload_len = event.payload.map_or(0, <[u8]>::len);
             let mut out = Vec::with_capacity(256 + payload_len * 4 / 3);
             out.extend_from_slice(b"{\"specversion\":\"1.0\"");
-            field(&mut out, "id", &event.id);
+            field(&mut out, "id", event.id);
             field(&mut out, "source", source.as_bytes());
             field(&mut out, "type", event.route_value.as_bytes());
-            field(&mut out, "subject", &event.key);
+            field(&mut out, "subject", event.key);
             if let Some(time) = &time {
                 field(&mut out, "time", time.as_bytes());
             }
@@ -105,13 +125,13 @@ pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings
             for (ext, value) in extensions {
                 field(&mut out, &ext.name, value);
             }
-            if let Some(tp) = &event.traceparent {
+            if let Some(tp) = event.traceparent {
                 field(&mut out, "traceparent", tp);
-                if let Some(ts) = &event.tracestate {
+                if let Some(ts) = event.tracestate {
                     field(&mut out, "tracestate", ts);
                 }
             }
-            if let Some(payload) = event.payload.as_deref() {
+            if let Some(payload) = event.payload {
                 if is_json_type(&content_type) && is_json(payload) {
                     out.extend_from_slice(b",\"data\":");
                     out.extend_from_slice(payload);
@@ -129,9 +149,9 @@ pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings
                 Cow::Borrowed("content-type"),
                 Some(Cow::Borrowed(STRUCTURED_CONTENT_TYPE.as_bytes())),
             ));
-            if let Some(tp) = &event.traceparent {
+            if let Some(tp) = event.traceparent {
                 headers.push((Cow::Borrowed("traceparent"), Some(Cow::Borrowed(tp))));
-                if let Some(ts) = &event.tracestate {
+                if let Some(ts) = event.tracestate {
                     headers.push((Cow::Borrowed("tracestate"), Some(Cow::Borrowed(ts))));
                 }
             }
@@ -147,11 +167,11 @@ pub(crate) fn render<'r>(event: &'r OutboxEvent<'_>, ce: &'r CloudEventsSettings
 /// The `datacontenttype`: configured, else from the payload — `application/octet-stream` for a
 /// `bytea` column, `application/json` for text that is JSON (json/jsonb always are), plain text
 /// otherwise.
-pub(crate) fn content_type<'r>(event: &OutboxEvent<'_>, ce: &'r CloudEventsSettings) -> Cow<'r, str> {
+pub(crate) fn content_type<'r>(event: &Source<'_>, ce: &'r CloudEventsSettings) -> Cow<'r, str> {
     if let Some(ct) = &ce.content_type {
         return Cow::Borrowed(ct);
     }
-    Cow::Borrowed(match (event.payload_format, event.payload.as_deref()) {
+    Cow::Borrowed(match (event.payload_format, event.payload) {
         (PayloadFormat::Bytea, _) => OCTET_STREAM,
         (PayloadFormat::Text, Some(p)) if is_json(p) => JSON,
         (PayloadFormat::Text, _) => TEXT,
@@ -261,204 +281,4 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-    use crate::config::test_support::settings;
-    use crate::outbox::event::RowFormat;
-
-    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    /// Extension `tenant` from column `tenant`, a trace column pair and a header column.
-    const CONFIG: &str = "[outbox]\ntimestamp_column = \"created_at\"\ntrace_column = \"tp\"\n\
-        tracestate_column = \"ts\"\nheader_columns = { h = \"x-h\" }\n";
-
-    fn settings_in(mode: &str) -> crate::config::Settings {
-        settings(&format!(
-            "{CONFIG}[cloudevents]\nmode = \"{mode}\"\nextensions = {{ tenant = \"tenant\", region = \"region\" }}\n"
-        ))
-    }
-
-    /// Column values in `OutboxMapping::columns` order: id, key, type, payload, created_at, h,
-    /// tp, ts, then the extensions by name (region, tenant).
-    fn values<'a>(payload: &'a str, tp: Option<&'a str>) -> Vec<Option<&'a str>> {
-        vec![
-            Some("42"),
-            Some("agg-1"),
-            Some("order.placed"),
-            Some(payload),
-            Some("2024-05-01 12:30:00.25+00"),
-            Some("hv"),
-            tp,
-            Some("vendor=x"),
-            None,
-            Some("acme"),
-        ]
-    }
-
-    fn event<'a>(s: &'a crate::config::Settings, values: &[Option<&'a str>], format: PayloadFormat) -> OutboxEvent<'a> {
-        let rows = RowFormat {
-            payload: format,
-            connect: None,
-        };
-        OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], values, &rows).unwrap()
-    }
-
-    fn header<'h>(headers: &'h [RecordHeader<'_>], name: &str) -> Option<&'h [u8]> {
-        headers.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.as_deref())
-    }
-
-    #[test]
-    fn structured_mode_writes_the_documented_bytes() {
-        let s = settings_in("structured");
-        let ce = s.cloudevents.as_ref().unwrap();
-        let values = values(r#"{"total": 42, "lines": ["a"]}"#, Some(TRACEPARENT));
-        let e = event(&s, &values, PayloadFormat::Text);
-        let rendered = render(&e, ce);
-        let expected = concat!(
-            r#"{"specversion":"1.0","id":"42","source":"/outbox-relay/app/public.events_outbox","#,
-            r#""type":"order.placed","subject":"agg-1","time":"2024-05-01T12:30:00.250Z","#,
-            r#""datacontenttype":"application/json","tenant":"acme","#,
-            r#""traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","#,
-            r#""tracestate":"vendor=x","data":{"total": 42, "lines": ["a"]}}"#
-        );
-        assert_eq!(
-            std::str::from_utf8(rendered.value.as_deref().unwrap()).unwrap(),
-            expected
-        );
-        let names: Vec<&str> = rendered.headers.iter().map(|(n, _)| &**n).collect();
-        assert_eq!(names, ["content-type", "traceparent", "tracestate", "x-h"]);
-        assert_eq!(
-            header(&rendered.headers, "content-type"),
-            Some(STRUCTURED_CONTENT_TYPE.as_bytes())
-        );
-        // The envelope is JSON that serde reads back to the same attributes.
-        let v: serde_json::Value = serde_json::from_slice(rendered.value.as_deref().unwrap()).unwrap();
-        assert_eq!(v["data"]["total"], 42);
-        assert!(v.get("region").is_none(), "a NULL extension column omits the attribute");
-    }
-
-    #[test]
-    fn structured_mode_writes_binary_as_base64_and_text_as_a_string() {
-        let s = settings_in("structured");
-        let ce = s.cloudevents.as_ref().unwrap();
-        let bytea = values(r"\x00ff10", None);
-        let e = event(&s, &bytea, PayloadFormat::Bytea);
-        let rendered = render(&e, ce);
-        let v: serde_json::Value = serde_json::from_slice(rendered.value.as_deref().unwrap()).unwrap();
-        assert_eq!(v["data_base64"], "AP8Q");
-        assert_eq!(v["datacontenttype"], "application/octet-stream");
-        assert!(v.get("data").is_none() && v.get("traceparent").is_none());
-        assert_eq!(header(&rendered.headers, "traceparent"), None);
-
-        let text = values("not \"json\"\n", None);
-        let e = event(&s, &text, PayloadFormat::Text);
-        let rendered = render(&e, ce);
-        let v: serde_json::Value = serde_json::from_slice(rendered.value.as_deref().unwrap()).unwrap();
-        assert_eq!(v["data"], "not \"json\"\n");
-        assert_eq!(v["datacontenttype"], "text/plain; charset=utf-8");
-    }
-
-    #[test]
-    fn binary_mode_keeps_the_payload_and_writes_ce_headers() {
-        let s = settings_in("binary");
-        let ce = s.cloudevents.as_ref().unwrap();
-        let values = values(r#"{"a":1}"#, Some("not-a-traceparent"));
-        let e = event(&s, &values, PayloadFormat::Text);
-        let rendered = render(&e, ce);
-        assert!(matches!(rendered.value, Some(Cow::Borrowed(p)) if p == br#"{"a":1}"#));
-        let pairs: Vec<(&str, &str)> = rendered
-            .headers
-            .iter()
-            .map(|(n, v)| (&**n, std::str::from_utf8(v.as_deref().unwrap()).unwrap()))
-            .collect();
-        assert_eq!(
-            pairs,
-            [
-                ("ce_specversion", "1.0"),
-                ("ce_id", "42"),
-                ("ce_source", "/outbox-relay/app/public.events_outbox"),
-                ("ce_type", "order.placed"),
-                ("ce_time", "2024-05-01T12:30:00.250Z"),
-                ("ce_subject", "agg-1"),
-                ("content-type", "application/json"),
-                ("ce_tenant", "acme"),
-                ("ce_traceparent", "not-a-traceparent"),
-                ("ce_tracestate", "vendor=x"),
-                ("x-h", "hv"),
-            ]
-        );
-    }
-
-    #[test]
-    fn time_falls_back_to_the_commit_time_and_is_omitted_without_either() {
-        let s = settings("[cloudevents]\ncontent_type = \"application/vnd.acme+json\"\n");
-        let ce = s.cloudevents.as_ref().unwrap();
-        let values = [Some("1"), Some("k"), Some("t"), Some("{}")];
-        let polled = event(&s, &values, PayloadFormat::Text);
-        let rendered = render(&polled, ce);
-        assert_eq!(header(&rendered.headers, "ce_time"), None);
-        assert_eq!(
-            header(&rendered.headers, "content-type"),
-            Some(&b"application/vnd.acme+json"[..])
-        );
-        let streamed = polled.with_commit_time(1_714_566_600_123_456);
-        let rendered = render(&streamed, ce);
-        assert_eq!(
-            header(&rendered.headers, "ce_time"),
-            Some(&b"2024-05-01T12:30:00.123456Z"[..])
-        );
-    }
-
-    #[test]
-    fn rfc3339_edges() {
-        assert_eq!(rfc3339(0).as_deref(), Some("1970-01-01T00:00:00Z"));
-        assert_eq!(rfc3339(-1).as_deref(), Some("1969-12-31T23:59:59.999999Z"));
-        assert_eq!(rfc3339(951_782_400_000_000).as_deref(), Some("2000-02-29T00:00:00Z"));
-        assert_eq!(
-            rfc3339(253_402_300_799_000_000).as_deref(),
-            Some("9999-12-31T23:59:59Z")
-        );
-        assert_eq!(rfc3339(253_402_300_800_000_000), None);
-        assert_eq!(rfc3339(i64::MIN), None);
-    }
-
-    #[test]
-    fn base64_pads() {
-        let enc = |b: &[u8]| {
-            let mut out = Vec::new();
-            base64(b, &mut out);
-            String::from_utf8(out).unwrap()
-        };
-        assert_eq!(enc(b""), "");
-        assert_eq!(enc(b"f"), "Zg==");
-        assert_eq!(enc(b"fo"), "Zm8=");
-        assert_eq!(enc(b"foobar"), "Zm9vYmFy");
-    }
-
-    proptest! {
-        #[test]
-        fn any_text_gives_a_json_envelope(id in "\\PC{0,12}", key in "(?s).{0,12}", payload in "(?s).{0,40}") {
-            let s = settings("[cloudevents]\nmode = \"structured\"\n");
-            let ce = s.cloudevents.as_ref().unwrap();
-            let values = [Some(id.as_str()), Some(key.as_str()), Some("t"), Some(payload.as_str())];
-            let e = event(&s, &values, PayloadFormat::Text);
-            let rendered = render(&e, ce);
-            let v: serde_json::Value = serde_json::from_slice(rendered.value.as_deref().unwrap()).unwrap();
-            prop_assert_eq!(v["id"].as_str(), Some(id.as_str()));
-            prop_assert_eq!(v["subject"].as_str(), Some(key.as_str()));
-            match serde_json::from_str::<serde_json::Value>(&payload) {
-                Ok(json) => prop_assert_eq!(&v["data"], &json),
-                Err(_) => prop_assert_eq!(v["data"].as_str(), Some(payload.as_str())),
-            }
-        }
-
-        #[test]
-        // The parser takes 1970 on (Kafka timestamps); earlier instants are covered by `rfc3339_edges`.
-        fn rfc3339_agrees_with_the_timestamp_parser(us in 0i64..253_402_300_799_999_999) {
-            let text = rfc3339(us).unwrap();
-            let pg = text.replace('T', " ").replace('Z', "+00");
-            prop_assert_eq!(crate::outbox::timestamp::parse_timestamp_ms(pg.as_bytes()), Some(us.div_euclid(1000)));
-        }
-    }
-}
+mod tests;

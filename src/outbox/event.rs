@@ -92,6 +92,24 @@ pub(crate) struct OutboxEvent<'a> {
 }
 
 impl<'a> OutboxEvent<'a> {
+    /// This event's values as `[cloudevents]` renders them.
+    pub(crate) fn cloud_event(&self) -> cloudevents::Source<'_> {
+        cloudevents::Source {
+            id: &self.id,
+            key: &self.key,
+            route_value: &self.route_value,
+            payload: self.payload.as_deref(),
+            payload_format: self.payload_format,
+            timestamp_ms: self.timestamp_ms,
+            commit_time_us: self.commit_time_us,
+            table: self.table.as_deref(),
+            headers: &self.headers,
+            traceparent: self.traceparent.as_deref(),
+            tracestate: self.tracestate.as_deref(),
+            extensions: &self.extensions,
+        }
+    }
+
     /// The sink's record of this event: destination routed by `router` and checked against the
     /// sink's name rule (an illegal name is [`BadEvent::Topic`]); everything else borrowed.
     ///
@@ -108,7 +126,7 @@ impl<'a> OutboxEvent<'a> {
     ) -> Result<SinkRecord<'r>, BadEvent> {
         let topic = routing::destination(&settings.router, limits, &self.route_value)?;
         if let Some(ce) = &settings.cloudevents {
-            let rendered = cloudevents::render(self, ce);
+            let rendered = cloudevents::render(self.cloud_event(), ce);
             return Ok(SinkRecord {
                 destination: topic,
                 key: Cow::Borrowed(&self.key),

@@ -103,6 +103,10 @@ pub(crate) enum PollError {
     )]
     UnsupportedBadEventPolicy { policy: &'static str },
 
+    /// `[retention]` does not fit an outbox table (`setup --poll` checks it as `setup` does).
+    #[error(transparent)]
+    Retention(#[from] crate::retention::RetentionError),
+
     #[error("{0}")]
     Sink(#[source] SinkError),
 

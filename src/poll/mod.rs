@@ -46,6 +46,20 @@ use crate::ops::retry::{wait_or_shutdown, Backoff};
 use sql::PollSql;
 use worker::Worker;
 
+/// What `poll` refuses to start with from the configuration alone; `setup --poll` calls it
+/// first too, so it refuses the same, in the same words.
+pub(crate) fn refusal(settings: &Settings) -> Result<(), PollError> {
+    if settings.relay.on_bad_event != BadEventPolicy::Fail {
+        return Err(PollError::UnsupportedBadEventPolicy {
+            policy: settings.relay.on_bad_event.label(),
+        });
+    }
+    if let Some(tracing) = &settings.tracing {
+        crate::ops::tracing_export::check(tracing).map_err(|e| PollError::Tracing(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// Publishes pending rows until `shutdown` turns true (`Ok`, after every worker finished its
 /// current batch) or a fatal error occurs (after the other workers finished theirs).
 pub(crate) async fn run(
@@ -53,11 +67,7 @@ pub(crate) async fn run(
     health: &RelayHealth,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PollError> {
-    if settings.relay.on_bad_event != BadEventPolicy::Fail {
-        return Err(PollError::UnsupportedBadEventPolicy {
-            policy: settings.relay.on_bad_event.label(),
-        });
-    }
+    refusal(settings)?;
     // Every table is checked before the first claim: a misconfigured table stops `poll` at start,
     // not after the others have run for a while.
     let mut checked = Vec::with_capacity(settings.outbox.tables.len());

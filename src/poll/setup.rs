@@ -29,6 +29,8 @@ pub(crate) struct PollSetupReport {
     pub(crate) dispatched: Ident,
     /// What setup did or found on the sink's side.
     pub(crate) sink: Vec<String>,
+    /// What setup found of `[retention]`, one line per outbox table (empty: not configured).
+    pub(crate) retention: Vec<String>,
 }
 
 /// What setup found and did for one outbox table.
@@ -79,6 +81,9 @@ impl fmt::Display for PollSetupReport {
         for line in &self.sink {
             writeln!(f, "sink: {line}")?;
         }
+        for line in &self.retention {
+            writeln!(f, "retention: {line}")?;
+        }
         write!(
             f,
             "poll mode needs no replication slot or publication; start it with `outbox-relay poll`"
@@ -89,16 +94,20 @@ impl fmt::Display for PollSetupReport {
 /// Checks every outbox table and creates its pending-rows index if no usable one exists. Safe
 /// to repeat.
 pub(crate) async fn setup(settings: &Settings) -> Result<PollSetupReport, PollError> {
+    // What `poll` would refuse, refused before anything is created.
+    super::refusal(settings)?;
     let client = crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout).await?;
     let mut tables = Vec::with_capacity(settings.outbox.tables.len());
     for outbox in &settings.outbox.tables {
         tables.push(setup_table(&client, settings, outbox).await?);
     }
+    let retention = crate::retention::check(&client, settings).await?;
     let sink = crate::sink::prepare(settings).await.map_err(PollError::Sink)?;
     Ok(PollSetupReport {
         tables,
         dispatched: settings.poll.dispatched.clone(),
         sink,
+        retention,
     })
 }
 

@@ -119,11 +119,9 @@ pub enum RelayError {
     },
     #[error("{0}")]
     Sink(#[source] SinkError),
-    #[error(
-        "relay.delivery = \"exactly-once\" is not possible with [sink] kind = \"{sink}\": {reason}. Set \
-         relay.delivery = \"at-least-once\" (consumers deduplicate on the id header)"
-    )]
-    ExactlyOnceUnsupported { sink: &'static str, reason: &'static str },
+    /// The configuration asks for what the sink cannot do (`setup` refuses it too).
+    #[error(transparent)]
+    Refused(#[from] crate::sink::StartRefusal),
     #[error("{sink} delivery failed for the transaction committed at {commit_lsn}: {failure}; replaying from the last confirmed LSN")]
     DeliveryFailed {
         sink: &'static str,
@@ -194,7 +192,7 @@ impl RelayError {
             RelayError::ReadBack(e) => e.is_transient(),
             RelayError::Paused { .. } | RelayError::NoWalPosition => true,
             RelayError::Sink(e) => e.transient,
-            RelayError::ExactlyOnceUnsupported { .. }
+            RelayError::Refused(_)
             | RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::PhysicalSlot { .. }

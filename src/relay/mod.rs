@@ -54,7 +54,6 @@ pub(crate) use session::SessionEnd;
 
 use self::slot_monitor::SlotVerdict;
 use self::standby::Standby;
-use crate::config::relay::{BadEventPolicy, Delivery as DeliveryMode};
 use crate::config::Settings;
 use crate::ops::health::{Mode, RelayHealth};
 use crate::ops::retry::{wait_or_shutdown, Backoff};
@@ -110,23 +109,8 @@ pub(crate) async fn run(
     for warning in settings.start_warnings() {
         warn!("{warning}");
     }
-    if let BadEventPolicy::DeadLetter { topic } = &settings.relay.on_bad_event {
-        (crate::sink::limits(settings).check_name)(topic).map_err(|m| {
-            RelayError::Sink(crate::sink::SinkError {
-                sink: settings.sink.broker_name(),
-                cause: format!("relay.dead_letter_topic {topic:?} is not a name this sink takes: {m}"),
-                transient: false,
-            })
-        })?;
-    }
-    if let (DeliveryMode::ExactlyOnce, crate::sink::ExactlyOnce::Unsupported(reason)) =
-        (settings.relay.delivery, crate::sink::exactly_once(settings.sink))
-    {
-        return Err(RelayError::ExactlyOnceUnsupported {
-            sink: settings.sink.label(),
-            reason,
-        });
-    }
+    // The same check `setup` and `setup --check` make first, so they refuse what this refuses.
+    crate::sink::refusal::refusal(settings)?;
     // On the main runtime: exports never compete with the stream thread's event loop.
     let tracing = settings
         .tracing

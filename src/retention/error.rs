@@ -8,7 +8,7 @@ use crate::postgres::failure::{describe_pg, is_transient_pg, pg_hint};
 use crate::postgres::slot::SlotQueryError;
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum RetentionError {
+pub enum RetentionError {
     #[error("retention cannot connect: {0}")]
     Connect(#[from] ConnectError),
     #[error("retention on {table}: {what} failed: {}{}", describe_pg(.source), hint(.source))]
@@ -35,6 +35,19 @@ pub(crate) enum RetentionError {
         table: String,
         column: String,
         found: String,
+    },
+    #[error(
+        "retention on {table} (retention.mode = \"{mode}\") needs {needs}, which role {role} lacks, so it would stop \
+         at its first run while publishing went on. {fix}"
+    )]
+    Privilege {
+        table: String,
+        mode: &'static str,
+        role: String,
+        /// What is missing, for people: "DELETE on the table".
+        needs: String,
+        /// The statement or change that grants it.
+        fix: String,
     },
     #[error(
         "retention on {table}: partition names are the table's name plus \"_p\" and 10 digits, which exceeds \
@@ -70,6 +83,7 @@ impl RetentionError {
             RetentionError::Lsn { .. } => true,
             RetentionError::NoTimestampColumn { .. }
             | RetentionError::NotPartitioned { .. }
+            | RetentionError::Privilege { .. }
             | RetentionError::PartitionNameTooLong { .. } => false,
         }
     }

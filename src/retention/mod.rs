@@ -17,6 +17,7 @@
 //! Several outbox tables: everything per table takes a [`TableName`]; [`tables`] is the one
 //! place that lists them.
 
+mod check;
 mod delete;
 mod error;
 pub(crate) mod gate;
@@ -30,7 +31,8 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 use tracing::{error, info, warn};
 
-pub(crate) use error::RetentionError;
+pub(crate) use check::check;
+pub use error::RetentionError;
 
 use self::delete::Snapshot;
 use self::gate::Gate;
@@ -287,47 +289,10 @@ impl Retention {
         if let Some(t) = self.tables.get(&key).and_then(|s| s.target.clone()) {
             return Ok(t);
         }
-        let timestamp = self.config.timestamp_column(self.settings.outbox.timestamp.as_ref());
-        let id = self.settings.outbox.id.clone();
-        let mode = self.config.mode;
-        let keep_ms = self.config.keep.as_millis();
+        // Copies: the client borrows `self` mutably. Once per table (the target is kept).
+        let (settings, config) = (self.settings.clone(), self.config.clone());
         let client = self.connect().await?;
-        let row = client
-            .query_one(
-                "SELECT (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-                          WHERE a.attrelid = $1::text::regclass AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped),
-                        (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-                          WHERE a.attrelid = $1::text::regclass AND a.attname = $3 AND a.attnum > 0 AND NOT a.attisdropped)",
-                &[&table.quoted(), &id.as_str(), &timestamp.as_str()],
-            )
-            .await
-            .map_err(RetentionError::query(table, "reading the outbox table's columns"))?;
-        let (id_type, ts_type): (Option<String>, Option<String>) = (row.get(0), row.get(1));
-        if ts_type.is_none() {
-            return Err(RetentionError::NoTimestampColumn {
-                table: table.to_string(),
-                column: timestamp.quoted(),
-            });
-        }
-        let Some(id_type) = id_type else {
-            return Err(RetentionError::NoTimestampColumn {
-                table: table.to_string(),
-                column: id.quoted(),
-            });
-        };
-        let target = Target {
-            table: table.clone(),
-            label: key.clone(),
-            id,
-            id_type,
-            timestamp,
-            keep_ms,
-            not_before_unix: None,
-        };
-        if mode == RetentionMode::Partitions {
-            partitions::check(client, &target).await?;
-            partitions::partition_name(&target, i64::from(u32::MAX))?;
-        }
+        let target = check::resolve(client, &settings, &config, table).await?;
         match record::ensure(client, table).await {
             Ok(()) => {}
             Err(e) if !self.record_failing => {

@@ -29,6 +29,7 @@ pub(crate) mod memory;
 pub(crate) mod nats;
 pub(crate) mod rabbitmq;
 pub(crate) mod redis;
+pub(crate) mod refusal;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -37,6 +38,7 @@ use tokio::sync::mpsc;
 
 use crate::config::sink::SinkKind;
 use crate::config::Settings;
+pub use refusal::StartRefusal;
 
 /// One extra header of a record: name and value (`None`: a null header).
 pub(crate) type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outbox_relay::config::Settings;
 use outbox_relay::control::{
-    self, ControlError, Dropped, PublicationOutcome, SlotOutcome, StatusReport, STATUS_SCHEMA_VERSION,
+    self, ControlError, Dropped, PublicationOutcome, SlotOutcome, StartRefusal, StatusReport, STATUS_SCHEMA_VERSION,
 };
 use tokio_postgres::Client;
 
@@ -751,6 +751,199 @@ async fn run_with_a_wrong_password_exits_at_once_naming_authentication() {
     }
     assert!(!log.contains("reconnecting"), "a wrong password was retried:\n{log}");
     assert!(!log.contains(wrong), "the password reached the log:\n{log}");
+    finish(pg, &db).await;
+}
+
+// ------------------------------------------------------------------ what `run` refuses, and [retention]
+
+/// The name of each refusal `run` makes from the configuration alone, as `setup` returns it.
+/// Exhaustive over [`StartRefusal`] on purpose: a new refusal does not compile until it is named
+/// here, and it must then be in [`REFUSAL_KINDS`] and provoked by a case of the test below.
+fn refusal_kind(error: &ControlError) -> &'static str {
+    match error {
+        ControlError::Refused(refusal) => match refusal {
+            StartRefusal::DeadLetterName { .. } => "dead-letter name",
+            StartRefusal::ExactlyOnceUnsupported { .. } => "exactly-once unsupported",
+        },
+        ControlError::Tracing(_) => "tracing exporter",
+        other => panic!("not one of run's refusals: {other:?}"),
+    }
+}
+
+const REFUSAL_KINDS: [&str; 3] = ["dead-letter name", "exactly-once unsupported", "tracing exporter"];
+
+fn settings_of(config: &RelayConfig) -> Settings {
+    Settings::from_toml_str(&config.render(), Path::new("test.toml"), std::iter::empty())
+        .unwrap_or_else(|e| panic!("config: {e}\n{}", config.render()))
+}
+
+/// Every configuration `run` refuses is refused by `setup` and `setup --check` too, with the same
+/// message, before anything is created: a deploy pipeline that runs `setup` learns it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_and_its_check_refuse_what_run_refuses_in_the_same_words() {
+    let (pg, db, admin) = fresh_db("cp_refuse").await;
+    let url = pg.url(&db);
+    let cases = [
+        // Issue 36, point 1: setup used to declare the exchange; only `run` refused.
+        RelayConfig::new(&url, "127.0.0.1:9")
+            .sink(
+                "rabbitmq",
+                &[
+                    ("url", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+                    ("exchange", &unique_name("cp_refuse_x")),
+                ],
+            )
+            .set("relay", "delivery", "exactly-once"),
+        // Kafka's names are checked when the config loads; a NATS subject only against the sink.
+        RelayConfig::new(&url, "127.0.0.1:9")
+            .sink("nats", &[("url", "nats://127.0.0.1:4222"), ("stream", "OUTBOX")])
+            .set("relay", "on_bad_event", "dead-letter")
+            .set("relay", "dead_letter_topic", "dead.*"),
+        // The config takes any http:// URL; the exporter `run` builds refuses this one.
+        RelayConfig::new(&url, "127.0.0.1:9").set("tracing", "otlp_endpoint", "http://no spaces in hosts:4318"),
+    ];
+    let mut provoked = Vec::new();
+    for config in &cases {
+        let settings = settings_of(config);
+        let refusal = match control::setup(&settings).await {
+            Err(e) => e,
+            Ok(report) => panic!("setup should have refused {}:\n{report}", config.render()),
+        };
+        provoked.push(refusal_kind(&refusal));
+        let message = refusal.to_string();
+        match control::check(&settings).await {
+            Err(e) => assert_eq!(e.to_string(), message),
+            Ok(report) => panic!("setup --check should have refused:\n{report}"),
+        }
+        for args in [&["run"][..], &["setup"], &["setup", "--check"]] {
+            let out = run_cmd(args, config).await;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(stderr.contains(&message), "{args:?} did not say {message:?}:\n{stderr}");
+        }
+        assert!(
+            slot_row(&admin, &config.slot).await.is_none(),
+            "a refused setup created the slot"
+        );
+        assert!(
+            publication_tables(&admin, &config.publication).await.is_empty(),
+            "a refused setup created the publication"
+        );
+    }
+    provoked.sort_unstable();
+    assert_eq!(provoked, REFUSAL_KINDS, "each refusal of `run` needs a case here");
+    finish(pg, &db).await;
+}
+
+/// Issue 36, point 2: `setup` checks `[retention]` against the outbox table — partitioned by
+/// the timestamp column for `partitions`, the role's privileges for either mode — refuses what
+/// would stop retention at its first run, and says what it found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_checks_retention_against_the_outbox_table() {
+    let (pg, db, admin) = fresh_db("cp_retention").await;
+    let partitions = |config: RelayConfig| {
+        config
+            .set("retention", "mode", "partitions")
+            .set("retention", "keep", "7d")
+    };
+
+    // Not partitioned at all: refused by setup and its check, nothing created.
+    let flat = partitions(RelayConfig::new(&pg.url(&db), "127.0.0.1:9"));
+    let err = expect_err(&settings_of(&flat)).await;
+    assert!(matches!(err, ControlError::Retention(_)), "{err:?}");
+    let message = err.to_string();
+    for needle in [
+        r#""public"."events_outbox" is not partitioned by range of "created_at" alone (not partitioned)"#,
+        r#"PARTITION BY RANGE ("created_at")"#,
+        r#"retention.mode = "delete""#,
+    ] {
+        assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+    let out = run_cmd(&["setup", "--check"], &flat).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&message));
+    assert!(
+        slot_row(&admin, &flat.slot).await.is_none(),
+        "a refused setup created the slot"
+    );
+
+    // Partitioned, but by another column: refused, naming what it found.
+    admin
+        .batch_execute(
+            "CREATE TABLE by_id_outbox (id bigint, aggregate_id uuid, type text, payload jsonb,
+                                        created_at timestamptz NOT NULL) PARTITION BY RANGE (id);
+             CREATE TABLE part_outbox (id bigint, aggregate_id uuid, type text, payload jsonb,
+                                       created_at timestamptz NOT NULL) PARTITION BY RANGE (created_at);
+             CREATE TABLE part_outbox_2020 PARTITION OF part_outbox FOR VALUES FROM ('2020-01-01') TO ('2100-01-01');",
+        )
+        .await
+        .unwrap();
+    let mut by_id = partitions(RelayConfig::new(&pg.url(&db), "127.0.0.1:9"));
+    by_id.table = "public.by_id_outbox".into();
+    let err = expect_err(&settings_of(&by_id)).await;
+    assert!(err.to_string().contains(r#"(strategy r, key ["id"])"#), "{err}");
+
+    // Partitioned by the timestamp column: setup goes ahead and says what it found.
+    let mut good = partitions(RelayConfig::new(&pg.url(&db), "127.0.0.1:9"));
+    good.table = "public.part_outbox".into();
+    let out = run_cmd(&["setup", "--check"], &good).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("check passed: nothing was created or changed"),
+        "{stdout}"
+    );
+    assert!(
+        slot_row(&admin, &good.slot).await.is_none(),
+        "setup --check created the slot"
+    );
+    let report = control::setup(&settings_of(&good)).await.expect("setup");
+    let text = report.to_string();
+    assert!(
+        text.contains(
+            r#"retention: "public"."part_outbox": mode partitions, partitioned by range of "created_at" (1 partitions now)"#
+        ),
+        "{text}"
+    );
+    assert!(slot_row(&admin, &good.slot).await.is_some());
+
+    // Delete mode as a role that may read the table but not delete from it: refused with the
+    // GRANT to run; once granted, setup says the role has what retention needs.
+    let (role, password) = create_role(&admin, "cp_ret_role", "REPLICATION").await;
+    let mut delete = RelayConfig::new(&url_as(&pg.url(&db), &role, &password), "127.0.0.1:9")
+        .set("retention", "mode", "delete")
+        .set("retention", "keep", "1d");
+    delete.publication = unique_name("cp_ret_pub");
+    admin
+        .batch_execute(&format!(
+            "GRANT SELECT ON events_outbox TO {role};
+             CREATE PUBLICATION {} FOR TABLE events_outbox WITH (publish = 'insert')",
+            delete.publication
+        ))
+        .await
+        .unwrap();
+    let err = expect_err(&settings_of(&delete)).await;
+    let message = err.to_string();
+    assert!(matches!(err, ControlError::Retention(_)), "{err:?}");
+    assert!(message.contains("needs DELETE on the table"), "{message}");
+    assert!(
+        message.contains(&format!(r#"GRANT DELETE ON "public"."events_outbox" TO "{role}""#)),
+        "{message}"
+    );
+    admin
+        .batch_execute(&format!("GRANT DELETE ON events_outbox TO {role}"))
+        .await
+        .unwrap();
+    let text = control::setup(&settings_of(&delete))
+        .await
+        .expect("setup once DELETE is granted")
+        .to_string();
+    assert!(
+        text.contains(&format!(
+            r#"retention: "public"."events_outbox": mode delete, deletes published rows older than 1d by "created_at"; role {role} has the privileges it needs"#
+        )),
+        "{text}"
+    );
     finish(pg, &db).await;
 }
 

@@ -220,6 +220,42 @@ fn the_architecture_page_names_only_files_that_exist() {
     );
 }
 
+/// Whether the page names `file` (`src/relay/outage.rs`): by its path, or by its backticked
+/// name on a line that names its folder (a row of the Files table: `src/relay/` … `outage.rs`).
+fn page_names_file(page: &str, file: &str) -> bool {
+    let (folder, name) = file.rsplit_once('/').expect("a path under src/");
+    page.contains(file)
+        || page
+            .lines()
+            .any(|line| line.contains(&format!("`{folder}/`")) && line.contains(&format!("`{name}`")))
+}
+
+/// The other direction: every file under `src/` is on the page (unit-test files called
+/// `tests.rs` aside), so a new file cannot go unmapped — the page's Files table lists each in
+/// its folder's row.
+#[test]
+fn the_architecture_page_names_every_source_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/architecture.md")).expect("read docs/architecture.md");
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    assert!(files.len() > 100, "found too few source files: {files:?}");
+    let missing: Vec<String> = files
+        .iter()
+        .map(|f| {
+            f.strip_prefix(root)
+                .expect("under the repository")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|f| !f.ends_with("/tests.rs") && !page_names_file(&page, f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md does not name these files (add each to its folder's row of the Files table): {missing:?}"
+    );
+}
+
 /// A sink is one folder, one config section and one line in `sink::create`, as
 /// docs/architecture.md ("Adding a sink") says: every kind `[sink] kind` accepts has exactly
 /// those, and the page lists each sink's folder.

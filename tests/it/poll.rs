@@ -349,6 +349,18 @@ async fn a_bad_row_stops_the_poller_with_its_id_and_stays_pending() {
         "{}",
         skip.log_text()
     );
+    // `setup --poll` refuses it too, in the same words, before it creates anything.
+    let setup = run_cmd(
+        &["setup", "--poll"],
+        &config.clone().set("relay", "on_bad_event", "skip"),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&setup.stderr);
+    assert_eq!(setup.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("relay.on_bad_event = \"skip\" is not supported by `poll`"),
+        "{stderr}"
+    );
     let mut relay = RelayProcess::poll(&config);
     let status = relay.wait_exit(WAIT).await.expect("the poller stops on a bad row");
     assert_eq!(status.code(), Some(1), "{}", relay.log_text());

@@ -371,3 +371,32 @@ async fn sink_rabbitmq_broker_stopped_30s_and_restarted_loses_nothing() {
     fx.clean().await;
     node.stop().await;
 }
+
+/// Issue 36, point 3: a wrong password reaches the operator once, in the relay's words — lapin's
+/// own `io_loop: Connection closed …` and `Connection error …` lines are DEBUG now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_rabbitmq_wrong_password_is_said_once_in_the_relays_words() {
+    let fx = RabbitFixture::new(&["#"]).await;
+    let wrong = "amqp://guest:not-the-password@127.0.0.1:5672/%2f";
+    let (_db, _client, config) = rabbit_db(&fx, wrong).await;
+    for args in [&["setup"][..], &["setup", "--check"], &["run"]] {
+        let out = run_cmd(args, &config).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("refused the login") && stderr.contains("check the user and password in rabbitmq.url"),
+            "{args:?} did not say what to fix:\n{stderr}"
+        );
+        for client_line in ["io_loop", "Connection error", "Connection closed"] {
+            assert!(
+                !stderr.contains(client_line),
+                "{args:?}: lapin's {client_line:?} line reached the operator:\n{stderr}"
+            );
+        }
+        assert!(
+            !stderr.contains("not-the-password"),
+            "{args:?}: the password was printed:\n{stderr}"
+        );
+    }
+    fx.clean().await;
+}

@@ -49,7 +49,7 @@ use publish::BackfillPublisher;
 
 use super::preflight::CheckedTable;
 use super::setup::{ensure_publication, SetupReport, SlotOutcome};
-use super::{connect, describe, preflight};
+use super::{connect, describe, preflight, ControlError};
 use crate::config::ident::{Ident, TableName};
 use crate::config::Settings;
 use crate::outbox::event::RowFormat;
@@ -123,8 +123,13 @@ pub(crate) async fn setup_with_backfill(
     settings: &Settings,
     selection: Selection<'_>,
 ) -> Result<BackfillReport, BackfillError> {
+    // What `run` would refuse, refused before anything is created.
+    super::setup::refuse_as_run(settings)?;
     let client = connect(settings).await?;
     let before = preflight(&client, settings).await?;
+    let retention = crate::retention::check(&client, settings)
+        .await
+        .map_err(ControlError::from)?;
     let slot = settings.postgres.slot.as_str();
     if before.slot.is_some() {
         return Err(BackfillError::SlotExists { slot: slot.to_owned() });
@@ -202,6 +207,7 @@ pub(crate) async fn setup_with_backfill(
             slot: SlotOutcome::Created { consistent_point },
             notices,
             sink,
+            retention,
         },
         selection: description,
         published,

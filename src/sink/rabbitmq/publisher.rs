@@ -323,7 +323,9 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
     fn abandon(self: Box<Self>, wait: Duration) {
         let _ = self.stop.send(Some(wait));
         // The task drops what is queued, waits up to `wait` for confirms, then closes (bounded).
-        let done = self.done.lock().unwrap();
+        // A panic elsewhere while holding the lock does not make the receiver unusable: waiting
+        // for the task still bounds what a replay can be overtaken by (as the other sinks do).
+        let done = self.done.lock().unwrap_or_else(|e| e.into_inner());
         let _ = done.recv_timeout(wait + Duration::from_secs(3));
     }
 

@@ -186,7 +186,6 @@ const NO_AOF: &str = "persistence (AOF) is off on this Redis: a reply means \"in
 /// What `setup` does for Redis: checks the server is reachable and new enough; the returned
 /// lines are for the operator (a warning when persistence is off). Streams are created by
 /// their first `XADD`, so there is nothing to create.
-#[allow(dead_code)] // `setup` calls it once the sinks are merged
 pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkError> {
     let settings = settings_of(settings)?;
     let mut conn = connect(settings).await?;
@@ -209,7 +208,6 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
 }
 
 /// What `status` shows for Redis: one line, version and persistence.
-#[allow(dead_code)] // `status` calls it once the sinks are merged
 pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
     let settings = settings_of(settings)?;
     let mut conn = connect(settings).await?;
