@@ -249,6 +249,22 @@ async fn wrong_password_unknown_host_and_untrusted_ca_stop_with_a_clear_error() 
     let (mut client, config) = ready(&kafka).await;
     let config = sec.sasl(config, sec.ca.path());
 
+    // The dry run says it before anything runs, in the same words.
+    let check = run_cmd_with(
+        &["setup", "--check"],
+        &config,
+        &[(PASSWORD_ENV, "not-the-password")],
+        Duration::from_secs(60),
+    )
+    .await;
+    let said = String::from_utf8_lossy(&check.stderr).into_owned() + &String::from_utf8_lossy(&check.stdout);
+    assert!(
+        !check.status.success(),
+        "setup --check passed a wrong password:\n{said}"
+    );
+    assert!(said.contains("the cluster refused the relay's credentials"), "{said}");
+    assert!(!said.contains("not-the-password"), "{said}");
+
     stops_with(
         &config,
         &[(PASSWORD_ENV, "not-the-password")],

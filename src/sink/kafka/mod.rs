@@ -78,9 +78,15 @@ pub(crate) async fn probe(props: &KafkaProperties) -> Result<String, SinkError> 
                     cause: format!("cannot create a client: {e}. Check the [kafka] properties"),
                     transient: false,
                 })?;
-        let metadata = consumer
-            .fetch_metadata(None, PROBE_TIMEOUT)
-            .map_err(|e| unreachable(format!("no metadata within {} s: {e}", PROBE_TIMEOUT.as_secs())))?;
+        let metadata = consumer.fetch_metadata(None, PROBE_TIMEOUT).map_err(|e| {
+            // A refused password, an untrusted certificate, an unresolvable host: what `run`
+            // would stop on, said the same way (not "unreachable", which waiting may mend).
+            consumer
+                .context()
+                .0
+                .verdict()
+                .unwrap_or_else(|| unreachable(format!("no metadata within {} s: {e}", PROBE_TIMEOUT.as_secs())))
+        })?;
         Ok(format!(
             "reachable: {} broker(s), {} topic(s)",
             metadata.brokers().len(),
