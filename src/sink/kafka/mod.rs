@@ -25,6 +25,11 @@ use crate::sink::{SinkError, SinkLimits};
 /// How long `status` waits for the cluster's metadata.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// After a failed metadata request, how often and how long the probe serves the client's
+/// queued errors to look for a verdict (`logs::ClientLog::verdict`): at most a second.
+const VERDICT_POLLS: u32 = 10;
+const VERDICT_POLL: Duration = Duration::from_millis(100);
+
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
@@ -81,6 +86,14 @@ pub(crate) async fn probe(props: &KafkaProperties) -> Result<String, SinkError> 
         let metadata = consumer.fetch_metadata(None, PROBE_TIMEOUT).map_err(|e| {
             // A refused password, an untrusted certificate, an unresolvable host: what `run`
             // would stop on, said the same way (not "unreachable", which waiting may mend).
+            // librdkafka hands its global errors to the context only while the client is
+            // polled: serve them (bounded) before deciding.
+            for _ in 0..VERDICT_POLLS {
+                if let Some(fatal) = consumer.context().0.verdict() {
+                    return fatal;
+                }
+                let _ = consumer.poll(VERDICT_POLL);
+            }
             consumer
                 .context()
                 .0
