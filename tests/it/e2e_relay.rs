@@ -29,12 +29,7 @@ async fn end_to_end(schema: OutboxSchema) {
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
     assert_eq!(all.len(), 10_005);
 
-    let records = kafka.collect(
-        &["order"],
-        all.len(),
-        Duration::from_secs(120),
-    )
-    .await;
+    let records = kafka.collect(&["order"], all.len(), Duration::from_secs(120)).await;
     let dups = check_delivered(&all, &records, |_| "order".to_owned());
     assert_eq!(dups, 0, "a clean run delivers exactly once");
     check_order(&committed, &records);
@@ -51,12 +46,7 @@ async fn end_to_end(schema: OutboxSchema) {
 
     // Graceful stop: exit 0, and a final status update confirms everything acknowledged.
     let (last, commit_end) = commit_one(&mut client, schema).await;
-    let records = kafka.collect(
-        &["order"],
-        all.len() + 1,
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&["order"], all.len() + 1, Duration::from_secs(60)).await;
     check_delivered(&[all, vec![last]].concat(), &records, |_| "order".to_owned());
     assert!(relay.sigterm());
     let status = relay
@@ -118,12 +108,7 @@ async fn default_route_is_the_type_and_headers_are_mapped() {
         .into_iter()
         .collect();
     let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let records = kafka.collect(
-        &topic_refs,
-        events.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&topic_refs, events.len(), Duration::from_secs(60)).await;
     check_delivered(&events, &records, |e| e.event_type.clone());
     assert!(records
         .iter()
@@ -167,12 +152,7 @@ async fn restart_after_sigterm_and_after_sigkill_loses_nothing() {
     let _relay = RelayProcess::run(&config);
     let committed = load.await.expect("workload");
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = kafka.collect(
-        &["order"],
-        all.len(),
-        Duration::from_secs(120),
-    )
-    .await;
+    let records = kafka.collect(&["order"], all.len(), Duration::from_secs(120)).await;
     let dups = check_delivered(&all, &records, |_| "order".to_owned());
     check_order(&committed, &records);
     assert!(dups <= 10_000, "duplicates {dups} exceed the in-flight bound");
@@ -194,7 +174,9 @@ pub(crate) async fn commit_end_lsn(client: &Client, xid: u32, from: u64, to: u64
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
     // The broker is killed and started again: a cluster of this test's own.
-    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else { return };
+    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else {
+        return;
+    };
     let kafka = cluster.own_ns();
     let (_db, mut client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     // A tiny in-flight budget keeps the relay paused (not reading) for the whole outage, longer
@@ -236,12 +218,7 @@ async fn lsn_is_confirmed_only_after_kafka_acknowledged() {
     cluster.restart(1).await;
     let topics: HashSet<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
     let topics: Vec<&str> = topics.into_iter().collect();
-    let records = kafka.collect(
-        &topics,
-        events.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&topics, events.len(), Duration::from_secs(60)).await;
     check_delivered(&events, &records, |e| e.event_type.clone());
     let advanced = wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
         let client = &client;
@@ -329,12 +306,7 @@ async fn tls_and_scram_with_tight_backpressure() {
     let url = pg.url(&db);
     let committed = run_workload(&url, &Workload::new(OutboxSchema::A, 300, 10, 2)).await;
     let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let records = kafka.collect(
-        &["order"],
-        all.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&["order"], all.len(), Duration::from_secs(60)).await;
     check_delivered(&all, &records, |_| "order".to_owned());
     check_order(&committed, &records);
     assert!(
@@ -381,12 +353,7 @@ async fn schema_changes_updates_and_deletes_mid_stream() {
         .unwrap();
     tx.commit().await.unwrap();
     expected.push(ev);
-    let records = kafka.collect(
-        &["order"],
-        expected.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&["order"], expected.len(), Duration::from_secs(60)).await;
     let dups = check_delivered(&expected, &records, |_| "order".to_owned());
     assert_eq!(
         dups,
@@ -412,7 +379,9 @@ async fn schema_changes_updates_and_deletes_mid_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failed_deliveries_restart_the_stream_and_lose_nothing() {
-    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else { return };
+    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else {
+        return;
+    };
     let kafka = cluster.own_ns();
     let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     let config = config
@@ -440,12 +409,7 @@ async fn failed_deliveries_restart_the_stream_and_lose_nothing() {
         relay.log_text()
     );
     cluster.restart(1).await;
-    let records = kafka.collect(
-        &["order"],
-        expected.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&["order"], expected.len(), Duration::from_secs(60)).await;
     check_delivered(&expected, &records, |_| "order".to_owned());
     let committed = Committed {
         by_aggregate: [(agg, expected)].into_iter().collect(),

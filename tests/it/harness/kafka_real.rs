@@ -278,7 +278,10 @@ impl KafkaCluster {
     }
 
     fn log4j_arg(&self) -> String {
-        format!("-Dlog4j2.configurationFile={}", self.home.join("log4j2.properties").display())
+        format!(
+            "-Dlog4j2.configurationFile={}",
+            self.home.join("log4j2.properties").display()
+        )
     }
 
     /// Runs a Kafka tool class to completion (bounded); its stdout. Panics with its output
@@ -311,7 +314,11 @@ impl KafkaCluster {
             .append(true)
             .open(&node.log)
             .expect("kafka log");
-        let heap = if node.roles == "controller" { "-Xmx256m" } else { "-Xmx512m" };
+        let heap = if node.roles == "controller" {
+            "-Xmx256m"
+        } else {
+            "-Xmx512m"
+        };
         let child = Command::new("java")
             .args([heap, "-Xms64m", "-XX:+UseSerialGC", "-Djava.awt.headless=true"])
             .arg(self.log4j_arg())
@@ -342,13 +349,21 @@ impl KafkaCluster {
             }
             for node in &self.nodes {
                 if !self.running(node.id) {
-                    panic!("Kafka node {} exited while starting; log:\n{}", node.id, self.log_text(node.id));
+                    panic!(
+                        "Kafka node {} exited while starting; log:\n{}",
+                        node.id,
+                        self.log_text(node.id)
+                    );
                 }
             }
             if Instant::now() >= deadline {
                 panic!(
                     "Kafka cluster not ready within {READY_TIMEOUT:?} ({n} of {want} brokers); logs:\n{}",
-                    self.nodes.iter().map(|n| self.log_text(n.id)).collect::<Vec<_>>().join("\n----\n")
+                    self.nodes
+                        .iter()
+                        .map(|n| self.log_text(n.id))
+                        .collect::<Vec<_>>()
+                        .join("\n----\n")
                 );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -421,7 +436,11 @@ impl KafkaCluster {
         let deadline = Instant::now() + READY_TIMEOUT;
         let port = self.node(id).port;
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(self.running(id), "node {id} exited on restart; log:\n{}", self.log_text(id));
+            assert!(
+                self.running(id),
+                "node {id} exited on restart; log:\n{}",
+                self.log_text(id)
+            );
             assert!(Instant::now() < deadline, "node {id} did not listen again");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -442,7 +461,10 @@ impl KafkaCluster {
                 let brokers = md.brokers().len();
                 let full = md.topics().iter().all(|tm| {
                     !tm.partitions().is_empty()
-                        && tm.partitions().iter().all(|p| p.isr().len() >= want.min(3) && p.leader() >= 0)
+                        && tm
+                            .partitions()
+                            .iter()
+                            .all(|p| p.isr().len() >= want.min(3) && p.leader() >= 0)
                 });
                 Some(brokers >= want && full)
             })

@@ -109,7 +109,9 @@ pub use postgres::{
     skip_missing_major, slot_row, PgCluster, SlotRow, EXTERNAL_PG_ENV, PINNED_PG_VERSIONS, SCRAM_PASSWORD, SCRAM_USER,
     SUPPORTED_MAJORS,
 };
-pub use relay_process::{prepared, prepared_ns, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN};
+pub use relay_process::{
+    prepared, prepared_ns, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN,
+};
 pub use tansu::Tansu;
 pub use util::{free_port, unique_name, wait_until};
 pub use workload::{
