@@ -283,14 +283,27 @@ async fn leader_kills(rounds: usize, per_round: usize) {
             break;
         };
         let led = led_by(cluster, &rig.topic, victim).await;
+        // The writers' pace around the kill (WAL written per second), for the record: a pause
+        // in deliveries means little if nothing was being written.
+        let wal_a = current_wal_lsn(&rig.client).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let kill_lsn = current_wal_lsn(&rig.client).await;
         let before = marks.total();
         let t_kill = Instant::now();
         cluster.kill(victim);
         // Confirmed past everything committed before the kill: every event up to then is in
         // Kafka, including those of the partitions the dead broker led.
-        let caught_up = confirmed_reaches(&rig.client, &rig.config.slot, kill_lsn, RECOVERY_TIMEOUT).await;
-        let to_confirmed = caught_up.then(|| t_kill.elapsed());
+        let ((caught_up, confirmed_after), wal_b) = tokio::join!(
+            async {
+                let ok = confirmed_reaches(&rig.client, &rig.config.slot, kill_lsn, RECOVERY_TIMEOUT).await;
+                (ok, t_kill.elapsed())
+            },
+            async {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                current_wal_lsn(&rig.client).await
+            }
+        );
+        let to_confirmed = caught_up.then_some(confirmed_after);
         let new_leader = cluster.leader_of(&rig.topic, partition).await;
         cluster.restart(victim).await;
         let healthy = cluster.wait_healthy(&rig.topic, HEALTHY_TIMEOUT).await;
@@ -300,12 +313,14 @@ async fn leader_kills(rounds: usize, per_round: usize) {
             "FIGURES leader kill {}/{rounds}: broker {victim} (leader of partitions {led:?}) killed with {before} \
              records read; partition {partition} led by {new_leader:?} afterwards; longest pause in deliveries {}, \
              deliveries resumed {} after the kill; kill -> confirmed_flush_lsn past the kill point {}; full ISR again \
-             {:.1} s after the kill",
+             {:.1} s after the kill; WAL written {} B/s in the second before the kill, {} B/s in the 3 s after it",
             round + 1,
             secs(stall.map(|s| s.0)),
             secs(stall.map(|s| s.1)),
             secs(to_confirmed),
-            t_kill.elapsed().as_secs_f64()
+            t_kill.elapsed().as_secs_f64(),
+            kill_lsn.saturating_sub(wal_a),
+            wal_b.saturating_sub(kill_lsn) / 3
         );
         if !caught_up {
             failures.push(format!(
