@@ -105,14 +105,14 @@ async fn rig() -> Option<Rig> {
 /// Reads the topic from a thread of its own (a consumer assigned every partition from the
 /// beginning; librdkafka follows leadership changes) and remembers when each record arrived:
 /// Kafka hands out only records every in-sync replica has, i.e. what `acks=all` acknowledged.
-struct Watermarks {
+struct Arrivals {
     /// (arrival, partition), in arrival order.
     arrivals: Arc<Mutex<Vec<(Instant, i32)>>>,
     stop: Arc<AtomicBool>,
 }
 
-impl Watermarks {
-    fn start(bootstrap: &str, topic: &str) -> Watermarks {
+impl Arrivals {
+    fn start(bootstrap: &str, topic: &str) -> Arrivals {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("group.id", unique_name("watch"))
@@ -126,7 +126,7 @@ impl Watermarks {
             tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
         }
         consumer.assign(&tpl).expect("assign");
-        let w = Watermarks {
+        let w = Arrivals {
             arrivals: Arc::default(),
             stop: Arc::default(),
         };
@@ -171,18 +171,18 @@ impl Watermarks {
         best
     }
 
-    /// How long after `t` the first record of `partitions` (any when empty) arrived.
-    fn first_growth_after(&self, t: Instant, partitions: &[i32]) -> Option<Duration> {
+    /// How long after `t` the first record arrived.
+    fn first_after(&self, t: Instant) -> Option<Duration> {
         self.arrivals
             .lock()
             .unwrap()
             .iter()
-            .find(|(at, p)| *at > t && (partitions.is_empty() || partitions.contains(p)))
+            .find(|(at, _)| *at > t)
             .map(|(at, _)| at.duration_since(t))
     }
 }
 
-impl Drop for Watermarks {
+impl Drop for Arrivals {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
@@ -260,7 +260,7 @@ async fn leader_kills(rounds: usize, per_round: usize) {
     let cluster = rig.cluster();
     let started = Instant::now();
     let mut relay = RelayProcess::run_streaming(&rig.config).await;
-    let marks = Watermarks::start(&cluster.bootstrap_servers(), &rig.topic);
+    let marks = Arrivals::start(&cluster.bootstrap_servers(), &rig.topic);
 
     // A steady load: 4 writers, 40 aggregates, a 10 ms pause after each commit (a few hundred
     // events per second here), long enough to span every kill and recovery.
@@ -389,7 +389,7 @@ async fn two_down(window: Duration) {
     let Some(mut rig) = rig().await else { return };
     let cluster = rig.cluster();
     let mut relay = RelayProcess::run_streaming(&rig.config).await;
-    let marks = Watermarks::start(&cluster.bootstrap_servers(), &rig.topic);
+    let marks = Arrivals::start(&cluster.bootstrap_servers(), &rig.topic);
 
     // Warm up: the producer knows the cluster, and everything so far is confirmed.
     let mut committed = run_workload(&rig.url, &Workload::new(OutboxSchema::A, 60, 12, 3)).await;
@@ -448,7 +448,7 @@ async fn two_down(window: Duration) {
     let to_confirmed = caught_up.then(|| t_back.elapsed());
     cluster.restart(victims[1]).await;
     let healthy = cluster.wait_healthy(&rig.topic, HEALTHY_TIMEOUT).await;
-    let to_delivery = marks.first_growth_after(t_back, &[]);
+    let to_delivery = marks.first_after(t_back);
 
     assert!(polls > 10, "too few polls of confirmed_flush_lsn");
     assert!(
@@ -509,7 +509,7 @@ async fn whole_cluster_killed_and_restarted_under_load_loses_nothing() {
     let Some(rig) = rig().await else { return };
     let cluster = rig.cluster();
     let mut relay = RelayProcess::run_streaming(&rig.config).await;
-    let marks = Watermarks::start(&cluster.bootstrap_servers(), &rig.topic);
+    let marks = Arrivals::start(&cluster.bootstrap_servers(), &rig.topic);
 
     let mut w = Workload::new(OutboxSchema::A, 5_000, 40, 4);
     w.pause = Duration::from_millis(10);
@@ -533,7 +533,7 @@ async fn whole_cluster_killed_and_restarted_under_load_loses_nothing() {
     let caught_up = confirmed_reaches(&rig.client, &rig.config.slot, kill_lsn, RECOVERY_TIMEOUT).await;
     let to_confirmed = caught_up.then(|| t_back.elapsed());
     let healthy = cluster.wait_healthy(&rig.topic, HEALTHY_TIMEOUT).await;
-    let to_delivery = marks.first_growth_after(t_back, &[]);
+    let to_delivery = marks.first_after(t_back);
     assert!(flowing, "no load reached Kafka before the kill");
     assert!(
         caught_up,
