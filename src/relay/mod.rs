@@ -23,6 +23,7 @@ mod decode;
 mod publish;
 mod receive;
 pub(crate) mod resume;
+mod seal;
 mod session;
 mod stream;
 pub(crate) mod watermark;
@@ -120,7 +121,7 @@ pub(crate) async fn run(
         })?;
     }
     if let (DeliveryMode::ExactlyOnce, crate::sink::ExactlyOnce::Unsupported(reason)) =
-        (settings.relay.delivery, crate::sink::exactly_once(settings.sink))
+        (settings.relay.delivery, crate::sink::exactly_once(settings))
     {
         return Err(RelayError::ExactlyOnceUnsupported {
             sink: settings.sink.label(),
