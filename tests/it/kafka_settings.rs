@@ -99,7 +99,11 @@ async fn a_routed_topic_that_does_not_exist_is_named_with_the_fix_and_nothing_is
         "{}",
         relay.log_text()
     );
-    assert!(relay.try_exit_status().is_none(), "the relay waited, it did not stop:\n{}", relay.log_text());
+    assert!(
+        relay.try_exit_status().is_none(),
+        "the relay waited, it did not stop:\n{}",
+        relay.log_text()
+    );
 }
 
 /// A cluster with a SASL_SSL listener (SCRAM-SHA-512, the harness's throwaway CA), the

@@ -22,6 +22,7 @@ mod harness;
 mod harness_smoke;
 mod import_debezium;
 mod kafka_settings;
+mod kafka_transactions;
 mod layering;
 mod multi_table;
 mod otlp;
