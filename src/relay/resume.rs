@@ -250,6 +250,11 @@ impl Guarantee {
         matches!(self, Guarantee::Sealed(s) if s.is_sealing())
     }
 
+    /// Sink transactions: the open unit is full (`seal.rs`).
+    pub(crate) fn unit_full(&self) -> bool {
+        matches!(self, Guarantee::Sealed(s) if s.unit_full())
+    }
+
     pub(crate) fn status_sent(&mut self) {
         if let Guarantee::ExactlyOnce(resume) = self {
             resume.status_sent();

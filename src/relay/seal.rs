@@ -124,6 +124,13 @@ impl Sealing {
         self.failed = true;
     }
 
+    /// The open unit holds its bound of events: the stream stops reading at the next
+    /// source-transaction boundary so that it is sealed there (reading on inside a source
+    /// transaction: a unit only ever holds whole ones).
+    pub(crate) fn unit_full(&self) -> bool {
+        self.open.is_some_and(|u| u.events >= self.max_events)
+    }
+
     /// Whether the open unit should be sealed now, at a source-transaction boundary;
     /// `nothing_ready`: the stream has nothing more to send at once.
     pub(crate) fn due(&self, nothing_ready: bool, now: Instant) -> bool {

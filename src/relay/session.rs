@@ -218,7 +218,9 @@ pub(crate) async fn run_session(
         _ => settings.relay.shutdown_timeout,
     };
     ctx.health.set_fence(None, 0.0);
-    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut deliveries, wait).await;
+    // Only a clean stop seals what is whole: after a failure the producer may be unusable.
+    let seal_last = outcome.is_ok();
+    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut deliveries, wait, seal_last).await;
     if last_confirmed.is_some() {
         ctx.last_confirmed_commit_unix_us = last_confirmed;
     }
@@ -370,12 +372,13 @@ async fn wind_down(
     writer: &mut StatusWriter,
     deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
     wait: Duration,
+    seal_last: bool,
 ) -> Option<i64> {
     let deadline = Instant::now() + wait;
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     // Sink transactions: a clean stop seals what is whole (a no-op otherwise), so the next start
     // neither aborts nor replays it; a seal under way is waited for like a delivery.
-    if wait > Duration::ZERO && state.seal_if_due(true).is_err() {
+    if seal_last && state.seal_if_due(true).is_err() {
         warn!("could not seal the last Kafka transaction; it is aborted and replayed");
     }
     while state.in_flight() > 0 || state.guarantee.is_sealing() {

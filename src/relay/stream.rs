@@ -198,12 +198,14 @@ impl<'s> StreamState<'s> {
     /// unit's events stay unconfirmed until its seal, which can only happen at a source
     /// transaction's end, so pausing on them inside a transaction would never resume; the unit's
     /// own bound (`relay.transaction_max_events`, at most `max_in_flight`) limits the replay
-    /// instead. Reading pauses while a seal is under way (the sink takes no records then).
+    /// instead. Reading pauses while a seal is under way (the sink takes no records then), and
+    /// at a source-transaction boundary once the open unit is full, so that it is sealed there.
     pub(crate) fn is_full(&self) -> bool {
         self.budget_full()
             || (self.watermark.committed_unconfirmed_events() >= self.settings.relay.max_in_flight
                 && !matches!(self.guarantee, Guarantee::Sealed(_)))
             || self.guarantee.is_sealing()
+            || (self.guarantee.unit_full() && self.ticket.is_none())
             || matches!(self.phase, Phase::Holding(_))
             || self.blocked.is_some()
     }
