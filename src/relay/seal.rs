@@ -173,7 +173,7 @@ impl Sealing {
             checkpoint = %self.checkpoint.map(|c| c.to_string()).unwrap_or_else(|| "none".into()),
             skipped_at_or_below_checkpoint = self.skipped,
             transactions_committed = self.sealed,
-            "kafka-transactions: session summary"
+            "sink transactions: session summary"
         );
     }
 }

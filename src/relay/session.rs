@@ -119,8 +119,8 @@ pub(crate) async fn run_session(
         _ => None,
     };
     // Sink transactions: created only now that the slot is ours, since creating it fences the
-    // previous producer of the same transactional.id — a holder must never fence the one that
-    // holds the slot.
+    // previous producer of the same identity — a holder must never fence the one that holds
+    // the slot.
     let (publisher, mut deliveries) = crate::sink::create_for_relay(settings, settings.relay.max_in_flight)
         .await
         .map_err(RelayError::Sink)?;
@@ -379,7 +379,7 @@ async fn wind_down(
     // Sink transactions: a clean stop seals what is whole (a no-op otherwise), so the next start
     // neither aborts nor replays it; a seal under way is waited for like a delivery.
     if seal_last && state.seal_if_due(true).is_err() {
-        warn!("could not seal the last Kafka transaction; it is aborted and replayed");
+        warn!("could not seal the last unit of records; the sink aborts it and the next session replays it");
     }
     while state.in_flight() > 0 || state.guarantee.is_sealing() {
         tokio::select! {
