@@ -64,6 +64,11 @@ pub(crate) const LIBRDKAFKA_MESSAGE_TIMEOUT: Duration = Duration::from_secs(300)
 /// A record not delivered in time only ends the session; the replay skips what Kafka holds.
 pub(crate) const EXACTLY_ONCE_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The `transaction.timeout.ms` the relay sets for Kafka transactions unless the user sets it:
+/// how long a dead holder's open transaction can hold back `read_committed` consumers when no
+/// standby fences it sooner (docs/reliability.md).
+pub(crate) const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The two names librdkafka accepts for the message timeout.
 const MESSAGE_TIMEOUT_KEYS: [&str; 2] = ["message.timeout.ms", "delivery.timeout.ms"];
 
@@ -115,13 +120,8 @@ impl KafkaProperties {
                 });
             }
         }
-        if props.contains_key("transactional.id") {
-            return Err(ConfigError::Invalid {
-                key: "kafka",
-                message: "transactional.id is not supported; the relay uses the idempotent producer. Remove the key"
-                    .into(),
-            });
-        }
+        // transactional.id is checked with `[relay] exactly_once` (`Settings::validate`): it is
+        // only for relay.exactly_once = "kafka-transactions".
         for (k, v) in KAFKA_DEFAULTS {
             if !(*k == "acks" && props.contains_key("request.required.acks")) {
                 props.entry((*k).to_owned()).or_insert_with(|| (*v).to_owned());
@@ -143,6 +143,38 @@ impl KafkaProperties {
         match self.user_message_timeout() {
             Some((_, Some(ms))) => Duration::from_millis(ms),
             _ => LIBRDKAFKA_MESSAGE_TIMEOUT,
+        }
+    }
+
+    /// `relay.exactly_once = "kafka-transactions"`: needs `transactional.id` (one per slot: the
+    /// standby of a slot uses the same one, which is what fences the previous holder), and
+    /// bounds `transaction.timeout.ms` unless the user set it, so that the open transaction of
+    /// a holder that died with nobody taking over blocks `read_committed` consumers only this
+    /// long (librdkafka needs `message.timeout.ms` ≤ `transaction.timeout.ms`). Without
+    /// transactions, `transactional.id` is refused.
+    pub(crate) fn check_transactional(&mut self, transactions: bool) -> Result<(), ConfigError> {
+        let has_id = self.0.get("transactional.id").is_some_and(|v| !v.trim().is_empty());
+        match (transactions, has_id) {
+            (true, false) => Err(ConfigError::Invalid {
+                key: "kafka",
+                message: "relay.exactly_once = \"kafka-transactions\" needs `\"transactional.id\" = \"<one name per slot>\"` \
+                          under [kafka]; the standby of the same slot uses the same id"
+                    .into(),
+            }),
+            (false, _) if self.0.contains_key("transactional.id") => Err(ConfigError::Invalid {
+                key: "kafka",
+                message: "transactional.id is only for relay.delivery = \"exactly-once\" with relay.exactly_once = \
+                          \"kafka-transactions\"; otherwise the relay uses the idempotent producer. Remove the key"
+                    .into(),
+            }),
+            (true, true) => {
+                if !self.0.contains_key("transaction.timeout.ms") {
+                    let timeout = self.message_timeout().max(TRANSACTION_TIMEOUT);
+                    self.0.insert("transaction.timeout.ms".into(), timeout.as_millis().to_string());
+                }
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 

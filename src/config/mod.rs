@@ -270,6 +270,24 @@ impl Settings {
             validate_exactly_once_partitioner(&kafka)?;
             kafka.bound_message_timeout();
         }
+        let transactions = relay.exactly_once == relay::ExactlyOnceVia::KafkaTransactions;
+        if sink == SinkKind::Kafka {
+            kafka.check_transactional(transactions)?;
+            if transactions {
+                kafka::validate_topic_name(&relay.checkpoint_topic).map_err(|m| ConfigError::Invalid {
+                    key: "relay.checkpoint_topic",
+                    message: m,
+                })?;
+            }
+        } else if transactions {
+            return Err(ConfigError::Invalid {
+                key: "relay.exactly_once",
+                message: format!(
+                    "\"kafka-transactions\" needs [sink] kind = \"kafka\", not \"{}\"; remove the key",
+                    sink.label()
+                ),
+            });
+        }
         Ok(Settings {
             postgres,
             outbox,

@@ -47,6 +47,13 @@ pub(crate) struct RelaySection {
     pub(crate) delivery: String,
     #[serde(deserialize_with = "number_or_numeric_string")]
     pub(crate) read_back_max_records: u64,
+    /// `read-back` | `kafka-transactions` (see [`ExactlyOnceVia`]).
+    pub(crate) exactly_once: String,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub(crate) transaction_max_events: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub(crate) transaction_max_ms: u64,
+    pub(crate) checkpoint_topic: String,
 }
 
 impl Default for RelaySection {
@@ -69,6 +76,10 @@ impl Default for RelaySection {
             dead_letter_topic: None,
             delivery: "at-least-once".into(),
             read_back_max_records: 100_000,
+            exactly_once: "read-back".into(),
+            transaction_max_events: 2_000,
+            transaction_max_ms: 100,
+            checkpoint_topic: "outbox-relay-checkpoints".into(),
         }
     }
 }
@@ -103,6 +114,48 @@ pub struct RelaySettings {
     /// Exactly-once: at most this many records are read back from one partition while looking
     /// for this relay's newest record there (`relay.read_back_max_records`).
     pub(crate) read_back_max_records: usize,
+    /// `relay.exactly_once`: how exactly-once avoids republishing (only with
+    /// `delivery = "exactly-once"`).
+    pub(crate) exactly_once: ExactlyOnceVia,
+    /// Kafka transactions: a transaction is committed at the first source-transaction boundary
+    /// once it holds this many events (`relay.transaction_max_events`)…
+    pub(crate) transaction_max_events: usize,
+    /// …or is this old (`relay.transaction_max_ms`), or the stream has nothing more ready.
+    pub(crate) transaction_max_age: Duration,
+    /// Kafka transactions: the topic whose partition 0 carries the committed checkpoint (as the
+    /// offset of the consumer group named after `transactional.id`; `relay.checkpoint_topic`).
+    pub(crate) checkpoint_topic: String,
+}
+
+/// `[relay] exactly_once`: how `delivery = "exactly-once"` avoids publishing an event twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum ExactlyOnceVia {
+    /// A (re)started stream reads back the tail of each partition it replays into
+    /// (`relay::resume`): any Kafka, no broker transactions.
+    #[default]
+    ReadBack,
+    /// One Kafka transaction per batch of whole source transactions, committed with a checkpoint
+    /// before their WAL position is confirmed (`relay::seal`, `sink::kafka::transactions`).
+    KafkaTransactions,
+}
+
+impl ExactlyOnceVia {
+    pub(crate) fn from_config(value: &str) -> Result<Self, String> {
+        match value {
+            "read-back" => Ok(ExactlyOnceVia::ReadBack),
+            "kafka-transactions" => Ok(ExactlyOnceVia::KafkaTransactions),
+            other => Err(format!(
+                "{other:?} is not an exactly-once strategy; use \"read-back\" (the default) or \"kafka-transactions\""
+            )),
+        }
+    }
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            ExactlyOnceVia::ReadBack => "read-back",
+            ExactlyOnceVia::KafkaTransactions => "kafka-transactions",
+        }
+    }
 }
 
 impl RelaySettings {
@@ -245,7 +298,23 @@ impl RelaySection {
                 message,
             })?,
             read_back_max_records: positive("relay.read_back_max_records", self.read_back_max_records)? as usize,
+            exactly_once: ExactlyOnceVia::from_config(&self.exactly_once).map_err(|message| ConfigError::Invalid {
+                key: "relay.exactly_once",
+                message,
+            })?,
+            transaction_max_events: positive("relay.transaction_max_events", self.transaction_max_events)? as usize,
+            transaction_max_age: ms(positive("relay.transaction_max_ms", self.transaction_max_ms)?),
+            checkpoint_topic: self.checkpoint_topic,
         };
+        if relay.exactly_once == ExactlyOnceVia::KafkaTransactions && relay.delivery != Delivery::ExactlyOnce {
+            return Err(ConfigError::Invalid {
+                key: "relay.exactly_once",
+                message:
+                    "\"kafka-transactions\" is a way of delivering exactly once; set relay.delivery = \"exactly-once\" \
+                          too, or remove relay.exactly_once"
+                        .into(),
+            });
+        }
         validate_ha(&relay)?;
         Ok(relay)
     }

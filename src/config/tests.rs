@@ -411,3 +411,50 @@ fn config_imports_nothing_from_the_rest_of_the_crate() {
         offending.join("\n")
     );
 }
+
+#[test]
+fn kafka_transactions_need_exactly_once_a_transactional_id_and_kafka() {
+    let txn = "\"transactional.id\" = \"orders-relay\"\n[relay]\ndelivery = \"exactly-once\"\nexactly_once = \"kafka-transactions\"\n";
+    let s = load(&format!("{MINIMAL}{txn}"), &[]).unwrap();
+    assert_eq!(s.relay.exactly_once, relay::ExactlyOnceVia::KafkaTransactions);
+    assert_eq!(s.relay.transaction_max_events, 2_000);
+    assert_eq!(s.relay.transaction_max_age, Duration::from_millis(100));
+    assert_eq!(s.relay.checkpoint_topic, "outbox-relay-checkpoints");
+    assert_eq!(s.kafka.0["transactional.id"], "orders-relay");
+    // The larger of the transaction default and the (exactly-once) message timeout.
+    assert_eq!(s.kafka.0["transaction.timeout.ms"], "10000");
+    assert_eq!(
+        load(MINIMAL, &[]).unwrap().relay.exactly_once,
+        relay::ExactlyOnceVia::ReadBack
+    );
+
+    let err = load(
+        &format!("{MINIMAL}[relay]\ndelivery = \"exactly-once\"\nexactly_once = \"kafka-transactions\"\n"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("needs `\"transactional.id\""), "{err}");
+    let err = load(&format!("{MINIMAL}\"transactional.id\" = \"x\"\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("transactional.id is only for"), "{err}");
+    let err = load(
+        &format!("{MINIMAL}\"transactional.id\" = \"x\"\n[relay]\nexactly_once = \"kafka-transactions\"\n"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("relay.exactly_once") && err.contains("delivery = \"exactly-once\""),
+        "{err}"
+    );
+    let err = load(&format!("{MINIMAL}[relay]\nexactly_once = \"transactions\"\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("\"kafka-transactions\""), "{err}");
+    let err = load(&format!("{MINIMAL}{txn}checkpoint_topic = \"bad topic\"\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("relay.checkpoint_topic"), "{err}");
+}

@@ -30,25 +30,34 @@ impl Confirm {
         Confirm { reported: start }
     }
 
-    /// Everything confirmed so far: the watermark, or what was already reported if higher.
-    pub(crate) fn confirmed(&self, watermark: &AckWatermark) -> Lsn {
-        self.reported.max(watermark.confirmed())
+    /// Everything confirmed so far: the watermark (never past `limit`, the floor of the oldest
+    /// broker transaction not yet committed: `seal.rs`), or what was already reported if higher.
+    pub(crate) fn confirmed(&self, watermark: &AckWatermark, limit: Option<Lsn>) -> Lsn {
+        self.reported.max(Self::durable(watermark, limit))
+    }
+
+    fn durable(watermark: &AckWatermark, limit: Option<Lsn>) -> Lsn {
+        match limit {
+            Some(limit) => watermark.confirmed().min(limit),
+            None => watermark.confirmed(),
+        }
     }
 
     /// Whether the watermark moved past the last reported position (an update would release
     /// WAL and shrink what a crash replays).
-    pub(crate) fn has_unreported(&self, watermark: &AckWatermark) -> bool {
-        watermark.confirmed() > self.reported
+    pub(crate) fn has_unreported(&self, watermark: &AckWatermark, limit: Option<Lsn>) -> bool {
+        Self::durable(watermark, limit) > self.reported
     }
 
     /// The next update, recorded as reported. `write` is what was received (never below flush).
     pub(crate) fn next_update(
         &mut self,
         watermark: &AckWatermark,
+        limit: Option<Lsn>,
         received: Lsn,
         reply_requested: bool,
     ) -> StandbyStatusUpdate {
-        let flush = self.confirmed(watermark);
+        let flush = self.confirmed(watermark, limit);
         if flush > self.reported {
             debug!(flush = %flush, "confirming");
         }
@@ -66,11 +75,12 @@ impl Confirm {
     pub(crate) async fn send(
         &mut self,
         watermark: &AckWatermark,
+        limit: Option<Lsn>,
         received: Lsn,
         writer: &mut StatusWriter,
         reply_requested: bool,
     ) -> Result<(), RelayError> {
-        let update = self.next_update(watermark, received, reply_requested);
+        let update = self.next_update(watermark, limit, received, reply_requested);
         writer.send_copy_data(|out| update.encode(out)).await?;
         Ok(())
     }
@@ -85,19 +95,19 @@ mod tests {
         let mut confirm = Confirm::new(Lsn(100));
         // A fresh watermark below the slot's position (e.g. after a reconnect) reports 100.
         let mut low = AckWatermark::new(Lsn(50));
-        assert!(!confirm.has_unreported(&low));
-        let u = confirm.next_update(&low, Lsn(60), false);
+        assert!(!confirm.has_unreported(&low, None));
+        let u = confirm.next_update(&low, None, Lsn(60), false);
         assert_eq!((u.write, u.flush, u.apply), (Lsn(100), Lsn(100), Lsn(100)));
         // Idle keepalive: wal_end is confirmed and reported.
         low.keepalive(Lsn(300));
-        assert!(confirm.has_unreported(&low));
-        let u = confirm.next_update(&low, Lsn(300), true);
+        assert!(confirm.has_unreported(&low, None));
+        let u = confirm.next_update(&low, None, Lsn(300), true);
         assert_eq!((u.write, u.flush), (Lsn(300), Lsn(300)));
         assert!(u.reply_requested);
-        assert!(!confirm.has_unreported(&low));
+        assert!(!confirm.has_unreported(&low, None));
         // An older watermark cannot pull it back.
         let older = AckWatermark::new(Lsn(200));
-        assert_eq!(confirm.next_update(&older, Lsn(250), false).flush, Lsn(300));
-        assert_eq!(confirm.confirmed(&older), Lsn(300));
+        assert_eq!(confirm.next_update(&older, None, Lsn(250), false).flush, Lsn(300));
+        assert_eq!(confirm.confirmed(&older, None), Lsn(300));
     }
 }

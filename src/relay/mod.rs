@@ -23,6 +23,7 @@ mod decode;
 mod publish;
 mod receive;
 pub(crate) mod resume;
+mod seal;
 mod session;
 mod stream;
 pub(crate) mod watermark;

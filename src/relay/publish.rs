@@ -193,6 +193,7 @@ impl StreamState<'_> {
             dead_letter,
             topic,
             span,
+            seal: false,
         });
         let mut buf = [0u8; 40];
         let stamp = self.guarantee.stamp(txn.event, &mut buf);
@@ -206,6 +207,9 @@ impl StreamState<'_> {
             return Ok(Some(refusal.failure));
         }
         self.watermark.event_sent(txn.ticket, bytes)?;
+        if let Some(sealing) = self.guarantee.sealing() {
+            sealing.sent(txn.commit_lsn(), self.received);
+        }
         self.counts.events_sent += 1;
         Ok(None)
     }
@@ -449,7 +453,10 @@ mod tests {
     ) {
         let settings = settings(extra_config);
         let (sink, handle, mut completions) = memory();
-        let guarantee = if settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce {
+        let transactions = settings.relay.exactly_once == crate::config::relay::ExactlyOnceVia::KafkaTransactions;
+        let guarantee = if transactions {
+            Guarantee::Sealed(Box::new(crate::relay::seal::Sealing::new(&settings, "7000", None)))
+        } else if settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce {
             // Replay window empty (it ends where the stream starts): nothing is read back.
             let (resume, _) = Resume::new(&settings, "7000", Lsn(0x10), Lsn(0x10), None);
             Guarantee::ExactlyOnce(Box::new(resume))
@@ -532,6 +539,47 @@ mod tests {
                 assert_eq!(sink.pending(), 0);
             },
         );
+    }
+
+    const TRANSACTIONS: &str =
+        "\"transactional.id\" = \"t\"\n[relay]\ndelivery = \"exactly-once\"\nexactly_once = \"kafka-transactions\"\n";
+
+    #[test]
+    fn with_kafka_transactions_acknowledged_events_are_confirmed_only_once_their_transaction_committed() {
+        run(
+            TRANSACTIONS,
+            &["order.placed", "order.paid"],
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                sink.deliver(2);
+                apply_all(state, completions).unwrap();
+                assert_eq!(state.confirmed(), Lsn(0x10), "acknowledged inside an open transaction");
+                assert!(!state.has_unreported_progress());
+                state.seal_if_due(true).unwrap();
+                assert_eq!(sink.seals(), vec![0x500], "the checkpoint: the last source commit LSN");
+                assert!(state.is_full(), "nothing is read while the commit is under way");
+                assert_eq!(state.confirmed(), Lsn(0x10), "not before the commit succeeded");
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                assert_eq!(state.confirmed(), Lsn(0x510));
+                assert!(!state.is_full());
+            },
+        );
+        run(TRANSACTIONS, &["order.placed"], |state, sink, completions, outcome| {
+            outcome.unwrap();
+            sink.deliver(1);
+            state.seal_if_due(true).unwrap();
+            sink.fail_next(FailureKind::Transient, "transaction aborted");
+            let err = apply_all(state, completions).unwrap_err();
+            assert!(err.is_transient(), "a new session replays: {err}");
+            assert_eq!(
+                state.confirmed(),
+                Lsn(0x10),
+                "an aborted transaction is never confirmed"
+            );
+            state.watermark.keepalive(Lsn(0x900));
+            assert_eq!(state.confirmed(), Lsn(0x10));
+        });
     }
 
     #[test]

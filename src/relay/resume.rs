@@ -74,6 +74,30 @@ pub(crate) const HEADER_COMMIT_LSN: &str = "outbox-relay-commit-lsn";
 /// The record's 0-based index among its transaction's outbox events (decimal).
 pub(crate) const HEADER_INDEX: &str = "outbox-relay-index";
 
+/// The headers that carry `at` written by `source`, formatted into `buf`.
+pub(crate) fn position_headers<'b>(
+    source: &'b str,
+    at: EventRef,
+    buf: &'b mut [u8; 40],
+) -> [(&'static str, &'b [u8]); 3] {
+    let (lsn, index) = buf.split_at_mut(20);
+    let lsn_len = {
+        let mut w = &mut lsn[..];
+        let _ = write!(w, "{}", at.commit_lsn);
+        20 - w.len()
+    };
+    let index_len = {
+        let mut w = &mut index[..];
+        let _ = write!(w, "{}", at.seq);
+        20 - w.len()
+    };
+    [
+        (HEADER_SOURCE, source.as_bytes()),
+        (HEADER_COMMIT_LSN, &lsn[..lsn_len]),
+        (HEADER_INDEX, &index[..index_len]),
+    ]
+}
+
 /// What to do with one replay-window record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -130,6 +154,8 @@ pub(crate) type DoneReceiver = mpsc::UnboundedReceiver<Done>;
 pub(crate) enum Guarantee {
     AtLeastOnce,
     ExactlyOnce(Box<Resume>),
+    /// Exactly-once through sink transactions (`seal.rs`): no read-back.
+    Sealed(Box<super::seal::Sealing>),
 }
 
 /// What [`Guarantee::stamp`] adds to a record: position headers and a broker deduplication key.
@@ -143,6 +169,8 @@ impl Guarantee {
     /// over) before it hands anything on, and notes how far the stream got.
     pub(crate) fn observe(&mut self, decoded: &Decoded) -> Result<(), RelayError> {
         let Guarantee::ExactlyOnce(resume) = self else {
+            // Kafka transactions need no staleness check: a standby's init_transactions fences
+            // a frozen holder's producer, whose late writes the broker then refuses.
             return Ok(());
         };
         match decoded {
@@ -168,8 +196,10 @@ impl Guarantee {
         dead_letter_topic: Option<&str>,
         may_wait: bool,
     ) -> Verdict {
-        let Guarantee::ExactlyOnce(resume) = self else {
-            return Verdict::Send;
+        let resume = match self {
+            Guarantee::AtLeastOnce => return Verdict::Send,
+            Guarantee::Sealed(sealing) => return sealing.admit(at),
+            Guarantee::ExactlyOnce(resume) => resume,
         };
         match resume.verdict(at, topic, key, explicit, may_wait) {
             Verdict::Send => {}
@@ -192,7 +222,37 @@ impl Guarantee {
                 dedup_key: resume.dedup_key(at),
                 headers: Some(resume.position_headers(at, buf)),
             },
+            Guarantee::Sealed(sealing) => Stamp {
+                dedup_key: None,
+                headers: Some(position_headers(&sealing.source, at, buf)),
+            },
         }
+    }
+
+    /// Sink transactions: the most the flush LSN may say (`seal.rs`); `None`: no limit.
+    pub(crate) fn confirm_limit(&self) -> Option<crate::postgres::lsn::Lsn> {
+        match self {
+            Guarantee::Sealed(sealing) => sealing.limit(),
+            _ => None,
+        }
+    }
+
+    /// Sink transactions: the unit being sealed and the open one, for the stream (`seal.rs`).
+    pub(crate) fn sealing(&mut self) -> Option<&mut super::seal::Sealing> {
+        match self {
+            Guarantee::Sealed(sealing) => Some(sealing),
+            _ => None,
+        }
+    }
+
+    /// Sink transactions: a seal is under way (the sink takes no records meanwhile).
+    pub(crate) fn is_sealing(&self) -> bool {
+        matches!(self, Guarantee::Sealed(s) if s.is_sealing())
+    }
+
+    /// Sink transactions: the open unit is full (`seal.rs`).
+    pub(crate) fn unit_full(&self) -> bool {
+        matches!(self, Guarantee::Sealed(s) if s.unit_full())
     }
 
     pub(crate) fn status_sent(&mut self) {
@@ -203,14 +263,14 @@ impl Guarantee {
 
     pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
         match self {
-            Guarantee::AtLeastOnce => Ok(()),
+            Guarantee::AtLeastOnce | Guarantee::Sealed(_) => Ok(()),
             Guarantee::ExactlyOnce(resume) => resume.check_alive(),
         }
     }
 
     pub(crate) fn on_done(&mut self, done: Done) -> Result<(), RelayError> {
         match self {
-            Guarantee::AtLeastOnce => Ok(()),
+            Guarantee::AtLeastOnce | Guarantee::Sealed(_) => Ok(()),
             Guarantee::ExactlyOnce(resume) => resume.on_done(done),
         }
     }
@@ -218,7 +278,7 @@ impl Guarantee {
     /// Past the replay window (at-least-once: there is none).
     pub(crate) fn past_window(&self) -> bool {
         match self {
-            Guarantee::AtLeastOnce => true,
+            Guarantee::AtLeastOnce | Guarantee::Sealed(_) => true,
             Guarantee::ExactlyOnce(resume) => resume.past_window(),
         }
     }
@@ -228,13 +288,16 @@ impl Guarantee {
         match self {
             Guarantee::AtLeastOnce => 0,
             Guarantee::ExactlyOnce(resume) => resume.skipped(),
+            Guarantee::Sealed(sealing) => sealing.skipped(),
         }
     }
 
     /// The session ends (exactly-once says what its check found).
     pub(crate) fn finish(self) {
-        if let Guarantee::ExactlyOnce(resume) = self {
-            resume.finish();
+        match self {
+            Guarantee::AtLeastOnce => {}
+            Guarantee::ExactlyOnce(resume) => resume.finish(),
+            Guarantee::Sealed(sealing) => sealing.finish(),
         }
     }
 }
@@ -280,7 +343,7 @@ impl Resume {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let resume = Resume {
             source: format!("{system_id}/{}", settings.postgres.slot),
-            strategy: crate::sink::exactly_once(settings.sink),
+            strategy: crate::sink::exactly_once(settings),
             replay_start,
             replay_end,
             spec: ReadBackSpec::of(settings),
@@ -309,22 +372,7 @@ impl Resume {
 
     /// The headers that carry `at` (with [`HEADER_SOURCE`]), formatted into `buf`.
     pub(crate) fn position_headers<'b>(&'b self, at: EventRef, buf: &'b mut [u8; 40]) -> [(&'static str, &'b [u8]); 3] {
-        let (lsn, index) = buf.split_at_mut(20);
-        let lsn_len = {
-            let mut w = &mut lsn[..];
-            let _ = write!(w, "{}", at.commit_lsn);
-            20 - w.len()
-        };
-        let index_len = {
-            let mut w = &mut index[..];
-            let _ = write!(w, "{}", at.seq);
-            20 - w.len()
-        };
-        [
-            (HEADER_SOURCE, self.source.as_bytes()),
-            (HEADER_COMMIT_LSN, &lsn[..lsn_len]),
-            (HEADER_INDEX, &index[..index_len]),
-        ]
+        position_headers(&self.source, at, buf)
     }
 
     /// The key a deduplicating broker drops replays by (`<source>/<commit LSN>/<index>`), when

@@ -112,17 +112,23 @@ pub(crate) async fn run_session(
     slot::verify_start(&control, slot_name, slot.confirmed_flush).await?;
     // Exactly-once: the slot is ours now, so no earlier holder streams any more; what commits
     // from here on cannot be in Kafka yet.
+    // Sink transactions need no replay window: the checkpoint says what Kafka holds (`seal.rs`).
+    let transactions = crate::sink::exactly_once(settings) == crate::sink::ExactlyOnce::Transactions;
     let replay_end = match settings.relay.delivery {
-        DeliveryMode::ExactlyOnce => Some(resume::replay_end(&control).await?),
-        DeliveryMode::AtLeastOnce => None,
+        DeliveryMode::ExactlyOnce if !transactions => Some(resume::replay_end(&control).await?),
+        _ => None,
     };
-    let (publisher, mut deliveries) = crate::sink::create(settings, settings.relay.max_in_flight)
+    // Sink transactions: created only now that the slot is ours, since creating it fences the
+    // previous producer of the same identity — a holder must never fence the one that holds
+    // the slot.
+    let (publisher, mut deliveries) = crate::sink::create_for_relay(settings, settings.relay.max_in_flight)
         .await
         .map_err(RelayError::Sink)?;
     info!(
         slot = %settings.postgres.slot,
         publication = %settings.postgres.publication,
         delivery = settings.relay.delivery.label(),
+        exactly_once = settings.relay.exactly_once.label(),
         start_lsn = %slot.confirmed_flush,
         walsender_pid = backend_pid,
         host = %host,
@@ -166,6 +172,13 @@ pub(crate) async fn run_session(
         guarantee = Guarantee::ExactlyOnce(Box::new(r));
         read_backs = Some(done);
     }
+    if settings.relay.delivery == DeliveryMode::ExactlyOnce && transactions {
+        guarantee = Guarantee::Sealed(Box::new(super::seal::Sealing::new(
+            settings,
+            &system.system_id,
+            publisher.checkpoint(),
+        )));
+    }
     if fence.is_none() {
         ctx.predecessor = Predecessor::None;
     }
@@ -205,7 +218,9 @@ pub(crate) async fn run_session(
         _ => settings.relay.shutdown_timeout,
     };
     ctx.health.set_fence(None, 0.0);
-    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut deliveries, wait).await;
+    // Only a clean stop seals what is whole: after a failure the producer may be unusable.
+    let seal_last = outcome.is_ok();
+    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut deliveries, wait, seal_last).await;
     if last_confirmed.is_some() {
         ctx.last_confirmed_commit_unix_us = last_confirmed;
     }
@@ -269,6 +284,8 @@ async fn stream(
                 if show_fence(&mut fence, state, &ctx.health) {
                     ctx.predecessor = Predecessor::None;
                 }
+                // Sink transactions: a unit that reached its age is sealed even if reads go on.
+                state.seal_if_due(false)?;
             }
             Ok(()) = ctx.slot_verdict.changed() => {
                 if let Some(fatal) = ctx.slot_verdict.borrow_and_update().fatal(slot_name) {
@@ -303,6 +320,8 @@ async fn stream(
                 if state.has_unreported_progress() {
                     state.send_status(writer, false).await?;
                 }
+                // A full budget freed at a boundary, or a seal done with the next unit due.
+                state.seal_if_due(false)?;
             }
             Some(done) = next_read_back(read_backs) => {
                 state.on_read_back(done)?;
@@ -314,6 +333,8 @@ async fn stream(
                 if received.reply_requested {
                     state.send_status(writer, false).await?;
                 }
+                // Sink transactions: nothing more ready is when a unit is sealed (`seal.rs`).
+                state.seal_if_due(received.socket_drained)?;
                 received.pace(state);
             }
         }
@@ -351,10 +372,16 @@ async fn wind_down(
     writer: &mut StatusWriter,
     deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
     wait: Duration,
+    seal_last: bool,
 ) -> Option<i64> {
     let deadline = Instant::now() + wait;
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
-    while state.in_flight() > 0 {
+    // Sink transactions: a clean stop seals what is whole (a no-op otherwise), so the next start
+    // neither aborts nor replays it; a seal under way is waited for like a delivery.
+    if seal_last && state.seal_if_due(true).is_err() {
+        warn!("could not seal the last unit of records; the sink aborts it and the next session replays it");
+    }
+    while state.in_flight() > 0 || state.guarantee.is_sealing() {
         tokio::select! {
             n = deliveries.recv_many(&mut batch, DELIVERY_BATCH) => {
                 if n == 0 { break; }

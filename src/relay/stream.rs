@@ -48,6 +48,9 @@ pub(crate) struct DeliveryTag {
     /// `[tracing]`: the event's PRODUCER span, ended when this tag comes back; `None` (no
     /// allocation) without tracing, for an unsampled root, and for dead letters.
     pub(crate) span: Option<Box<crate::ops::tracing_export::ProducerSpan>>,
+    /// The tag of a seal (`seal.rs`), not of a record: its completion says whether the sink
+    /// committed the unit (`ticket` is [`TxnTicket::SEAL`]).
+    pub(crate) seal: bool,
 }
 
 /// The relay's sink and its completions, tagged with [`DeliveryTag`]s.
@@ -190,13 +193,84 @@ impl<'s> StreamState<'s> {
     /// as many events of committed transactions await confirmation (what a crash would replay;
     /// see `AckWatermark::committed_unconfirmed_events`), and while a suspect is held
     /// (`quarantine.rs`).
+    ///
+    /// With sink transactions (`seal.rs`) the committed-but-unconfirmed count is left out: a
+    /// unit's events stay unconfirmed until its seal, which can only happen at a source
+    /// transaction's end, so pausing on them inside a transaction would never resume; the unit's
+    /// own bound (`relay.transaction_max_events`, at most `max_in_flight`) limits the replay
+    /// instead. Reading pauses while a seal is under way (the sink takes no records then), and
+    /// at a source-transaction boundary once the open unit is full, so that it is sealed there.
     pub(crate) fn is_full(&self) -> bool {
-        let max = self.settings.relay.max_in_flight;
-        self.watermark.in_flight_events() >= max
-            || self.watermark.in_flight_bytes() >= self.settings.relay.max_in_flight_bytes
-            || self.watermark.committed_unconfirmed_events() >= max
+        self.budget_full()
+            || (self.watermark.committed_unconfirmed_events() >= self.settings.relay.max_in_flight
+                && !matches!(self.guarantee, Guarantee::Sealed(_)))
+            || self.guarantee.is_sealing()
+            || (self.guarantee.unit_full() && self.ticket.is_none())
             || matches!(self.phase, Phase::Holding(_))
             || self.blocked.is_some()
+    }
+
+    /// The in-flight budget (events or bytes) is used up.
+    fn budget_full(&self) -> bool {
+        self.watermark.in_flight_events() >= self.settings.relay.max_in_flight
+            || self.watermark.in_flight_bytes() >= self.settings.relay.max_in_flight_bytes
+    }
+
+    /// Sink transactions: seals the open unit when it is due (`seal.rs`) and the stream is at a
+    /// source-transaction boundary with nothing waiting; `nothing_ready`: the last read emptied
+    /// the socket. Nothing to do in the other modes.
+    pub(crate) fn seal_if_due(&mut self, nothing_ready: bool) -> Result<(), RelayError> {
+        let at_boundary = self.ticket.is_none() && self.blocked.is_none() && matches!(self.phase, Phase::Streaming);
+        let nothing_ready = nothing_ready || self.budget_full();
+        let Some(sealing) = self.guarantee.sealing() else {
+            return Ok(());
+        };
+        if !at_boundary || !sealing.due(nothing_ready, std::time::Instant::now()) {
+            return Ok(());
+        }
+        let Some((checkpoint, label)) = sealing.start() else {
+            return Ok(());
+        };
+        let tag = Box::new(DeliveryTag {
+            ticket: TxnTicket::SEAL,
+            bytes: 0,
+            commit_lsn: Lsn(checkpoint),
+            commit_time_unix_us: 0,
+            event_seq: 0,
+            dead_letter: false,
+            topic: crate::ops::metrics::TopicId::default(),
+            span: None,
+            seal: true,
+        });
+        self.publisher
+            .seal(checkpoint, &label, tag)
+            .map_err(|refusal| RelayError::DeliveryFailed {
+                sink: self.settings.sink.broker_name(),
+                failure: Box::new(refusal.failure),
+                commit_lsn: Lsn(checkpoint),
+            })
+    }
+
+    /// A seal's completion: the unit is delivered, or the session ends (transient: the unit was
+    /// aborted and the next session replays from the slot's position).
+    fn on_sealed(&mut self, outcome: Result<(), crate::sink::SinkFailure>) -> Result<(), RelayError> {
+        let Some(sealing) = self.guarantee.sealing() else {
+            return Err(super::error::InternalError::CompletionsClosed.into());
+        };
+        match outcome {
+            Ok(()) => {
+                sealing.sealed();
+                Ok(())
+            }
+            Err(failure) => {
+                sealing.seal_failed();
+                Err(RelayError::DeliveryFailed {
+                    sink: self.settings.sink.broker_name(),
+                    failure: Box::new(failure),
+                    commit_lsn: sealing.sealing_commit(),
+                })
+            }
+        }
     }
 
     pub(crate) fn status_interval(&self) -> std::time::Duration {
@@ -215,7 +289,13 @@ impl<'s> StreamState<'s> {
         reply_requested: bool,
     ) -> Result<(), RelayError> {
         self.confirm
-            .send(&self.watermark, self.received, writer, reply_requested)
+            .send(
+                &self.watermark,
+                self.guarantee.confirm_limit(),
+                self.received,
+                writer,
+                reply_requested,
+            )
             .await?;
         self.guarantee.status_sent();
         Ok(())
@@ -229,11 +309,12 @@ impl<'s> StreamState<'s> {
 
     /// Whether acknowledgements moved the watermark past what PostgreSQL was told.
     pub(crate) fn has_unreported_progress(&self) -> bool {
-        self.confirm.has_unreported(&self.watermark)
+        self.confirm
+            .has_unreported(&self.watermark, self.guarantee.confirm_limit())
     }
 
     pub(crate) fn confirmed(&self) -> Lsn {
-        self.confirm.confirmed(&self.watermark)
+        self.confirm.confirmed(&self.watermark, self.guarantee.confirm_limit())
     }
 
     pub(crate) fn received(&self) -> Lsn {
@@ -309,6 +390,9 @@ impl<'s> StreamState<'s> {
     /// Applies one delivery report. A failure poisons the watermark and ends the session,
     /// unless it is a suspect's verdict that `relay.on_bad_event` settles (see `publish.rs`).
     pub(crate) fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
+        if delivery.tag.seal {
+            return self.on_sealed(delivery.outcome);
+        }
         let mut tag = delivery.tag;
         self.count_delivery(&tag, delivery.outcome.is_ok());
         if let (Some(span), Some(tracer)) = (tag.span.take(), &self.tracer) {

@@ -68,7 +68,7 @@ impl Predecessor {
     /// deduplicates (NATS JetStream, Redis here) drops the old holder's late copies itself,
     /// within its deduplication window (docs/sink-nats.md, docs/sink-redis.md).
     pub(crate) fn fence(&self, settings: &Settings, now: Instant) -> Option<Fence> {
-        if crate::sink::exactly_once(settings.sink) != ExactlyOnce::ReadBack {
+        if crate::sink::exactly_once(settings) != ExactlyOnce::ReadBack {
             return None;
         }
         let Predecessor::Seen {

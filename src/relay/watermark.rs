@@ -29,6 +29,12 @@ use crate::postgres::lsn::Lsn;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct TxnTicket(u64);
 
+impl TxnTicket {
+    /// The ticket of a seal's tag (`seal.rs`), which belongs to no transaction and never
+    /// reaches the watermark.
+    pub(crate) const SEAL: TxnTicket = TxnTicket(u64::MAX);
+}
+
 #[derive(Debug)]
 struct PendingTxn {
     /// `None` until the transaction's Commit arrives.

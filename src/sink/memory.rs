@@ -46,6 +46,9 @@ struct State<Tag> {
     /// Keys the caller released ([`Sink::release`]), in order, each with how many records the
     /// sink had taken by then.
     released: Vec<(Vec<u8>, usize)>,
+    /// Checkpoints of the seals asked for, in order (each seal's tag waits in `pending` behind
+    /// the records handed over before it).
+    seals: Vec<u64>,
 }
 
 /// The sink; the test keeps a [`MemoryHandle`] to look and complete.
@@ -67,6 +70,7 @@ pub(crate) fn memory<Tag: Send + 'static>() -> (MemorySink<Tag>, MemoryHandle<Ta
         refuse: None,
         abandoned: false,
         released: Vec::new(),
+        seals: Vec::new(),
     }));
     let (tx, rx) = mpsc::unbounded_channel();
     (
@@ -128,6 +132,14 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
         let stored = state.stored.len();
         state.released.push((key.to_vec(), stored));
     }
+
+    /// Completed, like a record, when the test delivers it (after the records before it).
+    fn seal(&self, checkpoint: u64, _label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let mut state = self.state.lock().unwrap();
+        state.seals.push(checkpoint);
+        state.pending.push_back(tag);
+        Ok(())
+    }
 }
 
 impl<Tag> MemoryHandle<Tag> {
@@ -139,6 +151,11 @@ impl<Tag> MemoryHandle<Tag> {
     /// Records taken and not completed.
     pub(crate) fn pending(&self) -> usize {
         self.state.lock().unwrap().pending.len()
+    }
+
+    /// The checkpoints of the seals asked for, in order.
+    pub(crate) fn seals(&self) -> Vec<u64> {
+        self.state.lock().unwrap().seals.clone()
     }
 
     pub(crate) fn abandoned(&self) -> bool {

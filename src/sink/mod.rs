@@ -192,6 +192,12 @@ pub(crate) enum ExactlyOnce {
     /// The broker drops a record whose deduplication key ([`Sink::send`]'s `dedup_key`) it has
     /// seen within its window; the relay sends every replayed record.
     BrokerDeduplicates,
+    /// The sink commits the records handed over between two [`Sink::seal`]s as one atomic unit
+    /// together with the caller's checkpoint, fencing every earlier producer of its identity when
+    /// it is created ([`Sink::checkpoint`] then says where the last unit ended); the caller
+    /// counts nothing of a unit as delivered before its seal succeeded (Kafka transactions:
+    /// `relay/seal.rs`, `kafka/transactions.rs`).
+    Transactions,
     /// Not possible with this sink: the reason, for the config error.
     Unsupported(&'static str),
 }
@@ -233,6 +239,34 @@ pub(crate) trait Sink<Tag>: Send + Sync {
     /// with this error (not transient: an operator must fix the configuration), nothing
     /// confirmed past what was acknowledged. `None` while the broker may still answer.
     fn verdict(&self) -> Option<SinkError> {
+        None
+    }
+
+    /// [`ExactlyOnce::Transactions`]: commits every record handed over since the previous seal,
+    /// together with `checkpoint` (the caller's position of the last of them; `label` says it to
+    /// people), as one atomic unit, and reports the outcome as one [`Completion`] carrying `tag`
+    /// (after the completions of those records). The caller hands nothing over until that
+    /// completion arrived. A failure is [`FailureKind::Transient`]: the unit was aborted (or its
+    /// producer fenced) and none of it is visible to `read_committed` consumers. Other sinks
+    /// refuse at once.
+    fn seal(&self, checkpoint: u64, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let _ = (checkpoint, label);
+        Err(Refusal {
+            tag,
+            failure: SinkFailure {
+                kind: FailureKind::Transient,
+                destination: String::new(),
+                partition: None,
+                event_id: None,
+                cause: "this sink does not commit records in units".into(),
+            },
+        })
+    }
+
+    /// [`ExactlyOnce::Transactions`]: the checkpoint the last successful [`Sink::seal`] of this
+    /// sink's identity stored, read after this sink fenced every earlier producer of that
+    /// identity (so no earlier unit can still commit). `None`: none yet, or not such a sink.
+    fn checkpoint(&self) -> Option<u64> {
         None
     }
 }
@@ -282,8 +316,11 @@ pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
 }
 
 /// How the configured sink supports exactly-once delivery.
-pub(crate) fn exactly_once(kind: SinkKind) -> ExactlyOnce {
-    match kind {
+pub(crate) fn exactly_once(settings: &Settings) -> ExactlyOnce {
+    match settings.sink {
+        SinkKind::Kafka if settings.relay.exactly_once == crate::config::relay::ExactlyOnceVia::KafkaTransactions => {
+            ExactlyOnce::Transactions
+        }
         SinkKind::Kafka => ExactlyOnce::ReadBack,
         SinkKind::Redis => ExactlyOnce::BrokerDeduplicates,
         SinkKind::RabbitMq => ExactlyOnce::Unsupported(rabbitmq::NO_EXACTLY_ONCE),
@@ -353,7 +390,7 @@ pub(crate) enum ReadBackSpec {
 
 impl ReadBackSpec {
     pub(crate) fn of(settings: &Settings) -> ReadBackSpec {
-        match (exactly_once(settings.sink), settings.sink) {
+        match (exactly_once(settings), settings.sink) {
             (ExactlyOnce::ReadBack, SinkKind::Kafka) => ReadBackSpec::Kafka(settings.kafka.clone()),
             _ => ReadBackSpec::None,
         }
@@ -429,6 +466,29 @@ pub(crate) async fn create<Tag: Send + Sync + 'static>(
         SinkKind::RabbitMq => boxed(rabbitmq::create(settings, max_in_flight).await?),
         SinkKind::Nats => boxed(nats::publisher::Publisher::create(nats::settings(settings)?, max_in_flight).await?),
     })
+}
+
+/// The relay's sink: [`create`], except that with [`ExactlyOnce::Transactions`] it is the
+/// transactional one, which fences earlier producers of its identity and reads the checkpoint
+/// before it returns (blocking calls, on a thread of their own).
+pub(crate) async fn create_for_relay<Tag: Send + Sync + 'static>(
+    settings: &Settings,
+    max_in_flight: usize,
+) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    if exactly_once(settings) == ExactlyOnce::Transactions
+        && settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce
+    {
+        return Ok(boxed(
+            kafka::transactions::TransactionalPublisher::create(
+                &settings.kafka,
+                max_in_flight,
+                &settings.relay.checkpoint_topic,
+                settings.relay.connect_timeout,
+            )
+            .await?,
+        ));
+    }
+    create(settings, max_in_flight).await
 }
 
 fn boxed<Tag, S: Sink<Tag> + 'static>((sink, completions): (S, Completions<Tag>)) -> SinkWithCompletions<Tag> {

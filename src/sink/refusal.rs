@@ -41,7 +41,7 @@ pub(crate) fn refusal(settings: &Settings) -> Result<(), StartRefusal> {
         })?;
     }
     if let (Delivery::ExactlyOnce, ExactlyOnce::Unsupported(reason)) =
-        (settings.relay.delivery, super::exactly_once(settings.sink))
+        (settings.relay.delivery, super::exactly_once(settings))
     {
         return Err(StartRefusal::ExactlyOnceUnsupported {
             sink: settings.sink.label(),

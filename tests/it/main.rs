@@ -23,6 +23,7 @@ mod harness_smoke;
 mod import_debezium;
 mod kafka_replication;
 mod kafka_settings;
+mod kafka_transactions;
 mod layering;
 mod multi_table;
 mod otlp;

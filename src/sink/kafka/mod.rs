@@ -12,6 +12,7 @@ mod logs;
 pub(crate) mod partitioner;
 pub(crate) mod producer;
 pub(crate) mod tail;
+pub(crate) mod transactions;
 
 use std::time::Duration;
 

@@ -58,7 +58,7 @@ pub(crate) fn is_record_rejection(error: &KafkaError) -> bool {
 }
 
 pub(crate) struct DeliveryReports<Tag> {
-    tx: mpsc::UnboundedSender<Completion<Tag>>,
+    pub(super) tx: mpsc::UnboundedSender<Completion<Tag>>,
     log: ClientLog,
     /// Keys with a refused record the caller has not released ([`Sink::release`]).
     fence: KeyFence,
@@ -172,8 +172,11 @@ fn explain(error: &KafkaError, topic: &str) -> String {
 /// (docs/benchmarks.md, "Where the time and the CPU go"). Once every 5 s makes that negligible.
 const POLL_WAIT: Duration = Duration::from_secs(5);
 
+/// The transactional producer's keys: only `kafka::transactions` passes them to librdkafka.
+pub(super) const TRANSACTIONAL_ONLY: &[&str] = &["transactional.id", "transaction.timeout.ms"];
+
 pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
-    producer: Arc<BaseProducer<DeliveryReports<Tag>>>,
+    pub(super) producer: Arc<BaseProducer<DeliveryReports<Tag>>>,
     /// Tells the polling thread to end; it holds the other reference to the producer, which is
     /// destroyed when the thread ends (at most [`POLL_WAIT`] after the publisher is dropped,
     /// with nothing left to send: see [`Publisher::abandon_now`]).
@@ -193,9 +196,22 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         props: &KafkaProperties,
         max_in_flight: usize,
     ) -> Result<(Publisher<Tag>, Completions<Tag>), SinkError> {
+        Self::create_with(props, max_in_flight, false)
+    }
+
+    /// [`Publisher::create`]; `transactional`: with `transactional.id` (the caller then runs
+    /// the transactions: `kafka::transactions`), otherwise without it whatever the properties
+    /// say (`poll` and `setup --backfill` share the `[kafka]` section with the relay).
+    pub(super) fn create_with(
+        props: &KafkaProperties,
+        max_in_flight: usize,
+        transactional: bool,
+    ) -> Result<(Publisher<Tag>, Completions<Tag>), SinkError> {
         let mut config = ClientConfig::new();
         for (k, v) in &props.0 {
-            config.set(k, v);
+            if transactional || !TRANSACTIONAL_ONLY.contains(&k.as_str()) {
+                config.set(k, v);
+            }
         }
         let min_queue = (max_in_flight + 1024).to_string();
         let queue_ok = props
@@ -244,7 +260,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
     /// requests already on the wire, so a replay by the next producer cannot overtake them.
     /// What is still in flight after the wait is purged too: the producer is destroyed by its
     /// polling thread a little later (up to [`POLL_WAIT`]), and must not retry anything meanwhile.
-    fn abandon_now(self, wait: Duration) {
+    pub(super) fn abandon_now(self, wait: Duration) {
         self.producer.purge(PurgeConfig::default().queue());
         // Crash tests: die while the abandoned producer's requests may still be on the wire.
         fail::fail_point!("publisher::abandon", |_| crate::failpoints::crash("publisher::abandon"));

@@ -87,9 +87,23 @@ pub async fn collect_with(
     timeout: Duration,
     grace: Duration,
 ) -> Vec<Received> {
+    collect_isolated(bootstrap, topics, expected_count, timeout, grace, "read_committed").await
+}
+
+/// [`collect_with`] at `isolation` (`isolation.level`: `read_committed`, librdkafka's default,
+/// or `read_uncommitted`, which also returns records of aborted transactions).
+pub async fn collect_isolated(
+    bootstrap: &str,
+    topics: &Topics,
+    expected_count: usize,
+    timeout: Duration,
+    grace: Duration,
+    isolation: &str,
+) -> Vec<Received> {
     let consumer: Arc<StreamConsumer> = Arc::new(
         ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
+            .set("isolation.level", isolation)
             .set("group.id", unique_name("collect"))
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")

@@ -34,7 +34,7 @@ use rdkafka::error::RDKafkaErrorCode;
 use tempfile::TempDir;
 use tokio::sync::{Mutex as AsyncMutex, MutexGuard, OnceCell};
 
-use super::consumer::{collect_with, Received, Topics, DEFAULT_GRACE};
+use super::consumer::{collect_isolated, collect_with, Received, Topics, DEFAULT_GRACE};
 use super::process::{send_signal, Watchdog};
 use super::util::{free_port, unique_name};
 
@@ -717,6 +717,23 @@ impl KafkaNs {
     pub async fn collect(&self, topics: &[&str], expected: usize, timeout: Duration) -> Vec<Received> {
         let list = Topics::List(topics.iter().map(|t| self.topic(t)).collect());
         self.unprefix(collect_with(&self.bootstrap_servers(), &list, expected, timeout, DEFAULT_GRACE).await)
+    }
+
+    /// [`KafkaNs::collect`] with `isolation.level = read_uncommitted`: records of aborted
+    /// transactions too.
+    pub async fn collect_uncommitted(&self, topics: &[&str], expected: usize, timeout: Duration) -> Vec<Received> {
+        let list = Topics::List(topics.iter().map(|t| self.topic(t)).collect());
+        self.unprefix(
+            collect_isolated(
+                &self.bootstrap_servers(),
+                &list,
+                expected,
+                timeout,
+                DEFAULT_GRACE,
+                "read_uncommitted",
+            )
+            .await,
+        )
     }
 
     /// Every topic of this namespace whose name (without the prefix) matches `regex`
