@@ -948,53 +948,95 @@ async fn broker_refusal(policy: &str) {
         .await;
     assert!(verdict, "{}", relay.log_text());
     let after = good(&mut client, 3).await;
-    let topics = ["order", DEAD_LETTERS];
-    match policy {
-        "fail" => {
-            let status = relay.wait_exit(Duration::from_secs(30)).await;
-            let log = relay.log_text();
-            assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
-            assert!(
-                log.contains(&format!("id={}", bad.id)) && log.contains("sending alone"),
-                "{log}"
-            );
-            assert!(confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0) < bad.point.end_lsn);
-            let records = kafka.collect(&topics, 3, Duration::from_secs(3)).await;
-            check_goods(&[before], &records);
-        }
-        "skip" => {
-            let records = kafka.collect(&topics, 2, Duration::from_secs(30)).await;
-            check_goods(&[before, after.clone()], &records);
-            assert!(
-                relay.log_text().contains(&format!("id={} ", bad.id)),
-                "{}",
-                relay.log_text()
-            );
-        }
-        _ => {
-            let records = kafka.collect(&topics, 3, Duration::from_secs(30)).await;
-            check_goods(&[before, after.clone()], &records);
-            let letter = records.iter().find(|r| r.topic == DEAD_LETTERS).expect("a dead letter");
-            assert_eq!(id_of(letter), bad.id);
-            let row: serde_json::Value = serde_json::from_slice(letter.payload.as_deref().unwrap()).unwrap();
-            assert_eq!(row["payload"].as_str(), bad.payload.as_deref());
-        }
-    }
-    if policy != "fail" {
-        assert!(confirmed_reaches(&client, &config.slot, after.point.end_lsn, Duration::from_secs(30)).await);
-    }
+    refusal_outcome(
+        policy,
+        &mut relay,
+        &client,
+        &config,
+        &kafka,
+        [before, bad, after],
+        "sending alone",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_refused_record_goes_through_every_policy() {
+    for_every_policy(broker_refusal).await;
+}
+
+/// `scenario` under each `relay.on_bad_event` policy, all at once; a failure names the policy.
+async fn for_every_policy<F, Fut>(scenario: F)
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let tasks: Vec<_> = ["fail", "skip", "dead-letter"]
-        .iter()
-        .map(|p| (*p, tokio::spawn(broker_refusal(p))))
+        .into_iter()
+        .map(|p| (p, tokio::spawn(scenario(p))))
         .collect();
     for (policy, task) in tasks {
         if let Err(e) = task.await {
             panic!("policy {policy}: {e}");
         }
+    }
+}
+
+/// What each policy must show once the broker refused `bad` for good (written between `before`
+/// and `after`): `fail` exits 1 naming it and `fail_says`, confirming nothing of it; `skip`
+/// goes on naming it; `dead-letter` publishes the raw row, the error in a header; both confirm
+/// `after`.
+async fn refusal_outcome(
+    policy: &str,
+    relay: &mut RelayProcess,
+    client: &Client,
+    config: &RelayConfig,
+    kafka: &KafkaNs,
+    [before, bad, after]: [Written; 3],
+    fail_says: &str,
+) {
+    let topics = ["order", DEAD_LETTERS];
+    match policy {
+        "fail" => {
+            let status = relay.wait_exit(Duration::from_secs(60)).await;
+            let log = relay.log_text();
+            assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+            assert!(
+                log.contains(&format!("id={}", bad.id)) && log.contains(fail_says),
+                "the error names the event and {fail_says:?}: {log}"
+            );
+            assert!(confirmed_flush_lsn(client, &config.slot).await.unwrap_or(0) < bad.point.end_lsn);
+            let records = kafka.collect(&topics, 3, Duration::from_secs(3)).await;
+            check_goods(&[before], &records);
+        }
+        "skip" => {
+            let records = kafka.collect(&topics, 2, Duration::from_secs(60)).await;
+            check_goods(&[before, after.clone()], &records);
+            let log = relay.log_text();
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("skipped a bad outbox event") && l.contains(&format!("id={} ", bad.id))),
+                "{log}"
+            );
+        }
+        _ => {
+            let records = kafka.collect(&topics, 3, Duration::from_secs(60)).await;
+            check_goods(&[before, after.clone()], &records);
+            let letter = records.iter().find(|r| r.topic == DEAD_LETTERS).expect("a dead letter");
+            assert_eq!(id_of(letter), bad.id);
+            // The dead-letter topic takes the raw row whole.
+            let row: serde_json::Value = serde_json::from_slice(letter.payload.as_deref().unwrap()).unwrap();
+            assert_eq!(row["payload"].as_str(), bad.payload.as_deref());
+            let error = String::from_utf8_lossy(letter.header("outbox-relay-error").unwrap_or_default()).into_owned();
+            // Both scenarios refuse the record for its size.
+            assert!(
+                error.to_lowercase().contains("too large"),
+                "the dead letter says why: {error}"
+            );
+        }
+    }
+    if policy != "fail" {
+        assert!(confirmed_reaches(client, &config.slot, after.point.end_lsn, Duration::from_secs(30)).await);
     }
 }
 
@@ -1027,59 +1069,21 @@ async fn topic_limit_refusal(policy: &str) {
     let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(TOPIC_LIMIT + 5_000));
     let bad = insert_row(&mut client, Some(GOOD_KEY), Some("order.placed"), Some(&big)).await;
     let after = good(&mut client, 3).await;
-    let topics = ["order", DEAD_LETTERS];
-    match policy {
-        "fail" => {
-            let status = relay.wait_exit(Duration::from_secs(60)).await;
-            let log = relay.log_text();
-            assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
-            assert!(log.contains(&format!("id={}", bad.id)), "{log}");
-            assert!(
-                log.to_lowercase().contains("too large") || log.contains("MessageSizeTooLarge"),
-                "the error names the cause: {log}"
-            );
-            assert!(confirmed_flush_lsn(&client, &config.slot).await.unwrap_or(0) < bad.point.end_lsn);
-            let records = kafka.collect(&topics, 3, Duration::from_secs(3)).await;
-            check_goods(&[before], &records);
-        }
-        "skip" => {
-            let records = kafka.collect(&topics, 2, Duration::from_secs(60)).await;
-            check_goods(&[before, after.clone()], &records);
-            let log = relay.log_text();
-            assert!(
-                log.lines()
-                    .any(|l| l.contains("skipped a bad outbox event") && l.contains(&format!("id={} ", bad.id))),
-                "{log}"
-            );
-        }
-        _ => {
-            let records = kafka.collect(&topics, 3, Duration::from_secs(60)).await;
-            check_goods(&[before, after.clone()], &records);
-            let letter = records.iter().find(|r| r.topic == DEAD_LETTERS).expect("a dead letter");
-            assert_eq!(id_of(letter), bad.id);
-            // The dead-letter topic has the broker's default limit: the raw row goes there whole.
-            let row: serde_json::Value = serde_json::from_slice(letter.payload.as_deref().unwrap()).unwrap();
-            assert_eq!(row["payload"].as_str(), bad.payload.as_deref());
-            let error = String::from_utf8_lossy(letter.header("outbox-relay-error").unwrap_or_default()).into_owned();
-            assert!(error.contains("too large") || error.contains("TooLarge"), "{error}");
-        }
-    }
-    if policy != "fail" {
-        assert!(confirmed_reaches(&client, &config.slot, after.point.end_lsn, Duration::from_secs(30)).await);
-    }
+    refusal_outcome(
+        policy,
+        &mut relay,
+        &client,
+        &config,
+        &kafka,
+        [before, bad, after],
+        "too large",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn record_above_the_topics_max_message_bytes_goes_through_every_policy() {
-    let tasks: Vec<_> = ["fail", "skip", "dead-letter"]
-        .iter()
-        .map(|p| (*p, tokio::spawn(topic_limit_refusal(p))))
-        .collect();
-    for (policy, task) in tasks {
-        if let Err(e) = task.await {
-            panic!("policy {policy}: {e}");
-        }
-    }
+    for_every_policy(topic_limit_refusal).await;
 }
 
 /// One refusal of a whole batch: every event in it is a suspect, each is sent alone, each is
