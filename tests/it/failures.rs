@@ -924,16 +924,7 @@ async fn broker_refusal(policy: &str) {
     let mock = MockKafka::new(1);
     mock.create_topic("order", 1);
     let kafka = KafkaNs::plain(&mock.bootstrap_servers());
-    let (mut client, config) = bad_rows_db(&kafka, policy).await;
-    let mut relay = RelayProcess::run(&config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
-    let before = good(&mut client, 1).await;
-    kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
-    assert!(confirmed_reaches(&client, &config.slot, before.point.end_lsn, Duration::from_secs(15)).await);
+    let (mut client, config, mut relay, before) = streaming_after_one_good(&kafka, policy, 1).await;
     mock.with_cluster(|c| {
         c.request_errors(
             RDKafkaApiKey::Produce,
@@ -963,6 +954,26 @@ async fn broker_refusal(policy: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_refused_record_goes_through_every_policy() {
     for_every_policy(broker_refusal).await;
+}
+
+/// `bad_rows_db` under `policy` with its relay streaming and good event `n` delivered and
+/// confirmed, so whatever the test injects next meets a warm producer.
+async fn streaming_after_one_good(
+    kafka: &KafkaNs,
+    policy: &str,
+    n: u32,
+) -> (Client, RelayConfig, RelayProcess, Written) {
+    let (mut client, config) = bad_rows_db(kafka, policy).await;
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let first = good(&mut client, n).await;
+    kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
+    assert!(confirmed_reaches(&client, &config.slot, first.point.end_lsn, Duration::from_secs(15)).await);
+    (client, config, relay, first)
 }
 
 /// `scenario` under each `relay.on_bad_event` policy, all at once; a failure names the policy.
@@ -1055,16 +1066,7 @@ async fn topic_limit_refusal(policy: &str) {
     cluster
         .create_topic_with(&kafka.topic("order"), 1, &[("max.message.bytes", &limit)])
         .await;
-    let (mut client, config) = bad_rows_db(&kafka, policy).await;
-    let mut relay = RelayProcess::run(&config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
-    let before = good(&mut client, 1).await;
-    kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
-    assert!(confirmed_reaches(&client, &config.slot, before.point.end_lsn, Duration::from_secs(15)).await);
+    let (mut client, config, mut relay, before) = streaming_after_one_good(&kafka, policy, 1).await;
     // Above the topic's limit, well below the client's (MAX_MESSAGE): only the broker refuses.
     let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(TOPIC_LIMIT + 5_000));
     let bad = insert_row(&mut client, Some(GOOD_KEY), Some("order.placed"), Some(&big)).await;
@@ -1094,16 +1096,7 @@ async fn innocent_batch_mates_of_a_refused_batch_are_delivered() {
     let mock = MockKafka::new(1);
     mock.create_topic("order", 1);
     let kafka = KafkaNs::plain(&mock.bootstrap_servers());
-    let (mut client, config) = bad_rows_db(&kafka, "skip").await;
-    let relay = RelayProcess::run(&config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
-    let warm = good(&mut client, 0).await;
-    kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
-    assert!(confirmed_reaches(&client, &config.slot, warm.point.end_lsn, Duration::from_secs(15)).await);
+    let (mut client, _config, relay, _warm) = streaming_after_one_good(&kafka, "skip", 0).await;
     mock.with_cluster(|c| {
         c.request_errors(
             RDKafkaApiKey::Produce,
