@@ -219,6 +219,17 @@ async fn read_back(rig: &Rig, committed: &Committed) -> (usize, usize) {
     (all.len(), dups)
 }
 
+/// The end of every scenario: everything read back and checked ([`read_back`]), the relay
+/// still running ([`assert_relay_kept_running`]), its outage lines printed; returns (events,
+/// duplicates, the relay's log).
+async fn verdict(rig: &Rig, committed: &Committed, relay: &mut RelayProcess) -> (usize, usize, String) {
+    let (events, dups) = read_back(rig, committed).await;
+    assert_relay_kept_running(relay);
+    let log = relay.log_text();
+    print_outage_lines(&log);
+    (events, dups, log)
+}
+
 /// The relay process is still running and its log shows neither an exit nor a fatal error.
 fn assert_relay_kept_running(relay: &mut RelayProcess) {
     let log = relay.log_text();
@@ -339,10 +350,7 @@ async fn leader_kills(rounds: usize, per_round: usize) {
     assert!(failures.is_empty(), "{failures:?}; relay log:\n{}", relay.log_text());
 
     let committed = load.await.expect("workload");
-    let (events, dups) = read_back(&rig, &committed).await;
-    assert_relay_kept_running(&mut relay);
-    let log = relay.log_text();
-    print_outage_lines(&log);
+    let (events, dups, log) = verdict(&rig, &committed, &mut relay).await;
     eprintln!(
         "FIGURES leader kills: {rounds} kill(s), {events} events, 0 lost, {dups} duplicates, {} session restart(s), \
          outage notices {}, {:.0} s in all",
@@ -481,10 +489,7 @@ async fn two_down(window: Duration) {
 
     let load = load.await.expect("workload");
     committed.by_aggregate.extend(load.by_aggregate);
-    let (events, dups) = read_back(&rig, &committed).await;
-    assert_relay_kept_running(&mut relay);
-    let log = relay.log_text();
-    print_outage_lines(&log);
+    let (events, dups, log) = verdict(&rig, &committed, &mut relay).await;
     let notice = log
         .lines()
         .find(|l| l.contains(OUTAGE_NOTICE))
@@ -544,10 +549,7 @@ async fn whole_cluster_killed_and_restarted_under_load_loses_nothing() {
     assert!(healthy, "the topic's ISR never was full again");
 
     let committed = load.await.expect("workload");
-    let (events, dups) = read_back(&rig, &committed).await;
-    assert_relay_kept_running(&mut relay);
-    let log = relay.log_text();
-    print_outage_lines(&log);
+    let (events, dups, log) = verdict(&rig, &committed, &mut relay).await;
     eprintln!(
         "FIGURES whole cluster: 3 brokers killed with {before} records read, down {:.1} s; restart -> first \
          new record {}, -> confirmed past the kill point {}; {events} events, 0 lost, {dups} duplicates, {} session \
