@@ -243,10 +243,7 @@ impl KafkaCluster {
             "num.io.threads=4".to_string(),
         ]);
         if let (Some(s), Some(_)) = (&self.spec.sasl_ssl, node.sasl_port) {
-            let cert = self.dir.path().join("broker-cert.pem");
-            let key = self.dir.path().join("broker-key.pem");
-            fs::write(&cert, &s.cert_pem).expect("write broker cert");
-            fs::write(&key, &s.key_pem).expect("write broker key");
+            // The TLS material inline (PEM in the properties), nothing written beside them.
             lines.extend([
                 "sasl.enabled.mechanisms=SCRAM-SHA-512".to_string(),
                 "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;".to_string(),
@@ -254,19 +251,13 @@ impl KafkaCluster {
                 format!("ssl.keystore.certificate.chain={}", pem_one_line(&s.cert_pem)),
                 format!("ssl.keystore.key={}", pem_one_line(&s.key_pem)),
             ]);
-            if s.authorizer {
-                lines.extend([
-                    "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer".to_string(),
-                    "super.users=User:ANONYMOUS;User:admin".to_string(),
-                ]);
-            }
-        } else if let Some(s) = &self.spec.sasl_ssl {
-            if s.authorizer {
-                lines.extend([
-                    "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer".to_string(),
-                    "super.users=User:ANONYMOUS;User:admin".to_string(),
-                ]);
-            }
+        }
+        // Every node, the controller too, authorizes alike.
+        if self.spec.sasl_ssl.as_ref().is_some_and(|s| s.authorizer) {
+            lines.extend([
+                "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer".to_string(),
+                "super.users=User:ANONYMOUS;User:admin".to_string(),
+            ]);
         }
         for (k, v) in &self.spec.broker_props {
             lines.push(format!("{k}={v}"));
