@@ -27,8 +27,9 @@ const REMEMBERED: usize = 256;
 #[derive(Debug, Default)]
 pub(crate) struct ClientLog {
     last_error: Mutex<Option<String>>,
-    /// The first global error that no retry can mend ([`ClientLog::verdict`]).
-    fatal: Mutex<Option<SinkError>>,
+    /// The first global error that no retry can mend, with its code ([`ClientLog::verdict`]);
+    /// an unresolvable host gives way to a refusal that came after it (that one always counts).
+    fatal: Mutex<Option<(RDKafkaErrorCode, SinkError)>>,
     /// A broker acknowledged a record of this client (a host that fails to resolve later is
     /// then a stale bootstrap entry or a DNS hiccup, not a configuration that never worked).
     acknowledged: AtomicBool,
@@ -61,13 +62,19 @@ impl ClientLog {
         if code == Some(RDKafkaErrorCode::AllBrokersDown) {
             self.all_down.store(true, Ordering::Relaxed);
         }
-        if let Some(cause) = code.and_then(|c| fatal_cause(c, reason)) {
+        if let Some((code, cause)) = code.and_then(|c| Some((c, fatal_cause(c, reason)?))) {
             if let Ok(mut fatal) = self.fatal.lock() {
-                fatal.get_or_insert(SinkError {
-                    sink: "Kafka",
-                    cause,
-                    transient: false,
-                });
+                if fatal
+                    .as_ref()
+                    .is_none_or(|(kept, _)| *kept == RDKafkaErrorCode::Resolve)
+                {
+                    let error = SinkError {
+                        sink: "Kafka",
+                        cause,
+                        transient: false,
+                    };
+                    *fatal = Some((code, error));
+                }
             }
         }
     }
@@ -90,9 +97,10 @@ impl ClientLog {
     /// broker ever acknowledged and with every broker down) a bootstrap host does not resolve:
     /// what an operator must fix, said with the keys to look at (`Sink::verdict`).
     pub(crate) fn verdict(&self) -> Option<SinkError> {
-        let fatal = self.fatal.lock().ok()?.clone()?;
-        let resolve = fatal.cause.starts_with(UNRESOLVED);
-        if resolve && (self.acknowledged.load(Ordering::Relaxed) || !self.all_down.load(Ordering::Relaxed)) {
+        let (code, fatal) = self.fatal.lock().ok()?.clone()?;
+        if code == RDKafkaErrorCode::Resolve
+            && (self.acknowledged.load(Ordering::Relaxed) || !self.all_down.load(Ordering::Relaxed))
+        {
             return None;
         }
         Some(fatal)
@@ -122,8 +130,6 @@ impl ClientLog {
     }
 }
 
-const UNRESOLVED: &str = "a bootstrap host does not resolve";
-
 /// What an operator must fix, for the global errors that waiting cannot mend; `None` for the
 /// rest (a broker down, a connection refused or reset: the relay waits for the broker).
 fn fatal_cause(code: RDKafkaErrorCode, reason: &str) -> Option<String> {
@@ -144,7 +150,7 @@ fn fatal_cause(code: RDKafkaErrorCode, reason: &str) -> Option<String> {
             }
         )),
         RDKafkaErrorCode::Resolve => Some(format!(
-            "{UNRESOLVED} ({reason}). Check bootstrap.servers for a typo, and the relay's DNS"
+            "a bootstrap host does not resolve ({reason}). Check bootstrap.servers for a typo, and the relay's DNS"
         )),
         _ => None,
     }
@@ -170,6 +176,26 @@ impl rdkafka::consumer::ConsumerContext for QuietContext {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_password_is_a_verdict_an_unresolvable_host_only_before_any_broker_answered() {
+        let global = |c| KafkaError::Global(c);
+        let log = ClientLog::default();
+        log.error(&global(RDKafkaErrorCode::Resolve), "Failed to resolve 'nohost:9092'");
+        assert!(log.verdict().is_none(), "one unresolvable host while others may answer");
+        log.error(&global(RDKafkaErrorCode::AllBrokersDown), "1/1 brokers are down");
+        let v = log.verdict().expect("nothing answers and the host does not resolve");
+        assert!(!v.transient && v.cause.contains("bootstrap.servers"), "{}", v.cause);
+        log.acknowledged();
+        assert!(log.verdict().is_none(), "a broker answered: a DNS hiccup, not a typo");
+        // A refusal after it replaces it, and counts whatever answered before.
+        log.error(&global(RDKafkaErrorCode::Authentication), "SASL authentication error");
+        let v = log.verdict().expect("credentials refused");
+        assert!(v.cause.contains("refused the relay's credentials"), "{}", v.cause);
+        // The first refusal stays the one reported.
+        log.error(&global(RDKafkaErrorCode::SSL), "certificate verify failed");
+        assert!(log.verdict().unwrap().cause.contains("credentials"));
+    }
 
     #[test]
     fn a_severe_message_is_warned_once_a_minute_and_errors_are_kept() {
