@@ -151,6 +151,17 @@ pub enum RelayError {
         failure: Box<SinkFailure>,
         commit_lsn: Lsn,
     },
+    #[error(
+        "{sink} refused the record of the transaction committed at {commit_lsn} again on its own: {failure}. It is a \
+         bad event, but the refusal left the broker transaction it was in unable to commit, so the stream restarts \
+         from the last confirmed LSN (that transaction is aborted) and relay.on_bad_event applies to it there"
+    )]
+    RecordCondemned {
+        sink: &'static str,
+        #[source]
+        failure: Box<SinkFailure>,
+        commit_lsn: Lsn,
+    },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error("undecodable pgoutput message after {lsn}: {source}")]
@@ -188,7 +199,10 @@ impl RelayError {
             RelayError::Connect(e) => e.is_transient(),
             RelayError::Control(e) => is_transient_pg(e),
             RelayError::Slot(e) => e.postgres().is_some_and(is_transient_pg),
-            RelayError::DeliveryFailed { .. } | RelayError::RecordRejected { .. } | RelayError::SlotBusy { .. } => true,
+            RelayError::DeliveryFailed { .. }
+            | RelayError::RecordRejected { .. }
+            | RelayError::RecordCondemned { .. }
+            | RelayError::SlotBusy { .. } => true,
             RelayError::ReadBack(e) => e.is_transient(),
             RelayError::Paused { .. } | RelayError::NoWalPosition => true,
             RelayError::Sink(e) => e.transient,

@@ -5,7 +5,8 @@
 //!   (`is_record_rejection`): the event is bad; `relay.on_bad_event` applies at once.
 //! * The broker refuses it in a delivery report for what it is: it may have been refused with
 //!   its whole batch, so it becomes a suspect and the session replays (`quarantine.rs`); the
-//!   replay sends it alone and the policy applies only if it is refused again.
+//!   replay sends it alone and the policy applies only if it is refused again — under sink
+//!   transactions on the replay after that, since the refusal dooms the broker transaction.
 //! * Any other failure (transport, timeout, a broken producer) poisons the transaction and the
 //!   session replays, whatever the policy.
 //!
@@ -30,7 +31,7 @@ use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
 use crate::relay::error::RelayError;
 use crate::relay::quarantine::{EventRef, Held, TxnEvent};
-use crate::relay::resume::Verdict;
+use crate::relay::resume::{Guarantee, Verdict};
 use crate::sink::{SinkFailure, SinkRecord};
 use std::borrow::Cow;
 
@@ -113,6 +114,11 @@ impl StreamState<'_> {
         // Counted once per event the stream sends (not when it waits, or skips a replay).
         if event.has_invalid_traceparent() {
             crate::ops::metrics::count_invalid_traceparent();
+        }
+        if let Some(refusal) = self.suspects.condemned(txn.event).map(str::to_owned) {
+            // Refused alone in an earlier session, whose broker transaction had to abort.
+            let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &refusal);
+            return self.bad_event(txn, &event.id, cause, &raw(), false);
         }
         if let Some(earlier) = self.suspects.get(txn.event) {
             // Kept as read: its release starts a span of its own.
@@ -281,6 +287,18 @@ impl StreamState<'_> {
         };
         let refused = !tag.dead_letter && failure.is_refusal();
         let verdict = refused && matches!(&self.phase, Phase::Holding(h) if h.sent && h.txn.event == event);
+        if verdict && matches!(self.guarantee, Guarantee::Sealed(_)) {
+            // The refusal left the broker transaction unable to commit: neither a dead letter
+            // nor the events after it can go into it. Condemned, it is settled on the replay.
+            self.phase.take_held();
+            self.watermark.failed(tag.ticket, tag.bytes)?;
+            self.suspects.condemn(event, failure.cause.clone());
+            return Err(RelayError::RecordCondemned {
+                sink: self.settings.sink.broker_name(),
+                failure: Box::new(failure),
+                commit_lsn: tag.commit_lsn,
+            });
+        }
         if let (true, Some(held)) = (verdict, self.phase.take_held()) {
             info!(
                 id = %String::from_utf8_lossy(&held.event.id),
@@ -639,6 +657,60 @@ mod tests {
                 assert_eq!(sink.released(), vec![(b"agg-1".to_vec(), 1)]);
                 let stored = sink.stored();
                 assert_eq!((stored.len(), stored[1].destination.as_str()), (2, "dlq"));
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                assert_eq!(state.confirmed(), Lsn(0x510));
+            },
+        );
+    }
+
+    #[test]
+    fn with_kafka_transactions_a_suspect_refused_again_is_condemned_and_settled_on_the_replay() {
+        let suspect = EventRef {
+            commit_lsn: Lsn(0x500),
+            seq: 0,
+        };
+        let config = format!("{TRANSACTIONS}on_bad_event = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n");
+        let mut suspects = Suspects::default();
+        suspects.insert(suspect, "batch refused".into());
+        // The session that sends it alone: refused again, its broker transaction can no longer
+        // commit, so no dead letter goes into it; the session ends and nothing is confirmed.
+        run_with(
+            &config,
+            &["order.placed"],
+            suspects,
+            None,
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
+                sink.fail_next(FailureKind::Refused, "record too large");
+                let err = apply_all(state, completions).unwrap_err();
+                assert!(matches!(err, RelayError::RecordCondemned { .. }), "{err}");
+                assert!(err.is_transient(), "the replay settles it: {err}");
+                assert_eq!(sink.stored().len(), 1, "no dead letter inside the doomed transaction");
+                assert_eq!(state.confirmed(), Lsn(0x10));
+            },
+        );
+        // The replay: the condemned event is dead-lettered without being sent, the unit sealed
+        // and the source transaction confirmed.
+        let mut suspects = Suspects::default();
+        suspects.condemn(suspect, "record too large".into());
+        run_with(
+            &config,
+            &["order.placed"],
+            suspects,
+            None,
+            |state, sink, completions, outcome| {
+                outcome.unwrap();
+                let stored = sink.stored();
+                assert_eq!(
+                    (stored.len(), stored[0].destination.as_str()),
+                    (1, "dlq"),
+                    "only its dead letter"
+                );
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                state.seal_if_due(true).unwrap();
                 sink.deliver(1);
                 apply_all(state, completions).unwrap();
                 assert_eq!(state.confirmed(), Lsn(0x510));

@@ -9,6 +9,12 @@
 //! reading, waits until nothing else is in flight, and sends the suspect alone. Accepted, it was
 //! innocent; refused again, it is the bad one and the policy applies.
 //!
+//! Under sink transactions (`relay.exactly_once = "kafka-transactions"`) a refusal also leaves
+//! the open broker transaction unable to commit, so the policy cannot be applied inside it (a
+//! dead letter or the events after a skipped one would go into a transaction that must abort).
+//! There a suspect refused again alone is *condemned*: the session ends, the transaction is
+//! aborted, and the replay applies the policy to it at once, without sending it.
+//!
 //! Suspects are identified by the commit LSN of their transaction and their position among its
 //! outbox events, which a replay reproduces exactly. They live in the supervisor, across
 //! sessions, and are forgotten once the slot's confirmed position passes their transaction.
@@ -29,19 +35,46 @@ pub(crate) struct EventRef {
     pub(crate) seq: u32,
 }
 
-/// Events Kafka refused in an earlier session, with the refusal.
+/// What an earlier session learnt of a refused event, with the broker's refusal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Standing {
+    /// Refused, perhaps only with its batch: the replay sends it alone.
+    Suspect(String),
+    /// Refused again alone inside a broker transaction, which had to abort: the replay applies
+    /// `relay.on_bad_event` to it without sending it.
+    Condemned(String),
+}
+
+/// Events the broker refused in an earlier session, with the refusal.
 #[derive(Debug, Default)]
 pub(crate) struct Suspects {
-    events: HashMap<EventRef, String>,
+    events: HashMap<EventRef, Standing>,
 }
 
 impl Suspects {
     pub(crate) fn insert(&mut self, event: EventRef, cause: String) {
-        self.events.insert(event, cause);
+        self.events.insert(event, Standing::Suspect(cause));
     }
 
+    /// The earlier refusal of a suspect still to be sent alone.
     pub(crate) fn get(&self, event: EventRef) -> Option<&str> {
-        self.events.get(&event).map(String::as_str)
+        match self.events.get(&event) {
+            Some(Standing::Suspect(cause)) => Some(cause),
+            _ => None,
+        }
+    }
+
+    /// It was refused again alone inside a broker transaction: a bad event, decided.
+    pub(crate) fn condemn(&mut self, event: EventRef, cause: String) {
+        self.events.insert(event, Standing::Condemned(cause));
+    }
+
+    /// The refusal of a condemned event, whose policy the replay applies without sending it.
+    pub(crate) fn condemned(&self, event: EventRef) -> Option<&str> {
+        match self.events.get(&event) {
+            Some(Standing::Condemned(cause)) => Some(cause),
+            _ => None,
+        }
     }
 
     /// The event was accepted on its own: it was innocent.

@@ -605,6 +605,31 @@ struct Written {
 
 /// A database with `bad_outbox`, pg_walinspect, and a relay config for it (setup done).
 async fn bad_rows_db(kafka: &KafkaNs, policy: &str) -> (Client, RelayConfig) {
+    bad_rows_db_in(kafka, policy, BadRowMode::AtLeastOnce).await
+}
+
+/// How the relay delivers in a bad-row scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BadRowMode {
+    /// The shipped default.
+    AtLeastOnce,
+    /// `relay.delivery = "exactly-once"` through Kafka transactions: a refused record poisons
+    /// the whole Kafka transaction it is in, so the policy must not be applied inside it.
+    KafkaTransactions,
+}
+
+impl BadRowMode {
+    /// The mode `config` was made for by [`bad_rows_db_in`].
+    fn of(config: &RelayConfig) -> BadRowMode {
+        if config.kafka.contains_key("transactional.id") {
+            BadRowMode::KafkaTransactions
+        } else {
+            BadRowMode::AtLeastOnce
+        }
+    }
+}
+
+async fn bad_rows_db_in(kafka: &KafkaNs, policy: &str, mode: BadRowMode) -> (Client, RelayConfig) {
     let pg = shared_cluster().await;
     let db = unique_name("bad");
     pg.create_database(&db).await;
@@ -620,6 +645,13 @@ async fn bad_rows_db(kafka: &KafkaNs, policy: &str) -> (Client, RelayConfig) {
         .set("relay", "reconnect_backoff_initial_ms", 100)
         .set("relay", "reconnect_backoff_max_ms", 500);
     config.table = "public.bad_outbox".into();
+    if mode == BadRowMode::KafkaTransactions {
+        config = config
+            .set("relay", "delivery", "exactly-once")
+            .set("relay", "exactly_once", "kafka-transactions")
+            .set("relay", "checkpoint_topic", kafka.topic("checkpoints"))
+            .kafka("transactional.id", &unique_name("txn"));
+    }
     if policy == "dead-letter" {
         config = config.set("relay", "dead_letter_topic", kafka.topic(DEAD_LETTERS));
     }
@@ -693,6 +725,19 @@ fn check_goods(goods: &[Written], records: &[Received]) {
         assert_eq!(r.payload_str(), g.payload.as_deref(), "payload of {}", g.id);
         assert_eq!(r.key_str(), Some(GOOD_KEY));
     }
+}
+
+/// At least once, the first delivery of each event; exactly once, every record (a duplicate
+/// then fails [`check_goods`]).
+fn first_deliveries(mode: BadRowMode, records: Vec<Received>) -> Vec<Received> {
+    if mode != BadRowMode::AtLeastOnce {
+        return records;
+    }
+    let mut seen = HashSet::new();
+    records
+        .into_iter()
+        .filter(|r| seen.insert((r.topic.clone(), id_of(r))))
+        .collect()
 }
 
 async fn fail_case(case: BadCase) {
@@ -963,7 +1008,16 @@ async fn streaming_after_one_good(
     policy: &str,
     n: u32,
 ) -> (Client, RelayConfig, RelayProcess, Written) {
-    let (mut client, config) = bad_rows_db(kafka, policy).await;
+    streaming_after_one_good_in(kafka, policy, n, BadRowMode::AtLeastOnce).await
+}
+
+async fn streaming_after_one_good_in(
+    kafka: &KafkaNs,
+    policy: &str,
+    n: u32,
+    mode: BadRowMode,
+) -> (Client, RelayConfig, RelayProcess, Written) {
+    let (mut client, config) = bad_rows_db_in(kafka, policy, mode).await;
     let relay = RelayProcess::run(&config);
     assert!(
         relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
@@ -996,7 +1050,9 @@ where
 /// What each policy must show once the broker refused `bad` for good (written between `before`
 /// and `after`): `fail` exits 1 naming it and `fail_says`, confirming nothing of it; `skip`
 /// goes on naming it; `dead-letter` publishes the raw row, the error in a header; both confirm
-/// `after`.
+/// `after`. At least once, `after` may be published twice when it was written early enough to
+/// be stored before the session that met the refusal ended (its replay publishes it again):
+/// then only its first delivery is checked.
 async fn refusal_outcome(
     policy: &str,
     relay: &mut RelayProcess,
@@ -1006,6 +1062,7 @@ async fn refusal_outcome(
     [before, bad, after]: [Written; 3],
     fail_says: &str,
 ) {
+    let mode = BadRowMode::of(config);
     let topics = ["order", DEAD_LETTERS];
     match policy {
         "fail" => {
@@ -1021,7 +1078,7 @@ async fn refusal_outcome(
             check_goods(&[before], &records);
         }
         "skip" => {
-            let records = kafka.collect(&topics, 2, Duration::from_secs(60)).await;
+            let records = first_deliveries(mode, kafka.collect(&topics, 2, Duration::from_secs(60)).await);
             check_goods(&[before, after.clone()], &records);
             let log = relay.log_text();
             assert!(
@@ -1031,7 +1088,7 @@ async fn refusal_outcome(
             );
         }
         _ => {
-            let records = kafka.collect(&topics, 3, Duration::from_secs(60)).await;
+            let records = first_deliveries(mode, kafka.collect(&topics, 3, Duration::from_secs(60)).await);
             check_goods(&[before, after.clone()], &records);
             let letter = records.iter().find(|r| r.topic == DEAD_LETTERS).expect("a dead letter");
             assert_eq!(id_of(letter), bad.id);
@@ -1057,6 +1114,14 @@ async fn refusal_outcome(
 /// and the policy applies: `fail` stops naming the event with nothing of it confirmed, `skip`
 /// goes on, `dead-letter` publishes the raw row (cut to fit) to the dead-letter topic.
 async fn topic_limit_refusal(policy: &str) {
+    topic_limit_refusal_in(policy, BadRowMode::AtLeastOnce).await
+}
+
+async fn topic_limit_refusal_in_transactions(policy: &str) {
+    topic_limit_refusal_in(policy, BadRowMode::KafkaTransactions).await
+}
+
+async fn topic_limit_refusal_in(policy: &str, mode: BadRowMode) {
     const TOPIC_LIMIT: usize = 20_000;
     let Some(kafka) = shared_kafka().await else { return };
     let cluster = crate::harness::kafka_real::shared_cluster()
@@ -1066,7 +1131,7 @@ async fn topic_limit_refusal(policy: &str) {
     cluster
         .create_topic_with(&kafka.topic("order"), 1, &[("max.message.bytes", &limit)])
         .await;
-    let (mut client, config, mut relay, before) = streaming_after_one_good(&kafka, policy, 1).await;
+    let (mut client, config, mut relay, before) = streaming_after_one_good_in(&kafka, policy, 1, mode).await;
     // Above the topic's limit, well below the client's (MAX_MESSAGE): only the broker refuses.
     let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(TOPIC_LIMIT + 5_000));
     let bad = insert_row(&mut client, Some(GOOD_KEY), Some("order.placed"), Some(&big)).await;
@@ -1086,6 +1151,14 @@ async fn topic_limit_refusal(policy: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn record_above_the_topics_max_message_bytes_goes_through_every_policy() {
     for_every_policy(topic_limit_refusal).await;
+}
+
+/// The same refusal inside a Kafka transaction, which it leaves unable to commit: the suspect
+/// is condemned, its transaction aborted and replayed, and the policy applied on the replay
+/// (records read `read_committed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn record_above_the_topics_max_message_bytes_under_kafka_transactions_goes_through_every_policy() {
+    for_every_policy(topic_limit_refusal_in_transactions).await;
 }
 
 /// One refusal of a whole batch: every event in it is a suspect, each is sent alone, each is
