@@ -207,6 +207,12 @@ impl Broker {
         matches!(self, Broker::Mock { .. })
     }
 
+    /// Kafka transactions can be measured: not on the mock cluster (partial transaction
+    /// support) nor tansu (its fetch hands aborted records to `read_committed` consumers).
+    pub fn has_transactions(&self) -> bool {
+        !matches!(self, Broker::Mock { .. } | Broker::Tansu { .. })
+    }
+
     pub fn bootstrap(&self) -> &str {
         match self {
             Broker::Mock { bootstrap, .. }

@@ -27,6 +27,12 @@
 //! the two cores with the relay and the broker, which the other brokers' drains do not have to.
 //! The broker server's CPU over the drain window is taken from `/proc` (its process is the one
 //! listening on its port): the broker's share of the work, and where a slow drain spends it.
+//!
+//! Exactly-once drains the same backlog twice per strategy, each on a slot of its own: once
+//! uninterrupted, once SIGKILLed when half of it was confirmed and restarted. Read-back's topics
+//! are counted by their offsets; Kafka transactions' (on a real broker) by a `read_committed`
+//! consumer reading every record and its `id`, since a transactional topic's offsets also count
+//! aborted records and commit markers.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -53,6 +59,9 @@ const DBZ_SLOT: &str = "bench_drain_dbz";
 /// then restarted (`eoc.`), each on a slot of its own over the same WAL.
 const EO_SLOT: &str = "bench_drain_eo";
 const EO_CRASH_SLOT: &str = "bench_drain_eoc";
+/// The same two with Kafka transactions (`tx.`, `txc.`).
+const TX_SLOT: &str = "bench_drain_tx";
+const TX_CRASH_SLOT: &str = "bench_drain_txc";
 /// The events' `type`, so the relay's topic; one per drain shape (a topic outlives its drain).
 fn topic(per_txn: u64) -> String {
     format!("bench-drain-{per_txn}")
@@ -111,6 +120,9 @@ pub struct ExactlyOnceDrain {
     pub restart_skipped: u64,
     /// Records in the crashed relay's topic at the end (`rows`: no duplicate).
     pub crash_published: u64,
+    /// Kafka transactions: distinct event ids among `crash_published` (`rows`: none lost).
+    #[serde(default)]
+    pub crash_distinct: Option<u64>,
 }
 
 /// The relay draining the same backlog into another broker (`--sinks`).
@@ -158,6 +170,10 @@ pub struct DrainOutcome {
     pub poll: Option<(f64, f64)>,
     pub debezium: Option<DebeziumDrain>,
     pub exactly_once: Option<ExactlyOnceDrain>,
+    /// The same with `relay.exactly_once = "kafka-transactions"` (real brokers only; the
+    /// restart's read-back fields are 0: it reads the checkpoint instead).
+    #[serde(default)]
+    pub transactions: Option<ExactlyOnceDrain>,
     /// The other brokers of `--sinks`, in that order (absent in results from before them).
     #[serde(default)]
     pub sinks: Vec<SinkDrain>,
@@ -236,17 +252,25 @@ async fn drain(
         relay::setup(&path, false)?;
         sink_paths.push(path);
     }
-    let eo_configs = [(EO_SLOT, "eo."), (EO_CRASH_SLOT, "eoc.")].map(|(slot, prefix)| RelayConf {
-        slot,
-        mode: Mode::CdcExactlyOnce,
-        topic_prefix: prefix,
-        ..conf
-    });
+    let mut eo_strategies = vec![Strategy::READ_BACK];
+    if ctx.broker.has_transactions() {
+        eo_strategies.push(Strategy::TRANSACTIONS);
+    }
     let mut eo_paths = Vec::new();
-    for c in &eo_configs {
-        let path = c.write(ctx.workdir)?;
-        relay::setup(&path, false)?;
-        eo_paths.push(path);
+    for strategy in &eo_strategies {
+        let mut paths = Vec::new();
+        for (slot, prefix) in [(strategy.slot, strategy.prefix), (strategy.crash_slot, strategy.crash_prefix)] {
+            let c = RelayConf {
+                slot,
+                mode: strategy.mode,
+                topic_prefix: prefix,
+                ..conf
+            };
+            let path = c.write(ctx.workdir)?;
+            relay::setup(&path, false)?;
+            paths.push(path);
+        }
+        eo_paths.push(paths);
     }
     // A logical slot belongs to the database it was created from.
     db.execute(
@@ -384,8 +408,21 @@ async fn drain(
         }
     }
 
-    let exactly_once =
-        Some(exactly_once_drain(ctx, admin, &eo_paths, rows, per_txn, &start_lsn, &end_lsn, phase).await?);
+    let mut eo_drains = Vec::new();
+    for (strategy, paths) in eo_strategies.iter().zip(&eo_paths) {
+        let job = ExactlyOnceJob {
+            strategy,
+            configs: paths,
+            rows,
+            per_txn,
+            start_lsn: &start_lsn,
+            end_lsn: &end_lsn,
+        };
+        eo_drains.push(exactly_once_drain(ctx, admin, &job, phase).await?);
+    }
+    let mut eo_drains = eo_drains.into_iter();
+    let exactly_once = eo_drains.next();
+    let transactions = eo_drains.next();
 
     // Before the polling relayer: its UPDATEs would add WAL behind the backlog.
     let debezium = match spec.debezium {
@@ -415,6 +452,7 @@ async fn drain(
         poll,
         debezium,
         exactly_once,
+        transactions,
         sinks,
     })
 }
@@ -524,72 +562,132 @@ async fn wait_confirmed(admin: &Client, slot: &str, lsn: &str, started: Instant)
     }
 }
 
-/// A `key=value` number from the relay's exactly-once summary line.
-fn summary_field(log: &str, key: &str) -> u64 {
+/// A `key=value` number from the first log line containing `marker` (0 when absent).
+fn summary_field(log: &str, marker: &str, key: &str) -> u64 {
     log.lines()
-        .find(|l| l.contains("exactly-once: replay window checked against Kafka"))
+        .find(|l| l.contains(marker))
         .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))))
         .and_then(|v| v.trim_matches('"').parse().ok())
         .unwrap_or(0)
 }
 
-/// The backlog drained by the relay in exactly-once mode: once uninterrupted (rate, CPU, RSS
-/// beside at-least-once), once SIGKILLed half-way and restarted (the restart's read-back).
-#[allow(clippy::too_many_arguments)]
+/// One exactly-once strategy's drains: its relay mode, and its two slots and topic prefixes
+/// (uninterrupted; SIGKILLed half-way and restarted).
+struct Strategy {
+    mode: Mode,
+    slot: &'static str,
+    prefix: &'static str,
+    crash_slot: &'static str,
+    crash_prefix: &'static str,
+}
+
+impl Strategy {
+    const READ_BACK: Strategy = Strategy {
+        mode: Mode::CdcExactlyOnce,
+        slot: EO_SLOT,
+        prefix: "eo.",
+        crash_slot: EO_CRASH_SLOT,
+        crash_prefix: "eoc.",
+    };
+    const TRANSACTIONS: Strategy = Strategy {
+        mode: Mode::CdcKafkaTransactions,
+        slot: TX_SLOT,
+        prefix: "tx.",
+        crash_slot: TX_CRASH_SLOT,
+        crash_prefix: "txc.",
+    };
+
+    fn transactional(&self) -> bool {
+        self.mode == Mode::CdcKafkaTransactions
+    }
+}
+
+/// What [`exactly_once_drain`] needs besides the context.
+struct ExactlyOnceJob<'a> {
+    strategy: &'a Strategy,
+    /// The uninterrupted relay's config, then the crashed one's.
+    configs: &'a [PathBuf],
+    rows: u64,
+    per_txn: u64,
+    start_lsn: &'a str,
+    end_lsn: &'a str,
+}
+
+/// Records in `topic` and distinct event ids among them: with a transactional topic, what a
+/// `read_committed` consumer reads (offsets count aborted records and markers too); otherwise
+/// the offsets (`None` distinct: not read).
+fn counted(bootstrap: &str, topic: &str, transactional: bool, rows: u64) -> Result<(u64, Option<u64>)> {
+    if !transactional {
+        return Ok((published(bootstrap, topic)?, None));
+    }
+    let (records, distinct) = committed_records(bootstrap, topic, rows)?;
+    Ok((records, Some(distinct)))
+}
+
+/// The backlog drained by the relay in exactly-once mode by `job.strategy`: once uninterrupted
+/// (rate, CPU, RSS beside at-least-once), once SIGKILLed half-way and restarted (what the restart
+/// read back or skipped, and the records a consumer finds).
 async fn exactly_once_drain(
     ctx: &Ctx<'_>,
     admin: &Client,
-    configs: &[PathBuf],
-    rows: u64,
-    per_txn: u64,
-    start_lsn: &str,
-    end_lsn: &str,
+    job: &ExactlyOnceJob<'_>,
     phase: &ProgressBar,
 ) -> Result<ExactlyOnceDrain> {
-    phase.set_message("drain: outbox-relay run, exactly-once → Kafka");
-    let topic_eo = format!("eo.{}", topic(per_txn));
-    let topic_crash = format!("eoc.{}", topic(per_txn));
+    let s = job.strategy;
+    let what = s.mode.label();
+    phase.set_message(format!("drain: outbox-relay run, {what} → Kafka"));
+    let topic_eo = format!("{}{}", s.prefix, topic(job.per_txn));
+    let topic_crash = format!("{}{}", s.crash_prefix, topic(job.per_txn));
     ctx.broker.create_topic(&topic_eo, 4).await?;
     ctx.broker.create_topic(&topic_crash, 4).await?;
     let started = Instant::now();
-    let child = RelayChild::start(&configs[0], Mode::CdcExactlyOnce).await?;
+    let child = RelayChild::start(&job.configs[0], s.mode).await?;
     let pid = child.pid();
-    wait_confirmed(admin, EO_SLOT, end_lsn, started).await?;
+    wait_confirmed(admin, s.slot, job.end_lsn, started).await?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
     let peak_rss_mib = procfs::vm_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
     child.stop().await?;
-    let eo_published = published(ctx.broker.bootstrap(), &topic_eo)?;
+    let (eo_published, _) = counted(ctx.broker.bootstrap(), &topic_eo, s.transactional(), job.rows)?;
 
-    phase.set_message("drain: exactly-once, SIGKILL half-way and restart");
+    phase.set_message(format!("drain: {what}, SIGKILL half-way and restart"));
     let half: String = admin
         .query_one(
             "SELECT ($1::text::pg_lsn + pg_wal_lsn_diff($2::text::pg_lsn, $1::text::pg_lsn) / 2)::text",
-            &[&start_lsn, &end_lsn],
+            &[&job.start_lsn, &job.end_lsn],
         )
         .await?
         .get(0);
     let started = Instant::now();
-    let first = RelayChild::start(&configs[1], Mode::CdcExactlyOnce).await?;
-    wait_confirmed(admin, EO_CRASH_SLOT, &half, started).await?;
+    let first = RelayChild::start(&job.configs[1], s.mode).await?;
+    wait_confirmed(admin, s.crash_slot, &half, started).await?;
     // Dropping a running child SIGKILLs it: everything in flight is the replay window.
     drop(first);
-    let second = RelayChild::start(&configs[1], Mode::CdcExactlyOnce).await?;
-    wait_confirmed(admin, EO_CRASH_SLOT, end_lsn, started).await?;
-    let log = second.log_text();
+    let second = RelayChild::start(&job.configs[1], s.mode).await?;
+    wait_confirmed(admin, s.crash_slot, job.end_lsn, started).await?;
     second.stop().await?;
-    let crash_published = published(ctx.broker.bootstrap(), &topic_crash)?;
+    // Read after the stop: the transactions' summary is written when the session ends. The
+    // restart wrote the log afresh (`RelayChild::start`).
+    let log = std::fs::read_to_string(job.configs[1].with_extension("log")).unwrap_or_default();
+    let (crash_published, crash_distinct) =
+        counted(ctx.broker.bootstrap(), &topic_crash, s.transactional(), job.rows)?;
+    let read_back = "exactly-once: replay window checked against Kafka";
     Ok(ExactlyOnceDrain {
         seconds,
-        per_s: rows as f64 / seconds,
+        per_s: job.rows as f64 / seconds,
         cpu_s,
-        cpu_us_per_event: cpu_s * 1e6 / rows as f64,
+        cpu_us_per_event: cpu_s * 1e6 / job.rows as f64,
         peak_rss_mib,
         published: eo_published,
-        restart_read_back_ms: summary_field(&log, "read_back_ms"),
-        restart_partitions_read_back: summary_field(&log, "partitions_read_back"),
-        restart_skipped: summary_field(&log, "skipped_already_in_kafka"),
+        restart_read_back_ms: summary_field(&log, read_back, "read_back_ms"),
+        restart_partitions_read_back: summary_field(&log, read_back, "partitions_read_back"),
+        restart_skipped: if s.transactional() {
+            summary_field(&log, "sink transactions: session summary", "skipped_at_or_below_checkpoint")
+        } else {
+            summary_field(&log, read_back, "skipped_already_in_kafka")
+        },
         crash_published,
+        crash_distinct,
     })
 }
 
@@ -717,6 +815,53 @@ async fn current_lsn(db: &Client) -> Result<String> {
 }
 
 /// Records in `topic`: the sum of its partitions' high watermarks.
+/// Every record of `topic` as a `read_committed` consumer reads it, from the start of each
+/// partition to its end: (records, distinct `id` headers). Bounded: `LIMIT` overall, and an
+/// error if `expected` distinct ids are not all there after the partitions' ends were reached.
+fn committed_records(bootstrap: &str, topic: &str, expected: u64) -> Result<(u64, u64)> {
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("bench-count-{topic}"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata.topics().first().map_or(0, |t| t.partitions().len());
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        assignment.add_partition_offset(topic, p as i32, rdkafka::Offset::Beginning)?;
+    }
+    consumer.assign(&assignment)?;
+    let (mut records, mut ids, mut at_end) = (0u64, std::collections::HashSet::new(), std::collections::HashSet::new());
+    let started = Instant::now();
+    while at_end.len() < partitions {
+        if started.elapsed() > LIMIT {
+            bail!("reading {topic} back took longer than {LIMIT:?}");
+        }
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                records += 1;
+                let id = m
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value.map(<[u8]>::to_vec)));
+                ids.insert(id.unwrap_or_default());
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => bail!("reading {topic} back: {e}"),
+            None => {}
+        }
+    }
+    if (ids.len() as u64) < expected {
+        bail!("{topic} holds {} distinct events of {expected}: events were lost", ids.len());
+    }
+    Ok((records, ids.len() as u64))
+}
+
 fn published(bootstrap: &str, topic: &str) -> Result<u64> {
     let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;

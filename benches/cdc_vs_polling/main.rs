@@ -44,6 +44,12 @@
 //! relay that refuses `[tracing]` (built before the exporter) skips the OTLP rows with the reason.
 //! `--only` takes comma-separated alternatives: `--only "CDC at 1000/s,CDC +"` runs the four.
 //!
+//! **Kafka transactions** (`relay.exactly_once = "kafka-transactions"`): on a real broker
+//! (`--broker kafka` or an address), a `CDC Kafka transactions` row at every rate beside the
+//! read-back exactly-once one, and the same two drains (uninterrupted; SIGKILLed half-way and
+//! restarted), counted by a `read_committed` consumer (a transactional topic's offsets also hold
+//! aborted records and commit markers).
+//!
 //! `--with-debezium` adds Debezium + Kafka Connect standalone (`debezium.rs`; needs
 //! `scripts/install-debezium.sh`): at 1,000 events/s with Debezium's defaults and with
 //! `poll.interval.ms=10`, and in the drain, which then runs twice — one event per transaction and
@@ -126,6 +132,12 @@ impl Options {
         self.only
             .as_ref()
             .is_none_or(|only| only.iter().any(|o| label.contains(o.as_str())))
+    }
+
+    /// Whether the Kafka-transactions rows run: on a real Apache Kafka (`kafka` or an address),
+    /// not on the mock cluster or tansu (which hands aborted records to `read_committed`).
+    fn transactions(&self) -> bool {
+        !matches!(self.broker.as_str(), "mock" | "tansu")
     }
 }
 
@@ -217,7 +229,7 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
             Rate::Max,
         ]
     };
-    let modes = [
+    let mut modes = vec![
         None,
         Some(Mode::Cdc),
         Some(Mode::CdcExactlyOnce),
@@ -225,6 +237,9 @@ fn scenarios(o: &Options) -> Vec<Scenario> {
         Some(Mode::Poll { interval_ms: 100 }),
         Some(Mode::Poll { interval_ms: 1000 }),
     ];
+    if o.transactions() {
+        modes.insert(3, Some(Mode::CdcKafkaTransactions));
+    }
     let scenario = |mode, rate, events_per_txn| Scenario {
         mode,
         rate,

@@ -21,6 +21,10 @@ pub enum Mode {
     /// The streaming relay with `relay.delivery = "exactly-once"` (position headers; the
     /// replay check costs nothing in steady state).
     CdcExactlyOnce,
+    /// The streaming relay with `relay.delivery = "exactly-once"` through Kafka transactions
+    /// (`relay.exactly_once = "kafka-transactions"`, `transactional.id` = the slot's name): one
+    /// Kafka transaction per batch of source transactions, committed before it is confirmed.
+    CdcKafkaTransactions,
     /// The polling relayer (`outbox-relay poll`), batch size 100, one worker.
     Poll { interval_ms: u64 },
     /// Debezium + Kafka Connect standalone on the relay's slot and publication (`debezium.rs`;
@@ -78,13 +82,14 @@ pub fn refuses_tracing(text: &str) -> bool {
 impl Mode {
     /// `outbox-relay run`, in either delivery mode.
     pub fn is_cdc(self) -> bool {
-        matches!(self, Mode::Cdc | Mode::CdcExactlyOnce)
+        matches!(self, Mode::Cdc | Mode::CdcExactlyOnce | Mode::CdcKafkaTransactions)
     }
 
     pub fn label(self) -> String {
         match self {
             Mode::Cdc => "CDC".into(),
             Mode::CdcExactlyOnce => "CDC exactly-once".into(),
+            Mode::CdcKafkaTransactions => "CDC Kafka transactions".into(),
             Mode::Poll { interval_ms } if interval_ms >= 1000 => format!("poll {} s", interval_ms / 1000),
             Mode::Poll { interval_ms } => format!("poll {interval_ms} ms"),
             Mode::Debezium(Tuning::Defaults) => "Debezium (defaults)".into(),
@@ -94,7 +99,10 @@ impl Mode {
 
     /// Reads the slot (`outbox-relay run` or Debezium); `setup` without `--poll` prepares it.
     pub fn streams(self) -> bool {
-        matches!(self, Mode::Cdc | Mode::CdcExactlyOnce | Mode::Debezium(_))
+        matches!(
+            self,
+            Mode::Cdc | Mode::CdcExactlyOnce | Mode::CdcKafkaTransactions | Mode::Debezium(_)
+        )
     }
 }
 
@@ -123,7 +131,11 @@ impl RelayConf<'_> {
         let sink = match self.sink {
             Some(target) => target.relay_sections(),
             None => {
-                let kafka: String = self.kafka.iter().map(|(k, v)| format!("\"{k}\" = \"{v}\"\n")).collect();
+                let mut kafka: String = self.kafka.iter().map(|(k, v)| format!("\"{k}\" = \"{v}\"\n")).collect();
+                if self.mode == Mode::CdcKafkaTransactions {
+                    // One id per slot: the relays of one run never fence each other.
+                    kafka.push_str(&format!("\"transactional.id\" = \"{}\"\n", self.slot));
+                }
                 format!("[kafka]\n\"bootstrap.servers\" = \"{}\"\n{kafka}", self.bootstrap)
             }
         };
@@ -141,8 +153,15 @@ impl RelayConf<'_> {
                 self.topic_prefix
             ));
         }
-        if self.mode == Mode::CdcExactlyOnce {
-            toml = toml.replace("[relay]\n", "[relay]\ndelivery = \"exactly-once\"\n");
+        match self.mode {
+            Mode::CdcExactlyOnce => toml = toml.replace("[relay]\n", "[relay]\ndelivery = \"exactly-once\"\n"),
+            Mode::CdcKafkaTransactions => {
+                toml = toml.replace(
+                    "[relay]\n",
+                    "[relay]\ndelivery = \"exactly-once\"\nexactly_once = \"kafka-transactions\"\n",
+                )
+            }
+            _ => {}
         }
         if let Mode::Poll { interval_ms } = self.mode {
             toml.push_str(&format!("interval_ms = {interval_ms}\n"));
@@ -196,7 +215,7 @@ impl RelayChild {
         let log = config.with_extension("log");
         let file = fs::File::create(&log)?;
         let subcommand = match mode {
-            Mode::Cdc | Mode::CdcExactlyOnce => "run",
+            Mode::Cdc | Mode::CdcExactlyOnce | Mode::CdcKafkaTransactions => "run",
             Mode::Poll { .. } => "poll",
             Mode::Debezium(_) => bail!("{} is not a relay", mode.label()),
         };

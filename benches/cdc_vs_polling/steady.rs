@@ -453,7 +453,7 @@ async fn relay_backends(admin: &Client, db: &str, mode: Option<Mode>) -> Result<
     let rows =
         match mode {
             None => return Ok(Vec::new()),
-            Some(Mode::Cdc | Mode::CdcExactlyOnce | Mode::Debezium(_)) => {
+            Some(Mode::Cdc | Mode::CdcExactlyOnce | Mode::CdcKafkaTransactions | Mode::Debezium(_)) => {
                 admin
                     .query(
                         "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",
