@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use crate::config::secret::Secret;
-use crate::config::sink::SinkKind;
+use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::ConfigError;
 
 /// Longest AMQP short string: exchange names and routing keys.
@@ -96,27 +96,42 @@ impl RabbitMqSection {
     }
 }
 
-/// `[rabbitmq]` is required with `[sink] kind = "rabbitmq"` and refused with any other kind.
-pub(crate) fn section(
-    kind: SinkKind,
-    section: Option<RabbitMqSection>,
-) -> Result<Option<RabbitMqSettings>, ConfigError> {
-    match (kind, section) {
-        (SinkKind::RabbitMq, Some(s)) => s.validate().map(Some),
-        (SinkKind::RabbitMq, None) => Err(ConfigError::Invalid {
-            key: "rabbitmq",
-            message: "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
-                      \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\""
-                .into(),
-        }),
-        (_, None) => Ok(None),
-        (other, Some(_)) => Err(ConfigError::Invalid {
-            key: "rabbitmq",
-            message: format!(
-                "a [rabbitmq] section is set but [sink] kind = \"{}\": remove the section, or set kind = \"rabbitmq\"",
-                other.label()
-            ),
-        }),
+/// `[sink] kind = "rabbitmq"` and its `[rabbitmq]` section (required).
+pub(crate) struct RabbitMqSpec;
+
+/// The registration of `[rabbitmq]` (`config::sink::SINK_SECTIONS`).
+pub(crate) const SECTION: RabbitMqSpec = RabbitMqSpec;
+
+impl SinkSectionSpec for RabbitMqSpec {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn name(&self) -> &'static str {
+        "RabbitMQ"
+    }
+
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        _: &SectionContext<'_>,
+    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
+        let Some(section) = section else {
+            return Err(ConfigError::Invalid {
+                key: "rabbitmq",
+                message: "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
+                          \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\""
+                    .into(),
+            });
+        };
+        let section: RabbitMqSection = parse_section("rabbitmq", section)?;
+        Ok(std::sync::Arc::new(section.validate()?))
+    }
+}
+
+impl SinkSection for RabbitMqSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -34,7 +34,6 @@ use crate::relay::resume::Verdict;
 use crate::sink::{SinkFailure, SinkRecord};
 use std::borrow::Cow;
 
-use crate::config::sink::SinkKind;
 use crate::ops::tracing_export::{ProducerSpan, SpanFields};
 
 impl StreamState<'_> {
@@ -156,12 +155,12 @@ impl StreamState<'_> {
             .traceparent
             .as_deref()
             .filter(|tp| crate::outbox::trace_context::check_traceparent(tp).is_ok());
-        let sink = self.settings.sink;
+        let names = crate::sink::trace_names(&self.settings);
         let fields = SpanFields {
-            system: sink.label(),
+            system: names.messaging_system,
             destination: &destination,
             message_id: &event.id,
-            kafka_key: (sink == SinkKind::Kafka).then_some(&event.key[..]),
+            key: names.key_attribute.map(|attribute| (attribute, &event.key[..])),
             partition: None,
             tracestate: event.tracestate.as_deref(),
         };
