@@ -33,7 +33,11 @@ impl SinkSectionSpec for KafkaSection {
         "Kafka"
     }
 
-    fn validate(&self, section: Option<toml::Value>, cx: &SectionContext<'_>) -> Result<Arc<dyn SinkSection>, ConfigError> {
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        cx: &SectionContext<'_>,
+    ) -> Result<Arc<dyn SinkSection>, ConfigError> {
         let raw: BTreeMap<String, KafkaValue> = match section {
             Some(v) => parse_section("kafka", v)?,
             None => BTreeMap::new(),

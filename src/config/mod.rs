@@ -189,7 +189,11 @@ impl Settings {
         if let Some(unknown) = table.keys().find(|name| !ROOT_SECTIONS.contains(&name.as_str())) {
             return Err(parse_err(format!(
                 "unknown section [{unknown}]: the sections are {}, and the chosen sink's own: one of {}",
-                ROOT_SECTIONS.iter().map(|s| format!("[{s}]")).collect::<Vec<_>>().join(", "),
+                ROOT_SECTIONS
+                    .iter()
+                    .map(|s| format!("[{s}]"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 sink::SINK_SECTIONS
                     .iter()
                     .map(|s| format!("[{}]", s.kind()))

@@ -226,13 +226,18 @@ impl SinkSectionSpec for NatsSpec {
         "NATS JetStream"
     }
 
-    fn validate(&self, section: Option<toml::Value>, _: &SectionContext<'_>) -> Result<Arc<dyn SinkSection>, ConfigError> {
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        _: &SectionContext<'_>,
+    ) -> Result<Arc<dyn SinkSection>, ConfigError> {
         let Some(section) = section else {
             return Err(ConfigError::Invalid {
                 key: "nats",
-                message: "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
+                message:
+                    "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
                           stream = \"OUTBOX\" (docs/sink-nats.md)"
-                    .into(),
+                        .into(),
             });
         };
         let section: NatsSection = parse_section("nats", section)?;

@@ -68,7 +68,11 @@ pub(crate) trait SinkSectionSpec: Sync {
     /// Validates the section (`None`: the file has none) into its typed settings. The error
     /// names the key and the fix, as every config error does. A section that is required and
     /// missing is this function's error to word (it knows what a minimal section looks like).
-    fn validate(&self, section: Option<toml::Value>, cx: &SectionContext<'_>) -> Result<Arc<dyn SinkSection>, ConfigError>;
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        cx: &SectionContext<'_>,
+    ) -> Result<Arc<dyn SinkSection>, ConfigError>;
 
     /// How an environment override's key is written in the section: the upper-cased
     /// `OUTBOX_RELAY__<SECTION>__<KEY>` part, lower-cased by default; a section of dotted

@@ -86,12 +86,30 @@ mod tests {
 
     /// The registered sinks' client targets (`sink::client_log_targets`), as the CLI passes them.
     const CLIENTS: &[ClientTarget] = &[
-        ClientTarget { target: "rdkafka", fixed: Some("warn") },
-        ClientTarget { target: "librdkafka", fixed: Some("warn") },
-        ClientTarget { target: "async_nats", fixed: None },
-        ClientTarget { target: "lapin", fixed: None },
-        ClientTarget { target: "lapin::returned_messages", fixed: Some("error") },
-        ClientTarget { target: "redis", fixed: None },
+        ClientTarget {
+            target: "rdkafka",
+            fixed: Some("warn"),
+        },
+        ClientTarget {
+            target: "librdkafka",
+            fixed: Some("warn"),
+        },
+        ClientTarget {
+            target: "async_nats",
+            fixed: None,
+        },
+        ClientTarget {
+            target: "lapin",
+            fixed: None,
+        },
+        ClientTarget {
+            target: "lapin::returned_messages",
+            fixed: Some("error"),
+        },
+        ClientTarget {
+            target: "redis",
+            fixed: None,
+        },
     ];
 
     fn default_filter(level: &str) -> String {

@@ -154,7 +154,11 @@ mod tests {
     fn a_terminated_holder_is_fenced_from_its_last_reply() {
         let s = exactly_once();
         assert_eq!(
-            s.sink.section_dyn().client_queue_expiry().map(|e| e.expiry).unwrap_or_default(),
+            s.sink
+                .section_dyn()
+                .client_queue_expiry()
+                .map(|e| e.expiry)
+                .unwrap_or_default(),
             Duration::from_secs(10),
             "exactly-once bounds it"
         );

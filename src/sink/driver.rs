@@ -272,10 +272,9 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
         mut stop: watch::Receiver<Option<Duration>>,
     ) {
         let mut wait = self.options.drop_wait;
-        let period = self
-            .options
-            .reply_timeout
-            .map_or(Duration::from_secs(3600), |t| (t / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)));
+        let period = self.options.reply_timeout.map_or(Duration::from_secs(3600), |t| {
+            (t / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+        });
         // One timer for every reply timeout, running only while something is on the wire.
         let mut overdue = tokio::time::interval(period);
         overdue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -316,7 +315,10 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
             }
         };
         if tokio::time::timeout(wait, drain).await.is_err() {
-            debug!(sink = self.exchange.name(), "abandoned sink gave up waiting for its replies");
+            debug!(
+                sink = self.exchange.name(),
+                "abandoned sink gave up waiting for its replies"
+            );
         }
     }
 
@@ -369,12 +371,7 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
     /// Per key: sends the head of the oldest runnable keys while there is room.
     async fn fill(&mut self) {
         while let Some(&key) = self.runnable.front() {
-            let Some(size) = self
-                .keys
-                .get(&key)
-                .and_then(|q| q.waiting.front())
-                .map(|i| i.size)
-            else {
+            let Some(size) = self.keys.get(&key).and_then(|q| q.waiting.front()).map(|i| i.size) else {
                 self.runnable.pop_front();
                 continue;
             };
@@ -412,7 +409,12 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
     async fn dispatch(&mut self, item: Item<E::Request, Tag>) -> bool {
         if let Some(cause) = &self.failed {
             let cause = format!("not sent: an earlier record failed ({cause})");
-            self.complete(item.tag, item.destination, item.event_id, Err((FailureKind::Transient, cause)));
+            self.complete(
+                item.tag,
+                item.destination,
+                item.event_id,
+                Err((FailureKind::Transient, cause)),
+            );
             return false;
         }
         if self.fence.is_closed(item.key) {
@@ -431,7 +433,12 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
                 waited.as_millis()
             );
             self.failed = Some(cause.clone());
-            self.complete(item.tag, item.destination, item.event_id, Err((FailureKind::Transient, cause)));
+            self.complete(
+                item.tag,
+                item.destination,
+                item.event_id,
+                Err((FailureKind::Transient, cause)),
+            );
             return false;
         }
         let n = self.next;
@@ -456,7 +463,12 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
             Err(e) => {
                 let cause = format!("send failed: {e}");
                 self.failed = Some(cause.clone());
-                self.complete(item.tag, item.destination, item.event_id, Err((FailureKind::Transient, cause)));
+                self.complete(
+                    item.tag,
+                    item.destination,
+                    item.event_id,
+                    Err((FailureKind::Transient, cause)),
+                );
                 false
             }
         }
@@ -497,13 +509,23 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
             Outcome::Acknowledged => self.complete(rec.tag, rec.destination, rec.event_id, Ok(())),
             Outcome::Transient(cause) => {
                 self.failed.get_or_insert_with(|| cause.clone());
-                self.complete(rec.tag, rec.destination, rec.event_id, Err((FailureKind::Transient, cause)));
+                self.complete(
+                    rec.tag,
+                    rec.destination,
+                    rec.event_id,
+                    Err((FailureKind::Transient, cause)),
+                );
             }
             Outcome::Refused(cause) => {
                 // Later records of the key wait for the caller's decision (`sink/fence.rs`).
                 let fence = Arc::clone(&self.fence);
                 fence.close_then(key, || {
-                    self.complete(rec.tag, rec.destination, rec.event_id, Err((FailureKind::Refused, cause)));
+                    self.complete(
+                        rec.tag,
+                        rec.destination,
+                        rec.event_id,
+                        Err((FailureKind::Refused, cause)),
+                    );
                 });
             }
         }
@@ -525,7 +547,12 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
             self.wire_bytes = self.wire_bytes.saturating_sub(rec.size);
             let cause = format!("no reply within {} ms", timeout.as_millis());
             self.failed.get_or_insert_with(|| cause.clone());
-            self.complete(rec.tag, rec.destination, rec.event_id, Err((FailureKind::Transient, cause)));
+            self.complete(
+                rec.tag,
+                rec.destination,
+                rec.event_id,
+                Err((FailureKind::Transient, cause)),
+            );
             self.after_wire_freed(Some(rec.key)).await;
         }
     }
@@ -547,4 +574,3 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
         let _ = self.completions.send(Completion { tag, outcome });
     }
 }
-

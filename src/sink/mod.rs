@@ -51,8 +51,8 @@ use tokio::sync::mpsc;
 
 use crate::config::Settings;
 use plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use registry::Visit;
 pub use refusal::StartRefusal;
+use registry::Visit;
 
 /// One extra header of a record: name and value (`None`: a null header).
 pub(crate) type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
@@ -327,7 +327,9 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
             Box::pin(plugin.prepare(config))
         }
     }
-    registry::visit(&settings.sink, Prepare).ok_or_else(|| unregistered(settings))?.await
+    registry::visit(&settings.sink, Prepare)
+        .ok_or_else(|| unregistered(settings))?
+        .await
 }
 
 /// What `status` says of the configured sink: reachable, and how it looks (`Err`: why not).
@@ -339,7 +341,9 @@ pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
             Box::pin(plugin.probe(config))
         }
     }
-    registry::visit(&settings.sink, Probe).ok_or_else(|| unregistered(settings))?.await
+    registry::visit(&settings.sink, Probe)
+        .ok_or_else(|| unregistered(settings))?
+        .await
 }
 
 /// How the configured sink supports exactly-once delivery.
@@ -351,8 +355,9 @@ pub(crate) fn exactly_once(settings: &Settings) -> ExactlyOnce {
             plugin.exactly_once(config, &self.0)
         }
     }
-    registry::visit(&settings.sink, Strategy(SinkContext::of(settings, 0)))
-        .unwrap_or(ExactlyOnce::Unsupported("no sink plugin is registered for the configured kind"))
+    registry::visit(&settings.sink, Strategy(SinkContext::of(settings, 0))).unwrap_or(ExactlyOnce::Unsupported(
+        "no sink plugin is registered for the configured kind",
+    ))
 }
 
 /// What a trace says of the configured sink: OpenTelemetry's `messaging.system`, and the
@@ -505,7 +510,9 @@ impl ReadBackSpec {
         if exactly_once(settings) != ExactlyOnce::ReadBack {
             return ReadBackSpec(None);
         }
-        registry::visit(&settings.sink, Spec).flatten().unwrap_or(ReadBackSpec(None))
+        registry::visit(&settings.sink, Spec)
+            .flatten()
+            .unwrap_or(ReadBackSpec(None))
     }
 
     /// Where the sink's producer places a record keyed `key` among `count` partitions, so the
@@ -623,6 +630,8 @@ async fn create_with<Tag: Send + Sync + 'static>(
 }
 
 /// A sink and its completions, boxed: what a plugin's `create` returns.
-pub(crate) fn boxed<Tag, S: Sink<Tag> + 'static>((sink, completions): (S, Completions<Tag>)) -> SinkWithCompletions<Tag> {
+pub(crate) fn boxed<Tag, S: Sink<Tag> + 'static>(
+    (sink, completions): (S, Completions<Tag>),
+) -> SinkWithCompletions<Tag> {
     (Box::new(sink), completions)
 }

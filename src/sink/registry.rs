@@ -7,7 +7,9 @@
 //! `src/config/<name>.rs`, one line here and one in `config::sink::SINK_SECTIONS`
 //! (docs/architecture.md, "Adding a sink").
 
-use crate::config::sink::{SinkSectionSpec, SinkSettings};
+#[cfg(test)]
+use crate::config::sink::SinkSectionSpec;
+use crate::config::sink::SinkSettings;
 use crate::sink::plugin::SinkPlugin;
 
 /// Something done with the chosen sink's plugin and its section.

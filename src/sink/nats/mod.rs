@@ -82,7 +82,6 @@ fn check_subject(name: &str) -> Result<(), String> {
     validate_subject(name, false)
 }
 
-
 fn error(cause: String, transient: bool) -> SinkError {
     SinkError {
         sink: SINK,

@@ -19,11 +19,9 @@ use redis::{ServerError, Value};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::{
-    connect, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK,
-};
-use crate::config::relay::Delivery;
+use super::{connect, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK};
 use crate::config::redis::RedisSettings;
+use crate::config::relay::Delivery;
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
