@@ -188,7 +188,7 @@ impl Settings {
             .collect();
         if let Some(unknown) = table.keys().find(|name| !ROOT_SECTIONS.contains(&name.as_str())) {
             return Err(parse_err(format!(
-                "unknown section [{unknown}]: the sections are {}, and the chosen sink's own: one of {}",
+                "unknown field `{unknown}`: the sections are {}, and the chosen sink's own: one of {}",
                 ROOT_SECTIONS
                     .iter()
                     .map(|s| format!("[{s}]"))
@@ -387,6 +387,16 @@ fn apply_env_overrides(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+impl Settings {
+    /// The `[kafka]` properties of settings whose sink is the default one, for tests.
+    pub(crate) fn kafka(&self) -> &kafka::KafkaProperties {
+        self.sink
+            .section::<kafka::KafkaProperties>()
+            .expect("the sink is kafka")
+    }
+}
 
 /// Settings for unit tests anywhere in the crate.
 #[cfg(test)]

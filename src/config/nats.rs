@@ -422,8 +422,8 @@ mod tests {
             "{base}[sink]\nkind = \"nats\"\n[nats]\nurl = \"nats://u:pw@127.0.0.1:4222\"\nstream = \"OUTBOX\"\n"
         ))
         .unwrap();
-        assert_eq!(ok.sink, SinkKind::Nats);
-        assert_eq!(ok.nats.as_ref().unwrap().stream, "OUTBOX");
+        assert_eq!(ok.sink.label(), "nats");
+        assert_eq!(ok.sink.section::<NatsSettings>().unwrap().stream, "OUTBOX");
         assert!(!format!("{ok:?}").contains(":pw@127.0.0.1:4222"));
         let e = load_text(&format!("{base}[sink]\nkind = \"nats\"\n")).unwrap_err();
         assert!(e.contains("needs a [nats] section"), "{e}");
@@ -442,7 +442,10 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(ok.nats.unwrap().url.expose(), "nats://127.0.0.1:4333");
+        assert_eq!(
+            ok.sink.section::<NatsSettings>().unwrap().url.expose(),
+            "nats://127.0.0.1:4333"
+        );
     }
 
     #[test]

@@ -210,7 +210,7 @@ mod tests {
 mod file_tests {
     use std::path::Path;
 
-    use crate::config::sink::SinkKind;
+    use super::RabbitMqSettings;
     use crate::config::Settings;
 
     const PG: &str = "[postgres]\nurl = \"postgres://relay:pw@127.0.0.1:5432/app\"\n";
@@ -230,10 +230,13 @@ mod file_tests {
             "{PG}[sink]\nkind = \"rabbitmq\"\n[rabbitmq]\nurl = \"amqp://u:pw@h:5672/%2f\"\nexchange = \"outbox\"\n"
         );
         let s = load(&text, &[]).unwrap();
-        assert_eq!(s.sink, SinkKind::RabbitMq);
-        assert_eq!(s.rabbitmq.as_ref().unwrap().exchange, "outbox");
+        assert_eq!(s.sink.label(), "rabbitmq");
+        assert_eq!(s.sink.section::<RabbitMqSettings>().unwrap().exchange, "outbox");
         let s = load(&text, &[("OUTBOX_RELAY__RABBITMQ__URL", "amqp://u:other@h2:5672/v")]).unwrap();
-        assert_eq!(s.rabbitmq.unwrap().url.expose(), "amqp://u:other@h2:5672/v");
+        assert_eq!(
+            s.sink.section::<RabbitMqSettings>().unwrap().url.expose(),
+            "amqp://u:other@h2:5672/v"
+        );
 
         let err = load(&format!("{PG}[sink]\nkind = \"rabbitmq\"\n"), &[]).unwrap_err();
         assert!(err.contains("[rabbitmq]") && err.contains("exchange"), "{err}");
@@ -255,6 +258,6 @@ mod file_tests {
         .unwrap_err();
         assert!(err.contains("[kafka]"), "{err}");
         let s = load(&format!("{PG}[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n"), &[]).unwrap();
-        assert!(s.rabbitmq.is_none());
+        assert!(s.sink.section::<RabbitMqSettings>().is_none());
     }
 }

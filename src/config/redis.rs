@@ -225,8 +225,8 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(s.sink, SinkKind::Redis);
-        assert!(s.redis.is_some());
+        assert_eq!(s.sink.label(), "redis");
+        assert!(s.sink.section::<RedisSettings>().is_some());
         let err = load("[sink]\nkind = \"redis\"\n", &[]).unwrap_err();
         assert!(err.contains("[redis]") && err.contains("url"), "{err}");
         let err = load(
@@ -247,7 +247,7 @@ mod tests {
             &[("OUTBOX_RELAY__REDIS__URL", "redis://u:env-s3cret@127.0.0.1:6380/1")],
         )
         .unwrap();
-        let redis = s.redis.unwrap();
+        let redis = s.sink.section::<RedisSettings>().unwrap().clone();
         assert_eq!(redis.url.expose(), "redis://u:env-s3cret@127.0.0.1:6380/1");
         assert!(!format!("{redis:?}").contains("env-s3cret"));
     }

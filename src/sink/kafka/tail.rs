@@ -265,6 +265,8 @@ mod tests {
     use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
 
     use super::*;
+    use std::collections::BTreeSet;
+
     use crate::sink::{ReadBack, Tail};
 
     const TOPIC: &str = "tail";
