@@ -574,3 +574,354 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
         let _ = self.completions.send(Completion { tag, outcome });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The driver against an in-process exchange whose replies the test scripts: order, the
+    //! per-key limit, the fence, the stop after a transient failure, timeouts and abandon.
+
+    use std::borrow::Cow;
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// What the test exchange answers for a record, by its value.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Script {
+        /// Acknowledged after this many milliseconds.
+        AckAfter(u64),
+        Refuse,
+        Transient,
+        /// Never answers.
+        Hang,
+    }
+
+    #[derive(Default)]
+    struct Seen {
+        /// Requests in the order `send` saw them: (key, value).
+        sent: Vec<(String, u32)>,
+        in_flight_per_key: HashMap<String, usize>,
+        max_per_key: usize,
+        in_flight: usize,
+        max_in_flight: usize,
+    }
+
+    struct TestExchange {
+        seen: Arc<Mutex<Seen>>,
+        /// Reply futures dropped before they finished (cancelled).
+        cancelled: Arc<AtomicUsize>,
+    }
+
+    struct Request {
+        key: String,
+        value: u32,
+        script: Script,
+    }
+
+    /// Counts a reply future dropped unfinished, and keeps the in-flight counts right.
+    struct Guard {
+        seen: Arc<Mutex<Seen>>,
+        cancelled: Arc<AtomicUsize>,
+        key: String,
+        finished: bool,
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let mut seen = self.seen.lock().unwrap();
+            *seen.in_flight_per_key.get_mut(&self.key).unwrap() -= 1;
+            seen.in_flight -= 1;
+            if !self.finished {
+                self.cancelled.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    impl Exchange for TestExchange {
+        type Request = Request;
+        type Reply = Script;
+
+        fn name(&self) -> &'static str {
+            "test"
+        }
+
+        fn encode(&self, record: &SinkRecord<'_>, _: &[(&str, &[u8])], _: Option<&str>) -> Result<Request, String> {
+            let text = std::str::from_utf8(record.value.as_deref().unwrap_or_default()).unwrap();
+            if text == "bad" {
+                return Err("refused on sight".into());
+            }
+            let (value, script) = text.split_once(':').unwrap();
+            let script = match script {
+                "refuse" => Script::Refuse,
+                "transient" => Script::Transient,
+                "hang" => Script::Hang,
+                ms => Script::AckAfter(ms.parse().unwrap()),
+            };
+            Ok(Request {
+                key: String::from_utf8(record.key.to_vec()).unwrap(),
+                value: value.parse().unwrap(),
+                script,
+            })
+        }
+
+        async fn send(&self, request: Request) -> Result<ReplyFuture<Script>, String> {
+            {
+                let mut seen = self.seen.lock().unwrap();
+                seen.sent.push((request.key.clone(), request.value));
+                let per_key = seen.in_flight_per_key.entry(request.key.clone()).or_default();
+                *per_key += 1;
+                let per_key = *per_key;
+                seen.max_per_key = seen.max_per_key.max(per_key);
+                seen.in_flight += 1;
+                seen.max_in_flight = seen.max_in_flight.max(seen.in_flight);
+            }
+            let guard = Guard {
+                seen: Arc::clone(&self.seen),
+                cancelled: Arc::clone(&self.cancelled),
+                key: request.key,
+                finished: false,
+            };
+            Ok(Box::pin(async move {
+                // Moved whole into the future: dropped with it.
+                let mut guard = guard;
+                match request.script {
+                    Script::AckAfter(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    Script::Hang => std::future::pending::<()>().await,
+                    Script::Refuse | Script::Transient => {}
+                }
+                guard.finished = true;
+                request.script
+            }))
+        }
+
+        fn classify(&self, reply: Script) -> Outcome {
+            match reply {
+                Script::AckAfter(_) => Outcome::Acknowledged,
+                Script::Refuse => Outcome::Refused("the broker refused it".into()),
+                Script::Transient | Script::Hang => Outcome::Transient("the broker is busy".into()),
+            }
+        }
+    }
+
+    fn options(concurrency: Concurrency) -> DriverOptions {
+        DriverOptions {
+            concurrency,
+            max_in_flight: 10_000,
+            max_in_flight_bytes: 64 * 1024 * 1024,
+            reply_timeout: Some(Duration::from_secs(5)),
+            max_queue_wait: None,
+            drop_wait: Duration::from_secs(1),
+        }
+    }
+
+    struct Fixture {
+        sink: Box<Driven<TestExchange, u32>>,
+        completions: Completions<u32>,
+        seen: Arc<Mutex<Seen>>,
+        cancelled: Arc<AtomicUsize>,
+    }
+
+    fn fixture(options: DriverOptions) -> Fixture {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let cancelled = Arc::new(AtomicUsize::new(0));
+        let exchange = Arc::new(TestExchange {
+            seen: Arc::clone(&seen),
+            cancelled: Arc::clone(&cancelled),
+        });
+        let (sink, completions) = start(exchange, options);
+        Fixture {
+            sink: Box::new(sink),
+            completions,
+            seen,
+            cancelled,
+        }
+    }
+
+    fn send(sink: &Driven<TestExchange, u32>, key: &str, value: &str, tag: u32) -> Result<(), Refusal<u32>> {
+        let record = SinkRecord {
+            destination: Cow::Borrowed("d"),
+            key: Cow::Owned(key.as_bytes().to_vec()),
+            value: Some(Cow::Owned(value.as_bytes().to_vec())),
+            event_id: b"id",
+            timestamp_ms: None,
+            headers: Cow::Borrowed(&[]),
+            partition: None,
+        };
+        sink.send(&record, &[], None, Box::new(tag))
+    }
+
+    /// The next `n` completions as (tag, outcome kind), bounded in time.
+    async fn next(completions: &mut Completions<u32>, n: usize) -> Vec<(u32, Option<FailureKind>)> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let c = tokio::time::timeout(Duration::from_secs(10), completions.recv())
+                .await
+                .expect("a completion in time")
+                .expect("the channel open");
+            out.push((*c.tag, c.outcome.err().map(|f| f.kind)));
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn per_key_one_request_per_key_up_to_the_limit_and_each_key_in_order() {
+        let mut fx = fixture(options(Concurrency::PerKey { max_keys: 4 }));
+        // 8 keys × 6 records, varied reply times so that replies of different keys overtake.
+        let mut tag = 0;
+        for i in 0..6u32 {
+            for k in 0..8u32 {
+                send(&fx.sink, &format!("k{k}"), &format!("{i}:{}", (k * 7 + i * 3) % 5), tag).unwrap();
+                tag += 1;
+            }
+        }
+        let done = next(&mut fx.completions, 48).await;
+        assert!(done.iter().all(|(_, kind)| kind.is_none()), "{done:?}");
+        let seen = fx.seen.lock().unwrap();
+        assert_eq!(seen.max_per_key, 1, "at most one request of a key in flight");
+        assert_eq!(seen.max_in_flight, 4, "up to max_keys keys at once");
+        for k in 0..8u32 {
+            let values: Vec<u32> = seen
+                .sent
+                .iter()
+                .filter(|(key, _)| *key == format!("k{k}"))
+                .map(|(_, v)| *v)
+                .collect();
+            assert_eq!(values, (0..6).collect::<Vec<_>>(), "key k{k} sent in order");
+        }
+        // Each key's completions arrive in its order too.
+        let mut last: HashMap<u32, u32> = HashMap::new();
+        for (tag, _) in done {
+            let (key, i) = (tag % 8, tag / 8);
+            if let Some(prev) = last.insert(key, i) {
+                assert!(prev < i, "key {key}: completion {i} after {prev}");
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn pipelined_sends_in_hand_over_order_with_replies_overlapping() {
+        let mut fx = fixture(options(Concurrency::Pipelined));
+        for i in 0..20u32 {
+            send(&fx.sink, "same", &format!("{i}:{}", 20 - i), i).unwrap();
+        }
+        let done = next(&mut fx.completions, 20).await;
+        assert!(done.iter().all(|(_, kind)| kind.is_none()), "{done:?}");
+        let seen = fx.seen.lock().unwrap();
+        assert_eq!(
+            seen.sent.iter().map(|(_, v)| *v).collect::<Vec<_>>(),
+            (0..20).collect::<Vec<_>>()
+        );
+        assert!(seen.max_in_flight > 1, "replies are awaited together");
+        // Later records answered sooner: completions come in reply order, not hand-over order.
+        assert_ne!(
+            done.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            (0..20).collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_refused_record_fences_its_key_until_released() {
+        for concurrency in [Concurrency::Pipelined, Concurrency::PerKey { max_keys: 8 }] {
+            let mut fx = fixture(options(concurrency));
+            let refused = send(&fx.sink, "k", "bad", 0).unwrap_err();
+            assert_eq!(refused.failure.kind, FailureKind::Refused, "refused on sight");
+            send(&fx.sink, "k", "1:refuse", 1).unwrap();
+            let first = next(&mut fx.completions, 1).await;
+            assert_eq!(first, vec![(1, Some(FailureKind::Refused))], "{concurrency:?}");
+            send(&fx.sink, "k", "2:0", 2).unwrap();
+            send(&fx.sink, "other", "3:0", 3).unwrap();
+            let mut then = next(&mut fx.completions, 2).await;
+            then.sort_by_key(|(tag, _)| *tag);
+            assert_eq!(
+                then,
+                vec![(2, Some(FailureKind::Transient)), (3, None)],
+                "{concurrency:?}"
+            );
+            fx.sink.release(b"k");
+            send(&fx.sink, "k", "4:0", 4).unwrap();
+            assert_eq!(next(&mut fx.completions, 1).await, vec![(4, None)], "{concurrency:?}");
+            let sent: Vec<u32> = fx.seen.lock().unwrap().sent.iter().map(|(_, v)| *v).collect();
+            assert!(!sent.contains(&2), "the fenced record was not sent: {sent:?}");
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn after_a_transient_failure_nothing_more_is_sent() {
+        for concurrency in [Concurrency::Pipelined, Concurrency::PerKey { max_keys: 1 }] {
+            let mut fx = fixture(options(concurrency));
+            send(&fx.sink, "a", "0:transient", 0).unwrap();
+            send(&fx.sink, "b", "1:50", 1).unwrap();
+            send(&fx.sink, "c", "2:0", 2).unwrap();
+            let first = next(&mut fx.completions, 1).await;
+            assert_eq!(first, vec![(0, Some(FailureKind::Transient))], "{concurrency:?}");
+            let rest = next(&mut fx.completions, 2).await;
+            match concurrency {
+                // The second was on the wire already (pipelined): it completes; the third not.
+                Concurrency::Pipelined => {
+                    assert!(rest.contains(&(2, Some(FailureKind::Transient))), "{rest:?}");
+                }
+                // One key at a time: neither went out.
+                Concurrency::PerKey { .. } => {
+                    assert_eq!(
+                        rest,
+                        vec![(1, Some(FailureKind::Transient)), (2, Some(FailureKind::Transient))]
+                    );
+                }
+            }
+            let sent: Vec<u32> = fx.seen.lock().unwrap().sent.iter().map(|(_, v)| *v).collect();
+            assert!(!sent.contains(&2), "{concurrency:?}: {sent:?}");
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reply_not_in_time_fails_its_record() {
+        let mut opts = options(Concurrency::PerKey { max_keys: 2 });
+        opts.reply_timeout = Some(Duration::from_millis(100));
+        let mut fx = fixture(opts);
+        send(&fx.sink, "a", "0:hang", 0).unwrap();
+        let started = Instant::now();
+        assert_eq!(
+            next(&mut fx.completions, 1).await,
+            vec![(0, Some(FailureKind::Transient))]
+        );
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        send(&fx.sink, "b", "1:0", 1).unwrap();
+        assert_eq!(
+            next(&mut fx.completions, 1).await,
+            vec![(1, Some(FailureKind::Transient))]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn abandon_drops_the_queue_waits_bounded_and_cancels_what_hangs() {
+        let mut opts = options(Concurrency::PerKey { max_keys: 2 });
+        opts.reply_timeout = None;
+        let fx = fixture(opts);
+        send(&fx.sink, "a", "0:hang", 0).unwrap();
+        send(&fx.sink, "b", "1:hang", 1).unwrap();
+        // Queued behind the two keys on the wire: dropped, never sent.
+        send(&fx.sink, "a", "2:0", 2).unwrap();
+        send(&fx.sink, "c", "3:0", 3).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let Fixture {
+            sink,
+            mut completions,
+            seen,
+            cancelled,
+        } = fx;
+        let started = Instant::now();
+        tokio::task::spawn_blocking(move || sink.abandon(Duration::from_millis(200)))
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert_eq!(cancelled.load(Ordering::SeqCst), 2, "both hanging replies dropped");
+        assert_eq!(seen.lock().unwrap().sent.len(), 2, "nothing queued was sent");
+        assert!(completions.recv().await.is_none(), "no completion for what was dropped");
+    }
+}
