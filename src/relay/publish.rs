@@ -155,7 +155,7 @@ impl StreamState<'_> {
             .traceparent
             .as_deref()
             .filter(|tp| crate::outbox::trace_context::check_traceparent(tp).is_ok());
-        let names = crate::sink::trace_names(&self.settings);
+        let names = crate::sink::trace_names(self.settings);
         let fields = SpanFields {
             system: names.messaging_system,
             destination: &destination,

@@ -81,6 +81,12 @@ pub(crate) trait Exchange: Send + Sync + 'static {
 
     /// What `reply` means for its record.
     fn classify(&self, reply: Self::Reply) -> Outcome;
+
+    /// What a reply is called, in the cause of a record whose reply did not come in time
+    /// ("no PubAck within …").
+    fn reply_name(&self) -> &'static str {
+        "reply"
+    }
 }
 
 /// How requests of different and of the same key may overlap.
@@ -89,6 +95,7 @@ pub(crate) enum Concurrency {
     /// Sent in hand-over order, one `send` at a time; any number of replies awaited at once.
     Pipelined,
     /// At most one request in flight per key, up to `max_keys` keys at once.
+    #[allow(dead_code)] // the first per-key sink (HTTP webhooks) arrives separately
     PerKey { max_keys: usize },
 }
 
@@ -545,7 +552,11 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
             }
             let rec = entry.remove();
             self.wire_bytes = self.wire_bytes.saturating_sub(rec.size);
-            let cause = format!("no reply within {} ms", timeout.as_millis());
+            let cause = format!(
+                "no {} within the reply timeout ({} ms)",
+                self.exchange.reply_name(),
+                timeout.as_millis()
+            );
             self.failed.get_or_insert_with(|| cause.clone());
             self.complete(
                 rec.tag,

@@ -27,8 +27,6 @@
 //! Adding a sink: a folder `src/sink/<name>/` with the plugin, a section `[<name>]` in
 //! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
 
-// Until the first adapter runs on it, only its tests use the driver.
-#[allow(dead_code)]
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;

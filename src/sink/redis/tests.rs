@@ -259,7 +259,7 @@ async fn exactly_once_drops_replays_atomically_within_the_window() {
         let stream = &stream;
         async move {
             // A new instance each time, as after a crash.
-            let (sink, mut completions) = create_sink(&settings).await.unwrap();
+            let (sink, mut completions) = create_sink(settings).await.unwrap();
             for (i, key) in keys.iter().enumerate() {
                 sink.send(&record(stream, b"k", b"v", b"id"), &[], Some(key), Box::new(i as u32))
                     .unwrap();
