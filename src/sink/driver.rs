@@ -95,7 +95,6 @@ pub(crate) enum Concurrency {
     /// Sent in hand-over order, one `send` at a time; any number of replies awaited at once.
     Pipelined,
     /// At most one request in flight per key, up to `max_keys` keys at once.
-    #[allow(dead_code)] // the first per-key sink (HTTP webhooks) arrives separately
     PerKey { max_keys: usize },
 }
 

@@ -27,6 +27,9 @@
 //! Adding a sink: a folder `src/sink/<name>/` with the plugin, a section `[<name>]` in
 //! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
 
+// Its first adapters (HTTP webhooks, per key) arrive on their own branch; until then only its
+// tests run it.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;
