@@ -215,7 +215,7 @@ impl Worker {
                 self.counts.rolled_back += 1;
                 return match outcome {
                     Ok(_) => {
-                        warn!(worker = self.index, rows = rows.len(), "shutdown timeout passed before Kafka acknowledged the batch; rolled back, it will be published again");
+                        warn!(worker = self.index, rows = rows.len(), "shutdown timeout passed before the broker acknowledged the batch; rolled back, it will be published again");
                         Ok(Claimed::GaveUp)
                     }
                     Err(e) => Err(e),

@@ -326,7 +326,7 @@ impl StreamState<'_> {
         if tag.dead_letter || !self.phase.held().is_some_and(|h| h.sent && h.txn.event == event) {
             return;
         }
-        info!(commit_lsn = %tag.commit_lsn, seq = tag.event_seq, "Kafka accepted the suspect event on its own: it only shared a batch with a bad record");
+        info!(commit_lsn = %tag.commit_lsn, seq = tag.event_seq, "the broker accepted the suspect event on its own: it only shared a batch with a bad record");
         self.suspects.clear(event);
         self.phase.take_held();
     }
@@ -346,7 +346,7 @@ impl StreamState<'_> {
             id = %String::from_utf8_lossy(&held.event.id),
             commit_lsn = %held.txn.commit_lsn(),
             earlier = %held.earlier,
-            "sending alone an event Kafka refused earlier, to tell whether it is the bad one"
+            "sending alone an event the broker refused earlier, to tell whether it is the bad one"
         );
         let settings = self.settings;
         let (span, traced) = self.start_span(&held.txn, &held.event).unzip();
