@@ -275,6 +275,26 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_section_or_another_kinds_section_names_the_registered_sinks() {
+        use crate::config::test_support::load;
+        let err = load("[kinesis]\nstream = \"x\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("unknown field `kinesis`"), "{err}");
+        for kind in SINK_SECTIONS.iter().map(|s| s.kind()) {
+            assert!(err.contains(&format!("[{kind}]")), "{kind} missing: {err}");
+        }
+        // The default kind with another sink's section: refused naming both.
+        let err = load("[redis]\nurl = \"redis://127.0.0.1\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("a [redis] section is set but [sink] kind = \"kafka\""),
+            "{err}"
+        );
+        let err = load("[sink]\nkind = \"kinesis\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains(&kinds_quoted()), "{err}");
+    }
+
+    #[test]
     fn every_kind_is_registered_once() {
         let mut kinds: Vec<&str> = SINK_SECTIONS.iter().map(|s| s.kind()).collect();
         let n = kinds.len();
