@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkFailure, SinkRecord};
@@ -87,7 +87,16 @@ pub(crate) trait Exchange: Send + Sync + 'static {
     fn reply_name(&self) -> &'static str {
         "reply"
     }
+
+    /// Closes the connection, once the driver has stopped (after abandon's bounded wait, or
+    /// when the sink was dropped); bounded by the adapter ([`CLOSE_MARGIN`] at most).
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
+
+/// What [`Sink::abandon`] allows an adapter's [`Exchange::close`] beyond the wait for replies.
+pub(crate) const CLOSE_MARGIN: Duration = Duration::from_secs(3);
 
 /// How requests of different and of the same key may overlap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,8 +242,8 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Sink<Tag> for Driven<E, Tag> {
         // Crash tests: die while the abandoned sink's requests may still be on the wire.
         fail::fail_point!("publisher::abandon", |_| crate::failpoints::crash("publisher::abandon"));
         let done = self.done.lock().unwrap_or_else(|e| e.into_inner());
-        // The task waits at most `wait` itself; the margin covers its wind-down.
-        if done.recv_timeout(wait + Duration::from_millis(200)).is_err() {
+        // The task waits at most `wait` itself; the margin covers its wind-down and close.
+        if done.recv_timeout(wait + CLOSE_MARGIN).is_err() {
             warn!(sink = self.exchange.name(), "abandoned sink did not stop in time");
         }
     }
@@ -321,11 +330,15 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
             }
         };
         if tokio::time::timeout(wait, drain).await.is_err() {
-            debug!(
+            warn!(
                 sink = self.exchange.name(),
+                pending = self.on_wire.len(),
                 "abandoned sink gave up waiting for its replies"
             );
         }
+        // Cancel what is still pending before the connection goes.
+        self.replies = FuturesUnordered::new();
+        self.exchange.close().await;
     }
 
     /// Whether another record may be taken from the queue now.

@@ -22,16 +22,14 @@
 //! Each kind of sink is a [`plugin::SinkPlugin`] in its own folder, listed once in
 //! [`registry`]; this module's functions ([`limits`], [`prepare`], [`probe`], [`exactly_once`],
 //! [`create`], …) answer for whichever sink is configured, through the registry, without naming
-//! any. A request/response sink runs on the shared [`driver`] (NATS, RabbitMQ and Redis keep
-//! their own publishers for now: on the driver, NATS drained 35-40 % slower, its per-request
-//! reply futures costing what its single PubAck subscription saves).
+//! any. A request/response sink runs on the shared [`driver`] (RabbitMQ does, one message per
+//! key on the wire; NATS and Redis keep their own publishers for now: on the driver, NATS
+//! drained 35-40 % slower, its per-request reply futures costing what its single PubAck
+//! subscription saves).
 //!
 //! Adding a sink: a folder `src/sink/<name>/` with the plugin, a section `[<name>]` in
 //! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
 
-// Its first adapters (HTTP webhooks, per key) arrive on their own branch; until then only its
-// tests run it.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;
