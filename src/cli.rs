@@ -123,6 +123,18 @@ enum Configured {
     },
 }
 
+/// Every registered sink's client log targets, for the log filter (set before the
+/// configuration is read, so it covers whichever sink is chosen).
+fn client_log_targets() -> Vec<logging::ClientTarget> {
+    crate::sink::client_log_targets()
+        .into_iter()
+        .map(|t| logging::ClientTarget {
+            target: t.target,
+            fixed: t.fixed,
+        })
+        .collect()
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
@@ -134,7 +146,7 @@ pub fn main() -> ExitCode {
             } else {
                 &cli.log_level
             };
-            logging::init(cli.log_format, level);
+            logging::init(cli.log_format, level, &client_log_targets());
             return crate::demo::main(args);
         }
         Command::ImportDebezium { file } => return import_debezium(&file),
@@ -156,7 +168,7 @@ pub fn main() -> ExitCode {
         Command::Status { json } => Configured::Status { json },
         Command::Teardown { yes } => Configured::Teardown { yes },
     };
-    logging::init(cli.log_format, &cli.log_level);
+    logging::init(cli.log_format, &cli.log_level, &client_log_targets());
     let Some(path) = cli.config.clone() else {
         eprintln!("error: --config FILE is required (or set OUTBOX_RELAY_CONFIG); see config/outbox-relay.toml for an example");
         return ExitCode::from(2);

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::config::ident::{Ident, TableName};
-use crate::config::sink::SinkKind;
+use crate::config::sink::SinkSectionSpec;
 use crate::config::{named, ConfigError};
 
 /// The attributes the relay writes itself: an extension of the same name would collide.
@@ -103,7 +103,7 @@ impl CloudEventsSettings {
 
 /// What the section needs from the rest of the configuration.
 pub(crate) struct Context<'a> {
-    pub(crate) sink: SinkKind,
+    pub(crate) sink: &'a dyn SinkSectionSpec,
     pub(crate) debezium: bool,
     /// The database the relay reads (the default `source`'s second segment).
     pub(crate) database: &'a str,
@@ -121,18 +121,12 @@ impl CloudEventsSection {
                     .into(),
             });
         }
-        match (cx.sink, self.mode) {
-            (SinkKind::Kafka | SinkKind::Redis | SinkKind::RabbitMq, _)
-            | (SinkKind::Nats, CloudEventsMode::Structured) => {}
-            (SinkKind::Nats, CloudEventsMode::Binary) => {
-                return Err(ConfigError::Invalid {
-                    key: "cloudevents.mode",
-                    message: "is \"binary\" with [sink] kind = \"nats\": the CloudEvents NATS protocol binding \
-                              (1.0.2) defines the structured content mode only. Set mode = \"structured\""
-                        .into(),
-                })
-            }
-        }
+        cx.sink
+            .cloudevents_mode(self.mode)
+            .map_err(|message| ConfigError::Invalid {
+                key: "cloudevents.mode",
+                message,
+            })?;
         let table_sources = match &self.source {
             Some(s) if s.trim().is_empty() || s.chars().any(char::is_control) => {
                 return Err(ConfigError::Invalid {

@@ -7,8 +7,154 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::config::relay::{BadEventPolicy, Delivery, ExactlyOnceVia, RelaySettings};
 use crate::config::secret::is_secret_key;
-use crate::config::ConfigError;
+use crate::config::sink::{parse_section, ClientQueueExpiry, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::{ConfigError, TAKEOVER_FENCE_MARGIN};
+
+/// `[sink] kind = "kafka"` (the default) and its `[kafka]` section of librdkafka properties.
+pub(crate) struct KafkaSection;
+
+/// The registration of `[kafka]` (`config::sink::SINK_SECTIONS`).
+pub(crate) const SECTION: KafkaSection = KafkaSection;
+
+/// A takeover fence longer than this is warned about at start.
+const SLOW_TAKEOVER: Duration = Duration::from_secs(60);
+
+impl SinkSectionSpec for KafkaSection {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn name(&self) -> &'static str {
+        "Kafka"
+    }
+
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        cx: &SectionContext<'_>,
+    ) -> Result<Arc<dyn SinkSection>, ConfigError> {
+        let raw: BTreeMap<String, KafkaValue> = match section {
+            Some(v) => parse_section("kafka", v)?,
+            None => BTreeMap::new(),
+        };
+        let mut kafka = KafkaProperties::validate(raw)?;
+        let relay = cx.relay;
+        if let BadEventPolicy::DeadLetter { topic } = &relay.on_bad_event {
+            validate_topic_name(topic).map_err(|m| ConfigError::Invalid {
+                key: "relay.on_bad_event",
+                message: format!("relay.dead_letter_topic: {m}"),
+            })?;
+        }
+        if relay.delivery == Delivery::ExactlyOnce {
+            validate_exactly_once_timeout(&kafka, relay)?;
+            validate_exactly_once_partitioner(&kafka)?;
+            kafka.bound_message_timeout();
+        }
+        let transactions = relay.exactly_once == ExactlyOnceVia::KafkaTransactions;
+        kafka.check_transactional(transactions)?;
+        if transactions {
+            validate_topic_name(&relay.checkpoint_topic).map_err(|m| ConfigError::Invalid {
+                key: "relay.checkpoint_topic",
+                message: m,
+            })?;
+        }
+        Ok(Arc::new(kafka))
+    }
+
+    /// librdkafka property names are dotted: `OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS` sets
+    /// `bootstrap.servers`.
+    fn env_key(&self, key: &str) -> String {
+        key.to_ascii_lowercase().replace('_', ".")
+    }
+
+    fn transactions(&self) -> bool {
+        true
+    }
+}
+
+impl SinkSection for KafkaProperties {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn client_queue_expiry(&self) -> Option<ClientQueueExpiry> {
+        Some(ClientQueueExpiry {
+            expiry: self.message_timeout(),
+            key: "message.timeout.ms",
+        })
+    }
+
+    fn start_warnings(&self, relay: &RelaySettings) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if relay.delivery == Delivery::ExactlyOnce {
+            let fence = relay.stale_limit() + self.message_timeout() + TAKEOVER_FENCE_MARGIN;
+            if let (Some((key, _)), true) = (self.user_message_timeout(), fence > SLOW_TAKEOVER) {
+                warnings.push(format!(
+                    "relay.delivery = \"exactly-once\" with [kafka] {key} = {} ms: a standby taking over from a \
+                     frozen or unreachable holder waits up to {} s before publishing (the holder's queued records \
+                     must land or expire first). Remove {key} (the relay then uses {} ms: at most {} s) or lower it",
+                    self.message_timeout().as_millis(),
+                    fence.as_secs(),
+                    EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis(),
+                    (relay.stale_limit() + EXACTLY_ONCE_MESSAGE_TIMEOUT + TAKEOVER_FENCE_MARGIN).as_secs(),
+                ));
+            }
+        }
+        warnings
+    }
+
+    fn get(&self, key: &str) -> Option<String> {
+        (!is_secret_key(key)).then(|| self.0.get(key).cloned()).flatten()
+    }
+}
+
+/// Exactly-once reads back the partition a record's key maps to, computed with Java's murmur2
+/// (`murmur2_random`, the default): another partitioner would send records elsewhere, the
+/// read-back would look in the wrong partitions and replays would be duplicated silently.
+fn validate_exactly_once_partitioner(kafka: &KafkaProperties) -> Result<(), ConfigError> {
+    match kafka.0.get("partitioner").map(String::as_str) {
+        None | Some("murmur2_random") => Ok(()),
+        Some(other) => Err(ConfigError::Invalid {
+            key: "kafka",
+            message: format!(
+                "partitioner = {other:?} with relay.delivery = \"exactly-once\": the read-back finds a record's \
+                 partition with murmur2 (partitioner = \"murmur2_random\", the default), so replays would go \
+                 unchecked. Remove the partitioner key, or set relay.delivery = \"at-least-once\""
+            ),
+        }),
+    }
+}
+
+/// Exactly-once with a user-set message timeout: it must leave room for the stream's batching
+/// (`linger.ms`) and be a number.
+fn validate_exactly_once_timeout(kafka: &KafkaProperties, relay: &RelaySettings) -> Result<(), ConfigError> {
+    let Some((key, ms)) = kafka.user_message_timeout() else {
+        return Ok(());
+    };
+    let linger = kafka
+        .0
+        .get("linger.ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let floor = linger.max(relay.status_interval.as_millis() as u64).max(1_000);
+    match ms {
+        Some(ms) if ms >= floor => Ok(()),
+        _ => Err(ConfigError::Invalid {
+            key: "kafka",
+            message: format!(
+                "{key} = {:?} with relay.delivery = \"exactly-once\": it must be a number of milliseconds of at \
+                 least {floor} (1 s, relay.status_interval_ms and linger.ms), or left out (the relay then uses {} ms)",
+                kafka.0.get(key).map(String::as_str).unwrap_or_default(),
+                EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis()
+            ),
+        }),
+    }
+}
 
 /// Longest topic name Kafka accepts.
 pub(crate) const MAX_TOPIC_LEN: usize = 249;

@@ -46,15 +46,12 @@ use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;
 use self::http::{HttpSection, HttpSettings};
 use self::ident::IdentError;
-use self::kafka::{KafkaProperties, KafkaValue};
 use self::outbox::{OutboxMapping, OutboxSection, RouteSection, TopicRoute};
 use self::poll::{PollSection, PollSettings};
 use self::postgres::{PostgresSection, PostgresSettings};
-use self::rabbitmq::{RabbitMqSection, RabbitMqSettings};
-use self::redis::{RedisSection, RedisSettings};
 use self::relay::{RelaySection, RelaySettings};
 use self::retention::{RetentionSection, RetentionSettings};
-use self::sink::{SinkKind, SinkSection};
+use self::sink::{SinkSettings, SinkTable};
 use self::tracing::{TracingSection, TracingSettings};
 
 /// Prefix of environment variables that override file settings.
@@ -89,15 +86,11 @@ pub(crate) struct FileConfig {
     #[serde(default)]
     pub(crate) route: RouteSection,
     #[serde(default)]
-    pub(crate) sink: SinkSection,
-    /// Absent unless `[sink] kind = "kafka"` (the default).
-    pub(crate) kafka: Option<BTreeMap<String, KafkaValue>>,
-    /// Present iff `[sink] kind = "redis"`.
-    pub(crate) redis: Option<RedisSection>,
-    /// Present iff `[sink] kind = "rabbitmq"`.
-    pub(crate) rabbitmq: Option<RabbitMqSection>,
-    /// Present if and only if `[sink] kind = "nats"`.
-    pub(crate) nats: Option<nats::NatsSection>,
+    pub(crate) sink: SinkTable,
+    /// The sinks' own sections (`[kafka]`, `[nats]`, …) by name, as written: each is
+    /// validated by its sink's spec (`sink::SINK_SECTIONS`).
+    #[serde(skip)]
+    pub(crate) sink_sections: BTreeMap<String, toml::Value>,
     #[serde(default)]
     pub(crate) relay: RelaySection,
     #[serde(default)]
@@ -139,16 +132,8 @@ pub struct Settings {
     pub outbox: OutboxMapping,
     /// `[route]`: the topic of an event is `router.route(route-by value)`.
     pub router: TopicRoute,
-    /// `[sink] kind`: the broker events are published to.
-    pub sink: SinkKind,
-    /// `[kafka]`; empty unless the sink is Kafka.
-    pub kafka: KafkaProperties,
-    /// `[redis]`; `Some` iff the sink is Redis.
-    pub redis: Option<RedisSettings>,
-    /// `[rabbitmq]`; `Some` iff the sink is RabbitMQ.
-    pub rabbitmq: Option<RabbitMqSettings>,
-    /// `[nats]`; `Some` exactly when the sink is NATS JetStream.
-    pub nats: Option<nats::NatsSettings>,
+    /// `[sink] kind` and that sink's own section: the broker events are published to.
+    pub sink: SinkSettings,
     pub relay: RelaySettings,
     /// Only `outbox-relay poll` reads it.
     pub poll: PollSettings,
@@ -193,9 +178,33 @@ impl Settings {
         };
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
         apply_env_overrides(&mut table, env)?;
-        let file: FileConfig = toml::Value::Table(table)
+        let sink_sections: BTreeMap<String, toml::Value> = table
+            .keys()
+            .filter(|name| sink::is_sink_section(name))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|name| table.remove(&name).map(|v| (name, v)))
+            .collect();
+        if let Some(unknown) = table.keys().find(|name| !ROOT_SECTIONS.contains(&name.as_str())) {
+            return Err(parse_err(format!(
+                "unknown field `{unknown}`: the sections are {}, and the chosen sink's own: one of {}",
+                ROOT_SECTIONS
+                    .iter()
+                    .map(|s| format!("[{s}]"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                sink::SINK_SECTIONS
+                    .iter()
+                    .map(|s| format!("[{}]", s.kind()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let mut file: FileConfig = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+        file.sink_sections = sink_sections;
         Settings::validate(file)
     }
 
@@ -208,7 +217,7 @@ impl Settings {
         }
         let postgres = file.postgres.validate()?;
         let router = file.route.validate()?;
-        let sink = file.sink.validate()?;
+        let sink_spec = sink::spec_of(&file.sink.kind)?;
         let cloudevents = match file.cloudevents {
             None => None,
             Some(section) => {
@@ -218,7 +227,7 @@ impl Settings {
                     .or(postgres.connection.get_user())
                     .unwrap_or("postgres");
                 let ce = section.validate(&cloudevents::Context {
-                    sink,
+                    sink: sink_spec,
                     debezium: debezium.is_some(),
                     database,
                     tables: &outbox.tables,
@@ -242,61 +251,15 @@ impl Settings {
                 Some(ce)
             }
         };
-        let mut kafka = if sink == SinkKind::Kafka {
-            KafkaProperties::validate(file.kafka.unwrap_or_default())?
-        } else if file.kafka.is_some() {
-            return Err(ConfigError::Invalid {
-                key: "kafka",
-                message: format!(
-                    "a [kafka] section is set but [sink] kind = \"{}\": remove the section, or set kind = \"kafka\"",
-                    sink.label()
-                ),
-            });
-        } else {
-            KafkaProperties::default()
-        };
-        let redis = self::redis::validate_section(sink, file.redis)?;
-        let rabbitmq = rabbitmq::section(sink, file.rabbitmq)?;
-        let nats = nats::section_for(sink, file.nats)?;
         let relay = file.relay.validate()?;
-        if let (SinkKind::Kafka, relay::BadEventPolicy::DeadLetter { topic }) = (sink, &relay.on_bad_event) {
-            kafka::validate_topic_name(topic).map_err(|m| ConfigError::Invalid {
-                key: "relay.on_bad_event",
-                message: format!("relay.dead_letter_topic: {m}"),
-            })?;
-        }
-        if relay.delivery == relay::Delivery::ExactlyOnce && sink == SinkKind::Kafka {
-            validate_exactly_once_timeout(&kafka, &relay)?;
-            validate_exactly_once_partitioner(&kafka)?;
-            kafka.bound_message_timeout();
-        }
-        let transactions = relay.exactly_once == relay::ExactlyOnceVia::KafkaTransactions;
-        if sink == SinkKind::Kafka {
-            kafka.check_transactional(transactions)?;
-            if transactions {
-                kafka::validate_topic_name(&relay.checkpoint_topic).map_err(|m| ConfigError::Invalid {
-                    key: "relay.checkpoint_topic",
-                    message: m,
-                })?;
-            }
-        } else if transactions {
-            return Err(ConfigError::Invalid {
-                key: "relay.exactly_once",
-                message: format!(
-                    "\"kafka-transactions\" needs [sink] kind = \"kafka\", not \"{}\"; remove the key",
-                    sink.label()
-                ),
-            });
-        }
+        let sink = file
+            .sink
+            .validate(file.sink_sections, &sink::SectionContext { relay: &relay })?;
         Ok(Settings {
             postgres,
             outbox,
             router,
             sink,
-            kafka,
-            redis,
-            rabbitmq,
-            nats,
             relay,
             poll: file.poll.validate()?,
             http: file.http.validate()?,
@@ -311,11 +274,17 @@ impl Settings {
     }
 
     /// Exactly-once: the longest a takeover may wait before its first read-back — the previous
-    /// holder may hand records to librdkafka until [`RelaySettings::stale_limit`] after its last
-    /// status update, and each may wait `message.timeout.ms` in its queue, plus a second for
-    /// librdkafka's expiry scan (docs/reliability.md, "The frozen holder").
+    /// holder may hand records to the sink's client until [`RelaySettings::stale_limit`] after
+    /// its last status update, and each may wait its client queue's expiry
+    /// ([`sink::SinkSection::client_queue_expiry`]), plus a second for the client's expiry scan
+    /// (docs/reliability.md, "The frozen holder").
     pub(crate) fn takeover_fence_max(&self) -> Duration {
-        self.relay.stale_limit() + self.kafka.message_timeout() + TAKEOVER_FENCE_MARGIN
+        let expiry = self
+            .sink
+            .section_dyn()
+            .client_queue_expiry()
+            .map_or(Duration::ZERO, |e| e.expiry);
+        self.relay.stale_limit() + expiry + TAKEOVER_FENCE_MARGIN
     }
 
     /// A warning for the operator about this configuration, logged when `run` starts.
@@ -331,71 +300,28 @@ impl Settings {
                 ));
             }
         }
-        if self.relay.delivery == relay::Delivery::ExactlyOnce && self.sink == SinkKind::Kafka {
-            let fence = self.takeover_fence_max();
-            if let (Some((key, _)), true) = (self.kafka.user_message_timeout(), fence > SLOW_TAKEOVER) {
-                warnings.push(format!(
-                    "relay.delivery = \"exactly-once\" with [kafka] {key} = {} ms: a standby taking over from a \
-                     frozen or unreachable holder waits up to {} s before publishing (the holder's queued records \
-                     must land or expire first). Remove {key} (the relay then uses {} ms: at most {} s) or lower it",
-                    self.kafka.message_timeout().as_millis(),
-                    fence.as_secs(),
-                    kafka::EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis(),
-                    (self.relay.stale_limit() + kafka::EXACTLY_ONCE_MESSAGE_TIMEOUT + TAKEOVER_FENCE_MARGIN).as_secs(),
-                ));
-            }
-        }
+        warnings.extend(self.sink.section_dyn().start_warnings(&self.relay));
         warnings
     }
 }
 
-/// librdkafka scans its queues for expired records about once a second.
-const TAKEOVER_FENCE_MARGIN: Duration = Duration::from_secs(1);
-/// A takeover fence longer than this is warned about at start.
-const SLOW_TAKEOVER: Duration = Duration::from_secs(60);
+/// A broker client scans its queues for expired records about once a second.
+pub(crate) const TAKEOVER_FENCE_MARGIN: Duration = Duration::from_secs(1);
 
-/// Exactly-once reads back the partition a record's key maps to, computed with Java's murmur2
-/// (`murmur2_random`, the default): another partitioner would send records elsewhere, the
-/// read-back would look in the wrong partitions and replays would be duplicated silently.
-fn validate_exactly_once_partitioner(kafka: &KafkaProperties) -> Result<(), ConfigError> {
-    match kafka.0.get("partitioner").map(String::as_str) {
-        None | Some("murmur2_random") => Ok(()),
-        Some(other) => Err(ConfigError::Invalid {
-            key: "kafka",
-            message: format!(
-                "partitioner = {other:?} with relay.delivery = \"exactly-once\": the read-back finds a record's \
-                 partition with murmur2 (partitioner = \"murmur2_random\", the default), so replays would go \
-                 unchecked. Remove the partitioner key, or set relay.delivery = \"at-least-once\""
-            ),
-        }),
-    }
-}
-
-/// Exactly-once with a user-set message timeout: it must leave room for the stream's batching
-/// (`linger.ms`) and be a number.
-fn validate_exactly_once_timeout(kafka: &KafkaProperties, relay: &RelaySettings) -> Result<(), ConfigError> {
-    let Some((key, ms)) = kafka.user_message_timeout() else {
-        return Ok(());
-    };
-    let linger = kafka
-        .0
-        .get("linger.ms")
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    let floor = linger.max(relay.status_interval.as_millis() as u64).max(1_000);
-    match ms {
-        Some(ms) if ms >= floor => Ok(()),
-        _ => Err(ConfigError::Invalid {
-            key: "kafka",
-            message: format!(
-                "{key} = {:?} with relay.delivery = \"exactly-once\": it must be a number of milliseconds of at \
-                 least {floor} (1 s, relay.status_interval_ms and linger.ms), or left out (the relay then uses {} ms)",
-                kafka.0.get(key).map(String::as_str).unwrap_or_default(),
-                kafka::EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis()
-            ),
-        }),
-    }
-}
+/// The file's sections besides the sinks' own ([`FileConfig`]'s fields).
+const ROOT_SECTIONS: &[&str] = &[
+    "postgres",
+    "outbox",
+    "route",
+    "sink",
+    "relay",
+    "poll",
+    "http",
+    "retention",
+    "debezium",
+    "cloudevents",
+    "tracing",
+];
 
 fn apply_env_overrides(
     table: &mut toml::Table,
@@ -412,9 +338,11 @@ fn apply_env_overrides(
             });
         };
         let section = section.to_ascii_lowercase();
-        // Both sections take dotted property names.
-        let key = if section == "kafka" || section == "debezium" {
+        // `[debezium]` takes dotted property names; a sink's section says how it names keys.
+        let key = if section == "debezium" {
             key.to_ascii_lowercase().replace('_', ".")
+        } else if let Ok(spec) = sink::spec_of(&section) {
+            spec.env_key(key)
         } else {
             key.to_ascii_lowercase()
         };
@@ -459,6 +387,16 @@ fn apply_env_overrides(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+impl Settings {
+    /// The `[kafka]` properties of settings whose sink is the default one, for tests.
+    pub(crate) fn kafka(&self) -> &kafka::KafkaProperties {
+        self.sink
+            .section::<kafka::KafkaProperties>()
+            .expect("the sink is kafka")
+    }
+}
 
 /// Settings for unit tests anywhere in the crate.
 #[cfg(test)]

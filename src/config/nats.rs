@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::sink::SinkKind;
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::config::cloudevents::CloudEventsMode;
+use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::{number_or_numeric_string, ConfigError};
 
 /// NATS's default `max_payload` (1 MiB): the largest message (headers and payload) a server
@@ -207,24 +211,52 @@ impl NatsSection {
     }
 }
 
-/// `[nats]` validated when `[sink] kind = "nats"` (then it is required), refused otherwise.
-pub(crate) fn section_for(kind: SinkKind, section: Option<NatsSection>) -> Result<Option<NatsSettings>, ConfigError> {
-    match (kind, section) {
-        (SinkKind::Nats, Some(section)) => section.validate().map(Some),
-        (SinkKind::Nats, None) => Err(ConfigError::Invalid {
-            key: "nats",
-            message: "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
-                      stream = \"OUTBOX\" (docs/sink-nats.md)"
-                .into(),
-        }),
-        (other, Some(_)) => Err(ConfigError::Invalid {
-            key: "nats",
-            message: format!(
-                "a [nats] section is set but [sink] kind = \"{}\": remove the section, or set kind = \"nats\"",
-                other.label()
-            ),
-        }),
-        (_, None) => Ok(None),
+/// `[sink] kind = "nats"` and its `[nats]` section (required).
+pub(crate) struct NatsSpec;
+
+/// The registration of `[nats]` (`config::sink::SINK_SECTIONS`).
+pub(crate) const SECTION: NatsSpec = NatsSpec;
+
+impl SinkSectionSpec for NatsSpec {
+    fn kind(&self) -> &'static str {
+        "nats"
+    }
+
+    fn name(&self) -> &'static str {
+        "NATS JetStream"
+    }
+
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        _: &SectionContext<'_>,
+    ) -> Result<Arc<dyn SinkSection>, ConfigError> {
+        let Some(section) = section else {
+            return Err(ConfigError::Invalid {
+                key: "nats",
+                message:
+                    "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
+                          stream = \"OUTBOX\" (docs/sink-nats.md)"
+                        .into(),
+            });
+        };
+        let section: NatsSection = parse_section("nats", section)?;
+        Ok(Arc::new(section.validate()?))
+    }
+
+    fn cloudevents_mode(&self, mode: CloudEventsMode) -> Result<(), String> {
+        match mode {
+            CloudEventsMode::Structured => Ok(()),
+            CloudEventsMode::Binary => Err("is \"binary\" with [sink] kind = \"nats\": the CloudEvents NATS protocol binding \
+                                            (1.0.2) defines the structured content mode only. Set mode = \"structured\""
+                .into()),
+        }
+    }
+}
+
+impl SinkSection for NatsSettings {
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
@@ -390,8 +422,8 @@ mod tests {
             "{base}[sink]\nkind = \"nats\"\n[nats]\nurl = \"nats://u:pw@127.0.0.1:4222\"\nstream = \"OUTBOX\"\n"
         ))
         .unwrap();
-        assert_eq!(ok.sink, SinkKind::Nats);
-        assert_eq!(ok.nats.as_ref().unwrap().stream, "OUTBOX");
+        assert_eq!(ok.sink.label(), "nats");
+        assert_eq!(ok.sink.section::<NatsSettings>().unwrap().stream, "OUTBOX");
         assert!(!format!("{ok:?}").contains(":pw@127.0.0.1:4222"));
         let e = load_text(&format!("{base}[sink]\nkind = \"nats\"\n")).unwrap_err();
         assert!(e.contains("needs a [nats] section"), "{e}");
@@ -410,7 +442,10 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(ok.nats.unwrap().url.expose(), "nats://127.0.0.1:4333");
+        assert_eq!(
+            ok.sink.section::<NatsSettings>().unwrap().url.expose(),
+            "nats://127.0.0.1:4333"
+        );
     }
 
     #[test]

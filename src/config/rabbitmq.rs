@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use crate::config::secret::Secret;
-use crate::config::sink::SinkKind;
+use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::ConfigError;
 
 /// Longest AMQP short string: exchange names and routing keys.
@@ -96,27 +96,42 @@ impl RabbitMqSection {
     }
 }
 
-/// `[rabbitmq]` is required with `[sink] kind = "rabbitmq"` and refused with any other kind.
-pub(crate) fn section(
-    kind: SinkKind,
-    section: Option<RabbitMqSection>,
-) -> Result<Option<RabbitMqSettings>, ConfigError> {
-    match (kind, section) {
-        (SinkKind::RabbitMq, Some(s)) => s.validate().map(Some),
-        (SinkKind::RabbitMq, None) => Err(ConfigError::Invalid {
-            key: "rabbitmq",
-            message: "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
-                      \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\""
-                .into(),
-        }),
-        (_, None) => Ok(None),
-        (other, Some(_)) => Err(ConfigError::Invalid {
-            key: "rabbitmq",
-            message: format!(
-                "a [rabbitmq] section is set but [sink] kind = \"{}\": remove the section, or set kind = \"rabbitmq\"",
-                other.label()
-            ),
-        }),
+/// `[sink] kind = "rabbitmq"` and its `[rabbitmq]` section (required).
+pub(crate) struct RabbitMqSpec;
+
+/// The registration of `[rabbitmq]` (`config::sink::SINK_SECTIONS`).
+pub(crate) const SECTION: RabbitMqSpec = RabbitMqSpec;
+
+impl SinkSectionSpec for RabbitMqSpec {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn name(&self) -> &'static str {
+        "RabbitMQ"
+    }
+
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        _: &SectionContext<'_>,
+    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
+        let Some(section) = section else {
+            return Err(ConfigError::Invalid {
+                key: "rabbitmq",
+                message: "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
+                          \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\""
+                    .into(),
+            });
+        };
+        let section: RabbitMqSection = parse_section("rabbitmq", section)?;
+        Ok(std::sync::Arc::new(section.validate()?))
+    }
+}
+
+impl SinkSection for RabbitMqSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -195,7 +210,7 @@ mod tests {
 mod file_tests {
     use std::path::Path;
 
-    use crate::config::sink::SinkKind;
+    use super::RabbitMqSettings;
     use crate::config::Settings;
 
     const PG: &str = "[postgres]\nurl = \"postgres://relay:pw@127.0.0.1:5432/app\"\n";
@@ -215,10 +230,13 @@ mod file_tests {
             "{PG}[sink]\nkind = \"rabbitmq\"\n[rabbitmq]\nurl = \"amqp://u:pw@h:5672/%2f\"\nexchange = \"outbox\"\n"
         );
         let s = load(&text, &[]).unwrap();
-        assert_eq!(s.sink, SinkKind::RabbitMq);
-        assert_eq!(s.rabbitmq.as_ref().unwrap().exchange, "outbox");
+        assert_eq!(s.sink.label(), "rabbitmq");
+        assert_eq!(s.sink.section::<RabbitMqSettings>().unwrap().exchange, "outbox");
         let s = load(&text, &[("OUTBOX_RELAY__RABBITMQ__URL", "amqp://u:other@h2:5672/v")]).unwrap();
-        assert_eq!(s.rabbitmq.unwrap().url.expose(), "amqp://u:other@h2:5672/v");
+        assert_eq!(
+            s.sink.section::<RabbitMqSettings>().unwrap().url.expose(),
+            "amqp://u:other@h2:5672/v"
+        );
 
         let err = load(&format!("{PG}[sink]\nkind = \"rabbitmq\"\n"), &[]).unwrap_err();
         assert!(err.contains("[rabbitmq]") && err.contains("exchange"), "{err}");
@@ -240,6 +258,6 @@ mod file_tests {
         .unwrap_err();
         assert!(err.contains("[kafka]"), "{err}");
         let s = load(&format!("{PG}[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n"), &[]).unwrap();
-        assert!(s.rabbitmq.is_none());
+        assert!(s.sink.section::<RabbitMqSettings>().is_none());
     }
 }

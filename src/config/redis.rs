@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::config::number_or_numeric_string;
 use crate::config::secret::Secret;
-use crate::config::sink::SinkKind;
+use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::ConfigError;
 
 /// Redis' own `proto-max-bulk-len` default (512 MiB): the largest single value it accepts.
@@ -139,27 +139,41 @@ impl RedisSection {
     }
 }
 
-/// `[redis]` validated when `[sink] kind = "redis"` (and then required), refused otherwise.
-pub(crate) fn validate_section(
-    sink: SinkKind,
-    section: Option<RedisSection>,
-) -> Result<Option<RedisSettings>, ConfigError> {
-    let own = SinkKind::Redis;
-    match (sink == own, section) {
-        (true, Some(section)) => section.validate().map(Some),
-        (true, None) => Err(ConfigError::Invalid {
-            key: "redis",
-            message: "[sink] kind = \"redis\" needs a [redis] section with url = \"redis://host:6379\"; add it (docs/sink-redis.md)"
-                .into(),
-        }),
-        (false, Some(_)) => Err(ConfigError::Invalid {
-            key: "redis",
-            message: format!(
-                "a [redis] section is set but [sink] kind = \"{}\": remove the section, or set kind = \"redis\"",
-                sink.label()
-            ),
-        }),
-        (false, None) => Ok(None),
+/// `[sink] kind = "redis"` and its `[redis]` section (required).
+pub(crate) struct RedisSpec;
+
+/// The registration of `[redis]` (`config::sink::SINK_SECTIONS`).
+pub(crate) const SECTION: RedisSpec = RedisSpec;
+
+impl SinkSectionSpec for RedisSpec {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn name(&self) -> &'static str {
+        "Redis"
+    }
+
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        _: &SectionContext<'_>,
+    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
+        let Some(section) = section else {
+            return Err(ConfigError::Invalid {
+                key: "redis",
+                message: "[sink] kind = \"redis\" needs a [redis] section with url = \"redis://host:6379\"; add it (docs/sink-redis.md)"
+                    .into(),
+            });
+        };
+        let section: RedisSection = parse_section("redis", section)?;
+        Ok(std::sync::Arc::new(section.validate()?))
+    }
+}
+
+impl SinkSection for RedisSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -211,8 +225,8 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(s.sink, SinkKind::Redis);
-        assert!(s.redis.is_some());
+        assert_eq!(s.sink.label(), "redis");
+        assert!(s.sink.section::<RedisSettings>().is_some());
         let err = load("[sink]\nkind = \"redis\"\n", &[]).unwrap_err();
         assert!(err.contains("[redis]") && err.contains("url"), "{err}");
         let err = load(
@@ -233,7 +247,7 @@ mod tests {
             &[("OUTBOX_RELAY__REDIS__URL", "redis://u:env-s3cret@127.0.0.1:6380/1")],
         )
         .unwrap();
-        let redis = s.redis.unwrap();
+        let redis = s.sink.section::<RedisSettings>().unwrap().clone();
         assert_eq!(redis.url.expose(), "redis://u:env-s3cret@127.0.0.1:6380/1");
         assert!(!format!("{redis:?}").contains("env-s3cret"));
     }

@@ -1,80 +1,260 @@
-//! `[sink]`: which broker the relay publishes to. Each broker has a section of its own
-//! (`[kafka]`, …); only the chosen one may be present.
+//! `[sink]`: which broker the relay publishes to, and the generic half of every sink's own
+//! section (`[kafka]`, `[nats]`, …).
+//!
+//! The root configuration knows no sink by name. Each sink declares its section in its own
+//! `src/config/<name>.rs` as a [`SinkSectionSpec`] — the `[sink] kind` word (also the section's
+//! name), its name for people, how its section is validated into a typed [`SinkSection`] — and
+//! is listed once in [`SINK_SECTIONS`]. The sink layer's registry (`src/sink/registry.rs`) lists
+//! the same kinds in the same order (a unit test there checks it): this module is the leaf the
+//! configuration needs at load time, and cannot name the adapters.
+//!
+//! Invariant: exactly one sink section is validated — the chosen kind's (required, even if
+//! empty, when the spec says so); any other sink's section is refused naming both kinds, so a
+//! section left over from an earlier setup never goes unnoticed.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::config::cloudevents::CloudEventsMode;
+use crate::config::relay::{ExactlyOnceVia, RelaySettings};
 use crate::config::ConfigError;
+
+/// The kind used when `[sink]` says none.
+pub(crate) const DEFAULT_KIND: &str = "kafka";
+
+/// Every sink section this relay has, one line per sink, in the order of the sink registry
+/// (`src/sink/registry.rs`).
+pub(crate) const SINK_SECTIONS: &[&dyn SinkSectionSpec] = &[
+    &crate::config::kafka::SECTION,
+    &crate::config::nats::SECTION,
+    &crate::config::rabbitmq::SECTION,
+    &crate::config::redis::SECTION,
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct SinkSection {
-    /// See [`SinkKind`].
+pub(crate) struct SinkTable {
+    /// The `kind` of one of [`SINK_SECTIONS`].
     pub(crate) kind: String,
 }
 
-impl Default for SinkSection {
+impl Default for SinkTable {
     fn default() -> Self {
-        SinkSection { kind: "kafka".into() }
-    }
-}
-
-/// The broker events are published to (`[sink] kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SinkKind {
-    /// `[kafka]`: librdkafka properties.
-    Kafka,
-    /// `[redis]`: Redis Streams (docs/sink-redis.md).
-    Redis,
-    /// `[rabbitmq]`: an AMQP 0-9-1 broker's URL and exchange (docs/sink-rabbitmq.md).
-    RabbitMq,
-    /// `[nats]`: NATS JetStream (docs/sink-nats.md).
-    Nats,
-}
-
-/// Every kind, as written in the config: the one list `[sink] kind` is checked against.
-const KINDS: &[(&str, SinkKind)] = &[
-    ("kafka", SinkKind::Kafka),
-    ("nats", SinkKind::Nats),
-    ("rabbitmq", SinkKind::RabbitMq),
-    ("redis", SinkKind::Redis),
-];
-
-impl SinkKind {
-    /// The broker's name for people, in log lines.
-    pub(crate) fn broker_name(self) -> &'static str {
-        match self {
-            SinkKind::Kafka => "Kafka",
-            SinkKind::Redis => "Redis",
-            SinkKind::RabbitMq => "RabbitMQ",
-            SinkKind::Nats => "NATS JetStream",
+        SinkTable {
+            kind: DEFAULT_KIND.into(),
         }
     }
+}
 
-    /// The config word for this kind, which is also its section's name.
-    pub(crate) fn label(self) -> &'static str {
-        KINDS.iter().find(|(_, k)| *k == self).map_or("kafka", |(name, _)| name)
+/// What validating a sink's section may look at besides the section itself.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SectionContext<'a> {
+    /// `[relay]`, validated (delivery mode, exactly-once strategy, dead-letter destination).
+    pub(crate) relay: &'a RelaySettings,
+}
+
+/// The config half of a sink: its `[sink] kind`, its section, and what the generic
+/// configuration asks of it. Implemented by a unit struct in `src/config/<name>.rs`.
+pub(crate) trait SinkSectionSpec: Sync {
+    /// The `[sink] kind` word, which is also the section's name: `"nats"` → `[nats]`.
+    fn kind(&self) -> &'static str;
+
+    /// The broker's name for people, in messages: "NATS JetStream".
+    fn name(&self) -> &'static str;
+
+    /// Validates the section (`None`: the file has none) into its typed settings. The error
+    /// names the key and the fix, as every config error does. A section that is required and
+    /// missing is this function's error to word (it knows what a minimal section looks like).
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        cx: &SectionContext<'_>,
+    ) -> Result<Arc<dyn SinkSection>, ConfigError>;
+
+    /// How an environment override's key is written in the section: the upper-cased
+    /// `OUTBOX_RELAY__<SECTION>__<KEY>` part, lower-cased by default; a section of dotted
+    /// property names (`bootstrap.servers`) maps `_` to `.`.
+    fn env_key(&self, key: &str) -> String {
+        key.to_ascii_lowercase()
+    }
+
+    /// Whether the sink writes CloudEvents in this content mode; `Err` says why not and what
+    /// to set instead (the protocol binding of the broker defines only the other mode).
+    fn cloudevents_mode(&self, mode: CloudEventsMode) -> Result<(), String> {
+        let _ = mode;
+        Ok(())
+    }
+
+    /// Whether `relay.exactly_once = "kafka-transactions"` (a sink committing records in
+    /// atomic units with the relay's checkpoint) is possible with this sink.
+    fn transactions(&self) -> bool {
+        false
     }
 }
 
-impl SinkSection {
-    pub(crate) fn validate(self) -> Result<SinkKind, ConfigError> {
-        let kind = self.kind.trim();
-        KINDS
-            .iter()
-            .find(|(name, _)| *name == kind)
-            .map(|(_, k)| *k)
-            .ok_or_else(|| ConfigError::Invalid {
-                key: "sink.kind",
-                message: format!(
-                    "{kind:?} is not a sink this relay has; use one of {}",
-                    KINDS
-                        .iter()
-                        .map(|(n, _)| format!("\"{n}\""))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            })
+/// A sink's section, validated: what the generic configuration reads of it. The adapter
+/// downcasts it to its own type ([`SinkSettings::section`]).
+pub(crate) trait SinkSection: std::fmt::Debug + Send + Sync + 'static {
+    fn as_any(&self) -> &dyn Any;
+
+    /// How long a record handed to the broker's client may still reach the broker after the
+    /// relay handed it over (a client queue with its own expiry, like librdkafka's
+    /// `message.timeout.ms`): an exactly-once takeover waits that long for a frozen holder's
+    /// records (`relay/takeover.rs`). With `None` the sink's publisher holds nothing that
+    /// outlives it beyond its own bounded abandon; the sink then says why in `why`.
+    fn client_queue_expiry(&self) -> Option<ClientQueueExpiry> {
+        None
     }
+
+    /// Warnings about this section for the operator, logged when `run` starts.
+    fn start_warnings(&self, relay: &RelaySettings) -> Vec<String> {
+        let _ = relay;
+        Vec::new()
+    }
+
+    /// A setting of the section by its name as written in the file, as text (`None`: not
+    /// set, or a secret). For reports and deployment checks.
+    fn get(&self, key: &str) -> Option<String> {
+        let _ = key;
+        None
+    }
+}
+
+/// A broker client's own queue expiry ([`SinkSection::client_queue_expiry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClientQueueExpiry {
+    pub(crate) expiry: Duration,
+    /// The setting that says so, for messages: "message.timeout.ms".
+    pub(crate) key: &'static str,
+}
+
+/// `[sink]` and the chosen sink's section, validated.
+#[derive(Clone)]
+pub struct SinkSettings {
+    spec: &'static dyn SinkSectionSpec,
+    section: Arc<dyn SinkSection>,
+}
+
+impl std::fmt::Debug for SinkSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkSettings")
+            .field("kind", &self.spec.kind())
+            .field("section", &self.section)
+            .finish()
+    }
+}
+
+impl SinkSettings {
+    /// The config word for the chosen sink (`[sink] kind`), which is also its section's name.
+    pub(crate) fn label(&self) -> &'static str {
+        self.spec.kind()
+    }
+
+    /// The broker's name for people, in log lines.
+    pub(crate) fn broker_name(&self) -> &'static str {
+        self.spec.name()
+    }
+
+    /// The chosen sink's validated section, as the generic configuration sees it.
+    pub(crate) fn section_dyn(&self) -> &dyn SinkSection {
+        &*self.section
+    }
+
+    /// The chosen sink's validated section as its own type (`None`: another sink is chosen).
+    pub(crate) fn section<T: 'static>(&self) -> Option<&T> {
+        self.section.as_any().downcast_ref::<T>()
+    }
+
+    /// A setting of the chosen sink's section by its name in the file (see [`SinkSection::get`]).
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.section.get(key)
+    }
+}
+
+/// The registered spec of `kind`, or the error naming the kinds there are.
+pub(crate) fn spec_of(kind: &str) -> Result<&'static dyn SinkSectionSpec, ConfigError> {
+    let kind = kind.trim();
+    SINK_SECTIONS
+        .iter()
+        .copied()
+        .find(|s| s.kind() == kind)
+        .ok_or_else(|| ConfigError::Invalid {
+            key: "sink.kind",
+            message: format!("{kind:?} is not a sink this relay has; use one of {}", kinds_quoted()),
+        })
+}
+
+/// `"kafka", "nats", …`: every registered kind, for messages.
+pub(crate) fn kinds_quoted() -> String {
+    SINK_SECTIONS
+        .iter()
+        .map(|s| format!("\"{}\"", s.kind()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `name` is a sink's section (`[nats]`, …), registered or not chosen.
+pub(crate) fn is_sink_section(name: &str) -> bool {
+    SINK_SECTIONS.iter().any(|s| s.kind() == name)
+}
+
+impl SinkTable {
+    /// Validates `[sink]` and the sink sections found in the file (`sections`: by name), given
+    /// the validated `[relay]`.
+    pub(crate) fn validate(
+        self,
+        mut sections: std::collections::BTreeMap<String, toml::Value>,
+        cx: &SectionContext<'_>,
+    ) -> Result<SinkSettings, ConfigError> {
+        let spec = spec_of(&self.kind)?;
+        let own = sections.remove(spec.kind());
+        if let Some(other) = sections.keys().next() {
+            let key = SINK_SECTIONS
+                .iter()
+                .map(|s| s.kind())
+                .find(|k| k == other)
+                .unwrap_or("sink");
+            return Err(ConfigError::Invalid {
+                key,
+                message: format!(
+                    "a [{other}] section is set but [sink] kind = \"{}\": remove the section, or set kind = \"{other}\"",
+                    spec.kind()
+                ),
+            });
+        }
+        let section = spec.validate(own, cx)?;
+        if cx.relay.exactly_once == ExactlyOnceVia::KafkaTransactions && !spec.transactions() {
+            let able: Vec<String> = SINK_SECTIONS
+                .iter()
+                .filter(|s| s.transactions())
+                .map(|s| format!("\"{}\"", s.kind()))
+                .collect();
+            return Err(ConfigError::Invalid {
+                key: "relay.exactly_once",
+                message: format!(
+                    "\"kafka-transactions\" needs [sink] kind = {}, not \"{}\"; remove the key",
+                    able.join(" or "),
+                    spec.kind()
+                ),
+            });
+        }
+        Ok(SinkSettings { spec, section })
+    }
+}
+
+/// The section `raw` as the spec's own serde type, with the parse error worded as today's
+/// (`unknown field`, …) and keyed by the section.
+pub(crate) fn parse_section<T: serde::de::DeserializeOwned>(
+    kind: &'static str,
+    raw: toml::Value,
+) -> Result<T, ConfigError> {
+    raw.try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
+        key: kind,
+        message: e.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -83,15 +263,43 @@ mod tests {
 
     #[test]
     fn kafka_is_the_default_and_unknown_kinds_name_the_choices() {
-        assert_eq!(SinkSection::default().validate().unwrap(), SinkKind::Kafka);
-        assert_eq!(SinkKind::Kafka.label(), "kafka");
-        let err = SinkSection { kind: "kinesis".into() }
-            .validate()
-            .unwrap_err()
-            .to_string();
+        assert_eq!(spec_of(&SinkTable::default().kind).unwrap().kind(), "kafka");
+        let Err(err) = spec_of("kinesis") else {
+            panic!("kinesis is no sink")
+        };
+        let err = err.to_string();
         assert!(
             err.contains("sink.kind") && err.contains("\"kinesis\"") && err.contains("\"kafka\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_unknown_section_or_another_kinds_section_names_the_registered_sinks() {
+        use crate::config::test_support::load;
+        let err = load("[kinesis]\nstream = \"x\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("unknown field `kinesis`"), "{err}");
+        for kind in SINK_SECTIONS.iter().map(|s| s.kind()) {
+            assert!(err.contains(&format!("[{kind}]")), "{kind} missing: {err}");
+        }
+        // The default kind with another sink's section: refused naming both.
+        let err = load("[redis]\nurl = \"redis://127.0.0.1\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("a [redis] section is set but [sink] kind = \"kafka\""),
+            "{err}"
+        );
+        let err = load("[sink]\nkind = \"kinesis\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains(&kinds_quoted()), "{err}");
+    }
+
+    #[test]
+    fn every_kind_is_registered_once() {
+        let mut kinds: Vec<&str> = SINK_SECTIONS.iter().map(|s| s.kind()).collect();
+        let n = kinds.len();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), n, "a kind registered twice: {kinds:?}");
     }
 }

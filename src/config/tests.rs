@@ -25,8 +25,8 @@ fn minimal_config_gets_documented_defaults() {
     assert_eq!(s.outbox.key.as_str(), "aggregate_id");
     assert_eq!(s.relay.max_in_flight, 10_000);
     assert_eq!(s.relay.status_interval, Duration::from_secs(1));
-    assert_eq!(s.kafka.0["enable.idempotence"], "true");
-    assert_eq!(s.kafka.0["acks"], "all");
+    assert_eq!(s.kafka().0["enable.idempotence"], "true");
+    assert_eq!(s.kafka().0["acks"], "all");
     assert_eq!(s.router.route("order.placed"), "order.placed");
 }
 
@@ -57,7 +57,7 @@ fn env_overrides_apply_and_kafka_keys_get_dots() {
     .unwrap();
     assert_eq!(s.postgres.slot.as_str(), "other_slot");
     assert_eq!(s.relay.max_in_flight, 42);
-    assert_eq!(s.kafka.0["message.timeout.ms"], "5000");
+    assert_eq!(s.kafka().0["message.timeout.ms"], "5000");
     assert_eq!(s.outbox.headers[0].1, "x-created");
 }
 
@@ -258,20 +258,20 @@ fn message_prefix_is_optional_but_never_empty() {
 fn exactly_once_bounds_the_message_timeout_unless_the_user_set_it() {
     let at_least_once = load(MINIMAL, &[]).unwrap();
     assert_eq!(
-        at_least_once.kafka.0.get("message.timeout.ms"),
+        at_least_once.kafka().0.get("message.timeout.ms"),
         None,
         "librdkafka's default stays"
     );
     assert!(at_least_once.start_warnings().is_empty());
     let eo = |kafka: &str| load(&format!("{MINIMAL}{kafka}[relay]\ndelivery = \"exactly-once\"\n"), &[]);
     let s = eo("").unwrap();
-    assert_eq!(s.kafka.0["message.timeout.ms"], "10000");
+    assert_eq!(s.kafka().0["message.timeout.ms"], "10000");
     // Stale limit 3 s + 10 s + 1 s: within the promised takeover_after_ms + 15 s.
     assert_eq!(s.takeover_fence_max(), Duration::from_secs(14));
     assert!(s.start_warnings().is_empty());
     // The alias counts as set: it is not overridden.
     let alias = eo("\"delivery.timeout.ms\" = 20000\n").unwrap();
-    assert_eq!(alias.kafka.0.get("message.timeout.ms"), None);
+    assert_eq!(alias.kafka().0.get("message.timeout.ms"), None);
     assert_eq!(alias.takeover_fence_max(), Duration::from_secs(24));
 }
 
@@ -420,9 +420,9 @@ fn kafka_transactions_need_exactly_once_a_transactional_id_and_kafka() {
     assert_eq!(s.relay.transaction_max_events, 2_000);
     assert_eq!(s.relay.transaction_max_age, Duration::from_millis(100));
     assert_eq!(s.relay.checkpoint_topic, "outbox-relay-checkpoints");
-    assert_eq!(s.kafka.0["transactional.id"], "orders-relay");
+    assert_eq!(s.kafka().0["transactional.id"], "orders-relay");
     // The larger of the transaction default and the (exactly-once) message timeout.
-    assert_eq!(s.kafka.0["transaction.timeout.ms"], "10000");
+    assert_eq!(s.kafka().0["transaction.timeout.ms"], "10000");
     assert_eq!(
         load(MINIMAL, &[]).unwrap().relay.exactly_once,
         relay::ExactlyOnceVia::ReadBack

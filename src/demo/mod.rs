@@ -422,15 +422,15 @@ async fn pipeline(
             DemoSink::Kafka if embedded => format!("the embedded Kafka ({})", target.address),
             DemoSink::Kafka => target.address.clone(),
             // The URLs as the settings print them: any password masked.
-            DemoSink::Nats => match &settings.nats {
+            DemoSink::Nats => match settings.sink.section::<crate::config::nats::NatsSettings>() {
                 Some(n) => format!("NATS JetStream {} (stream {})", n.url, n.stream),
                 None => "NATS JetStream".to_owned(),
             },
-            DemoSink::Rabbitmq => match &settings.rabbitmq {
+            DemoSink::Rabbitmq => match settings.sink.section::<crate::config::rabbitmq::RabbitMqSettings>() {
                 Some(r) => format!("RabbitMQ {} (exchange {})", r.url, r.exchange),
                 None => "RabbitMQ".to_owned(),
             },
-            DemoSink::Redis => match &settings.redis {
+            DemoSink::Redis => match settings.sink.section::<crate::config::redis::RedisSettings>() {
                 Some(r) => format!("Redis {}", r.url),
                 None => "Redis".to_owned(),
             },

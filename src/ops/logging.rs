@@ -12,9 +12,16 @@
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::EnvFilter;
 
-/// The broker clients that log through `tracing` on their own (the tracing targets of
-/// lapin, async-nats and redis), and whose failures the relay reports itself.
-const CLIENT_TARGETS: &[&str] = &["lapin", "async_nats", "redis"];
+/// A broker client's log target, as the sink registry lists them (`sink::client_log_targets`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClientTarget {
+    /// The `tracing` target: `lapin`.
+    pub(crate) target: &'static str,
+    /// `None`: at the relay's level when that is DEBUG or finer, off otherwise. `Some(level)`:
+    /// always at that level (a target whose lines carry payloads; a client whose own callback
+    /// routes its chatter).
+    pub(crate) fixed: Option<&'static str>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum LogFormat {
@@ -23,15 +30,15 @@ pub(crate) enum LogFormat {
 }
 
 /// The filter for `--log-level` when `RUST_LOG` is unset.
-fn default_filter(default_level: &str) -> String {
-    with_client_directives(&format!("{default_level},rdkafka=warn,librdkafka=warn"))
+fn default_filter(default_level: &str, clients: &[ClientTarget]) -> String {
+    with_client_directives(default_level, clients)
 }
 
 /// `filter` with the broker clients' targets at its own level when that is DEBUG or finer and
 /// off otherwise — except a target `filter` names itself, which is the operator's choice. Also
 /// applied to `RUST_LOG` (`RUST_LOG=info` is a common setting, and the clients' lines were the
 /// problem there too; `RUST_LOG=info,lapin=debug` shows them).
-fn with_client_directives(filter: &str) -> String {
+fn with_client_directives(filter: &str, clients_of: &[ClientTarget]) -> String {
     let directives: Vec<&str> = filter.split(',').map(str::trim).collect();
     // The bare level (`info` in `info,outbox_relay=debug`); none, or a composite one, keeps the
     // clients out.
@@ -46,24 +53,20 @@ fn with_client_directives(filter: &str) -> String {
         directives.iter().any(|d| d.split(['=', '[']).next() == Some(target))
     };
     let mut out = filter.to_owned();
-    for target in CLIENT_TARGETS {
-        if !names(target) {
-            out.push_str(&format!(",{target}={clients}"));
+    for client in clients_of {
+        if !names(client.target) {
+            out.push_str(&format!(",{}={}", client.target, client.fixed.unwrap_or(&clients)));
         }
-    }
-    // lapin logs every message RabbitMQ returns (unroutable), body included: the relay reports
-    // those as bad events itself, without the payload — never shown, even at DEBUG.
-    if !names("lapin::returned_messages") {
-        out.push_str(",lapin::returned_messages=error");
     }
     out
 }
 
-pub(crate) fn init(format: LogFormat, default_level: &str) {
+/// Installs the subscriber; `clients`: the broker clients' targets (every registered sink's).
+pub(crate) fn init(format: LogFormat, default_level: &str, clients: &[ClientTarget]) {
     let filter = match std::env::var("RUST_LOG") {
-        Ok(operator) if !operator.trim().is_empty() => EnvFilter::try_new(with_client_directives(&operator))
-            .unwrap_or_else(|_| EnvFilter::new(default_filter(default_level))),
-        _ => EnvFilter::new(default_filter(default_level)),
+        Ok(operator) if !operator.trim().is_empty() => EnvFilter::try_new(with_client_directives(&operator, clients))
+            .unwrap_or_else(|_| EnvFilter::new(default_filter(default_level, clients))),
+        _ => EnvFilter::new(default_filter(default_level, clients)),
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -80,6 +83,42 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    /// The registered sinks' client targets (`sink::client_log_targets`), as the CLI passes them.
+    const CLIENTS: &[ClientTarget] = &[
+        ClientTarget {
+            target: "rdkafka",
+            fixed: Some("warn"),
+        },
+        ClientTarget {
+            target: "librdkafka",
+            fixed: Some("warn"),
+        },
+        ClientTarget {
+            target: "async_nats",
+            fixed: None,
+        },
+        ClientTarget {
+            target: "lapin",
+            fixed: None,
+        },
+        ClientTarget {
+            target: "lapin::returned_messages",
+            fixed: Some("error"),
+        },
+        ClientTarget {
+            target: "redis",
+            fixed: None,
+        },
+    ];
+
+    fn default_filter(level: &str) -> String {
+        super::default_filter(level, CLIENTS)
+    }
+
+    fn with_client_directives(filter: &str) -> String {
+        super::with_client_directives(filter, CLIENTS)
+    }
 
     /// What a subscriber with `default_filter(level)` writes for a lapin ERROR (as lapin logs a
     /// refused login), a relay ERROR and a returned message.

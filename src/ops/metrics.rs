@@ -11,9 +11,9 @@
 //! | name | type | meaning |
 //! |---|---|---|
 //! | `outbox_relay_events_received_total{topic}` | counter | outbox inserts decoded and routed to `topic` |
-//! | `outbox_relay_events_published_total{topic}` | counter | events Kafka acknowledged (replays count again) |
-//! | `outbox_relay_events_failed_total{topic}` | counter | events Kafka finally refused (the session then replays) |
-//! | `outbox_relay_in_flight_events` | gauge | events handed to Kafka and not yet acknowledged |
+//! | `outbox_relay_events_published_total{topic}` | counter | events the broker acknowledged (replays count again) |
+//! | `outbox_relay_events_failed_total{topic}` | counter | events the broker finally refused (the session then replays) |
+//! | `outbox_relay_in_flight_events` | gauge | events handed to the sink and not yet acknowledged |
 //! | `outbox_relay_in_flight_bytes` | gauge | their bytes (keys + values + headers) |
 //! | `outbox_relay_commit_to_ack_seconds` | histogram | PostgreSQL commit time to Kafka acknowledgement |
 //! | `outbox_relay_seconds_behind_source` | gauge | age of the oldest received, unconfirmed transaction's commit (0 when caught up) |
@@ -110,20 +110,20 @@ pub(crate) fn describe() {
     );
     describe_counter!(
         EVENTS_PUBLISHED,
-        "Events acknowledged by Kafka, by topic (replays after a restart count again)."
+        "Events acknowledged by the broker, by topic (replays after a restart count again)."
     );
     describe_counter!(
         EVENTS_FAILED,
-        "Events Kafka finally refused, by topic; the session then replays from the slot."
+        "Events the broker finally refused, by topic; the session then replays from the slot."
     );
-    describe_gauge!(IN_FLIGHT_EVENTS, "Events handed to Kafka and not yet acknowledged.");
+    describe_gauge!(IN_FLIGHT_EVENTS, "Events handed to the sink and not yet acknowledged.");
     describe_gauge!(
         IN_FLIGHT_BYTES,
         "Bytes (keys + values + headers) of the in-flight events."
     );
     describe_histogram!(
         COMMIT_TO_ACK_SECONDS,
-        "Seconds from the PostgreSQL commit of an event to its Kafka acknowledgement."
+        "Seconds from the PostgreSQL commit of an event to its acknowledgement by the broker."
     );
     describe_gauge!(
         SECONDS_BEHIND_SOURCE,
@@ -132,7 +132,7 @@ pub(crate) fn describe() {
     describe_gauge!(RECEIVED_LSN, "Highest WAL position received from PostgreSQL (bytes).");
     describe_gauge!(
         FLUSHED_LSN,
-        "WAL position confirmed to PostgreSQL: everything before it is in Kafka (bytes)."
+        "WAL position confirmed to PostgreSQL: everything before it is in the broker (bytes)."
     );
     describe_gauge!(
         SLOT_RETAINED_WAL_BYTES,
@@ -140,7 +140,7 @@ pub(crate) fn describe() {
     );
     describe_counter!(
         RECONNECTS,
-        "Streaming sessions restarted after a transient error (PostgreSQL or Kafka)."
+        "Streaming sessions restarted after a transient error (PostgreSQL or the broker)."
     );
     describe_gauge!(
         ACTIVE,
@@ -160,7 +160,7 @@ pub(crate) fn describe() {
     );
     describe_counter!(
         EVENTS_SKIPPED_IN_KAFKA,
-        "Exactly-once: replayed events not produced because Kafka already held them."
+        "Exactly-once: replayed events not produced because the broker already held them."
     );
     describe_counter!(
         PARTITIONS_READ_BACK,

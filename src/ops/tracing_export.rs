@@ -40,14 +40,15 @@ pub struct ExporterError {
 
 /// What the pipeline knows about the record a span describes.
 pub(crate) struct SpanFields<'a> {
-    /// `messaging.system`: kafka, nats, rabbitmq, redis.
+    /// `messaging.system`: the sink plugin's name for its broker (`sink::trace_names`).
     pub(crate) system: &'static str,
     /// Topic, subject, routing key or stream.
     pub(crate) destination: &'a str,
     /// The event id (`messaging.message.id`).
     pub(crate) message_id: &'a [u8],
-    /// The Kafka record key (`messaging.kafka.message.key`); `None` on other brokers.
-    pub(crate) kafka_key: Option<&'a [u8]>,
+    /// The record key and the attribute the broker's conventions put it in
+    /// (`messaging.kafka.message.key`); `None` for a broker without one.
+    pub(crate) key: Option<(&'static str, &'a [u8])>,
     /// The partition the record was sent to, when the relay chose it.
     pub(crate) partition: Option<i32>,
     /// The row's `tracestate`, kept in the span context as read.
@@ -167,11 +168,8 @@ impl Tracer {
                     String::from_utf8_lossy(fields.message_id).into_owned(),
                 ),
             ]);
-            if let Some(key) = fields.kafka_key.filter(|k| !k.is_empty()) {
-                attributes.push(KeyValue::new(
-                    "messaging.kafka.message.key",
-                    String::from_utf8_lossy(key).into_owned(),
-                ));
+            if let Some((attribute, key)) = fields.key.filter(|(_, k)| !k.is_empty()) {
+                attributes.push(KeyValue::new(attribute, String::from_utf8_lossy(key).into_owned()));
             }
             if let Some(p) = fields.partition {
                 attributes.push(KeyValue::new("messaging.destination.partition.id", p.to_string()));
@@ -427,7 +425,7 @@ mod tests {
             system: "kafka",
             destination: "orders",
             message_id: b"evt-1",
-            kafka_key: Some(b"agg-1"),
+            key: Some(("messaging.kafka.message.key", b"agg-1")),
             partition: None,
             tracestate: Some(b"vendor=x"),
         }

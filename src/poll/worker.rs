@@ -38,7 +38,6 @@ use crate::outbox::event::OutboxEvent;
 use crate::sink::{Completions, Sink, SinkLimits};
 use std::borrow::Cow;
 
-use crate::config::sink::SinkKind;
 use crate::ops::tracing_export::{ProducerSpan, SpanFields, Tracer};
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
@@ -216,7 +215,7 @@ impl Worker {
                 self.counts.rolled_back += 1;
                 return match outcome {
                     Ok(_) => {
-                        warn!(worker = self.index, rows = rows.len(), "shutdown timeout passed before Kafka acknowledged the batch; rolled back, it will be published again");
+                        warn!(worker = self.index, rows = rows.len(), "shutdown timeout passed before the broker acknowledged the batch; rolled back, it will be published again");
                         Ok(Claimed::GaveUp)
                     }
                     Err(e) => Err(e),
@@ -288,11 +287,12 @@ fn start_span<'e>(
         .traceparent
         .as_deref()
         .filter(|tp| crate::outbox::trace_context::check_traceparent(tp).is_ok());
+    let names = crate::sink::trace_names(settings);
     let fields = SpanFields {
-        system: settings.sink.label(),
+        system: names.messaging_system,
         destination: &destination,
         message_id: &event.id,
-        kafka_key: (settings.sink == SinkKind::Kafka).then_some(&event.key[..]),
+        key: names.key_attribute.map(|attribute| (attribute, &event.key[..])),
         partition: None,
         tracestate: event.tracestate.as_deref(),
     };

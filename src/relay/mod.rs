@@ -228,7 +228,7 @@ async fn supervise(
                     error!(
                         slot = %settings.postgres.slot,
                         last_confirmed_commit = %since,
-                        "every event committed up to {since} is in Kafka. Recover: `outbox-relay setup --backfill --since \
+                        "every event committed up to {since} is in the broker. Recover: `outbox-relay setup --backfill --since \
                          '<{since} minus your longest transaction>'` (re-creates the slot and republishes the outbox \
                          rows created since; docs/operations.md, \"Failover on PostgreSQL 14-16\"), then run again"
                     );

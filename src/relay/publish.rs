@@ -35,7 +35,6 @@ use crate::relay::resume::{Guarantee, Verdict};
 use crate::sink::{SinkFailure, SinkRecord};
 use std::borrow::Cow;
 
-use crate::config::sink::SinkKind;
 use crate::ops::tracing_export::{ProducerSpan, SpanFields};
 
 impl StreamState<'_> {
@@ -162,12 +161,12 @@ impl StreamState<'_> {
             .traceparent
             .as_deref()
             .filter(|tp| crate::outbox::trace_context::check_traceparent(tp).is_ok());
-        let sink = self.settings.sink;
+        let names = crate::sink::trace_names(self.settings);
         let fields = SpanFields {
-            system: sink.label(),
+            system: names.messaging_system,
             destination: &destination,
             message_id: &event.id,
-            kafka_key: (sink == SinkKind::Kafka).then_some(&event.key[..]),
+            key: names.key_attribute.map(|attribute| (attribute, &event.key[..])),
             partition: None,
             tracestate: event.tracestate.as_deref(),
         };
@@ -345,7 +344,7 @@ impl StreamState<'_> {
         if tag.dead_letter || !self.phase.held().is_some_and(|h| h.sent && h.txn.event == event) {
             return;
         }
-        info!(commit_lsn = %tag.commit_lsn, seq = tag.event_seq, "Kafka accepted the suspect event on its own: it only shared a batch with a bad record");
+        info!(commit_lsn = %tag.commit_lsn, seq = tag.event_seq, "the broker accepted the suspect event on its own: it only shared a batch with a bad record");
         self.suspects.clear(event);
         self.phase.take_held();
     }
@@ -365,7 +364,7 @@ impl StreamState<'_> {
             id = %String::from_utf8_lossy(&held.event.id),
             commit_lsn = %held.txn.commit_lsn(),
             earlier = %held.earlier,
-            "sending alone an event Kafka refused earlier, to tell whether it is the bad one"
+            "sending alone an event the broker refused earlier, to tell whether it is the bad one"
         );
         let settings = self.settings;
         let (span, traced) = self.start_span(&held.txn, &held.event).unzip();

@@ -568,7 +568,7 @@ impl Resume {
             replay_from = %self.replay_start,
             replay_to = %self.replay_end,
             source = %self.source,
-            "exactly-once: replay window checked against Kafka"
+            "exactly-once: replay window checked against the broker"
         );
     }
 

@@ -391,7 +391,7 @@ async fn wind_down(
             }
             _ = tokio::time::sleep_until(deadline) => {
                 // Their outcome is unknown; the next replay skips only what its read-back finds.
-                warn!(in_flight = state.in_flight(), "gave up waiting for Kafka acknowledgements; they will be replayed");
+                warn!(in_flight = state.in_flight(), "gave up waiting for the broker's acknowledgements; they will be replayed");
                 break;
             }
         }

@@ -71,6 +71,8 @@ impl Predecessor {
         if crate::sink::exactly_once(settings) != ExactlyOnce::ReadBack {
             return None;
         }
+        // A read-back sink whose client keeps no queue of its own has nothing to wait for.
+        let expiry = settings.sink.section_dyn().client_queue_expiry()?;
         let Predecessor::Seen {
             last_reply,
             seen_at,
@@ -95,12 +97,13 @@ impl Predecessor {
             until_utc: SystemTime::now() + wait,
             reason: format!(
                 "took the slot over from a holder that was silent for {:.1} s ({why}); records it may still have \
-                 queued in librdkafka land or expire {} s after its last status update (relay stale limit {} s + \
-                 message.timeout.ms {} ms + 1 s)",
+                 queued in the broker's client land or expire {} s after its last status update (relay stale limit \
+                 {} s + {} {} ms + 1 s)",
                 silent_at_last_look.as_secs_f64(),
                 settings.takeover_fence_max().as_secs(),
                 settings.relay.stale_limit().as_secs(),
-                settings.kafka.message_timeout().as_millis(),
+                expiry.key,
+                expiry.expiry.as_millis(),
             ),
         })
     }
@@ -151,7 +154,11 @@ mod tests {
     fn a_terminated_holder_is_fenced_from_its_last_reply() {
         let s = exactly_once();
         assert_eq!(
-            s.kafka.message_timeout(),
+            s.sink
+                .section_dyn()
+                .client_queue_expiry()
+                .map(|e| e.expiry)
+                .unwrap_or_default(),
             Duration::from_secs(10),
             "exactly-once bounds it"
         );

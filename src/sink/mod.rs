@@ -19,26 +19,41 @@
 //! * **Nothing after abandon**: [`Sink::abandon`] drops what is still queued and waits (bounded)
 //!   for what is on the wire; a new sink replays.
 //!
-//! Adding a sink: a folder `src/sink/<name>/` with the adapter, a section `[<name>]` in
-//! `src/config/`, and one line in [`create`] (docs/architecture.md, "Adding a sink").
+//! Each kind of sink is a [`plugin::SinkPlugin`] in its own folder, listed once in
+//! [`registry`]; this module's functions ([`limits`], [`prepare`], [`probe`], [`exactly_once`],
+//! [`create`], …) answer for whichever sink is configured, through the registry, without naming
+//! any. A request/response sink runs on the shared [`driver`] (RabbitMQ does, one message per
+//! key on the wire; NATS and Redis keep their own publishers for now: on the driver, NATS
+//! drained 35-40 % slower, its per-request reply futures costing what its single PubAck
+//! subscription saves).
+//!
+//! Adding a sink: a folder `src/sink/<name>/` with the plugin, a section `[<name>]` in
+//! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
 
+pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod nats;
+pub(crate) mod plugin;
 pub(crate) mod rabbitmq;
 pub(crate) mod redis;
 pub(crate) mod refusal;
+pub(crate) mod registry;
 
 use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::config::sink::SinkKind;
 use crate::config::Settings;
+use plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 pub use refusal::StartRefusal;
+use registry::Visit;
 
 /// One extra header of a record: name and value (`None`: a null header).
 pub(crate) type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
@@ -51,7 +66,7 @@ pub(crate) type RecordHeader<'a> = (Cow<'a, str>, Option<Cow<'a, [u8]>>);
 /// through `crate::outbox::bad_event::RawEvent::dead_letter`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SinkRecord<'a> {
-    /// The routed name: Kafka topic, NATS subject, AMQP routing key, Redis stream key.
+    /// The routed name: the topic, subject, routing key or stream the broker stores it under.
     pub(crate) destination: Cow<'a, str>,
     pub(crate) key: Cow<'a, [u8]>,
     /// `None`: a null value (a Kafka tombstone).
@@ -61,7 +76,8 @@ pub(crate) struct SinkRecord<'a> {
     pub(crate) timestamp_ms: Option<i64>,
     /// Sent after `id`, in this order.
     pub(crate) headers: Cow<'a, [RecordHeader<'a>]>,
-    /// Kafka only (`[debezium]` partition placement): `None` lets the sink choose.
+    /// A partition chosen by the caller (`[debezium]` partition placement), for a sink with
+    /// partitions: `None` lets the sink choose.
     pub(crate) partition: Option<i32>,
 }
 
@@ -122,7 +138,7 @@ pub enum FailureKind {
 pub struct SinkFailure {
     pub(crate) kind: FailureKind,
     pub(crate) destination: String,
-    /// Kafka: the partition the client had chosen, if any.
+    /// The partition the client had chosen, for a sink with partitions.
     pub(crate) partition: Option<i32>,
     pub(crate) event_id: Option<String>,
     /// The broker's or client's own words.
@@ -271,61 +287,118 @@ pub(crate) trait Sink<Tag>: Send + Sync {
     }
 }
 
+/// The boxed future of a sink operation.
+type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The chosen sink's plugin did not answer: the section's kind is not registered (the test
+/// in `registry.rs` keeps that from happening).
+fn unregistered(settings: &Settings) -> SinkError {
+    SinkError {
+        sink: settings.sink.broker_name(),
+        cause: format!(
+            "[sink] kind = \"{}\" has no sink plugin in this build (src/sink/registry.rs)",
+            settings.sink.label()
+        ),
+        transient: false,
+    }
+}
+
 /// The configured sink's limits (the same whatever instance [`create`] makes).
 pub(crate) fn limits(settings: &Settings) -> SinkLimits {
-    match settings.sink {
-        SinkKind::Kafka => kafka::limits(&settings.kafka),
-        SinkKind::Redis => redis::limits(&settings.redis),
-        SinkKind::RabbitMq => rabbitmq::limits(),
-        SinkKind::Nats => nats::limits(settings.nats.as_ref()),
+    struct Limits;
+    impl<'a> Visit<'a> for Limits {
+        type Output = SinkLimits;
+        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> SinkLimits {
+            plugin.limits(config)
+        }
     }
+    registry::visit(&settings.sink, Limits).unwrap_or(SinkLimits {
+        check_name: |_| Err("no sink plugin is registered for the configured kind".into()),
+        max_message_bytes: 0,
+    })
 }
 
 /// What `setup` does for the configured sink (create or check what it needs: a stream, an
 /// exchange); one line per thing done or found, for the report.
 pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkError> {
-    match settings.sink {
-        SinkKind::Kafka => Ok(kafka::prepare()),
-        SinkKind::Redis => redis::prepare(settings).await,
-        SinkKind::RabbitMq => rabbitmq::prepare(section(&settings.rabbitmq, settings.sink)?).await,
-        SinkKind::Nats => nats::prepare(settings).await,
+    struct Prepare;
+    impl<'a> Visit<'a> for Prepare {
+        type Output = Pending<'a, Result<Vec<String>, SinkError>>;
+        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
+            Box::pin(plugin.prepare(config))
+        }
     }
-}
-
-/// The chosen sink's section, which the configuration guarantees is there.
-fn section<T>(section: &Option<T>, kind: SinkKind) -> Result<&T, SinkError> {
-    section.as_ref().ok_or_else(|| SinkError {
-        sink: kind.broker_name(),
-        cause: format!(
-            "[sink] kind = \"{}\" without a [{}] section",
-            kind.label(),
-            kind.label()
-        ),
-        transient: false,
-    })
+    registry::visit(&settings.sink, Prepare)
+        .ok_or_else(|| unregistered(settings))?
+        .await
 }
 
 /// What `status` says of the configured sink: reachable, and how it looks (`Err`: why not).
 pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
-    match settings.sink {
-        SinkKind::Kafka => kafka::probe(&settings.kafka).await,
-        SinkKind::Redis => redis::probe(settings).await,
-        SinkKind::RabbitMq => rabbitmq::probe(section(&settings.rabbitmq, settings.sink)?).await,
-        SinkKind::Nats => nats::probe(settings).await,
+    struct Probe;
+    impl<'a> Visit<'a> for Probe {
+        type Output = Pending<'a, Result<String, SinkError>>;
+        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
+            Box::pin(plugin.probe(config))
+        }
     }
+    registry::visit(&settings.sink, Probe)
+        .ok_or_else(|| unregistered(settings))?
+        .await
 }
 
 /// How the configured sink supports exactly-once delivery.
 pub(crate) fn exactly_once(settings: &Settings) -> ExactlyOnce {
-    match settings.sink {
-        SinkKind::Kafka if settings.relay.exactly_once == crate::config::relay::ExactlyOnceVia::KafkaTransactions => {
-            ExactlyOnce::Transactions
+    struct Strategy(SinkContext);
+    impl<'a> Visit<'a> for Strategy {
+        type Output = ExactlyOnce;
+        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> ExactlyOnce {
+            plugin.exactly_once(config, &self.0)
         }
-        SinkKind::Kafka => ExactlyOnce::ReadBack,
-        SinkKind::Redis => ExactlyOnce::BrokerDeduplicates,
-        SinkKind::RabbitMq => ExactlyOnce::Unsupported(rabbitmq::NO_EXACTLY_ONCE),
-        SinkKind::Nats => ExactlyOnce::BrokerDeduplicates,
     }
+    registry::visit(&settings.sink, Strategy(SinkContext::of(settings, 0))).unwrap_or(ExactlyOnce::Unsupported(
+        "no sink plugin is registered for the configured kind",
+    ))
+}
+
+/// What a trace says of the configured sink: OpenTelemetry's `messaging.system`, and the
+/// attribute the record key goes in, if the conventions define one for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TraceNames {
+    pub(crate) messaging_system: &'static str,
+    pub(crate) key_attribute: Option<&'static str>,
+}
+
+/// [`TraceNames`] of the configured sink.
+pub(crate) fn trace_names(settings: &Settings) -> TraceNames {
+    struct Names;
+    impl<'a> Visit<'a> for Names {
+        type Output = TraceNames;
+        fn visit<P: SinkPlugin>(self, plugin: &'static P, _: &'a P::Config) -> TraceNames {
+            TraceNames {
+                messaging_system: plugin.messaging_system(),
+                key_attribute: plugin.key_attribute(),
+            }
+        }
+    }
+    registry::visit(&settings.sink, Names).unwrap_or(TraceNames {
+        messaging_system: settings.sink.label(),
+        key_attribute: None,
+    })
+}
+
+/// The log targets of every registered sink's client library (whichever sink is configured:
+/// the log filter is set before the configuration is read).
+pub(crate) fn client_log_targets() -> Vec<ClientLogTarget> {
+    struct Targets(Vec<ClientLogTarget>);
+    impl registry::Each for Targets {
+        fn each<P: SinkPlugin>(&mut self, plugin: &'static P) {
+            self.0.extend_from_slice(plugin.log_targets());
+        }
+    }
+    let mut targets = Targets(Vec::new());
+    registry::each(&mut targets);
+    targets.0
 }
 
 /// A record's headers by name, as a read-back sees them.
@@ -380,42 +453,80 @@ impl ReadBackError {
     }
 }
 
-/// What opening a [`ReadBack`] needs, cheap to clone and send to the thread that reads.
-#[derive(Debug, Clone)]
-pub(crate) enum ReadBackSpec {
-    Kafka(crate::config::kafka::KafkaProperties),
-    /// The sink does not read back ([`ExactlyOnce`] says what it does instead).
-    None,
+/// Whether a record a read-back met is one of the caller's, and where it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// The caller's, at or above the floor: kept.
+    Kept,
+    /// The caller's, below the floor: everything after it was read.
+    Below,
+    /// Not the caller's.
+    Foreign,
 }
 
+/// A sink's reader of what it stored ([`ExactlyOnce::ReadBack`]), made by its plugin. Every
+/// call blocks, bounded by the reader's timeout.
+pub(crate) trait ReadBackReader: Send {
+    /// The topic's partition count (`None`: no such topic).
+    fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError>;
+
+    /// Shows `seen` the partition's records from its end back to the first one `seen` calls
+    /// [`Seen::Below`] (or the partition's start); returns how many records it read.
+    fn scan(
+        &self,
+        topic: &str,
+        partition: i32,
+        seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
+    ) -> Result<u64, ReadBackError>;
+}
+
+/// What opening a sink's [`ReadBackReader`] needs, from its plugin.
+pub(crate) trait ReadBackSource: std::fmt::Debug + Send + Sync {
+    /// Where the sink's producer places a record keyed `key` among `count` partitions
+    /// (`None`: not computable; then it is not checked).
+    fn partition_for(&self, key: &[u8], count: i32) -> Option<i32>;
+
+    /// Opens a reader. Blocks.
+    fn open(&self, timeout: Duration, max_records: usize) -> Result<Box<dyn ReadBackReader>, ReadBackError>;
+}
+
+/// What opening a [`ReadBack`] needs, cheap to clone and send to the thread that reads.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadBackSpec(Option<Arc<dyn ReadBackSource>>);
+
 impl ReadBackSpec {
+    /// The spec of a sink that reads back through `source`.
+    pub(crate) fn from_source(source: Arc<dyn ReadBackSource>) -> ReadBackSpec {
+        ReadBackSpec(Some(source))
+    }
+
     pub(crate) fn of(settings: &Settings) -> ReadBackSpec {
-        match (exactly_once(settings), settings.sink) {
-            (ExactlyOnce::ReadBack, SinkKind::Kafka) => ReadBackSpec::Kafka(settings.kafka.clone()),
-            _ => ReadBackSpec::None,
+        struct Spec;
+        impl<'a> Visit<'a> for Spec {
+            type Output = Option<ReadBackSpec>;
+            fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
+                plugin.read_back(config)
+            }
         }
+        if exactly_once(settings) != ExactlyOnce::ReadBack {
+            return ReadBackSpec(None);
+        }
+        registry::visit(&settings.sink, Spec)
+            .flatten()
+            .unwrap_or(ReadBackSpec(None))
     }
 
     /// Where the sink's producer places a record keyed `key` among `count` partitions, so the
     /// read-back looks where the record went (`None`: not computable; then it is not checked).
     pub(crate) fn partition_for(&self, key: &[u8], count: i32) -> Option<i32> {
-        match self {
-            ReadBackSpec::Kafka(_) => kafka::partitioner::partition_for(key, count),
-            ReadBackSpec::None => None,
-        }
+        self.0.as_ref().and_then(|s| s.partition_for(key, count))
     }
 
     /// Opens a reader. Blocks.
     pub(crate) fn open(&self, timeout: Duration, max_records: usize) -> Result<ReadBack, ReadBackError> {
-        match self {
-            ReadBackSpec::Kafka(props) => kafka::tail::TailReader::create(props, timeout, max_records)
-                .map(ReadBack::Kafka)
-                .map_err(|e| ReadBackError::Broker {
-                    topic: "(none yet)".into(),
-                    partition: -1,
-                    cause: format!("cannot create the Kafka reader: {e}"),
-                }),
-            ReadBackSpec::None => Err(ReadBackError::Broker {
+        match &self.0 {
+            Some(source) => source.open(timeout, max_records).map(ReadBack),
+            None => Err(ReadBackError::Broker {
                 topic: "(none)".into(),
                 partition: -1,
                 cause: "this sink deduplicates on the broker and reads nothing back".into(),
@@ -426,16 +537,18 @@ impl ReadBackSpec {
 
 /// Exactly-once by read-back ([`ExactlyOnce::ReadBack`]): reads what the sink stored. Every
 /// call blocks, bounded by the reader's timeout: run it on a thread of its own.
-pub(crate) enum ReadBack {
-    Kafka(kafka::tail::TailReader),
-}
+pub(crate) struct ReadBack(Box<dyn ReadBackReader>);
 
 impl ReadBack {
+    /// The read-back of a sink's own reader.
+    #[cfg(test)]
+    pub(crate) fn of_reader(reader: Box<dyn ReadBackReader>) -> ReadBack {
+        ReadBack(reader)
+    }
+
     /// The topic's partition count (`None`: no such topic).
     pub(crate) fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
-        match self {
-            ReadBack::Kafka(r) => r.partition_count(topic),
-        }
+        self.0.partition_count(topic)
     }
 
     /// The positions `own` finds in the headers of the partition's records at or above `floor`,
@@ -447,50 +560,79 @@ impl ReadBack {
         floor: &P,
         own: impl Fn(&dyn HeaderGet) -> Option<P>,
     ) -> Result<Tail<P>, ReadBackError> {
-        match self {
-            ReadBack::Kafka(r) => r.own_since(topic, partition, floor, own),
-        }
+        let mut positions = std::collections::BTreeSet::new();
+        let records_read = self.0.scan(topic, partition, &mut |headers| match own(headers) {
+            Some(p) if p >= *floor => {
+                positions.insert(p);
+                Seen::Kept
+            }
+            Some(_) => Seen::Below,
+            None => Seen::Foreign,
+        })?;
+        Ok(Tail {
+            positions,
+            records_read,
+        })
     }
 }
 
 /// Creates the configured sink (connecting, where the broker needs a connection); `max_in_flight`
 /// is the caller's budget, which the sink's own queue must never refuse. Called inside a tokio
-/// runtime, whose tasks an adapter may use for its I/O. The one place that knows every sink.
+/// runtime, whose tasks an adapter may use for its I/O.
 pub(crate) async fn create<Tag: Send + Sync + 'static>(
     settings: &Settings,
     max_in_flight: usize,
 ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-    Ok(match settings.sink {
-        SinkKind::Kafka => boxed(kafka::producer::Publisher::create(&settings.kafka, max_in_flight)?),
-        SinkKind::Redis => boxed(redis::publisher::RedisSink::create(settings).await?),
-        SinkKind::RabbitMq => boxed(rabbitmq::create(settings, max_in_flight).await?),
-        SinkKind::Nats => boxed(nats::publisher::Publisher::create(nats::settings(settings)?, max_in_flight).await?),
-    })
+    create_with(settings, max_in_flight, false).await
 }
 
 /// The relay's sink: [`create`], except that with [`ExactlyOnce::Transactions`] it is the
-/// transactional one, which fences earlier producers of its identity and reads the checkpoint
-/// before it returns (blocking calls, on a thread of their own).
+/// sealing one, which fences earlier producers of its identity and reads the checkpoint
+/// before it returns.
 pub(crate) async fn create_for_relay<Tag: Send + Sync + 'static>(
     settings: &Settings,
     max_in_flight: usize,
 ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-    if exactly_once(settings) == ExactlyOnce::Transactions
-        && settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce
-    {
-        return Ok(boxed(
-            kafka::transactions::TransactionalPublisher::create(
-                &settings.kafka,
-                max_in_flight,
-                &settings.relay.checkpoint_topic,
-                settings.relay.connect_timeout,
-            )
-            .await?,
-        ));
-    }
-    create(settings, max_in_flight).await
+    let sealing = exactly_once(settings) == ExactlyOnce::Transactions
+        && settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce;
+    create_with(settings, max_in_flight, sealing).await
 }
 
-fn boxed<Tag, S: Sink<Tag> + 'static>((sink, completions): (S, Completions<Tag>)) -> SinkWithCompletions<Tag> {
+async fn create_with<Tag: Send + Sync + 'static>(
+    settings: &Settings,
+    max_in_flight: usize,
+    sealing: bool,
+) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    struct Create<Tag> {
+        cx: SinkContext,
+        sealing: bool,
+        tag: std::marker::PhantomData<fn() -> Tag>,
+    }
+    impl<'a, Tag: Send + Sync + 'static> Visit<'a> for Create<Tag> {
+        type Output = Pending<'a, Result<SinkWithCompletions<Tag>, SinkError>>;
+        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
+            Box::pin(async move {
+                if self.sealing {
+                    plugin.create_sealing(config, &self.cx).await
+                } else {
+                    plugin.create(config, &self.cx).await
+                }
+            })
+        }
+    }
+    let visitor = Create {
+        cx: SinkContext::of(settings, max_in_flight),
+        sealing,
+        tag: std::marker::PhantomData,
+    };
+    registry::visit(&settings.sink, visitor)
+        .ok_or_else(|| unregistered(settings))?
+        .await
+}
+
+/// A sink and its completions, boxed: what a plugin's `create` returns.
+pub(crate) fn boxed<Tag, S: Sink<Tag> + 'static>(
+    (sink, completions): (S, Completions<Tag>),
+) -> SinkWithCompletions<Tag> {
     (Box::new(sink), completions)
 }

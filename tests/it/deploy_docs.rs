@@ -288,10 +288,7 @@ fn docker_compose_runs_the_pipeline_with_logical_postgres_and_kraft_kafka() {
         .collect();
     let settings = Settings::load_with_env(&repo("deploy/docker/outbox-relay.toml"), env)
         .unwrap_or_else(|e| panic!("the compose relay config is invalid: {e}"));
-    assert_eq!(
-        settings.kafka.0.get("bootstrap.servers").map(String::as_str),
-        Some("kafka:9092")
-    );
+    assert_eq!(settings.sink.get("bootstrap.servers").as_deref(), Some("kafka:9092"));
 
     // Where a compose implementation is installed, let it validate the file too.
     let implementations: [&[&str]; 2] = [&["docker", "compose"], &["docker-compose"]];

@@ -110,7 +110,7 @@ impl fmt::Display for BackfillReport {
         writeln!(f, "{}", self.setup)?;
         write!(
             f,
-            "backfill: published {} pending rows ({} in the slot's snapshot); Kafka acknowledged all of them. \
+            "backfill: published {} pending rows ({} in the slot's snapshot); the broker acknowledged all of them. \
              Start `outbox-relay run` now: it streams every row committed after {}",
             self.published, self.selection, self.consistent_point
         )

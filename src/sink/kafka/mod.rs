@@ -14,6 +14,7 @@ pub(crate) mod producer;
 pub(crate) mod tail;
 pub(crate) mod transactions;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
@@ -21,7 +22,129 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use self::logs::QuietContext;
 use crate::config::kafka::{validate_topic_name, KafkaProperties};
-use crate::sink::{SinkError, SinkLimits};
+use crate::config::relay::ExactlyOnceVia;
+use crate::config::sink::SinkSectionSpec;
+use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
+use crate::sink::{
+    boxed, ExactlyOnce, HeaderGet, ReadBackError, ReadBackReader, ReadBackSource, ReadBackSpec, Seen, SinkError,
+    SinkLimits, SinkWithCompletions,
+};
+
+/// The Kafka sink (`[sink] kind = "kafka"`, the default).
+pub(crate) struct Kafka;
+
+impl SinkPlugin for Kafka {
+    type Config = KafkaProperties;
+
+    fn spec(&self) -> &'static dyn SinkSectionSpec {
+        &crate::config::kafka::SECTION
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn key_attribute(&self) -> Option<&'static str> {
+        Some("messaging.kafka.message.key")
+    }
+
+    /// librdkafka's lines go through its log callback (`logs.rs`), which routes the chatter
+    /// to DEBUG and keeps what it calls critical at WARN.
+    fn log_targets(&self) -> &'static [ClientLogTarget] {
+        &[
+            ClientLogTarget {
+                target: "rdkafka",
+                fixed: Some("warn"),
+            },
+            ClientLogTarget {
+                target: "librdkafka",
+                fixed: Some("warn"),
+            },
+        ]
+    }
+
+    fn limits(&self, config: &KafkaProperties) -> SinkLimits {
+        limits(config)
+    }
+
+    fn exactly_once(&self, _: &KafkaProperties, cx: &SinkContext) -> ExactlyOnce {
+        match cx.exactly_once {
+            ExactlyOnceVia::KafkaTransactions => ExactlyOnce::Transactions,
+            ExactlyOnceVia::ReadBack => ExactlyOnce::ReadBack,
+        }
+    }
+
+    async fn prepare(&self, _: &KafkaProperties) -> Result<Vec<String>, SinkError> {
+        Ok(prepare())
+    }
+
+    async fn probe(&self, config: &KafkaProperties) -> Result<String, SinkError> {
+        probe(config).await
+    }
+
+    async fn create<Tag: Send + Sync + 'static>(
+        &self,
+        config: &KafkaProperties,
+        cx: &SinkContext,
+    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+        Ok(boxed(producer::Publisher::create(config, cx.max_in_flight)?))
+    }
+
+    async fn create_sealing<Tag: Send + Sync + 'static>(
+        &self,
+        config: &KafkaProperties,
+        cx: &SinkContext,
+    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+        Ok(boxed(
+            transactions::TransactionalPublisher::create(
+                config,
+                cx.max_in_flight,
+                &cx.checkpoint_topic,
+                cx.connect_timeout,
+            )
+            .await?,
+        ))
+    }
+
+    fn read_back(&self, config: &KafkaProperties) -> Option<ReadBackSpec> {
+        Some(ReadBackSpec::from_source(Arc::new(TailSource(config.clone()))))
+    }
+}
+
+/// Opens [`tail::TailReader`]s with the producer's connection settings.
+#[derive(Debug)]
+struct TailSource(KafkaProperties);
+
+impl ReadBackSource for TailSource {
+    fn partition_for(&self, key: &[u8], count: i32) -> Option<i32> {
+        partitioner::partition_for(key, count)
+    }
+
+    fn open(&self, timeout: Duration, max_records: usize) -> Result<Box<dyn ReadBackReader>, ReadBackError> {
+        tail::TailReader::create(&self.0, timeout, max_records)
+            .map(|r| Box::new(r) as Box<dyn ReadBackReader>)
+            .map_err(|e| ReadBackError::Broker {
+                topic: "(none yet)".into(),
+                partition: -1,
+                cause: format!("cannot create the Kafka reader: {e}"),
+            })
+    }
+}
+
+impl ReadBackReader for tail::TailReader {
+    fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
+        tail::TailReader::partition_count(self, topic)
+    }
+
+    fn scan(
+        &self,
+        topic: &str,
+        partition: i32,
+        seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
+    ) -> Result<u64, ReadBackError> {
+        tail::TailReader::scan(self, topic, partition, seen)
+    }
+}
 
 /// How long `status` waits for the cluster's metadata.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);

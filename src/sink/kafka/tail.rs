@@ -12,7 +12,6 @@
 //! timeout; callers run it on a thread of its own, never on an async runtime's workers. This
 //! adapter knows nothing of what a position is: the caller's `own` closure reads the headers.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -24,7 +23,7 @@ use rdkafka::message::{BorrowedHeaders, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::kafka::KafkaProperties;
-use crate::sink::{HeaderGet, ReadBackError, Tail};
+use crate::sink::{HeaderGet, ReadBackError, Seen};
 
 /// The first window read below the high watermark; a single writer's newest record is almost
 /// always in it.
@@ -79,7 +78,7 @@ fn broker(topic: &str, partition: i32) -> impl Fn(KafkaError) -> ReadBackError +
     }
 }
 
-/// A consumer that reads partitions' tails for [`TailReader::own_since`]; one per streaming
+/// A consumer that reads partitions' tails for [`TailReader::scan`]; one per streaming
 /// session, reused for every partition it checks.
 pub(crate) struct TailReader {
     consumer: BaseConsumer<QuietContext>,
@@ -149,13 +148,12 @@ impl TailReader {
     /// there to the end was read already (one forward read has no holes), so the union of the
     /// windows is what reading each to the end would give, without reading the tail again and
     /// without waiting for another end-of-partition.
-    pub(crate) fn own_since<P: Ord>(
+    pub(crate) fn scan(
         &self,
         topic: &str,
         partition: i32,
-        floor: &P,
-        own: impl Fn(&dyn HeaderGet) -> Option<P>,
-    ) -> Result<Tail<P>, ReadBackError> {
+        seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
+    ) -> Result<u64, ReadBackError> {
         let err = broker(topic, partition);
         let (low, high) = self
             .consumer
@@ -164,25 +162,18 @@ impl TailReader {
         let max = self.max_records.max(1) as i64;
         let mut span = FIRST_WINDOW.min(max);
         let mut read = 0u64;
-        let mut positions = BTreeSet::new();
         // The lowest offset read so far: where the window below stops.
         let mut read_from: Option<i64> = None;
         if high <= low {
-            return Ok(Tail {
-                positions,
-                records_read: read,
-            });
+            return Ok(read);
         }
         loop {
             let start = (high - span).max(low);
-            let window = self.read_window(topic, partition, start, read_from, floor, &own, &mut positions)?;
+            let window = self.read_window(topic, partition, start, read_from, seen)?;
             read += window.records;
             read_from = window.first_offset.or(read_from);
             if window.reached_floor || start == low {
-                return Ok(Tail {
-                    positions,
-                    records_read: read,
-                });
+                return Ok(read);
             }
             if span >= max {
                 return Err(ReadBackError::BoundHit {
@@ -199,17 +190,14 @@ impl TailReader {
     }
 
     /// Reads from offset `start` up to offset `stop` (exclusive), or to the end of the partition
-    /// without one, into `positions` (own positions at or above `floor`).
-    #[allow(clippy::too_many_arguments)]
-    fn read_window<P: Ord>(
+    /// without one, showing each record to `seen`.
+    fn read_window(
         &self,
         topic: &str,
         partition: i32,
         start: i64,
         stop: Option<i64>,
-        floor: &P,
-        own: &impl Fn(&dyn HeaderGet) -> Option<P>,
-        positions: &mut BTreeSet<P>,
+        seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
     ) -> Result<Window, ReadBackError> {
         let err = broker(topic, partition);
         let mut tpl = TopicPartitionList::new();
@@ -245,12 +233,8 @@ impl TailReader {
                     }
                     window.records += 1;
                     window.first_offset.get_or_insert(msg.offset());
-                    match own(&HeaderLookup(msg.headers())) {
-                        Some(p) if p >= *floor => {
-                            positions.insert(p);
-                        }
-                        Some(_) => window.reached_floor = true,
-                        None => {}
+                    if seen(&HeaderLookup(msg.headers())) == Seen::Below {
+                        window.reached_floor = true;
                     }
                 }
             }
@@ -281,8 +265,41 @@ mod tests {
     use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
 
     use super::*;
+    use std::collections::BTreeSet;
+
+    use crate::sink::{ReadBack, Tail};
 
     const TOPIC: &str = "tail";
+
+    impl TailReader {
+        /// The caller's view of [`TailReader::scan`] (`ReadBack::own_since`).
+        fn own_since<P: Ord>(
+            self: &std::sync::Arc<Self>,
+            topic: &str,
+            partition: i32,
+            floor: &P,
+            own: impl Fn(&dyn HeaderGet) -> Option<P>,
+        ) -> Result<Tail<P>, ReadBackError> {
+            ReadBack::of_reader(Box::new(Shared(std::sync::Arc::clone(self)))).own_since(topic, partition, floor, own)
+        }
+    }
+
+    struct Shared(std::sync::Arc<TailReader>);
+
+    impl crate::sink::ReadBackReader for Shared {
+        fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
+            self.0.partition_count(topic)
+        }
+
+        fn scan(
+            &self,
+            topic: &str,
+            partition: i32,
+            seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
+        ) -> Result<u64, ReadBackError> {
+            self.0.scan(topic, partition, seen)
+        }
+    }
 
     /// A one-partition topic holding `count` records: every third foreign (no header), the
     /// others ours with position = offset.
@@ -324,7 +341,7 @@ mod tests {
     #[test]
     fn windows_find_every_own_position_down_to_the_floor_reading_each_record_once() {
         let (_cluster, props) = cluster_with(1_000);
-        let reader = TailReader::create(&props, Duration::from_secs(10), 100_000).expect("reader");
+        let reader = std::sync::Arc::new(TailReader::create(&props, Duration::from_secs(10), 100_000).expect("reader"));
         // Windows from 992, 968, 872: the third holds own records below 900.
         let tail = reader.own_since(TOPIC, 0, &900, own).expect("read back");
         assert_eq!(tail.positions, ours_from(900, 1_000));
@@ -334,7 +351,7 @@ mod tests {
     #[test]
     fn a_floor_below_everything_reads_to_the_partition_start() {
         let (_cluster, props) = cluster_with(300);
-        let reader = TailReader::create(&props, Duration::from_secs(10), 100_000).expect("reader");
+        let reader = std::sync::Arc::new(TailReader::create(&props, Duration::from_secs(10), 100_000).expect("reader"));
         let tail = reader.own_since(TOPIC, 0, &-1, own).expect("read back");
         assert_eq!(tail.positions, ours_from(0, 300));
         assert_eq!(tail.records_read, 300);
@@ -343,7 +360,7 @@ mod tests {
     #[test]
     fn the_bound_stops_with_an_error_naming_the_setting() {
         let (_cluster, props) = cluster_with(300);
-        let reader = TailReader::create(&props, Duration::from_secs(10), 50).expect("reader");
+        let reader = std::sync::Arc::new(TailReader::create(&props, Duration::from_secs(10), 50).expect("reader"));
         let err = reader.own_since(TOPIC, 0, &-1, own).expect_err("bound hit");
         assert!(
             matches!(
@@ -364,7 +381,7 @@ mod tests {
     #[test]
     fn an_empty_partition_has_no_tail() {
         let (_cluster, props) = cluster_with(0);
-        let reader = TailReader::create(&props, Duration::from_secs(10), 100).expect("reader");
+        let reader = std::sync::Arc::new(TailReader::create(&props, Duration::from_secs(10), 100).expect("reader"));
         let tail = reader.own_since(TOPIC, 0, &0, own).expect("read back");
         assert!(tail.positions.is_empty());
         assert_eq!(tail.records_read, 0);

@@ -13,33 +13,73 @@ use std::time::Duration;
 use async_nats::jetstream;
 use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, ServerAddr};
 
-use crate::config::nats::{filter_covers, validate_subject, NatsSettings, DEFAULT_MAX_PAYLOAD};
-use crate::config::Settings;
-use crate::sink::{SinkError, SinkLimits};
+use crate::config::nats::{filter_covers, validate_subject, NatsSettings};
+use crate::config::sink::SinkSectionSpec;
+use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
+use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 
 /// The broker's name in errors.
 pub(crate) const SINK: &str = "NATS JetStream";
 
 /// NATS's subject rule (no wildcards, no empty tokens, no whitespace) and `[nats] max_payload`
 /// (the server's real `max_payload` is also checked on sight, per record, once connected).
-pub(crate) fn limits(settings: Option<&NatsSettings>) -> SinkLimits {
+pub(crate) fn limits(settings: &NatsSettings) -> SinkLimits {
     SinkLimits {
         check_name: check_subject,
-        max_message_bytes: settings.map_or(DEFAULT_MAX_PAYLOAD as usize, |s| s.max_payload),
+        max_message_bytes: settings.max_payload,
+    }
+}
+
+/// The NATS JetStream sink (`[sink] kind = "nats"`).
+pub(crate) struct Nats;
+
+impl SinkPlugin for Nats {
+    type Config = NatsSettings;
+
+    fn spec(&self) -> &'static dyn SinkSectionSpec {
+        &crate::config::nats::SECTION
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        "nats"
+    }
+
+    fn log_targets(&self) -> &'static [ClientLogTarget] {
+        &[ClientLogTarget {
+            target: "async_nats",
+            fixed: None,
+        }]
+    }
+
+    fn limits(&self, config: &NatsSettings) -> SinkLimits {
+        limits(config)
+    }
+
+    /// `Nats-Msg-Id`: JetStream drops a message whose id it stored within the stream's
+    /// duplicate window.
+    fn exactly_once(&self, _: &NatsSettings, _: &SinkContext) -> ExactlyOnce {
+        ExactlyOnce::BrokerDeduplicates
+    }
+
+    async fn prepare(&self, config: &NatsSettings) -> Result<Vec<String>, SinkError> {
+        prepare_stream(config).await
+    }
+
+    async fn probe(&self, config: &NatsSettings) -> Result<String, SinkError> {
+        probe_stream(config).await
+    }
+
+    async fn create<Tag: Send + Sync + 'static>(
+        &self,
+        config: &NatsSettings,
+        cx: &SinkContext,
+    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+        Ok(boxed(publisher::Publisher::create(config, cx.max_in_flight).await?))
     }
 }
 
 fn check_subject(name: &str) -> Result<(), String> {
     validate_subject(name, false)
-}
-
-/// The `[nats]` section of settings whose sink is NATS (validation guarantees it is there).
-pub(crate) fn settings(settings: &Settings) -> Result<&NatsSettings, SinkError> {
-    settings.nats.as_ref().ok_or_else(|| SinkError {
-        sink: SINK,
-        cause: "[sink] kind = \"nats\" without a [nats] section".into(),
-        transient: false,
-    })
 }
 
 fn error(cause: String, transient: bool) -> SinkError {
@@ -190,12 +230,6 @@ fn uncovered(stream_subjects: &[String], wanted: &[String]) -> Option<Vec<String
 /// otherwise: 2-minute duplicate window) when missing; accepts an existing one that covers the
 /// subjects; refuses one that does not, and a missing one when `[nats] subjects` is not set
 /// (a stream on `>` would also store every reply, PubAcks included). Returns what it did.
-#[cfg_attr(not(test), allow(dead_code))] // `setup` calls it (wired at merge)
-pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkError> {
-    prepare_stream(self::settings(settings)?).await
-}
-
-/// [`prepare`] on the `[nats]` section.
 pub(crate) async fn prepare_stream(settings: &NatsSettings) -> Result<Vec<String>, SinkError> {
     let client = connect(settings, None, None).await?;
     let js = context(client, settings);
@@ -244,12 +278,6 @@ pub(crate) async fn prepare_stream(settings: &NatsSettings) -> Result<Vec<String
 }
 
 /// `status`: the server reachable, the stream present and covering the subjects, its size.
-#[cfg_attr(not(test), allow(dead_code))] // `status` calls it (wired at merge)
-pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
-    probe_stream(self::settings(settings)?).await
-}
-
-/// [`probe`] on the `[nats]` section.
 pub(crate) async fn probe_stream(settings: &NatsSettings) -> Result<String, SinkError> {
     let client = connect(settings, None, None).await?;
     let server = client.server_info();

@@ -395,16 +395,14 @@ async fn prepare_and_probe_take_the_relay_settings() {
     );
     let settings =
         crate::config::Settings::from_toml_str(&text, std::path::Path::new("t.toml"), std::iter::empty()).unwrap();
-    let done = prepare(&settings).await.unwrap();
+    let done = crate::sink::prepare(&settings).await.unwrap();
     assert!(done[0].starts_with("created"), "{done:?}");
-    let status = probe(&settings).await.unwrap();
+    let status = crate::sink::probe(&settings).await.unwrap();
     assert!(
         status.contains(&stream) && status.contains("duplicate window 120 s"),
         "{status}"
     );
-    let kafka = crate::config::test_support::settings("");
-    assert!(!prepare(&kafka).await.unwrap_err().transient);
-    delete(settings.nats.as_ref().unwrap()).await;
+    delete(settings.sink.section::<NatsSettings>().unwrap()).await;
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -21,8 +21,9 @@ use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
 use crate::config::rabbitmq::{validate_routing_key, RabbitMqSettings};
 use crate::config::secret::redact_connection_string;
-use crate::config::Settings;
-use crate::sink::{Completions, SinkError, SinkLimits};
+use crate::config::sink::SinkSectionSpec;
+use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
+use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 
 /// The broker's name for people.
 pub(crate) const SINK: &str = "RabbitMQ";
@@ -41,16 +42,60 @@ pub(crate) fn limits() -> SinkLimits {
     }
 }
 
-/// The sink for `settings` (`[sink] kind = "rabbitmq"`, so `[rabbitmq]` is there).
-pub(crate) async fn create<Tag: Send + Sync + 'static>(
-    settings: &Settings,
-    max_in_flight: usize,
-) -> Result<(publisher::Publisher<Tag>, Completions<Tag>), SinkError> {
-    let rabbitmq = settings
-        .rabbitmq
-        .as_ref()
-        .ok_or_else(|| err("[sink] kind = \"rabbitmq\" without a [rabbitmq] section".into(), false))?;
-    publisher::Publisher::create(rabbitmq, max_in_flight, settings.cloudevents.as_ref().map(|ce| ce.mode)).await
+/// The RabbitMQ sink (`[sink] kind = "rabbitmq"`).
+pub(crate) struct RabbitMq;
+
+impl SinkPlugin for RabbitMq {
+    type Config = RabbitMqSettings;
+
+    fn spec(&self) -> &'static dyn SinkSectionSpec {
+        &crate::config::rabbitmq::SECTION
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    /// lapin logs every message RabbitMQ returns (unroutable), body included: the relay
+    /// reports those as bad events itself, without the payload — never shown, even at DEBUG.
+    fn log_targets(&self) -> &'static [ClientLogTarget] {
+        &[
+            ClientLogTarget {
+                target: "lapin",
+                fixed: None,
+            },
+            ClientLogTarget {
+                target: "lapin::returned_messages",
+                fixed: Some("error"),
+            },
+        ]
+    }
+
+    fn limits(&self, _: &RabbitMqSettings) -> SinkLimits {
+        limits()
+    }
+
+    fn exactly_once(&self, _: &RabbitMqSettings, _: &SinkContext) -> ExactlyOnce {
+        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE)
+    }
+
+    async fn prepare(&self, config: &RabbitMqSettings) -> Result<Vec<String>, SinkError> {
+        prepare(config).await
+    }
+
+    async fn probe(&self, config: &RabbitMqSettings) -> Result<String, SinkError> {
+        probe(config).await
+    }
+
+    async fn create<Tag: Send + Sync + 'static>(
+        &self,
+        config: &RabbitMqSettings,
+        cx: &SinkContext,
+    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+        Ok(boxed(
+            publisher::Publisher::create(config, cx.max_in_flight, cx.cloudevents).await?,
+        ))
+    }
 }
 
 /// Why the relay cannot offer exactly-once with this sink (the config error's words).

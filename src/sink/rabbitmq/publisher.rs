@@ -1,6 +1,6 @@
-//! The RabbitMQ adapter: [`Sink::send`] copies the record into an AMQP message and hands it to a
-//! task (spawned on the caller's runtime at [`Publisher::create`]) that owns the channel, in
-//! confirm mode, and publishes.
+//! The RabbitMQ adapter, run by the shared driver (`sink/driver.rs`, one message per key on the
+//! wire): `encode` copies the record into an AMQP message, `send` publishes it on the channel,
+//! in confirm mode, and hands back its confirm, `classify` reads the confirm.
 //!
 //! **Confirms.** Every publish gets a lapin `PublisherConfirm`, which lapin resolves from the
 //! broker's `basic.ack`/`basic.nack` by delivery tag — including acks with `multiple` and acks
@@ -10,14 +10,14 @@
 //! * ack carrying a `basic.return` (`mandatory`, no queue bound for the routing key) →
 //!   [`FailureKind::Refused`]: the broker would otherwise drop it silently, so it is a bad event
 //!   and `relay.on_bad_event` decides; the records of the same key queued behind it, and those
-//!   handed over later until the caller releases the key ([`Sink::release`]), are not published
+//!   handed over later until the caller releases the key (`Sink::release`), are not published
 //!   but fail `Transient` (the caller replays them once it decided about this one);
 //! * nack, a failed publish, a closed channel or connection → [`FailureKind::Transient`], and
 //!   the sink is *broken*: everything queued behind fails `Transient` at once and nothing more
 //!   is published (no reconnect inside one sink; the relay abandons it and replays).
 //!
 //! **Order.** At most one unconfirmed message per aggregate key: a record whose key already has
-//! a message on the wire waits in this task until that one is confirmed. So a nack of message k
+//! a message on the wire waits in the driver until that one is confirmed. So a nack of message k
 //! can never leave message k+1 of the same aggregate stored ahead of it — k+1 was not sent yet,
 //! and fails with the sink. Different keys are pipelined freely. The cost: one aggregate gets
 //! at most one message per confirm round trip (docs/sink-rabbitmq.md has numbers).
@@ -31,25 +31,20 @@
 //! refuses header columns named `ce_*` or `content-type` with `[cloudevents]`, so every such
 //! name here is one the relay wrote.
 
-use std::collections::{HashMap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
-use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::{check_exchange, connect, words, MAX_MESSAGE_BYTES, SINK};
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::rabbitmq::{validate_routing_key, RabbitMqSettings, MAX_SHORT_STRING};
-use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
-use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
+use crate::sink::driver::{self, Concurrency, Driven, DriverOptions, Exchange, Outcome, ReplyFuture};
+use crate::sink::{Completions, SinkError, SinkRecord};
 
 /// Header holding the event id (also the `message_id` property).
 pub(crate) const ID_HEADER: &str = "id";
@@ -62,61 +57,35 @@ const CE_HEADER_PREFIX: &str = "ce_";
 /// The record header carrying the content type in CloudEvents modes.
 const CONTENT_TYPE_HEADER: &str = "content-type";
 
-/// One message for the task, owning everything.
-struct Outgoing<Tag> {
+/// The RabbitMQ sink: the driver running an [`AmqpExchange`].
+pub(crate) type Publisher<Tag> = Driven<AmqpExchange, Tag>;
+
+/// One message, owning everything.
+pub(crate) struct Outgoing {
     routing_key: String,
-    key: Vec<u8>,
     body: Vec<u8>,
     properties: BasicProperties,
-    event_id: String,
-    tag: Box<Tag>,
 }
 
-impl<Tag> Outgoing<Tag> {
-    fn failure(&self, kind: FailureKind, cause: String) -> SinkFailure {
-        SinkFailure {
-            kind,
-            destination: self.routing_key.clone(),
-            partition: None,
-            event_id: Some(self.event_id.clone()),
-            cause,
-        }
-    }
-}
+/// A message's confirm, with its routing key for the words of a failure.
+pub(crate) type Reply = (String, lapin::Result<Confirmation>);
 
-/// A message on the wire, waiting for its confirm.
-struct InFlight<Tag> {
-    routing_key: String,
-    key: Vec<u8>,
-    event_id: String,
-    tag: Box<Tag>,
-}
-
-type Confirm = Pin<Box<dyn Future<Output = (u64, lapin::Result<Confirmation>)> + Send>>;
-
-/// The sink: a sender to the publishing task.
-pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
+/// The AMQP side of the driver: the connection and its channel in confirm mode.
+pub(crate) struct AmqpExchange {
     exchange: String,
-    to_task: mpsc::UnboundedSender<Outgoing<Tag>>,
-    /// Completions for records the task can no longer take (it ended).
-    completions: mpsc::UnboundedSender<Completion<Tag>>,
-    /// `Some(wait)`: abandon, waiting at most `wait` for confirms.
-    stop: watch::Sender<Option<Duration>>,
-    /// Disconnected once the task has closed the connection.
-    done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
-    /// Keys refused and not released yet (closed by the task, opened by [`Sink::release`]).
-    fence: Arc<KeyFence>,
+    connection: Connection,
+    channel: Channel,
     /// `[cloudevents]`'s mode: records carry CloudEvents headers to map to the AMQP binding.
     cloudevents: Option<CloudEventsMode>,
 }
 
-impl<Tag: Send + Sync + 'static> Publisher<Tag> {
-    /// Connects, checks the exchange, turns on publisher confirms and starts the task on the
-    /// current runtime. `_max_in_flight` needs no local queue sizing: the task's queue is
-    /// unbounded and the caller's budget bounds it. `cloudevents`: `[cloudevents]`'s mode, if set.
+impl<Tag: Send + Sync + 'static> Driven<AmqpExchange, Tag> {
+    /// Connects, checks the exchange, turns on publisher confirms and starts the driver on the
+    /// current runtime. `max_in_flight` bounds the messages on the wire (the caller's budget
+    /// bounds them anyway). `cloudevents`: `[cloudevents]`'s mode, if set.
     pub(crate) async fn create(
         settings: &RabbitMqSettings,
-        _max_in_flight: usize,
+        max_in_flight: usize,
         cloudevents: Option<CloudEventsMode>,
     ) -> Result<(Publisher<Tag>, Completions<Tag>), SinkError> {
         let (connection, channel) = connect(settings).await?;
@@ -132,52 +101,27 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 cause: format!("cannot turn on publisher confirms: {}", words(&e)),
                 transient: true,
             })?;
-        let (to_task, from_sink) = mpsc::unbounded_channel();
-        let (completions, rx) = mpsc::unbounded_channel();
-        let (stop, stopped) = watch::channel(None);
-        let (done_tx, done) = std::sync::mpsc::channel();
-        let fence = Arc::new(KeyFence::default());
-        let task = Task {
-            fence: Arc::clone(&fence),
+        let exchange = AmqpExchange {
             exchange: settings.exchange.clone(),
             connection,
             channel,
-            completions: completions.clone(),
-            waiting: HashMap::new(),
-            in_flight: HashMap::new(),
-            confirms: FuturesUnordered::new(),
-            next_seq: 0,
-            broken: None,
+            cloudevents,
         };
-        tokio::spawn(async move {
-            task.run(from_sink, stopped).await;
-            drop(done_tx);
-        });
-        Ok((
-            Publisher {
-                exchange: settings.exchange.clone(),
-                to_task,
-                completions,
-                stop,
-                done: std::sync::Mutex::new(done),
-                fence,
-                cloudevents,
+        Ok(driver::start(
+            Arc::new(exchange),
+            DriverOptions {
+                // Different keys are pipelined freely; one unconfirmed message per key.
+                concurrency: Concurrency::PerKey { max_keys: usize::MAX },
+                max_in_flight: max_in_flight.max(1),
+                max_in_flight_bytes: usize::MAX,
+                // lapin resolves every confirm: with the broker's answer, or an error once the
+                // channel or connection is gone.
+                reply_timeout: None,
+                max_queue_wait: None,
+                // A dropped sink (no abandon) stops at once.
+                drop_wait: Duration::ZERO,
             },
-            rx,
         ))
-    }
-}
-
-fn refusal<Tag>(record: &SinkRecord<'_>, tag: Box<Tag>, cause: String) -> Refusal<Tag> {
-    Refusal {
-        tag,
-        failure: SinkFailure {
-            kind: FailureKind::Refused,
-            destination: record.destination.clone().into_owned(),
-            partition: None,
-            event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
-            cause,
-        },
     }
 }
 
@@ -272,156 +216,47 @@ fn message(
     Ok((properties, body))
 }
 
-impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
+impl Exchange for AmqpExchange {
+    type Request = Outgoing;
+    type Reply = Reply;
+
+    fn name(&self) -> &'static str {
+        SINK
+    }
+
+    fn reply_name(&self) -> &'static str {
+        "confirm"
+    }
+
     /// AMQP 0-9-1 does not deduplicate: `dedup_key` is unused (exactly-once is refused at start).
-    fn send(
+    fn encode(
         &self,
         record: &SinkRecord<'_>,
         extra: &[(&str, &[u8])],
         _dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>> {
-        if let Err(e) = validate_routing_key(&record.destination) {
-            return Err(refusal(record, tag, e));
-        }
+    ) -> Result<Outgoing, String> {
+        validate_routing_key(&record.destination)?;
         if record.size() > MAX_MESSAGE_BYTES {
-            return Err(refusal(
-                record,
-                tag,
-                format!(
-                    "the message is {} bytes; RabbitMQ's max_message_size is {MAX_MESSAGE_BYTES} by default",
-                    record.size()
-                ),
+            return Err(format!(
+                "the message is {} bytes; RabbitMQ's max_message_size is {MAX_MESSAGE_BYTES} by default",
+                record.size()
             ));
         }
-        let (properties, body) = match message(record, extra, self.cloudevents) {
-            Ok(m) => m,
-            Err(e) => return Err(refusal(record, tag, e)),
-        };
-        let outgoing = Outgoing {
+        let (properties, body) = message(record, extra, self.cloudevents)?;
+        Ok(Outgoing {
             routing_key: record.destination.clone().into_owned(),
-            key: record.key.to_vec(),
             body,
             properties,
-            event_id: String::from_utf8_lossy(record.event_id).into_owned(),
-            tag,
-        };
-        if let Err(mpsc::error::SendError(outgoing)) = self.to_task.send(outgoing) {
-            // The task ended (abandoned): a transient failure, as for a lost connection.
-            let failure = outgoing.failure(
-                FailureKind::Transient,
-                format!("the RabbitMQ publisher for exchange {:?} has stopped", self.exchange),
-            );
-            let _ = self.completions.send(Completion {
-                tag: outgoing.tag,
-                outcome: Err(failure),
-            });
-        }
-        Ok(())
+        })
     }
 
-    fn abandon(self: Box<Self>, wait: Duration) {
-        let _ = self.stop.send(Some(wait));
-        // The task drops what is queued, waits up to `wait` for confirms, then closes (bounded).
-        // A panic elsewhere while holding the lock does not make the receiver unusable: waiting
-        // for the task still bounds what a replay can be overtaken by (as the other sinks do).
-        let done = self.done.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = done.recv_timeout(wait + Duration::from_secs(3));
-    }
-
-    fn release(&self, key: &[u8]) {
-        self.fence.open(key);
-    }
-}
-
-struct Task<Tag> {
-    exchange: String,
-    connection: Connection,
-    channel: Channel,
-    completions: mpsc::UnboundedSender<Completion<Tag>>,
-    /// Keys with a message on the wire, and the records of that key waiting behind it.
-    waiting: HashMap<Vec<u8>, VecDeque<Outgoing<Tag>>>,
-    in_flight: HashMap<u64, InFlight<Tag>>,
-    confirms: FuturesUnordered<Confirm>,
-    next_seq: u64,
-    /// Why this sink stopped publishing (a nack, a failed publish, a lost channel).
-    broken: Option<String>,
-    /// Keys with a refused record the caller has not released: their records are not published.
-    fence: Arc<KeyFence>,
-}
-
-impl<Tag: Send + Sync + 'static> Task<Tag> {
-    async fn run(
-        mut self,
-        mut from_sink: mpsc::UnboundedReceiver<Outgoing<Tag>>,
-        mut stop: watch::Receiver<Option<Duration>>,
-    ) {
-        let wait = loop {
-            tokio::select! {
-                biased;
-                changed = stop.changed() => {
-                    // A dropped sink (no abandon) stops at once.
-                    break if changed.is_ok() { (*stop.borrow()).unwrap_or_default() } else { Duration::ZERO };
-                }
-                Some((seq, confirmation)) = self.confirms.next(), if !self.confirms.is_empty() => {
-                    self.confirmed(seq, confirmation).await;
-                }
-                outgoing = from_sink.recv() => match outgoing {
-                    Some(outgoing) => self.accept(outgoing).await,
-                    None => break Duration::ZERO,
-                },
-            }
-        };
-        // Abandoned: drop what was not published (no completions), wait (bounded) for what is
-        // on the wire so a replay cannot be overtaken by it, then close.
-        drop(from_sink);
-        self.waiting.clear();
-        let pending = self.confirms.len();
-        let drained = tokio::time::timeout(wait, async { while self.confirms.next().await.is_some() {} }).await;
-        if drained.is_err() {
-            warn!(exchange = %self.exchange, pending, "abandoned RabbitMQ publisher still had unconfirmed messages");
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.channel.close(200, "abandoned")).await;
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection.close(200, "abandoned")).await;
-        debug!(exchange = %self.exchange, "RabbitMQ publisher closed");
-    }
-
-    fn complete(&self, tag: Box<Tag>, outcome: Result<(), SinkFailure>) {
-        // The receiver is gone only while the caller abandons this sink.
-        let _ = self.completions.send(Completion { tag, outcome });
-    }
-
-    /// A new record: published now, or queued behind its key's unconfirmed message.
-    async fn accept(&mut self, outgoing: Outgoing<Tag>) {
-        if let Some(cause) = &self.broken {
-            let failure = outgoing.failure(FailureKind::Transient, cause.clone());
-            self.complete(outgoing.tag, Err(failure));
-            return;
-        }
-        if self.fence.is_closed(KeyHash::of(&outgoing.key)) {
-            let failure = outgoing.failure(FailureKind::Transient, stopped_cause());
-            self.complete(outgoing.tag, Err(failure));
-            return;
-        }
-        match self.waiting.get_mut(&outgoing.key) {
-            Some(queue) => queue.push_back(outgoing),
-            None => {
-                self.waiting.insert(outgoing.key.clone(), VecDeque::new());
-                self.publish(outgoing).await;
-            }
-        }
-    }
-
-    async fn publish(&mut self, outgoing: Outgoing<Tag>) {
+    async fn send(&self, outgoing: Outgoing) -> Result<ReplyFuture<Reply>, String> {
         let Outgoing {
             routing_key,
-            key,
             body,
             properties,
-            event_id,
-            tag,
         } = outgoing;
-        let published = self
+        let confirm = self
             .channel
             .basic_publish(
                 &self.exchange,
@@ -433,133 +268,30 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
                 &body,
                 properties,
             )
-            .await;
-        match published {
-            Ok(confirm) => {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                self.in_flight.insert(
-                    seq,
-                    InFlight {
-                        routing_key,
-                        key,
-                        event_id,
-                        tag,
-                    },
-                );
-                self.confirms.push(Box::pin(async move { (seq, confirm.await) }));
-            }
-            Err(e) => {
-                let cause = format!("publish to exchange {:?} failed: {}", self.exchange, words(&e));
-                let failure = SinkFailure {
-                    kind: FailureKind::Transient,
-                    destination: routing_key,
-                    partition: None,
-                    event_id: Some(event_id),
-                    cause: cause.clone(),
-                };
-                self.complete(tag, Err(failure));
-                self.break_with(cause);
-            }
+            .await
+            .map_err(|e| format!("publish to exchange {:?} failed: {}", self.exchange, words(&e)))?;
+        Ok(Box::pin(async move { (routing_key, confirm.await) }))
+    }
+
+    fn classify(&self, (routing_key, confirmation): Reply) -> Outcome {
+        match confirmation {
+            Ok(Confirmation::Ack(None)) => Outcome::Acknowledged,
+            Ok(Confirmation::Ack(Some(returned))) => Outcome::Refused(format!(
+                "unroutable: exchange {:?} has no queue bound for routing key {:?} (the broker returned it: {} \
+                 {}); bind a queue whose pattern matches, or route the event elsewhere",
+                self.exchange, routing_key, returned.reply_code, returned.reply_text
+            )),
+            Ok(Confirmation::Nack(_)) => Outcome::Transient(format!(
+                "RabbitMQ nacked the message (it could not store it in every queue bound for routing key {routing_key:?})"
+            )),
+            Ok(Confirmation::NotRequested) => Outcome::Transient("the channel is not in confirm mode".into()),
+            Err(e) => Outcome::Transient(format!("no confirm from RabbitMQ: {}", words(&e))),
         }
     }
 
-    /// The sink is broken: everything waiting fails now, later records as they come.
-    fn break_with(&mut self, cause: String) {
-        if self.broken.is_none() {
-            warn!(exchange = %self.exchange, cause = %cause, "RabbitMQ publisher broken; the relay will replay");
-            self.broken = Some(cause.clone());
-        }
-        let waiting: Vec<Outgoing<Tag>> = self.waiting.drain().flat_map(|(_, q)| q).collect();
-        for outgoing in waiting {
-            let failure = outgoing.failure(FailureKind::Transient, format!("not published: {cause}"));
-            self.complete(outgoing.tag, Err(failure));
-        }
-    }
-
-    async fn confirmed(&mut self, seq: u64, confirmation: lapin::Result<Confirmation>) {
-        let Some(sent) = self.in_flight.remove(&seq) else {
-            return;
-        };
-        let failure = |kind, cause: String| SinkFailure {
-            kind,
-            destination: sent.routing_key.clone(),
-            partition: None,
-            event_id: Some(sent.event_id.clone()),
-            cause,
-        };
-        let outcome = match confirmation {
-            Ok(Confirmation::Ack(None)) => Ok(()),
-            Ok(Confirmation::Ack(Some(returned))) => Err(failure(
-                FailureKind::Refused,
-                format!(
-                    "unroutable: exchange {:?} has no queue bound for routing key {:?} (the broker returned it: {} \
-                     {}); bind a queue whose pattern matches, or route the event elsewhere",
-                    self.exchange, sent.routing_key, returned.reply_code, returned.reply_text
-                ),
-            )),
-            Ok(Confirmation::Nack(_)) => Err(failure(
-                FailureKind::Transient,
-                format!(
-                    "RabbitMQ nacked the message (it could not store it in every queue bound for routing key {:?})",
-                    sent.routing_key
-                ),
-            )),
-            Ok(Confirmation::NotRequested) => Err(failure(
-                FailureKind::Transient,
-                "the channel is not in confirm mode".into(),
-            )),
-            Err(e) => Err(failure(
-                FailureKind::Transient,
-                format!("no confirm from RabbitMQ: {}", words(&e)),
-            )),
-        };
-        let failed = outcome.as_ref().err().map(|f| (f.kind, f.cause.clone()));
-        if matches!(failed, Some((FailureKind::Refused, _))) {
-            self.fence
-                .close_then(KeyHash::of(&sent.key), || self.complete(sent.tag, outcome));
-        } else {
-            self.complete(sent.tag, outcome);
-        }
-        match failed {
-            Some((FailureKind::Transient, cause)) => {
-                self.break_with(cause);
-                return;
-            }
-            Some((FailureKind::Refused, cause)) => {
-                // What waits behind a refused record of its aggregate is not published: the
-                // caller ends its session on a refusal and replays them after deciding about
-                // this one, so publishing them now would only store them ahead of it (and
-                // twice). Records of the key handed over later meet the closed fence.
-                let behind = self.waiting.remove(&sent.key).unwrap_or_default();
-                for outgoing in behind {
-                    let failure = outgoing.failure(
-                        FailureKind::Transient,
-                        format!("not published: an earlier record of the same key was refused ({cause})"),
-                    );
-                    self.complete(outgoing.tag, Err(failure));
-                }
-                return;
-            }
-            None => {}
-        }
-        // The key's next record, if any, goes now.
-        let next = match self.waiting.get_mut(&sent.key) {
-            Some(queue) => queue.pop_front(),
-            None => None,
-        };
-        match next {
-            Some(next) => {
-                if let Some(cause) = &self.broken {
-                    let failure = next.failure(FailureKind::Transient, cause.clone());
-                    self.complete(next.tag, Err(failure));
-                } else {
-                    self.publish(next).await;
-                }
-            }
-            None => {
-                self.waiting.remove(&sent.key);
-            }
-        }
+    async fn close(&self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.channel.close(200, "abandoned")).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection.close(200, "abandoned")).await;
+        debug!(exchange = %self.exchange, "RabbitMQ publisher closed");
     }
 }

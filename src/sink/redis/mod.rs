@@ -17,8 +17,9 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
 
 use crate::config::redis::RedisSettings;
-use crate::config::Settings;
-use crate::sink::{SinkError, SinkLimits};
+use crate::config::sink::SinkSectionSpec;
+use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
+use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 
 const SINK: &str = "Redis";
 
@@ -81,23 +82,58 @@ pub(crate) fn check_stream_key(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn limits(settings: &Option<RedisSettings>) -> SinkLimits {
+pub(crate) fn limits(settings: &RedisSettings) -> SinkLimits {
     SinkLimits {
         check_name: check_stream_key,
-        max_message_bytes: settings
-            .as_ref()
-            .map_or(crate::config::redis::REDIS_MAX_BULK_BYTES as usize, |s| {
-                s.max_message_bytes
-            }),
+        max_message_bytes: settings.max_message_bytes,
     }
 }
 
-pub(crate) fn settings_of(settings: &Settings) -> Result<&RedisSettings, SinkError> {
-    settings.redis.as_ref().ok_or_else(|| SinkError {
-        sink: SINK,
-        cause: "[sink] kind = \"redis\" without a [redis] section".into(),
-        transient: false,
-    })
+/// The Redis Streams sink (`[sink] kind = "redis"`).
+pub(crate) struct Redis;
+
+impl SinkPlugin for Redis {
+    type Config = RedisSettings;
+
+    fn spec(&self) -> &'static dyn SinkSectionSpec {
+        &crate::config::redis::SECTION
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        "redis"
+    }
+
+    fn log_targets(&self) -> &'static [ClientLogTarget] {
+        &[ClientLogTarget {
+            target: "redis",
+            fixed: None,
+        }]
+    }
+
+    fn limits(&self, config: &RedisSettings) -> SinkLimits {
+        limits(config)
+    }
+
+    /// A dedup set per stream, checked by a script before each `XADD`.
+    fn exactly_once(&self, _: &RedisSettings, _: &SinkContext) -> ExactlyOnce {
+        ExactlyOnce::BrokerDeduplicates
+    }
+
+    async fn prepare(&self, config: &RedisSettings) -> Result<Vec<String>, SinkError> {
+        prepare(config).await
+    }
+
+    async fn probe(&self, config: &RedisSettings) -> Result<String, SinkError> {
+        probe(config).await
+    }
+
+    async fn create<Tag: Send + Sync + 'static>(
+        &self,
+        config: &RedisSettings,
+        cx: &SinkContext,
+    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+        Ok(boxed(publisher::RedisSink::create(config, cx.delivery).await?))
+    }
 }
 
 /// Whether a connection error is worth retrying (the server is down, busy or slow) rather than
@@ -186,8 +222,7 @@ const NO_AOF: &str = "persistence (AOF) is off on this Redis: a reply means \"in
 /// What `setup` does for Redis: checks the server is reachable and new enough; the returned
 /// lines are for the operator (a warning when persistence is off). Streams are created by
 /// their first `XADD`, so there is nothing to create.
-pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkError> {
-    let settings = settings_of(settings)?;
+pub(crate) async fn prepare(settings: &RedisSettings) -> Result<Vec<String>, SinkError> {
     let mut conn = connect(settings).await?;
     let (version, aof) = server_facts(&mut conn, settings).await?;
     if !version_ok(&version) {
@@ -208,8 +243,7 @@ pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkErro
 }
 
 /// What `status` shows for Redis: one line, version and persistence.
-pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
-    let settings = settings_of(settings)?;
+pub(crate) async fn probe(settings: &RedisSettings) -> Result<String, SinkError> {
     let mut conn = connect(settings).await?;
     let (version, aof) = server_facts(&mut conn, settings).await?;
     Ok(format!(

@@ -19,11 +19,9 @@ use redis::{ServerError, Value};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::{
-    connect, settings_of, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK,
-};
+use super::{connect, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK};
+use crate::config::redis::RedisSettings;
 use crate::config::relay::Delivery;
-use crate::config::Settings;
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
@@ -58,11 +56,13 @@ pub(crate) struct RedisSink<Tag> {
 
 impl<Tag: Send + Sync + 'static> RedisSink<Tag> {
     /// Connects (loading the dedup script) and spawns the task on the current runtime.
-    pub(crate) async fn create(settings: &Settings) -> Result<(RedisSink<Tag>, Completions<Tag>), SinkError> {
-        let redis = settings_of(settings)?;
+    pub(crate) async fn create(
+        redis: &RedisSettings,
+        delivery: Delivery,
+    ) -> Result<(RedisSink<Tag>, Completions<Tag>), SinkError> {
         let mut conn = connect(redis).await?;
         // Only exactly-once needs the script: an at-least-once user needs no SCRIPT/EVALSHA.
-        let script_sha = if settings.relay.delivery == Delivery::ExactlyOnce {
+        let script_sha = if delivery == Delivery::ExactlyOnce {
             let sha: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
                 .arg(DEDUP_SCRIPT)

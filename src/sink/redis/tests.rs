@@ -12,6 +12,7 @@ use redis::Value;
 
 use super::publisher::RedisSink;
 use super::*;
+use crate::config::Settings;
 use crate::sink::{Completion, Completions, FailureKind, Sink, SinkRecord};
 
 const SHARED: &str = "redis://127.0.0.1:6379";
@@ -23,6 +24,18 @@ fn settings_for(url: &str, extra: &str) -> Settings {
         "[postgres]\nurl = \"postgres://relay@127.0.0.1:5432/app\"\n[sink]\nkind = \"redis\"\n[redis]\nurl = \"{url}\"\n{extra}"
     );
     Settings::from_toml_str(&text, Path::new("test.toml"), std::iter::empty()).expect("valid settings")
+}
+
+/// The `[redis]` section of settings made by [`settings_for`].
+fn redis_of(settings: &Settings) -> &crate::config::redis::RedisSettings {
+    settings.sink.section().expect("a [redis] section")
+}
+
+/// The sink as the relay creates it for `settings`.
+async fn create_sink(
+    settings: &Settings,
+) -> Result<(RedisSink<u32>, crate::sink::Completions<u32>), crate::sink::SinkError> {
+    RedisSink::create(redis_of(settings), settings.relay.delivery).await
 }
 
 fn unique(prefix: &str) -> String {
@@ -113,7 +126,7 @@ async fn cleanup(c: &mut MultiplexedConnection, keys: &[&str]) {
 #[tokio::test]
 async fn delivers_every_field_in_order_binary_safe() {
     let settings = settings_for(SHARED, "");
-    let (sink, mut completions) = RedisSink::<u32>::create(&settings).await.unwrap();
+    let (sink, mut completions) = create_sink(&settings).await.unwrap();
     let stream = unique("fields");
     let binary: Vec<u8> = (0..=255u8).chain([0, 0, b'\r', b'\n']).collect();
     let headers: Vec<crate::sink::RecordHeader<'_>> = vec![
@@ -182,7 +195,7 @@ async fn delivers_every_field_in_order_binary_safe() {
 #[tokio::test]
 async fn a_key_of_another_type_refuses_its_record_only() {
     let settings = settings_for(SHARED, EXACTLY_ONCE);
-    let (sink, mut completions) = RedisSink::<u32>::create(&settings).await.unwrap();
+    let (sink, mut completions) = create_sink(&settings).await.unwrap();
     let mut c = conn(SHARED).await;
     let (bad, good) = (unique("wrongtype"), unique("good"));
     let _: () = redis::cmd("SET")
@@ -246,7 +259,7 @@ async fn exactly_once_drops_replays_atomically_within_the_window() {
         let stream = &stream;
         async move {
             // A new instance each time, as after a crash.
-            let (sink, mut completions) = RedisSink::<u32>::create(settings).await.unwrap();
+            let (sink, mut completions) = create_sink(settings).await.unwrap();
             for (i, key) in keys.iter().enumerate() {
                 sink.send(&record(stream, b"k", b"v", b"id"), &[], Some(key), Box::new(i as u32))
                     .unwrap();
@@ -307,13 +320,13 @@ fn stream_key_rule() {
     assert!(check_stream_key(&"x".repeat(MAX_STREAM_KEY_LEN + 1)).is_err());
     assert!(check_stream_key("orders:outbox-relay-dedup").is_err());
     let settings = settings_for(SHARED, "max_message_bytes = 1000");
-    assert_eq!(limits(&settings.redis).max_message_bytes, 1000);
+    assert_eq!(limits(redis_of(&settings)).max_message_bytes, 1000);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let (sink, _completions) = RedisSink::<u32>::create(&settings).await.unwrap();
+        let (sink, _completions) = create_sink(&settings).await.unwrap();
         let big = vec![b'x'; 1000];
         let refusal = sink
             .send(&record("never-written", b"k", &big, b"id"), &[], None, Box::new(7))
@@ -327,7 +340,7 @@ fn stream_key_rule() {
         Box::new(sink).abandon(Duration::from_secs(1));
     });
     assert_eq!(
-        limits(&settings_for(SHARED, "").redis).max_message_bytes,
+        limits(redis_of(&settings_for(SHARED, ""))).max_message_bytes,
         512 * 1024 * 1024
     );
 }
@@ -389,7 +402,7 @@ impl Drop for PrivateRedis {
 async fn a_lost_connection_fails_everything_after_it_and_nothing_is_written_later() {
     let mut server = PrivateRedis::start(&[]);
     let settings = settings_for(&server.url(), "timeout_ms = 2000");
-    let (sink, mut completions) = RedisSink::<u32>::create(&settings).await.unwrap();
+    let (sink, mut completions) = create_sink(&settings).await.unwrap();
     sink.send(&record("s", b"k", b"1", b"a"), &[], None, Box::new(0))
         .unwrap();
     next(&mut completions).await.outcome.unwrap();
@@ -407,14 +420,14 @@ async fn a_lost_connection_fails_everything_after_it_and_nothing_is_written_late
     Box::new(sink).abandon(Duration::from_secs(2));
     assert!(started.elapsed() < Duration::from_secs(3));
     // A new instance cannot connect while the server is down: transient.
-    let err = RedisSink::<u32>::create(&settings).await.err().unwrap();
+    let err = create_sink(&settings).await.err().unwrap();
     assert!(err.transient, "{err}");
 }
 
 #[tokio::test]
 async fn abandon_drops_what_is_queued() {
     let settings = settings_for(SHARED, "");
-    let (sink, completions) = RedisSink::<u32>::create(&settings).await.unwrap();
+    let (sink, completions) = create_sink(&settings).await.unwrap();
     let stream = unique("abandon");
     for i in 0..20_000u32 {
         sink.send(&record(&stream, b"k", b"v", b"id"), &[], None, Box::new(i))
@@ -444,15 +457,15 @@ async fn connection_errors_say_whether_to_retry() {
         .unwrap()
         .port();
     let down = settings_for(&format!("redis://127.0.0.1:{port}"), "timeout_ms = 1000");
-    let err = RedisSink::<u32>::create(&down).await.err().unwrap();
+    let err = create_sink(&down).await.err().unwrap();
     assert!(err.transient, "{err}");
     let server = PrivateRedis::start(&["--requirepass", "right"]);
     let wrong = settings_for(&format!("redis://:wrong-s3cret@127.0.0.1:{}", server.port), "");
-    let err = RedisSink::<u32>::create(&wrong).await.err().unwrap();
+    let err = create_sink(&wrong).await.err().unwrap();
     assert!(!err.transient, "{err}");
     assert!(!err.to_string().contains("wrong-s3cret"), "{err}");
     let right = settings_for(&format!("redis://:right@127.0.0.1:{}", server.port), "");
-    let (sink, mut completions) = RedisSink::<u32>::create(&right).await.unwrap();
+    let (sink, mut completions) = create_sink(&right).await.unwrap();
     sink.send(&record("s", b"k", b"v", b"id"), &[], None, Box::new(1))
         .unwrap();
     next(&mut completions).await.outcome.unwrap();
@@ -462,38 +475,38 @@ async fn connection_errors_say_whether_to_retry() {
 #[tokio::test]
 async fn prepare_and_probe_tell_version_and_persistence() {
     let settings = settings_for(SHARED, "");
-    let lines = prepare(&settings).await.unwrap();
+    let lines = prepare(redis_of(&settings)).await.unwrap();
     assert!(
         lines[0].starts_with("Redis ") && lines[0].contains("reachable"),
         "{lines:?}"
     );
-    let status = probe(&settings).await.unwrap();
+    let status = probe(redis_of(&settings)).await.unwrap();
     assert!(status.contains("persistence"), "{status}");
     let dir = tempfile::tempdir().unwrap();
     let aof = PrivateRedis::start(&["--appendonly", "yes", "--dir", dir.path().to_str().unwrap()]);
     let settings = settings_for(&aof.url(), "");
-    let lines = prepare(&settings).await.unwrap();
+    let lines = prepare(redis_of(&settings)).await.unwrap();
     assert_eq!(lines.len(), 1, "no warning with AOF on: {lines:?}");
-    assert!(probe(&settings).await.unwrap().contains("AOF on"));
+    assert!(probe(redis_of(&settings)).await.unwrap().contains("AOF on"));
     let plain = PrivateRedis::start(&[]);
     let settings = settings_for(&plain.url(), "");
-    let lines = prepare(&settings).await.unwrap();
+    let lines = prepare(redis_of(&settings)).await.unwrap();
     assert!(lines.iter().any(|l| l.contains("in memory")), "{lines:?}");
-    assert!(probe(&settings).await.unwrap().contains("in memory"));
+    assert!(probe(redis_of(&settings)).await.unwrap().contains("in memory"));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let down = settings_for(&format!("redis://127.0.0.1:{port}"), "timeout_ms = 500");
-    assert!(prepare(&down).await.unwrap_err().transient);
-    assert!(probe(&down).await.unwrap_err().transient);
+    assert!(prepare(redis_of(&down)).await.unwrap_err().transient);
+    assert!(probe(redis_of(&down)).await.unwrap_err().transient);
 }
 
 #[tokio::test]
 async fn at_least_once_loads_no_script_and_fails_a_dedup_key_instead_of_writing_it_unchecked() {
     let settings = settings_for(SHARED, "");
-    let (sink, mut completions) = RedisSink::<u32>::create(&settings).await.unwrap();
+    let (sink, mut completions) = create_sink(&settings).await.unwrap();
     let stream = unique("no-script");
     sink.send(&record(&stream, b"k", b"v", b"id"), &[], Some("src/0/1"), Box::new(1))
         .unwrap();
