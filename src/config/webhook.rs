@@ -23,6 +23,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde::Deserialize;
 
+use crate::config::relay::Delivery;
+use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::{number_or_numeric_string, ConfigError};
 
 /// The placeholder for the routed name in `url`.
@@ -429,6 +431,68 @@ fn validate_header(
         ));
     }
     Ok(StaticHeader { name, value })
+}
+
+/// Why `relay.delivery = "exactly-once"` is refused with this sink (the config error's words).
+pub(crate) const NO_EXACTLY_ONCE: &str = "HTTP has no deduplication on the wire: a request whose reply was lost is \
+     sent again, and only the receiver can tell. Use relay.delivery = \"at-least-once\" and deduplicate on the \
+     Idempotency-Key (or webhook-id) header, the event id (docs/sink-webhook.md)";
+
+/// The config half of the webhook sink's registration (`config::sink::SINK_SECTIONS`).
+pub(crate) struct WebhookSpec;
+
+/// The registration of `[webhook]`.
+pub(crate) const SECTION: WebhookSpec = WebhookSpec;
+
+impl SinkSectionSpec for WebhookSpec {
+    fn kind(&self) -> &'static str {
+        "webhook"
+    }
+
+    fn name(&self) -> &'static str {
+        "HTTP webhook"
+    }
+
+    /// Also refuses `relay.delivery = "exactly-once"` here, with the reason: earlier and
+    /// clearer than at start.
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        cx: &SectionContext<'_>,
+    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
+        let Some(section) = section else {
+            return Err(invalid(
+                "webhook",
+                "[sink] kind = \"webhook\" needs a [webhook] section: add `[webhook]` with url = \
+                 \"https://host/path/${topic}\" (docs/sink-webhook.md)",
+            ));
+        };
+        if cx.relay.delivery == Delivery::ExactlyOnce {
+            return Err(invalid(
+                "relay.delivery",
+                format!("\"exactly-once\" with [sink] kind = \"webhook\": {NO_EXACTLY_ONCE}"),
+            ));
+        }
+        let section: WebhookSection = parse_section("webhook", section)?;
+        Ok(std::sync::Arc::new(section.validate(|var| std::env::var(var).ok())?))
+    }
+}
+
+impl SinkSection for WebhookSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    /// The settings reports may show (none of them secret; the URL's query masked).
+    fn get(&self, key: &str) -> Option<String> {
+        match key {
+            "url" => Some(self.url.to_string()),
+            "timeout_ms" => Some(self.timeout.as_millis().to_string()),
+            "max_concurrency" => Some(self.max_concurrency.to_string()),
+            "max_body_bytes" => Some(self.max_body_bytes.to_string()),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
