@@ -268,11 +268,7 @@ impl WebhookSection {
             n => Ok(n),
         };
         let timeout = Duration::from_millis(positive("webhook.timeout_ms", self.timeout_ms, DEFAULT_TIMEOUT_MS)?);
-        let max_concurrency = positive(
-            "webhook.max_concurrency",
-            self.max_concurrency,
-            DEFAULT_MAX_CONCURRENCY,
-        )?;
+        let max_concurrency = positive("webhook.max_concurrency", self.max_concurrency, DEFAULT_MAX_CONCURRENCY)?;
         if max_concurrency > 4096 {
             return Err(invalid(
                 "webhook.max_concurrency",
@@ -285,7 +281,11 @@ impl WebhookSection {
             self.retry_initial_ms,
             DEFAULT_RETRY_INITIAL_MS,
         )?);
-        let retry_max = Duration::from_millis(positive("webhook.retry_max_ms", self.retry_max_ms, DEFAULT_RETRY_MAX_MS)?);
+        let retry_max = Duration::from_millis(positive(
+            "webhook.retry_max_ms",
+            self.retry_max_ms,
+            DEFAULT_RETRY_MAX_MS,
+        )?);
         if retry_max < retry_initial {
             return Err(invalid(
                 "webhook.retry_max_ms",
@@ -300,7 +300,10 @@ impl WebhookSection {
             if !ca.is_file() {
                 return Err(invalid(
                     "webhook.tls_ca",
-                    format!("{} is not a readable file; point it at a PEM file of CA certificates", ca.display()),
+                    format!(
+                        "{} is not a readable file; point it at a PEM file of CA certificates",
+                        ca.display()
+                    ),
                 ));
             }
         }
@@ -355,7 +358,10 @@ fn validate_url(raw: &str) -> Result<WebhookUrl, ConfigError> {
         ));
     }
     if raw.contains('#') {
-        return Err(invalid("webhook.url", format!("{shown} has a #fragment, which HTTP never sends; remove it")));
+        return Err(invalid(
+            "webhook.url",
+            format!("{shown} has a #fragment, which HTTP never sends; remove it"),
+        ));
     }
     let probe = raw.replace(TOPIC_PLACEHOLDER, "topic");
     if probe.contains("${") {
@@ -418,7 +424,9 @@ fn validate_header(
             _ => {
                 return Err(invalid(
                     "webhook.headers",
-                    format!("header {name:?} reads the environment variable {var}, which is not set (or empty); set it"),
+                    format!(
+                        "header {name:?} reads the environment variable {var}, which is not set (or empty); set it"
+                    ),
                 ))
             }
         },
@@ -507,12 +515,48 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
+    fn load(extra: &str) -> Result<crate::config::Settings, String> {
+        crate::config::Settings::from_toml_str(
+            &format!("[postgres]\nurl = \"postgres://relay:pw@127.0.0.1:5432/app\"\n{extra}"),
+            std::path::Path::new("test.toml"),
+            [("OUTBOX_RELAY__WEBHOOK__SECRET".to_owned(), SECRET.to_owned())],
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_section_goes_with_the_kind_and_refuses_exactly_once() {
+        let settings = load("[sink]\nkind = \"webhook\"\n[webhook]\nurl = \"http://127.0.0.1:9/${topic}\"\n").unwrap();
+        assert_eq!(settings.sink.label(), "webhook");
+        let webhook = settings.sink.section::<WebhookSettings>().expect("the webhook section");
+        assert_eq!(webhook.keys.len(), 1, "the secret from OUTBOX_RELAY__WEBHOOK__SECRET");
+        // The secret's environment override makes a [webhook] table: its url is what is missing.
+        let missing = load("[sink]\nkind = \"webhook\"\n").unwrap_err();
+        assert!(
+            missing.contains("webhook.url") && missing.contains("missing"),
+            "{missing}"
+        );
+        let once = load(
+            "[sink]\nkind = \"webhook\"\n[webhook]\nurl = \"http://127.0.0.1:9/\"\n[relay]\ndelivery = \"exactly-once\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            once.contains("relay.delivery")
+                && once.contains("HTTP has no deduplication")
+                && once.contains("Idempotency-Key"),
+            "{once}"
+        );
+    }
+
     #[test]
     fn defaults_and_a_templated_url() {
         let s = section("url = \"http://127.0.0.1:9/hooks/${topic}?code=abc\"").unwrap();
         assert!(s.url.is_templated());
         assert_eq!(s.url.for_topic("orders"), "http://127.0.0.1:9/hooks/orders?code=abc");
-        assert_eq!(s.url.shown_for("orders"), "http://127.0.0.1:9/hooks/orders?code=********");
+        assert_eq!(
+            s.url.shown_for("orders"),
+            "http://127.0.0.1:9/hooks/orders?code=********"
+        );
         assert_eq!(s.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
         assert_eq!(s.max_concurrency, DEFAULT_MAX_CONCURRENCY as usize);
         assert!(s.keys.is_empty() && s.headers.is_empty());
@@ -551,7 +595,10 @@ mod tests {
         let env = section(&format!("url = \"http://h/\"\nsecret = \"{SECRET}, {SECRET}\"")).unwrap();
         assert_eq!(env.keys.len(), 2);
         let printed = format!("{two:?}");
-        assert!(!printed.contains("MfKQ9r8") && printed.contains("whsec_********"), "{printed}");
+        assert!(
+            !printed.contains("MfKQ9r8") && printed.contains("whsec_********"),
+            "{printed}"
+        );
         let err = section("url = \"http://h/\"\nsecret = \"whsec_not base64!\"").unwrap_err();
         assert!(err.contains("webhook.secret") && err.contains("openssl rand"), "{err}");
         let short = section("url = \"http://h/\"\nsecret = \"whsec_c2hvcnQ=\"").unwrap_err();
@@ -581,7 +628,10 @@ mod tests {
     #[test]
     fn numbers_are_checked() {
         let err = section("url = \"http://h/\"\nmax_concurrency = 0").unwrap_err();
-        assert!(err.contains("webhook.max_concurrency") && err.contains("leave it out"), "{err}");
+        assert!(
+            err.contains("webhook.max_concurrency") && err.contains("leave it out"),
+            "{err}"
+        );
         let err = section("url = \"http://h/\"\nretry_initial_ms = 500\nretry_max_ms = 100").unwrap_err();
         assert!(err.contains("below retry_initial_ms"), "{err}");
         let s = section("url = \"http://h/\"\ntimeout_ms = \"250\"\nmax_concurrency = 4").unwrap();

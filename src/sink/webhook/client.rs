@@ -49,7 +49,9 @@ pub(crate) enum Verdict {
         retry_after: Option<Duration>,
     },
     /// Never again: `relay.on_bad_event` decides.
-    Refused { cause: String },
+    Refused {
+        cause: String,
+    },
 }
 
 /// The final outcome of [`Client::deliver`].
@@ -339,17 +341,24 @@ mod tests {
         }
         for code in [408, 429, 500, 502, 503, 504, 599, 301, 307] {
             assert!(
-                matches!(classify(StatusCode::from_u16(code).unwrap(), &none, b"", now), Verdict::Retry { .. }),
+                matches!(
+                    classify(StatusCode::from_u16(code).unwrap(), &none, b"", now),
+                    Verdict::Retry { .. }
+                ),
                 "{code}"
             );
         }
         for code in [400, 401, 403, 404, 409, 410, 413, 422, 451] {
             assert!(
-                matches!(classify(StatusCode::from_u16(code).unwrap(), &none, b"", now), Verdict::Refused { .. }),
+                matches!(
+                    classify(StatusCode::from_u16(code).unwrap(), &none, b"", now),
+                    Verdict::Refused { .. }
+                ),
                 "{code}"
             );
         }
-        let Verdict::Refused { cause } = classify(StatusCode::UNPROCESSABLE_ENTITY, &none, b"  bad total\n", now) else {
+        let Verdict::Refused { cause } = classify(StatusCode::UNPROCESSABLE_ENTITY, &none, b"  bad total\n", now)
+        else {
             panic!("422 is a refusal")
         };
         assert_eq!(cause, "HTTP 422 Unprocessable Entity: bad total");
@@ -361,7 +370,10 @@ mod tests {
         ) else {
             panic!("3xx is transient")
         };
-        assert!(cause.contains("https://new/x?sig=********") && !cause.contains("abc"), "{cause}");
+        assert!(
+            cause.contains("https://new/x?sig=********") && !cause.contains("abc"),
+            "{cause}"
+        );
     }
 
     #[test]
@@ -377,12 +389,18 @@ mod tests {
             Some(Duration::from_secs(30))
         );
         let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
-        assert_eq!(retry_after(&headers(&[("retry-after", &past)]), now), Some(Duration::ZERO));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &past)]), now),
+            Some(Duration::ZERO)
+        );
         assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
-        let Verdict::Retry { retry_after: after, .. } =
-            classify(StatusCode::TOO_MANY_REQUESTS, &headers(&[("retry-after", "2")]), b"", now)
-        else {
+        let Verdict::Retry { retry_after: after, .. } = classify(
+            StatusCode::TOO_MANY_REQUESTS,
+            &headers(&[("retry-after", "2")]),
+            b"",
+            now,
+        ) else {
             panic!("429 is transient")
         };
         assert_eq!(after, Some(Duration::from_secs(2)));

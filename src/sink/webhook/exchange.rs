@@ -68,7 +68,9 @@ impl Exchange for HttpExchange {
     /// Nothing to hand over first: the request goes out (and is retried) in the reply future.
     async fn send(&self, out: Outgoing) -> Result<ReplyFuture<Self::Reply>, String> {
         let client = self.client.clone();
-        Ok(Box::pin(async move { client.deliver(&out.request, &out.shown_url).await }))
+        Ok(Box::pin(
+            async move { client.deliver(&out.request, &out.shown_url).await },
+        ))
     }
 
     fn classify(&self, reply: Self::Reply) -> Outcome {

@@ -157,7 +157,9 @@ impl Encoder {
 
 fn header_name(name: &str) -> Result<HeaderName, String> {
     HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-        format!("header {name:?} is not an HTTP header name (letters, digits, -, _); rename it in outbox.header_columns")
+        format!(
+            "header {name:?} is not an HTTP header name (letters, digits, -, _); rename it in outbox.header_columns"
+        )
     })
 }
 

@@ -69,11 +69,7 @@ mod tests {
             .unwrap();
         let signer = Signer::new(&[SigningKey::for_test(key)]).unwrap();
         assert_eq!(
-            signer.sign(
-                "msg_p5jXN8AQM9LWM0D4loKWxJek",
-                1614265330,
-                br#"{"test": 2432232314}"#
-            ),
+            signer.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, br#"{"test": 2432232314}"#),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
     }

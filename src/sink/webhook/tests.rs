@@ -46,11 +46,7 @@ fn record<'a>(destination: &'a str, id: &'a [u8], body: &'a [u8]) -> SinkRecord<
 }
 
 fn header<'m>(headers: &'m reqwest::header::HeaderMap, name: &str) -> Vec<&'m str> {
-    headers
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str().unwrap())
-        .collect()
+    headers.get_all(name).iter().map(|v| v.to_str().unwrap()).collect()
 }
 
 #[test]
@@ -60,7 +56,10 @@ fn a_plain_record_becomes_one_post_with_its_headers() {
     );
     let encoder = Encoder::new(&s, None).unwrap();
     let req = encoder
-        .encode(&record("orders.created", b"42", br#"{"total":3}"#), &[("x-extra", b"1")])
+        .encode(
+            &record("orders.created", b"42", br#"{"total":3}"#),
+            &[("x-extra", b"1")],
+        )
         .unwrap();
     assert_eq!(req.url, "http://127.0.0.1:1/in/orders.created");
     assert_eq!(&req.body[..], br#"{"total":3}"#);
@@ -95,7 +94,10 @@ fn records_http_cannot_carry_are_refused_with_the_reason() {
     bad.headers = Cow::Owned(vec![(Cow::Borrowed("Idempotency-Key"), Some(Cow::Borrowed(&b"x"[..])))]);
     assert!(encoder.encode(&bad, &[]).unwrap_err().contains("writes itself"));
     bad.headers = Cow::Owned(vec![(Cow::Borrowed("bad name"), None)]);
-    assert!(encoder.encode(&bad, &[]).unwrap_err().contains("not an HTTP header name"));
+    assert!(encoder
+        .encode(&bad, &[])
+        .unwrap_err()
+        .contains("not an HTTP header name"));
     assert!(check_templated_name("orders.created-v2_x~").is_ok());
     for name in ["", ".", "..", "a/b", "a b", "a?b", "é"] {
         assert!(check_templated_name(name).is_err(), "{name:?}");
@@ -116,7 +118,10 @@ fn cloudevents_binary_mode_writes_the_http_bindings_headers() {
             h("ce_subject", b"order-7"),
             h("content-type", b"application/json"),
             h("ce_tenant", b"acme"),
-            h("ce_traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            h(
+                "ce_traceparent",
+                b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
         ]),
         ..record("orders", b"42", b"{}")
     };
@@ -137,10 +142,7 @@ fn cloudevents_binary_mode_writes_the_http_bindings_headers() {
 
     let structured = Encoder::new(&s, Some(CloudEventsMode::Structured)).unwrap();
     let rec = SinkRecord {
-        headers: Cow::Owned(vec![h(
-            "content-type",
-            b"application/cloudevents+json; charset=UTF-8",
-        )]),
+        headers: Cow::Owned(vec![h("content-type", b"application/cloudevents+json; charset=UTF-8")]),
         ..record("orders", b"42", br#"{"specversion":"1.0","id":"42","data":{}}"#)
     };
     let req = structured.encode(&rec, &[]).unwrap();
@@ -203,7 +205,10 @@ async fn transient_replies_are_retried_then_delivered_and_a_4xx_refuses() {
         let seen = receiver.seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 5, "four transient replies, then the 2xx");
         let after_429 = seen[3].0 - seen[2].0;
-        assert!(after_429 >= Duration::from_millis(950), "Retry-After: 1 honoured: {after_429:?}");
+        assert!(
+            after_429 >= Duration::from_millis(950),
+            "Retry-After: 1 honoured: {after_429:?}"
+        );
         for (_, headers, body) in &seen {
             assert_eq!(headers["idempotency-key"], "42");
             assert_eq!(headers["webhook-id"], "42");
@@ -247,7 +252,10 @@ async fn a_receiver_that_is_down_is_retried_until_it_is_back() {
             .unwrap();
         let delivery = tokio::spawn(async move { client.deliver(&req, "shown").await });
         tokio::time::sleep(Duration::from_millis(400)).await;
-        assert!(!delivery.is_finished(), "nothing acknowledged while the receiver is down");
+        assert!(
+            !delivery.is_finished(),
+            "nothing acknowledged while the receiver is down"
+        );
         let receiver = Receiver::default();
         let app_receiver = receiver.clone();
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();

@@ -98,7 +98,9 @@ pub struct WebhookReceiver {
 impl WebhookReceiver {
     /// Starts listening on a free port of 127.0.0.1, accepting everything.
     pub async fn start() -> WebhookReceiver {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the webhook receiver");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the webhook receiver");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(Mutex::new(State::default()));
         let server = tokio::spawn(serve(listener, Arc::clone(&state)));
@@ -286,7 +288,9 @@ async fn answer(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Resp
     let mut reply = Response::new(Full::new(Bytes::from_static(b"ok")));
     *reply.status_mut() = StatusCode::from_u16(status).expect("a status");
     if let Some(after) = retry_after {
-        reply.headers_mut().insert("retry-after", after.parse().expect("retry-after"));
+        reply
+            .headers_mut()
+            .insert("retry-after", after.parse().expect("retry-after"));
     }
     Ok(reply)
 }
