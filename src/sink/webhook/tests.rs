@@ -152,12 +152,17 @@ fn cloudevents_binary_mode_writes_the_http_bindings_headers() {
     );
 }
 
+/// A scripted answer: the status, and a `Retry-After` value.
+type Answer = (u16, Option<&'static str>);
+/// A request as the receiver saw it: when, its headers, its body.
+type Seen = (Instant, AxumHeaders, Vec<u8>);
+
 /// A receiver in the test process: answers with the scripted statuses in order (then 200), and
 /// records every request's headers.
 #[derive(Clone, Default)]
 struct Receiver {
-    script: Arc<Mutex<VecDeque<(u16, Option<&'static str>)>>>,
-    seen: Arc<Mutex<Vec<(Instant, AxumHeaders, Vec<u8>)>>>,
+    script: Arc<Mutex<VecDeque<Answer>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 async fn serve(receiver: Receiver) -> String {
