@@ -281,3 +281,87 @@ async fn a_receiver_that_is_down_is_retried_until_it_is_back() {
     .await
     .expect("bounded");
 }
+
+/// An HTTPS receiver whose certificate a throwaway CA signed: trusted with `tls_ca` naming that
+/// CA (delivered), refused without it (a transient failure naming the certificate).
+#[tokio::test]
+async fn https_with_the_tls_ca_file_and_not_without() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca_path = dir.path().join("ca.pem");
+        std::fs::write(&ca_path, ca.pem()).unwrap();
+
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from_pem_slice(cert.pem().as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&hits);
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { return };
+                let (acceptor, counted) = (acceptor.clone(), Arc::clone(&counted));
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else { return };
+                    let service = hyper::service::service_fn(move |_req| {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        async {
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                                bytes::Bytes::new(),
+                            )))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+
+        let trusted = settings(&format!(
+            "url = \"https://{addr}/hooks\"\ntls_ca = {:?}",
+            ca_path.display().to_string()
+        ));
+        let req = Encoder::new(&trusted, None)
+            .unwrap()
+            .encode(&record("t", b"9", b"{}"), &[])
+            .unwrap();
+        Client::new(&trusted).unwrap().deliver(&req, "shown").await.unwrap();
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        let untrusted = settings(&format!("url = \"https://{addr}/hooks\""));
+        let verdict = Client::new(&untrusted).unwrap().attempt(&req).await;
+        let super::client::Verdict::Retry { cause, .. } = verdict else {
+            panic!("an untrusted certificate is not a delivery: {verdict:?}")
+        };
+        assert!(cause.to_lowercase().contains("certificate"), "{cause}");
+        assert_eq!(
+            hits.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "nothing reached the receiver"
+        );
+    })
+    .await
+    .expect("bounded");
+}
