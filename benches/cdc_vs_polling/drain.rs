@@ -476,7 +476,8 @@ fn read_limit(rows: u64) -> Duration {
 async fn sink_drain(admin: &Client, db: &Client, job: &SinkJob<'_>, phase: &ProgressBar) -> Result<SinkDrain> {
     let sink = job.target.sink;
     phase.set_message(format!("drain: outbox-relay run → {}", sink.name()));
-    let during = sink == Sink::RabbitMq;
+    // An exchange and an endpoint keep nothing: their consumer reads during the drain.
+    let during = matches!(sink, Sink::RabbitMq | Sink::Webhook);
     let mut consumer = if during {
         Some(tokio::task::block_in_place(|| job.target.consumer(job.topic))?)
     } else {

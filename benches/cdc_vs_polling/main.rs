@@ -6,7 +6,7 @@
 //! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT]
 //!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR]
 //!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
-//!     [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]
+//!     [--sinks kafka,nats,rabbitmq,redis,webhook] [--idle-secs N] [--no-tracing] [--report-from results.json]
 //! ```
 //!
 //! It starts its own PostgreSQL 15 cluster and (by default) librdkafka's mock Kafka cluster in
@@ -16,9 +16,9 @@
 //! intervals (batch 100), plus a batched-producer maximum (100 events per transaction). Each run
 //! gets a fresh database (see `steady.rs` for what is measured and how).
 //!
-//! **Sinks** (`--sinks`, default all four; `sinks.rs`): Kafka's runs are the main tables and always
-//! run; every other broker listed — NATS JetStream, RabbitMQ, Redis Streams, the servers running
-//! on this machine's usual ports — gets a CDC run at 1,000 events/s (same columns, a consumer of
+//! **Sinks** (`--sinks`, default all five; `sinks.rs`): Kafka's runs are the main tables and always
+//! run; every other sink listed — NATS JetStream, RabbitMQ, Redis Streams, the servers running
+//! on this machine's usual ports, and an HTTP webhook into a receiver of this process — gets a CDC run at 1,000 events/s (same columns, a consumer of
 //! that broker, and the broker server's CPU per event) and a drain of the same backlog (below).
 //! A listed broker that does not answer stops the benchmark before anything is measured, naming
 //! it, how to start it, and `--sinks` to leave it out. Each run writes to a stream, exchange or
@@ -86,6 +86,7 @@ mod sinks;
 mod stats;
 mod steady;
 mod targets;
+mod webhook;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -147,7 +148,7 @@ const BATCHED_DRAIN_TXN: u64 = 1_000;
 const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis,webhook] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
                      --only TEXT[,TEXT…]: runs whose label contains one of them, e.g. --only \"CDC at 1000/s,CDC +\" for \
                      the tracing rows beside their baseline; the tracing rows (CDC + traceparent / OTLP 100 % / OTLP 1 % at \
                      1000/s, Kafka) run by default, --no-tracing leaves them out";

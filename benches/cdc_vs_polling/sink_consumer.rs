@@ -7,6 +7,8 @@
 //!   `basic.consume` without acknowledgements (the broker pushes); the id is `message_id`.
 //! * Redis Streams: `XREAD BLOCK` on the stream key from its start, up to `REDIS_BATCH` entries
 //!   per read; the id is the entry's `id` field.
+//! * HTTP webhook: the receiver (`webhook.rs`) stamps each request as it arrives; this source
+//!   only collects its receipts (so how often it looks does not change a latency).
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +42,9 @@ pub enum AsyncSource {
         key: String,
         /// The last entry id read (`0-0`: from the start).
         last: String,
+    },
+    Webhook {
+        receiver: std::sync::Arc<super::sinks::WebhookReceiver>,
     },
 }
 
@@ -161,6 +166,14 @@ impl AsyncSource {
                 Ok(None) => Err(anyhow!("RabbitMQ consumer: the consumer was cancelled")),
                 Err(_) => Ok(()),
             },
+            AsyncSource::Webhook { receiver } => {
+                let taken = receiver.take();
+                if taken.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                out.extend(taken);
+                Ok(())
+            }
             AsyncSource::Redis { connection, key, last } => {
                 let reply: Option<redis::streams::StreamReadReply> = bounded(
                     "Redis",

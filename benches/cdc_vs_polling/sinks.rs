@@ -1,7 +1,8 @@
-//! The sink as a dimension (`--sinks kafka,nats,rabbitmq,redis`): the relay publishing to NATS
-//! JetStream, RabbitMQ or Redis Streams instead of Kafka, on the servers already running on this
-//! machine (NATS 127.0.0.1:4222 with JetStream, RabbitMQ 127.0.0.1:5672 guest/guest, Redis
-//! 127.0.0.1:6379).
+//! The sink as a dimension (`--sinks kafka,nats,rabbitmq,redis,webhook`): the relay publishing to
+//! NATS JetStream, RabbitMQ, Redis Streams or an HTTP endpoint instead of Kafka, on the servers
+//! already running on this machine (NATS 127.0.0.1:4222 with JetStream, RabbitMQ 127.0.0.1:5672
+//! guest/guest, Redis 127.0.0.1:6379), the webhook on a receiver of this process
+//! (`webhook.rs`: answers 200 at once, HTTP/1.1 keep-alive).
 //!
 //! The servers are shared with whatever else runs on the machine, so every run writes to names of
 //! its own and removes them afterwards: a JetStream stream `OUTBOX_RELAY_BENCH_<run>_<tag>` with
@@ -22,6 +23,8 @@ use super::sink_consumer::AsyncSource;
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 pub const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
+pub use super::webhook::Receiver as WebhookReceiver;
+
 /// One call to a broker (connect, create, delete, count) takes at most this long.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -31,10 +34,11 @@ pub enum Sink {
     Nats,
     RabbitMq,
     Redis,
+    Webhook,
 }
 
 impl Sink {
-    pub const ALL: [Sink; 4] = [Sink::Kafka, Sink::Nats, Sink::RabbitMq, Sink::Redis];
+    pub const ALL: [Sink; 5] = [Sink::Kafka, Sink::Nats, Sink::RabbitMq, Sink::Redis, Sink::Webhook];
 
     /// `[sink] kind`, and the word of `--sinks`.
     pub fn word(self) -> &'static str {
@@ -43,6 +47,7 @@ impl Sink {
             Sink::Nats => "nats",
             Sink::RabbitMq => "rabbitmq",
             Sink::Redis => "redis",
+            Sink::Webhook => "webhook",
         }
     }
 
@@ -53,6 +58,7 @@ impl Sink {
             Sink::Nats => "NATS JetStream",
             Sink::RabbitMq => "RabbitMQ",
             Sink::Redis => "Redis Streams",
+            Sink::Webhook => "HTTP webhook",
         }
     }
 
@@ -60,10 +66,9 @@ impl Sink {
     pub fn parse_list(text: &str) -> Result<Vec<Sink>> {
         let mut out = Vec::new();
         for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            let sink = Sink::ALL
-                .into_iter()
-                .find(|s| s.word() == word)
-                .with_context(|| format!("--sinks: unknown sink {word:?}; use some of kafka,nats,rabbitmq,redis"))?;
+            let sink = Sink::ALL.into_iter().find(|s| s.word() == word).with_context(|| {
+                format!("--sinks: unknown sink {word:?}; use some of kafka,nats,rabbitmq,redis,webhook")
+            })?;
             if !out.contains(&sink) {
                 out.push(sink);
             }
@@ -73,7 +78,7 @@ impl Sink {
 
     fn url(self) -> &'static str {
         match self {
-            Sink::Kafka => "",
+            Sink::Kafka | Sink::Webhook => "",
             Sink::Nats => NATS_URL,
             Sink::RabbitMq => RABBITMQ_URL,
             Sink::Redis => REDIS_URL,
@@ -83,7 +88,7 @@ impl Sink {
     /// The server's port on 127.0.0.1 (its process is found through it, for its CPU).
     pub fn port(self) -> Option<u16> {
         match self {
-            Sink::Kafka => None,
+            Sink::Kafka | Sink::Webhook => None,
             Sink::Nats => Some(4222),
             Sink::RabbitMq => Some(5672),
             Sink::Redis => Some(6379),
@@ -92,7 +97,7 @@ impl Sink {
 
     fn how_to_start(self) -> &'static str {
         match self {
-            Sink::Kafka => "",
+            Sink::Kafka | Sink::Webhook => "",
             Sink::Nats => "`nats-server -js -a 127.0.0.1 -p 4222` (JetStream on)",
             Sink::RabbitMq => "`rabbitmq-server` (user guest/guest on 127.0.0.1:5672)",
             Sink::Redis => "`redis-server --bind 127.0.0.1 --port 6379`",
@@ -157,6 +162,11 @@ pub async fn check_reachable(sinks: &[Sink]) -> Result<Vec<String>> {
     for &sink in sinks {
         let outcome: Result<String> = match sink {
             Sink::Kafka => continue,
+            Sink::Webhook => Ok(
+                "HTTP webhook: a receiver in the benchmark process (hyper, HTTP/1.1 keep-alive, \
+                                 answers 200 at once; no signing secret)"
+                    .to_owned(),
+            ),
             Sink::Nats => {
                 async {
                     let js = nats_jetstream().await?;
@@ -257,6 +267,8 @@ pub struct SinkTarget {
     pub container: String,
     /// Put before the routed topic by the relay's `[route]` (NATS subject, Redis key).
     pub prefix: String,
+    /// The webhook's receiver (the other sinks: `None`).
+    pub receiver: Option<std::sync::Arc<WebhookReceiver>>,
 }
 
 impl SinkTarget {
@@ -271,11 +283,24 @@ impl SinkTarget {
             ),
             Sink::RabbitMq => (format!("outbox-relay-bench-{run}-{tag}"), String::new()),
             Sink::Redis => (String::new(), format!("outbox-relay-bench:{run}:{tag}:")),
+            Sink::Webhook => (String::new(), String::new()),
+        };
+        let receiver = if sink == Sink::Webhook {
+            match WebhookReceiver::start() {
+                Ok(r) => Some(std::sync::Arc::new(r)),
+                Err(e) => {
+                    eprintln!("cannot start the webhook receiver: {e:#}");
+                    return None;
+                }
+            }
+        } else {
+            None
         };
         Some(SinkTarget {
             sink,
             container,
             prefix,
+            receiver,
         })
     }
 
@@ -297,6 +322,11 @@ impl SinkTarget {
                 self.container
             ),
             Sink::Redis => format!("[sink]\nkind = \"redis\"\n\n[redis]\nurl = \"{REDIS_URL}\"\n"),
+            // The shipped defaults (16 aggregates at once, 10 s timeout).
+            Sink::Webhook => format!(
+                "[sink]\nkind = \"webhook\"\n\n[webhook]\nurl = \"{}\"\n",
+                self.receiver.as_ref().map(|r| r.url()).unwrap_or_default()
+            ),
         }
     }
 
@@ -312,6 +342,10 @@ impl SinkTarget {
                 TopicConsumer::start_async("rabbitmq", move || AsyncSource::rabbitmq(container, destination))
             }
             Sink::Redis => TopicConsumer::start_async("redis", move || AsyncSource::redis(destination)),
+            Sink::Webhook => {
+                let receiver = self.receiver.clone().context("the webhook target has no receiver")?;
+                TopicConsumer::start_async("webhook", move || async move { Ok(AsyncSource::Webhook { receiver }) })
+            }
         }
     }
 
@@ -319,7 +353,7 @@ impl SinkTarget {
     /// `None` for RabbitMQ (an exchange keeps nothing: the consumer's queue is the count).
     pub async fn stored(&self, topic: &str) -> Result<Option<u64>> {
         match self.sink {
-            Sink::Kafka | Sink::RabbitMq => Ok(None),
+            Sink::Kafka | Sink::RabbitMq | Sink::Webhook => Ok(None),
             Sink::Nats => {
                 let js = nats_jetstream().await?;
                 let mut stream = bounded("NATS", "opening the stream", js.get_stream(&self.container)).await?;
@@ -344,7 +378,7 @@ impl SinkTarget {
     /// Deletes what the run created on the shared server (the stream, the exchange, the key).
     pub async fn cleanup(&self, topic: &str) -> Result<()> {
         match self.sink {
-            Sink::Kafka => Ok(()),
+            Sink::Kafka | Sink::Webhook => Ok(()),
             Sink::Nats => {
                 let js = nats_jetstream().await?;
                 match tokio::time::timeout(BROKER_TIMEOUT, js.delete_stream(&self.container)).await {

@@ -41,6 +41,7 @@ pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
 pub(crate) mod tracing;
+pub(crate) mod webhook;
 
 use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;

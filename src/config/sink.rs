@@ -32,6 +32,7 @@ pub(crate) const SINK_SECTIONS: &[&dyn SinkSectionSpec] = &[
     &crate::config::nats::SECTION,
     &crate::config::rabbitmq::SECTION,
     &crate::config::redis::SECTION,
+    &crate::config::webhook::SECTION,
 ];
 
 #[derive(Debug, Deserialize)]

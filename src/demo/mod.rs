@@ -8,7 +8,9 @@
 //! With `--sink nats|rabbitmq|redis` the relay publishes to a running server (`--sink-url`)
 //! instead: `setup` creates the run's NATS stream or RabbitMQ exchange, the matching consumer
 //! ([`consumer_nats`], [`consumer_rabbitmq`], [`consumer_redis`]) reads the run's events, and
-//! removes the stream, exchange or Redis key at the end (best effort).
+//! removes the stream, exchange or Redis key at the end (best effort). With `--sink webhook` the
+//! relay POSTs to a receiver of the demo's own ([`consumer_webhook`]: signatures verified,
+//! duplicates acknowledged and not counted twice), signed with a secret made for the run.
 //! At the end (`--duration`, or Ctrl-C) it stops the producers, lets the relay and the consumer
 //! drain, stops the relay, and prints a summary.
 //!
@@ -20,6 +22,7 @@ pub(crate) mod consumer;
 pub(crate) mod consumer_nats;
 pub(crate) mod consumer_rabbitmq;
 pub(crate) mod consumer_redis;
+pub(crate) mod consumer_webhook;
 pub(crate) mod kafka;
 pub mod postgres;
 pub(crate) mod producer;
@@ -58,8 +61,9 @@ pub(crate) struct DemoArgs {
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long, value_name = "SECONDS")]
     pub(crate) duration: Option<u64>,
-    /// The broker the relay publishes to: the embedded (or `--bootstrap`) Kafka, or a running
-    /// NATS JetStream, RabbitMQ or Redis server (`--sink-url`).
+    /// The broker the relay publishes to: the embedded (or `--bootstrap`) Kafka, a running
+    /// NATS JetStream, RabbitMQ or Redis server (`--sink-url`), or (webhook) an HTTP receiver
+    /// of the demo's own.
     #[arg(long, value_enum, default_value_t = DemoSink::Kafka)]
     pub(crate) sink: DemoSink,
     /// The server of `--sink nats|rabbitmq|redis` (default: the broker's usual port on 127.0.0.1).
@@ -80,13 +84,15 @@ pub(crate) enum DemoSink {
     Nats,
     Rabbitmq,
     Redis,
+    /// An HTTP receiver of the demo's own.
+    Webhook,
 }
 
 impl DemoSink {
     /// `--sink-url`'s default.
     fn default_url(self) -> &'static str {
         match self {
-            DemoSink::Kafka => "",
+            DemoSink::Kafka | DemoSink::Webhook => "",
             DemoSink::Nats => "nats://127.0.0.1:4222",
             DemoSink::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
             DemoSink::Redis => "redis://127.0.0.1:6379",
@@ -103,6 +109,8 @@ struct SinkTarget {
     address: String,
     /// NATS: the stream; RabbitMQ: the exchange; unused otherwise.
     container: String,
+    /// Webhook: the demo's receiver (its socket and the run's secret).
+    endpoint: Option<Arc<consumer_webhook::Endpoint>>,
 }
 
 /// The running demo consumer: the Kafka one on its own thread, the others as tasks that clean
@@ -176,7 +184,11 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
             eprintln!("error: --sink-url is for --sink nats|rabbitmq|redis; a Kafka is given by --bootstrap");
             return ExitCode::from(2);
         }
-        (DemoSink::Nats | DemoSink::Rabbitmq | DemoSink::Redis, Some(_), _) => {
+        (DemoSink::Webhook, _, Some(_)) => {
+            eprintln!("error: --sink webhook runs its own receiver; leave --sink-url out");
+            return ExitCode::from(2);
+        }
+        (DemoSink::Nats | DemoSink::Rabbitmq | DemoSink::Redis | DemoSink::Webhook, Some(_), _) => {
             eprintln!("error: --bootstrap is for Kafka; give the server of --sink with --sink-url");
             return ExitCode::from(2);
         }
@@ -237,7 +249,20 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
         },
         _ => None,
     };
+    let endpoint = match args.sink {
+        DemoSink::Webhook => match consumer_webhook::Endpoint::bind() {
+            Ok(e) => Some(Arc::new(e)),
+            Err(e) => {
+                let mut pg = pg;
+                let _ = tokio::task::spawn_blocking(move || pg.stop()).await;
+                return Err(e);
+            }
+        },
+        _ => None,
+    };
+    let webhook_url = endpoint_url(&endpoint);
     let target = SinkTarget {
+        endpoint,
         kind: args.sink,
         address: match args.sink {
             DemoSink::Kafka => args
@@ -245,6 +270,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
                 .clone()
                 .or_else(|| kafka.as_ref().map(|k| k.bootstrap_servers().to_owned()))
                 .unwrap_or_default(),
+            DemoSink::Webhook => webhook_url,
             other => args.sink_url.clone().unwrap_or_else(|| other.default_url().to_owned()),
         },
         container: match args.sink {
@@ -434,6 +460,10 @@ async fn pipeline(
                 Some(r) => format!("Redis {}", r.url),
                 None => "Redis".to_owned(),
             },
+            DemoSink::Webhook => format!(
+                "the demo's webhook receiver {} (every request's signature verified)",
+                target.address
+            ),
         },
         slot: SLOT.to_owned(),
         confirmed_lsn,
@@ -479,6 +509,14 @@ async fn start_consumer(
         }
         DemoSink::Redis => {
             let c = consumer_redis::RedisConsumer::new(&target.address, topic, run_id).await?;
+            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
+        }
+        DemoSink::Webhook => {
+            let endpoint = target
+                .endpoint
+                .as_ref()
+                .ok_or_else(|| DemoError::Sink("--sink webhook without its receiver".into()))?;
+            let c = consumer_webhook::WebhookConsumer::new(endpoint, run_id)?;
             RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
         }
     })
@@ -528,6 +566,18 @@ url = {address}
 topic_regex = "(?<routedByValue>.*)"
 topic_replacement = "outbox-relay-demo:{run_id}:${{routedByValue}}"
 "#
+        ),
+        // The demo's own receiver; each event's topic is the last path segment.
+        DemoSink::Webhook => format!(
+            r#"[sink]
+kind = "webhook"
+
+[webhook]
+url = "{address_raw}/hooks/${{topic}}"
+secret = "{secret}"
+"#,
+            address_raw = target.address,
+            secret = target.endpoint.as_ref().map(|e| e.whsec()).unwrap_or_default()
         ),
     };
     let text = format!(
@@ -585,4 +635,9 @@ fn watch_interrupts() -> watch::Receiver<u32> {
         }
     });
     rx
+}
+
+/// The demo receiver's base URL (empty without one).
+fn endpoint_url(endpoint: &Option<Arc<consumer_webhook::Endpoint>>) -> String {
+    endpoint.as_ref().map(|e| e.base_url()).unwrap_or_default()
 }

@@ -48,6 +48,7 @@ sinks![
     crate::sink::nats::Nats,
     crate::sink::rabbitmq::RabbitMq,
     crate::sink::redis::Redis,
+    crate::sink::webhook::Webhook,
 ];
 
 /// The config halves of the registered plugins, in registration order.

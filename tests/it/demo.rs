@@ -304,3 +304,9 @@ async fn demo_with_rabbitmq_consumes_everything() {
 async fn demo_with_redis_consumes_everything() {
     demo_with_sink("redis", "cleaned up      Redis stream outbox-relay-demo:").await;
 }
+
+/// `demo --sink webhook`: the demo's own receiver gets every event, each signature verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_webhook_consumes_everything_signed() {
+    demo_with_sink("webhook", " 0 failed signature verification").await;
+}

@@ -34,4 +34,5 @@ mod retention;
 mod sink_nats;
 mod sink_rabbitmq;
 mod sink_redis;
+mod sink_webhook;
 mod stream_shapes;

@@ -67,6 +67,12 @@
 //! Connect's converters (`tests/debezium/DebeziumOutbox.java`), `None` with a loud SKIPPING line
 //! where Java or the jars (`scripts/install-debezium.sh`) are missing.
 //!
+//! # Webhooks
+//! [`webhook::WebhookReceiver`]: a real HTTP/1.1 receiver in the test process (hyper) that the
+//! webhook sink posts to; the test scripts its answers (500s, 429 with `Retry-After`, slow, a 4xx
+//! for marked events, down for a while and back on the same port) and reads what it accepted as
+//! [`Received`] records.
+//!
 //! # Faults
 //! [`fault_support`]: commit LSNs of a transaction ([`fault_support::TxnProbe`]), the
 //! "confirmed never passes an unacknowledged commit" check, logical messages, and
@@ -92,6 +98,7 @@ pub mod relay_process;
 pub mod scrape;
 pub mod tls;
 pub mod util;
+pub mod webhook;
 pub mod workload;
 
 pub use checks::{check_delivered, check_order, ids_by_key};

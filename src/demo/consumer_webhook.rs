@@ -1,0 +1,204 @@
+//! The demo's webhook receiver (`demo --sink webhook`): an HTTP endpoint on 127.0.0.1 in this
+//! process, the relay's `[webhook] url`, written as a receiver should be — it verifies each
+//! request's Standard Webhooks signature (HMAC-SHA256 of `id.timestamp.body` with the run's
+//! secret, the timestamp within five minutes), deduplicates on `webhook-id` (the event id), and
+//! answers `204` for a verified event (a duplicate too), `401` for a bad signature. Verified
+//! first deliveries are the demo's consumed events; the summary line says how many requests
+//! came, how many were duplicates and how many failed verification.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use base64::Engine as _;
+
+use super::consumer::{parse_id, record_event};
+use super::stats::Stats;
+use super::DemoError;
+
+/// The largest clock difference a signature's timestamp may have (the libraries' default).
+const TOLERANCE_S: u64 = 300;
+
+/// The receiver's socket and the run's secret, made before the relay's settings (which name
+/// both).
+pub(crate) struct Endpoint {
+    listener: std::net::TcpListener,
+    secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Endpoint({:?}, secret ********)", self.listener.local_addr().ok())
+    }
+}
+
+impl Endpoint {
+    /// Binds a free port of 127.0.0.1 and makes a random 32-byte secret.
+    pub(crate) fn bind() -> Result<Endpoint, DemoError> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| DemoError::Io("binding the webhook receiver".into(), e))?;
+        let mut secret = vec![0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+            .map_err(|_| DemoError::Sink("webhook receiver: no randomness for the secret".into()))?;
+        Ok(Endpoint { listener, secret })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub(crate) fn base_url(&self) -> String {
+        self.listener
+            .local_addr()
+            .map(|a| format!("http://{a}"))
+            .unwrap_or_default()
+    }
+
+    /// The secret as `[webhook] secret` takes it.
+    pub(crate) fn whsec(&self) -> String {
+        format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode(&self.secret)
+        )
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    requests: AtomicU64,
+    duplicates: AtomicU64,
+    unverified: AtomicU64,
+}
+
+pub(crate) struct WebhookConsumer {
+    listener: tokio::net::TcpListener,
+    key: ring::hmac::Key,
+    run_id: String,
+}
+
+impl WebhookConsumer {
+    pub(crate) fn new(endpoint: &Endpoint, run_id: &str) -> Result<WebhookConsumer, DemoError> {
+        let std_listener = endpoint
+            .listener
+            .try_clone()
+            .map_err(|e| DemoError::Io("the webhook receiver's socket".into(), e))?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| DemoError::Io("the webhook receiver's socket".into(), e))?;
+        let listener = tokio::net::TcpListener::from_std(std_listener)
+            .map_err(|e| DemoError::Io("the webhook receiver's socket".into(), e))?;
+        Ok(WebhookConsumer {
+            listener,
+            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &endpoint.secret),
+            run_id: run_id.to_owned(),
+        })
+    }
+
+    /// Serves until `stop`; returns the receiver's summary line.
+    pub(crate) async fn run(self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
+        let counts = Arc::new(Counts::default());
+        let seen = Arc::new(Mutex::new(HashSet::<String>::new()));
+        let (key, run_id) = (Arc::new(self.key), Arc::new(self.run_id));
+        let app = {
+            let (counts, stats) = (Arc::clone(&counts), Arc::clone(&stats));
+            axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
+                let (counts, stats, seen, key, run_id) = (
+                    Arc::clone(&counts),
+                    Arc::clone(&stats),
+                    Arc::clone(&seen),
+                    Arc::clone(&key),
+                    Arc::clone(&run_id),
+                );
+                async move {
+                    counts.requests.fetch_add(1, Ordering::Relaxed);
+                    let Some(id) = verified(&key, &headers, &body) else {
+                        counts.unverified.fetch_add(1, Ordering::Relaxed);
+                        return StatusCode::UNAUTHORIZED;
+                    };
+                    if !seen.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone()) {
+                        counts.duplicates.fetch_add(1, Ordering::Relaxed);
+                        return StatusCode::NO_CONTENT;
+                    }
+                    stats.published.fetch_add(1, Ordering::Relaxed);
+                    record_event(&stats, &run_id, parse_id(id.as_bytes()), Some(&body));
+                    StatusCode::NO_CONTENT
+                }
+            })
+        };
+        let stopped = async move {
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let served = axum::serve(self.listener, app).with_graceful_shutdown(stopped).await;
+        let line = format!(
+            "webhook receiver stopped: {} requests, {} duplicates (acknowledged, not counted twice), {} failed \
+             signature verification",
+            counts.requests.load(Ordering::Relaxed),
+            counts.duplicates.load(Ordering::Relaxed),
+            counts.unverified.load(Ordering::Relaxed)
+        );
+        vec![match served {
+            Ok(()) => line,
+            Err(e) => format!("FAILED: the webhook receiver: {e}"),
+        }]
+    }
+}
+
+/// The event id of a request whose Standard Webhooks signature verifies with `key` (one of its
+/// space-separated `v1,` signatures matches, its timestamp within [`TOLERANCE_S`]).
+fn verified(key: &ring::hmac::Key, headers: &HeaderMap, body: &[u8]) -> Option<String> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let (id, timestamp, signatures) = (
+        header("webhook-id")?,
+        header("webhook-timestamp")?,
+        header("webhook-signature")?,
+    );
+    let sent: u64 = timestamp.parse().ok()?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
+    if now.abs_diff(sent) > TOLERANCE_S {
+        return None;
+    }
+    let mut signed = Vec::with_capacity(id.len() + timestamp.len() + body.len() + 2);
+    signed.extend_from_slice(id.as_bytes());
+    signed.push(b'.');
+    signed.extend_from_slice(timestamp.as_bytes());
+    signed.push(b'.');
+    signed.extend_from_slice(body);
+    signatures
+        .split(' ')
+        .filter_map(|s| s.strip_prefix("v1,"))
+        .filter_map(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .any(|tag| ring::hmac::verify(key, &signed, &tag).is_ok())
+        .then(|| id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifies_the_specifications_example_and_refuses_a_changed_body() {
+        let secret = base64::engine::general_purpose::STANDARD
+            .decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .unwrap();
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            .to_string();
+        let body = br#"{"test": 2432232314}"#;
+        let mut signed = format!("msg_1.{now}.").into_bytes();
+        signed.extend_from_slice(body);
+        let tag = base64::engine::general_purpose::STANDARD.encode(ring::hmac::sign(&key, &signed).as_ref());
+        let mut headers = HeaderMap::new();
+        headers.insert("webhook-id", "msg_1".parse().unwrap());
+        headers.insert("webhook-timestamp", now.parse().unwrap());
+        headers.insert("webhook-signature", format!("v1,bm90IGl0 v1,{tag}").parse().unwrap());
+        assert_eq!(verified(&key, &headers, body).as_deref(), Some("msg_1"));
+        assert_eq!(verified(&key, &headers, b"{}"), None);
+        headers.insert("webhook-timestamp", "1614265330".parse().unwrap());
+        assert_eq!(verified(&key, &headers, body), None, "too old");
+    }
+}
