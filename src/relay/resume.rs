@@ -36,7 +36,14 @@
 //! publish afterwards what the standby already checked: this stream hands no record to
 //! librdkafka once it went more than [`RelaySettings::stale_limit`] without sending a status
 //! update (the walsender may be gone) — [`RelayError::Paused`], checked before each hand-over and
-//! before each status update, and the session then purges its producer's queue at once — and a
+//! before each status update, and the session then purges its producer's queue at once. Sending
+//! is not being heard: a holder cut off from PostgreSQL by a silent network fault keeps writing
+//! status updates into its socket while its walsender times out and a standby takes over, and
+//! when the link heals the frames the dead walsender had sent arrive and would be published. So
+//! the stream must also *hear* the server within the stale limit — every status update asks for
+//! a reply once a status interval passed in silence, which a live walsender answers at once — and
+//! a frame that arrives after a longer silence is not handed on ([`RelayError::Unheard`]; a pause
+//! of reading for backpressure counts as hearing, as for `relay.receive_timeout_ms`) — and a
 //! session that took the slot over waits, before its first read-back, until whatever the old
 //! holder may still have queued has landed or expired (`takeover.rs`: the fence). What remains is
 //! in docs/reliability.md.
@@ -173,6 +180,10 @@ impl Guarantee {
             // a frozen holder's producer, whose late writes the broker then refuses.
             return Ok(());
         };
+        // A frame after a silence past the stale limit may come from a walsender that is long
+        // gone (a healed network cut): nothing of it is handed on, keepalives included.
+        resume.check_heard()?;
+        resume.heard();
         match decoded {
             Decoded::Keepalive { wal_end, .. } => resume.reached(*wal_end),
             Decoded::Begin { commit_lsn, .. } => {
@@ -261,11 +272,29 @@ impl Guarantee {
         }
     }
 
+    /// Exactly-once: errs when the stream went past the stale limit without sending a status
+    /// update or without hearing the server (either way it may have been taken over).
     pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
         match self {
             Guarantee::AtLeastOnce | Guarantee::Sealed(_) => Ok(()),
-            Guarantee::ExactlyOnce(resume) => resume.check_alive(),
+            Guarantee::ExactlyOnce(resume) => {
+                resume.check_alive()?;
+                resume.check_heard()
+            }
         }
+    }
+
+    /// Reading is paused for backpressure: silence says nothing about the server meanwhile.
+    pub(crate) fn heard(&mut self) {
+        if let Guarantee::ExactlyOnce(resume) = self {
+            resume.heard();
+        }
+    }
+
+    /// Exactly-once: the next status update asks the server for a reply (a status interval
+    /// passed without hearing it), so a live walsender is heard well within the stale limit.
+    pub(crate) fn wants_reply(&self) -> bool {
+        matches!(self, Guarantee::ExactlyOnce(resume) if resume.wants_reply())
     }
 
     pub(crate) fn on_done(&mut self, done: Done) -> Result<(), RelayError> {
@@ -322,6 +351,10 @@ pub(crate) struct Resume {
     /// No read-back before this (a takeover's fence: `takeover.rs`).
     fence: Option<Instant>,
     last_status: Instant,
+    /// When the server was last heard (a frame read, or reading paused on purpose).
+    last_heard: Instant,
+    /// Silence after which status updates ask for a reply (the status interval).
+    reply_after: Duration,
     stale_limit: Duration,
     skipped: u64,
     partitions_read: u64,
@@ -355,6 +388,8 @@ impl Resume {
             done_tx,
             fence,
             last_status: Instant::now(),
+            last_heard: Instant::now(),
+            reply_after: settings.relay.status_interval,
             stale_limit: settings.relay.stale_limit(),
             skipped: 0,
             partitions_read: 0,
@@ -543,6 +578,26 @@ impl Resume {
         Ok(())
     }
 
+    pub(crate) fn heard(&mut self) {
+        self.last_heard = Instant::now();
+    }
+
+    pub(crate) fn wants_reply(&self) -> bool {
+        self.last_heard.elapsed() >= self.reply_after
+    }
+
+    /// Errs when the server was not heard for longer than the stale limit: its walsender may
+    /// have timed out and the slot been taken over while the network was cut.
+    pub(crate) fn check_heard(&self) -> Result<(), RelayError> {
+        let silent = self.last_heard.elapsed();
+        if silent > self.stale_limit {
+            return Err(RelayError::Unheard {
+                silent_ms: silent.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+
     /// The stream reached `lsn`: once past the replay window, says what the check found (once).
     pub(crate) fn reached(&mut self, lsn: Lsn) {
         if !self.window_logged && lsn >= self.replay_end {
@@ -647,6 +702,55 @@ mod tests {
             .map(|i: u32| i.to_string().into_bytes())
             .find(|k| spec.partition_for(k, 3) == Some(p))
             .unwrap()
+    }
+
+    /// The split brain the network nemesis found (`tests/it/nemesis.rs`, `split_brain_exactly_once`):
+    /// a holder cut off from PostgreSQL kept sending status updates into its socket, so it never
+    /// counted as paused; when the link healed, the frames its timed-out walsender had sent
+    /// arrived after a standby had taken over and read back, and were published again.
+    #[test]
+    fn a_frame_after_a_silence_past_the_stale_limit_is_not_handed_on() {
+        let mut r = resume();
+        r.heard();
+        r.status_sent();
+        assert!(!r.wants_reply());
+        let mut g = Guarantee::ExactlyOnce(Box::new(r));
+        let begin = Decoded::Begin {
+            commit_lsn: Lsn(0x2000),
+        };
+        g.observe(&begin).expect("heard just now");
+        let Guarantee::ExactlyOnce(r) = &mut g else {
+            unreachable!()
+        };
+        let silence = r.stale_limit + Duration::from_millis(500);
+        r.last_heard = Instant::now().checked_sub(silence).expect("instant");
+        // Still sending status updates (into a cut network): the old check alone passed.
+        r.status_sent();
+        assert!(r.check_alive().is_ok());
+        assert!(r.wants_reply(), "a silent stream asks the server for a reply");
+        let err = g
+            .observe(&begin)
+            .expect_err("a frame after the silence is not handed on");
+        assert!(matches!(err, RelayError::Unheard { .. }), "{err}");
+        assert!(err.is_transient(), "the session reconnects and replays");
+        assert!(g.check_alive().is_err(), "the status tick ends the session too");
+        let keepalive = Decoded::Keepalive {
+            wal_end: Lsn(0x2000),
+            reply_requested: false,
+        };
+        assert!(g.observe(&keepalive).is_err(), "keepalives included");
+    }
+
+    #[test]
+    fn reading_paused_on_purpose_counts_as_hearing() {
+        let mut r = resume();
+        r.last_heard = Instant::now().checked_sub(r.stale_limit * 2).expect("instant");
+        let mut g = Guarantee::ExactlyOnce(Box::new(r));
+        assert!(g.check_alive().is_err());
+        g.heard();
+        assert!(g.check_alive().is_ok());
+        assert!(!g.wants_reply());
+        assert!(!Guarantee::AtLeastOnce.wants_reply(), "at-least-once asks nothing more");
     }
 
     #[test]

@@ -214,7 +214,7 @@ pub(crate) async fn run_session(
     // A paused holder may have been taken over: what it still has queued must not reach Kafka
     // after the new holder read back, so nothing is waited for (`takeover.rs`).
     let wait = match &outcome {
-        Err(RelayError::Paused { .. }) => Duration::ZERO,
+        Err(RelayError::Paused { .. } | RelayError::Unheard { .. }) => Duration::ZERO,
         _ => settings.relay.shutdown_timeout,
     };
     ctx.health.set_fence(None, 0.0);
@@ -257,6 +257,7 @@ async fn stream(
         if paused {
             // Not reading is deliberate: silence now says nothing about the server.
             silence.heard(Instant::now());
+            state.heard();
         }
         tokio::select! {
             biased;
@@ -265,7 +266,7 @@ async fn stream(
                 // A stream that was paused past the stale limit may have been taken over: it
                 // stops before telling the server anything (exactly-once; `resume.rs`).
                 state.check_alive()?;
-                let ask_for_reply = silence.check(Instant::now())?;
+                let ask_for_reply = silence.check(Instant::now())? || state.wants_reply();
                 state.send_status(writer, ask_for_reply).await?;
                 let progress = state.progress(now_unix_us());
                 gauges.set(&progress);
