@@ -179,9 +179,9 @@ async fn broker_cut_silently(kind: SinkKind) {
 on_every_sink!(broker_cut_silently);
 
 /// The broker stalled: its proxy accepts and answers nothing, on open connections too, for 30 s.
-async fn broker_stalled(kind: SinkKind) {
+async fn broker_stalled(kind: SinkKind, delivery: Delivery) {
     let secs = 30;
-    let Some(mut rig) = Rig::new(kind, Delivery::AtLeastOnce).await else {
+    let Some(mut rig) = Rig::new(kind, delivery).await else {
         return;
     };
     let (_, relay) = rig.relay();
@@ -199,11 +199,43 @@ async fn broker_stalled(kind: SinkKind) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let v = rig.finish(load, &format!("broker stalled {secs} s")).await;
     eprintln!(
-        "nemesis broker stalled {secs} s [{kind:?}]: resumed {:.1} s after the stall ended; {v}",
+        "nemesis broker stalled {secs} s [{kind:?}, {delivery:?}]: resumed {:.1} s after the stall ended; {v}",
         resumed.as_secs_f64()
     );
 }
-on_every_sink!(broker_stalled);
+
+async fn broker_stalled_at_least_once(kind: SinkKind) {
+    broker_stalled(kind, Delivery::AtLeastOnce).await
+}
+on_every_sink!(broker_stalled_at_least_once);
+
+/// In exactly-once mode the relay shortens `message.timeout.ms` to 10 s: a 30 s stall expires
+/// records on the wire.
+async fn broker_stalled_exactly_once(kind: SinkKind) {
+    broker_stalled(kind, Delivery::ExactlyOnce).await
+}
+
+mod broker_stalled_exactly_once {
+    use super::*;
+
+    /// Open defect (docs/reliability.md, section 10, "Defects the nemesis found", 2): records
+    /// expired on the wire during the stall; 1 of 2 runs read 4 events fewer than were committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[ignore = "open defect: Kafka exactly-once across a stall longer than message.timeout.ms (docs/reliability.md, section 10)"]
+    async fn kafka() {
+        super::broker_stalled_exactly_once(SinkKind::Kafka).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn nats() {
+        super::broker_stalled_exactly_once(SinkKind::Nats).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn redis() {
+        super::broker_stalled_exactly_once(SinkKind::Redis).await
+    }
+}
 
 /// 200 ms ± 150 ms on every link (PostgreSQL and the broker) for a minute (15 s in CI), with a
 /// standby beside the holder: events keep flowing during it, nothing is lost or reordered.
@@ -303,8 +335,13 @@ async fn randomised(kind: SinkKind, delivery: Delivery) {
         let r = 1 + rng.below(2) as usize;
         let hold = Duration::from_secs(5 + rng.below(41));
         let label = FAULT_KINDS[fault];
+        let on = if fault < 4 {
+            format!(" on relay {r}")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "randomised nemesis: fault {faults}: {label} on relay {r} for {:.0} s",
+            "randomised nemesis [{kind:?}, {delivery:?}]: fault {faults}: {label}{on} for {:.0} s",
             hold.as_secs_f64()
         );
         match fault {
@@ -325,7 +362,10 @@ async fn randomised(kind: SinkKind, delivery: Delivery) {
                 relays[1].log_text()
             )
         });
-        eprintln!("randomised nemesis: resumed {:.1} s after the heal", took.as_secs_f64());
+        eprintln!(
+            "randomised nemesis [{kind:?}, {delivery:?}]: resumed {:.1} s after the heal",
+            took.as_secs_f64()
+        );
         stats.record(label, took);
         faults += 1;
     }

@@ -187,7 +187,7 @@ impl Rig {
     /// Asserts 0 lost, order of first deliveries, and (exactly-once) 0 duplicates.
     pub async fn finish(&self, load: Load, what: &str) -> Verdict {
         let committed = load.stop().await;
-        let deadline = Instant::now() + Duration::from_secs(240);
+        let deadline = Instant::now() + Duration::from_secs(90);
         let verdict = loop {
             let records = self.read(committed.len(), Duration::from_secs(60)).await;
             let v = judge(&committed, &records);
@@ -197,6 +197,22 @@ impl Rig {
             tokio::time::sleep(Duration::from_secs(2)).await;
         };
         eprintln!("nemesis {what} [{:?}, {:?}]: {verdict}", self.kind, self.delivery);
+        if verdict.lost > 0 {
+            if let SinkHandle::Kafka(cluster) = &self.sink {
+                let records = self.read(committed.len(), Duration::from_secs(30)).await;
+                let mut per: std::collections::BTreeMap<i32, (usize, i64, i64)> = Default::default();
+                for r in &records {
+                    let e = per.entry(r.partition).or_insert((0, i64::MAX, -1));
+                    e.0 += 1;
+                    e.1 = e.1.min(r.offset);
+                    e.2 = e.2.max(r.offset);
+                }
+                eprintln!(
+                    "nemesis {what}: read per partition (count, first, last offset): {per:?}; held {}",
+                    kafka_records_held(&cluster.bootstrap_servers(), "order").await
+                );
+            }
+        }
         verdict.assert_ok(self.delivery == Delivery::ExactlyOnce, what);
         verdict
     }

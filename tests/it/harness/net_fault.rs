@@ -15,7 +15,7 @@
 //! the proxy's, as userspace is where they can be injected here.
 //!
 //! Invariant: everything is bounded and undone. Every `ip`/`tc` command is checked; dropping a
-//! [`FaultNet`] (also while a test panics) deletes its namespaces (and with them the veths),
+//! [`FaultNet`] (also while a test panics) deletes its veths and namespaces,
 //! removes its addresses and stops its proxies; a net left behind by a killed test binary is
 //! swept by the next [`FaultNet::new`] that picks its `N` (the owner's pid is in a lock file).
 
@@ -291,15 +291,41 @@ fn sweep(n: u8) {
             sh_quiet("ip", &["netns", "del", name]);
         }
     }
+    delete_links(&prefix);
     for s in 1..=32 {
         sh_quiet("ip", &["addr", "del", &format!("10.{n}.0.{s}/32"), "dev", "lo"]);
+    }
+}
+
+/// Deletes the host's links named `prefix…` (a namespace is destroyed asynchronously, and with
+/// it the host side of its veths: delete them now, so the next net of this `N` finds none).
+fn delete_links(prefix: &str) {
+    let list = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip link show");
+    for line in String::from_utf8_lossy(&list.stdout).lines() {
+        // `7: nm200r1s1h@if6: <…>`
+        let Some(name) = line.split(": ").nth(1) else { continue };
+        let name = name.split('@').next().unwrap_or(name);
+        if name.starts_with(prefix) {
+            sh_quiet("ip", &["link", "del", name]);
+        }
     }
 }
 
 impl FaultNet {
     /// Takes a free `N` (sweeping one a dead test binary left behind).
     pub fn new() -> FaultNet {
+        // Tests of this binary allocate one at a time; other binaries are kept apart by the lock
+        // files, each created with its owner's pid already in it (a hard link is atomic), so a
+        // half-written lock is never mistaken for an abandoned one.
+        static ALLOCATE: Mutex<()> = Mutex::new(());
+        let _one_at_a_time = ALLOCATE.lock().unwrap_or_else(|e| e.into_inner());
         std::fs::create_dir_all(LOCK_DIR).expect("lock dir");
+        let me = std::process::id();
+        let draft = PathBuf::from(format!("{LOCK_DIR}/draft-{me}"));
+        std::fs::write(&draft, me.to_string()).expect("write lock draft");
         for n in 200u8..=254 {
             let lock = PathBuf::from(format!("{LOCK_DIR}/{n}"));
             if let Ok(owner) = std::fs::read_to_string(&lock) {
@@ -311,11 +337,9 @@ impl FaultNet {
                     }
                 }
             }
-            let created = std::fs::OpenOptions::new().write(true).create_new(true).open(&lock);
-            if let Ok(mut f) = created {
-                use std::io::Write;
-                write!(f, "{}", std::process::id()).expect("write lock");
-                // A previous owner of this pid's binary may have died mid-test: start clean.
+            if std::fs::hard_link(&draft, &lock).is_ok() {
+                let _ = std::fs::remove_file(&draft);
+                // A previous owner of this `N` may have died mid-test: start clean.
                 sweep(n);
                 return FaultNet {
                     n,
@@ -325,6 +349,7 @@ impl FaultNet {
                 };
             }
         }
+        let _ = std::fs::remove_file(&draft);
         panic!("no free fault net in 10.200-254 (see {LOCK_DIR})");
     }
 
@@ -458,8 +483,8 @@ impl Default for FaultNet {
 
 impl Drop for FaultNet {
     fn drop(&mut self) {
+        delete_links(&format!("nm{}r", self.n));
         for ns in &self.relays {
-            // Deleting the namespace deletes its veths and their host-side peers.
             sh_quiet("ip", &["netns", "del", ns]);
         }
         for svc in &self.services {
