@@ -189,6 +189,12 @@ pub enum RelayError {
          (relay.delivery = \"exactly-once\"); the next session replays them"
     )]
     Paused { paused_ms: u64 },
+    #[error(
+        "heard nothing from PostgreSQL for {silent_ms} ms (a network cut?): its walsender may have timed out and the \
+         slot been taken over, so nothing more read on this connection is published \
+         (relay.delivery = \"exactly-once\"); the session reconnects and replays"
+    )]
+    Unheard { silent_ms: u64 },
 }
 
 impl RelayError {
@@ -204,7 +210,7 @@ impl RelayError {
             | RelayError::RecordCondemned { .. }
             | RelayError::SlotBusy { .. } => true,
             RelayError::ReadBack(e) => e.is_transient(),
-            RelayError::Paused { .. } | RelayError::NoWalPosition => true,
+            RelayError::Paused { .. } | RelayError::Unheard { .. } | RelayError::NoWalPosition => true,
             RelayError::Sink(e) => e.transient,
             RelayError::Refused(_)
             | RelayError::SlotMissing { .. }

@@ -36,7 +36,17 @@
 //! publish afterwards what the standby already checked: this stream hands no record to
 //! librdkafka once it went more than [`RelaySettings::stale_limit`] without sending a status
 //! update (the walsender may be gone) — [`RelayError::Paused`], checked before each hand-over and
-//! before each status update, and the session then purges its producer's queue at once — and a
+//! before each status update, and the session then purges its producer's queue at once. Sending
+//! is not being heard: a holder cut off from PostgreSQL by a silent network fault keeps writing
+//! status updates into its socket while its walsender times out and a standby takes over, and
+//! when the link heals the frames the dead walsender had sent arrive and would be published. So
+//! the stream must also *hear* the server: a frame that arrives after a silence of more than
+//! ¾ of the server's `wal_sender_timeout` is not handed on and the status tick ends such a
+//! session ([`RelayError::Unheard`]). ¾ because the walsender frees the slot only after the whole
+//! timeout without our replies (so the holder stops first), while a busy walsender (decoding a
+//! large transaction) reads our replies, and answers our reply requests, at least every half of
+//! it. Every status update asks for a reply once a status interval passed in silence; a pause of
+//! reading for backpressure counts as hearing, as for `relay.receive_timeout_ms` — and a
 //! session that took the slot over waits, before its first read-back, until whatever the old
 //! holder may still have queued has landed or expired (`takeover.rs`: the fence). What remains is
 //! in docs/reliability.md.
@@ -173,6 +183,10 @@ impl Guarantee {
             // a frozen holder's producer, whose late writes the broker then refuses.
             return Ok(());
         };
+        // A frame after a silence past the unheard limit may come from a walsender that is long
+        // gone (a healed network cut): nothing of it is handed on, keepalives included.
+        resume.check_heard()?;
+        resume.heard();
         match decoded {
             Decoded::Keepalive { wal_end, .. } => resume.reached(*wal_end),
             Decoded::Begin { commit_lsn, .. } => {
@@ -261,11 +275,30 @@ impl Guarantee {
         }
     }
 
+    /// Exactly-once: errs when the stream went past the stale limit without sending a status
+    /// update, or past the unheard limit without hearing the server (either way it may have
+    /// been taken over).
     pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
         match self {
             Guarantee::AtLeastOnce | Guarantee::Sealed(_) => Ok(()),
-            Guarantee::ExactlyOnce(resume) => resume.check_alive(),
+            Guarantee::ExactlyOnce(resume) => {
+                resume.check_alive()?;
+                resume.check_heard()
+            }
         }
+    }
+
+    /// Reading is paused for backpressure: silence says nothing about the server meanwhile.
+    pub(crate) fn heard(&mut self) {
+        if let Guarantee::ExactlyOnce(resume) = self {
+            resume.heard();
+        }
+    }
+
+    /// Exactly-once: the next status update asks the server for a reply (a status interval
+    /// passed without hearing it), so a live, idle walsender is heard every status interval.
+    pub(crate) fn wants_reply(&self) -> bool {
+        matches!(self, Guarantee::ExactlyOnce(resume) if resume.wants_reply())
     }
 
     pub(crate) fn on_done(&mut self, done: Done) -> Result<(), RelayError> {
@@ -322,6 +355,13 @@ pub(crate) struct Resume {
     /// No read-back before this (a takeover's fence: `takeover.rs`).
     fence: Option<Instant>,
     last_status: Instant,
+    /// When the server was last heard (a frame read, or reading paused on purpose).
+    last_heard: Instant,
+    /// Silence after which status updates ask for a reply (the status interval).
+    reply_after: Duration,
+    /// Silence after which nothing read is handed on (¾ of `wal_sender_timeout`; none when the
+    /// server has no timeout: its walsender then never lets the slot go on silence).
+    unheard_limit: Option<Duration>,
     stale_limit: Duration,
     skipped: u64,
     partitions_read: u64,
@@ -355,6 +395,9 @@ impl Resume {
             done_tx,
             fence,
             last_status: Instant::now(),
+            last_heard: Instant::now(),
+            reply_after: settings.relay.status_interval,
+            unheard_limit: None,
             stale_limit: settings.relay.stale_limit(),
             skipped: 0,
             partitions_read: 0,
@@ -543,6 +586,32 @@ impl Resume {
         Ok(())
     }
 
+    pub(crate) fn heard(&mut self) {
+        self.last_heard = Instant::now();
+    }
+
+    pub(crate) fn wants_reply(&self) -> bool {
+        self.last_heard.elapsed() >= self.reply_after
+    }
+
+    /// Sets the silence after which nothing read is handed on ([`unheard_limit`]).
+    pub(crate) fn set_unheard_limit(&mut self, limit: Option<Duration>) {
+        self.unheard_limit = limit;
+    }
+
+    /// Errs when the server was not heard for longer than the unheard limit: its walsender may
+    /// time out (or have timed out, and the slot been taken over) while the network is cut.
+    pub(crate) fn check_heard(&self) -> Result<(), RelayError> {
+        let Some(limit) = self.unheard_limit else { return Ok(()) };
+        let silent = self.last_heard.elapsed();
+        if silent > limit {
+            return Err(RelayError::Unheard {
+                silent_ms: silent.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+
     /// The stream reached `lsn`: once past the replay window, says what the check found (once).
     pub(crate) fn reached(&mut self, lsn: Lsn) {
         if !self.window_logged && lsn >= self.replay_end {
@@ -616,6 +685,22 @@ pub(crate) async fn replay_end(control: &tokio_postgres::Client) -> Result<Lsn, 
         .ok_or(RelayError::NoWalPosition)
 }
 
+/// ¾ of the server's `wal_sender_timeout` (`None` when it is 0: no timeout), see the module docs.
+pub(crate) async fn unheard_limit(control: &tokio_postgres::Client) -> Result<Option<Duration>, RelayError> {
+    let row = control
+        .query_one(
+            "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_sender_timeout'",
+            &[],
+        )
+        .await?;
+    let ms: i64 = row.get(0);
+    Ok(unheard_limit_of(ms))
+}
+
+fn unheard_limit_of(wal_sender_timeout_ms: i64) -> Option<Duration> {
+    (wal_sender_timeout_ms > 0).then(|| Duration::from_millis(wal_sender_timeout_ms as u64 * 3 / 4))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -647,6 +732,67 @@ mod tests {
             .map(|i: u32| i.to_string().into_bytes())
             .find(|k| spec.partition_for(k, 3) == Some(p))
             .unwrap()
+    }
+
+    /// The split brain the network nemesis found (`tests/it/nemesis.rs`, `split_brain_exactly_once`):
+    /// a holder cut off from PostgreSQL kept sending status updates into its socket, so it never
+    /// counted as paused; when the link healed, the frames its timed-out walsender had sent
+    /// arrived after a standby had taken over and read back, and were published again.
+    #[test]
+    fn a_frame_after_a_silence_past_the_unheard_limit_is_not_handed_on() {
+        let mut r = resume();
+        // The harness's wal_sender_timeout (5 s).
+        r.set_unheard_limit(unheard_limit_of(5_000));
+        assert_eq!(r.unheard_limit, Some(Duration::from_millis(3_750)));
+        r.heard();
+        r.status_sent();
+        assert!(!r.wants_reply());
+        let mut g = Guarantee::ExactlyOnce(Box::new(r));
+        let begin = Decoded::Begin {
+            commit_lsn: Lsn(0x2000),
+        };
+        g.observe(&begin).expect("heard just now");
+        let Guarantee::ExactlyOnce(r) = &mut g else {
+            unreachable!()
+        };
+        let silence = Duration::from_millis(4_000);
+        r.last_heard = Instant::now().checked_sub(silence).expect("instant");
+        // Still sending status updates (into a cut network): the old check alone passed.
+        r.status_sent();
+        assert!(r.check_alive().is_ok());
+        assert!(r.wants_reply(), "a silent stream asks the server for a reply");
+        let err = g
+            .observe(&begin)
+            .expect_err("a frame after the silence is not handed on");
+        assert!(matches!(err, RelayError::Unheard { .. }), "{err}");
+        assert!(err.is_transient(), "the session reconnects and replays");
+        assert!(g.check_alive().is_err(), "the status tick ends the session too");
+        let keepalive = Decoded::Keepalive {
+            wal_end: Lsn(0x2000),
+            reply_requested: false,
+        };
+        assert!(g.observe(&keepalive).is_err(), "keepalives included");
+    }
+
+    #[test]
+    fn reading_paused_on_purpose_counts_as_hearing() {
+        let mut r = resume();
+        r.set_unheard_limit(unheard_limit_of(60_000));
+        r.last_heard = Instant::now().checked_sub(Duration::from_secs(50)).expect("instant");
+        let mut g = Guarantee::ExactlyOnce(Box::new(r));
+        assert!(g.check_alive().is_err());
+        g.heard();
+        assert!(g.check_alive().is_ok());
+        assert!(!g.wants_reply());
+        assert!(!Guarantee::AtLeastOnce.wants_reply(), "at-least-once asks nothing more");
+    }
+
+    #[test]
+    fn without_a_wal_sender_timeout_silence_stops_nothing() {
+        assert_eq!(unheard_limit_of(0), None);
+        let mut r = resume();
+        r.last_heard = Instant::now().checked_sub(Duration::from_secs(600)).expect("instant");
+        assert!(r.check_heard().is_ok());
     }
 
     #[test]

@@ -115,7 +115,10 @@ pub(crate) async fn run_session(
     // Sink transactions need no replay window: the checkpoint says what Kafka holds (`seal.rs`).
     let transactions = crate::sink::exactly_once(settings) == crate::sink::ExactlyOnce::Transactions;
     let replay_end = match settings.relay.delivery {
-        DeliveryMode::ExactlyOnce if !transactions => Some(resume::replay_end(&control).await?),
+        DeliveryMode::ExactlyOnce if !transactions => Some((
+            resume::replay_end(&control).await?,
+            resume::unheard_limit(&control).await?,
+        )),
         _ => None,
     };
     // Sink transactions: created only now that the slot is ours, since creating it fences the
@@ -147,7 +150,7 @@ pub(crate) async fn run_session(
     let mut guarantee = Guarantee::AtLeastOnce;
     let mut read_backs = None;
     let mut fence = None;
-    if let Some(replay_end) = replay_end {
+    if let Some((replay_end, unheard_limit)) = replay_end {
         // A takeover waits until whatever the old holder may still have queued in librdkafka
         // has landed or expired before reading anything back (`takeover.rs`). The predecessor
         // is forgotten once its fence passed: a session that ends before then leaves it to the
@@ -162,13 +165,14 @@ pub(crate) async fn run_session(
                 "exactly-once takeover: the first read-back waits for the previous holder's queued records"
             );
         }
-        let (r, done) = Resume::new(
+        let (mut r, done) = Resume::new(
             settings,
             &system.system_id,
             slot.confirmed_flush,
             replay_end,
             fence.as_ref().map(|f| f.until),
         );
+        r.set_unheard_limit(unheard_limit);
         guarantee = Guarantee::ExactlyOnce(Box::new(r));
         read_backs = Some(done);
     }
@@ -214,7 +218,7 @@ pub(crate) async fn run_session(
     // A paused holder may have been taken over: what it still has queued must not reach Kafka
     // after the new holder read back, so nothing is waited for (`takeover.rs`).
     let wait = match &outcome {
-        Err(RelayError::Paused { .. }) => Duration::ZERO,
+        Err(RelayError::Paused { .. } | RelayError::Unheard { .. }) => Duration::ZERO,
         _ => settings.relay.shutdown_timeout,
     };
     ctx.health.set_fence(None, 0.0);
@@ -257,6 +261,7 @@ async fn stream(
         if paused {
             // Not reading is deliberate: silence now says nothing about the server.
             silence.heard(Instant::now());
+            state.heard();
         }
         tokio::select! {
             biased;
@@ -265,7 +270,7 @@ async fn stream(
                 // A stream that was paused past the stale limit may have been taken over: it
                 // stops before telling the server anything (exactly-once; `resume.rs`).
                 state.check_alive()?;
-                let ask_for_reply = silence.check(Instant::now())?;
+                let ask_for_reply = silence.check(Instant::now())? || state.wants_reply();
                 state.send_status(writer, ask_for_reply).await?;
                 let progress = state.progress(now_unix_us());
                 gauges.set(&progress);

@@ -307,6 +307,15 @@ impl<'s> StreamState<'s> {
         self.guarantee.check_alive()
     }
 
+    /// Reading is paused on purpose: counts as hearing the server (`resume.rs`).
+    pub(crate) fn heard(&mut self) {
+        self.guarantee.heard();
+    }
+
+    pub(crate) fn wants_reply(&self) -> bool {
+        self.guarantee.wants_reply()
+    }
+
     /// Whether acknowledgements moved the watermark past what PostgreSQL was told.
     pub(crate) fn has_unreported_progress(&self) -> bool {
         self.confirm

@@ -26,6 +26,7 @@ mod kafka_settings;
 mod kafka_transactions;
 mod layering;
 mod multi_table;
+mod nemesis;
 mod otlp;
 mod outage_logs;
 mod pg_versions;

@@ -81,6 +81,11 @@ pub struct ClusterSpec {
     /// A second client listener `SASL_SSL` with SCRAM-SHA-512 and this TLS material, and
     /// these SCRAM users created at format time (name, password).
     pub sasl_ssl: Option<SaslSsl>,
+    /// A third client listener `RELAY`, bound on 127.0.0.1 at the port given and advertised
+    /// as the `host:port` given (single broker only): the relay reaches the broker through an
+    /// address of its own (a proxy, a network namespace's link, `net_fault.rs`) while the
+    /// harness's readers keep the plaintext listener on 127.0.0.1.
+    pub relay_listener: Option<(u16, String)>,
 }
 
 #[derive(Clone, Debug)]
@@ -99,6 +104,7 @@ impl ClusterSpec {
             brokers: 1,
             broker_props: Vec::new(),
             sasl_ssl: None,
+            relay_listener: None,
         }
     }
 
@@ -107,6 +113,7 @@ impl ClusterSpec {
             brokers: 3,
             broker_props: Vec::new(),
             sasl_ssl: None,
+            relay_listener: None,
         }
     }
 
@@ -210,6 +217,12 @@ impl KafkaCluster {
                 listeners.push(format!("SASL_SSL://127.0.0.1:{p}"));
                 advertised.push(format!("SASL_SSL://127.0.0.1:{p}"));
                 map.push("SASL_SSL:SASL_SSL".to_string());
+            }
+            if let Some((port, advertised_at)) = &self.spec.relay_listener {
+                assert_eq!(self.spec.brokers, 1, "relay_listener: single broker only");
+                listeners.push(format!("RELAY://127.0.0.1:{port}"));
+                advertised.push(format!("RELAY://{advertised_at}"));
+                map.push("RELAY:PLAINTEXT".to_string());
             }
             lines.push("inter.broker.listener.name=PLAINTEXT".to_string());
         }

@@ -78,6 +78,15 @@
 //! "confirmed never passes an unacknowledged commit" check, logical messages, and
 //! `OUTBOX_RELAY_LONG_TESTS` for the long variants of the failure suites.
 //!
+//! # Network faults (the nemesis)
+//! [`net_fault`]: relays in network namespaces of their own, PostgreSQL and each broker at
+//! addresses of their own behind a userspace proxy ([`net_fault::Proxy`]: pass, stall, delay,
+//! reset), links cut silently (`blackhole` qdisc: no RST) one way or both, all undone on drop.
+//! [`nemesis`]: the rig (a database and a sink — a Kafka broker of its own advertising the
+//! proxied address, the shared NATS or Redis — reached only through a [`net_fault::FaultNet`]),
+//! a steady load, the checker (lost, order of first deliveries, duplicates) and time to resume.
+//! Relays run in a namespace through [`relay_process::NETNS`].
+//!
 //! # Waiting
 //! [`wait_until`] polls an async condition with a deadline; use it instead of sleeps.
 #![allow(dead_code, unused_imports)]
@@ -89,6 +98,8 @@ pub mod fault_support;
 pub mod kafka;
 pub mod kafka_real;
 pub mod nats;
+pub mod nemesis;
+pub mod net_fault;
 pub mod otlp;
 pub mod postgres;
 pub mod process;

@@ -365,8 +365,22 @@ impl Drop for RelayProcess {
 /// unknown host sends no query off the machine. Needs root and `unshare` (CI has both).
 pub const NO_DNS: &str = "outbox-relay-test:no-dns";
 
+/// In the `env` of [`RelayProcess::run_with`]: not a variable, but "run the relay in this
+/// network namespace" (`ip netns exec <value> …`, which execs the relay in place, so the pid the
+/// watchdog guards is the relay's): the fault harness's namespaces (`net_fault.rs`).
+pub const NETNS: &str = "outbox-relay-test:netns";
+
 fn relay_command(env: &[(&str, &str)]) -> Command {
-    let mut cmd = if env.iter().any(|(k, _)| *k == NO_DNS) {
+    let netns = env.iter().find(|(k, _)| *k == NETNS).map(|(_, v)| *v);
+    let mut cmd = if let Some(ns) = netns {
+        assert!(
+            !env.iter().any(|(k, _)| *k == NO_DNS),
+            "NETNS and NO_DNS together are not supported"
+        );
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, RELAY_BIN]);
+        c
+    } else if env.iter().any(|(k, _)| *k == NO_DNS) {
         let mut c = Command::new("unshare");
         c.args(["--mount", "--propagation", "private", "sh", "-c"])
             .arg(r#"mount --bind /dev/null /etc/resolv.conf && exec "$0" "$@""#)
@@ -379,7 +393,7 @@ fn relay_command(env: &[(&str, &str)]) -> Command {
         cmd.env("RUST_LOG", "info");
     }
     cmd.env("NO_COLOR", "1");
-    for (k, v) in env.iter().filter(|(k, _)| *k != NO_DNS) {
+    for (k, v) in env.iter().filter(|(k, _)| *k != NO_DNS && *k != NETNS) {
         cmd.env(k, v);
     }
     cmd
