@@ -208,6 +208,15 @@ impl Settings {
         }
         let postgres = file.postgres.validate()?;
         let router = file.route.validate()?;
+        if router.key.is_some() && debezium.is_some() {
+            return Err(ConfigError::Invalid {
+                key: "route.key",
+                message: "is set together with [debezium], whose record key is Debezium's rendering of the key \
+                          column (table.field.event.key); remove route.key, or the [debezium] section"
+                    .into(),
+            });
+        }
+        outbox.templated.clone_from(&router.columns);
         let sink = file.sink.validate()?;
         let cloudevents = match file.cloudevents {
             None => None,

@@ -283,7 +283,7 @@ fn start_span<'e>(
     claimed_us: i64,
 ) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
     let tracer = tracer?;
-    let destination = crate::outbox::routing::destination(&settings.router, limits, &event.route_value).ok()?;
+    let destination = event.destination(settings, limits).ok()?;
     let valid = event
         .traceparent
         .as_deref()

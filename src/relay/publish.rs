@@ -150,8 +150,7 @@ impl StreamState<'_> {
     /// destination is bad (the record's routing reports it).
     fn start_span<'e>(&self, txn: &TxnEvent, event: &OutboxEvent<'e>) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
         let tracer = self.tracer.as_ref()?;
-        let destination =
-            crate::outbox::routing::destination(&self.settings.router, &self.limits, &event.route_value).ok()?;
+        let destination = event.destination(self.settings, &self.limits).ok()?;
         let valid = event
             .traceparent
             .as_deref()

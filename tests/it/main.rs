@@ -21,6 +21,7 @@ mod ha_and_metrics;
 mod harness;
 mod harness_smoke;
 mod import_debezium;
+mod journal;
 mod kafka_replication;
 mod kafka_settings;
 mod kafka_transactions;
