@@ -27,6 +27,7 @@ use serde::Deserialize;
 
 pub(crate) mod cloudevents;
 pub(crate) mod debezium;
+pub(crate) mod filter;
 pub(crate) mod http;
 pub(crate) mod ident;
 pub(crate) mod kafka;
@@ -88,6 +89,8 @@ pub(crate) struct FileConfig {
     pub(crate) outbox: OutboxSection,
     #[serde(default)]
     pub(crate) route: RouteSection,
+    /// `[filter]`: absent = every event is published.
+    pub(crate) filter: Option<filter::FilterSection>,
     #[serde(default)]
     pub(crate) sink: SinkSection,
     /// Absent unless `[sink] kind = "kafka"` (the default).
@@ -139,6 +142,8 @@ pub struct Settings {
     pub outbox: OutboxMapping,
     /// `[route]`: the topic of an event is `router.route(route-by value)`.
     pub router: TopicRoute,
+    /// `[filter]`: `None` = every event is published.
+    pub filter: Option<filter::EventFilter>,
     /// `[sink] kind`: the broker events are published to.
     pub sink: SinkKind,
     /// `[kafka]`; empty unless the sink is Kafka.
@@ -216,7 +221,11 @@ impl Settings {
                     .into(),
             });
         }
-        outbox.templated.clone_from(&router.columns);
+        outbox.routing_columns.clone_from(&router.columns);
+        let mut filter = file.filter.map(filter::FilterSection::validate).transpose()?.flatten();
+        if let Some(f) = &mut filter {
+            f.place_columns(&mut outbox.routing_columns);
+        }
         let sink = file.sink.validate()?;
         let cloudevents = match file.cloudevents {
             None => None,
@@ -301,6 +310,7 @@ impl Settings {
             postgres,
             outbox,
             router,
+            filter,
             sink,
             kafka,
             redis,

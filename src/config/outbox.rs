@@ -123,9 +123,10 @@ pub struct OutboxMapping {
     /// `[cloudevents]` extension columns, in `CloudEventsSettings::extensions` order; empty
     /// without that section.
     pub(crate) extensions: Vec<Ident>,
-    /// Columns `[route] topic` / `key` templates refer to ([`TopicRoute::columns`]), with the
-    /// config key naming each; empty without templates.
-    pub(crate) templated: Vec<(Ident, &'static str)>,
+    /// Columns read besides the mapped ones, with the config key naming each: first those the
+    /// `[route] topic` / `key` templates refer to ([`TopicRoute::columns`], same indices), then
+    /// `[filter] where`'s; each once, empty without either.
+    pub(crate) routing_columns: Vec<(Ident, &'static str)>,
 }
 
 impl OutboxMapping {
@@ -207,7 +208,7 @@ impl OutboxMapping {
         for col in &self.extensions {
             cols.push(("cloudevents.extensions", col));
         }
-        for (col, key) in &self.templated {
+        for (col, key) in &self.routing_columns {
             cols.push((key, col));
         }
         cols
@@ -288,7 +289,7 @@ impl OutboxSection {
                 .map(|c| col("outbox.tracestate_column", c))
                 .transpose()?,
             extensions: Vec::new(),
-            templated: Vec::new(),
+            routing_columns: Vec::new(),
         })
     }
 }
@@ -474,7 +475,7 @@ pub struct TopicRoute {
     /// `route.key`: the record key from the event's columns instead of `outbox.key_column`.
     pub(crate) key: Option<ColumnTemplate>,
     /// The columns the templates refer to, each once, with the config key naming it
-    /// (`OutboxMapping::templated` is this list).
+    /// (`OutboxMapping::routing_columns` is this list).
     pub(crate) columns: Vec<(Ident, &'static str)>,
 }
 

@@ -463,16 +463,16 @@ fn kafka_transactions_need_exactly_once_a_transactional_id_and_kafka() {
 fn route_templates_read_their_columns_and_exclude_the_regex_rule() {
     let s =
         super::test_support::settings("[route]\ntopic = \"${tenant}.${type}\"\nkey = \"${tenant}/${aggregate_id}\"\n");
-    let templated: Vec<(&str, &str)> = s.outbox.templated.iter().map(|(c, k)| (c.as_str(), *k)).collect();
+    let routing_columns: Vec<(&str, &str)> = s.outbox.routing_columns.iter().map(|(c, k)| (c.as_str(), *k)).collect();
     assert_eq!(
-        templated,
+        routing_columns,
         [
             ("tenant", "route.topic"),
             ("type", "route.topic"),
             ("aggregate_id", "route.key")
         ]
     );
-    // Every templated column is a mapped column preflight checks against the table.
+    // Every routing_columns column is a mapped column preflight checks against the table.
     let keys: Vec<&str> = s.outbox.columns().iter().map(|(k, _)| *k).collect();
     assert!(keys.ends_with(&["route.topic", "route.topic", "route.key"]), "{keys:?}");
 
@@ -489,6 +489,6 @@ fn route_templates_read_their_columns_and_exclude_the_regex_rule() {
     assert!(err.contains("route.key") && err.contains("[debezium]"), "{err}");
     // Without templates the Debezium rule is what it was.
     let s = super::test_support::settings("[route]\ntopic_replacement = \"outbox.event.${routedByValue}\"\n");
-    assert!(s.outbox.templated.is_empty() && s.router.topic.is_none());
+    assert!(s.outbox.routing_columns.is_empty() && s.router.topic.is_none());
     assert_eq!(s.router.route("Order"), "outbox.event.Order");
 }

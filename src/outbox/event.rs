@@ -89,9 +89,9 @@ pub(crate) struct OutboxEvent<'a> {
     /// `[cloudevents]` extension columns' text, in `CloudEventsSettings::extensions` order
     /// (`None` = NULL: the attribute is left out).
     pub(crate) extensions: Vec<Option<Cow<'a, [u8]>>>,
-    /// `[route]` template columns' text, in `OutboxMapping::templated` order (`None` = NULL);
+    /// `[route]` template and `[filter] where` columns' text, in `OutboxMapping::routing_columns` order (`None` = NULL);
     /// empty for a logical message, whose templates read its own fields.
-    pub(crate) templated: Vec<Option<Cow<'a, [u8]>>>,
+    pub(crate) routing_columns: Vec<Option<Cow<'a, [u8]>>>,
 }
 
 impl<'a> OutboxEvent<'a> {
@@ -205,10 +205,10 @@ impl<'a> OutboxEvent<'a> {
             .render(|i| self.template_value(mapping, i))
             .map_err(|i| BadEvent::Null {
                 column: mapping
-                    .templated
+                    .routing_columns
                     .get(i)
                     .map_or_else(String::new, |(c, _)| c.as_str().to_owned()),
-                role: mapping.templated.get(i).map_or("route template", |(_, key)| key),
+                role: mapping.routing_columns.get(i).map_or("route template", |(_, key)| key),
             })
     }
 
@@ -216,9 +216,9 @@ impl<'a> OutboxEvent<'a> {
     /// key and id stand for the columns they are mapped from (anything else is NULL).
     fn template_value(&self, mapping: &OutboxMapping, i: usize) -> Option<&[u8]> {
         if self.table.is_some() {
-            return self.templated.get(i)?.as_deref();
+            return self.routing_columns.get(i)?.as_deref();
         }
-        let (column, _) = mapping.templated.get(i)?;
+        let (column, _) = mapping.routing_columns.get(i)?;
         if *column == mapping.route_by {
             Some(self.route_value.as_bytes())
         } else if *column == mapping.key {
@@ -228,6 +228,18 @@ impl<'a> OutboxEvent<'a> {
         } else {
             None
         }
+    }
+
+    /// Whether `[filter]` lets this event through (always, without the section). A
+    /// `where` column whose text is not UTF-8 matches no pattern.
+    pub(crate) fn passes(&self, settings: &Settings) -> bool {
+        let Some(filter) = &settings.filter else {
+            return true;
+        };
+        filter.admits_values(&self.route_value, |i| {
+            self.template_value(&settings.outbox, i)
+                .and_then(|v| std::str::from_utf8(v).ok())
+        })
     }
 
     /// The W3C `traceparent` and `tracestate` headers of the trace columns, when not NULL.
@@ -284,8 +296,8 @@ impl<'a> OutboxEvent<'a> {
                 .into_iter()
                 .map(|v| v.map(|v| Cow::Owned(v.into_owned())))
                 .collect(),
-            templated: self
-                .templated
+            routing_columns: self
+                .routing_columns
                 .into_iter()
                 .map(|v| v.map(|v| Cow::Owned(v.into_owned())))
                 .collect(),
@@ -363,7 +375,7 @@ impl<'a> OutboxEvent<'a> {
             .map(|i| value(next + i).map(|v| Cow::Borrowed(v.as_bytes())))
             .collect();
         next += mapping.extensions.len();
-        let templated = (0..mapping.templated.len())
+        let routing_columns = (0..mapping.routing_columns.len())
             .map(|i| value(next + i).map(|v| Cow::Borrowed(v.as_bytes())))
             .collect();
         Ok(OutboxEvent {
@@ -381,7 +393,7 @@ impl<'a> OutboxEvent<'a> {
             traceparent,
             tracestate,
             extensions,
-            templated,
+            routing_columns,
         })
     }
 
@@ -870,7 +882,7 @@ mod tests {
             OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
         let row = tuple(&[Some("acme"), Some("1"), Some("agg"), Some("order.placed"), Some("{}")]);
         let from_wal = layout.extract(&table, &row).unwrap();
-        // SQL reads select the mapped columns, then the templated ones (tenant, type, aggregate_id).
+        // SQL reads select the mapped columns, then the routing_columns ones (tenant, type, aggregate_id).
         let values = [
             Some("1"),
             Some("agg"),

@@ -47,8 +47,8 @@ pub(crate) struct OutboxLayout {
     tracestate: Option<usize>,
     /// `[cloudevents]` extension columns, in `OutboxMapping::extensions` order.
     extensions: Vec<usize>,
-    /// `[route]` template columns, in `OutboxMapping::templated` order.
-    templated: Vec<usize>,
+    /// `[route]` template columns, in `OutboxMapping::routing_columns` order.
+    routing_columns: Vec<usize>,
     /// `[debezium]`: the table's record format, shared by its events.
     connect: Option<Arc<ConnectLayout>>,
 }
@@ -109,7 +109,7 @@ pub(crate) fn check_template_columns(mapping: &OutboxMapping, columns: &[Vec<Str
             continue;
         }
         if let Some((column, key)) = mapping
-            .templated
+            .routing_columns
             .iter()
             .find(|(c, _)| !present.iter().any(|p| p == c.as_str()))
         {
@@ -212,8 +212,8 @@ impl OutboxLayout {
                 .iter()
                 .map(|c| find(c, "cloudevents.extensions"))
                 .collect::<Result<_, _>>()?,
-            templated: mapping
-                .templated
+            routing_columns: mapping
+                .routing_columns
                 .iter()
                 .map(|(c, key)| find(c, key))
                 .collect::<Result<_, _>>()?,
@@ -293,9 +293,9 @@ impl OutboxLayout {
         for idx in &self.extensions {
             extensions.push(text(*idx, "header")?.map(Cow::Borrowed));
         }
-        let mut templated = Vec::with_capacity(self.templated.len());
-        for idx in &self.templated {
-            templated.push(text(*idx, "header")?.map(Cow::Borrowed));
+        let mut routing_columns = Vec::with_capacity(self.routing_columns.len());
+        for idx in &self.routing_columns {
+            routing_columns.push(text(*idx, "header")?.map(Cow::Borrowed));
         }
         Ok(OutboxEvent {
             id: Cow::Borrowed(id),
@@ -312,7 +312,7 @@ impl OutboxLayout {
             traceparent,
             tracestate,
             extensions,
-            templated,
+            routing_columns,
         })
     }
 

@@ -91,7 +91,7 @@ impl<'a> OutboxEvent<'a> {
             extensions: Vec::new(),
             // `[route]` templates read a message's route-by value, key and id by their column
             // names (`OutboxEvent::template_value`).
-            templated: Vec::new(),
+            routing_columns: Vec::new(),
         })
     }
 }

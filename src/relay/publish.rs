@@ -85,6 +85,12 @@ impl StreamState<'_> {
         raw: impl FnOnce() -> RawEvent,
     ) -> Result<Published, RelayError> {
         let settings = self.settings;
+        // `[filter]`: not sent, and not in flight, so its transaction confirms as if it were
+        // published (nothing pins WAL behind a filtered event).
+        if !event.passes(settings) {
+            crate::ops::metrics::count_filtered();
+            return Ok(Published::Done);
+        }
         let original = event;
         // `[tracing]`: the span exists before the record, whose traceparent names it.
         let (span, traced) = self.start_span(txn, event).unzip();

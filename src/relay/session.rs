@@ -79,7 +79,7 @@ pub(crate) async fn run_session(
     // A payload column of bytea or of a domain over it is published as its bytes. Read once per
     // session: a domain created while the session streams is known from the next session on.
     let bytea = ByteaTypes::with_domains(pg_client::bytea_domain_oids(&control).await?);
-    if !settings.outbox.templated.is_empty() {
+    if !settings.outbox.routing_columns.is_empty() {
         let mut columns = Vec::with_capacity(settings.outbox.tables.len());
         for table in &settings.outbox.tables {
             columns.push(pg_client::table_columns(&control, table.schema.as_str(), table.name.as_str()).await?);

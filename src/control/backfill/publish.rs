@@ -72,6 +72,11 @@ impl<'s> BackfillPublisher<'s> {
             cause,
         };
         let event = OutboxEvent::from_columns(&self.settings.outbox, table, &values, format).map_err(bad)?;
+        // `[filter]`: the stream would not have sent it either.
+        if !event.passes(self.settings) {
+            crate::ops::metrics::count_filtered();
+            return Ok(());
+        }
         let record = event.record(self.settings, &self.limits).map_err(bad)?;
         if event.has_invalid_traceparent() {
             crate::ops::metrics::count_invalid_traceparent();
