@@ -42,6 +42,7 @@ pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
 pub(crate) mod tracing;
+pub(crate) mod transactions;
 
 use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;
@@ -91,6 +92,8 @@ pub(crate) struct FileConfig {
     pub(crate) route: RouteSection,
     /// `[filter]`: absent = every event is published.
     pub(crate) filter: Option<filter::FilterSection>,
+    /// `[transactions]`: absent = no transaction metadata.
+    pub(crate) transactions: Option<transactions::TransactionsSection>,
     #[serde(default)]
     pub(crate) sink: SinkSection,
     /// Absent unless `[sink] kind = "kafka"` (the default).
@@ -144,6 +147,8 @@ pub struct Settings {
     pub router: TopicRoute,
     /// `[filter]`: `None` = every event is published.
     pub filter: Option<filter::EventFilter>,
+    /// `[transactions]`: `None` = no transaction headers or markers.
+    pub transactions: Option<transactions::TransactionMetadata>,
     /// `[sink] kind`: the broker events are published to.
     pub sink: SinkKind,
     /// `[kafka]`; empty unless the sink is Kafka.
@@ -277,6 +282,10 @@ impl Settings {
         let rabbitmq = rabbitmq::section(sink, file.rabbitmq)?;
         let nats = nats::section_for(sink, file.nats)?;
         let relay = file.relay.validate()?;
+        let txn_metadata = match file.transactions {
+            Some(section) => section.validate(relay.delivery)?,
+            None => None,
+        };
         if let (SinkKind::Kafka, relay::BadEventPolicy::DeadLetter { topic }) = (sink, &relay.on_bad_event) {
             kafka::validate_topic_name(topic).map_err(|m| ConfigError::Invalid {
                 key: "relay.on_bad_event",
@@ -311,6 +320,7 @@ impl Settings {
             outbox,
             router,
             filter,
+            transactions: txn_metadata,
             sink,
             kafka,
             redis,

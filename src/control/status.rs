@@ -88,6 +88,10 @@
 //!     "reachable": true,
 //!     "detail": "reachable: 3 broker(s), 12 topic(s)"   // or why it could not be reached
 //!   },
+//!   "filter": {                        // [filter] and the publication's row filter (15+)
+//!     "summary": "filter: include [\"order.*\"]; publication row filter: \"public\".\"events_outbox\": WHERE …",
+//!     "in_sync": true                  // false: config and publication differ (a health warning)
+//!   },
 //!   "relay": {                         // the relay on this host, asked at http.listen (GET /readyz);
 //!                                      // null when http.listen is not set
 //!     "address": "127.0.0.1:9187",

@@ -301,3 +301,87 @@ async fn filter_is_applied_by_the_relay_on_14() {
     };
     filter_scenario(&pg).await;
 }
+
+/// `[transactions]`: every event carries its transaction's id, commit LSN, commit time and
+/// index; BEGIN / END markers in Debezium's format frame each transaction on their topic, and
+/// the transaction is confirmed with its markers acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_metadata_headers_and_debezium_markers() {
+    let Some(kafka) = shared_kafka().await else { return };
+    let (_db, mut client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
+    let config = config
+        .set("transactions", "headers", true)
+        .set("transactions", "topic", kafka.topic("transaction"));
+    let _relay = RelayProcess::run_streaming(&config).await;
+    let mut txns = Vec::new();
+    for size in [3_i64, 1] {
+        let tx = client.transaction().await.unwrap();
+        let xid: i64 = tx.query_one("SELECT txid_current()", &[]).await.unwrap().get(0);
+        let mut ids = Vec::new();
+        for n in 0..size {
+            let row = tx
+                .query_one(
+                    "INSERT INTO events_outbox (aggregate_id, type, payload) \
+                     VALUES (gen_random_uuid(), 'order', jsonb_build_object('n', $1::int8)) RETURNING id",
+                    &[&n],
+                )
+                .await
+                .unwrap();
+            ids.push(row.get::<_, i64>(0).to_string());
+        }
+        tx.commit().await.unwrap();
+        txns.push((xid as u32, ids));
+    }
+    let end = current_wal_lsn(&client).await;
+    let events = kafka.collect(&["order"], 4, Duration::from_secs(60)).await;
+    let markers = kafka.collect(&["transaction"], 4, Duration::from_secs(60)).await;
+    assert_eq!((events.len(), markers.len()), (4, 4), "{events:?}\n{markers:?}");
+    let header = |r: &Received, name: &str| String::from_utf8(r.header(name).unwrap().to_vec()).unwrap();
+    let value = |m: &Received| -> serde_json::Value { serde_json::from_slice(m.payload.as_deref().unwrap()).unwrap() };
+    for (xid, ids) in &txns {
+        let mut txn_id = None;
+        for (i, id) in ids.iter().enumerate() {
+            let r = events.iter().find(|r| r.header("id") == Some(id.as_bytes())).unwrap();
+            let this = header(r, "outbox-relay-txn-id");
+            assert!(this.starts_with(&format!("{xid}:")), "{this}");
+            assert_eq!(
+                *txn_id.get_or_insert_with(|| this.clone()),
+                this,
+                "one id per transaction"
+            );
+            assert_eq!(header(r, "outbox-relay-txn-index"), (i + 1).to_string());
+            let lsn = parse_lsn(&header(r, "outbox-relay-commit-lsn")).unwrap();
+            assert_eq!(this, format!("{xid}:{lsn}"));
+            let ts: i64 = header(r, "outbox-relay-commit-ts-ms").parse().unwrap();
+            assert!(ts > 1_600_000_000_000);
+        }
+        let txn_id = txn_id.unwrap();
+        // BEGIN then END on one key (one partition, in that order).
+        let of_txn: Vec<&Received> = markers.iter().filter(|m| value(m)["id"] == txn_id.as_str()).collect();
+        assert_eq!(of_txn.len(), 2, "{markers:?}");
+        let (begin_rec, end_rec) = (of_txn[0], of_txn[1]);
+        assert_eq!(begin_rec.partition, end_rec.partition);
+        assert!(begin_rec.offset < end_rec.offset);
+        let (begin, end_marker) = (value(begin_rec), value(end_rec));
+        assert_eq!(begin["status"], "BEGIN", "{begin}");
+        assert!(begin["event_count"].is_null() && begin["data_collections"].is_null());
+        assert_eq!(end_marker["status"], "END");
+        assert_eq!(end_marker["event_count"], ids.len());
+        assert_eq!(
+            end_marker["data_collections"],
+            serde_json::json!([{"data_collection": "public.events_outbox", "event_count": ids.len()}])
+        );
+        assert_eq!(begin["ts_ms"], end_marker["ts_ms"]);
+        let key: serde_json::Value = serde_json::from_slice(begin_rec.key.as_deref().unwrap()).unwrap();
+        assert_eq!(key, serde_json::json!({ "id": txn_id }));
+        assert_eq!(begin_rec.header("id"), Some(txn_id.as_bytes()));
+    }
+    let slot = config.slot.clone();
+    assert!(
+        wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
+            confirmed_flush_lsn(&client, &slot).await.unwrap_or(0) >= end
+        })
+        .await,
+        "the transactions (markers included) are confirmed"
+    );
+}
