@@ -385,3 +385,72 @@ async fn transaction_metadata_headers_and_debezium_markers() {
         "the transactions (markers included) are confirmed"
     );
 }
+
+/// The polling relayer reads the template and filter columns with SQL: the same routing and
+/// the same filter as the stream; filtered rows are marked dispatched, never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn poll_routes_by_template_and_marks_filtered_rows_dispatched() {
+    let Some(kafka) = shared_kafka().await else { return };
+    let pg = shared_cluster().await;
+    let db = unique_name("pollj");
+    pg.create_database(&db).await;
+    let client = pg.client(&db).await;
+    crate::harness::workload::create_schema(&client, OutboxSchema::A).await;
+    client
+        .batch_execute("ALTER TABLE events_outbox ADD COLUMN tenant text")
+        .await
+        .unwrap();
+    let config = RelayConfig::for_schema(OutboxSchema::A, &pg.url(&db), &kafka.bootstrap_servers())
+        .on_kafka(&kafka)
+        .set("poll", "dispatched_column", "dispatched_at")
+        .set("poll", "interval_ms", 20)
+        .topic_template("${tenant}.${type}");
+    let config = with_filter(config, &["order.*"]);
+    let out = run_cmd(&["setup", "--poll"], &config).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut relay = RelayProcess::poll(&config);
+    let passing = insert_filtered_mix(&client, false).await;
+    let records = kafka
+        .collect(
+            &[
+                "acme.order.placed",
+                "globex.order.paid",
+                "initech.order.placed",
+                "acme.audit.read",
+            ],
+            passing.len(),
+            Duration::from_secs(60),
+        )
+        .await;
+    let mut got: Vec<(String, String)> = records
+        .iter()
+        .map(|r| {
+            (
+                r.topic.clone(),
+                String::from_utf8_lossy(r.header("id").unwrap()).into_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want = vec![
+        ("acme.order.placed".to_owned(), passing[0].clone()),
+        ("globex.order.paid".to_owned(), passing[1].clone()),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    assert!(
+        wait_until(Duration::from_secs(30), Duration::from_millis(100), || async {
+            let pending: i64 = client
+                .query_one("SELECT count(*) FROM events_outbox WHERE dispatched_at IS NULL", &[])
+                .await
+                .unwrap()
+                .get(0);
+            pending == 0
+        })
+        .await,
+        "filtered rows are marked dispatched too; log:\n{}",
+        relay.log_text()
+    );
+    assert!(relay.sigterm());
+    relay.wait_exit(Duration::from_secs(30)).await.expect("poll stops");
+}
