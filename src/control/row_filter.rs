@@ -37,11 +37,18 @@ pub(crate) struct RowFilterState {
     pub(crate) in_force: Vec<Option<String>>,
     /// What `setup` last wrote (the publication's comment).
     pub(crate) recorded: Option<String>,
+    /// Every outbox table is in the publication by name (`pg_publication_rel`), so a row filter
+    /// can be set on it; not for `FOR ALL TABLES`, `FOR TABLES IN SCHEMA` or a missing table,
+    /// where the relay alone applies `[filter]`.
+    pub(crate) pushable: bool,
 }
 
 impl RowFilterState {
     /// Whether the publication filters as the configuration says.
     pub(crate) fn in_sync(&self) -> bool {
+        if !self.pushable {
+            return true;
+        }
         match &self.desired {
             None => self.in_force.iter().all(Option::is_none),
             Some(d) => self.recorded.as_deref() == Some(d.as_str()) && self.in_force.iter().all(Option::is_some),
@@ -66,8 +73,21 @@ pub(crate) async fn read(
     let publication = settings.postgres.publication.as_str();
     let mut in_force = Vec::with_capacity(settings.outbox.tables.len());
     let mut recorded = None;
+    let mut pushable = server.version_num >= ROW_FILTER_VERSION_NUM;
     if server.version_num >= ROW_FILTER_VERSION_NUM {
         for table in &settings.outbox.tables {
+            let named = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid \
+                       JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE p.pubname = $1 AND n.nspname = $2 AND c.relname = $3)",
+                    &[&publication, &table.schema.as_str(), &table.name.as_str()],
+                )
+                .await
+                .map_err(ControlError::query(format!(
+                    "reading whether {publication} names {table}"
+                )))?;
+            pushable &= named.get::<_, bool>(0);
             let row = client
                 .query_opt(
                     "SELECT rowfilter FROM pg_publication_tables \
@@ -99,6 +119,7 @@ pub(crate) async fn read(
         desired: desired(settings),
         in_force,
         recorded,
+        pushable,
     })
 }
 
@@ -123,6 +144,16 @@ pub(crate) async fn sync(
         return Ok(());
     }
     let state = read(client, server, settings).await?;
+    if !state.pushable {
+        if let Some(filter) = &settings.filter {
+            notices.push(format!(
+                "publication {publication} does not name every outbox table (FOR ALL TABLES or FOR TABLES IN \
+                 SCHEMA), so it takes no row filter: the relay applies [filter] ({}) itself",
+                filter.describe()
+            ));
+        }
+        return Ok(());
+    }
     if state.in_sync() {
         return Ok(());
     }
@@ -220,6 +251,7 @@ mod tests {
             desired: desired.map(str::to_owned),
             in_force: in_force.iter().map(|f| f.map(str::to_owned)).collect(),
             recorded: recorded.map(str::to_owned),
+            pushable: true,
         }
     }
 
@@ -240,5 +272,10 @@ mod tests {
             "a table without its filter"
         );
         assert!(!state(Some("a"), &[None], None).in_sync(), "never pushed");
+        let all_tables = RowFilterState {
+            pushable: false,
+            ..state(Some("a"), &[None], None)
+        };
+        assert!(all_tables.in_sync(), "nothing to push: the relay applies it");
     }
 }
