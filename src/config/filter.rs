@@ -66,8 +66,13 @@ impl Glob {
         pattern[p..].iter().all(|c| *c == '*')
     }
 
+    /// A glob written on the command line (`replay --type`); `None` when empty.
+    pub(crate) fn parse(text: &str) -> Option<Glob> {
+        (!text.is_empty() && !text.contains('\0')).then(|| Glob(text.to_owned()))
+    }
+
     /// The glob as an SQL `LIKE` pattern literal (quoted), `\` escaping `%`, `_` and itself.
-    fn like_literal(&self) -> String {
+    pub(crate) fn like_literal(&self) -> String {
         let mut out = String::with_capacity(self.0.len() + 2);
         out.push('\'');
         for c in self.0.chars() {

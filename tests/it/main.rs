@@ -31,6 +31,7 @@ mod otlp;
 mod outage_logs;
 mod pg_versions;
 mod poll;
+mod replay;
 mod retention;
 mod sink_nats;
 mod sink_rabbitmq;
