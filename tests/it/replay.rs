@@ -267,6 +267,108 @@ async fn a_replay_killed_mid_way_resumes_without_resending_what_was_acknowledged
         "{duplicates} duplicates; the first run delivered {}",
         first.len()
     );
+    eprintln!(
+        "resume: first run delivered {} of 1500 before SIGKILL; {duplicates} sent again by --resume",
+        first.len()
+    );
     // Completed: the state file is gone.
     assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0);
+}
+
+/// On a second sink (Redis Streams), beside the relay streaming to it: the replayed entries
+/// carry every field the streamed ones carry, plus the replay's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replay_on_redis_writes_the_entries_run_wrote() {
+    use crate::harness::redis::{delete, read_streams_until, SHARED_REDIS};
+    let prefix = unique_name("replay_redis");
+    let (_db, client, config) = prepared(OutboxSchema::A, "unused:9092").await;
+    let config = config
+        .sink("redis", &[("url", SHARED_REDIS)])
+        .route("(?<routedByValue>.*)", &format!("{prefix}.${{routedByValue}}"));
+    let relay = RelayProcess::run_streaming(&config).await;
+    let ids = insert(&client, "order.created", [A1, A2], 5).await;
+    let routed = format!("{prefix}.order.created");
+    let streamed = read_streams_until(SHARED_REDIS, std::slice::from_ref(&routed), 5, Duration::from_secs(60)).await;
+    assert_eq!(streamed.len(), 5, "{streamed:?}");
+
+    let replayed_stream = format!("{prefix}.replayed");
+    let since = format!("id:{}", ids[0]);
+    let out = run_cmd(&["replay", "--since", &since, "--to-topic", &replayed_stream], &config).await;
+    assert!(out.status.success(), "{}", stdout(&out));
+    let replayed = read_streams_until(
+        SHARED_REDIS,
+        std::slice::from_ref(&replayed_stream),
+        5,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(replayed.len(), 5, "{replayed:?}");
+    for (record, original) in replayed.iter().zip(&streamed) {
+        // Same rows, same order (one aggregate after the other as inserted), same fields.
+        assert_eq!(record.header("id"), original.header("id"));
+        let own: Vec<_> = record
+            .headers
+            .iter()
+            .filter(|(k, _)| k != REPLAY_HEADER)
+            .cloned()
+            .collect();
+        assert_eq!(own, original.headers);
+        assert_eq!(record.key, original.key);
+        assert_eq!(record.payload, original.payload);
+        assert!(record.header(REPLAY_HEADER).is_some());
+    }
+    drop(relay);
+    delete(SHARED_REDIS, &[routed, replayed_stream]).await;
+}
+
+/// Rows retention already removed: `replay` says so before sending anything, naming
+/// `[retention] keep`, with how many rows when the ids can tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_removed_by_retention_are_reported_with_how_many() {
+    let Some(kafka) = shared_kafka().await else { return };
+    let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
+    let config = config
+        .set("retention", "mode", "delete")
+        .set("retention", "keep", "2s")
+        .set("retention", "interval", "1s");
+    let relay = RelayProcess::run_streaming(&config).await;
+    let removed = insert(&client, "order.created", [A1, A2], 5).await;
+    let c = &client;
+    let emptied = wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        move || async move {
+            let n: i64 = c
+                .query_one("SELECT count(*) FROM events_outbox", &[])
+                .await
+                .unwrap()
+                .get(0);
+            n == 0
+        },
+    )
+    .await;
+    assert!(emptied, "retention did not remove the published rows");
+    drop(relay);
+    // Without a relay nothing removes these two.
+    let kept = insert(&client, "order.created", [A1, A2], 2).await;
+    let since = format!("id:{}", removed[0]);
+    let out = run_cmd(&["replay", "--since", &since, "--dry-run"], &config).await;
+    assert!(out.status.success(), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "the oldest row still in the table is id {}: up to 5 rows (ids {} to {}",
+            kept[0], removed[0], removed[4]
+        )) && text.contains("removed by retention ([retention] keep = 2s)"),
+        "{text}"
+    );
+    assert!(text.contains("dry run: 2 rows would be re-published"), "{text}");
+    let by_time = run_cmd(&["replay", "--since", "1h", "--dry-run"], &config).await;
+    let text = stdout(&by_time);
+    assert!(
+        by_time.status.success()
+            && text.contains("the oldest row still in the table is from")
+            && text.contains("h after --since"),
+        "{text}"
+    );
 }

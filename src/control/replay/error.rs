@@ -2,6 +2,8 @@
 
 use crate::control::backfill::BackfillError;
 use crate::control::{describe, ControlError};
+use crate::outbox::bad_event::BadEvent;
+use crate::sink::SinkFailure;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ReplayError {
@@ -13,7 +15,19 @@ pub(crate) enum ReplayError {
     Control(#[from] ControlError),
 
     #[error(transparent)]
-    Rows(#[from] BackfillError),
+    Rows(BackfillError),
+
+    #[error(
+        "outbox row id={id} cannot be published: {cause}. Fix the row, or narrow the selection (--type, \
+         --aggregate, --since/--until) to leave it out"
+    )]
+    BadRow { id: String, cause: BadEvent },
+
+    #[error("{sink} did not acknowledge a replayed event: {failure}. Check the brokers")]
+    Delivery {
+        sink: &'static str,
+        failure: Box<SinkFailure>,
+    },
 
     #[error("{0}")]
     State(String),
@@ -47,5 +61,16 @@ impl ReplayError {
     /// A usage error (exit 2) rather than a runtime failure (exit 1).
     pub(crate) fn is_usage(&self) -> bool {
         matches!(self, ReplayError::Usage(_))
+    }
+}
+
+/// The publisher's errors, worded for `replay` (the backfill's name `setup --backfill` as the fix).
+impl From<BackfillError> for ReplayError {
+    fn from(e: BackfillError) -> ReplayError {
+        match e {
+            BackfillError::BadRow { id, cause } => ReplayError::BadRow { id, cause },
+            BackfillError::Delivery { sink, failure } => ReplayError::Delivery { sink, failure },
+            other => ReplayError::Rows(other),
+        }
     }
 }

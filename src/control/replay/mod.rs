@@ -320,10 +320,7 @@ impl Run<'_> {
                 .filter(|p| p.table == index)
                 .map(|p| p.key.clone());
             loop {
-                let condition = match &after {
-                    Some(key) => format!("{} AND {}", self.state.condition, after_key(self.settings, source, key)),
-                    None => self.state.condition.clone(),
-                };
+                let condition = page_condition(self.settings, source, &self.state.condition, after.as_deref());
                 let sql = format!(
                     "{} LIMIT {PAGE_ROWS}",
                     select_rows(self.settings, &source.table, &condition, source.id_is_sequential)
@@ -426,9 +423,25 @@ fn after_key(settings: &Settings, source: &Source, key: &[String]) -> String {
 fn remaining(settings: &Settings, source: &Source, index: usize, state: &ReplayState) -> String {
     match &state.position {
         Some(p) if index < p.table => "false".to_owned(),
-        Some(p) if index == p.table => format!("{} AND {}", state.condition, after_key(settings, source, &p.key)),
-        _ => state.condition.clone(),
+        Some(p) if index == p.table => page_condition(settings, source, &state.condition, Some(&p.key)),
+        _ => page_condition(settings, source, &state.condition, None),
     }
+}
+
+/// `condition` for `source`, after `key` when given. Rows are paged by their ordering key, so
+/// a NULL in it (a timestamp column that orders uuid ids) could not be paged past: such rows
+/// are left out (docs/operations.md says so).
+fn page_condition(settings: &Settings, source: &Source, condition: &str, key: Option<&[String]>) -> String {
+    let mut parts = vec![condition.to_owned()];
+    for column in order_columns(settings, source.id_is_sequential) {
+        if *column != settings.outbox.id {
+            parts.push(format!("{} IS NOT NULL", column.quoted()));
+        }
+    }
+    if let Some(key) = key {
+        parts.push(after_key(settings, source, key));
+    }
+    parts.join(" AND ")
 }
 
 /// A dry run's first rows: id, aggregate, route-by value and the destination they would go to.
@@ -514,7 +527,11 @@ async fn removed_rows(
             let id = settings.outbox.id.quoted();
             let row = query(format!("SELECT min({id})::int8 FROM {table}")).await?;
             let Some(oldest) = row.get::<_, Option<i64>>(0) else {
-                return Ok(None);
+                return Ok(Some(format!(
+                    "{}: the table holds no rows: every row --since id:{n} asks for was {by} (how many the table \
+                     cannot tell)",
+                    source.table
+                )));
             };
             Ok((oldest > *n).then(|| {
                 format!(
@@ -527,14 +544,9 @@ async fn removed_rows(
                 )
             }))
         }
-        Some(since @ (Bound::At(_) | Bound::Ago(_))) => {
-            let Some(ts) = &settings.outbox.timestamp else {
+        Some(Bound::At(_) | Bound::Ago(_)) => {
+            let (Some(ts), Some(since_sql)) = (&settings.outbox.timestamp, criteria.since_sql()) else {
                 return Ok(None);
-            };
-            let since_sql = match since {
-                Bound::At(t) => format!("{}::timestamptz", literal(t)),
-                Bound::Ago(d) => format!("(now() - interval '{} milliseconds')", d.as_millis()),
-                Bound::Id(_) => unreachable!("matched above"),
             };
             let ts = ts.quoted();
             let row = query(format!(
@@ -542,19 +554,19 @@ async fn removed_rows(
             ))
             .await?;
             let (Some(oldest), Some(gap)) = (row.get::<_, Option<String>>(0), row.get::<_, Option<f64>>(1)) else {
-                return Ok(None);
+                return Ok(Some(format!(
+                    "{}: the table holds no rows: every row --since asks for was {by} (how many the table cannot \
+                     tell)",
+                    source.table
+                )));
             };
             Ok((gap > 0.0).then(|| {
-                let hours = gap / 3600.0;
-                let how_many = if source.id_is_sequential {
-                    "how many cannot be told: the table keeps no trace of removed rows".to_owned()
-                } else {
-                    "how many cannot be told from the table".to_owned()
-                };
                 format!(
-                    "{}: the oldest row still in the table is from {oldest}, {hours:.1} h after --since: rows written \
-                     before it were {by} and cannot be replayed ({how_many})",
-                    source.table
+                    "{}: the oldest row still in the table is from {oldest}, {:.1} h after --since: rows written \
+                     before it were {by} and cannot be replayed (how many the table cannot tell: it keeps no trace \
+                     of removed rows)",
+                    source.table,
+                    gap / 3600.0
                 )
             }))
         }

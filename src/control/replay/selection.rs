@@ -182,6 +182,16 @@ impl Criteria {
         }
     }
 
+    /// A time `--since` as an SQL `timestamptz` expression (relative to `now()`); `None` for an
+    /// id or no `--since`.
+    pub(crate) fn since_sql(&self) -> Option<String> {
+        match self.since.as_ref()? {
+            Bound::At(t) => Some(format!("{}::timestamptz", literal(t))),
+            Bound::Ago(d) => Some(format!("(now() - interval '{} milliseconds')", d.as_millis())),
+            Bound::Id(_) => None,
+        }
+    }
+
     /// The arguments in one canonical line: what identifies "the same replay" for `--resume`.
     pub(crate) fn canonical(&self, to_topic: Option<&str>) -> String {
         let mut types = self.types.clone();
