@@ -38,6 +38,19 @@ async fn slot_lsn(client: &tokio_postgres::Client, slot: &str) -> String {
         .get(0)
 }
 
+/// `outbox-relay replay ARGS`, which must succeed and print `expect`; returns what it printed.
+async fn replay_ok(args: &[&str], config: &RelayConfig, expect: &str) -> String {
+    let mut full = vec!["replay"];
+    full.extend_from_slice(args);
+    let out = run_cmd_with(&full, config, &[], Duration::from_secs(120)).await;
+    let text = stdout(&out);
+    assert!(
+        out.status.success() && text.contains(expect),
+        "replay {args:?}: want {expect:?} in\n{text}"
+    );
+    text
+}
+
 fn stdout(out: &std::process::Output) -> String {
     format!(
         "{}\n--- stderr ---\n{}",
@@ -67,25 +80,13 @@ async fn replay_republishes_what_run_wrote_beside_the_running_relay() {
     // Replay the orders, by id range and type, to one topic, beside the running relay.
     let since = format!("id:{}", orders[0]);
     let replayed_topic = kafka.topic("replayed");
-    let out = run_cmd(
-        &[
-            "replay",
-            "--since",
-            &since,
-            "--type",
-            "order.*",
-            "--to-topic",
-            &replayed_topic,
-        ],
+    let out = replay_ok(
+        &["--since", &since, "--type", "order.*", "--to-topic", &replayed_topic],
         &config,
+        "replay complete: 6 events re-published",
     )
     .await;
-    assert!(out.status.success(), "{}", stdout(&out));
-    assert!(
-        stdout(&out).contains("replay complete: 6 events re-published"),
-        "{}",
-        stdout(&out)
-    );
+    eprintln!("{out}");
     let replayed = kafka.collect(&["replayed"], 6, Duration::from_secs(60)).await;
     assert_eq!(replayed.len(), 6, "{replayed:?}");
     // Byte-identical with what `run` wrote: key, value, timestamp, every header but the replay's.
@@ -129,9 +130,8 @@ async fn replay_republishes_what_run_wrote_beside_the_running_relay() {
     // With the relay stopped, the slot's position is the relay's alone: a replay leaves it.
     let before = slot_lsn(&client, &slot).await;
     let until = format!("id:{}", invoices[0]);
-    let dry = run_cmd(
+    let dry = replay_ok(
         &[
-            "replay",
             "--since",
             "1h",
             "--until",
@@ -143,31 +143,20 @@ async fn replay_republishes_what_run_wrote_beside_the_running_relay() {
             &kafka.topic("dry"),
         ],
         &config,
+        "dry run: 3 rows would be re-published",
     )
     .await;
-    assert!(dry.status.success(), "{}", stdout(&dry));
-    assert!(
-        stdout(&dry).contains("dry run: 3 rows would be re-published"),
-        "{}",
-        stdout(&dry)
-    );
-    assert_eq!(
-        stdout(&dry).matches(&format!("aggregate={A1}")).count(),
-        3,
-        "{}",
-        stdout(&dry)
-    );
+    assert_eq!(dry.matches(&format!("aggregate={A1}")).count(), 3, "{dry}");
     assert!(
         kafka.collect(&["dry"], 1, Duration::from_secs(3)).await.is_empty(),
         "a dry run sent records"
     );
 
-    // --rate: 20 events at 10/s take about two seconds (the first one goes at once).
+    // --rate: 4 events at 5/s take at least 0.6 s (the first one goes at once).
     let rate_topic = kafka.topic("rated");
     let started = Instant::now();
-    let out = run_cmd(
+    replay_ok(
         &[
-            "replay",
             "--since",
             "2026-01-01T00:00:00Z",
             "--to-topic",
@@ -178,15 +167,10 @@ async fn replay_republishes_what_run_wrote_beside_the_running_relay() {
             B1,
         ],
         &config,
+        "replay complete: 4 events re-published",
     )
     .await;
     let took = started.elapsed();
-    assert!(out.status.success(), "{}", stdout(&out));
-    assert!(
-        stdout(&out).contains("replay complete: 4 events re-published"),
-        "{}",
-        stdout(&out)
-    );
     assert!(took >= Duration::from_millis(600), "4 events at 5/s took {took:?}");
     assert_eq!(kafka.collect(&["rated"], 4, Duration::from_secs(30)).await.len(), 4);
     assert_eq!(slot_lsn(&client, &slot).await, before, "the replay moved the slot");
@@ -196,16 +180,12 @@ async fn replay_republishes_what_run_wrote_beside_the_running_relay() {
         .execute("DELETE FROM events_outbox WHERE id < $1", &[&orders[2]])
         .await
         .unwrap();
-    let gone = run_cmd(&["replay", "--since", &since, "--dry-run"], &config).await;
-    assert!(gone.status.success(), "{}", stdout(&gone));
-    assert!(
-        stdout(&gone).contains(&format!(
-            "the oldest row still in the table is id {}: up to 2 rows",
-            orders[2]
-        )),
-        "{}",
-        stdout(&gone)
-    );
+    replay_ok(
+        &["--since", &since, "--dry-run"],
+        &config,
+        &format!("the oldest row still in the table is id {}: up to 2 rows", orders[2]),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -245,9 +225,7 @@ async fn a_replay_killed_mid_way_resumes_without_resending_what_was_acknowledged
 
     let mut resume_args = refused_args.clone();
     resume_args.push("--resume");
-    let out = run_cmd_with(&resume_args, &config, &[], Duration::from_secs(120)).await;
-    assert!(out.status.success(), "{}", stdout(&out));
-    assert!(stdout(&out).contains("resumed after"), "{}", stdout(&out));
+    replay_ok(&resume_args[1..], &config, "resumed after").await;
     let all = kafka.collect(&["resumed"], 1500, Duration::from_secs(60)).await;
     let mut seen = std::collections::HashMap::<Vec<u8>, usize>::new();
     for r in &all {
@@ -293,8 +271,12 @@ async fn replay_on_redis_writes_the_entries_run_wrote() {
 
     let replayed_stream = format!("{prefix}.replayed");
     let since = format!("id:{}", ids[0]);
-    let out = run_cmd(&["replay", "--since", &since, "--to-topic", &replayed_stream], &config).await;
-    assert!(out.status.success(), "{}", stdout(&out));
+    replay_ok(
+        &["--since", &since, "--to-topic", &replayed_stream],
+        &config,
+        "replay complete: 5 events",
+    )
+    .await;
     let replayed = read_streams_until(
         SHARED_REDIS,
         std::slice::from_ref(&replayed_stream),
@@ -352,9 +334,12 @@ async fn rows_removed_by_retention_are_reported_with_how_many() {
     // Without a relay nothing removes these two.
     let kept = insert(&client, "order.created", [A1, A2], 2).await;
     let since = format!("id:{}", removed[0]);
-    let out = run_cmd(&["replay", "--since", &since, "--dry-run"], &config).await;
-    assert!(out.status.success(), "{}", stdout(&out));
-    let text = stdout(&out);
+    let text = replay_ok(
+        &["--since", &since, "--dry-run"],
+        &config,
+        "dry run: 2 rows would be re-published",
+    )
+    .await;
     assert!(
         text.contains(&format!(
             "the oldest row still in the table is id {}: up to 5 rows (ids {} to {}",
@@ -362,13 +347,6 @@ async fn rows_removed_by_retention_are_reported_with_how_many() {
         )) && text.contains("removed by retention ([retention] keep = 2s)"),
         "{text}"
     );
-    assert!(text.contains("dry run: 2 rows would be re-published"), "{text}");
-    let by_time = run_cmd(&["replay", "--since", "1h", "--dry-run"], &config).await;
-    let text = stdout(&by_time);
-    assert!(
-        by_time.status.success()
-            && text.contains("the oldest row still in the table is from")
-            && text.contains("h after --since"),
-        "{text}"
-    );
+    let text = replay_ok(&["--since", "1h", "--dry-run"], &config, "h after --since").await;
+    assert!(text.contains("the oldest row still in the table is from"), "{text}");
 }
