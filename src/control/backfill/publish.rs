@@ -63,10 +63,39 @@ pub(crate) struct BackfillPublisher<'s> {
     in_flight: InFlight,
     pub(crate) sent: u64,
     replayed: Replayed,
-    /// One flag per row handed over and not yet in the acknowledged prefix: acknowledged yet?
+    prefix: AckedPrefix,
+}
+
+/// The acknowledged prefix of the rows handed over, in order: acknowledgements arrive in any
+/// order (partitions, brokers), the prefix only grows over rows whose every predecessor is done.
+#[derive(Debug, Default)]
+struct AckedPrefix {
+    /// One flag per row handed over and not yet in the prefix: done yet?
     window: VecDeque<bool>,
-    /// Rows in the acknowledged prefix (the sequence number of `window`'s front).
-    acknowledged: u64,
+    /// Rows in the prefix (the sequence number of `window`'s front).
+    done: u64,
+}
+
+impl AckedPrefix {
+    /// Takes the next row; returns its sequence number.
+    fn push(&mut self) -> u64 {
+        self.window.push_back(false);
+        self.done + self.window.len() as u64 - 1
+    }
+
+    /// Row `seq` is done: the prefix grows past every done row at its end.
+    fn mark(&mut self, seq: u64) {
+        let Some(index) = seq.checked_sub(self.done) else {
+            return;
+        };
+        if let Some(flag) = self.window.get_mut(index as usize) {
+            *flag = true;
+        }
+        while self.window.front() == Some(&true) {
+            self.window.pop_front();
+            self.done += 1;
+        }
+    }
 }
 
 impl<'s> BackfillPublisher<'s> {
@@ -82,8 +111,7 @@ impl<'s> BackfillPublisher<'s> {
             in_flight: InFlight::default(),
             sent: 0,
             replayed: Replayed::default(),
-            window: VecDeque::new(),
-            acknowledged: 0,
+            prefix: AckedPrefix::default(),
         })
     }
 
@@ -96,26 +124,7 @@ impl<'s> BackfillPublisher<'s> {
     /// How many rows, from the first handed over, were all acknowledged (or filtered): a
     /// resumed run may skip exactly these.
     pub(crate) fn acknowledged(&self) -> u64 {
-        self.acknowledged
-    }
-
-    /// Records handed to the broker and not yet acknowledged.
-    pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.events
-    }
-
-    /// Marks row `seq` done and advances the acknowledged prefix past every done row.
-    fn mark_done(&mut self, seq: u64) {
-        let Some(index) = seq.checked_sub(self.acknowledged) else {
-            return;
-        };
-        if let Some(flag) = self.window.get_mut(index as usize) {
-            *flag = true;
-        }
-        while self.window.front() == Some(&true) {
-            self.window.pop_front();
-            self.acknowledged += 1;
-        }
+        self.prefix.done
     }
 
     /// Hands one pending row of `table` to Kafka, first waiting for room in the in-flight budget.
@@ -139,11 +148,10 @@ impl<'s> BackfillPublisher<'s> {
         };
         let event = OutboxEvent::from_columns(&self.settings.outbox, table, &values, format).map_err(bad)?;
         // `[filter]`: the stream would not have sent it either.
-        let seq = self.acknowledged + self.window.len() as u64;
-        self.window.push_back(false);
+        let seq = self.prefix.push();
         if !event.passes(self.settings) {
             crate::ops::metrics::count_filtered();
-            self.mark_done(seq);
+            self.prefix.mark(seq);
             return Ok(Handed::Filtered);
         }
         let mut record = event.record(self.settings, &self.limits).map_err(bad)?;
@@ -215,7 +223,7 @@ impl<'s> BackfillPublisher<'s> {
         self.in_flight.events -= 1;
         self.in_flight.bytes -= delivery.tag.bytes;
         if delivery.outcome.is_ok() {
-            self.mark_done(delivery.tag.seq);
+            self.prefix.mark(delivery.tag.seq);
         }
         delivery.outcome.map_err(|failure| BackfillError::Delivery {
             sink: self.settings.sink.broker_name(),
@@ -226,4 +234,29 @@ impl<'s> BackfillPublisher<'s> {
 
 fn internal(e: impl std::fmt::Display) -> BackfillError {
     BackfillError::Internal(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AckedPrefix;
+
+    #[test]
+    fn the_prefix_grows_only_over_rows_whose_every_predecessor_is_done() {
+        let mut prefix = AckedPrefix::default();
+        let seqs: Vec<u64> = (0..4).map(|_| prefix.push()).collect();
+        assert_eq!(seqs, [0, 1, 2, 3]);
+        prefix.mark(2);
+        prefix.mark(1);
+        assert_eq!(prefix.done, 0, "row 0 is still in flight");
+        prefix.mark(0);
+        assert_eq!(prefix.done, 3);
+        assert_eq!(prefix.push(), 4);
+        prefix.mark(4);
+        assert_eq!(prefix.done, 3, "row 3 is still in flight");
+        prefix.mark(3);
+        assert_eq!(prefix.done, 5);
+        // A sequence number already in the prefix changes nothing.
+        prefix.mark(1);
+        assert_eq!(prefix.done, 5);
+    }
 }

@@ -12,7 +12,9 @@
 //! Order: within a table, per aggregate, rows go in insertion order (what the ordering columns
 //! give: a sequence id is assigned at insert, which for concurrent transactions may differ from
 //! commit order — the stream's order — for two rows of one aggregate only if two transactions
-//! inserted for the same aggregate concurrently).
+//! inserted for the same aggregate concurrently); with uuid ids the timestamp column orders
+//! them, and rows of one aggregate with equal timestamps (one transaction's `now()`) go in id
+//! order.
 //!
 //! It never touches the slot or the publication: ordinary connections, read-only queries. It can
 //! run beside a running relay.
@@ -294,9 +296,10 @@ impl Run<'_> {
                 return Err(e);
             }
         };
-        let handed = publisher.acknowledged() + publisher.in_flight() as u64;
         publisher.finish().await?;
-        // Everything handed over is acknowledged now.
+        // Everything handed over is acknowledged now (acknowledgements may have come out of
+        // order across partitions: the rows waiting in `positions` are exactly the rest).
+        let handed = self.settled + self.positions.len() as u64;
         self.advance_to(handed, true)?;
         Ok(finished)
     }
