@@ -435,3 +435,21 @@ async fn a_replay_stopped_by_sigterm_resumes_with_no_duplicate() {
         "a graceful stop saves everything acknowledged: no duplicate"
     );
 }
+
+/// A state directory the replay cannot write is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unwritable_state_directory_is_refused_before_sending() {
+    let Some(kafka) = shared_kafka().await else { return };
+    let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
+    insert(&client, "order.created", [A1, A2], 3).await;
+    let topic = kafka.topic("never");
+    let out = run_cmd(
+        &["replay", "--since", "id:1", "--to-topic", &topic, "--state", "/proc"],
+        &config,
+    )
+    .await;
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("give a writable directory with --state DIR"), "{text}");
+    assert!(kafka.collect(&["never"], 1, Duration::from_secs(3)).await.is_empty());
+}

@@ -215,6 +215,11 @@ pub(crate) async fn replay(
     for note in &report.notes {
         eprintln!("note: {note}");
     }
+    // Saved before the first row goes: an unwritable --state is refused before anything is sent,
+    // and a replay killed before its first acknowledgement resumes with the same resolved window.
+    file.save(&state).map_err(ReplayError::State)?;
+    // What `setup` makes sure of (a stream, an exchange), in case the replay is the first writer.
+    crate::sink::prepare(settings).await.map_err(BackfillError::Producer)?;
     let total = report.counts.iter().map(|(_, n)| n).sum();
     let replayed = Replayed {
         destination: args.to_topic.clone(),
