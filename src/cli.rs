@@ -223,11 +223,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let command = match command {
-        Configured::Replay(args) => return runtime.block_on(replay(args, &path, settings)),
-        other => other,
-    };
-    runtime.block_on(dispatch(command, settings))
+    runtime.block_on(dispatch(command, &path, settings))
 }
 
 /// `replay`: exit 2 for arguments it cannot use, 1 for a runtime failure or an interruption
@@ -274,7 +270,7 @@ async fn replay(args: ReplayCli, config: &std::path::Path, settings: Settings) -
     }
 }
 
-async fn dispatch(command: Configured, settings: Settings) -> ExitCode {
+async fn dispatch(command: Configured, config: &std::path::Path, settings: Settings) -> ExitCode {
     match command {
         Configured::Setup { check: true, .. } => report(control::check(&settings).await.map(|r| r.to_string())),
         Configured::Setup { poll: true, .. } => {
@@ -317,7 +313,7 @@ async fn dispatch(command: Configured, settings: Settings) -> ExitCode {
             report(control::teardown(&settings).await.map(|r| r.to_string()))
         }
         Configured::Run => run(settings).await,
-        Configured::Replay(_) => unreachable!("replay is dispatched in main"),
+        Configured::Replay(args) => replay(args, config, settings).await,
         Configured::Poll => run_poll(settings).await,
     }
 }

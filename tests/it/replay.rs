@@ -436,9 +436,10 @@ async fn a_replay_stopped_by_sigterm_resumes_with_no_duplicate() {
     );
 }
 
-/// A state directory the replay cannot write is refused before anything is sent.
+/// Arguments the replay cannot use (exit 2, naming the fix) and a state directory it cannot
+/// write (exit 1) are refused before anything is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_unwritable_state_directory_is_refused_before_sending() {
+async fn bad_arguments_and_an_unwritable_state_directory_are_refused_before_sending() {
     let Some(kafka) = shared_kafka().await else { return };
     let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
     insert(&client, "order.created", [A1, A2], 3).await;
@@ -451,5 +452,17 @@ async fn an_unwritable_state_directory_is_refused_before_sending() {
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("give a writable directory with --state DIR"), "{text}");
+    for (args, says) in [
+        (
+            ["--since", "yesterday"],
+            "is neither an RFC 3339 time (2026-05-01T12:00:00Z), a duration back from now",
+        ),
+        (["--table", "other"], "is not an outbox table of this config"),
+    ] {
+        let out = run_cmd(&[&["replay", "--to-topic", &topic], &args[..]].concat(), &config).await;
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert!(text.contains(says), "{text}");
+    }
     assert!(kafka.collect(&["never"], 1, Duration::from_secs(3)).await.is_empty());
 }
