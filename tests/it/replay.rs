@@ -51,6 +51,57 @@ async fn replay_ok(args: &[&str], config: &RelayConfig, expect: &str) -> String 
     text
 }
 
+/// A replay of `rows` fresh rows at 400 events/s to the namespace's topic `topic`, with a state
+/// directory of its own, left running for `run_for`.
+struct RatedReplay {
+    _db: String,
+    _client: tokio_postgres::Client,
+    config: RelayConfig,
+    ids: Vec<i64>,
+    state: tempfile::TempDir,
+    /// Its arguments, without the subcommand.
+    args: Vec<String>,
+    replay: RelayProcess,
+}
+
+impl RatedReplay {
+    fn args(&self) -> Vec<&str> {
+        self.args.iter().map(String::as_str).collect()
+    }
+}
+
+async fn start_rated_replay(kafka: &KafkaNs, rows: i64, topic: &str, run_for: Duration) -> RatedReplay {
+    let (db, client, config) = prepared_ns(OutboxSchema::A, kafka).await;
+    let ids = insert(&client, "order.created", [A1, A2], rows).await;
+    let state = tempfile::tempdir().expect("state dir");
+    let state_dir = state.path().to_str().unwrap().to_owned();
+    let topic = kafka.topic(topic);
+    let args: Vec<String> = [
+        "--since",
+        "id:1",
+        "--to-topic",
+        &topic,
+        "--rate",
+        "400",
+        "--state",
+        &state_dir,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let replay = RelayProcess::start("replay", &config, &arg_refs, &[]);
+    tokio::time::sleep(run_for).await;
+    RatedReplay {
+        _db: db,
+        _client: client,
+        config,
+        ids,
+        state,
+        args,
+        replay,
+    }
+}
+
 fn stdout(out: &std::process::Output) -> String {
     format!(
         "{}\n--- stderr ---\n{}",
@@ -191,25 +242,10 @@ async fn replay_republishes_what_run_wrote_beside_the_running_relay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replay_killed_mid_way_resumes_without_resending_what_was_acknowledged() {
     let Some(kafka) = shared_kafka().await else { return };
-    let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
-    let ids = insert(&client, "order.created", [A1, A2], 1500).await;
-    let state = tempfile::tempdir().expect("state dir");
-    let state_dir = state.path().to_str().unwrap().to_owned();
-    let topic = kafka.topic("resumed");
-    let args = [
-        "--since",
-        "id:1",
-        "--to-topic",
-        &topic,
-        "--rate",
-        "400",
-        "--state",
-        &state_dir,
-    ];
-    let replay = RelayProcess::start("replay", &config, &args, &[]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = start_rated_replay(&kafka, 1500, "resumed", Duration::from_secs(2)).await;
+    let (ids, config, replay) = (&started.ids, &started.config, &started.replay);
+    let args = started.args();
     assert!(replay.sigkill());
-    drop(replay);
     let first = kafka.collect(&["resumed"], 1500, Duration::from_secs(5)).await;
     assert!(
         !first.is_empty() && first.len() < 1500,
@@ -219,19 +255,19 @@ async fn a_replay_killed_mid_way_resumes_without_resending_what_was_acknowledged
     // Without --resume the same arguments are refused: the state says it was interrupted.
     let mut refused_args = vec!["replay"];
     refused_args.extend_from_slice(&args);
-    let refused = run_cmd(&refused_args, &config).await;
+    let refused = run_cmd(&refused_args, config).await;
     assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
     assert!(stdout(&refused).contains("add --resume"), "{}", stdout(&refused));
 
     let mut resume_args = refused_args.clone();
     resume_args.push("--resume");
-    replay_ok(&resume_args[1..], &config, "resumed after").await;
+    replay_ok(&resume_args[1..], config, "resumed after").await;
     let all = kafka.collect(&["resumed"], 1500, Duration::from_secs(60)).await;
     let mut seen = std::collections::HashMap::<Vec<u8>, usize>::new();
     for r in &all {
         *seen.entry(r.header("id").unwrap().to_vec()).or_default() += 1;
     }
-    for id in &ids {
+    for id in ids {
         assert!(
             seen.contains_key(id.to_string().as_bytes()),
             "event {id} missing after the resume"
@@ -250,7 +286,7 @@ async fn a_replay_killed_mid_way_resumes_without_resending_what_was_acknowledged
         first.len()
     );
     // Completed: the state file is gone.
-    assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(started.state.path()).unwrap().count(), 0);
 }
 
 /// On a second sink (Redis Streams), beside the relay streaming to it: the replayed entries
@@ -395,23 +431,10 @@ async fn uuid_ids_replay_in_creation_order_across_pages() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replay_stopped_by_sigterm_resumes_with_no_duplicate() {
     let Some(kafka) = shared_kafka().await else { return };
-    let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
-    insert(&client, "order.created", [A1, A2], 800).await;
-    let state = tempfile::tempdir().expect("state dir");
-    let state_dir = state.path().to_str().unwrap().to_owned();
-    let topic = kafka.topic("terminated");
-    let args = [
-        "--since",
-        "id:1",
-        "--to-topic",
-        &topic,
-        "--rate",
-        "400",
-        "--state",
-        &state_dir,
-    ];
-    let mut replay = RelayProcess::start("replay", &config, &args, &[]);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut started = start_rated_replay(&kafka, 800, "terminated", Duration::from_millis(1500)).await;
+    let args = started.args.clone();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let replay = &mut started.replay;
     assert!(replay.sigterm());
     let status = replay
         .wait_exit(Duration::from_secs(60))
@@ -425,7 +448,7 @@ async fn a_replay_stopped_by_sigterm_resumes_with_no_duplicate() {
     );
     let mut resumed = vec!["--resume"];
     resumed.extend_from_slice(&args);
-    replay_ok(&resumed, &config, "resumed after").await;
+    replay_ok(&resumed, &started.config, "resumed after").await;
     let all = kafka.collect(&["terminated"], 800, Duration::from_secs(60)).await;
     let distinct: std::collections::HashSet<_> = all.iter().map(|r| r.header("id").unwrap().to_vec()).collect();
     assert_eq!(distinct.len(), 800);
