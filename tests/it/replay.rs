@@ -102,6 +102,25 @@ async fn start_rated_replay(kafka: &KafkaNs, rows: i64, topic: &str, run_for: Du
     }
 }
 
+/// `replayed` is `original` byte for byte — key, value, timestamp, every header in order — plus
+/// the replay header (after the record's headers; Redis writes the payload field last).
+fn assert_same_record(replayed: &Received, original: &Received) {
+    let own: Vec<_> = replayed
+        .headers
+        .iter()
+        .filter(|(k, _)| k != REPLAY_HEADER)
+        .cloned()
+        .collect();
+    assert_eq!(own, original.headers, "{replayed:?} replays {original:?}");
+    assert_eq!(replayed.key, original.key);
+    assert_eq!(replayed.payload, original.payload);
+    assert_eq!(replayed.timestamp_ms, original.timestamp_ms);
+    assert!(
+        replayed.header(REPLAY_HEADER).is_some_and(|v| !v.is_empty()),
+        "the replay header carries the replay's id: {replayed:?}"
+    );
+}
+
 fn stdout(out: &std::process::Output) -> String {
     format!(
         "{}\n--- stderr ---\n{}",
@@ -149,17 +168,7 @@ async fn replay_republishes_what_run_wrote_beside_the_running_relay() {
             .find(|r| r.header("id") == Some(id))
             .expect("the replayed row was streamed");
         assert_eq!(original.topic, "order.created");
-        assert_eq!(record.key, original.key);
-        assert_eq!(record.payload, original.payload);
-        assert_eq!(record.timestamp_ms, original.timestamp_ms);
-        let own: Vec<_> = record
-            .headers
-            .iter()
-            .filter(|(k, _)| k != REPLAY_HEADER)
-            .cloned()
-            .collect();
-        assert_eq!(own, original.headers, "headers of {:?}", String::from_utf8_lossy(id));
-        assert!(record.header(REPLAY_HEADER).is_some_and(|v| !v.is_empty()));
+        assert_same_record(record, original);
         // Per aggregate, in insertion order (one partition per topic here, so offsets order them).
         let id: i64 = std::str::from_utf8(id).unwrap().parse().unwrap();
         if let Some(prev) = previous_per_aggregate.insert(record.key.clone(), id) {
@@ -323,17 +332,7 @@ async fn replay_on_redis_writes_the_entries_run_wrote() {
     assert_eq!(replayed.len(), 5, "{replayed:?}");
     for (record, original) in replayed.iter().zip(&streamed) {
         // Same rows, same order (one aggregate after the other as inserted), same fields.
-        assert_eq!(record.header("id"), original.header("id"));
-        let own: Vec<_> = record
-            .headers
-            .iter()
-            .filter(|(k, _)| k != REPLAY_HEADER)
-            .cloned()
-            .collect();
-        assert_eq!(own, original.headers);
-        assert_eq!(record.key, original.key);
-        assert_eq!(record.payload, original.payload);
-        assert!(record.header(REPLAY_HEADER).is_some());
+        assert_same_record(record, original);
     }
     drop(relay);
     delete(SHARED_REDIS, &[routed, replayed_stream]).await;
