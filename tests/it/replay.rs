@@ -379,9 +379,11 @@ async fn rows_removed_by_retention_are_reported_with_how_many() {
         text.contains(&format!(
             "the oldest row still in the table is id {}: up to 5 rows (ids {} to {}",
             kept[0], removed[0], removed[4]
-        )) && text.contains("removed by retention ([retention] keep = 2s)"),
+        )) && text.contains("removed by retention ([retention] keep = 2s)")
+            && text.contains("retention's record: 5 rows removed from this table in all"),
         "{text}"
     );
+    eprintln!("{text}");
     let text = replay_ok(&["--since", "1h", "--dry-run"], &config, "h after --since").await;
     assert!(text.contains("the oldest row still in the table is from"), "{text}");
 }

@@ -176,8 +176,31 @@ pub(crate) async fn replay(
             }
         }
     };
+    let mut retention_records = None;
     for source in &sources {
-        notes.extend(removed_rows(&client, settings, &args.criteria, source).await?);
+        let Some(mut note) = removed_rows(&client, settings, &args.criteria, source).await? else {
+            continue;
+        };
+        if settings.retention.is_some() {
+            // What retention itself recorded (`status` shows the same), read once.
+            if retention_records.is_none() {
+                retention_records = Some(super::status_tables::read(&client, settings).await);
+            }
+            let recorded = settings
+                .outbox
+                .tables
+                .iter()
+                .position(|t| *t == source.table)
+                .and_then(|i| retention_records.as_ref()?.get(i)?.last_retention.as_ref());
+            if let Some(r) = recorded.filter(|r| r.total_removed_rows > 0) {
+                note.push_str(&format!(
+                    "; retention's record: {} rows removed from this table in all, the newest created at {}",
+                    r.total_removed_rows,
+                    r.last_removed_through.as_deref().unwrap_or("(not recorded)")
+                ));
+            }
+        }
+        notes.push(note);
     }
     let mut counts = Vec::new();
     for (index, source) in sources.iter().enumerate() {
