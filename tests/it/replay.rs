@@ -476,14 +476,22 @@ async fn bad_arguments_and_an_unwritable_state_directory_are_refused_before_send
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("give a writable directory with --state DIR"), "{text}");
-    for (args, says) in [
+    let cases: [(Vec<&str>, &str); 3] = [
         (
-            ["--since", "yesterday"],
+            vec!["--since", "yesterday", "--to-topic", &topic],
             "is neither an RFC 3339 time (2026-05-01T12:00:00Z), a duration back from now",
         ),
-        (["--table", "other"], "is not an outbox table of this config"),
-    ] {
-        let out = run_cmd(&[&["replay", "--to-topic", &topic], &args[..]].concat(), &config).await;
+        (
+            vec!["--table", "other", "--to-topic", &topic],
+            "is not an outbox table of this config",
+        ),
+        (
+            vec!["--to-topic", "no spaces"],
+            "--to-topic \"no spaces\" is not a name Kafka accepts",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = run_cmd(&[&["replay"], &args[..]].concat(), &config).await;
         let text = stdout(&out);
         assert_eq!(out.status.code(), Some(2), "{text}");
         assert!(text.contains(says), "{text}");

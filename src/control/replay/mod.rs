@@ -137,6 +137,15 @@ pub(crate) async fn replay(
     stop: watch::Receiver<bool>,
 ) -> Result<ReplayReport, ReplayError> {
     args.criteria.check(settings).map_err(ReplayError::Usage)?;
+    if let Some(name) = &args.to_topic {
+        // The sink's name rule, as a routed name must pass it.
+        (crate::sink::limits(settings).check_name)(name).map_err(|e| {
+            ReplayError::Usage(format!(
+                "--to-topic {name:?} is not a name {} accepts: {e}",
+                settings.sink.broker_name()
+            ))
+        })?;
+    }
     let client = connect(settings).await?;
     set_output_formats(&client).await?;
     let mut sources = Vec::new();
