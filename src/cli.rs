@@ -96,12 +96,54 @@ pub(crate) enum Command {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
+    /// Re-publish rows still in the outbox table(s): the same records `run` wrote, with an
+    /// `outbox-relay-replay` header. Never touches the slot; runs beside a running relay. See
+    /// docs/operations.md, "Replaying events".
+    Replay(ReplayCli),
     /// Drop the slot and the publication.
     Teardown {
         /// Confirm: dropping the slot discards the WAL position of undelivered events.
         #[arg(long)]
         yes: bool,
     },
+}
+
+/// `replay`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReplayCli {
+    /// Rows from here on (inclusive): an RFC 3339 time (2026-05-01T12:00:00Z), a duration back
+    /// from now (24h, 90m, 7d) or an id (id:41).
+    #[arg(long, value_name = "WHEN")]
+    since: Option<String>,
+    /// Rows before this (exclusive), same forms as --since. Default: rows created before the
+    /// replay started (with outbox.timestamp_column).
+    #[arg(long, value_name = "WHEN")]
+    until: Option<String>,
+    /// Only rows whose route-by value matches this glob (`*`, `?`); repeatable (any of them).
+    #[arg(long = "type", value_name = "GLOB")]
+    types: Vec<String>,
+    /// Only rows of this aggregate id (the key column); repeatable (any of them).
+    #[arg(long = "aggregate", value_name = "ID")]
+    aggregates: Vec<String>,
+    /// Only this outbox table (one of outbox.table).
+    #[arg(long, value_name = "TABLE")]
+    table: Option<String>,
+    /// Count the selected rows and show the first ones; send nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// At most N events per second.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    rate: Option<u32>,
+    /// Send every record to this destination (topic, subject, routing key, stream) instead of
+    /// the routed one.
+    #[arg(long, value_name = "NAME")]
+    to_topic: Option<String>,
+    /// Continue an interrupted replay with the same arguments, after what was acknowledged.
+    #[arg(long)]
+    resume: bool,
+    /// Directory of the replay's state file (default: the config file's directory).
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
 }
 
 /// The subcommands that read `--config` (all but `demo` and `import-debezium`).
@@ -121,6 +163,7 @@ enum Configured {
     Teardown {
         yes: bool,
     },
+    Replay(ReplayCli),
 }
 
 /// Every registered sink's client log targets, for the log filter (set before the
@@ -167,6 +210,7 @@ pub fn main() -> ExitCode {
         Command::Poll => Configured::Poll,
         Command::Status { json } => Configured::Status { json },
         Command::Teardown { yes } => Configured::Teardown { yes },
+        Command::Replay(args) => Configured::Replay(args),
     };
     logging::init(cli.log_format, &cli.log_level, &client_log_targets());
     let Some(path) = cli.config.clone() else {
@@ -191,10 +235,54 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(dispatch(command, settings))
+    runtime.block_on(dispatch(command, &path, settings))
 }
 
-async fn dispatch(command: Configured, settings: Settings) -> ExitCode {
+/// `replay`: exit 2 for arguments it cannot use, 1 for a runtime failure or an interruption
+/// (the message says how to resume).
+async fn replay(args: ReplayCli, config: &std::path::Path, settings: Settings) -> ExitCode {
+    use crate::control::replay::selection::{Bound, Criteria};
+    let bound = |flag: &str, text: Option<String>| text.map(|t| Bound::parse(flag, &t)).transpose();
+    let (since, until) = match (bound("--since", args.since), bound("--until", args.until)) {
+        (Ok(since), Ok(until)) => (since, until),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let state_dir = args.state.unwrap_or_else(|| match config.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    });
+    let replay_args = control::replay::ReplayArgs {
+        criteria: Criteria {
+            since,
+            until,
+            types: args.types,
+            aggregates: args.aggregates,
+            table: args.table,
+        },
+        dry_run: args.dry_run,
+        rate: args.rate,
+        to_topic: args.to_topic,
+        resume: args.resume,
+        state_dir,
+    };
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(forward_signals(tx));
+    match control::replay::replay(&settings, &replay_args, rx).await {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(if e.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
+async fn dispatch(command: Configured, config: &std::path::Path, settings: Settings) -> ExitCode {
     match command {
         Configured::Setup { check: true, .. } => report(control::check(&settings).await.map(|r| r.to_string())),
         Configured::Setup { poll: true, .. } => {
@@ -237,6 +325,7 @@ async fn dispatch(command: Configured, settings: Settings) -> ExitCode {
             report(control::teardown(&settings).await.map(|r| r.to_string()))
         }
         Configured::Run => run(settings).await,
+        Configured::Replay(args) => replay(args, config, settings).await,
         Configured::Poll => run_poll(settings).await,
     }
 }

@@ -27,6 +27,7 @@ use serde::Deserialize;
 
 pub(crate) mod cloudevents;
 pub(crate) mod debezium;
+pub(crate) mod filter;
 pub(crate) mod http;
 pub(crate) mod ident;
 pub(crate) mod kafka;
@@ -41,6 +42,7 @@ pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
 pub(crate) mod tracing;
+pub(crate) mod transactions;
 pub(crate) mod webhook;
 
 use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
@@ -86,6 +88,10 @@ pub(crate) struct FileConfig {
     pub(crate) outbox: OutboxSection,
     #[serde(default)]
     pub(crate) route: RouteSection,
+    /// `[filter]`: absent = every event is published.
+    pub(crate) filter: Option<filter::FilterSection>,
+    /// `[transactions]`: absent = no transaction metadata.
+    pub(crate) transactions: Option<transactions::TransactionsSection>,
     #[serde(default)]
     pub(crate) sink: SinkTable,
     /// The sinks' own sections (`[kafka]`, `[nats]`, …) by name, as written: each is
@@ -133,6 +139,10 @@ pub struct Settings {
     pub outbox: OutboxMapping,
     /// `[route]`: the topic of an event is `router.route(route-by value)`.
     pub router: TopicRoute,
+    /// `[filter]`: `None` = every event is published.
+    pub filter: Option<filter::EventFilter>,
+    /// `[transactions]`: `None` = no transaction headers or markers.
+    pub transactions: Option<transactions::TransactionMetadata>,
     /// `[sink] kind` and that sink's own section: the broker events are published to.
     pub sink: SinkSettings,
     pub relay: RelaySettings,
@@ -219,6 +229,19 @@ impl Settings {
         let postgres = file.postgres.validate()?;
         let router = file.route.validate()?;
         let sink_spec = sink::spec_of(&file.sink.kind)?;
+        if router.key.is_some() && debezium.is_some() {
+            return Err(ConfigError::Invalid {
+                key: "route.key",
+                message: "is set together with [debezium], whose record key is Debezium's rendering of the key \
+                          column (table.field.event.key); remove route.key, or the [debezium] section"
+                    .into(),
+            });
+        }
+        outbox.routing_columns.clone_from(&router.columns);
+        let mut filter = file.filter.map(filter::FilterSection::validate).transpose()?.flatten();
+        if let Some(f) = &mut filter {
+            f.place_columns(&mut outbox.routing_columns);
+        }
         let cloudevents = match file.cloudevents {
             None => None,
             Some(section) => {
@@ -256,10 +279,16 @@ impl Settings {
         let sink = file
             .sink
             .validate(file.sink_sections, &sink::SectionContext { relay: &relay })?;
+        let txn_metadata = match file.transactions {
+            Some(section) => section.validate(relay.delivery)?,
+            None => None,
+        };
         Ok(Settings {
             postgres,
             outbox,
             router,
+            filter,
+            transactions: txn_metadata,
             sink,
             relay,
             poll: file.poll.validate()?,
@@ -314,6 +343,8 @@ const ROOT_SECTIONS: &[&str] = &[
     "postgres",
     "outbox",
     "route",
+    "filter",
+    "transactions",
     "sink",
     "relay",
     "poll",

@@ -123,6 +123,10 @@ pub struct OutboxMapping {
     /// `[cloudevents]` extension columns, in `CloudEventsSettings::extensions` order; empty
     /// without that section.
     pub(crate) extensions: Vec<Ident>,
+    /// Columns read besides the mapped ones, with the config key naming each: first those the
+    /// `[route] topic` / `key` templates refer to ([`TopicRoute::columns`], same indices), then
+    /// `[filter] where`'s; each once, empty without either.
+    pub(crate) routing_columns: Vec<(Ident, &'static str)>,
 }
 
 impl OutboxMapping {
@@ -204,6 +208,9 @@ impl OutboxMapping {
         for col in &self.extensions {
             cols.push(("cloudevents.extensions", col));
         }
+        for (col, key) in &self.routing_columns {
+            cols.push((key, col));
+        }
         cols
     }
 }
@@ -282,6 +289,7 @@ impl OutboxSection {
                 .map(|c| col("outbox.tracestate_column", c))
                 .transpose()?,
             extensions: Vec::new(),
+            routing_columns: Vec::new(),
         })
     }
 }
@@ -318,6 +326,11 @@ fn parse_tables(list: &TableList) -> Result<Vec<TableName>, ConfigError> {
 pub(crate) struct RouteSection {
     pub(crate) topic_regex: String,
     pub(crate) topic_replacement: String,
+    /// A template over outbox columns (`"${tenant}.${type}"`) that names the destination
+    /// instead of the regex rule.
+    pub(crate) topic: Option<String>,
+    /// A template over outbox columns that is the record key instead of `outbox.key_column`.
+    pub(crate) key: Option<String>,
 }
 
 impl Default for RouteSection {
@@ -325,16 +338,124 @@ impl Default for RouteSection {
         RouteSection {
             topic_regex: DEFAULT_TOPIC_REGEX.into(),
             topic_replacement: DEFAULT_TOPIC_REPLACEMENT.into(),
+            topic: None,
+            key: None,
         }
     }
 }
 
 impl RouteSection {
     pub(crate) fn validate(self) -> Result<TopicRoute, ConfigError> {
-        TopicRoute::new(&self.topic_regex, &self.topic_replacement).map_err(|message| ConfigError::Invalid {
-            key: "route.topic_regex",
-            message,
-        })
+        let mut route =
+            TopicRoute::new(&self.topic_regex, &self.topic_replacement).map_err(|message| ConfigError::Invalid {
+                key: "route.topic_regex",
+                message,
+            })?;
+        if let Some(topic) = &self.topic {
+            if self.topic_regex != DEFAULT_TOPIC_REGEX || self.topic_replacement != DEFAULT_TOPIC_REPLACEMENT {
+                return Err(ConfigError::Invalid {
+                    key: "route.topic",
+                    message: format!(
+                        "{topic:?} is set together with route.topic_regex / route.topic_replacement; both name the \
+                         destination. Keep the template (write the regex's parts as columns, e.g. \
+                         \"outbox.event.${{type}}\"), or remove route.topic to keep the Debezium rule"
+                    ),
+                });
+            }
+            route.topic = Some(ColumnTemplate::parse("route.topic", topic, &mut route.columns)?);
+        }
+        if let Some(key) = &self.key {
+            route.key = Some(ColumnTemplate::parse("route.key", key, &mut route.columns)?);
+        }
+        Ok(route)
+    }
+}
+
+/// One piece of a [`ColumnTemplate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TemplatePart {
+    Text(String),
+    /// An index into [`TopicRoute::columns`].
+    Column(usize),
+}
+
+/// `[route] topic` / `key`: text with `${column}` references to outbox columns (`$$` is one
+/// `$`). A column is named as the catalog stores it (case and all, no quotes). Which columns
+/// exist is the table's business: `setup`, `setup --check` and `run`'s start check them
+/// against every outbox table (the config file alone cannot know them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ColumnTemplate {
+    parts: Vec<TemplatePart>,
+}
+
+impl ColumnTemplate {
+    /// Parses `text`; each column it refers to is added to `columns` once (with `key`, the
+    /// config key that names it in errors).
+    fn parse(key: &'static str, text: &str, columns: &mut Vec<(Ident, &'static str)>) -> Result<Self, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid { key, message };
+        if text.is_empty() {
+            return Err(invalid(
+                "is empty; write a template over outbox columns, e.g. \"${tenant}.${type}\", or remove the key".into(),
+            ));
+        }
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut rest = text;
+        while let Some(at) = rest.find('$') {
+            literal.push_str(&rest[..at]);
+            rest = &rest[at..];
+            if let Some(after) = rest.strip_prefix("$$") {
+                literal.push('$');
+                rest = after;
+                continue;
+            }
+            let Some(body) = rest.strip_prefix("${") else {
+                return Err(invalid(format!(
+                    "{text:?} has a `$` that starts no `${{column}}`; write a literal `$` as `$$`"
+                )));
+            };
+            let Some(end) = body.find('}') else {
+                return Err(invalid(format!(
+                    "{text:?} has an unclosed `${{`; close it: `${{column}}`"
+                )));
+            };
+            let name = &body[..end];
+            let column = Ident::exact(key, name).map_err(|_| {
+                invalid(format!(
+                    "{text:?} refers to `${{{name}}}`, which names no column; write `${{column_name}}`"
+                ))
+            })?;
+            if !literal.is_empty() {
+                parts.push(TemplatePart::Text(std::mem::take(&mut literal)));
+            }
+            let idx = match columns.iter().position(|(c, _)| *c == column) {
+                Some(i) => i,
+                None => {
+                    columns.push((column, key));
+                    columns.len() - 1
+                }
+            };
+            parts.push(TemplatePart::Column(idx));
+            rest = &body[end + 1..];
+        }
+        literal.push_str(rest);
+        if !literal.is_empty() {
+            parts.push(TemplatePart::Text(literal));
+        }
+        Ok(ColumnTemplate { parts })
+    }
+
+    /// The template with each column's text put in (`value(i)` is [`TopicRoute::columns`]'s
+    /// `i`-th column of the event); `Err(i)`: column `i` is NULL, which gives no name.
+    pub(crate) fn render<'v>(&self, value: impl Fn(usize) -> Option<&'v [u8]>) -> Result<Vec<u8>, usize> {
+        let mut out = Vec::with_capacity(64);
+        for part in &self.parts {
+            match part {
+                TemplatePart::Text(t) => out.extend_from_slice(t.as_bytes()),
+                TemplatePart::Column(i) => out.extend_from_slice(value(*i).ok_or(*i)?),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -349,6 +470,13 @@ pub struct TopicRoute {
     /// decoding the row (6.7 % of the relay's instructions draining into NATS with such a rule;
     /// docs/benchmarks.md). The default rule is `["", ""]`: every value is its own topic.
     template: Option<Vec<String>>,
+    /// `route.topic`: the destination from the event's columns; the regex rule is then unused.
+    pub(crate) topic: Option<ColumnTemplate>,
+    /// `route.key`: the record key from the event's columns instead of `outbox.key_column`.
+    pub(crate) key: Option<ColumnTemplate>,
+    /// The columns the templates refer to, each once, with the config key naming it
+    /// (`OutboxMapping::routing_columns` is this list).
+    pub(crate) columns: Vec<(Ident, &'static str)>,
 }
 
 impl TopicRoute {
@@ -373,6 +501,9 @@ impl TopicRoute {
             anchored,
             replacement: replacement.to_owned(),
             template: default_regex.then(|| whole_value_template(replacement)).flatten(),
+            topic: None,
+            key: None,
+            columns: Vec::new(),
         })
     }
 
@@ -499,6 +630,46 @@ mod tests {
             .contains("not a valid regular expression"));
         assert!(TopicRoute::new("(?<a>.*)", "${b}").unwrap_err().contains("\"b\""));
         assert!(TopicRoute::new("(?<a>.*)", "$$literal-${a}").is_ok());
+    }
+
+    type Columns = Vec<(Ident, &'static str)>;
+
+    fn template(text: &str) -> Result<(ColumnTemplate, Columns), ConfigError> {
+        let mut columns = Vec::new();
+        ColumnTemplate::parse("route.topic", text, &mut columns).map(|t| (t, columns))
+    }
+
+    #[test]
+    fn templates_name_columns_once_and_render_their_text() {
+        let (t, cols) = template("${tenant}.${type}.$$${tenant}").unwrap();
+        let names: Vec<&str> = cols.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!(names, ["tenant", "type"], "each column read once");
+        let values: [&[u8]; 2] = [b"acme", b"order.placed"];
+        assert_eq!(t.render(|i| Some(values[i])).unwrap(), b"acme.order.placed.$acme");
+        assert_eq!(
+            t.render(|i| (i == 0).then_some(values[0])),
+            Err(1),
+            "a NULL column gives no name"
+        );
+        // Case is kept: the column is named as the catalog stores it.
+        let (_, cols) = template("x-${TenantId}").unwrap();
+        assert_eq!(cols[0].0.as_str(), "TenantId");
+        let (t, cols) = template("static").unwrap();
+        assert!(cols.is_empty());
+        assert_eq!(t.render(|_| None).unwrap(), b"static");
+    }
+
+    #[test]
+    fn malformed_templates_say_how_to_write_them() {
+        for (text, hint) in [
+            ("", "is empty"),
+            ("${tenant", "unclosed"),
+            ("a$b", "`$$`"),
+            ("${}", "names no column"),
+        ] {
+            let err = template(text).unwrap_err().to_string();
+            assert!(err.contains("route.topic") && err.contains(hint), "{text:?}: {err}");
+        }
     }
 
     proptest! {

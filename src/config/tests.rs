@@ -458,3 +458,37 @@ fn kafka_transactions_need_exactly_once_a_transactional_id_and_kafka() {
         .to_string();
     assert!(err.contains("relay.checkpoint_topic"), "{err}");
 }
+
+#[test]
+fn route_templates_read_their_columns_and_exclude_the_regex_rule() {
+    let s =
+        super::test_support::settings("[route]\ntopic = \"${tenant}.${type}\"\nkey = \"${tenant}/${aggregate_id}\"\n");
+    let routing_columns: Vec<(&str, &str)> = s.outbox.routing_columns.iter().map(|(c, k)| (c.as_str(), *k)).collect();
+    assert_eq!(
+        routing_columns,
+        [
+            ("tenant", "route.topic"),
+            ("type", "route.topic"),
+            ("aggregate_id", "route.key")
+        ]
+    );
+    // Every routing_columns column is a mapped column preflight checks against the table.
+    let keys: Vec<&str> = s.outbox.columns().iter().map(|(k, _)| *k).collect();
+    assert!(keys.ends_with(&["route.topic", "route.topic", "route.key"]), "{keys:?}");
+
+    let err = super::test_support::load(
+        "[route]\ntopic = \"${tenant}\"\ntopic_regex = \"(?<routedByValue>[^.]+)\\\\..*\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("route.topic") && err.contains("topic_regex"), "{err}");
+    let err = super::test_support::load("[route]\nkey = \"${tenant}\"\n[debezium]\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("route.key") && err.contains("[debezium]"), "{err}");
+    // Without templates the Debezium rule is what it was.
+    let s = super::test_support::settings("[route]\ntopic_replacement = \"outbox.event.${routedByValue}\"\n");
+    assert!(s.outbox.routing_columns.is_empty() && s.router.topic.is_none());
+    assert_eq!(s.router.route("Order"), "outbox.event.Order");
+}

@@ -44,6 +44,8 @@ pub(crate) mod failover;
 pub(crate) mod import_debezium;
 pub(crate) mod preflight;
 mod publication;
+pub(crate) mod replay;
+mod row_filter;
 pub(crate) mod setup;
 pub(crate) mod status;
 pub(crate) mod status_health;

@@ -141,11 +141,14 @@ pub(crate) fn refuse_as_run(settings: &Settings) -> Result<(), ControlError> {
 /// Checks the server and the outbox table, then creates what is missing. Safe to repeat.
 pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
     refuse_as_run(settings)?;
-    let client = connect(settings).await?;
+    let mut client = connect(settings).await?;
     let preflight = super::preflight(&client, settings).await?;
     let retention = crate::retention::check(&client, settings).await?;
     let mut notices = Vec::new();
     let publication = ensure_publication(&client, &preflight, &mut notices).await?;
+    // Before the slot: a new slot decodes with the filter from its first change on.
+    let server = super::catalog::server_info(&client).await?;
+    super::row_filter::sync(&mut client, &server, settings, &mut notices).await?;
     let slot = ensure_slot(&client, &preflight).await?;
     if matches!(slot, SlotOutcome::Created { .. }) {
         // Rows committed before the new slot were not streamed by it: retention must not take

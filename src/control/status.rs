@@ -88,6 +88,10 @@
 //!     "reachable": true,
 //!     "detail": "reachable: 3 broker(s), 12 topic(s)"   // or why it could not be reached
 //!   },
+//!   "filter": {                        // [filter] and the publication's row filter (15+)
+//!     "summary": "filter: include [\"order.*\"]; publication row filter: \"public\".\"events_outbox\": WHERE …",
+//!     "in_sync": true                  // false: config and publication differ (a health warning)
+//!   },
 //!   "relay": {                         // the relay on this host, asked at http.listen (GET /readyz);
 //!                                      // null when http.listen is not set
 //!     "address": "127.0.0.1:9187",
@@ -144,6 +148,19 @@ pub struct StatusReport {
     /// The relay on this host, as its own `/readyz` says (`None`: `http.listen` not set).
     pub relay: Option<LocalRelay>,
     pub sink: SinkStatus,
+    /// `[filter]` and the publication's row filter.
+    #[serde(default)]
+    pub filter: FilterStatus,
+}
+
+/// `[filter]` as configured and as the publication applies it (PostgreSQL 15+ row filters).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterStatus {
+    /// One line: the configured filter and the row filter in force per outbox table.
+    pub summary: String,
+    /// Whether the publication filters as the configuration says (always on 14: nothing to
+    /// differ, the relay applies the filter).
+    pub in_sync: bool,
 }
 
 /// The broker events go to, looked at directly (`crate::sink::probe`).
@@ -403,6 +420,12 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         },
     };
 
+    let filter_state = super::row_filter::read(&client, &server, settings).await?;
+    let (summary, filter_warning) = super::row_filter::verdict(&filter_state, &server, settings);
+    let filter = FilterStatus {
+        summary,
+        in_sync: filter_warning.is_none(),
+    };
     let lag = match slot.active_pid {
         Some(pid) => status_health::walsender_lag(&client, pid).await?,
         None => WalsenderLag::default(),
@@ -418,6 +441,7 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         wal_level_logical: server.wal_level == "logical",
         publication_ok: publication.exists && publication.includes_outbox_table,
         lag,
+        filter_warning,
     };
     let health = status_health::assess(
         &facts,
@@ -465,6 +489,7 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
         outbox_tables,
         slot,
         publication,
+        filter,
     })
 }
 
@@ -643,6 +668,9 @@ impl StatusReport {
         }
         writeln!(f, "{}", self.slot)?;
         writeln!(f, "{}", self.publication)?;
+        if !self.filter.summary.is_empty() {
+            writeln!(f, "{}", self.filter.summary)?;
+        }
         writeln!(f, "{}", self.failover)?;
         let reach = if self.sink.reachable { "" } else { "NOT reachable: " };
         writeln!(f, "sink ({}): {reach}{}", self.sink.kind, self.sink.detail)?;
@@ -840,6 +868,7 @@ mod tests {
                 reachable: true,
                 detail: "reachable: 1 broker(s), 2 topic(s)".into(),
             },
+            filter: FilterStatus::default(),
             relay: Some(LocalRelay {
                 address: "127.0.0.1:9187".into(),
                 reachable: true,

@@ -123,6 +123,8 @@ pub(crate) struct Facts {
     pub(crate) wal_level_logical: bool,
     pub(crate) publication_ok: bool,
     pub(crate) lag: WalsenderLag,
+    /// `[filter]` and the publication's row filter differ (`row_filter::verdict`'s sentence).
+    pub(crate) filter_warning: Option<String>,
 }
 
 /// Pure: the verdict and its reasons.
@@ -143,6 +145,9 @@ pub(crate) fn assess(facts: &Facts, thresholds: Thresholds) -> HealthStatus {
              `outbox-relay setup`"
                 .into(),
         );
+    }
+    if let Some(warning) = &facts.filter_warning {
+        add(Verdict::Warn, warning.clone());
     }
     if !facts.slot_exists {
         add(
@@ -315,7 +320,23 @@ mod tests {
                 flush_lag_seconds: Some(0.2),
                 last_reply_seconds: Some(0.5),
             },
+            filter_warning: None,
         }
+    }
+
+    #[test]
+    fn a_filter_mismatch_is_a_warning_with_its_sentence() {
+        let facts = Facts {
+            filter_warning: Some("the publication's row filter differs from [filter]".into()),
+            ..healthy()
+        };
+        let health = assess(&facts, Thresholds::new(Duration::from_secs(30), None));
+        assert_eq!(health.verdict, Verdict::Warn);
+        assert!(
+            health.reasons.iter().any(|r| r.contains("differs from [filter]")),
+            "{:?}",
+            health.reasons
+        );
     }
 
     fn thresholds() -> Thresholds {

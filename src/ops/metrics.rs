@@ -36,6 +36,7 @@
 //! | `outbox_relay_retention_errors_total{table,kind}` | counter | `[retention]`: failed runs (`kind`: transient, retried next interval; fatal, retention stopped for the table) |
 //! | `outbox_relay_retention_last_run_timestamp_seconds{table}` | gauge | `[retention]`: Unix time of the last successful run on this instance |
 //! | `outbox_relay_retention_paused{table}` | gauge | `[retention]` streaming: 1 while the slot is missing, invalidated or held by no relay (nothing is removed) |
+//! | `outbox_relay_events_filtered_total` | counter | events `[filter]` kept from the sink (their WAL position is confirmed like a published event's; rows a PostgreSQL 15+ publication's row filter drops are never decoded, so never counted) |
 //! | `outbox_relay_traceparent_invalid_total` | counter | events whose `outbox.trace_column` held a value that is no W3C `traceparent` (published untouched all the same) |
 //! | `outbox_relay_spans_exported_total` | counter | `[tracing]`: PRODUCER spans the OTLP collector accepted |
 //! | `outbox_relay_spans_dropped_total{reason}` | counter | `[tracing]`: spans lost (`reason`: queue_full, the export queue was full and the span was not waited for; export_failed, its batch failed to export) |
@@ -80,6 +81,7 @@ pub(crate) const RETENTION_ERRORS: &str = "outbox_relay_retention_errors_total";
 pub(crate) const RETENTION_LAST_RUN: &str = "outbox_relay_retention_last_run_timestamp_seconds";
 pub(crate) const RETENTION_PAUSED: &str = "outbox_relay_retention_paused";
 pub(crate) const TRACEPARENT_INVALID: &str = "outbox_relay_traceparent_invalid_total";
+pub(crate) const EVENTS_FILTERED: &str = "outbox_relay_events_filtered_total";
 pub(crate) const SPANS_EXPORTED: &str = "outbox_relay_spans_exported_total";
 pub(crate) const SPANS_DROPPED: &str = "outbox_relay_spans_dropped_total";
 pub(crate) const SPAN_EXPORT_ERRORS: &str = "outbox_relay_span_export_errors_total";
@@ -99,6 +101,11 @@ pub(crate) const COMMIT_TO_ACK_BUCKETS: &[f64] = &[
 /// event it sends whose `OutboxEvent::has_invalid_traceparent` is true).
 pub(crate) fn count_invalid_traceparent() {
     counter!(TRACEPARENT_INVALID).increment(1);
+}
+
+/// One event `[filter]` kept from the sink.
+pub(crate) fn count_filtered() {
+    counter!(EVENTS_FILTERED).increment(1);
 }
 
 /// Help texts, and the process-wide series registered up front so a scrape shows them (at 0)
@@ -210,6 +217,10 @@ pub(crate) fn describe() {
         TRACEPARENT_INVALID,
         "Events whose trace column held no valid W3C traceparent (published with the value untouched)."
     );
+    describe_counter!(
+        EVENTS_FILTERED,
+        "Events [filter] kept from the sink (their WAL position is confirmed like a published event's)."
+    );
     describe_counter!(SPANS_EXPORTED, "[tracing]: PRODUCER spans the OTLP collector accepted.");
     describe_counter!(
         SPANS_DROPPED,
@@ -221,6 +232,7 @@ pub(crate) fn describe() {
     );
     counter!(RECONNECTS).absolute(0);
     counter!(TRACEPARENT_INVALID).absolute(0);
+    counter!(EVENTS_FILTERED).absolute(0);
     gauge!(TAKEOVER_FENCE_SECONDS).set(0.0);
     gauge!(ACTIVE).set(0.0);
     gauge!(IN_FLIGHT_EVENTS).set(0.0);

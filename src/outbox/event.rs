@@ -27,7 +27,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::config::ident::TableName;
-use crate::config::outbox::OutboxMapping;
+use crate::config::outbox::{ColumnTemplate, OutboxMapping};
 use crate::config::Settings;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::cloudevents;
@@ -89,6 +89,9 @@ pub(crate) struct OutboxEvent<'a> {
     /// `[cloudevents]` extension columns' text, in `CloudEventsSettings::extensions` order
     /// (`None` = NULL: the attribute is left out).
     pub(crate) extensions: Vec<Option<Cow<'a, [u8]>>>,
+    /// `[route]` template and `[filter] where` columns' text, in `OutboxMapping::routing_columns` order (`None` = NULL);
+    /// empty for a logical message, whose templates read its own fields.
+    pub(crate) routing_columns: Vec<Option<Cow<'a, [u8]>>>,
 }
 
 impl<'a> OutboxEvent<'a> {
@@ -124,12 +127,17 @@ impl<'a> OutboxEvent<'a> {
         settings: &'r Settings,
         limits: &SinkLimits,
     ) -> Result<SinkRecord<'r>, BadEvent> {
-        let topic = routing::destination(&settings.router, limits, &self.route_value)?;
+        let topic = self.destination(settings, limits)?;
+        let key: Cow<'r, [u8]> = match &settings.router.key {
+            None => Cow::Borrowed(&self.key),
+            Some(template) => Cow::Owned(self.render(&settings.outbox, template)?),
+        };
         if let Some(ce) = &settings.cloudevents {
+            // `subject` stays the aggregate id (`key_column`); `route.key` is the broker's key.
             let rendered = cloudevents::render(self.cloud_event(), ce);
             return Ok(SinkRecord {
                 destination: topic,
-                key: Cow::Borrowed(&self.key),
+                key,
                 value: rendered.value,
                 event_id: &self.id,
                 timestamp_ms: self.timestamp_ms,
@@ -140,7 +148,7 @@ impl<'a> OutboxEvent<'a> {
         let Some(connect) = &self.connect else {
             return Ok(SinkRecord {
                 destination: topic,
-                key: Cow::Borrowed(&self.key),
+                key,
                 value: self.payload.as_deref().map(Cow::Borrowed),
                 event_id: &self.id,
                 timestamp_ms: self.timestamp_ms,
@@ -170,6 +178,67 @@ impl<'a> OutboxEvent<'a> {
             timestamp_ms: self.timestamp_ms,
             headers: Cow::Owned(headers),
             partition: rendered.partition,
+        })
+    }
+
+    /// The destination of this event: `[route] topic`'s template over its columns, or its
+    /// route-by value through the regex rule; then checked against the sink's name rule.
+    pub(crate) fn destination<'r>(
+        &'r self,
+        settings: &Settings,
+        limits: &SinkLimits,
+    ) -> Result<Cow<'r, str>, BadEvent> {
+        let Some(template) = &settings.router.topic else {
+            return routing::destination(&settings.router, limits, &self.route_value);
+        };
+        let name = String::from_utf8(self.render(&settings.outbox, template)?).map_err(|_| BadEvent::NotUtf8 {
+            column: "[route] topic".into(),
+            role: "destination",
+        })?;
+        (limits.check_name)(&name).map_err(BadEvent::Topic)?;
+        Ok(Cow::Owned(name))
+    }
+
+    /// `template` with this event's column values put in; a NULL column is a bad event naming it.
+    fn render(&self, mapping: &OutboxMapping, template: &ColumnTemplate) -> Result<Vec<u8>, BadEvent> {
+        template
+            .render(|i| self.template_value(mapping, i))
+            .map_err(|i| BadEvent::Null {
+                column: mapping
+                    .routing_columns
+                    .get(i)
+                    .map_or_else(String::new, |(c, _)| c.as_str().to_owned()),
+                role: mapping.routing_columns.get(i).map_or("route template", |(_, key)| key),
+            })
+    }
+
+    /// The `i`-th template column's text. A logical message has no columns: its route-by value,
+    /// key and id stand for the columns they are mapped from (anything else is NULL).
+    fn template_value(&self, mapping: &OutboxMapping, i: usize) -> Option<&[u8]> {
+        if self.table.is_some() {
+            return self.routing_columns.get(i)?.as_deref();
+        }
+        let (column, _) = mapping.routing_columns.get(i)?;
+        if *column == mapping.route_by {
+            Some(self.route_value.as_bytes())
+        } else if *column == mapping.key {
+            Some(&self.key)
+        } else if *column == mapping.id {
+            Some(&self.id)
+        } else {
+            None
+        }
+    }
+
+    /// Whether `[filter]` lets this event through (always, without the section). A
+    /// `where` column whose text is not UTF-8 matches no pattern.
+    pub(crate) fn passes(&self, settings: &Settings) -> bool {
+        let Some(filter) = &settings.filter else {
+            return true;
+        };
+        filter.admits_values(&self.route_value, |i| {
+            self.template_value(&settings.outbox, i)
+                .and_then(|v| std::str::from_utf8(v).ok())
         })
     }
 
@@ -224,6 +293,11 @@ impl<'a> OutboxEvent<'a> {
             tracestate: self.tracestate.map(|v| Cow::Owned(v.into_owned())),
             extensions: self
                 .extensions
+                .into_iter()
+                .map(|v| v.map(|v| Cow::Owned(v.into_owned())))
+                .collect(),
+            routing_columns: self
+                .routing_columns
                 .into_iter()
                 .map(|v| v.map(|v| Cow::Owned(v.into_owned())))
                 .collect(),
@@ -300,6 +374,10 @@ impl<'a> OutboxEvent<'a> {
         let extensions = (0..mapping.extensions.len())
             .map(|i| value(next + i).map(|v| Cow::Borrowed(v.as_bytes())))
             .collect();
+        next += mapping.extensions.len();
+        let routing_columns = (0..mapping.routing_columns.len())
+            .map(|i| value(next + i).map(|v| Cow::Borrowed(v.as_bytes())))
+            .collect();
         Ok(OutboxEvent {
             id: Cow::Borrowed(id.as_bytes()),
             key: Cow::Borrowed(key.as_bytes()),
@@ -315,6 +393,7 @@ impl<'a> OutboxEvent<'a> {
             traceparent,
             tracestate,
             extensions,
+            routing_columns,
         })
     }
 
@@ -792,6 +871,90 @@ mod tests {
             layout.extract(&table, &row).unwrap_err(),
             BadEvent::Null { .. }
         ));
+    }
+
+    #[test]
+    fn route_templates_give_one_destination_and_key_from_every_source() {
+        let s = settings("[route]\ntopic = \"${tenant}.${type}\"\nkey = \"${tenant}:${aggregate_id}\"\n");
+        // pgoutput's order: the tenant column first, unmapped otherwise.
+        let table = relation(&["tenant", "id", "aggregate_id", "type", "payload"]);
+        let layout =
+            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let row = tuple(&[Some("acme"), Some("1"), Some("agg"), Some("order.placed"), Some("{}")]);
+        let from_wal = layout.extract(&table, &row).unwrap();
+        // SQL reads select the mapped columns, then the routing_columns ones (tenant, type, aggregate_id).
+        let values = [
+            Some("1"),
+            Some("agg"),
+            Some("order.placed"),
+            Some("{}"),
+            Some("acme"),
+            Some("order.placed"),
+            Some("agg"),
+        ];
+        let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+        let record = from_wal.record(&s, &LIMITS).unwrap();
+        assert_eq!(record.destination, "acme.order.placed");
+        assert_eq!(&*record.key, b"acme:agg");
+        assert_eq!(record.event_id, b"1");
+        assert_eq!(record, polled.record(&s, &LIMITS).unwrap());
+        assert_eq!(record, from_wal.clone().into_owned().record(&s, &LIMITS).unwrap());
+
+        // A NULL template column is a bad event naming the column and the key.
+        let null_tenant = tuple(&[None, Some("1"), Some("agg"), Some("order.placed"), Some("{}")]);
+        let err = layout
+            .extract(&table, &null_tenant)
+            .unwrap()
+            .record(&s, &LIMITS)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            BadEvent::Null {
+                column: "tenant".into(),
+                role: "route.topic"
+            }
+        );
+        // An illegal routed name is one too, as under the regex rule.
+        let spaced = tuple(&[Some("a b"), Some("1"), Some("agg"), Some("t"), Some("{}")]);
+        assert!(matches!(
+            layout
+                .extract(&table, &spaced)
+                .unwrap()
+                .record(&s, &LIMITS)
+                .unwrap_err(),
+            BadEvent::Topic(_)
+        ));
+        // A template column missing from the Relation names the template's key.
+        let short = relation(&["id", "aggregate_id", "type", "payload"]);
+        let err = OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &short, &ByteaTypes::default(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"tenant\" (route.topic)"), "{err}");
+        let columns = vec![vec![
+            "id".to_owned(),
+            "aggregate_id".into(),
+            "type".into(),
+            "payload".into(),
+        ]];
+        let err = crate::outbox::layout::check_template_columns(&s.outbox, &columns)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("route.topic refers to column \"tenant\"") && err.contains("id, aggregate_id, type, payload"),
+            "{err}"
+        );
+
+        // A logical message's fields stand for the columns they are mapped from.
+        let by_type = settings("[outbox]\nmessage_prefix = \"outbox\"\n[route]\ntopic = \"events.${type}\"\nkey = \"${aggregate_id}-${id}\"\n");
+        let message = OutboxEvent::from_message(br#"{"type":"order","aggregate_id":"a","id":7,"payload":{}}"#).unwrap();
+        let record = message.record(&by_type, &LIMITS).unwrap();
+        assert_eq!(record.destination, "events.order");
+        assert_eq!(&*record.key, b"a-7");
+        let err = message.record(&s, &LIMITS).unwrap_err();
+        assert!(
+            matches!(err, BadEvent::Null { ref column, .. } if column == "tenant"),
+            "{err}"
+        );
     }
 
     proptest! {

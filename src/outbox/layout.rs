@@ -47,6 +47,8 @@ pub(crate) struct OutboxLayout {
     tracestate: Option<usize>,
     /// `[cloudevents]` extension columns, in `OutboxMapping::extensions` order.
     extensions: Vec<usize>,
+    /// `[route]` template columns, in `OutboxMapping::routing_columns` order.
+    routing_columns: Vec<usize>,
     /// `[debezium]`: the table's record format, shared by its events.
     connect: Option<Arc<ConnectLayout>>,
 }
@@ -83,8 +85,43 @@ pub enum LayoutError {
         table: String,
         present: String,
     },
+    #[error(
+        "{config_key} refers to column {column:?}, which table {table} does not have (its columns: {present}). \
+         Name one of them in {config_key}, or add the column, then restart"
+    )]
+    NotInTable {
+        column: String,
+        config_key: &'static str,
+        table: String,
+        present: String,
+    },
     #[error(transparent)]
     Debezium(#[from] ConnectLayoutError),
+}
+
+/// `[route]` templates' columns checked against each outbox table's columns (`columns[i]` those
+/// of `mapping.tables[i]`, read from the catalog) before streaming: a template naming no column stops the start with
+/// the column, the key and the table's columns, rather than at the first row. A table that is
+/// not there (no columns) is left to the publication's checks.
+pub(crate) fn check_template_columns(mapping: &OutboxMapping, columns: &[Vec<String>]) -> Result<(), LayoutError> {
+    for (table, present) in mapping.tables.iter().zip(columns) {
+        if present.is_empty() {
+            continue;
+        }
+        if let Some((column, key)) = mapping
+            .routing_columns
+            .iter()
+            .find(|(c, _)| !present.iter().any(|p| p == c.as_str()))
+        {
+            return Err(LayoutError::NotInTable {
+                column: column.as_str().to_owned(),
+                config_key: key,
+                table: table.to_string(),
+                present: present.join(", "),
+            });
+        }
+    }
+    Ok(())
 }
 
 impl OutboxLayout {
@@ -175,6 +212,11 @@ impl OutboxLayout {
                 .iter()
                 .map(|c| find(c, "cloudevents.extensions"))
                 .collect::<Result<_, _>>()?,
+            routing_columns: mapping
+                .routing_columns
+                .iter()
+                .map(|(c, key)| find(c, key))
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -251,6 +293,10 @@ impl OutboxLayout {
         for idx in &self.extensions {
             extensions.push(text(*idx, "header")?.map(Cow::Borrowed));
         }
+        let mut routing_columns = Vec::with_capacity(self.routing_columns.len());
+        for idx in &self.routing_columns {
+            routing_columns.push(text(*idx, "header")?.map(Cow::Borrowed));
+        }
         Ok(OutboxEvent {
             id: Cow::Borrowed(id),
             key: Cow::Borrowed(key),
@@ -266,6 +312,7 @@ impl OutboxLayout {
             traceparent,
             tracestate,
             extensions,
+            routing_columns,
         })
     }
 

@@ -89,6 +89,9 @@ impl<'a> OutboxEvent<'a> {
             traceparent: None,
             tracestate: None,
             extensions: Vec::new(),
+            // `[route]` templates read a message's route-by value, key and id by their column
+            // names (`OutboxEvent::template_value`).
+            routing_columns: Vec::new(),
         })
     }
 }

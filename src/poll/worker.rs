@@ -282,7 +282,7 @@ fn start_span<'e>(
     claimed_us: i64,
 ) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
     let tracer = tracer?;
-    let destination = crate::outbox::routing::destination(&settings.router, limits, &event.route_value).ok()?;
+    let destination = event.destination(settings, limits).ok()?;
     let valid = event
         .traceparent
         .as_deref()
@@ -317,6 +317,7 @@ async fn publish_and_await(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<Vec<String>>, PollError> {
     let mut ids = Vec::with_capacity(rows.len());
+    let mut sent_count = 0;
     let limits: SinkLimits = crate::sink::limits(settings);
     let claimed_us = now_unix_us();
     for row in rows {
@@ -327,6 +328,12 @@ async fn publish_and_await(
             cause,
         };
         let event = OutboxEvent::from_columns(&settings.outbox, &sql.table, &values, &sql.rows).map_err(bad)?;
+        // `[filter]`: marked dispatched with the batch, never sent.
+        if !event.passes(settings) {
+            crate::ops::metrics::count_filtered();
+            ids.push(id.to_owned());
+            continue;
+        }
         let (span, traced) = start_span(settings, &limits, out.tracer, &event, claimed_us).unzip();
         let sent = traced.as_ref().unwrap_or(&event);
         let record = sent.record(settings, &limits).map_err(bad)?;
@@ -358,8 +365,9 @@ async fn publish_and_await(
             });
         }
         ids.push(id.to_owned());
+        sent_count += 1;
     }
-    let all_acked = await_batch(deliveries, (batch, out.tracer), ids.len(), shutdown, settings).await?;
+    let all_acked = await_batch(deliveries, (batch, out.tracer), sent_count, shutdown, settings).await?;
     Ok(all_acked.then_some(ids))
 }
 

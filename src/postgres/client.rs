@@ -149,6 +149,24 @@ pub(crate) async fn not_null_columns(
     Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
 }
 
+/// Every column of `schema.table`, in the table's order. Empty when the table does not exist:
+/// preflight reports that.
+pub(crate) async fn table_columns(
+    client: &Client,
+    schema: &str,
+    table: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
+               JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&schema, &table],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,7 +40,12 @@ pub(crate) enum Decoded {
     /// The server's keepalive: everything before `wal_end` was sent.
     Keepalive { wal_end: Lsn, reply_requested: bool },
     /// A transaction begins; it commits at `commit_lsn`.
-    Begin { commit_lsn: Lsn },
+    Begin {
+        commit_lsn: Lsn,
+        /// The transaction id and commit time, for `[transactions]` metadata.
+        xid: u32,
+        commit_time_unix_us: i64,
+    },
     /// The open transaction committed (checked against its Begin); the server continues at `end_lsn`.
     Commit { end_lsn: Lsn },
     /// An outbox event of the open transaction, at its position there.
@@ -154,6 +159,8 @@ impl Decoder {
                 });
                 Decoded::Begin {
                     commit_lsn: b.final_lsn,
+                    xid: b.xid,
+                    commit_time_unix_us: b.commit_time.to_unix_micros(),
                 }
             }
             LogicalMessage::Commit(c) => {
@@ -390,7 +397,10 @@ mod tests {
         let row = [Some("1"), Some("a"), Some("Created"), Some("{}"), None, None];
         assert!(matches!(
             decode(&begin(0x500)),
-            Decoded::Begin { commit_lsn: Lsn(0x500) }
+            Decoded::Begin {
+                commit_lsn: Lsn(0x500),
+                ..
+            }
         ));
         assert!(matches!(
             decode(&relation(7, "public", "events_outbox", &columns)),

@@ -42,6 +42,7 @@ mod standby;
 mod takeover;
 #[cfg(test)]
 mod test_frames;
+mod transaction_meta;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

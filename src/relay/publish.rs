@@ -32,6 +32,8 @@ use crate::postgres::lsn::Lsn;
 use crate::relay::error::RelayError;
 use crate::relay::quarantine::{EventRef, Held, TxnEvent};
 use crate::relay::resume::{Guarantee, Verdict};
+use crate::relay::transaction_meta::{Marker, OpenTxn};
+use crate::relay::watermark::TxnTicket;
 use crate::sink::{SinkFailure, SinkRecord};
 use std::borrow::Cow;
 
@@ -85,6 +87,12 @@ impl StreamState<'_> {
         raw: impl FnOnce() -> RawEvent,
     ) -> Result<Published, RelayError> {
         let settings = self.settings;
+        // `[filter]`: not sent, and not in flight, so its transaction confirms as if it were
+        // published (nothing pins WAL behind a filtered event).
+        if !event.passes(settings) {
+            crate::ops::metrics::count_filtered();
+            return Ok(Published::Done);
+        }
         let original = event;
         // `[tracing]`: the span exists before the record, whose traceparent names it.
         let (span, traced) = self.start_span(txn, event).unzip();
@@ -131,6 +139,7 @@ impl StreamState<'_> {
             self.release_held()?;
             return Ok(Published::Done);
         }
+        let record = self.with_transaction_meta(txn, event, record)?;
         match self.send(txn, &record, false, span.map(|s| with_partition(s, record.partition)))? {
             None => Ok(Published::Done),
             Some(failure) if failure.is_refusal() => self.bad_event(
@@ -155,8 +164,7 @@ impl StreamState<'_> {
     /// destination is bad (the record's routing reports it).
     fn start_span<'e>(&self, txn: &TxnEvent, event: &OutboxEvent<'e>) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
         let tracer = self.tracer.as_ref()?;
-        let destination =
-            crate::outbox::routing::destination(&self.settings.router, &self.limits, &event.route_value).ok()?;
+        let destination = event.destination(self.settings, &self.limits).ok()?;
         let valid = event
             .traceparent
             .as_deref()
@@ -180,6 +188,74 @@ impl StreamState<'_> {
 
     /// Hands a record to the sink; `Some(failure)` when it refused it (nothing was counted then;
     /// `span` ended with the refusal).
+    /// `[transactions]`: the BEGIN marker before a transaction's first sent event, and the
+    /// event's transaction headers (`transaction_meta.rs`).
+    fn with_transaction_meta<'r>(
+        &mut self,
+        txn: &TxnEvent,
+        event: &OutboxEvent<'_>,
+        mut record: SinkRecord<'r>,
+    ) -> Result<SinkRecord<'r>, RelayError> {
+        let Some(meta) = &self.settings.transactions else {
+            return Ok(record);
+        };
+        let Some((index, first)) = self.txn_meta.next_event(event.table.as_deref()) else {
+            return Ok(record);
+        };
+        if first && meta.topic.is_some() {
+            if let Some(open) = self.txn_meta.open().cloned() {
+                self.send_marker(txn.ticket, &open, Marker::Begin)?;
+            }
+        }
+        if meta.headers {
+            if let Some(open) = self.txn_meta.open() {
+                let mut headers = record.headers.into_owned();
+                headers.extend(open.headers(index));
+                record.headers = Cow::Owned(headers);
+            }
+        }
+        Ok(record)
+    }
+
+    /// Sends a BEGIN or END marker of `open` as a record of its transaction (`ticket`): counted
+    /// in the watermark like an event, so the transaction confirms only once it is acknowledged.
+    pub(super) fn send_marker(&mut self, ticket: TxnTicket, open: &OpenTxn, marker: Marker) -> Result<(), RelayError> {
+        let Some(topic) = self.settings.transactions.as_ref().and_then(|m| m.topic.as_deref()) else {
+            return Ok(());
+        };
+        let id = open.id();
+        let commit_lsn = open.commit_lsn();
+        (self.limits.check_name)(topic).map_err(|m| RelayError::BadEvent {
+            id: format!("{marker:?} marker of transaction {id} (transactions.topic)"),
+            commit_lsn,
+            cause: BadEvent::Topic(m),
+        })?;
+        let (key, value) = open.marker(marker);
+        let record = SinkRecord {
+            destination: Cow::Borrowed(topic),
+            key: Cow::Owned(key),
+            value: Some(Cow::Owned(value)),
+            event_id: id.as_bytes(),
+            timestamp_ms: Some(open.commit_ms()),
+            headers: Cow::Owned(Vec::new()),
+            partition: None,
+        };
+        // Outside the events' positions (`seq`), so a refusal never names an event.
+        let seq = match marker {
+            Marker::Begin => u32::MAX - 1,
+            Marker::End => u32::MAX,
+        };
+        let txn = TxnEvent {
+            ticket,
+            commit_time_unix_us: open.commit_ms().saturating_mul(1000),
+            event: EventRef { commit_lsn, seq },
+        };
+        match self.send(&txn, &record, false, None)? {
+            None => Ok(()),
+            Some(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
+        }
+    }
+
     fn send(
         &mut self,
         txn: &TxnEvent,

@@ -750,6 +750,8 @@ mod tests {
         let mut g = Guarantee::ExactlyOnce(Box::new(r));
         let begin = Decoded::Begin {
             commit_lsn: Lsn(0x2000),
+            xid: 7,
+            commit_time_unix_us: 0,
         };
         g.observe(&begin).expect("heard just now");
         let Guarantee::ExactlyOnce(r) = &mut g else {

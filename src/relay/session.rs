@@ -79,6 +79,13 @@ pub(crate) async fn run_session(
     // A payload column of bytea or of a domain over it is published as its bytes. Read once per
     // session: a domain created while the session streams is known from the next session on.
     let bytea = ByteaTypes::with_domains(pg_client::bytea_domain_oids(&control).await?);
+    if !settings.outbox.routing_columns.is_empty() {
+        let mut columns = Vec::with_capacity(settings.outbox.tables.len());
+        for table in &settings.outbox.tables {
+            columns.push(pg_client::table_columns(&control, table.schema.as_str(), table.name.as_str()).await?);
+        }
+        crate::outbox::layout::check_template_columns(&settings.outbox, &columns)?;
+    }
     let debezium = match &settings.debezium {
         None => None,
         Some(format) => {

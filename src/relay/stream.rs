@@ -157,6 +157,8 @@ pub(crate) struct StreamState<'s> {
     pub(super) blocked: Option<Pending>,
     /// `[tracing]`: set by the session when spans are exported.
     pub(super) tracer: Option<crate::ops::tracing_export::Tracer>,
+    /// `[transactions]`: the open transaction's metadata (`transaction_meta.rs`).
+    pub(super) txn_meta: super::transaction_meta::TxnMeta,
 }
 
 impl<'s> StreamState<'s> {
@@ -186,6 +188,7 @@ impl<'s> StreamState<'s> {
             guarantee,
             blocked: None,
             tracer: None,
+            txn_meta: super::transaction_meta::TxnMeta::default(),
         }
     }
 
@@ -361,9 +364,23 @@ impl<'s> StreamState<'s> {
                     FrameAction::Nothing
                 });
             }
-            Decoded::Begin { .. } => self.ticket = Some(self.watermark.begin()?),
+            Decoded::Begin {
+                commit_lsn,
+                xid,
+                commit_time_unix_us,
+            } => {
+                self.ticket = Some(self.watermark.begin()?);
+                if self.settings.transactions.is_some() {
+                    self.txn_meta.begin(xid, commit_lsn, commit_time_unix_us);
+                }
+            }
             Decoded::Commit { end_lsn } => {
                 let ticket = self.ticket.take().ok_or(StreamViolation::CommitWithoutBegin)?;
+                // `[transactions]`: the END marker is a record of the transaction, sent before
+                // the watermark learns it is complete.
+                if let Some(ended) = self.txn_meta.end() {
+                    self.send_marker(ticket, &ended, super::transaction_meta::Marker::End)?;
+                }
                 self.watermark.commit(ticket, end_lsn)?;
                 self.received = self.received.max(end_lsn);
                 self.counts.transactions += 1;

@@ -1062,6 +1062,7 @@ fn check_json(report: &StatusReport, password: &str) {
         keys(&v),
         [
             "failover",
+            "filter",
             "health",
             "outbox_table",
             "outbox_tables",

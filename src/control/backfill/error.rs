@@ -86,7 +86,7 @@ pub(crate) enum BackfillError {
 }
 
 impl BackfillError {
-    pub(super) fn query(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> BackfillError {
+    pub(crate) fn query(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> BackfillError {
         move |source| BackfillError::Query { context, source }
     }
 

@@ -35,7 +35,7 @@
 
 mod error;
 pub(crate) mod pending;
-mod publish;
+pub(crate) mod publish;
 
 use std::fmt;
 
@@ -47,7 +47,7 @@ pub(crate) use pending::Selection;
 use pending::{PendingOrder, PendingRows};
 use publish::BackfillPublisher;
 
-use super::preflight::CheckedTable;
+use super::preflight::{CheckedTable, MappedColumn};
 use super::setup::{ensure_publication, SetupReport, SlotOutcome};
 use super::{connect, describe, preflight, ControlError};
 use crate::config::ident::{Ident, TableName};
@@ -60,7 +60,7 @@ use crate::postgres::replication::connection::ReplicationConnection;
 pub(crate) const DISPATCHED_KEY: &str = "poll.dispatched_column";
 
 /// Id column types whose order is insertion order (sequences).
-const SEQUENTIAL_ID_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
+pub(crate) const SEQUENTIAL_ID_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
 
 /// `--since TIMESTAMP` with `[retention]` configured: rows older than `retention.keep` may
 /// already be gone, so a window reaching further back than `keep` would silently publish less
@@ -139,10 +139,7 @@ pub(crate) async fn setup_with_backfill(
     // Every table is checked before the slot exists: a refusal leaves nothing behind.
     let mut sources = Vec::with_capacity(before.tables.len());
     for table in &before.tables {
-        let id_is_sequential = table
-            .columns
-            .first()
-            .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str()));
+        let id_is_sequential = id_is_sequential(&table.columns);
         match selection {
             Selection::Undispatched(dispatched) => check_dispatched_column(&client, table, dispatched).await?,
             Selection::AfterId(_) if !id_is_sequential => {
@@ -160,11 +157,7 @@ pub(crate) async fn setup_with_backfill(
             }
             _ => {}
         }
-        sources.push(Source {
-            table: table.name.clone(),
-            id_is_sequential,
-            format: super::preflight::row_format(settings, &table.name, &table.columns)?,
-        });
+        sources.push(Source::of(settings, &table.name, &table.columns)?);
     }
     refuse_retention_shorter_than_window(&client, settings, &selection).await?;
     let mut notices = Vec::new();
@@ -216,11 +209,30 @@ pub(crate) async fn setup_with_backfill(
 }
 
 /// One outbox table to backfill: how its rows are ordered and become events.
-struct Source {
-    table: TableName,
+pub(crate) struct Source {
+    pub(crate) table: TableName,
     /// The id column is an integer (a sequence), so its order is insertion order.
-    id_is_sequential: bool,
-    format: RowFormat,
+    pub(crate) id_is_sequential: bool,
+    pub(crate) format: RowFormat,
+}
+
+impl Source {
+    /// How `table`'s rows are ordered and become events.
+    pub(crate) fn of(settings: &Settings, table: &TableName, columns: &[MappedColumn]) -> Result<Source, ControlError> {
+        Ok(Source {
+            table: table.clone(),
+            id_is_sequential: id_is_sequential(columns),
+            format: super::preflight::row_format(settings, table, columns)?,
+        })
+    }
+}
+
+/// The id column (the first mapped one) is an integer (a sequence), so its order is insertion
+/// order.
+pub(crate) fn id_is_sequential(columns: &[MappedColumn]) -> bool {
+    columns
+        .first()
+        .is_some_and(|c| SEQUENTIAL_ID_TYPES.contains(&c.type_name.as_str()))
 }
 
 async fn check_dispatched_column(

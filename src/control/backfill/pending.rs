@@ -58,16 +58,7 @@ impl PendingRows {
         let client = crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout)
             .await
             .map_err(ControlError::from)?;
-        client
-            .batch_execute(
-                // Output formats as on the replication connection; and no server-side timeout may
-                // end the transaction while it waits for Kafka between two FETCHes.
-                "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; \
-                 SET IntervalStyle = 'postgres'; SET bytea_output = 'hex'; SET statement_timeout = 0; \
-                 SET idle_in_transaction_session_timeout = 0",
-            )
-            .await
-            .map_err(BackfillError::query("setting the session's output formats"))?;
+        set_output_formats(&client).await?;
         // SET TRANSACTION SNAPSHOT must be the transaction's first statement.
         client
             .batch_execute(&format!(
@@ -98,12 +89,7 @@ impl PendingRows {
             .simple_query(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
             .await
             .map_err(BackfillError::query("reading pending outbox rows"))?;
-        let mut rows = Vec::with_capacity(FETCH_ROWS);
-        for message in messages {
-            if let SimpleQueryMessage::Row(row) = message {
-                rows.push((0..row.len()).map(|i| row.get(i).map(str::to_owned)).collect());
-            }
-        }
+        let rows = text_rows(messages);
         self.exhausted = rows.len() < FETCH_ROWS;
         Ok(rows)
     }
@@ -115,6 +101,31 @@ impl PendingRows {
             .await
             .map_err(BackfillError::query("ending the backfill's reading transaction"))
     }
+}
+
+/// Sets the session's output formats to the replication connection's, so text values are
+/// byte-for-byte what pgoutput sends; and no server-side timeout may end a transaction while it
+/// waits for the broker between two reads.
+pub(crate) async fn set_output_formats(client: &Client) -> Result<(), BackfillError> {
+    client
+        .batch_execute(
+            "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; \
+             SET IntervalStyle = 'postgres'; SET bytea_output = 'hex'; SET statement_timeout = 0; \
+             SET idle_in_transaction_session_timeout = 0",
+        )
+        .await
+        .map_err(BackfillError::query("setting the session's output formats"))
+}
+
+/// The mapped columns' text of every row a simple query returned.
+pub(crate) fn text_rows(messages: Vec<SimpleQueryMessage>) -> Vec<PendingRow> {
+    messages
+        .into_iter()
+        .filter_map(|message| match message {
+            SimpleQueryMessage::Row(row) => Some((0..row.len()).map(|i| row.get(i).map(str::to_owned)).collect()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Which rows a backfill publishes.
@@ -167,18 +178,39 @@ pub(crate) struct PendingOrder<'a> {
 /// insertion order within an aggregate: a sequence id gives that; otherwise (uuid ids) the
 /// mapped timestamp column (`created_at`) does, with the id only breaking ties.
 pub(crate) fn select_pending(settings: &Settings, table: &TableName, order: &PendingOrder<'_>) -> String {
+    select_rows(
+        settings,
+        table,
+        &order.selection.condition(settings),
+        order.id_is_sequential,
+    )
+}
+
+/// The columns rows are ordered by, in order: insertion order within an aggregate (see
+/// [`select_pending`]).
+pub(crate) fn order_columns(settings: &Settings, id_is_sequential: bool) -> Vec<&Ident> {
     let mapping = &settings.outbox;
-    let columns: Vec<String> = mapping.columns().iter().map(|(_, c)| c.quoted()).collect();
     let mut order_by = Vec::new();
-    if let (false, Some(ts)) = (order.id_is_sequential, &mapping.timestamp) {
-        order_by.push(ts.quoted());
+    if let (false, Some(ts)) = (id_is_sequential, &mapping.timestamp) {
+        order_by.push(ts);
     }
-    order_by.push(mapping.id.quoted());
+    order_by.push(&mapping.id);
+    order_by
+}
+
+/// `SELECT <mapped columns> FROM <table> WHERE <condition> ORDER BY <order_columns>`: the one
+/// query shape the backfill and `replay` read rows with.
+pub(crate) fn select_rows(settings: &Settings, table: &TableName, condition: &str, id_is_sequential: bool) -> String {
+    let columns: Vec<String> = settings.outbox.columns().iter().map(|(_, c)| c.quoted()).collect();
+    let order_by: Vec<String> = order_columns(settings, id_is_sequential)
+        .iter()
+        .map(|c| c.quoted())
+        .collect();
     format!(
         "SELECT {} FROM {} WHERE {} ORDER BY {}",
         columns.join(", "),
         table.quoted(),
-        order.selection.condition(settings),
+        condition,
         order_by.join(", ")
     )
 }

@@ -95,7 +95,7 @@ const NO_COUNTERPART: &[(Scope, &str, &str)] = &[
     (Scope::Connector, "poll.interval.ms", "backpressure: relay.max_in_flight and relay.max_in_flight_bytes; WAL reading pauses while Kafka owes acknowledgements"),
     (Scope::Connector, "tombstones.on.delete", "deletes are not events"),
     (Scope::Connector, "skipped.operations", "updates, deletes and truncates are always skipped"),
-    (Scope::Connector, "provide.transaction.metadata", "no transaction topic"),
+    (Scope::Connector, "provide.transaction.metadata", "not imported: set [transactions] topic = \"<topic.prefix>.transaction\" for BEGIN/END markers in Debezium's format, and headers = true for the per-event transaction id and order (docs/configuration.md)"),
     (Scope::Connector, "decimal.handling.mode", "values travel as PostgreSQL's own text rendering; nothing is converted"),
     (Scope::Connector, "time.precision.mode", "values travel as PostgreSQL's own text rendering; nothing is converted"),
     (Scope::Connector, "interval.handling.mode", "values travel as PostgreSQL's own text rendering; nothing is converted"),

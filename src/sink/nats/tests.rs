@@ -252,29 +252,39 @@ struct OwnServer {
 }
 
 impl OwnServer {
+    /// Started on a free port. Another test may take the same port between `free_port` and the
+    /// server's bind; then this server exits and the port answers for the other one, so a
+    /// server that is not running once its port answers is started again on another port.
     fn start(args: &[&str]) -> OwnServer {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let child = Command::new("nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-sd",
-                dir.path().to_str().unwrap(),
-            ])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server on PATH");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let port = free_port();
+            let mut child = Command::new("nats-server")
+                .args([
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-sd",
+                    dir.path().to_str().unwrap(),
+                ])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("nats-server on PATH");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            // A bind failure ends the process at once; give it that moment.
+            std::thread::sleep(Duration::from_millis(100));
+            if matches!(child.try_wait(), Ok(None)) {
+                return OwnServer { child, port, _dir: dir };
+            }
         }
-        OwnServer { child, port, _dir: dir }
+        panic!("nats-server kept losing its port to other tests");
     }
 }
 

@@ -131,6 +131,13 @@ impl RelayConfig {
         self
     }
 
+    /// `[route] topic = <topic prefix><template>` (the test's namespace first) instead of the
+    /// regex rule.
+    pub fn topic_template(self, template: &str) -> Self {
+        let topic = format!("{}{template}", self.topic_prefix);
+        self.set("route", "topic", topic)
+    }
+
     pub fn max_in_flight(mut self, n: i64) -> Self {
         self.max_in_flight = n;
         self
@@ -180,11 +187,18 @@ impl RelayConfig {
         let headers: Table = self.header_columns.iter().map(|(k, v)| (k.clone(), s(v))).collect();
         outbox.insert("header_columns".into(), Value::Table(headers));
         let mut route = Table::new();
-        route.insert("topic_regex".into(), s(&self.topic_regex));
-        route.insert(
-            "topic_replacement".into(),
-            s(&format!("{}{}", self.topic_prefix, self.topic_replacement)),
-        );
+        // A `[route] topic` template replaces the regex rule (the relay refuses both).
+        if !self
+            .extra
+            .iter()
+            .any(|(section, key, _)| section == "route" && key == "topic")
+        {
+            route.insert("topic_regex".into(), s(&self.topic_regex));
+            route.insert(
+                "topic_replacement".into(),
+                s(&format!("{}{}", self.topic_prefix, self.topic_replacement)),
+            );
+        }
         let kafka: Table = self.kafka.iter().map(|(k, v)| (k.clone(), s(v))).collect();
         let mut relay = Table::new();
         relay.insert("max_in_flight".into(), Value::Integer(self.max_in_flight));
