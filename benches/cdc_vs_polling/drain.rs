@@ -259,7 +259,10 @@ async fn drain(
     let mut eo_paths = Vec::new();
     for strategy in &eo_strategies {
         let mut paths = Vec::new();
-        for (slot, prefix) in [(strategy.slot, strategy.prefix), (strategy.crash_slot, strategy.crash_prefix)] {
+        for (slot, prefix) in [
+            (strategy.slot, strategy.prefix),
+            (strategy.crash_slot, strategy.crash_prefix),
+        ] {
             let c = RelayConf {
                 slot,
                 mode: strategy.mode,
@@ -670,8 +673,7 @@ async fn exactly_once_drain(
     // Read after the stop: the transactions' summary is written when the session ends. The
     // restart wrote the log afresh (`RelayChild::start`).
     let log = std::fs::read_to_string(job.configs[1].with_extension("log")).unwrap_or_default();
-    let (crash_published, crash_distinct) =
-        counted(ctx.broker.bootstrap(), &topic_crash, s.transactional(), job.rows)?;
+    let (crash_published, crash_distinct) = counted(ctx.broker.bootstrap(), &topic_crash, s.transactional(), job.rows)?;
     let read_back = "exactly-once: replay window checked against Kafka";
     Ok(ExactlyOnceDrain {
         seconds,
@@ -683,7 +685,11 @@ async fn exactly_once_drain(
         restart_read_back_ms: summary_field(&log, read_back, "read_back_ms"),
         restart_partitions_read_back: summary_field(&log, read_back, "partitions_read_back"),
         restart_skipped: if s.transactional() {
-            summary_field(&log, "sink transactions: session summary", "skipped_at_or_below_checkpoint")
+            summary_field(
+                &log,
+                "sink transactions: session summary",
+                "skipped_at_or_below_checkpoint",
+            )
         } else {
             summary_field(&log, read_back, "skipped_already_in_kafka")
         },
@@ -845,9 +851,11 @@ fn committed_records(bootstrap: &str, topic: &str, expected: u64) -> Result<(u64
         match consumer.poll(Duration::from_millis(500)) {
             Some(Ok(m)) => {
                 records += 1;
-                let id = m
-                    .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value.map(<[u8]>::to_vec)));
+                let id = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == "id")
+                        .and_then(|h| h.value.map(<[u8]>::to_vec))
+                });
                 ids.insert(id.unwrap_or_default());
             }
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
@@ -858,7 +866,10 @@ fn committed_records(bootstrap: &str, topic: &str, expected: u64) -> Result<(u64
         }
     }
     if (ids.len() as u64) < expected {
-        bail!("{topic} holds {} distinct events of {expected}: events were lost", ids.len());
+        bail!(
+            "{topic} holds {} distinct events of {expected}: events were lost",
+            ids.len()
+        );
     }
     Ok((records, ids.len() as u64))
 }

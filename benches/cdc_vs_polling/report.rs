@@ -397,7 +397,8 @@ fn drain_table(s: &mut String, d: &DrainOutcome) {
     }
     if let Some(t) = &d.transactions {
         let distinct = t.crash_distinct.unwrap_or(0);
-        let _ = writeln!(
+        let _ =
+            writeln!(
             s,
             "\nKafka transactions / at-least-once drain rate: **{:.2}** (CPU per event {:.2}×){}. SIGKILLed once half \
              the backlog was confirmed and restarted, the transactional relay skipped {} events at or below the \
