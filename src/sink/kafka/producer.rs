@@ -12,11 +12,19 @@
 //! A producer is never reused after a failure: the relay abandons it (purging its queue and
 //! waiting, bounded, for requests already on the wire) and builds a new one before replaying.
 //!
+//! Invariant: nothing handed over after a failed delivery, nor queued behind it, is sent
+//! ([`Flow`]). The first transient failure halts the producer: the delivery-report callback
+//! purges the local queue before it returns, and later records fail without being produced.
+//! Otherwise records of a partition queued behind one that expired while the broker was
+//! unreachable would go out once it answers again, ahead of the expired one's replay — which
+//! the exactly-once read-back then skips, leaving the aggregate's first deliveries out of order
+//! (docs/reliability.md, section 10).
+//!
 //! The tag is the caller's: the relay's carries its watermark ticket, the poller's its claimed
 //! batch, the backfill's only its size. This adapter never looks inside it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
@@ -57,11 +65,44 @@ pub(crate) fn is_record_rejection(error: &KafkaError) -> bool {
     )
 }
 
-pub(crate) struct DeliveryReports<Tag> {
+pub(crate) struct DeliveryReports<Tag: Send + Sync + 'static> {
     pub(super) tx: mpsc::UnboundedSender<Completion<Tag>>,
     log: ClientLog,
     /// Keys with a refused record the caller has not released ([`Sink::release`]).
     fence: KeyFence,
+    /// Whether records are still handed to librdkafka; held while one is.
+    flow: Mutex<Flow>,
+    /// The producer this context belongs to, for the halt's purge (set once it exists).
+    producer: OnceLock<Weak<BaseProducer<DeliveryReports<Tag>>>>,
+}
+
+/// Whether the producer still hands records to librdkafka. Once a delivery failed transiently,
+/// what librdkafka holds behind it must not reach the broker before its replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Open,
+    /// A delivery failed: the queue was purged, nothing is produced any more.
+    Halted,
+}
+
+impl<Tag: Send + Sync + 'static> DeliveryReports<Tag> {
+    fn flow(&self) -> std::sync::MutexGuard<'_, Flow> {
+        self.flow.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Purges the local queue, once, and refuses what is handed over from now on. Under the
+    /// lock [`Sink::send`] holds while it produces, so no record handed over before the halt is
+    /// enqueued after the purge. librdkafka serves the purged records' reports later, on this
+    /// thread; requests already on the wire are not recalled (docs/reliability.md).
+    fn halt(&self) {
+        let mut flow = self.flow();
+        if *flow == Flow::Open {
+            if let Some(producer) = self.producer.get().and_then(Weak::upgrade) {
+                producer.purge(PurgeConfig::default().queue());
+            }
+            *flow = Flow::Halted;
+        }
+    }
 }
 
 impl<Tag: Send + Sync + 'static> ClientContext for DeliveryReports<Tag> {
@@ -102,6 +143,9 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
                 self.log.note(&f.cause);
             }
         }
+        // Stops what is queued behind this record before librdkafka sends it (module docs).
+        // After the report is on its way: a record stopped by the halt is reported after it.
+        let halts = matches!(&outcome, Err(f) if f.kind == FailureKind::Transient);
         // The receiver is gone only while the relay abandons this producer; nothing to do then.
         match &outcome {
             // Later records of the key are not produced until the caller decided about this
@@ -115,6 +159,9 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
             _ => {
                 let _ = self.tx.send(Completion { tag, outcome });
             }
+        }
+        if halts {
+            self.halt();
         }
     }
 }
@@ -229,6 +276,8 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                     tx,
                     log: ClientLog::default(),
                     fence: KeyFence::default(),
+                    flow: Mutex::new(Flow::Open),
+                    producer: OnceLock::new(),
                 })
                 .map_err(|e| SinkError {
                     sink: "Kafka",
@@ -236,6 +285,8 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                     transient: false,
                 })?,
         );
+        // Nothing is produced before this is set: the halt always finds the producer.
+        let _ = producer.context().producer.set(Arc::downgrade(&producer));
         let stop = Arc::new(AtomicBool::new(false));
         let (polled, stopped) = (Arc::clone(&producer), Arc::clone(&stop));
         // Serves delivery reports (and librdkafka's logs and errors) as they arrive. Not joined
@@ -281,6 +332,16 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         tag: Box<Tag>,
     ) -> Result<(), Refusal<Tag>> {
         let context = self.producer.context();
+        // Held while the record is produced: the halt's purge cannot slip in between.
+        let flow = context.flow();
+        if *flow != Flow::Open {
+            let failure = failure_of(record, FailureKind::Transient, halted_cause());
+            let _ = context.tx.send(Completion {
+                tag,
+                outcome: Err(failure),
+            });
+            return Ok(());
+        }
         context.fence.admit(
             &record.key,
             tag,
@@ -312,6 +373,13 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
     fn verdict(&self) -> Option<SinkError> {
         self.producer.context().log.verdict()
     }
+}
+
+/// The cause a record handed over after a failed delivery fails with.
+fn halted_cause() -> String {
+    "not published: an earlier delivery of this producer failed, and nothing may reach Kafka ahead of its replay \
+     (the relay replays this one after it)"
+        .to_owned()
 }
 
 fn failure_of(record: &SinkRecord<'_>, kind: FailureKind, cause: String) -> SinkFailure {
@@ -465,6 +533,44 @@ mod tests {
         // fail as purged; both were seen.)
         let stored: Vec<u32> = outcomes.iter().filter(|(_, o)| o.is_ok()).map(|(t, _)| *t).collect();
         assert_eq!(stored.first(), Some(&2), "{outcomes:?}");
+        Box::new(sink).abandon(Duration::from_secs(1));
+    }
+
+    /// The Kafka exactly-once defect the nemesis found (docs/reliability.md, section 10): a
+    /// record that expired in librdkafka's queue while the broker was unreachable failed, and the
+    /// records queued behind it in its partition were still sent once the broker answered again
+    /// (the session's wind-down waited for them). The replay's read-back then found the later
+    /// positions, skipped them and sent the expired one after them: first deliveries out of
+    /// order. Now the first failed delivery halts the producer: what is queued is purged, nothing
+    /// handed over later is produced, and all of it is replayed in order.
+    #[test]
+    fn a_record_that_expired_in_the_queue_halts_what_was_queued_behind_it() {
+        let (cluster, sink, mut rx) = warmed_sink(&[
+            ("linger.ms", "0"),
+            ("message.timeout.ms", "2000"),
+            ("reconnect.backoff.ms", "10"),
+            ("reconnect.backoff.max.ms", "100"),
+        ]);
+        cluster.broker_down(1).expect("broker down");
+        send(&sink, b"k", 1);
+        // librdkafka looks for expired records once a second: record 2 expires at least one
+        // scan after record 1, so it is still queued when record 1's failure is reported.
+        std::thread::sleep(Duration::from_millis(1500));
+        send(&sink, b"k", 2);
+        let (tag, outcome) = next(&mut rx);
+        assert_eq!(tag, 1, "record 1 is reported first: {outcome:?}");
+        let expired = outcome.expect_err("record 1 expired while the broker was down");
+        assert_eq!(expired.kind, FailureKind::Transient, "{expired}");
+        // The broker answers again while record 2 is still queued.
+        cluster.broker_up(1).expect("broker up");
+        send(&sink, b"k", 3);
+        let mut rest: Vec<(u32, Result<(), SinkFailure>)> = (0..2).map(|_| next(&mut rx)).collect();
+        rest.sort_by_key(|(t, _)| *t);
+        let stored: Vec<u32> = rest.iter().filter(|(_, o)| o.is_ok()).map(|(t, _)| *t).collect();
+        assert!(
+            stored.is_empty(),
+            "records behind the expired one were stored ahead of its replay: {stored:?} ({rest:?})"
+        );
         Box::new(sink).abandon(Duration::from_secs(1));
     }
 
