@@ -236,12 +236,23 @@ async fn a_duplicate_msg_id_is_delivered_and_stored_once() {
     delete(&s).await;
 }
 
+/// A port free now and never handed out before in this process: the kernel may give the same
+/// port to two `bind(0)`s in a row once the first listener closed, and two servers of
+/// concurrent tests on one port make one test talk to the other's server.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// A `nats-server` of the test's own, killed when dropped.
@@ -252,8 +263,8 @@ struct OwnServer {
 }
 
 impl OwnServer {
-    /// Started on a free port. Another test may take the same port between `free_port` and the
-    /// server's bind; then this server exits and the port answers for the other one, so a
+    /// Started on a free port. Another process may still take the port between `free_port` and
+    /// the server's bind; then this server exits and the port answers for someone else, so a
     /// server that is not running once its port answers is started again on another port.
     fn start(args: &[&str]) -> OwnServer {
         for _ in 0..5 {
