@@ -263,39 +263,36 @@ struct OwnServer {
 }
 
 impl OwnServer {
-    /// Started on a free port. Another process may still take the port between `free_port` and
-    /// the server's bind; then this server exits and the port answers for someone else, so a
-    /// server that is not running once its port answers is started again on another port.
+    /// Started on a port it chose itself (`-p -1`), read from its log: a port picked by the test
+    /// and bound by the server later can be taken meanwhile by another test's listener (a proxy
+    /// in front of a running server, in another test process), and the test would then talk to
+    /// a server it cannot stop.
     fn start(args: &[&str]) -> OwnServer {
-        for _ in 0..5 {
-            let dir = tempfile::tempdir().unwrap();
-            let port = free_port();
-            let mut child = Command::new("nats-server")
-                .args([
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-sd",
-                    dir.path().to_str().unwrap(),
-                ])
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("nats-server on PATH");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            // A bind failure ends the process at once; give it that moment.
-            std::thread::sleep(Duration::from_millis(100));
-            if matches!(child.try_wait(), Ok(None)) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("nats.log");
+        let child = Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", "-1", "-sd", dir.path().to_str().unwrap()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("nats-server on PATH");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let port = text
+                .lines()
+                .find_map(|l| l.split("Listening for client connections on 127.0.0.1:").nth(1))
+                .and_then(|p| p.trim().parse::<u16>().ok());
+            if let Some(port) = port {
                 return OwnServer { child, port, _dir: dir };
             }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen within 10 s: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("nats-server kept losing its port to other tests");
     }
 }
 
