@@ -277,6 +277,12 @@ impl OwnServer {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("nats-server on PATH");
+        // Owned at once: a panic below kills and reaps it (`Drop`).
+        let mut server = OwnServer {
+            child,
+            port: 0,
+            _dir: dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -285,7 +291,8 @@ impl OwnServer {
                 .find_map(|l| l.split("Listening for client connections on 127.0.0.1:").nth(1))
                 .and_then(|p| p.trim().parse::<u16>().ok());
             if let Some(port) = port {
-                return OwnServer { child, port, _dir: dir };
+                server.port = port;
+                return server;
             }
             assert!(
                 Instant::now() < deadline,
