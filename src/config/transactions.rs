@@ -1,5 +1,5 @@
 //! `[transactions]`: transaction metadata with the events — per-event headers (transaction id,
-//! commit LSN, commit time, the event's position in its transaction) and BEGIN / END markers
+//! commit LSN, commit time, the event's position in its transaction and their count) and BEGIN / END markers
 //! to a topic in Debezium's transaction-metadata format (`provide.transaction.metadata`).
 //!
 //! ```toml

@@ -79,6 +79,26 @@ impl StreamState<'_> {
         }
     }
 
+    /// `[transactions]`: whether `source` is one of its transaction's events — it passes
+    /// `[filter]`, or cannot be read (a bad event keeps its place). Extracted only to apply a
+    /// filter.
+    pub(super) fn is_transaction_event(&self, source: &EventSource) -> bool {
+        if self.settings.filter.is_none() {
+            return true;
+        }
+        match source {
+            EventSource::Row { relation, row } => match relation.layout.as_ref() {
+                Some(layout) => layout
+                    .extract(&relation.relation, row)
+                    .map_or(true, |event| event.passes(self.settings)),
+                None => true,
+            },
+            EventSource::Message(message) => {
+                OutboxEvent::from_message(&message.content).map_or(true, |event| event.passes(self.settings))
+            }
+        }
+    }
+
     /// Routes and sends one event. `raw` renders the event for a dead letter (only when needed).
     fn publish(
         &mut self,
@@ -93,6 +113,9 @@ impl StreamState<'_> {
             crate::ops::metrics::count_filtered();
             return Ok(Published::Done);
         }
+        // `[transactions]`: numbered before anything can go wrong with it, so that a bad event
+        // keeps its place and a replay numbers as the first session did.
+        let txn_index = self.txn_meta.number(txn.event.seq, event.table.as_deref());
         let original = event;
         // `[tracing]`: the span exists before the record, whose traceparent names it.
         let (span, traced) = self.start_span(txn, event).unzip();
@@ -135,11 +158,12 @@ impl StreamState<'_> {
                 raw: raw(),
                 earlier: earlier.to_owned(),
                 sent: false,
+                txn_index,
             });
             self.release_held()?;
             return Ok(Published::Done);
         }
-        let record = self.with_transaction_meta(txn, event, record)?;
+        let record = self.with_transaction_meta(txn, txn_index, record)?;
         match self.send(txn, &record, false, span.map(|s| with_partition(s, record.partition)))? {
             None => Ok(Published::Done),
             Some(failure) if failure.is_refusal() => self.bad_event(
@@ -193,17 +217,17 @@ impl StreamState<'_> {
     fn with_transaction_meta<'r>(
         &mut self,
         txn: &TxnEvent,
-        event: &OutboxEvent<'_>,
+        txn_index: Option<u32>,
         mut record: SinkRecord<'r>,
     ) -> Result<SinkRecord<'r>, RelayError> {
         let Some(meta) = &self.settings.transactions else {
             return Ok(record);
         };
-        let Some((index, first)) = self.txn_meta.next_event(event.table.as_deref()) else {
+        let Some(index) = txn_index else {
             return Ok(record);
         };
-        if first && meta.topic.is_some() {
-            if let Some(open) = self.txn_meta.open().cloned() {
+        if meta.topic.is_some() {
+            if let Some(open) = self.txn_meta.begin_marker_due().cloned() {
                 self.send_marker(txn.ticket, &open, Marker::Begin)?;
             }
         }
@@ -454,6 +478,7 @@ impl StreamState<'_> {
                     .map(drop)
             }
         };
+        let record = self.with_transaction_meta(&held.txn, held.txn_index, record)?;
         let span = span.map(|s| with_partition(s, record.partition));
         let sent = self.send(&held.txn, &record, false, span)?;
         drop(record);
@@ -632,6 +657,168 @@ mod tests {
                 assert_eq!(sink.pending(), 0);
             },
         );
+    }
+
+    /// `[transactions] headers`: the frames of one transaction with an outbox row per type
+    /// (ids from 1), fed one by one; `between(state, sink, i)` runs after the `i`-th insert.
+    fn held_transaction(
+        extra_config: &str,
+        types: &[&str],
+        mut between: impl FnMut(&mut StreamState<'_>, &MemoryHandle<DeliveryTag>, &mut Completions<DeliveryTag>, usize),
+        after: impl FnOnce(&mut StreamState<'_>, &MemoryHandle<DeliveryTag>, &mut Completions<DeliveryTag>),
+    ) {
+        let settings = settings(extra_config);
+        let (sink, handle, mut completions) = memory();
+        let mut suspects = Suspects::default();
+        let mut state = StreamState::new(
+            &settings,
+            Decoder::default(),
+            Box::new(sink),
+            Guarantee::AtLeastOnce,
+            Lsn(0x10),
+            &mut suspects,
+        );
+        let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
+        state.on_frame(xlog(COMMITTED, &begin(0x500))).unwrap();
+        state
+            .on_frame(xlog(COMMITTED, &relation(OUTBOX, "public", "events_outbox", &columns)))
+            .unwrap();
+        for (i, t) in types.iter().enumerate() {
+            let id = (i + 1).to_string();
+            let row = [Some(id.as_str()), Some("agg"), Some(*t), Some("{}"), None, None];
+            state.on_frame(xlog(COMMITTED, &insert(OUTBOX, &row))).unwrap();
+            between(&mut state, &handle, &mut completions, i + 1);
+        }
+        state.on_frame(xlog(COMMITTED, &commit(0x500, 0x510))).unwrap();
+        after(&mut state, &handle, &mut completions);
+    }
+
+    fn txn_headers(stored: &crate::sink::memory::Stored) -> (String, String, Option<String>) {
+        let text = |name| stored.header(name).map(|v| String::from_utf8(v.to_vec()).unwrap());
+        (
+            text("id").unwrap(),
+            text("outbox-relay-txn-index").unwrap(),
+            text("outbox-relay-txn-count"),
+        )
+    }
+
+    #[test]
+    fn with_transaction_headers_a_transaction_is_held_until_its_commit_and_each_event_carries_its_count() {
+        let config = "[transactions]\nheaders = true\n[filter]\nexclude = [\"noise.*\"]\n";
+        held_transaction(
+            config,
+            &["order.placed", "noise.tick", "order.paid"],
+            |state, sink, _, _| {
+                assert!(sink.stored().is_empty(), "held until the Commit");
+                assert!(!state.is_full(), "reading goes on while a transaction is held");
+            },
+            |state, sink, completions| {
+                let stored = sink.stored();
+                // The filtered event neither counts nor takes an index.
+                let headers: Vec<_> = stored.iter().map(txn_headers).collect();
+                assert_eq!(
+                    headers,
+                    [
+                        ("1".into(), "1".into(), Some("2".into())),
+                        ("3".into(), "2".into(), Some("2".into())),
+                    ]
+                );
+                assert_eq!(state.confirmed(), Lsn(0x10), "nothing acknowledged yet");
+                sink.deliver(2);
+                apply_all(state, completions).unwrap();
+                assert_eq!(
+                    state.confirmed(),
+                    Lsn(0x510),
+                    "the transaction confirms once both are acknowledged"
+                );
+            },
+        );
+    }
+
+    #[test]
+    fn a_transaction_larger_than_the_in_flight_budget_goes_out_as_it_arrives_without_its_count() {
+        let config = "[relay]\nmax_in_flight = 2\n[transactions]\nheaders = true\n";
+        held_transaction(
+            config,
+            &["a", "b", "c"],
+            |state, sink, completions, i| {
+                match i {
+                    1 => assert!(sink.stored().is_empty(), "held while it fits"),
+                    // The second fills the budget: both go out, the rest as it arrives.
+                    2 => {
+                        assert_eq!(sink.stored().len(), 2);
+                        assert!(state.is_full(), "the budget is used up");
+                        sink.deliver(2);
+                        apply_all(state, completions).unwrap();
+                        assert!(!state.is_full());
+                    }
+                    _ => assert_eq!(sink.stored().len(), 3, "not held any more"),
+                }
+            },
+            |state, sink, completions| {
+                let headers: Vec<_> = sink.stored().iter().map(txn_headers).collect();
+                assert_eq!(
+                    headers,
+                    [
+                        ("1".into(), "1".into(), None),
+                        ("2".into(), "2".into(), None),
+                        ("3".into(), "3".into(), None),
+                    ]
+                );
+                sink.deliver(1);
+                apply_all(state, completions).unwrap();
+                assert_eq!(state.confirmed(), Lsn(0x510));
+            },
+        );
+    }
+
+    #[test]
+    fn a_released_transaction_waits_for_room_in_the_budget_before_its_commit_is_taken() {
+        let config = "[relay]\nmax_in_flight = 3\n[transactions]\nheaders = true\n";
+        let settings = settings(config);
+        let (sink, handle, mut completions) = memory();
+        let mut suspects = Suspects::default();
+        let mut state = StreamState::new(
+            &settings,
+            Decoder::default(),
+            Box::new(sink),
+            Guarantee::AtLeastOnce,
+            Lsn(0x10),
+            &mut suspects,
+        );
+        let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
+        let row = |id| [Some(id), Some("g"), Some("a"), Some("{}"), None, None];
+        state
+            .on_frame(xlog(COMMITTED, &relation(OUTBOX, "public", "events_outbox", &columns)))
+            .unwrap();
+        for (txn, ids) in [(0x500, ["1", "2"]), (0x600, ["3", "4"])] {
+            state.on_frame(xlog(COMMITTED, &begin(txn))).unwrap();
+            for id in ids {
+                state.on_frame(xlog(COMMITTED, &insert(OUTBOX, &row(id)))).unwrap();
+            }
+            state.on_frame(xlog(COMMITTED, &commit(txn, txn + 0x10))).unwrap();
+        }
+        // The first transaction's two and one of the second's fill the budget of three: the
+        // other and the second's Commit wait, and no frame is read meanwhile.
+        assert_eq!(handle.stored().len(), 3);
+        assert!(state.is_full());
+        handle.deliver(3);
+        apply_all(&mut state, &mut completions).unwrap();
+        assert_eq!(state.confirmed(), Lsn(0x510), "the second is not complete");
+        state.work_backlog().unwrap();
+        assert!(!state.is_full());
+        let stored = handle.stored();
+        assert_eq!(
+            stored.iter().map(txn_headers).collect::<Vec<_>>(),
+            [("1", "1"), ("2", "2"), ("3", "1"), ("4", "2")].map(|(id, index)| (
+                id.to_owned(),
+                index.to_owned(),
+                Some("2".to_owned())
+            ))
+        );
+        handle.deliver(1);
+        apply_all(&mut state, &mut completions).unwrap();
+        assert_eq!(state.confirmed(), Lsn(0x610));
     }
 
     const TRANSACTIONS: &str =

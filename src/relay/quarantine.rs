@@ -126,6 +126,8 @@ pub(crate) struct Held {
     /// The earlier refusal, for the log.
     pub(crate) earlier: String,
     pub(crate) sent: bool,
+    /// `[transactions]`: its index in its transaction (`transaction_meta.rs`), for its headers.
+    pub(crate) txn_index: Option<u32>,
 }
 
 #[cfg(test)]

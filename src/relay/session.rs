@@ -264,6 +264,9 @@ async fn stream(
         if *shutdown.borrow() {
             return Ok(SessionEnd::Shutdown);
         }
+        // Deferred work (a transaction held for its count) goes on as room frees, before any
+        // new frame is read.
+        state.work_backlog()?;
         let paused = state.is_full();
         if paused {
             // Not reading is deliberate: silence now says nothing about the server.

@@ -64,6 +64,29 @@ pub(super) struct Pending {
     pub(super) source: EventSource,
 }
 
+/// `[transactions] headers`: the open transaction's events, held from its Begin until its
+/// Commit so that each carries its transaction's count (`transaction_meta.rs`). The walsender
+/// sends a committed transaction in one go, so holding costs an event the transfer time of the
+/// rest of its transaction; the in-flight budget bounds it.
+pub(super) enum Collecting {
+    /// Events go out as they are decoded: headers off, between transactions, or a transaction
+    /// larger than the budget.
+    Off,
+    Holding {
+        events: Vec<Pending>,
+        /// Events that count ([`StreamState::is_transaction_event`]).
+        counted: u32,
+        bytes: usize,
+    },
+}
+
+/// Decoded work not done yet: a held transaction's events and its Commit, in stream order,
+/// handed on as the in-flight budget allows before another frame is read.
+pub(super) enum Deferred {
+    Event(Pending),
+    Commit { end_lsn: Lsn },
+}
+
 /// What the publish step did with an event.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Published {
@@ -159,6 +182,10 @@ pub(crate) struct StreamState<'s> {
     pub(super) tracer: Option<crate::ops::tracing_export::Tracer>,
     /// `[transactions]`: the open transaction's metadata (`transaction_meta.rs`).
     pub(super) txn_meta: super::transaction_meta::TxnMeta,
+    /// `[transactions] headers`: the open transaction's events, held until its Commit.
+    pub(super) collecting: Collecting,
+    /// Decoded work waiting for room (a released transaction), done before the next frame.
+    pub(super) backlog: std::collections::VecDeque<Deferred>,
 }
 
 impl<'s> StreamState<'s> {
@@ -189,6 +216,8 @@ impl<'s> StreamState<'s> {
             blocked: None,
             tracer: None,
             txn_meta: super::transaction_meta::TxnMeta::default(),
+            collecting: Collecting::Off,
+            backlog: std::collections::VecDeque::new(),
         }
     }
 
@@ -204,6 +233,11 @@ impl<'s> StreamState<'s> {
     /// instead. Reading pauses while a seal is under way (the sink takes no records then), and
     /// at a source-transaction boundary once the open unit is full, so that it is sealed there.
     pub(crate) fn is_full(&self) -> bool {
+        self.sending_paused() || !self.backlog.is_empty()
+    }
+
+    /// Nothing more may be handed to the sink for now (see [`is_full`](Self::is_full)).
+    fn sending_paused(&self) -> bool {
         self.budget_full()
             || (self.watermark.committed_unconfirmed_events() >= self.settings.relay.max_in_flight
                 && !matches!(self.guarantee, Guarantee::Sealed(_)))
@@ -370,20 +404,30 @@ impl<'s> StreamState<'s> {
                 commit_time_unix_us,
             } => {
                 self.ticket = Some(self.watermark.begin()?);
-                if self.settings.transactions.is_some() {
+                if let Some(meta) = &self.settings.transactions {
                     self.txn_meta.begin(xid, commit_lsn, commit_time_unix_us);
+                    if meta.headers {
+                        self.collecting = Collecting::Holding {
+                            events: Vec::new(),
+                            counted: 0,
+                            bytes: 0,
+                        };
+                    }
                 }
             }
             Decoded::Commit { end_lsn } => {
-                let ticket = self.ticket.take().ok_or(StreamViolation::CommitWithoutBegin)?;
-                // `[transactions]`: the END marker is a record of the transaction, sent before
-                // the watermark learns it is complete.
-                if let Some(ended) = self.txn_meta.end() {
-                    self.send_marker(ticket, &ended, super::transaction_meta::Marker::End)?;
+                if self.ticket.is_none() {
+                    return Err(StreamViolation::CommitWithoutBegin.into());
                 }
-                self.watermark.commit(ticket, end_lsn)?;
-                self.received = self.received.max(end_lsn);
-                self.counts.transactions += 1;
+                if let Collecting::Holding { events, counted, .. } =
+                    std::mem::replace(&mut self.collecting, Collecting::Off)
+                {
+                    self.txn_meta.set_count(counted);
+                    self.backlog.extend(events.into_iter().map(Deferred::Event));
+                    self.backlog.push_back(Deferred::Commit { end_lsn });
+                    return self.work_backlog();
+                }
+                self.commit(end_lsn)?;
             }
             Decoded::Event { at, source } => {
                 let ticket = self.ticket.ok_or(StreamViolation::EventOutsideTransaction)?;
@@ -392,12 +436,78 @@ impl<'s> StreamState<'s> {
                     commit_time_unix_us: at.commit_time.to_unix_micros(),
                     event: at.event,
                 };
+                if let Collecting::Holding { .. } = self.collecting {
+                    return self.hold(Pending { txn, source });
+                }
                 if self.publish_event(&txn, &source)? == Published::Wait {
                     self.blocked = Some(Pending { txn, source });
                     return Ok(FrameAction::Blocked);
                 }
             }
             Decoded::Nothing => {}
+        }
+        Ok(FrameAction::Nothing)
+    }
+
+    /// The open transaction committed and its events were handed on: the watermark learns it.
+    fn commit(&mut self, end_lsn: Lsn) -> Result<(), RelayError> {
+        let ticket = self.ticket.take().ok_or(StreamViolation::CommitWithoutBegin)?;
+        // `[transactions]`: the END marker is a record of the transaction, sent before
+        // the watermark learns it is complete.
+        if let Some(ended) = self.txn_meta.end() {
+            self.send_marker(ticket, &ended, super::transaction_meta::Marker::End)?;
+        }
+        self.watermark.commit(ticket, end_lsn)?;
+        self.received = self.received.max(end_lsn);
+        self.counts.transactions += 1;
+        Ok(())
+    }
+
+    /// `[transactions] headers`: holds an event of the open transaction until its Commit. A
+    /// transaction that outgrows the in-flight budget is let go: what was held goes on as
+    /// usual, without the count, and so does the rest of it.
+    fn hold(&mut self, pending: Pending) -> Result<FrameAction, RelayError> {
+        let counts = self.is_transaction_event(&pending.source);
+        let size = held_bytes(&pending.source);
+        let relay = &self.settings.relay;
+        let Collecting::Holding { events, counted, bytes } = &mut self.collecting else {
+            // Not holding after all: it goes on as usual.
+            self.backlog.push_back(Deferred::Event(pending));
+            return self.work_backlog();
+        };
+        *counted += u32::from(counts);
+        *bytes += size;
+        events.push(pending);
+        if events.len() < relay.max_in_flight && *bytes < relay.max_in_flight_bytes {
+            return Ok(FrameAction::Nothing);
+        }
+        let (events, bytes) = (std::mem::take(events), *bytes);
+        self.collecting = Collecting::Off;
+        tracing::warn!(
+            commit_lsn = %self.txn_meta.open().map(|t| t.commit_lsn()).unwrap_or_default(),
+            held_events = events.len(),
+            held_bytes = bytes,
+            "a transaction larger than the in-flight budget (relay.max_in_flight, relay.max_in_flight_bytes): \
+             its events go out without the outbox-relay-txn-count header (its END marker still counts them)"
+        );
+        self.backlog.extend(events.into_iter().map(Deferred::Event));
+        self.work_backlog()
+    }
+
+    /// Hands on deferred work (a released transaction) while the sink has room; the event loop
+    /// calls it before reading, and reading waits until it is done ([`is_full`](Self::is_full)).
+    pub(crate) fn work_backlog(&mut self) -> Result<FrameAction, RelayError> {
+        while !self.backlog.is_empty() && !self.sending_paused() && !self.phase.is_draining() {
+            match self.backlog.pop_front() {
+                Some(Deferred::Event(pending)) => {
+                    if self.publish_event(&pending.txn, &pending.source)? == Published::Wait {
+                        self.blocked = Some(pending);
+                        return Ok(FrameAction::Blocked);
+                    }
+                }
+                Some(Deferred::Commit { end_lsn }) => self.commit(end_lsn)?,
+                None => break,
+            }
         }
         Ok(FrameAction::Nothing)
     }
@@ -442,5 +552,21 @@ impl<'s> StreamState<'s> {
             self.phase = Phase::Draining(self.phase.take_held());
         }
         let _ = self.on_delivery(delivery);
+    }
+}
+
+/// What a held event weighs against `relay.max_in_flight_bytes`: the bytes it was decoded from.
+fn held_bytes(source: &EventSource) -> usize {
+    use crate::postgres::pgoutput::ColumnValue;
+    match source {
+        EventSource::Row { row, .. } => row
+            .columns
+            .iter()
+            .map(|c| match c {
+                ColumnValue::Text(b) | ColumnValue::Binary(b) => b.len(),
+                ColumnValue::Null | ColumnValue::UnchangedToast => 0,
+            })
+            .sum(),
+        EventSource::Message(message) => message.content.len(),
     }
 }

@@ -7,12 +7,20 @@
 //! | `outbox-relay-txn-id` | `<xid>:<commit LSN as a decimal>`, Debezium's PostgreSQL transaction id form |
 //! | `outbox-relay-commit-lsn` | the commit record's LSN, `X/Y` |
 //! | `outbox-relay-commit-ts-ms` | the commit time, ms since the Unix epoch |
-//! | `outbox-relay-txn-index` | the event's position among its transaction's sent events, from 1 (Debezium's `total_order`) |
+//! | `outbox-relay-txn-index` | the event's position among its transaction's events, from 1 (Debezium's `total_order`) |
+//! | `outbox-relay-txn-count` | how many events its transaction has (absent for a transaction too large to hold, below) |
 //!
-//! The count of a transaction's events is known only at its Commit, after its events were
-//! sent (pgoutput announces none in Begin, and holding a whole transaction back to stamp it on
-//! each event would break the in-flight memory bound and add a transaction's decode time to
-//! every event's latency): it is the END marker's `event_count`, as in Debezium.
+//! A transaction's events are those that pass `[filter]`, in commit order; an event
+//! `relay.on_bad_event` skips or dead-letters keeps its place (the count says a consumer that
+//! saw fewer where to look), and a replay numbers every event as the first session did.
+//!
+//! pgoutput announces no count in Begin, so with headers on the stream holds a transaction's
+//! decoded events until its Commit (`stream.rs`, `Collecting`) and then sends them stamped.
+//! The walsender sends a committed transaction in one go, so this costs an event only the
+//! transfer time of the rest of its transaction. The hold is bounded by the in-flight budget
+//! (`relay.max_in_flight` events, `relay.max_in_flight_bytes`): a transaction larger than that
+//! is sent as it arrives, without the count header (a WARN says so; the END marker still has
+//! its `event_count`).
 //!
 //! Markers (`topic = "…"`): before a transaction's first sent event a BEGIN record, and at its
 //! Commit an END record, to that destination, in Debezium's transaction-metadata format (key
@@ -33,6 +41,7 @@ pub(crate) const HEADER_TXN_ID: &str = "outbox-relay-txn-id";
 pub(crate) const HEADER_COMMIT_LSN: &str = "outbox-relay-commit-lsn";
 pub(crate) const HEADER_COMMIT_TS_MS: &str = "outbox-relay-commit-ts-ms";
 pub(crate) const HEADER_TXN_INDEX: &str = "outbox-relay-txn-index";
+pub(crate) const HEADER_TXN_COUNT: &str = "outbox-relay-txn-count";
 
 /// Which marker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,8 +56,15 @@ pub(crate) struct OpenTxn {
     xid: u32,
     commit_lsn: Lsn,
     commit_time_us: i64,
-    /// Events sent so far.
-    sent: u32,
+    /// Events numbered so far.
+    events: u32,
+    /// The position (`EventRef::seq`) of the last event numbered: numbering it again (an event
+    /// published again after a read-back) gives it the same index.
+    last_seq: Option<u32>,
+    /// How many events the transaction has, once known (`Collecting`).
+    count: Option<u32>,
+    /// Whether the BEGIN marker went out (the END marker follows only then).
+    begun: bool,
     /// Per data collection (`schema.table`; `message` for logical messages), in first-seen order.
     collections: Vec<(String, u32)>,
 }
@@ -66,16 +82,31 @@ impl TxnMeta {
             xid,
             commit_lsn,
             commit_time_us,
-            sent: 0,
+            events: 0,
+            last_seq: None,
+            count: None,
+            begun: false,
             collections: Vec::new(),
         });
     }
 
-    /// One event of `table` (`None`: a logical message) is about to be sent: its index from 1,
-    /// and whether it is the transaction's first (the BEGIN marker goes before it).
-    pub(crate) fn next_event(&mut self, table: Option<&TableName>) -> Option<(u32, bool)> {
+    /// The open transaction has `count` events (known before the first is numbered).
+    pub(crate) fn set_count(&mut self, count: u32) {
+        if let Some(open) = self.open.as_mut() {
+            open.count = Some(count);
+        }
+    }
+
+    /// The event at `seq` (its position among the transaction's decoded events) of `table`
+    /// (`None`: a logical message) passed the filter: its index from 1. Numbering the same
+    /// event again returns the same index.
+    pub(crate) fn number(&mut self, seq: u32, table: Option<&TableName>) -> Option<u32> {
         let open = self.open.as_mut()?;
-        open.sent += 1;
+        if open.last_seq == Some(seq) {
+            return Some(open.events);
+        }
+        open.last_seq = Some(seq);
+        open.events += 1;
         let collection = table.map_or_else(
             || "message".to_owned(),
             |t| format!("{}.{}", t.schema.as_str(), t.name.as_str()),
@@ -84,7 +115,17 @@ impl TxnMeta {
             Some((_, n)) => *n += 1,
             None => open.collections.push((collection, 1)),
         }
-        Some((open.sent, open.sent == 1))
+        Some(open.events)
+    }
+
+    /// The BEGIN marker is due: `Some` once per transaction, before its first sent record.
+    pub(crate) fn begin_marker_due(&mut self) -> Option<&OpenTxn> {
+        let open = self.open.as_mut()?;
+        if open.begun {
+            return None;
+        }
+        open.begun = true;
+        Some(open)
     }
 
     /// The open transaction, for its headers and markers.
@@ -92,9 +133,10 @@ impl TxnMeta {
         self.open.as_ref()
     }
 
-    /// The Commit: the transaction ends; `Some` when it sent events (its END marker is due).
+    /// The Commit: the transaction ends; `Some` when its BEGIN marker went out (its END marker
+    /// is due).
     pub(crate) fn end(&mut self) -> Option<OpenTxn> {
-        self.open.take().filter(|t| t.sent > 0)
+        self.open.take().filter(|t| t.begun)
     }
 }
 
@@ -112,15 +154,18 @@ impl OpenTxn {
         self.commit_time_us.div_euclid(1000)
     }
 
-    /// The headers of the event at `index`.
-    pub(crate) fn headers(&self, index: u32) -> [RecordHeader<'static>; 4] {
+    /// The headers of the event at `index`: the count's last, when known.
+    pub(crate) fn headers<'a>(&self, index: u32) -> impl Iterator<Item = RecordHeader<'a>> + use<'a> {
         let h = |name: &'static str, value: String| (Cow::Borrowed(name), Some(Cow::Owned(value.into_bytes())));
         [
-            h(HEADER_TXN_ID, self.id()),
-            h(HEADER_COMMIT_LSN, self.commit_lsn.to_string()),
-            h(HEADER_COMMIT_TS_MS, self.commit_ms().to_string()),
-            h(HEADER_TXN_INDEX, index.to_string()),
+            Some(h(HEADER_TXN_ID, self.id())),
+            Some(h(HEADER_COMMIT_LSN, self.commit_lsn.to_string())),
+            Some(h(HEADER_COMMIT_TS_MS, self.commit_ms().to_string())),
+            Some(h(HEADER_TXN_INDEX, index.to_string())),
+            self.count.map(|count| h(HEADER_TXN_COUNT, count.to_string())),
         ]
+        .into_iter()
+        .flatten()
     }
 
     /// A marker's key and value, as Debezium's transaction topic holds them (JSON converter,
@@ -140,7 +185,7 @@ impl OpenTxn {
                 "status": "END",
                 "id": id,
                 "ts_ms": self.commit_ms(),
-                "event_count": self.sent,
+                "event_count": self.events,
                 "data_collections": self
                     .collections
                     .iter()
@@ -159,25 +204,46 @@ mod tests {
     #[test]
     fn events_are_numbered_and_counted_per_collection() {
         let mut meta = TxnMeta::default();
-        assert_eq!(meta.next_event(None), None, "outside a transaction");
+        assert_eq!(meta.number(1, None), None, "outside a transaction");
         meta.begin(571, Lsn(53_195_829), 1_486_500_577_125_999);
         let sales = TableName::parse("t", "sales.outbox").unwrap();
         let billing = TableName::parse("t", "billing.outbox").unwrap();
-        assert_eq!(meta.next_event(Some(&sales)), Some((1, true)));
-        assert_eq!(meta.next_event(Some(&billing)), Some((2, false)));
-        assert_eq!(meta.next_event(Some(&sales)), Some((3, false)));
+        let text = |open: &OpenTxn, index| {
+            open.headers(index)
+                .map(|(n, v)| (n.into_owned(), String::from_utf8(v.unwrap().into_owned()).unwrap()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(meta.number(1, Some(&sales)), Some(1));
+        // An event published again after a read-back keeps its index; a filtered one (seq 3)
+        // never asks for one.
+        assert_eq!(meta.number(2, Some(&billing)), Some(2));
+        assert_eq!(meta.number(2, Some(&billing)), Some(2));
+        assert_eq!(meta.number(4, Some(&sales)), Some(3));
+        assert!(meta.begin_marker_due().is_some());
+        assert!(meta.begin_marker_due().is_none(), "one BEGIN per transaction");
         let open = meta.open().unwrap().clone();
         assert_eq!(open.id(), "571:53195829");
-        let headers = open.headers(2);
-        let text: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (&**n, v.as_deref().unwrap())).collect();
-        assert_eq!(
-            text,
+        let expected = |extra: &[(&str, &str)]| {
             [
-                ("outbox-relay-txn-id", &b"571:53195829"[..]),
-                ("outbox-relay-commit-lsn", b"0/32BB435"),
-                ("outbox-relay-commit-ts-ms", b"1486500577125"),
-                ("outbox-relay-txn-index", b"2"),
+                ("outbox-relay-txn-id", "571:53195829"),
+                ("outbox-relay-commit-lsn", "0/32BB435"),
+                ("outbox-relay-commit-ts-ms", "1486500577125"),
+                ("outbox-relay-txn-index", "2"),
             ]
+            .iter()
+            .chain(extra)
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            text(&open, 2),
+            expected(&[]),
+            "no count unless the transaction was held whole"
+        );
+        meta.set_count(3);
+        assert_eq!(
+            text(meta.open().unwrap(), 2),
+            expected(&[("outbox-relay-txn-count", "3")])
         );
         let (key, begin) = open.marker(Marker::Begin);
         assert_eq!(key, br#"{"id":"571:53195829"}"#);
@@ -194,8 +260,9 @@ mod tests {
                 "data_collections":[{"data_collection":"sales.outbox","event_count":2},
                                     {"data_collection":"billing.outbox","event_count":1}]})
         );
-        // A transaction that sent nothing has no END marker.
+        // A transaction whose BEGIN marker never went out (nothing sent) has no END marker.
         meta.begin(572, Lsn(1), 0);
+        assert_eq!(meta.number(1, Some(&sales)), Some(1));
         assert_eq!(meta.end(), None);
     }
 }

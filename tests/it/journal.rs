@@ -302,8 +302,8 @@ async fn filter_is_applied_by_the_relay_on_14() {
     filter_scenario(&pg).await;
 }
 
-/// `[transactions]`: every event carries its transaction's id, commit LSN, commit time and
-/// index; BEGIN / END markers in Debezium's format frame each transaction on their topic, and
+/// `[transactions]`: every event carries its transaction's id, commit LSN, commit time, index
+/// and count; BEGIN / END markers in Debezium's format frame each transaction on their topic, and
 /// the transaction is confirmed with its markers acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transaction_metadata_headers_and_debezium_markers() {
@@ -350,6 +350,7 @@ async fn transaction_metadata_headers_and_debezium_markers() {
                 "one id per transaction"
             );
             assert_eq!(header(r, "outbox-relay-txn-index"), (i + 1).to_string());
+            assert_eq!(header(r, "outbox-relay-txn-count"), ids.len().to_string());
             let lsn = parse_lsn(&header(r, "outbox-relay-commit-lsn")).unwrap();
             assert_eq!(this, format!("{xid}:{lsn}"));
             let ts: i64 = header(r, "outbox-relay-commit-ts-ms").parse().unwrap();
