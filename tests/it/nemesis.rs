@@ -178,6 +178,38 @@ async fn broker_cut_silently(kind: SinkKind) {
 }
 on_every_sink!(broker_cut_silently);
 
+/// Exactly-once, the relay's link to the broker cut one way (relay → broker: its requests vanish
+/// without an RST) for 12 s, past the 10 s message timeout exactly-once sets: the session ends
+/// with produce requests in its connections' send buffers, and the kernel retransmits them
+/// after the heal — with its backed-off timer, seconds after the next session could have read
+/// back. Kafka's read-back must wait for them, or the replay publishes their events again
+/// (docs/reliability.md, section 10, "Defects the nemesis found", 4: 3 duplicates before the
+/// fix, seed 10445526625421661482).
+async fn broker_cut_one_way_exactly_once(kind: SinkKind) {
+    let Some(mut rig) = Rig::new(kind, Delivery::ExactlyOnce).await else {
+        return;
+    };
+    let (r, relay) = rig.relay();
+    streaming(&relay).await;
+    let load = Load::steady(&rig.db_url);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    rig.net.cut(r, rig.broker, Dir::ToService);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let healed = Instant::now();
+    rig.net.heal(r, rig.broker);
+    let resumed = rig
+        .resumed(healed, RESUME_TIMEOUT)
+        .await
+        .unwrap_or_else(|| panic!("no progress {RESUME_TIMEOUT:?} after the heal:\n{}", relay.log_text()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let v = rig.finish(load, "relay -> broker cut 12 s, exactly-once").await;
+    eprintln!(
+        "nemesis relay -> broker cut 12 s [{kind:?}, exactly-once]: resumed {:.1} s after the heal; {v}",
+        resumed.as_secs_f64()
+    );
+}
+on_every_sink!(broker_cut_one_way_exactly_once);
+
 /// The broker stalled: its proxy accepts and answers nothing, on open connections too, for 30 s.
 async fn broker_stalled(kind: SinkKind, delivery: Delivery, secs: u64) {
     let Some(mut rig) = Rig::new(kind, delivery).await else {

@@ -13,6 +13,7 @@ pub(crate) mod partitioner;
 pub(crate) mod producer;
 pub(crate) mod tail;
 pub(crate) mod transactions;
+mod unsettled;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -78,12 +78,21 @@ fn broker(topic: &str, partition: i32) -> impl Fn(KafkaError) -> ReadBackError +
     }
 }
 
+/// The longest [`TailReader::scan`] waits for an earlier producer's requests to arrive or be
+/// dropped before it errs (the session then starts again and waits anew). Past a silent cut
+/// the kernel's retransmission timer backs off to tens of seconds, so data written into the cut
+/// can arrive that long after the heal.
+const SETTLE_MAX: Duration = Duration::from_secs(120);
+
 /// A consumer that reads partitions' tails for [`TailReader::scan`]; one per streaming
 /// session, reused for every partition it checks.
 pub(crate) struct TailReader {
     consumer: BaseConsumer<QuietContext>,
     timeout: Duration,
     max_records: u64,
+    /// What an earlier producer of this process may still deliver (`unsettled.rs`): waited
+    /// for before the first partition is read.
+    unsettled: std::sync::Mutex<super::unsettled::Unsettled>,
 }
 
 impl TailReader {
@@ -115,7 +124,43 @@ impl TailReader {
             consumer,
             timeout,
             max_records: max_records as u64,
+            unsettled: std::sync::Mutex::new(super::unsettled::Unsettled::snapshot()),
         })
+    }
+
+    /// Waits until nothing an earlier producer of this process wrote to the cluster's brokers
+    /// can still arrive there (`unsettled.rs`), at most [`SETTLE_MAX`].
+    fn settle(&self, topic: &str, partition: i32) -> Result<(), ReadBackError> {
+        let mut unsettled = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+        if unsettled.is_empty() {
+            return Ok(());
+        }
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(topic), self.timeout)
+            .map_err(broker(topic, partition))?;
+        let brokers: Vec<std::net::SocketAddr> = metadata
+            .brokers()
+            .iter()
+            .filter_map(|b| std::net::ToSocketAddrs::to_socket_addrs(&(b.host(), b.port() as u16)).ok())
+            .flatten()
+            .collect();
+        match unsettled.settle(&brokers, SETTLE_MAX) {
+            Ok(super::unsettled::Settled::Nothing) => Ok(()),
+            Ok(super::unsettled::Settled::After { connections, waited }) => {
+                tracing::info!(
+                    connections,
+                    waited_ms = waited.as_millis() as u64,
+                    "exactly-once: what an earlier session had on its way to the brokers arrived or was dropped; reading back"
+                );
+                Ok(())
+            }
+            Err(still) => Err(ReadBackError::Broker {
+                topic: topic.to_owned(),
+                partition,
+                cause: still.to_string(),
+            }),
+        }
     }
 
     /// The topic's partition count; `None` when the topic does not exist.
@@ -155,6 +200,7 @@ impl TailReader {
         seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
     ) -> Result<u64, ReadBackError> {
         let err = broker(topic, partition);
+        self.settle(topic, partition)?;
         let (low, high) = self
             .consumer
             .fetch_watermarks(topic, partition, self.timeout)
