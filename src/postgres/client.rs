@@ -138,15 +138,7 @@ pub(crate) async fn not_null_columns(
     schema: &str,
     table: &str,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    let rows = client
-        .query(
-            "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
-               JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull",
-            &[&schema, &table],
-        )
-        .await?;
-    Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+    columns_where(client, schema, table, "AND a.attnotnull").await
 }
 
 /// Every column of `schema.table`, in the table's order. Empty when the table does not exist:
@@ -156,14 +148,24 @@ pub(crate) async fn table_columns(
     schema: &str,
     table: &str,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    let rows = client
-        .query(
-            "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
-               JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            &[&schema, &table],
-        )
-        .await?;
+    columns_where(client, schema, table, "").await
+}
+
+/// The live columns of `schema.table` that satisfy `condition` (a fixed SQL fragment over
+/// `pg_attribute a`), in the table's order.
+async fn columns_where(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    condition: &'static str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
+           JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped {condition} \
+         ORDER BY a.attnum"
+    );
+    let rows = client.query(&sql, &[&schema, &table]).await?;
     Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
 }
 
