@@ -191,6 +191,43 @@ async fn sigkill_under_load_loses_nothing() {
     check_all(&committed, &records, &topic, &format!("{kills} SIGKILLs"));
 }
 
+/// A routed topic that does not exist (NOT_FOUND) holds the WAL position with the fix in the
+/// log — the relay keeps running — and once the topic is created, everything arrives in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_topic_holds_the_position_until_it_is_created() {
+    let Some(emulator) = PubSubEmulator::start("a_missing_topic_holds_the_position_until_it_is_created").await else {
+        return;
+    };
+    let emulator = shared(emulator);
+    let prefix = unique_name("pubsub_missing");
+    let topic = format!("{prefix}.order");
+    let host = emulator.read().await.host();
+    let (db, _client, config) = prepared(OutboxSchema::B, "unused:9092").await;
+    let config = fast_restarts(to_pubsub(config, &prefix)).set("pubsub", "retry_timeout_ms", 1000);
+    let mut relay = run_streaming(&config, &host).await;
+    let url = shared_cluster().await.url(&db);
+    let committed = run_workload(&url, &Workload::new(OutboxSchema::B, 60, 6, 2)).await;
+    assert!(
+        relay.wait_for_log("does not exist", Duration::from_secs(60)).await,
+        "{}",
+        relay.log_text()
+    );
+    let log = relay.log_text();
+    assert!(
+        log.contains(&format!("projects/{PROJECT}/topics/{topic}"))
+            && log.contains(&format!("gcloud pubsub topics create {topic} --project {PROJECT}")),
+        "the topic and the fix are named:\n{log}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        relay.try_exit_status().is_none(),
+        "a missing topic is not fatal:\n{log}"
+    );
+    let (_, puller) = order_topic(&emulator, &prefix).await;
+    let records = puller.wait_for(committed.len(), Duration::from_secs(90)).await;
+    check_all(&committed, &records, &topic, "a topic created while the relay waited");
+}
+
 /// How the emulator is taken away for 30 s.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Outage {

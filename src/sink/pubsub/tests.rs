@@ -108,6 +108,23 @@ async fn a_publish_to_an_unreachable_service_fails_transient_within_the_retry_wi
         Outcome::Transient(cause) => assert!(cause.contains("projects/test-project/topics/orders"), "{cause}"),
         other => panic!("{other:?}"),
     }
+    // The client paused the key after that failure; the reply future resumed it (the driver's
+    // fence holds the key from there): the key's next publish is attempted again, not refused
+    // as "paused".
+    let again = ex
+        .send(ex.encode(&record, &[], None).unwrap())
+        .await
+        .expect("handed over");
+    let again = tokio::time::timeout(Duration::from_secs(20), again)
+        .await
+        .expect("bounded");
+    match ex.classify(again) {
+        Outcome::Transient(cause) => assert!(
+            cause.contains("failed") && !cause.contains("paused"),
+            "the key was resumed: {cause}"
+        ),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
