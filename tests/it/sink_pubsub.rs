@@ -396,6 +396,9 @@ fn cause_of(bad: Bad) -> &'static str {
 
 struct BadSetup {
     emulator: Arc<RwLock<PubSubEmulator>>,
+    /// Every event of a bad-event test is of this one aggregate: Pub/Sub orders per ordering
+    /// key only, and one key also shows the key resumes once the relay decided about a bad one.
+    aggregate: String,
     client: Client,
     config: RelayConfig,
     prefix: String,
@@ -431,6 +434,7 @@ async fn bad_setup(test: &str, policy: &str, bad: Option<Bad>) -> Option<BadSetu
     let puller = Puller::start(Arc::clone(&emulator), subs);
     Some(BadSetup {
         emulator,
+        aggregate: crate::harness::workload::new_uuid(),
         client,
         config,
         prefix,
@@ -438,33 +442,41 @@ async fn bad_setup(test: &str, policy: &str, bad: Option<Bad>) -> Option<BadSetu
     })
 }
 
-async fn insert(client: &Client, ty: &str, payload: &str) -> String {
+async fn insert(client: &Client, aggregate: &str, ty: &str, payload: &str) -> String {
     let row = client
         .query_one(
-            "INSERT INTO events_outbox (aggregate_id, type, payload) VALUES (gen_random_uuid(), $1, $2::text::jsonb)
+            "INSERT INTO events_outbox (aggregate_id, type, payload) VALUES ($1::text::uuid, $2, $3::text::jsonb)
              RETURNING id::text",
-            &[&ty, &payload],
+            &[&aggregate, &ty, &payload],
         )
         .await
         .unwrap();
     row.get(0)
 }
 
-async fn insert_bad(client: &Client, bad: Bad) -> String {
+async fn insert_bad(client: &Client, aggregate: &str, bad: Bad) -> String {
     match bad {
-        Bad::TooLarge => insert(client, "good", &format!("{{\"blob\": \"{}\"}}", "x".repeat(10_500_000))).await,
+        Bad::TooLarge => {
+            insert(
+                client,
+                aggregate,
+                "good",
+                &format!("{{\"blob\": \"{}\"}}", "x".repeat(10_500_000)),
+            )
+            .await
+        }
         Bad::TooManyAttributes => {
             let cols: Vec<String> = (0..EXTRA_HEADERS).map(|i| format!("h{i}")).collect();
             let vals: Vec<String> = (0..EXTRA_HEADERS).map(|i| format!("'v{i}'")).collect();
             let row = client
                 .query_one(
                     &format!(
-                        "INSERT INTO events_outbox (aggregate_id, type, payload, {}) VALUES (gen_random_uuid(), 'good', \
+                        "INSERT INTO events_outbox (aggregate_id, type, payload, {}) VALUES ($1::text::uuid, 'good', \
                          '{{}}', {}) RETURNING id::text",
                         cols.join(", "),
                         vals.join(", ")
                     ),
-                    &[],
+                    &[&aggregate],
                 )
                 .await
                 .unwrap();
@@ -474,11 +486,12 @@ async fn insert_bad(client: &Client, bad: Bad) -> String {
 }
 
 async fn goods_around(setup: &BadSetup, bads: &[Bad]) -> (Vec<String>, Vec<String>) {
-    let mut goods = vec![insert(&setup.client, "good", "{\"n\": 0}").await];
+    let agg = setup.aggregate.as_str();
+    let mut goods = vec![insert(&setup.client, agg, "good", "{\"n\": 0}").await];
     let mut bad_ids = Vec::new();
     for (i, bad) in bads.iter().enumerate() {
-        bad_ids.push(insert_bad(&setup.client, *bad).await);
-        goods.push(insert(&setup.client, "good", &format!("{{\"n\": {}}}", i + 1)).await);
+        bad_ids.push(insert_bad(&setup.client, agg, *bad).await);
+        goods.push(insert(&setup.client, agg, "good", &format!("{{\"n\": {}}}", i + 1)).await);
     }
     (goods, bad_ids)
 }
