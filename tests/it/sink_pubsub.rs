@@ -100,6 +100,17 @@ async fn a_workload_lands_routed_keyed_with_attributes_in_order() {
     );
     let env = emulator_env(&emulator.host());
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // `status` before `setup`: the emulator answers, the topics are missing, and it says the fix.
+    let status = run_cmd_with(&["status"], &config, &env, Duration::from_secs(120)).await;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&status.stdout),
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        said.contains("do not exist") && said.contains("outbox-relay setup"),
+        "{said}"
+    );
     let out = run_cmd_with(&["setup"], &config, &env, Duration::from_secs(120)).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -114,6 +125,13 @@ async fn a_workload_lands_routed_keyed_with_attributes_in_order() {
     // Again: the topics exist now, and setup says so.
     let again = run_cmd_with(&["setup"], &config, &env, Duration::from_secs(120)).await;
     assert!(again.status.success() && String::from_utf8_lossy(&again.stdout).contains("exists"));
+    let status = run_cmd_with(&["status"], &config, &env, Duration::from_secs(120)).await;
+    let said = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(
+        status.status.success() && said.contains("Pub/Sub emulator") && said.contains("4 topic(s) checked"),
+        "{said}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
     let emulator = shared(emulator);
     let mut subs = Vec::new();
     for t in &topics {
