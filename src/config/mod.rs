@@ -35,6 +35,7 @@ pub(crate) mod nats;
 pub(crate) mod outbox;
 pub(crate) mod poll;
 pub(crate) mod postgres;
+pub(crate) mod pubsub;
 pub(crate) mod rabbitmq;
 pub(crate) mod redis;
 pub(crate) mod relay;

@@ -243,10 +243,10 @@ fn duration(key: &'static str, text: &str, min: Duration, max: Duration) -> Resu
 pub(crate) fn show(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
-        _ if ms % 86_400_000 == 0 => format!("{}d", ms / 86_400_000),
-        _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
-        _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
-        _ if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        _ if ms.is_multiple_of(86_400_000) => format!("{}d", ms / 86_400_000),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),
         _ => format!("{ms}ms"),
     }
 }

@@ -33,6 +33,7 @@ pub(crate) const SINK_SECTIONS: &[&dyn SinkSectionSpec] = &[
     &crate::config::rabbitmq::SECTION,
     &crate::config::redis::SECTION,
     &crate::config::webhook::SECTION,
+    &crate::config::pubsub::SECTION,
 ];
 
 #[derive(Debug, Deserialize)]

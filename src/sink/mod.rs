@@ -37,6 +37,7 @@ pub(crate) mod kafka;
 pub(crate) mod memory;
 pub(crate) mod nats;
 pub(crate) mod plugin;
+pub(crate) mod pubsub;
 pub(crate) mod rabbitmq;
 pub(crate) mod redis;
 pub(crate) mod refusal;

@@ -49,6 +49,7 @@ sinks![
     crate::sink::rabbitmq::RabbitMq,
     crate::sink::redis::Redis,
     crate::sink::webhook::Webhook,
+    crate::sink::pubsub::PubSub,
 ];
 
 /// The config halves of the registered plugins, in registration order.

@@ -35,6 +35,7 @@ mod poll;
 mod replay;
 mod retention;
 mod sink_nats;
+mod sink_pubsub;
 mod sink_rabbitmq;
 mod sink_redis;
 mod sink_webhook;

@@ -2,7 +2,7 @@
 //! under `debezium.source.*` and `debezium.transforms.*`, and a sink under `debezium.sink.*`
 //! instead of Kafka Connect. [`split`] turns the file into the connector options the mapping
 //! already knows plus the sink's; [`map_sink`] maps the sink onto `[sink]` and its broker's
-//! section (NATS JetStream, RabbitMQ, Redis or Kafka), listing what has no counterpart.
+//! section (NATS JetStream, RabbitMQ, Redis, Google Cloud Pub/Sub or Kafka), listing what has no counterpart.
 //!
 //! No secret is written: a broker password stays out of the URL, and the file says where to put
 //! it (the section's environment variable).
@@ -152,16 +152,43 @@ pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSectio
             lines.push(Line::Set("url".into(), s(&format!("{scheme}://{auth}{address}"))));
             ("redis", lines)
         }
+        "pubsub" => {
+            let Some(project) = get("pubsub.project.id") else {
+                return Err(ImportError::Unsupported(format!(
+                    "{source}: debezium.sink.pubsub.project.id is not set (Debezium Server then takes the project of \
+                     its credentials); set it to the project of the topics, which [pubsub] project requires"
+                )));
+            };
+            let mut lines = vec![Line::Set("project".into(), s(&project))];
+            if let Some(address) = get("pubsub.address") {
+                lines.push(Line::Comment(format!(
+                    "Debezium Server's pubsub.address ({address}, the emulator): start the relay with\n\
+                     PUBSUB_EMULATOR_HOST={address}, as Google's clients read it."
+                )));
+            }
+            if let Some(ms) = get("pubsub.retry.total.timeout.ms") {
+                match ms.parse::<u64>() {
+                    Ok(n) if n > 0 => lines.push(Line::Set("retry_timeout_ms".into(), toml::Value::Integer(n as i64))),
+                    _ => {
+                        lines.push(Line::Comment(format!(
+                            "debezium.sink.pubsub.retry.total.timeout.ms = {ms:?} is not a positive number of ms."
+                        )));
+                        lines.push(Line::Disabled("retry_timeout_ms".into(), s(&ms)));
+                    }
+                }
+            }
+            ("pubsub", lines)
+        }
         "" => {
             return Err(ImportError::Unsupported(format!(
-                "{source}: a Debezium Server file without debezium.sink.type; set it (kafka, nats-jetstream, rabbitmq \
-                 or redis are the sinks outbox-relay has)"
+                "{source}: a Debezium Server file without debezium.sink.type; set it (kafka, nats-jetstream, rabbitmq, \
+                 redis or pubsub are the sinks outbox-relay has)"
             )))
         }
         other => {
             return Err(ImportError::Unsupported(format!(
                 "{source}: debezium.sink.type is {other:?}; outbox-relay publishes to kafka, nats-jetstream, \
-                 rabbitmq and redis only"
+                 rabbitmq, redis and pubsub only"
             )))
         }
     };
@@ -203,6 +230,24 @@ fn sink_reason(option: &str) -> &'static str {
         }
         _ if o.ends_with("message.format") => "entries always carry the event's fields (docs/sink-redis.md)",
         _ if o.starts_with("kafka.producer.") => "set by the relay (serializers, acks=all, idempotence)",
+        _ if o == "pubsub.ordering.enabled" => {
+            "the ordering key is always the aggregate key: per-aggregate order is not optional (docs/sink-pubsub.md)"
+        }
+        _ if o == "pubsub.null.key" => "an outbox event always has a key (the aggregate id): none is null",
+        _ if o.starts_with("pubsub.batch.") => {
+            "one publish per aggregate is in flight; the client batches different aggregates' publishes (2 ms)"
+        }
+        _ if o.starts_with("pubsub.flowcontrol.") => {
+            "relay.max_in_flight and relay.max_in_flight_bytes bound the publishes"
+        }
+        _ if o.starts_with("pubsub.retry.") => {
+            "retries use Google's retryable codes and a backoff of 100 ms growing to 5 s; only \
+             retry.total.timeout.ms (retry_timeout_ms) is a setting"
+        }
+        _ if o.starts_with("pubsub.wait.message.delivery") => {
+            "each publish is awaited; the WAL is confirmed only after Pub/Sub acknowledged"
+        }
+        _ if o.starts_with("pubsub.") => "a Debezium Server Pub/Sub option with no counterpart",
         _ => "a Debezium Server sink option with no counterpart",
     }
 }
@@ -241,8 +286,8 @@ mod tests {
 
     #[test]
     fn an_unknown_sink_type_is_refused_by_name() {
-        let server = split(&opts("debezium.source.a=b\ndebezium.sink.type=pubsub")).unwrap();
+        let server = split(&opts("debezium.source.a=b\ndebezium.sink.type=eventhubs")).unwrap();
         let err = map_sink(&server, "app.properties").unwrap_err().to_string();
-        assert!(err.contains("\"pubsub\"") && err.contains("nats-jetstream"), "{err}");
+        assert!(err.contains("\"eventhubs\"") && err.contains("pubsub"), "{err}");
     }
 }

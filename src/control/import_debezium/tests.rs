@@ -707,6 +707,29 @@ fn a_debezium_server_file_with_a_broker_sink_gets_that_sinks_section_and_no_kafk
     assert!(listed(&not_carried_over(&redis), "debezium.sink.redis.wait.enabled").contains("replicas"));
     assert_eq!(load(&redis).sink.label(), "redis");
 
+    let pubsub = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=pubsub\ndebezium.sink.pubsub.project.id=acme-prod\n\
+             debezium.sink.pubsub.address=localhost:8085\ndebezium.sink.pubsub.ordering.enabled=true\n\
+             debezium.sink.pubsub.retry.total.timeout.ms=120000\ndebezium.sink.pubsub.batch.delay.threshold.ms=100\n"
+        ),
+    );
+    let t = data(&pubsub);
+    assert_eq!(t["sink"]["kind"].as_str(), Some("pubsub"), "{pubsub}");
+    assert_eq!(t["pubsub"]["project"].as_str(), Some("acme-prod"));
+    assert_eq!(t["pubsub"]["retry_timeout_ms"].as_integer(), Some(120_000));
+    assert!(pubsub.contains("PUBSUB_EMULATOR_HOST=localhost:8085"), "{pubsub}");
+    let notes = not_carried_over(&pubsub);
+    assert!(listed(&notes, "debezium.sink.pubsub.ordering.enabled").contains("aggregate key"));
+    assert!(listed(&notes, "debezium.sink.pubsub.batch.delay.threshold.ms").contains("batches"));
+    assert_eq!(load(&pubsub).sink.label(), "pubsub");
+    let err = import_err(
+        "application.properties",
+        &format!("{SERVER_BASE}debezium.sink.type=pubsub\n"),
+    );
+    assert!(err.contains("project.id"), "{err}");
+
     let err = import_err(
         "application.properties",
         &format!("{SERVER_BASE}debezium.sink.type=kinesis\n"),

@@ -276,7 +276,7 @@ impl Client {
                         Some(after) => after.min(MAX_RETRY_AFTER),
                         None => backoff.next_delay(),
                     };
-                    if failures <= WARN_ATTEMPTS || failures % 10 == 0 {
+                    if failures <= WARN_ATTEMPTS || failures.is_multiple_of(10) {
                         warn!(
                             event_id = %request.event_id,
                             url = %shown_url,

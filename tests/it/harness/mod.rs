@@ -103,6 +103,7 @@ pub mod net_fault;
 pub mod otlp;
 pub mod postgres;
 pub mod process;
+pub mod pubsub;
 pub mod rabbitmq;
 pub mod redis;
 pub mod relay_process;
