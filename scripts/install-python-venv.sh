@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs pinned PyPI packages into a virtualenv cached at ~/.cache/outbox-relay/venv-<name>,
+# for the tests that check the relay's output with another project's official library.
+#
+#   install-python-venv.sh NAME IMPORT_CHECK SKIPPED_WHAT PACKAGE==VERSION...
+#
+# NAME: the venv's suffix; IMPORT_CHECK: Python code that succeeds once the packages are there
+# (the venv is then left alone); SKIPPED_WHAT: the test that skips without them, for the
+# messages. Idempotent. Exits 0 even when something is missing, so CI goes on: the test then
+# prints a loud SKIPPING line naming what is missing.
+set -u
+
+NAME=$1
+CHECK=$2
+SKIPPED=$3
+shift 3
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay"
+VENV="$CACHE/venv-$NAME"
+say() { echo "install-$NAME: $*" >&2; }
+
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$CHECK" >/dev/null 2>&1; then
+    exit 0
+fi
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then
+    say "installing python3-venv"
+    if command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        (apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null) \
+            || say "apt-get could not install python3-venv"
+    fi
+fi
+mkdir -p "$CACHE"
+rm -rf "$VENV"
+if ! python3 -m venv "$VENV"; then
+    say "python3 -m venv failed; $SKIPPED will be SKIPPED"
+    rm -rf "$VENV"
+    exit 0
+fi
+if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; then
+    say "pip could not install $*; $SKIPPED will be SKIPPED"
+    rm -rf "$VENV"
+    exit 0
+fi
+say "$* in $VENV"
