@@ -34,6 +34,7 @@ pub(crate) const SINK_SECTIONS: &[&dyn SinkSectionSpec] = &[
     &crate::config::redis::SECTION,
     &crate::config::webhook::SECTION,
     &crate::config::pubsub::SECTION,
+    &crate::config::sqs::SECTION,
 ];
 
 #[derive(Debug, Deserialize)]

@@ -50,6 +50,7 @@ sinks![
     crate::sink::redis::Redis,
     crate::sink::webhook::Webhook,
     crate::sink::pubsub::PubSub,
+    crate::sink::sqs::SqsPlugin,
 ];
 
 /// The config halves of the registered plugins, in registration order.

@@ -73,6 +73,12 @@
 //! for marked events, down for a while and back on the same port) and reads what it accepted as
 //! [`Received`] records.
 //!
+//! # AWS (moto)
+//! [`moto::Moto`]: a `moto_server` of a test's own (from `scripts/ensure-moto.sh`'s venv; `None`
+//! with a loud SKIPPING line where it is missing), queues created with the AWS SDK, read back as
+//! [`Received`] records once everything arrived (moto deduplicates FIFO messages only against
+//! those still queued), and frozen / thawed (SIGSTOP / SIGCONT) for outages with state kept.
+//!
 //! # Faults
 //! [`fault_support`]: commit LSNs of a transaction ([`fault_support::TxnProbe`]), the
 //! "confirmed never passes an unacknowledged commit" check, logical messages, and
@@ -97,6 +103,7 @@ pub mod debezium;
 pub mod fault_support;
 pub mod kafka;
 pub mod kafka_real;
+pub mod moto;
 pub mod nats;
 pub mod nemesis;
 pub mod net_fault;
