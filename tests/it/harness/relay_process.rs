@@ -360,6 +360,15 @@ impl Drop for RelayProcess {
         let _ = self.child.wait();
         if std::thread::panicking() {
             let log = self.log_text();
+            // The whole log outlives the temp dir, for the investigation of a failed run.
+            let kept = std::env::temp_dir().join(format!(
+                "outbox-relay-failed-{}-{}.log",
+                std::process::id(),
+                self.child.id()
+            ));
+            if std::fs::write(&kept, &log).is_ok() {
+                eprintln!("relay log kept: {}", kept.display());
+            }
             let start = log.len().saturating_sub(8000);
             let start = (start..log.len())
                 .find(|i| log.is_char_boundary(*i))
