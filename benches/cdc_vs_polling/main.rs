@@ -71,10 +71,10 @@
 //! re-publishing a journal of 1,000,000 rows (`--quick`: 100,000; `--replay-rows`) beside the
 //! relay streaming 1,000 events/s — the replay's events/s (counted by a consumer), its CPU and
 //! peak RSS, and the stream's commit→consumer p50/p99 and the relay's CPU in a baseline window
-//! against the replay's window (same run); then again with `--rate 10000` (`--replay-rate`; 0:
+//! against the replay's window and a control window after it (same run); then again with `--rate 10000` (`--replay-rate`; 0:
 //! none). Meant for `--broker kafka`. Its block in `docs/benchmarks.md` has markers of its own
 //! (`--quick`: `target/cdc_vs_polling/benchmarks-replay-quick.md`); the raw numbers go to
-//! `target/cdc_vs_polling/replay.json`. A full run takes about 6 minutes, `--quick` about 2.
+//! `target/cdc_vs_polling/replay.json`. A full run takes about 5 minutes, `--quick` about 1.
 //!
 //! Not part of `cargo test`: without cargo bench's `--bench` argument it only prints how to run.
 

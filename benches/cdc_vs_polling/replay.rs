@@ -14,8 +14,11 @@
 //! warm-up → **baseline window** (`--replay-baseline-secs`: 30 s; `--quick`: 10 s) → the replay
 //! started as a process of its own (`outbox-relay replay --since id:1 --until id:<rows + 1>`, same
 //! config file as the relay, under `/usr/bin/time` for its exact CPU and peak RSS) → **replay
-//! window** until it exits → a pause → the rate-limited replay's window → the load stops, every
-//! stream event is awaited. The stream's commit→consumer latencies are split by the event's
+//! window** until it exits → a **control window** as long (at most [`CONTROL_MAX`]) with no
+//! replay → the rate-limited replay's window and its control window → the load stops, every
+//! stream event is awaited. The control windows tell the replay's effect on the stream's tail
+//! from the shared machine's noise of the same minutes (other processes' bursts land in any
+//! window). The stream's commit→consumer latencies are split by the event's
 //! commit instant into those windows (same run, same relay: the ratio is the figure). Each replay
 //! topic is then read back by a consumer (every record's `id` header): all rows must be there.
 
@@ -52,8 +55,8 @@ const STREAM_RATE: f64 = 1_000.0;
 /// The load runs in chunks this long (a new chunk starts within ~50 ms of the last one's end).
 const LOAD_CHUNK: Duration = Duration::from_secs(2);
 const WARMUP: Duration = Duration::from_secs(5);
-/// Between the two replays: the stream settles before the next window opens.
-const PAUSE: Duration = Duration::from_secs(5);
+/// The longest control window after a replay.
+const CONTROL_MAX: Duration = Duration::from_secs(30);
 /// A replay that takes longer than this is stopped and reported as failed.
 const REPLAY_LIMIT: Duration = Duration::from_secs(1200);
 
@@ -100,6 +103,9 @@ pub struct ReplayRun {
     pub cpu_us_per_event: f64,
     pub peak_rss_mib: f64,
     pub window: StreamWindow,
+    /// The stream right after the replay, as long as its window (at most [`CONTROL_MAX`]).
+    #[serde(default)]
+    pub control: Option<StreamWindow>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -301,7 +307,7 @@ async fn measure(ctx: &Ctx<'_>, spec: &ReplaySpec, phase: &ProgressBar) -> Resul
     let baseline = baseline.window(&commits, &receipts);
 
     let mut runs = Vec::new();
-    for (mut run, span) in replays {
+    for (mut run, span, control) in replays {
         phase.set_message(format!("replay: reading {} back", run.topic));
         let (bootstrap, topic, rows) = (ctx.broker.bootstrap().to_owned(), run.topic.clone(), spec.rows);
         let counted = tokio::task::spawn_blocking(move || committed_records(&bootstrap, &topic, rows)).await?;
@@ -311,6 +317,7 @@ async fn measure(ctx: &Ctx<'_>, spec: &ReplaySpec, phase: &ProgressBar) -> Resul
         run.per_s = distinct as f64 / run.wall_s;
         run.cpu_us_per_event = run.cpu_s * 1e6 / distinct.max(1) as f64;
         run.window = span.window(&commits, &receipts);
+        run.control = Some(control.window(&commits, &receipts));
         runs.push(run);
     }
     let env = super::report::Environment::collect(
@@ -346,7 +353,7 @@ async fn drive(
     config: &Path,
     probe: &Probe,
     phase: &ProgressBar,
-) -> Result<(Span, Vec<(ReplayRun, Span)>)> {
+) -> Result<(Span, Vec<(ReplayRun, Span, Span)>)> {
     phase.set_message("replay: stream warm-up at 1,000 ev/s");
     tokio::time::sleep(WARMUP).await;
     probe.ack();
@@ -368,12 +375,7 @@ async fn drive(
     if let Some(rate) = spec.rate {
         plan.push((Some(rate), Some(RATE_TOPIC)));
     }
-    for (i, (rate, to_topic)) in plan.into_iter().enumerate() {
-        if i > 0 {
-            phase.set_message("replay: pause between replays");
-            tokio::time::sleep(PAUSE).await;
-            probe.ack();
-        }
+    for (rate, to_topic) in plan {
         let label = match rate {
             Some(r) => format!("replay --rate {r}"),
             None => "replay (no rate limit)".to_owned(),
@@ -381,15 +383,21 @@ async fn drive(
         phase.set_message(format!("replay: {label} of {} rows", spec.rows));
         let from = probe.read()?;
         let (run, to) = replay_process(ctx, spec, config, rate, to_topic, &label, probe).await?;
-        replays.push((
-            run,
-            Span {
-                label,
-                from,
-                to,
-                ack: probe.ack(),
-            },
-        ));
+        let window = Span {
+            label: label.clone(),
+            from,
+            to,
+            ack: probe.ack(),
+        };
+        phase.set_message(format!("replay: control window after {label}"));
+        tokio::time::sleep(Duration::from_secs_f64(run.wall_s).min(CONTROL_MAX)).await;
+        let control = Span {
+            label: format!("control after {label}"),
+            from: to,
+            to: probe.read()?,
+            ack: probe.ack(),
+        };
+        replays.push((run, window, control));
     }
     Ok((baseline, replays))
 }
@@ -483,6 +491,7 @@ async fn replay_process(
         cpu_us_per_event: 0.0,
         peak_rss_mib: rss_kib / 1024.0,
         window: empty_window(),
+        control: None,
     };
     Ok((run, to))
 }
@@ -585,7 +594,8 @@ pub fn markdown(r: &ReplayOutcome) -> String {
     }
     let _ = writeln!(
         s,
-        "\nThe stream (1,000 events/s) in each window of the same run, by the event's commit instant:\n"
+        "\nThe stream (1,000 events/s) in each window of the same run, by the event's commit instant (a control \
+         window follows each replay: as long as the replay's window, up to 30 s, no replay running):\n"
     );
     let _ = writeln!(
         s,
@@ -596,6 +606,9 @@ pub fn markdown(r: &ReplayOutcome) -> String {
     let _ = writeln!(s, "{}", window_row(&r.baseline, &r.baseline));
     for run in &r.replays {
         let _ = writeln!(s, "{}", window_row(&run.window, &r.baseline));
+        if let Some(control) = &run.control {
+            let _ = writeln!(s, "{}", window_row(control, &r.baseline));
+        }
     }
     let t = &r.stream_total;
     let _ = writeln!(
