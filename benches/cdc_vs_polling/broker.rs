@@ -213,6 +213,14 @@ impl Broker {
         !matches!(self, Broker::Mock { .. } | Broker::Tansu { .. })
     }
 
+    /// The broker's own process (a real Kafka or tansu started here), for its CPU in `/proc`.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Broker::Tansu { child, .. } | Broker::Kafka { child, .. } => Some(child.id()),
+            Broker::Mock { .. } | Broker::External { .. } => None,
+        }
+    }
+
     pub fn bootstrap(&self) -> &str {
         match self {
             Broker::Mock { bootstrap, .. }

@@ -67,10 +67,10 @@ fn topic(per_txn: u64) -> String {
     format!("bench-drain-{per_txn}")
 }
 const DBZ_TOPIC_PREFIX: &str = "dbz-";
-const FILL_CHUNK: u64 = 20_000;
+pub const FILL_CHUNK: u64 = 20_000;
 const LIMIT: Duration = Duration::from_secs(1800);
 
-const FILL_PROCEDURE: &str = "
+pub const FILL_PROCEDURE: &str = "
 CREATE PROCEDURE bench_fill(n int, topic text, per_txn int) LANGUAGE plpgsql AS $$
 DECLARE i int := 0; o uuid;
 BEGIN
@@ -825,7 +825,7 @@ async fn current_lsn(db: &Client) -> Result<String> {
 /// Every record of `topic` as a `read_committed` consumer reads it, from the start of each
 /// partition to its end: (records, distinct `id` headers). Bounded: `LIMIT` overall, and an
 /// error if `expected` distinct ids are not all there after the partitions' ends were reached.
-fn committed_records(bootstrap: &str, topic: &str, expected: u64) -> Result<(u64, u64)> {
+pub fn committed_records(bootstrap: &str, topic: &str, expected: u64) -> Result<(u64, u64)> {
     use rdkafka::message::{Headers, Message};
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)

@@ -7,6 +7,8 @@
 //!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR]
 //!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
 //!     [--sinks kafka,nats,rabbitmq,redis,webhook] [--idle-secs N] [--no-tracing] [--report-from results.json]
+//! cargo bench --bench cdc_vs_polling -- --replay [--quick] [--broker kafka] [--replay-rows N]
+//!     [--replay-rate N] [--replay-baseline-secs N] [--out-dir DIR]
 //! ```
 //!
 //! It starts its own PostgreSQL 15 cluster and (by default) librdkafka's mock Kafka cluster in
@@ -65,6 +67,15 @@
 //! brokers' runs and drains and the idle minute add a few minutes to the earlier 15; `--quick`
 //! takes about 8. Run it on an otherwise idle machine.
 //!
+//! **Replay** (`--replay`, `replay.rs`; runs that section alone): `outbox-relay replay`
+//! re-publishing a journal of 1,000,000 rows (`--quick`: 100,000; `--replay-rows`) beside the
+//! relay streaming 1,000 events/s — the replay's events/s (counted by a consumer), its CPU and
+//! peak RSS, and the stream's commit→consumer p50/p99 and the relay's CPU in a baseline window
+//! against the replay's window and a control window after it (same run); then again with `--rate 10000` (`--replay-rate`; 0:
+//! none). Meant for `--broker kafka`. Its block in `docs/benchmarks.md` has markers of its own
+//! (`--quick`: `target/cdc_vs_polling/benchmarks-replay-quick.md`); the raw numbers go to
+//! `target/cdc_vs_polling/replay.json`. A full run takes about 5 minutes, `--quick` about 1.
+//!
 //! Not part of `cargo test`: without cargo bench's `--bench` argument it only prints how to run.
 
 mod broker;
@@ -80,6 +91,7 @@ mod pg;
 mod plot;
 mod procfs;
 mod relay;
+mod replay;
 mod report;
 mod sink_consumer;
 mod sinks;
@@ -125,6 +137,12 @@ struct Options {
     idle: Duration,
     /// The tracing rows (on unless `--no-tracing`).
     tracing: bool,
+    /// Only the replay section (`--replay`).
+    replay: bool,
+    replay_rows: u64,
+    /// The second replay's `--rate` (`--replay-rate`; 0: no second replay).
+    replay_rate: Option<u32>,
+    replay_baseline: Duration,
 }
 
 impl Options {
@@ -149,6 +167,7 @@ const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT] \
                      [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis,webhook] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
+                     or: --replay [--quick] [--broker kafka] [--replay-rows N] [--replay-rate N (0: none)] [--replay-baseline-secs N] [--out-dir DIR]\n\
                      --only TEXT[,TEXT…]: runs whose label contains one of them, e.g. --only \"CDC at 1000/s,CDC +\" for \
                      the tracing rows beside their baseline; the tracing rows (CDC + traceparent / OTLP 100 % / OTLP 1 % at \
                      1000/s, Kafka) run by default, --no-tracing leaves them out";
@@ -182,6 +201,10 @@ fn options() -> Result<Option<Options>> {
         sinks: Sink::ALL.to_vec(),
         idle: Duration::from_secs(if quick { 15 } else { 60 }),
         tracing: true,
+        replay: false,
+        replay_rows: if quick { 100_000 } else { 1_000_000 },
+        replay_rate: Some(10_000),
+        replay_baseline: Duration::from_secs(if quick { 10 } else { 30 }),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -199,6 +222,10 @@ fn options() -> Result<Option<Options>> {
             "--out-dir" => o.out_dir = PathBuf::from(value()?),
             "--only" => o.only = Some(value()?.split(',').map(str::to_owned).collect()),
             "--no-tracing" => o.tracing = false,
+            "--replay" => o.replay = true,
+            "--replay-rows" => o.replay_rows = value()?.replace('_', "").parse()?,
+            "--replay-rate" => o.replay_rate = Some(value()?.replace('_', "").parse()?).filter(|r| *r > 0),
+            "--replay-baseline-secs" => o.replay_baseline = Duration::from_secs(value()?.parse()?),
             "--sinks" => o.sinks = Sink::parse_list(value()?)?,
             "--idle-secs" => o.idle = Duration::from_secs(value()?.parse()?),
             "--kafka" => {
@@ -333,6 +360,9 @@ async fn run(o: Options) -> Result<()> {
         let results: report::Results =
             serde_json::from_str(&text).with_context(|| format!("{} is not a results.json", path.display()))?;
         return publish(&o, &results);
+    }
+    if o.replay {
+        return run_replay(&o).await;
     }
     // A broker that is not there fails the run now, not after the Kafka runs.
     let sink_versions = sinks::check_reachable(&o.sinks).await?;
@@ -548,4 +578,55 @@ fn idle_summary(i: &idle::IdleOutcome) -> String {
         i.threads,
         i.voluntary_switches_per_s + i.nonvoluntary_switches_per_s
     )
+}
+
+/// `--replay`: the replay section alone (`replay.rs`), its own block in the docs.
+async fn run_replay(o: &Options) -> Result<()> {
+    if o.broker == "mock" {
+        eprintln!("note: --replay on librdkafka's mock cluster; the figures for the docs come from --broker kafka");
+    }
+    let phase = ProgressBar::new(0);
+    phase.set_style(ProgressStyle::with_template(
+        "  {spinner} [{elapsed_precise}] {msg}  {pos}",
+    )?);
+    phase.enable_steady_tick(Duration::from_millis(120));
+    phase.set_message("starting PostgreSQL and Kafka");
+    let pg = tokio::task::spawn_blocking(pg::BenchPg::start).await??;
+    pg.ready().await?;
+    let broker = broker::Broker::start(&o.broker)?;
+    let workdir = tempfile::Builder::new().prefix("outbox-relay-bench-").tempdir()?;
+    let run_id = std::process::id().to_string();
+    let ctx = steady::Ctx {
+        pg: &pg,
+        broker: &broker,
+        workdir: workdir.path(),
+        kafka: &o.kafka,
+        debezium: None,
+        run_id: &run_id,
+        sinks: &[],
+    };
+    let spec = replay::ReplaySpec {
+        rows: o.replay_rows,
+        baseline: o.replay_baseline,
+        rate: o.replay_rate,
+    };
+    let outcome = replay::run(&ctx, &spec, &phase).await;
+    phase.finish_and_clear();
+    let outcome = outcome?;
+    let raw_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/cdc_vs_polling");
+    std::fs::create_dir_all(&raw_dir)?;
+    std::fs::write(raw_dir.join("replay.json"), serde_json::to_string_pretty(&outcome)?)?;
+    let block = replay::markdown(&outcome);
+    let md = o.out_dir.join(if o.quick {
+        "benchmarks-replay-quick.md"
+    } else {
+        "benchmarks.md"
+    });
+    report::write_block(&md, replay::BEGIN, replay::END, &block)?;
+    println!(
+        "{block}\nwrote {} and {}",
+        md.display(),
+        raw_dir.join("replay.json").display()
+    );
+    Ok(())
 }

@@ -672,9 +672,15 @@ fn idle_section(s: &mut String, r: &Results) {
 
 /// Replaces the generated block in `path` (or creates the file with just the block).
 pub fn write_markdown(path: &Path, block: &str) -> Result<()> {
+    write_block(path, BEGIN, END, block)
+}
+
+/// Replaces the block between `begin` and `end` in `path` (appends it when absent), so the
+/// hand-written text and other benchmarks' blocks around it are kept.
+pub fn write_block(path: &Path, begin: &str, end: &str, block: &str) -> Result<()> {
     let current = fs::read_to_string(path).unwrap_or_default();
-    let text = match (current.find(BEGIN), current.find(END)) {
-        (Some(b), Some(e)) if e > b => format!("{}{}{}", &current[..b], block.trim_end(), &current[e + END.len()..]),
+    let text = match (current.find(begin), current.find(end)) {
+        (Some(b), Some(e)) if e > b => format!("{}{}{}", &current[..b], block.trim_end(), &current[e + end.len()..]),
         _ if current.is_empty() => format!("# Benchmarks\n\n{block}"),
         _ => format!("{}\n\n{block}", current.trim_end()),
     };
