@@ -486,6 +486,23 @@ async fn rows_removed_by_retention_are_reported_with_how_many() {
     assert!(text.contains("the oldest row still in the table is from"), "{text}");
 }
 
+/// `--since id:0` on a table whose id sequence starts at 1 asks for nothing that is gone: no
+/// "removed" message (ids below the sequence's start never existed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn since_id_0_on_a_table_whose_ids_start_at_1_reports_nothing_removed() {
+    let Some(kafka) = shared_kafka().await else { return };
+    let (_db, client, config) = prepared_ns(OutboxSchema::A, &kafka).await;
+    let ids = insert(&client, "order.created", [A1, A2], 3).await;
+    assert_eq!(ids[0], 1, "a fresh table's first id");
+    let text = replay_ok(
+        &["--since", "id:0", "--dry-run"],
+        &config,
+        "dry run: 3 rows would be re-published",
+    )
+    .await;
+    assert!(!text.contains("removed") && !text.contains("deleted"), "{text}");
+}
+
 /// Schema B (uuid ids): rows are ordered by the timestamp column then the id, and paged by that
 /// pair (1,200 rows: three pages); every row once, each aggregate in creation order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -566,6 +566,17 @@ async fn removed_rows(
         Some(Bound::Id(n)) if source.id_is_sequential => {
             let id = settings.outbox.id.quoted();
             let row = query(format!("SELECT min({id})::int8 FROM {table}")).await?;
+            // Ids below the id sequence's start never existed: `--since id:0` on a table whose
+            // ids start at 1 asks for nothing that is gone.
+            let start: Option<i64> = client
+                .query_one(
+                    "SELECT s.seqstart FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence($1, $2)::regclass",
+                    &[&table, &settings.outbox.id.as_str()],
+                )
+                .await
+                .ok()
+                .and_then(|r| r.get(0));
+            let n = &start.map_or(*n, |start| (*n).max(start));
             let Some(oldest) = row.get::<_, Option<i64>>(0) else {
                 return Ok(Some(format!(
                     "{}: the table holds no rows: every row --since id:{n} asks for was {by} (how many the table \
