@@ -181,6 +181,29 @@ pub(crate) struct Refusal<Tag> {
     pub(crate) failure: SinkFailure,
 }
 
+impl SinkFailure {
+    /// `record` failed: its destination and event id, with `kind` and `cause`.
+    pub(crate) fn of(record: &SinkRecord<'_>, kind: FailureKind, cause: String) -> SinkFailure {
+        SinkFailure {
+            kind,
+            destination: record.destination.to_string(),
+            partition: None,
+            event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
+            cause,
+        }
+    }
+}
+
+impl<Tag> Refusal<Tag> {
+    /// `send` did not take `record` (the one constructor every sink uses).
+    pub(crate) fn of(record: &SinkRecord<'_>, tag: Box<Tag>, kind: FailureKind, cause: String) -> Refusal<Tag> {
+        Refusal {
+            tag,
+            failure: SinkFailure::of(record, kind, cause),
+        }
+    }
+}
+
 /// The completions of one sink, one per record it took.
 pub(crate) type Completions<Tag> = mpsc::UnboundedReceiver<Completion<Tag>>;
 
