@@ -206,7 +206,11 @@ impl Worker {
         .await;
         let ids = match published {
             Ok(Some(ids)) => ids,
-            outcome => {
+            mut outcome => {
+                // A sink that knows waiting cannot help (`Sink::verdict`): stop with that.
+                if let (Err(_), Some(fatal)) = (&outcome, publisher.verdict()) {
+                    outcome = Err(PollError::Sink(fatal));
+                }
                 // Abandon first, roll back second: see the module docs.
                 if let Some((publisher, _)) = self.producer.take() {
                     let _ = tokio::task::spawn_blocking(move || publisher.abandon(ABANDON_WAIT)).await;

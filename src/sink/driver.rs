@@ -58,7 +58,6 @@ pub(crate) enum Outcome {
     /// Waiting cannot help: an operator must act (a certificate the relay does not trust,
     /// credentials refused). The problem AND the fix, in words for the operator: the relay
     /// stops with it ([`Sink::verdict`]), nothing confirmed past what was acknowledged.
-    #[cfg_attr(not(test), allow(dead_code))]
     Fatal(String),
 }
 

@@ -187,7 +187,7 @@ impl SinkFailure {
         SinkFailure {
             kind,
             destination: record.destination.to_string(),
-            partition: None,
+            partition: record.partition,
             event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
             cause,
         }
@@ -200,6 +200,20 @@ impl<Tag> Refusal<Tag> {
         Refusal {
             tag,
             failure: SinkFailure::of(record, kind, cause),
+        }
+    }
+
+    /// A request that is no record (a seal) was not taken: transient, for `cause`.
+    pub(crate) fn transient(tag: Box<Tag>, cause: String) -> Refusal<Tag> {
+        Refusal {
+            tag,
+            failure: SinkFailure {
+                kind: FailureKind::Transient,
+                destination: String::new(),
+                partition: None,
+                event_id: None,
+                cause,
+            },
         }
     }
 }
@@ -291,16 +305,10 @@ pub(crate) trait Sink<Tag>: Send + Sync {
     /// refuse at once.
     fn seal(&self, checkpoint: u64, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
         let _ = (checkpoint, label);
-        Err(Refusal {
+        Err(Refusal::transient(
             tag,
-            failure: SinkFailure {
-                kind: FailureKind::Transient,
-                destination: String::new(),
-                partition: None,
-                event_id: None,
-                cause: "this sink does not commit records in units".into(),
-            },
-        })
+            "this sink does not commit records in units".into(),
+        ))
     }
 
     /// [`ExactlyOnce::Transactions`]: the checkpoint the last successful [`Sink::seal`] of this

@@ -9,7 +9,12 @@
 //!   to [`MAX_RETRY_AFTER`]) when it gave one. Nothing is acknowledged meanwhile, so the WAL
 //!   position stays where it is; other aggregates keep flowing.
 //! * **any other 4xx** — refused: the receiver rejects the event for what it is, so sending it
-//!   again cannot help; `relay.on_bad_event` decides.
+//!   again cannot help; `relay.on_bad_event` decides. 401 and 403 included: the issue's rule
+//!   (a receiver may refuse one event by policy), and a wrong token shows at the first event.
+//! * **a TLS certificate the relay does not accept** (unknown issuer, a name that is not the
+//!   URL's host, expired) — fatal: no retry can help and no event is the problem, so the sink
+//!   says so ([`Undeliverable::Fatal`] → the driver's verdict) and the relay stops with the
+//!   problem and the fix, instead of retrying for ever with the WAL held.
 //!
 //! Invariant: [`Client::deliver`] holds no state between attempts but its backoff; dropping
 //! its future drops the request on the wire (a sink being abandoned), and a later `deliver` of
@@ -52,6 +57,10 @@ pub(crate) enum Verdict {
     Refused {
         cause: String,
     },
+    /// No attempt can succeed until an operator acts (the cause says what to do).
+    Fatal {
+        cause: String,
+    },
 }
 
 /// The final outcome of [`Client::deliver`].
@@ -59,6 +68,8 @@ pub(crate) enum Verdict {
 pub(crate) enum Undeliverable {
     /// The receiver refused the event (a 4xx other than 408 and 429).
     Refused(String),
+    /// No request can reach the receiver until an operator acts: the problem and the fix.
+    Fatal(String),
 }
 
 /// What a reply's status and headers say (`body`: the start of the reply's body, for the cause).
@@ -221,10 +232,15 @@ impl Client {
         let mut reply = match sent {
             Ok(reply) => reply,
             Err(e) => {
+                if let Some(problem) = certificate_problem(&e) {
+                    return Verdict::Fatal {
+                        cause: format!("{}: {problem}", redact_query(&request.url)),
+                    };
+                }
                 return Verdict::Retry {
                     cause: describe(&e),
                     retry_after: None,
-                }
+                };
             }
         };
         let mut body = Vec::new();
@@ -270,6 +286,7 @@ impl Client {
                     return Ok(());
                 }
                 Verdict::Refused { cause } => return Err(Undeliverable::Refused(cause)),
+                Verdict::Fatal { cause } => return Err(Undeliverable::Fatal(cause)),
                 Verdict::Retry { cause, retry_after } => {
                     failures = failures.saturating_add(1);
                     let wait = match retry_after {
@@ -293,6 +310,45 @@ impl Client {
             }
         }
     }
+}
+
+/// What is wrong with the receiver's TLS certificate and what to do, when `e` is the relay
+/// refusing it (rustls's verdict in the error's source chain); `None` for any other failure.
+fn certificate_problem(e: &reqwest::Error) -> Option<String> {
+    use rustls::CertificateError as C;
+    let mut source = std::error::Error::source(e);
+    let mut rejected = None;
+    while let Some(s) = source {
+        // The TLS connector wraps rustls's error in an `io::Error`, itself wrapped in another
+        // (whose `source` skips the inner ones): look inside each.
+        let mut inner: &(dyn std::error::Error + 'static) = s;
+        while let Some(wrapped) = inner.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            inner = wrapped;
+        }
+        if let Some(rustls::Error::InvalidCertificate(problem)) = inner.downcast_ref::<rustls::Error>() {
+            rejected = Some(problem.clone());
+            break;
+        }
+        source = s.source();
+    }
+    let problem = rejected?;
+    let fix = match &problem {
+        C::UnknownIssuer | C::BadSignature => {
+            "its issuer is not trusted: set [webhook] tls_ca to the PEM file of the CA that signed the receiver's \
+             certificate, or have the receiver present a certificate from a CA in this system's roots"
+        }
+        C::NotValidForName | C::NotValidForNameContext { .. } => {
+            "it does not name the URL's host: set [webhook] url to a host name the certificate lists, or have the \
+             receiver present a certificate for this host"
+        }
+        C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. } => {
+            "it is outside its validity period: renew the receiver's certificate (or check this machine's clock)"
+        }
+        _ => "fix the receiver's certificate, or [webhook] tls_ca if the relay should trust its issuer",
+    };
+    Some(format!(
+        "the receiver's TLS certificate is rejected ({problem:?}); {fix}. No event is sent until then"
+    ))
 }
 
 /// A client error in words, with its source chain (reqwest's own message is terse), without the
