@@ -1,7 +1,7 @@
 //! The layout is the architecture: this test fails when an import goes upward.
 //!
 //! Layers, lowest first (`src/lib.rs` and `docs/architecture.md` say the same):
-//! leaves (`config`, `failpoints`) ← adapters (`postgres`, `sink`, `ops`) ← domain (`outbox`)
+//! leaves (`config`, `failpoints`, `backoff`) ← adapters (`postgres`, `sink`, `ops`) ← domain (`outbox`)
 //! ← pipelines and control (`relay`, `control`, `poll`, `retention`) ← entry points (`demo`, `cli`).
 //! Modules of one layer do not import each other, except `poll` → `control` (the poller reuses
 //! the setup checks) and `relay`, `poll` → `retention` (the active instance starts it). The graph of top-level modules must also be acyclic.
@@ -13,13 +13,23 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("config", &[]),
     ("failpoints", &[]),
+    ("backoff", &[]),
     ("postgres", &["config", "failpoints"]),
-    ("sink", &["config", "failpoints"]),
+    ("sink", &["config", "failpoints", "backoff"]),
     ("ops", &["config", "failpoints"]),
     ("outbox", &["config", "failpoints", "postgres", "sink"]),
     (
         "relay",
-        &["config", "failpoints", "postgres", "sink", "ops", "outbox", "retention"],
+        &[
+            "config",
+            "failpoints",
+            "backoff",
+            "postgres",
+            "sink",
+            "ops",
+            "outbox",
+            "retention",
+        ],
     ),
     (
         "retention",
@@ -34,6 +44,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "config",
             "failpoints",
+            "backoff",
             "postgres",
             "sink",
             "ops",

@@ -22,7 +22,6 @@
 //! The connection pool keeps HTTP/1.1 connections alive between requests; every reply body is
 //! read to its end (up to [`MAX_REPLY_BYTES`]) so its connection can be reused.
 
-use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -32,6 +31,7 @@ use tracing::{debug, info, warn};
 use super::request::Request;
 use super::signature::Signer;
 use super::SINK;
+use crate::backoff::Backoff;
 use crate::config::webhook::{redact_query, WebhookSettings};
 use crate::sink::SinkError;
 
@@ -118,42 +118,6 @@ pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Durati
     }
     let at = httpdate::parse_http_date(text).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// Capped exponential backoff with jitter: `initial * 2^n`, capped at `max`, times a random
-/// factor in [0.5, 1] (so the retries of many keys do not arrive in lockstep).
-#[derive(Debug, Clone)]
-pub(crate) struct Backoff {
-    initial: Duration,
-    max: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    pub(crate) fn new(initial: Duration, max: Duration) -> Backoff {
-        Backoff {
-            initial,
-            max: max.max(initial),
-            attempt: 0,
-        }
-    }
-
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let exp = self.initial.saturating_mul(1u32 << self.attempt.min(20));
-        self.attempt = self.attempt.saturating_add(1);
-        exp.min(self.max).mul_f64(0.5 + 0.5 * random_unit())
-    }
-}
-
-/// A number in [0, 1) from the standard library's per-process random hash keys.
-fn random_unit() -> f64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The HTTP client of one sink: a keep-alive pool, the signer, the retry policy.
@@ -460,15 +424,5 @@ mod tests {
             panic!("429 is transient")
         };
         assert_eq!(after, Some(Duration::from_secs(2)));
-    }
-
-    #[test]
-    fn backoff_doubles_with_jitter_up_to_its_cap() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(1_000));
-        let delays: Vec<Duration> = (0..8).map(|_| b.next_delay()).collect();
-        for (i, d) in delays.iter().enumerate() {
-            let nominal = Duration::from_millis((100u64 << i).min(1_000));
-            assert!(*d >= nominal / 2 && *d <= nominal, "attempt {i}: {d:?} vs {nominal:?}");
-        }
     }
 }
