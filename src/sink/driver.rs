@@ -742,7 +742,11 @@ where
     /// The first failure stops the driver: nothing is sent after it.
     fn fail(&mut self, cause: &str) {
         if self.failed.is_none() {
-            warn!(sink = self.protocol.name(), %cause, "sink failed; it sends nothing more (the relay replays)");
+            warn!(
+                sink = self.protocol.name(),
+                %cause,
+                "sink failed; it sends nothing more (what follows fails unsent)"
+            );
             self.failed = Some(cause.to_owned());
         }
     }
