@@ -4,7 +4,7 @@
 //!
 //! | layer | modules | may import |
 //! |---|---|---|
-//! | leaves | [`config`], `failpoints` | nothing of the crate |
+//! | leaves | [`config`], `failpoints`, `backoff` | nothing of the crate |
 //! | adapters | [`postgres`], `sink` (the publish interface and its brokers), [`ops`] | `config` |
 //! | domain | `outbox` | `config`, adapters |
 //! | pipelines and control | `relay`, `poll`, [`control`], `retention` | the layers below (`poll` and `control` never `relay`'s internals; `relay` and `poll` start `retention`) |
@@ -17,6 +17,7 @@
 //! `teardown` and their reports, the pgoutput decoder and frame codec ([`postgres`]), the latency
 //! summary ([`ops`]) and the throwaway cluster (`demo`). Everything else is `pub(crate)`.
 
+pub(crate) mod backoff;
 pub mod cli;
 pub mod config;
 pub mod control;

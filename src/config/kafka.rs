@@ -18,7 +18,7 @@ use crate::config::{ConfigError, TAKEOVER_FENCE_MARGIN};
 /// `[sink] kind = "kafka"` (the default) and its `[kafka]` section of librdkafka properties.
 pub(crate) struct KafkaSection;
 
-/// The registration of `[kafka]` (`config::sink::SINK_SECTIONS`).
+/// The config half of `[kafka]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
 pub(crate) const SECTION: KafkaSection = KafkaSection;
 
 /// A takeover fence longer than this is warned about at start.

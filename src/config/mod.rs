@@ -56,7 +56,7 @@ use self::poll::{PollSection, PollSettings};
 use self::postgres::{PostgresSection, PostgresSettings};
 use self::relay::{RelaySection, RelaySettings};
 use self::retention::{RetentionSection, RetentionSettings};
-use self::sink::{SinkSettings, SinkTable};
+use self::sink::{SinkSettings, SinkSpecs, SinkTable};
 use self::tracing::{TracingSection, TracingSettings};
 
 /// Prefix of environment variables that override file settings.
@@ -97,7 +97,7 @@ pub(crate) struct FileConfig {
     #[serde(default)]
     pub(crate) sink: SinkTable,
     /// The sinks' own sections (`[kafka]`, `[nats]`, …) by name, as written: each is
-    /// validated by its sink's spec (`sink::SINK_SECTIONS`).
+    /// validated by its sink's spec (the registered ones: [`SinkSpecs`]).
     #[serde(skip)]
     pub(crate) sink_sections: BTreeMap<String, toml::Value>,
     #[serde(default)]
@@ -164,36 +164,38 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Reads `path`, applies `OUTBOX_RELAY__*` variables from the process environment, validates.
-    pub fn load(path: &Path) -> Result<Settings, ConfigError> {
-        Self::load_with_env(path, std::env::vars())
-    }
-
-    pub fn load_with_env(
+    /// Reads `path`, applies `OUTBOX_RELAY__*` variables from `env`, validates `[sink]` against
+    /// `specs` (the registered sinks' sections, handed over by the caller: this module is a
+    /// leaf and cannot name them; `Settings::load` and its siblings in `src/sink/registry.rs`
+    /// hand over the registry's).
+    pub(crate) fn read_with(
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
+        specs: SinkSpecs,
     ) -> Result<Settings, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_toml_str(&text, path, env)
+        Self::parse_with(&text, path, env, specs)
     }
 
-    pub fn from_toml_str(
+    /// [`Settings::read_with`] for a file's text (`path` names it in errors).
+    pub(crate) fn parse_with(
         text: &str,
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
+        specs: SinkSpecs,
     ) -> Result<Settings, ConfigError> {
         let parse_err = |message: String| ConfigError::Parse {
             path: path.to_owned(),
             message,
         };
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
-        apply_env_overrides(&mut table, env)?;
+        apply_env_overrides(&mut table, env, specs)?;
         let sink_sections: BTreeMap<String, toml::Value> = table
             .keys()
-            .filter(|name| sink::is_sink_section(name))
+            .filter(|name| sink::is_sink_section(name, specs))
             .cloned()
             .collect::<Vec<_>>()
             .into_iter()
@@ -207,7 +209,7 @@ impl Settings {
                     .map(|s| format!("[{s}]"))
                     .collect::<Vec<_>>()
                     .join(", "),
-                sink::SINK_SECTIONS
+                specs
                     .iter()
                     .map(|s| format!("[{}]", s.kind()))
                     .collect::<Vec<_>>()
@@ -218,11 +220,11 @@ impl Settings {
             .try_into()
             .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
         file.sink_sections = sink_sections;
-        Settings::validate(file)
+        Settings::validate(file, specs)
     }
 
     /// Validates every section, in file order; the first error wins.
-    pub(crate) fn validate(file: FileConfig) -> Result<Settings, ConfigError> {
+    pub(crate) fn validate(file: FileConfig, specs: SinkSpecs) -> Result<Settings, ConfigError> {
         let mut outbox = file.outbox.validate()?;
         let debezium = file.debezium.as_ref().map(debezium::validate).transpose()?;
         if let Some(format) = &debezium {
@@ -230,7 +232,7 @@ impl Settings {
         }
         let postgres = file.postgres.validate()?;
         let router = file.route.validate()?;
-        let sink_spec = sink::spec_of(&file.sink.kind)?;
+        let sink_spec = sink::spec_of(&file.sink.kind, specs)?;
         if router.key.is_some() && debezium.is_some() {
             return Err(ConfigError::Invalid {
                 key: "route.key",
@@ -280,7 +282,7 @@ impl Settings {
         let relay = file.relay.validate()?;
         let sink = file
             .sink
-            .validate(file.sink_sections, &sink::SectionContext { relay: &relay })?;
+            .validate(file.sink_sections, &sink::SectionContext { relay: &relay }, specs)?;
         let txn_metadata = match file.transactions {
             Some(section) => section.validate(relay.delivery)?,
             None => None,
@@ -360,6 +362,7 @@ const ROOT_SECTIONS: &[&str] = &[
 fn apply_env_overrides(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
+    specs: SinkSpecs,
 ) -> Result<(), ConfigError> {
     let mut vars: Vec<(String, String)> = env.into_iter().filter(|(k, _)| k.starts_with(ENV_PREFIX)).collect();
     vars.sort();
@@ -375,7 +378,7 @@ fn apply_env_overrides(
         // `[debezium]` takes dotted property names; a sink's section says how it names keys.
         let key = if section == "debezium" {
             key.to_ascii_lowercase().replace('_', ".")
-        } else if let Ok(spec) = sink::spec_of(&section) {
+        } else if let Ok(spec) = sink::spec_of(&section, specs) {
             spec.env_key(key)
         } else {
             key.to_ascii_lowercase()

@@ -214,7 +214,7 @@ impl NatsSection {
 /// `[sink] kind = "nats"` and its `[nats]` section (required).
 pub(crate) struct NatsSpec;
 
-/// The registration of `[nats]` (`config::sink::SINK_SECTIONS`).
+/// The config half of `[nats]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
 pub(crate) const SECTION: NatsSpec = NatsSpec;
 
 impl SinkSectionSpec for NatsSpec {

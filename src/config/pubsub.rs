@@ -139,7 +139,7 @@ impl PubSubSection {
     }
 }
 
-/// The config half of the Pub/Sub sink's registration (`config::sink::SINK_SECTIONS`).
+/// The config half of the Pub/Sub sink (its plugin's `spec`, registered in `src/sink/registry.rs`).
 pub(crate) struct PubSubSpec;
 
 /// The registration of `[pubsub]`.

@@ -99,7 +99,7 @@ impl RabbitMqSection {
 /// `[sink] kind = "rabbitmq"` and its `[rabbitmq]` section (required).
 pub(crate) struct RabbitMqSpec;
 
-/// The registration of `[rabbitmq]` (`config::sink::SINK_SECTIONS`).
+/// The config half of `[rabbitmq]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
 pub(crate) const SECTION: RabbitMqSpec = RabbitMqSpec;
 
 impl SinkSectionSpec for RabbitMqSpec {

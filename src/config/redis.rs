@@ -142,7 +142,7 @@ impl RedisSection {
 /// `[sink] kind = "redis"` and its `[redis]` section (required).
 pub(crate) struct RedisSpec;
 
-/// The registration of `[redis]` (`config::sink::SINK_SECTIONS`).
+/// The config half of `[redis]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
 pub(crate) const SECTION: RedisSpec = RedisSpec;
 
 impl SinkSectionSpec for RedisSpec {

@@ -4,9 +4,9 @@
 //! The root configuration knows no sink by name. Each sink declares its section in its own
 //! `src/config/<name>.rs` as a [`SinkSectionSpec`] — the `[sink] kind` word (also the section's
 //! name), its name for people, how its section is validated into a typed [`SinkSection`] — and
-//! is listed once in [`SINK_SECTIONS`]. The sink layer's registry (`src/sink/registry.rs`) lists
-//! the same kinds in the same order (a unit test there checks it): this module is the leaf the
-//! configuration needs at load time, and cannot name the adapters.
+//! is listed once, by its plugin, in the sink layer's registry (`src/sink/registry.rs`), which
+//! hands the specs to the loader ([`SinkSpecs`]): this module is the leaf the configuration
+//! needs at load time, and cannot name the adapters.
 //!
 //! Invariant: exactly one sink section is validated — the chosen kind's (required, even if
 //! empty, when the spec says so); any other sink's section is refused naming both kinds, so a
@@ -25,22 +25,16 @@ use crate::config::ConfigError;
 /// The kind used when `[sink]` says none.
 pub(crate) const DEFAULT_KIND: &str = "kafka";
 
-/// Every sink section this relay has, one line per sink, in the order of the sink registry
-/// (`src/sink/registry.rs`).
-pub(crate) const SINK_SECTIONS: &[&dyn SinkSectionSpec] = &[
-    &crate::config::kafka::SECTION,
-    &crate::config::nats::SECTION,
-    &crate::config::rabbitmq::SECTION,
-    &crate::config::redis::SECTION,
-    &crate::config::webhook::SECTION,
-    &crate::config::pubsub::SECTION,
-    &crate::config::sqs::SECTION,
-];
+/// The sections of the sinks this build has, in registration order: the sink registry's
+/// (`src/sink/registry.rs`, each plugin's [`SinkSectionSpec`]), handed to the loader by its
+/// caller — this module is the leaf the configuration needs at load time and cannot name the
+/// sinks, so the registry is the one place a sink is listed.
+pub(crate) type SinkSpecs = &'static [&'static dyn SinkSectionSpec];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct SinkTable {
-    /// The `kind` of one of [`SINK_SECTIONS`].
+    /// The `kind` of one of the registered sinks ([`SinkSpecs`]).
     pub(crate) kind: String,
 }
 
@@ -178,21 +172,24 @@ impl SinkSettings {
 }
 
 /// The registered spec of `kind`, or the error naming the kinds there are.
-pub(crate) fn spec_of(kind: &str) -> Result<&'static dyn SinkSectionSpec, ConfigError> {
+pub(crate) fn spec_of(kind: &str, specs: SinkSpecs) -> Result<&'static dyn SinkSectionSpec, ConfigError> {
     let kind = kind.trim();
-    SINK_SECTIONS
+    specs
         .iter()
         .copied()
         .find(|s| s.kind() == kind)
         .ok_or_else(|| ConfigError::Invalid {
             key: "sink.kind",
-            message: format!("{kind:?} is not a sink this relay has; use one of {}", kinds_quoted()),
+            message: format!(
+                "{kind:?} is not a sink this relay has; use one of {}",
+                kinds_quoted(specs)
+            ),
         })
 }
 
 /// `"kafka", "nats", …`: every registered kind, for messages.
-pub(crate) fn kinds_quoted() -> String {
-    SINK_SECTIONS
+pub(crate) fn kinds_quoted(specs: SinkSpecs) -> String {
+    specs
         .iter()
         .map(|s| format!("\"{}\"", s.kind()))
         .collect::<Vec<_>>()
@@ -200,8 +197,8 @@ pub(crate) fn kinds_quoted() -> String {
 }
 
 /// Whether `name` is a sink's section (`[nats]`, …), registered or not chosen.
-pub(crate) fn is_sink_section(name: &str) -> bool {
-    SINK_SECTIONS.iter().any(|s| s.kind() == name)
+pub(crate) fn is_sink_section(name: &str, specs: SinkSpecs) -> bool {
+    specs.iter().any(|s| s.kind() == name)
 }
 
 impl SinkTable {
@@ -211,15 +208,12 @@ impl SinkTable {
         self,
         mut sections: std::collections::BTreeMap<String, toml::Value>,
         cx: &SectionContext<'_>,
+        specs: SinkSpecs,
     ) -> Result<SinkSettings, ConfigError> {
-        let spec = spec_of(&self.kind)?;
+        let spec = spec_of(&self.kind, specs)?;
         let own = sections.remove(spec.kind());
         if let Some(other) = sections.keys().next() {
-            let key = SINK_SECTIONS
-                .iter()
-                .map(|s| s.kind())
-                .find(|k| k == other)
-                .unwrap_or("sink");
+            let key = specs.iter().map(|s| s.kind()).find(|k| k == other).unwrap_or("sink");
             return Err(ConfigError::Invalid {
                 key,
                 message: format!(
@@ -230,7 +224,7 @@ impl SinkTable {
         }
         let section = spec.validate(own, cx)?;
         if cx.relay.exactly_once == ExactlyOnceVia::KafkaTransactions && !spec.transactions() {
-            let able: Vec<String> = SINK_SECTIONS
+            let able: Vec<String> = specs
                 .iter()
                 .filter(|s| s.transactions())
                 .map(|s| format!("\"{}\"", s.kind()))
@@ -258,51 +252,4 @@ pub(crate) fn parse_section<T: serde::de::DeserializeOwned>(
         key: kind,
         message: e.to_string(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kafka_is_the_default_and_unknown_kinds_name_the_choices() {
-        assert_eq!(spec_of(&SinkTable::default().kind).unwrap().kind(), "kafka");
-        let Err(err) = spec_of("kinesis") else {
-            panic!("kinesis is no sink")
-        };
-        let err = err.to_string();
-        assert!(
-            err.contains("sink.kind") && err.contains("\"kinesis\"") && err.contains("\"kafka\""),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn an_unknown_section_or_another_kinds_section_names_the_registered_sinks() {
-        use crate::config::test_support::load;
-        let err = load("[kinesis]\nstream = \"x\"\n", &[]).unwrap_err().to_string();
-        assert!(err.contains("unknown field `kinesis`"), "{err}");
-        for kind in SINK_SECTIONS.iter().map(|s| s.kind()) {
-            assert!(err.contains(&format!("[{kind}]")), "{kind} missing: {err}");
-        }
-        // The default kind with another sink's section: refused naming both.
-        let err = load("[redis]\nurl = \"redis://127.0.0.1\"\n", &[])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("a [redis] section is set but [sink] kind = \"kafka\""),
-            "{err}"
-        );
-        let err = load("[sink]\nkind = \"kinesis\"\n", &[]).unwrap_err().to_string();
-        assert!(err.contains(&kinds_quoted()), "{err}");
-    }
-
-    #[test]
-    fn every_kind_is_registered_once() {
-        let mut kinds: Vec<&str> = SINK_SECTIONS.iter().map(|s| s.kind()).collect();
-        let n = kinds.len();
-        kinds.sort_unstable();
-        kinds.dedup();
-        assert_eq!(kinds.len(), n, "a kind registered twice: {kinds:?}");
-    }
 }

@@ -226,7 +226,7 @@ pub(crate) const NO_EXACTLY_ONCE_STANDARD: &str = "standard SQS queues do not de
      [sqs] fifo = true and route to queues whose names end in .fifo, or use relay.delivery = \"at-least-once\" and \
      deduplicate on the `id` attribute (docs/sink-sqs.md)";
 
-/// The config half of the SQS sink's registration (`config::sink::SINK_SECTIONS`).
+/// The config half of the SQS sink (its plugin's `spec`, registered in `src/sink/registry.rs`).
 pub(crate) struct SqsSpec;
 
 /// The registration of `[sqs]`.

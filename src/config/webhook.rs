@@ -446,7 +446,7 @@ pub(crate) const NO_EXACTLY_ONCE: &str = "HTTP has no deduplication on the wire:
      sent again, and only the receiver can tell. Use relay.delivery = \"at-least-once\" and deduplicate on the \
      Idempotency-Key (or webhook-id) header, the event id (docs/sink-webhook.md)";
 
-/// The config half of the webhook sink's registration (`config::sink::SINK_SECTIONS`).
+/// The config half of the webhook sink (its plugin's `spec`, registered in `src/sink/registry.rs`).
 pub(crate) struct WebhookSpec;
 
 /// The registration of `[webhook]`.

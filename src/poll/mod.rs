@@ -39,10 +39,11 @@ use tracing::{error, info, warn};
 
 pub(crate) use error::PollError;
 
+use crate::backoff::Backoff;
 use crate::config::relay::BadEventPolicy;
 use crate::config::Settings;
 use crate::ops::health::{Mode, RelayHealth};
-use crate::ops::retry::{wait_or_shutdown, Backoff};
+use crate::ops::retry::wait_or_shutdown;
 use sql::PollSql;
 use worker::Worker;
 

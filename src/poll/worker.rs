@@ -29,10 +29,11 @@ use tracing::{debug, info, warn};
 use super::error::PollError;
 use super::record::claimed_values;
 use super::sql::{PollSql, SESSION_SETTINGS};
+use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ops::latency::LatencyBatch;
 use crate::ops::metrics::now_unix_us;
-use crate::ops::retry::{wait_or_shutdown, Backoff};
+use crate::ops::retry::wait_or_shutdown;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::sink::{Completions, Sink, SinkLimits};
@@ -206,7 +207,11 @@ impl Worker {
         .await;
         let ids = match published {
             Ok(Some(ids)) => ids,
-            outcome => {
+            mut outcome => {
+                // A sink that knows waiting cannot help (`Sink::verdict`): stop with that.
+                if let (Err(_), Some(fatal)) = (&outcome, publisher.verdict()) {
+                    outcome = Err(PollError::Sink(fatal));
+                }
                 // Abandon first, roll back second: see the module docs.
                 if let Some((publisher, _)) = self.producer.take() {
                     let _ = tokio::task::spawn_blocking(move || publisher.abandon(ABANDON_WAIT)).await;

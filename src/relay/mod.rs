@@ -56,9 +56,10 @@ pub(crate) use session::SessionEnd;
 
 use self::slot_monitor::SlotVerdict;
 use self::standby::Standby;
+use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ops::health::{Mode, RelayHealth};
-use crate::ops::retry::{wait_or_shutdown, Backoff};
+use crate::ops::retry::wait_or_shutdown;
 
 /// A session that streamed at least this long resets the backoff.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);

@@ -326,6 +326,11 @@ async fn stream(
                 // Crash tests: acknowledged by Kafka, not yet confirmed to PostgreSQL.
                 fail::fail_point!("relay::acked_before_status", |_| crate::failpoints::crash("relay::acked_before_status"));
                 if let Some(e) = failure {
+                    // A sink that knows waiting cannot help (`Sink::verdict`) ends the session with
+                    // that, not with the record's failure: the relay stops, nothing replays.
+                    if let Some(fatal) = state.publisher.verdict() {
+                        return Err(RelayError::Sink(fatal));
+                    }
                     return Err(e);
                 }
                 // Confirm as soon as acknowledgements complete transactions rather than at the next

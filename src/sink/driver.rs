@@ -1,11 +1,18 @@
-//! The shared driver of request/response sinks: an adapter says how a record becomes a request
-//! ([`Exchange::encode`]), how a request goes out and its reply comes back ([`Exchange::send`])
-//! and what a reply means ([`Exchange::classify`]); the driver does the rest of [`Sink`] — the
-//! queue, in-flight accounting, per-key order and the key fence, one completion per record,
-//! stop and bounded abandon.
+//! The shared driver of request/response sinks: an adapter says how a record becomes a request,
+//! how a request goes out and its reply comes back, and what a reply means; the driver does
+//! the rest of [`Sink`] — the queue, in-flight accounting, per-key order and the key fence, one
+//! completion per record, stop and bounded abandon.
+//!
+//! Two kinds of adapter:
+//! * an [`Exchange`] hands back one reply future per request ([`Exchange::send`]) — HTTP,
+//!   AMQP publisher confirms: whatever the client library resolves per request;
+//! * a [`Protocol`] with its [`Connection`] writes requests onto one connection and reads every
+//!   reply from one stream ([`Connection::next`], telling which request each answers) — NATS
+//!   PubAcks on one subscription, Redis pipeline replies in command order. No future, channel
+//!   or lock per reply: the driver's own task reads them.
 //!
 //! Two ways to keep each key's order ([`Concurrency`]):
-//! * **Pipelined**: requests go out one after another in hand-over order (each `send` settled
+//! * **Pipelined**: requests go out one after another in hand-over order (each write settled
 //!   before the next starts), and their replies are awaited together — publishes pipelined on
 //!   one connection, the broker keeping the order of one connection.
 //! * **Per key**: at most one request of a key is in flight, up to `max_keys` keys at once;
@@ -18,14 +25,17 @@
 //!   replays them after the failed one).
 //! * After a refusal, the key is fenced ([`KeyFence`]) until the caller releases it; records of
 //!   the key fail `Transient` unsent, reported after the refusal.
+//! * A [`Outcome::Fatal`] reply stops the driver like a transient one and becomes the sink's
+//!   [`Sink::verdict`] (before its record's completion is sent): the relay stops with it
+//!   instead of replaying into the same wall.
 //! * Abandon drops what is queued, waits at most the given time for replies on the wire, then
-//!   drops (cancels) the reply futures still pending: an adapter retrying inside its future
-//!   stops there.
+//!   drops (cancels) the replies still pending: an adapter retrying inside its future stops
+//!   there.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -33,7 +43,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
-use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkFailure, SinkRecord};
+use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
 /// What a reply means, in the driver's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +55,10 @@ pub(crate) enum Outcome {
     Refused(String),
     /// The broker, the network or the client failed; a replay may succeed. The cause.
     Transient(String),
+    /// Waiting cannot help: an operator must act (a certificate the relay does not trust,
+    /// credentials refused). The problem AND the fix, in words for the operator: the relay
+    /// stops with it ([`Sink::verdict`]), nothing confirmed past what was acknowledged.
+    Fatal(String),
 }
 
 /// The future of one request's reply, owned by the driver (dropped to cancel it).
@@ -95,21 +109,110 @@ pub(crate) trait Exchange: Send + Sync + 'static {
     }
 }
 
+/// The shared half of a sink whose replies come back on one stream ([`Connection`]): what
+/// `Sink::send` needs on the caller's thread, and what a reply means.
+pub(crate) trait Protocol: Send + Sync + 'static {
+    /// One record, ready to write.
+    type Request: Send + 'static;
+    /// One reply, as the connection read it.
+    type Reply: Send + 'static;
+
+    /// The broker's name for people, in causes ("NATS JetStream").
+    fn name(&self) -> &'static str;
+
+    /// As [`Exchange::encode`]: `Err` refuses the record on sight.
+    fn encode(
+        &self,
+        record: &SinkRecord<'_>,
+        extra: &[(&str, &[u8])],
+        dedup_key: Option<&str>,
+    ) -> Result<Self::Request, String>;
+
+    /// What `reply` means for its record.
+    fn classify(&self, reply: Self::Reply) -> Outcome;
+
+    /// What a reply is called, in the cause of a record whose reply did not come in time.
+    fn reply_name(&self) -> &'static str {
+        "reply"
+    }
+
+    /// What [`Sink::abandon`] allows beyond its wait for the task to wind down and close the
+    /// connection ([`Connection::close`]); a connection that closes by being dropped needs
+    /// little.
+    fn close_margin(&self) -> Duration {
+        CLOSE_MARGIN
+    }
+}
+
+/// What a connection read: the reply to request `n`, or the end of trust in the connection.
+pub(crate) enum Arrival<Reply> {
+    /// The reply to the request written as number `n` (replies may come in any order; one
+    /// whose request is no longer on the wire, e.g. timed out, is ignored).
+    Reply(u64, Reply),
+    /// No reply can be trusted to come any more (connection lost, replies dropped by the
+    /// client): every request on the wire fails `Transient` with this cause, and the driver
+    /// sends nothing more.
+    Lost(String),
+}
+
+/// The connection of a [`Protocol`] sink, owned by the driver's task: it writes requests and
+/// reads every reply, so a reply costs no future, channel or lock of its own.
+pub(crate) trait Connection: Send + 'static {
+    type Request: Send + 'static;
+    type Reply: Send + 'static;
+
+    /// Whether the connection takes another write now (a connection writing in batches says
+    /// no while its batch is on the wire: records then wait in the driver's queue).
+    fn ready(&self) -> bool {
+        true
+    }
+
+    /// Writes request number `n` (numbered from 0 in the order the driver writes them; the
+    /// reply names it). Resolves once the connection took it; the driver awaits it before the
+    /// next write. `Err`: it could not be written (transient: the driver stops).
+    fn write(&mut self, n: u64, request: Self::Request) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// Whether the connection gathers writes into batches: the driver then writes everything
+    /// queued (while [`Connection::ready`]) before it calls [`Connection::flush`]. Otherwise it
+    /// writes one record and looks at the replies before the next, so a failure stops what
+    /// follows as early as it can.
+    fn gathers(&self) -> bool {
+        false
+    }
+
+    /// Called once the driver wrote what it had at hand: a connection that batches sends the
+    /// batch now.
+    fn flush(&mut self) {}
+
+    /// The next reply, or [`Arrival::Lost`]. Polled whenever the driver waits (also with
+    /// nothing on the wire, to notice a lost connection); must be cancel-safe (the driver drops
+    /// it whenever another event comes first). Pending for ever when nothing can come.
+    fn next(&mut self) -> impl Future<Output = Arrival<Self::Reply>> + Send;
+
+    /// Closes the connection, once the driver has stopped (replies still pending are dropped
+    /// with it); bounded ([`CLOSE_MARGIN`] at most).
+    fn close(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// Records taken from the queue at once for a connection that gathers batches, between two
+/// looks at stop and the replies.
+const DRAIN_AT_ONCE: usize = 1024;
+
 /// What [`Sink::abandon`] allows an adapter's [`Exchange::close`] beyond the wait for replies.
 pub(crate) const CLOSE_MARGIN: Duration = Duration::from_secs(3);
 
 /// How requests of different and of the same key may overlap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Concurrency {
-    /// Sent in hand-over order, one `send` at a time; any number of replies awaited at once.
-    // No adapter pipelines on the driver yet (NATS and Redis keep their own publishers).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Sent in hand-over order, one write at a time; any number of replies awaited at once.
     Pipelined,
     /// At most one request in flight per key, up to `max_keys` keys at once.
     PerKey { max_keys: usize },
 }
 
-/// How the driver runs an [`Exchange`].
+/// How the driver runs an adapter.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DriverOptions {
     pub(crate) concurrency: Concurrency,
@@ -118,13 +221,76 @@ pub(crate) struct DriverOptions {
     /// Bytes on the wire at most ([`SinkRecord::size`]); one request always goes.
     pub(crate) max_in_flight_bytes: usize,
     /// A reply not in after this fails its record `Transient` (one timer checks the oldest).
-    /// `None`: the adapter bounds its reply future itself.
+    /// `None`: the adapter bounds its replies itself.
     pub(crate) reply_timeout: Option<Duration>,
     /// A record that waited longer than this in the queue is not sent (`Transient`): a
     /// process frozen this long may have been replaced by a standby that replays.
     pub(crate) max_queue_wait: Option<Duration>,
     /// How long a driver dropped without [`Sink::abandon`] waits for replies on the wire.
     pub(crate) drop_wait: Duration,
+}
+
+/// An [`Exchange`] as a [`Protocol`]: its encode, classify and names.
+pub(crate) struct PerRequest<E>(Arc<E>);
+
+impl<E: Exchange> Protocol for PerRequest<E> {
+    type Request = E::Request;
+    type Reply = E::Reply;
+
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn encode(
+        &self,
+        record: &SinkRecord<'_>,
+        extra: &[(&str, &[u8])],
+        dedup_key: Option<&str>,
+    ) -> Result<E::Request, String> {
+        self.0.encode(record, extra, dedup_key)
+    }
+
+    fn classify(&self, reply: E::Reply) -> Outcome {
+        self.0.classify(reply)
+    }
+
+    fn reply_name(&self) -> &'static str {
+        self.0.reply_name()
+    }
+
+    fn close_margin(&self) -> Duration {
+        CLOSE_MARGIN
+    }
+}
+
+/// An [`Exchange`]'s wire: its reply futures, awaited together.
+struct Requests<E: Exchange> {
+    exchange: Arc<E>,
+    replies: FuturesUnordered<ReplyFuture<(u64, E::Reply)>>,
+}
+
+impl<E: Exchange> Connection for Requests<E> {
+    type Request = E::Request;
+    type Reply = E::Reply;
+
+    async fn write(&mut self, n: u64, request: E::Request) -> Result<(), String> {
+        let reply = self.exchange.send(request).await?;
+        self.replies.push(Box::pin(async move { (n, reply.await) }));
+        Ok(())
+    }
+
+    async fn next(&mut self) -> Arrival<E::Reply> {
+        match self.replies.next().await {
+            Some((n, reply)) => Arrival::Reply(n, reply),
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn close(&mut self) {
+        // Cancel what is still pending before the connection goes.
+        self.replies = FuturesUnordered::new();
+        self.exchange.close().await;
+    }
 }
 
 /// A record taken by the driver.
@@ -148,56 +314,86 @@ struct OnWire<Tag> {
     sent_at: Instant,
 }
 
-/// The [`Sink`] an [`Exchange`] becomes.
-pub(crate) struct Driven<E: Exchange, Tag: Send + Sync + 'static> {
-    exchange: Arc<E>,
-    queue: mpsc::UnboundedSender<Item<E::Request, Tag>>,
+/// The [`Sink`] an adapter becomes.
+pub(crate) struct DriverSink<P: Protocol, Tag: Send + Sync + 'static> {
+    protocol: Arc<P>,
+    queue: mpsc::UnboundedSender<Item<P::Request, Tag>>,
     stop: watch::Sender<Option<Duration>>,
     done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
     fence: Arc<KeyFence>,
+    /// Set by the task at a [`Outcome::Fatal`] reply.
+    verdict: Arc<Mutex<Option<SinkError>>>,
+    /// Aborted when abandon gives up waiting: nothing more is written after it returned.
+    task: tokio::task::AbortHandle,
 }
+
+/// The [`Sink`] an [`Exchange`] becomes.
+pub(crate) type Driven<E, Tag> = DriverSink<PerRequest<E>, Tag>;
 
 /// Starts the driver task of `exchange` on the current tokio runtime.
 pub(crate) fn start<E: Exchange, Tag: Send + Sync + 'static>(
     exchange: Arc<E>,
     options: DriverOptions,
 ) -> (Driven<E, Tag>, Completions<Tag>) {
+    let connection = Requests {
+        exchange: Arc::clone(&exchange),
+        replies: FuturesUnordered::new(),
+    };
+    start_on(Arc::new(PerRequest(exchange)), connection, options)
+}
+
+/// Starts the driver task of a [`Protocol`] sink on `connection`, on the current tokio runtime.
+pub(crate) fn start_on<P, C, Tag>(
+    protocol: Arc<P>,
+    connection: C,
+    options: DriverOptions,
+) -> (DriverSink<P, Tag>, Completions<Tag>)
+where
+    P: Protocol,
+    C: Connection<Request = P::Request, Reply = P::Reply>,
+    Tag: Send + Sync + 'static,
+{
     let (queue, queued) = mpsc::unbounded_channel();
     let (completions_tx, completions) = mpsc::unbounded_channel();
     let (stop, stopped) = watch::channel(None);
     let (done_tx, done) = std::sync::mpsc::channel();
     let fence = Arc::new(KeyFence::default());
+    let verdict = Arc::new(Mutex::new(None));
     let task = Task {
-        exchange: Arc::clone(&exchange),
+        protocol: Arc::clone(&protocol),
+        connection,
         options,
         completions: completions_tx,
         fence: Arc::clone(&fence),
+        verdict: Arc::clone(&verdict),
         on_wire: BTreeMap::new(),
         wire_bytes: 0,
-        replies: FuturesUnordered::new(),
         next: 0,
         failed: None,
         keys: HashMap::new(),
         runnable: VecDeque::new(),
         held: None,
     };
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         task.run(queued, stopped).await;
         let _ = done_tx.send(());
-    });
+    })
+    .abort_handle();
     (
-        Driven {
-            exchange,
+        DriverSink {
+            task,
+            protocol,
             queue,
             stop,
             done: std::sync::Mutex::new(done),
             fence,
+            verdict,
         },
         completions,
     )
 }
 
-impl<E: Exchange, Tag: Send + Sync + 'static> Sink<Tag> for Driven<E, Tag> {
+impl<P: Protocol, Tag: Send + Sync + 'static> Sink<Tag> for DriverSink<P, Tag> {
     fn send(
         &self,
         record: &SinkRecord<'_>,
@@ -205,37 +401,23 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Sink<Tag> for Driven<E, Tag> {
         dedup_key: Option<&str>,
         tag: Box<Tag>,
     ) -> Result<(), Refusal<Tag>> {
-        let event_id = String::from_utf8_lossy(record.event_id).into_owned();
-        let refusal = |tag, kind, cause| Refusal {
-            tag,
-            failure: SinkFailure {
-                kind,
-                destination: record.destination.to_string(),
-                partition: None,
-                event_id: Some(event_id.clone()),
-                cause,
-            },
-        };
-        let request = match self.exchange.encode(record, extra, dedup_key) {
+        let request = match self.protocol.encode(record, extra, dedup_key) {
             Ok(request) => request,
-            Err(cause) => return Err(refusal(tag, FailureKind::Refused, cause)),
+            Err(cause) => return Err(Refusal::of(record, tag, FailureKind::Refused, cause)),
         };
         self.queue
             .send(Item {
                 request,
                 tag,
                 destination: record.destination.to_string(),
-                event_id: event_id.clone(),
+                event_id: String::from_utf8_lossy(record.event_id).into_owned(),
                 key: KeyHash::of(&record.key),
                 size: record.size(),
                 queued_at: Instant::now(),
             })
             .map_err(|e| {
-                refusal(
-                    e.0.tag,
-                    FailureKind::Transient,
-                    format!("the {} sink has stopped", self.exchange.name()),
-                )
+                let cause = format!("the {} sink has stopped", self.protocol.name());
+                Refusal::of(record, e.0.tag, FailureKind::Transient, cause)
             })
     }
 
@@ -245,36 +427,43 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Sink<Tag> for Driven<E, Tag> {
         fail::fail_point!("publisher::abandon", |_| crate::failpoints::crash("publisher::abandon"));
         let done = self.done.lock().unwrap_or_else(|e| e.into_inner());
         // The task waits at most `wait` itself; the margin covers its wind-down and close.
-        if done.recv_timeout(wait + CLOSE_MARGIN).is_err() {
-            warn!(sink = self.exchange.name(), "abandoned sink did not stop in time");
+        if done.recv_timeout(wait + self.protocol.close_margin()).is_err() {
+            warn!(sink = self.protocol.name(), "abandoned sink did not stop in time");
+            // Its connection goes with the task.
+            self.task.abort();
         }
     }
 
     fn release(&self, key: &[u8]) {
         self.fence.open(key);
     }
+
+    fn verdict(&self) -> Option<SinkError> {
+        self.verdict.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
-/// The driver's task: owns the queue's receiving end, the wire and the completions.
-struct Task<E: Exchange, Tag> {
-    exchange: Arc<E>,
+/// The driver's task: owns the queue's receiving end, the connection and the completions.
+struct Task<P: Protocol, C, Tag> {
+    protocol: Arc<P>,
+    connection: C,
     options: DriverOptions,
     completions: mpsc::UnboundedSender<Completion<Tag>>,
     fence: Arc<KeyFence>,
+    verdict: Arc<Mutex<Option<SinkError>>>,
     /// By sequence number: the first entry is the oldest on the wire.
     on_wire: BTreeMap<u64, OnWire<Tag>>,
     wire_bytes: usize,
-    replies: FuturesUnordered<ReplyFuture<(u64, E::Reply)>>,
     next: u64,
     /// Set at the first transient failure: nothing is sent after it.
     failed: Option<String>,
     /// Per key: its records waiting behind the one on the wire (`Concurrency::PerKey`), and
     /// whether one is on the wire.
-    keys: HashMap<KeyHash, KeyQueue<E::Request, Tag>>,
+    keys: HashMap<KeyHash, KeyQueue<P::Request, Tag>>,
     /// Keys with nothing on the wire and a record waiting for a free slot, oldest first.
     runnable: VecDeque<KeyHash>,
     /// A record taken from the queue that waits for room on the wire (pipelined).
-    held: Option<Item<E::Request, Tag>>,
+    held: Option<Item<P::Request, Tag>>,
 }
 
 struct KeyQueue<Request, Tag> {
@@ -282,10 +471,15 @@ struct KeyQueue<Request, Tag> {
     waiting: VecDeque<Item<Request, Tag>>,
 }
 
-impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
+impl<P, C, Tag> Task<P, C, Tag>
+where
+    P: Protocol,
+    C: Connection<Request = P::Request, Reply = P::Reply>,
+    Tag: Send + Sync + 'static,
+{
     async fn run(
         mut self,
-        mut queued: mpsc::UnboundedReceiver<Item<E::Request, Tag>>,
+        mut queued: mpsc::UnboundedReceiver<Item<P::Request, Tag>>,
         mut stop: watch::Receiver<Option<Duration>>,
     ) {
         let mut wait = self.options.drop_wait;
@@ -306,10 +500,36 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
                     }
                     break;
                 }
-                Some((n, reply)) = self.replies.next(), if !self.replies.is_empty() => self.reply(n, reply).await,
-                _ = overdue.tick(), if timed && !self.on_wire.is_empty() => self.time_out_overdue().await,
+                arrival = self.connection.next() => {
+                    match arrival {
+                        Arrival::Reply(n, reply) => {
+                            let key = self.settle(n, reply);
+                            self.after_wire_freed(key).await;
+                        }
+                        Arrival::Lost(cause) => self.lost(cause).await,
+                    }
+                    self.connection.flush();
+                }
+                _ = overdue.tick(), if timed && !self.on_wire.is_empty() => {
+                    self.time_out_overdue().await;
+                    self.connection.flush();
+                }
                 next = queued.recv(), if room => match next {
-                    Some(item) => self.take(item).await,
+                    Some(item) => {
+                        self.take(item).await;
+                        // A batch: what else is queued goes out with it (one flush), a bounded
+                        // number before stop and replies are looked at again.
+                        for _ in 0..DRAIN_AT_ONCE {
+                            if !self.connection.gathers() || !self.has_room() {
+                                break;
+                            }
+                            match queued.try_recv() {
+                                Ok(item) => self.take(item).await,
+                                Err(_) => break,
+                            }
+                        }
+                        self.connection.flush();
+                    }
                     None => break,
                 },
             }
@@ -321,33 +541,35 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
         self.keys.clear();
         self.runnable.clear();
         self.held = None;
+        self.connection.flush();
         let drain = async {
             while !self.on_wire.is_empty() {
-                match self.replies.next().await {
-                    Some((n, reply)) => {
+                match self.connection.next().await {
+                    Arrival::Reply(n, reply) => {
                         self.settle(n, reply);
                     }
-                    None => break,
+                    Arrival::Lost(cause) => {
+                        self.fail_on_wire(&cause);
+                        break;
+                    }
                 }
             }
         };
         if tokio::time::timeout(wait, drain).await.is_err() {
             warn!(
-                sink = self.exchange.name(),
+                sink = self.protocol.name(),
                 pending = self.on_wire.len(),
                 "abandoned sink gave up waiting for its replies"
             );
         }
-        // Cancel what is still pending before the connection goes.
-        self.replies = FuturesUnordered::new();
-        self.exchange.close().await;
+        self.connection.close().await;
     }
 
     /// Whether another record may be taken from the queue now.
     fn has_room(&self) -> bool {
         match self.options.concurrency {
             // A record waiting for room blocks the queue: the order is the queue's.
-            Concurrency::Pipelined => self.held.is_none(),
+            Concurrency::Pipelined => self.held.is_none() && self.connection.ready(),
             // Records wait in their key's queue; the caller's budget bounds them.
             Concurrency::PerKey { .. } => true,
         }
@@ -355,6 +577,9 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
 
     /// Whether the wire has room for a request of `size` bytes.
     fn wire_room(&self, size: usize) -> bool {
+        if !self.connection.ready() {
+            return false;
+        }
         let count = self.on_wire.len();
         let slots = match self.options.concurrency {
             Concurrency::Pipelined => self.options.max_in_flight.max(1),
@@ -364,7 +589,7 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
     }
 
     /// A record from the queue.
-    async fn take(&mut self, item: Item<E::Request, Tag>) {
+    async fn take(&mut self, item: Item<P::Request, Tag>) {
         match self.options.concurrency {
             Concurrency::Pipelined => {
                 if self.wire_room(item.size) {
@@ -427,7 +652,7 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
     }
 
     /// Sends one record unless it must fail unsent; `true` when it went on the wire.
-    async fn dispatch(&mut self, item: Item<E::Request, Tag>) -> bool {
+    async fn dispatch(&mut self, item: Item<P::Request, Tag>) -> bool {
         if let Some(cause) = &self.failed {
             let cause = format!("not sent: an earlier record failed ({cause})");
             self.complete(
@@ -453,7 +678,7 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
                 "not sent: it waited {} ms in the queue, more than the reply timeout",
                 waited.as_millis()
             );
-            self.failed = Some(cause.clone());
+            self.fail(&cause);
             self.complete(
                 item.tag,
                 item.destination,
@@ -464,9 +689,8 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
         }
         let n = self.next;
         self.next += 1;
-        match self.exchange.send(item.request).await {
-            Ok(reply) => {
-                self.replies.push(Box::pin(async move { (n, reply.await) }));
+        match self.connection.write(n, item.request).await {
+            Ok(()) => {
                 self.wire_bytes += item.size;
                 self.on_wire.insert(
                     n,
@@ -483,7 +707,7 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
             }
             Err(e) => {
                 let cause = format!("send failed: {e}");
-                self.failed = Some(cause.clone());
+                self.fail(&cause);
                 self.complete(
                     item.tag,
                     item.destination,
@@ -493,12 +717,6 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
                 false
             }
         }
-    }
-
-    /// A reply while running: settles its record, then sends what waited for room.
-    async fn reply(&mut self, n: u64, reply: E::Reply) {
-        let key = self.settle(n, reply);
-        self.after_wire_freed(key).await;
     }
 
     async fn after_wire_freed(&mut self, key: Option<KeyHash>) {
@@ -521,15 +739,77 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
         }
     }
 
+    /// The first failure stops the driver: nothing is sent after it.
+    fn fail(&mut self, cause: &str) {
+        if self.failed.is_none() {
+            warn!(
+                sink = self.protocol.name(),
+                %cause,
+                "sink failed; it sends nothing more (what follows fails unsent)"
+            );
+            self.failed = Some(cause.to_owned());
+        }
+    }
+
+    /// The connection can no longer be trusted: what is on the wire fails, nothing more is sent.
+    async fn lost(&mut self, cause: String) {
+        let keys = self.fail_on_wire(&cause);
+        match self.options.concurrency {
+            Concurrency::Pipelined => self.after_wire_freed(None).await,
+            Concurrency::PerKey { .. } => {
+                for key in keys {
+                    self.key_done(key);
+                }
+                self.fill().await;
+            }
+        }
+    }
+
+    /// Fails every record on the wire with `cause`, in the order they were sent; their keys.
+    fn fail_on_wire(&mut self, cause: &str) -> Vec<KeyHash> {
+        self.fail(cause);
+        self.wire_bytes = 0;
+        let mut keys = Vec::with_capacity(self.on_wire.len());
+        for (_, rec) in std::mem::take(&mut self.on_wire) {
+            keys.push(rec.key);
+            self.complete(
+                rec.tag,
+                rec.destination,
+                rec.event_id,
+                Err((FailureKind::Transient, cause.to_owned())),
+            );
+        }
+        keys
+    }
+
     /// Settles record `n` with `reply`; its key, if it was still on the wire.
-    fn settle(&mut self, n: u64, reply: E::Reply) -> Option<KeyHash> {
+    fn settle(&mut self, n: u64, reply: P::Reply) -> Option<KeyHash> {
         let rec = self.on_wire.remove(&n)?; // timed out already
         self.wire_bytes = self.wire_bytes.saturating_sub(rec.size);
         let key = rec.key;
-        match self.exchange.classify(reply) {
+        match self.protocol.classify(reply) {
             Outcome::Acknowledged => self.complete(rec.tag, rec.destination, rec.event_id, Ok(())),
             Outcome::Transient(cause) => {
-                self.failed.get_or_insert_with(|| cause.clone());
+                self.fail(&cause);
+                self.complete(
+                    rec.tag,
+                    rec.destination,
+                    rec.event_id,
+                    Err((FailureKind::Transient, cause)),
+                );
+            }
+            Outcome::Fatal(cause) => {
+                // The verdict first: a caller that sees the failed record finds it there.
+                let verdict = SinkError {
+                    sink: self.protocol.name(),
+                    cause: cause.clone(),
+                    transient: false,
+                };
+                self.verdict
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(verdict);
+                self.fail(&cause);
                 self.complete(
                     rec.tag,
                     rec.destination,
@@ -568,10 +848,10 @@ impl<E: Exchange, Tag: Send + Sync + 'static> Task<E, Tag> {
             self.wire_bytes = self.wire_bytes.saturating_sub(rec.size);
             let cause = format!(
                 "no {} within the reply timeout ({} ms)",
-                self.exchange.reply_name(),
+                self.protocol.reply_name(),
                 timeout.as_millis()
             );
-            self.failed.get_or_insert_with(|| cause.clone());
+            self.fail(&cause);
             self.complete(
                 rec.tag,
                 rec.destination,
@@ -619,6 +899,7 @@ mod tests {
         AckAfter(u64),
         Refuse,
         Transient,
+        Fatal,
         /// Never answers.
         Hang,
     }
@@ -681,6 +962,7 @@ mod tests {
             let script = match script {
                 "refuse" => Script::Refuse,
                 "transient" => Script::Transient,
+                "fatal" => Script::Fatal,
                 "hang" => Script::Hang,
                 ms => Script::AckAfter(ms.parse().unwrap()),
             };
@@ -714,7 +996,7 @@ mod tests {
                 match request.script {
                     Script::AckAfter(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
                     Script::Hang => std::future::pending::<()>().await,
-                    Script::Refuse | Script::Transient => {}
+                    Script::Refuse | Script::Transient | Script::Fatal => {}
                 }
                 guard.finished = true;
                 request.script
@@ -726,6 +1008,7 @@ mod tests {
                 Script::AckAfter(_) => Outcome::Acknowledged,
                 Script::Refuse => Outcome::Refused("the broker refused it".into()),
                 Script::Transient | Script::Hang => Outcome::Transient("the broker is busy".into()),
+                Script::Fatal => Outcome::Fatal("the certificate is not trusted; set the CA".into()),
             }
         }
     }
@@ -898,6 +1181,25 @@ mod tests {
             let sent: Vec<u32> = fx.seen.lock().unwrap().sent.iter().map(|(_, v)| *v).collect();
             assert!(!sent.contains(&2), "{concurrency:?}: {sent:?}");
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_fatal_reply_becomes_the_verdict_and_stops_the_driver() {
+        let mut fx = fixture(options(Concurrency::PerKey { max_keys: 1 }));
+        assert!(fx.sink.verdict().is_none());
+        send(&fx.sink, "a", "0:fatal", 0).unwrap();
+        send(&fx.sink, "b", "1:0", 1).unwrap();
+        // The record is not lost: it fails transient (the WAL position is held) ...
+        assert_eq!(
+            next(&mut fx.completions, 2).await,
+            vec![(0, Some(FailureKind::Transient)), (1, Some(FailureKind::Transient))]
+        );
+        // ... and the sink says why waiting cannot help, for the relay to stop with.
+        let verdict = fx.sink.verdict().expect("a verdict after a fatal reply");
+        assert!(!verdict.transient);
+        assert_eq!(verdict.cause, "the certificate is not trusted; set the CA");
+        let sent: Vec<u32> = fx.seen.lock().unwrap().sent.iter().map(|(_, v)| *v).collect();
+        assert_eq!(sent, vec![0], "nothing sent after the fatal reply");
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -92,16 +92,12 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
     ) -> Result<(), Refusal<Tag>> {
         let mut state = self.state.lock().unwrap();
         if state.refuse.as_deref() == Some(&*record.destination) {
-            return Err(Refusal {
+            return Err(Refusal::of(
+                record,
                 tag,
-                failure: SinkFailure {
-                    kind: FailureKind::Refused,
-                    destination: record.destination.clone().into_owned(),
-                    partition: None,
-                    event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
-                    cause: "refused by the test".into(),
-                },
-            });
+                FailureKind::Refused,
+                "refused by the test".into(),
+            ));
         }
         let mut headers = vec![("id".to_owned(), Some(record.event_id.to_vec()))];
         headers.extend(

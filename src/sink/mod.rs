@@ -183,6 +183,43 @@ pub(crate) struct Refusal<Tag> {
     pub(crate) failure: SinkFailure,
 }
 
+impl SinkFailure {
+    /// `record` failed: its destination and event id, with `kind` and `cause`.
+    pub(crate) fn of(record: &SinkRecord<'_>, kind: FailureKind, cause: String) -> SinkFailure {
+        SinkFailure {
+            kind,
+            destination: record.destination.to_string(),
+            partition: record.partition,
+            event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
+            cause,
+        }
+    }
+}
+
+impl<Tag> Refusal<Tag> {
+    /// `send` did not take `record` (the one constructor every sink uses).
+    pub(crate) fn of(record: &SinkRecord<'_>, tag: Box<Tag>, kind: FailureKind, cause: String) -> Refusal<Tag> {
+        Refusal {
+            tag,
+            failure: SinkFailure::of(record, kind, cause),
+        }
+    }
+
+    /// A request that is no record (a seal) was not taken: transient, for `cause`.
+    pub(crate) fn transient(tag: Box<Tag>, cause: String) -> Refusal<Tag> {
+        Refusal {
+            tag,
+            failure: SinkFailure {
+                kind: FailureKind::Transient,
+                destination: String::new(),
+                partition: None,
+                event_id: None,
+                cause,
+            },
+        }
+    }
+}
+
 /// The completions of one sink, one per record it took.
 pub(crate) type Completions<Tag> = mpsc::UnboundedReceiver<Completion<Tag>>;
 
@@ -270,16 +307,10 @@ pub(crate) trait Sink<Tag>: Send + Sync {
     /// refuse at once.
     fn seal(&self, checkpoint: u64, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
         let _ = (checkpoint, label);
-        Err(Refusal {
+        Err(Refusal::transient(
             tag,
-            failure: SinkFailure {
-                kind: FailureKind::Transient,
-                destination: String::new(),
-                partition: None,
-                event_id: None,
-                cause: "this sink does not commit records in units".into(),
-            },
-        })
+            "this sink does not commit records in units".into(),
+        ))
     }
 
     /// [`ExactlyOnce::Transactions`]: the checkpoint the last successful [`Sink::seal`] of this

@@ -72,7 +72,7 @@ pub(crate) trait SinkPlugin: Sync + 'static {
     /// The sink's validated section: the type its `src/config/<name>.rs` produces.
     type Config: SinkSection;
 
-    /// Its config half, registered in `config::sink::SINK_SECTIONS`: the `[sink] kind` word
+    /// Its config half, handed to the config loader by the registry: the `[sink] kind` word
     /// ([`SinkSectionSpec::kind`]) and the name for people ([`SinkSectionSpec::name`]).
     fn spec(&self) -> &'static dyn SinkSectionSpec;
 

@@ -1,15 +1,18 @@
-//! The sinks this relay has: one line per sink in [`sinks!`]'s list, in the order of
-//! `config::sink::SINK_SECTIONS` (the config half of the same registration; a unit test below
-//! checks the two agree). Generic code reaches a sink only through [`visit`] (the chosen one)
-//! or [`each`] (all of them).
+//! The sinks this relay has: one line per sink in [`sinks!`]'s list, the only place a sink is
+//! registered. Generic code reaches a sink only through [`visit`] (the chosen one) or [`each`]
+//! (all of them); the configuration reaches the sinks' sections through [`sections`], which
+//! the loader's entry points below hand to the config leaf (`Settings::load`,
+//! `Settings::load_with_env`, `Settings::from_toml_str`: they live here, above both layers,
+//! because `config` cannot name the sinks).
 //!
-//! Adding a sink: its folder `src/sink/<name>/` with a [`SinkPlugin`], its section in
-//! `src/config/<name>.rs`, one line here and one in `config::sink::SINK_SECTIONS`
-//! (docs/architecture.md, "Adding a sink").
+//! Adding a sink: its folder `src/sink/<name>/` with a [`SinkPlugin`] (whose `spec` is its
+//! section in `src/config/<name>.rs`) and one line here (docs/architecture.md, "Adding a sink").
 
-#[cfg(test)]
-use crate::config::sink::SinkSectionSpec;
-use crate::config::sink::SinkSettings;
+use std::path::Path;
+use std::sync::LazyLock;
+
+use crate::config::sink::{SinkSectionSpec, SinkSettings, SinkSpecs};
+use crate::config::{ConfigError, Settings};
 use crate::sink::plugin::SinkPlugin;
 
 /// Something done with the chosen sink's plugin and its section.
@@ -40,6 +43,14 @@ macro_rules! sinks {
         pub(crate) fn each<E: Each>(each: &mut E) {
             $( each.each(&$plugin); )+
         }
+
+        /// The config halves of the registered plugins ([`SinkPlugin::spec`]), in
+        /// registration order: what `[sink] kind` and the sink sections are validated against.
+        pub(crate) fn sections() -> SinkSpecs {
+            static SECTIONS: LazyLock<Vec<&'static dyn SinkSectionSpec>> =
+                LazyLock::new(|| vec![$( SinkPlugin::spec(&$plugin) ),+]);
+            SECTIONS.as_slice()
+        }
     };
 }
 
@@ -53,32 +64,75 @@ sinks![
     crate::sink::sqs::SqsPlugin,
 ];
 
-/// The config halves of the registered plugins, in registration order.
-#[cfg(test)]
-pub(crate) fn specs() -> Vec<&'static dyn SinkSectionSpec> {
-    struct Specs(Vec<&'static dyn SinkSectionSpec>);
-    impl Each for Specs {
-        fn each<P: SinkPlugin>(&mut self, plugin: &'static P) {
-            self.0.push(plugin.spec());
-        }
+impl Settings {
+    /// Reads `path`, applies `OUTBOX_RELAY__*` variables from the process environment, validates
+    /// (the sink sections: the registered ones).
+    pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+        Self::load_with_env(path, std::env::vars())
     }
-    let mut specs = Specs(Vec::new());
-    each(&mut specs);
-    specs.0
+
+    /// [`Settings::load`] with `env` as the environment.
+    pub fn load_with_env(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        Settings::read_with(path, env, sections())
+    }
+
+    /// [`Settings::load_with_env`] for a file's text (`path` names it in errors).
+    pub fn from_toml_str(
+        text: &str,
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        Settings::parse_with(text, path, env, sections())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::sink::SINK_SECTIONS;
+    use crate::config::sink::{kinds_quoted, spec_of, SinkTable};
+    use crate::config::test_support::load;
 
     #[test]
-    fn the_plugins_and_the_config_sections_are_the_same_list() {
-        let plugins: Vec<&str> = specs().iter().map(|s| s.kind()).collect();
-        let sections: Vec<&str> = SINK_SECTIONS.iter().map(|s| s.kind()).collect();
-        assert_eq!(
-            plugins, sections,
-            "src/sink/registry.rs and config::sink::SINK_SECTIONS must list the same sinks in the same order"
+    fn every_kind_is_registered_once() {
+        let mut kinds: Vec<&str> = sections().iter().map(|s| s.kind()).collect();
+        let n = kinds.len();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), n, "a kind registered twice: {kinds:?}");
+    }
+
+    #[test]
+    fn kafka_is_the_default_and_unknown_kinds_name_the_choices() {
+        assert_eq!(spec_of(&SinkTable::default().kind, sections()).unwrap().kind(), "kafka");
+        let Err(err) = spec_of("kinesis", sections()) else {
+            panic!("kinesis is no sink")
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("sink.kind") && err.contains("\"kinesis\"") && err.contains("\"kafka\""),
+            "{err}"
         );
+    }
+
+    #[test]
+    fn an_unknown_section_or_another_kinds_section_names_the_registered_sinks() {
+        let err = load("[kinesis]\nstream = \"x\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("unknown field `kinesis`"), "{err}");
+        for kind in sections().iter().map(|s| s.kind()) {
+            assert!(err.contains(&format!("[{kind}]")), "{kind} missing: {err}");
+        }
+        // The default kind with another sink's section: refused naming both.
+        let err = load("[redis]\nurl = \"redis://127.0.0.1\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("a [redis] section is set but [sink] kind = \"kafka\""),
+            "{err}"
+        );
+        let err = load("[sink]\nkind = \"kinesis\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains(&kinds_quoted(sections())), "{err}");
     }
 }

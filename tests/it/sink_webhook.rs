@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::harness::fault_support::{assert_never_confirmed_past, TxnProbe};
+use crate::harness::tls::generate_server_tls;
 use crate::harness::webhook::{Behaviour, WebhookReceiver};
 use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema, Workload};
 use crate::harness::*;
@@ -426,6 +427,45 @@ async fn sink_webhook_exactly_once_is_refused_at_start() {
         "log:\n{log}"
     );
     assert!(receiver.hits().is_empty());
+}
+
+/// An HTTPS receiver whose certificate the relay does not trust (a throwaway CA, no
+/// `tls_ca`): the relay stops at the first event with an error naming the problem and the fix
+/// (not retrying for ever with the WAL held), confirms nothing past it; with `tls_ca` naming
+/// the CA, the next run delivers the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_webhook_untrusted_tls_certificate_stops_the_relay_naming_the_fix() {
+    let tls = generate_server_tls();
+    let receiver = WebhookReceiver::start_tls(&tls).await;
+    let (_db, client, config) = webhook_db(&receiver, FAST_RETRIES).await;
+    let ev = insert_event(&client, OutboxSchema::A, &new_uuid(), 1).await;
+    let mut relay = RelayProcess::run(&config);
+    let status = relay.wait_exit(Duration::from_secs(60)).await;
+    let log = relay.log_text();
+    assert!(status.is_some_and(|s| !s.success()), "the relay stops; log:\n{log}");
+    assert!(
+        log.contains("TLS certificate is rejected") && log.contains("set [webhook] tls_ca"),
+        "the error names the problem and the fix; log:\n{log}"
+    );
+    assert!(receiver.hits().is_empty(), "nothing reached the receiver");
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &tls.ca_pem).unwrap();
+    let fixed = config.sink(
+        "webhook",
+        &[
+            ("url", receiver.url().as_str()),
+            ("tls_ca", ca.to_str().unwrap()),
+            ("retry_initial_ms", "50"),
+            ("retry_max_ms", "800"),
+        ],
+    );
+    // The event was not confirmed by the stopped relay: the next one delivers it.
+    let relay = streaming(&fixed).await;
+    let received = receiver.collect(1, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), 1, "log:\n{}", relay.log_text());
+    assert_eq!(received[0].header("id"), Some(ev.id.as_bytes()));
 }
 
 /// The venv's python with `standardwebhooks` importable, installing it first if needed.

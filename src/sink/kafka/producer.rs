@@ -335,7 +335,7 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         // Held while the record is produced: the halt's purge cannot slip in between.
         let flow = context.flow();
         if *flow != Flow::Open {
-            let failure = failure_of(record, FailureKind::Transient, halted_cause());
+            let failure = SinkFailure::of(record, FailureKind::Transient, halted_cause());
             let _ = context.tx.send(Completion {
                 tag,
                 outcome: Err(failure),
@@ -347,7 +347,7 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
             tag,
             |tag| self.produce(record, extra, tag),
             |tag| {
-                let failure = failure_of(record, FailureKind::Transient, stopped_cause());
+                let failure = SinkFailure::of(record, FailureKind::Transient, stopped_cause());
                 // After the refusal that closed the fence, on the same channel (`fence.rs`).
                 let _ = context.tx.send(Completion {
                     tag,
@@ -380,16 +380,6 @@ fn halted_cause() -> String {
     "not published: an earlier delivery of this producer failed, and nothing may reach Kafka ahead of its replay \
      (the relay replays this one after it)"
         .to_owned()
-}
-
-fn failure_of(record: &SinkRecord<'_>, kind: FailureKind, cause: String) -> SinkFailure {
-    SinkFailure {
-        kind,
-        destination: record.destination.clone().into_owned(),
-        partition: record.partition,
-        event_id: Some(String::from_utf8_lossy(record.event_id).into_owned()),
-        cause,
-    }
 }
 
 impl<Tag: Send + Sync + 'static> Publisher<Tag> {

@@ -330,16 +330,7 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for TransactionalPublisher<Tag> {
                 label: label.to_owned(),
                 tag,
             })
-            .map_err(|std_mpsc::SendError(job)| Refusal {
-                tag: job.tag,
-                failure: SinkFailure {
-                    kind: FailureKind::Transient,
-                    destination: String::new(),
-                    partition: None,
-                    event_id: None,
-                    cause: "the transaction thread is gone".into(),
-                },
-            })
+            .map_err(|std_mpsc::SendError(job)| Refusal::transient(job.tag, "the transaction thread is gone".into()))
     }
 
     fn checkpoint(&self) -> Option<u64> {

@@ -1,9 +1,11 @@
-//! Publishing to JetStream: [`Sink::send`] checks a record on sight (subject, size against the
-//! server's `max_payload`, header syntax), turns it into a message and queues it for a tokio
-//! task that publishes in hand-over order on one connection, each message with a reply subject
-//! of the sink's own PubAck subscription (`<inbox>.<record number>`), and sends one completion
-//! per record in whatever order the acks come. A record without its PubAck after
-//! `ack_timeout_ms` fails (one timer checks the oldest on the wire).
+//! Publishing to JetStream on the shared driver (`sink/driver.rs`, a [`Protocol`] sink):
+//! [`JetStream::encode`] checks a record on sight (subject, size against the server's
+//! `max_payload`, header syntax) and turns it into a message; the driver publishes in hand-over
+//! order on one connection ([`AckStream::write`]), each message with a reply subject of the
+//! sink's own PubAck subscription (`<inbox>.<record number>`), and reads every PubAck from that
+//! one subscription ([`AckStream::next`]) — no future, channel or lock per record. The driver
+//! sends one completion per record in whatever order the acks come; a record without its
+//! PubAck after `ack_timeout_ms` fails (one timer checks the oldest on the wire).
 //!
 //! Failures: a lost connection fails everything in flight and everything queued as
 //! `Transient` (the connection is never re-established: the next sink connects anew). Any
@@ -12,10 +14,9 @@
 //! nothing handed over after the failed one is stored ahead of it, except what was already on
 //! the wire (docs/sink-nats.md, "Order").
 
-use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use async_nats::header::{HeaderName, HeaderValue};
 use async_nats::jetstream;
@@ -24,13 +25,13 @@ use async_nats::jetstream::response::Response;
 use async_nats::{Client, Event, HeaderMap, Message, StatusCode, Subscriber};
 use bytes::Bytes;
 use futures_util::stream::StreamExt;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{checked_stream, connect, context};
 use crate::config::nats::{filter_covers, validate_subject, NatsSettings};
-use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
-use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
+use crate::sink::driver::{self, Arrival, Concurrency, Connection, DriverOptions, DriverSink, Outcome, Protocol};
+use crate::sink::{Completions, FailureKind, SinkError, SinkRecord};
 
 /// The header the record's key travels in (NATS messages have no key of their own).
 pub(crate) const KEY_HEADER: &str = "key";
@@ -41,44 +42,29 @@ const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 64 * 1024;
 /// JetStream's deduplication header.
 pub(crate) const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 
+/// The NATS sink: the driver running [`JetStream`] on an [`AckStream`].
+pub(crate) type Publisher<Tag> = DriverSink<JetStream, Tag>;
+
 /// A record ready to publish.
-struct Outgoing<Tag> {
+pub(crate) struct Outgoing {
     subject: String,
     headers: HeaderMap,
     payload: Bytes,
-    tag: Box<Tag>,
-    event_id: String,
-    /// When `send` took it: a record that waited longer than the ack timeout is not sent.
-    queued_at: Instant,
-    key: KeyHash,
 }
 
-/// What a completion needs of a record once it is on the wire.
-struct InFlight<Tag> {
-    subject: String,
-    event_id: String,
-    tag: Box<Tag>,
-    key: KeyHash,
-    /// When it went to the connection: the ack timeout counts from here.
-    sent_at: Instant,
-}
-
-pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
-    queue: mpsc::UnboundedSender<Outgoing<Tag>>,
+/// What a record becomes and what a PubAck means, for one stream.
+pub(crate) struct JetStream {
     /// The stream's subject filters: a subject outside them is refused on sight.
-    subjects: Arc<Vec<String>>,
+    subjects: Vec<String>,
     stream: String,
     /// The server's `max_payload` (headers and payload), from its INFO.
     max_payload: usize,
-    /// `Some(wait)`: abandoned, with how long to wait for what is on the wire.
-    stop: watch::Sender<Option<Duration>>,
-    done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
-    /// Keys with a refused record the caller has not released (closed by the task).
-    fence: Arc<KeyFence>,
+    /// Whether a duplicate PubAck was logged already (once per sink).
+    saw_duplicate: AtomicBool,
 }
 
-impl<Tag: Send + Sync + 'static> Publisher<Tag> {
-    /// Connects, checks the stream, and spawns the publishing task on the current runtime.
+impl<Tag: Send + Sync + 'static> DriverSink<JetStream, Tag> {
+    /// Connects, checks the stream, and starts the driver on the current runtime.
     pub(crate) async fn create(
         settings: &NatsSettings,
         max_in_flight: usize,
@@ -111,49 +97,47 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 cause: format!("cannot subscribe to PubAcks: {e}"),
                 transient: true,
             })?;
-        let (queue, queued) = mpsc::unbounded_channel();
-        let (completions_tx, completions) = mpsc::unbounded_channel();
-        let (stop, stopped) = watch::channel(None);
-        let (done_tx, done) = std::sync::mpsc::channel();
-        let fence = Arc::new(KeyFence::default());
-        let task = Task {
-            fence: Arc::clone(&fence),
+        debug!(stream = %settings.stream, max_payload, url = %settings.url, "NATS publisher connected");
+        let protocol = JetStream {
+            subjects: info.config.subjects,
+            stream: settings.stream.clone(),
+            max_payload,
+            saw_duplicate: AtomicBool::new(false),
+        };
+        let connection = AckStream {
             client,
             reply_prefix,
-            stream: settings.stream.clone(),
-            completions: completions_tx,
-            in_flight: BTreeMap::new(),
-            next: 0,
-            failed: None,
+            replies,
+            events,
+            events_open: true,
+            lost: false,
             ack_timeout: settings.ack_timeout,
-            saw_duplicate: false,
+            stream: settings.stream.clone(),
         };
-        tokio::spawn(async move {
-            task.run(queued, replies, events, stopped).await;
-            let _ = done_tx.send(());
-        });
-        debug!(stream = %settings.stream, max_payload, url = %settings.url, "NATS publisher connected");
-        Ok((
-            Publisher {
-                queue,
-                subjects: Arc::new(info.config.subjects),
-                stream: settings.stream.clone(),
-                max_payload,
-                stop,
-                done: std::sync::Mutex::new(done),
-                fence,
-            },
-            completions,
-        ))
+        let options = DriverOptions {
+            concurrency: Concurrency::Pipelined,
+            // The caller's budget bounds what is on the wire (and sized the subscription).
+            max_in_flight: usize::MAX,
+            max_in_flight_bytes: usize::MAX,
+            reply_timeout: Some(settings.ack_timeout),
+            // Like librdkafka's message.timeout.ms: a record that waited longer than an ack may
+            // take was held by a frozen process a standby may have replaced; it is not sent late.
+            max_queue_wait: Some(settings.ack_timeout),
+            // Dropped without abandon: wait as long as an ack may take.
+            drop_wait: settings.ack_timeout,
+        };
+        Ok(driver::start_on(Arc::new(protocol), connection, options))
     }
+}
 
+impl JetStream {
     /// The record as a NATS message, or why it can never be published.
     fn message(
         &self,
         record: &SinkRecord<'_>,
         extra: &[(&str, &[u8])],
         dedup_key: Option<&str>,
-    ) -> Result<(HeaderMap, Bytes), String> {
+    ) -> Result<Outgoing, String> {
         let subject = &*record.destination;
         validate_subject(subject, false).map_err(|m| format!("subject {subject:?} {m}"))?;
         if !self.subjects.iter().any(|f| filter_covers(f, subject)) {
@@ -207,260 +191,16 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 .map_err(|_| format!("header {name:?} contains a line break, which NATS headers may not"))?;
             headers.append(header_name, header_value);
         }
-        Ok((headers, Bytes::copy_from_slice(payload)))
-    }
-
-    fn abandon_now(&self, wait: Duration) {
-        let _ = self.stop.send(Some(wait));
-        // Crash tests: die while the abandoned sink's publishes may still be on the wire.
-        fail::fail_point!("publisher::abandon", |_| crate::failpoints::crash("publisher::abandon"));
-        let done = self.done.lock().unwrap_or_else(|e| e.into_inner());
-        // The task waits at most `wait` itself; the margin covers its wind-down.
-        if done.recv_timeout(wait + Duration::from_millis(200)).is_err() {
-            warn!(stream = %self.stream, "abandoned NATS publisher did not stop in time");
-        }
-    }
-}
-
-impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
-    /// `dedup_key` becomes the `Nats-Msg-Id` header: JetStream drops a message whose id it
-    /// stored within the stream's duplicate window, and acks it as a duplicate.
-    fn send(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>> {
-        let event_id = String::from_utf8_lossy(record.event_id).into_owned();
-        let refusal = |tag, kind, cause| Refusal {
-            tag,
-            failure: SinkFailure {
-                kind,
-                destination: record.destination.to_string(),
-                partition: None,
-                event_id: Some(event_id.clone()),
-                cause,
-            },
-        };
-        let (headers, payload) = match self.message(record, extra, dedup_key) {
-            Ok(message) => message,
-            Err(cause) => return Err(refusal(tag, FailureKind::Refused, cause)),
-        };
-        self.queue
-            .send(Outgoing {
-                subject: record.destination.to_string(),
-                headers,
-                payload,
-                tag,
-                event_id: event_id.clone(),
-                queued_at: Instant::now(),
-                key: KeyHash::of(&record.key),
-            })
-            .map_err(|e| {
-                refusal(
-                    e.0.tag,
-                    FailureKind::Transient,
-                    "the NATS publisher has stopped (connection lost)".into(),
-                )
-            })
-    }
-
-    fn abandon(self: Box<Self>, wait: Duration) {
-        self.abandon_now(wait);
-    }
-
-    fn release(&self, key: &[u8]) {
-        self.fence.open(key);
-    }
-}
-
-struct Task<Tag> {
-    client: Client,
-    /// `<prefix>.` of every reply subject this sink asks for: the record's number follows.
-    reply_prefix: String,
-    stream: String,
-    completions: mpsc::UnboundedSender<Completion<Tag>>,
-    /// By record number, so the first entry is the oldest on the wire.
-    in_flight: BTreeMap<u64, InFlight<Tag>>,
-    next: u64,
-    /// Set at the first failure: nothing is published after it.
-    failed: Option<String>,
-    ack_timeout: Duration,
-    /// Whether a duplicate PubAck was logged already (once per sink).
-    saw_duplicate: bool,
-    /// Keys with a refused record the caller has not released: their records are not sent.
-    fence: Arc<KeyFence>,
-}
-
-impl<Tag: Send + Sync + 'static> Task<Tag> {
-    async fn run(
-        mut self,
-        mut queued: mpsc::UnboundedReceiver<Outgoing<Tag>>,
-        mut replies: Subscriber,
-        mut events: mpsc::UnboundedReceiver<Event>,
-        mut stop: watch::Receiver<Option<Duration>>,
-    ) {
-        // Dropped without abandon: wait as long as an ack may take.
-        let mut wait = self.ack_timeout;
-        let mut events_open = true;
-        // One timer for every ack timeout (not one per record): it only runs while something is
-        // on the wire, so an idle sink never wakes.
-        let mut overdue = tokio::time::interval(self.ack_check_period());
-        overdue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                changed = stop.changed() => {
-                    if changed.is_ok() {
-                        wait = stop.borrow().unwrap_or(wait);
-                    }
-                    break;
-                }
-                event = events.recv(), if events_open => match event {
-                    Some(Event::Disconnected | Event::Closed) | Some(Event::ClientError(_)) => {
-                        // No ack can come any more on this connection: fail what is in flight.
-                        self.lost(format!("connection to NATS lost ({})", event.map(|e| e.to_string()).unwrap_or_default()));
-                    }
-                    // The client dropped replies it could not queue: which acks are gone is
-                    // unknown, so nothing in flight can be trusted to complete.
-                    Some(event @ Event::SlowConsumer(_)) => self.lost(format!("PubAcks dropped by the client ({event})")),
-                    Some(event @ Event::ServerError(_)) => warn!(stream = %self.stream, %event, "NATS server error"),
-                    Some(event) => debug!(%event, "NATS client event"),
-                    None => events_open = false,
-                },
-                Some(reply) = replies.next() => self.reply(&reply),
-                _ = overdue.tick(), if !self.in_flight.is_empty() => self.time_out_overdue(),
-                next = queued.recv() => match next {
-                    Some(out) => self.publish(out).await,
-                    None => break,
-                },
-            }
-        }
-        // Abandoned (or the sink dropped): drop what is queued, wait (bounded by the ack
-        // timeout) for what is on the wire, so a replay cannot be overtaken by stragglers.
-        queued.close();
-        while queued.try_recv().is_ok() {}
-        let drain = async {
-            while !self.in_flight.is_empty() {
-                match replies.next().await {
-                    Some(reply) => self.reply(&reply),
-                    None => break,
-                }
-            }
-        };
-        if tokio::time::timeout(wait, drain).await.is_err() {
-            debug!(stream = %self.stream, "abandoned NATS publisher gave up waiting for its acks");
-        }
-    }
-
-    /// How often the oldest record on the wire is checked against the ack timeout.
-    fn ack_check_period(&self) -> Duration {
-        (self.ack_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
-    }
-
-    /// Publishes one record (hands it to the connection), asking for its PubAck on a reply
-    /// subject of this sink's subscription.
-    async fn publish(&mut self, out: Outgoing<Tag>) {
-        if let Some(cause) = &self.failed {
-            let cause = format!("not sent: an earlier record failed ({cause})");
-            self.send_completion(out.tag, out.subject, out.event_id, Err((FailureKind::Transient, cause)));
-            return;
-        }
-        if self.fence.is_closed(out.key) {
-            let cause = stopped_cause();
-            self.send_completion(out.tag, out.subject, out.event_id, Err((FailureKind::Transient, cause)));
-            return;
-        }
-        let waited = out.queued_at.elapsed();
-        if waited > self.ack_timeout {
-            // A process frozen (or starved) this long may have been replaced by a standby that
-            // replays: like librdkafka's message.timeout.ms, a stale record is not sent late.
-            let cause = format!(
-                "not sent: it waited {} ms in the queue, more than the ack timeout",
-                waited.as_millis()
-            );
-            self.fail(cause.clone());
-            self.send_completion(out.tag, out.subject, out.event_id, Err((FailureKind::Transient, cause)));
-            return;
-        }
-        let n = self.next;
-        self.next += 1;
-        let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
-        reply.push_str(&self.reply_prefix);
-        push_decimal(&mut reply, n.into());
-        // The publish borrows the client: settled before anything else touches `self`.
-        let sent = {
-            let publish =
-                self.client
-                    .publish_with_reply_and_headers(out.subject.clone(), reply, out.headers, out.payload);
-            let mut publish = std::pin::pin!(publish);
-            // The client's command queue has room unless the connection is stuck: then the wait is
-            // bounded, like an ack. The timer only for that case (a timeout on every publish cost 4 %
-            // of the relay's instructions draining; docs/benchmarks.md).
-            match futures_util::poll!(publish.as_mut()) {
-                std::task::Poll::Ready(sent) => sent.map_err(|e| e.to_string()),
-                std::task::Poll::Pending => match tokio::time::timeout(self.ack_timeout, publish).await {
-                    Ok(sent) => sent.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!(
-                        "the connection took no message for the ack timeout ({} ms)",
-                        self.ack_timeout.as_millis()
-                    )),
-                },
-            }
-        };
-        match sent {
-            Ok(()) => {
-                self.in_flight.insert(
-                    n,
-                    InFlight {
-                        subject: out.subject,
-                        event_id: out.event_id,
-                        tag: out.tag,
-                        key: out.key,
-                        sent_at: Instant::now(),
-                    },
-                );
-            }
-            Err(e) => {
-                let cause = format!("publish failed: {e}");
-                self.fail(cause.clone());
-                self.send_completion(out.tag, out.subject, out.event_id, Err((FailureKind::Transient, cause)));
-            }
-        }
-    }
-
-    /// A message on the reply subscription: the PubAck (or the server's refusal) of one record.
-    fn reply(&mut self, reply: &Message) {
-        let Some(n) = reply
-            .subject
-            .strip_prefix(self.reply_prefix.as_str())
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            return;
-        };
-        let Some(rec) = self.in_flight.remove(&n) else {
-            return; // failed already (timed out or connection lost)
-        };
-        let outcome = self.outcome(reply);
-        match &outcome {
-            Err((FailureKind::Transient, cause)) => self.fail(cause.clone()),
-            Err((FailureKind::Refused, _)) => {
-                // Later records of the key wait for the caller's decision (`sink/fence.rs`).
-                let fence = Arc::clone(&self.fence);
-                fence.close_then(rec.key, || {
-                    self.send_completion(rec.tag, rec.subject, rec.event_id, outcome);
-                });
-                return;
-            }
-            Ok(()) => {}
-        }
-        self.send_completion(rec.tag, rec.subject, rec.event_id, outcome);
+        Ok(Outgoing {
+            subject: subject.to_owned(),
+            headers,
+            payload: Bytes::copy_from_slice(payload),
+        })
     }
 
     /// What a reply says of its record: stored (or a duplicate of a stored one), refused for
     /// good, or failed for now.
-    fn outcome(&mut self, reply: &Message) -> Result<(), (FailureKind, String)> {
+    fn outcome(&self, reply: &Message) -> Result<(), (FailureKind, String)> {
         if reply.status == Some(StatusCode::NO_RESPONDERS) {
             return Err((
                 FailureKind::Transient,
@@ -483,8 +223,7 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
         }
         match serde_json::from_slice::<Response<PublishAck>>(&reply.payload) {
             Ok(Response::Ok(ack)) if ack.stream == self.stream => {
-                if ack.duplicate && !self.saw_duplicate {
-                    self.saw_duplicate = true;
+                if ack.duplicate && !self.saw_duplicate.swap(true, Ordering::Relaxed) {
                     info!(
                         stream = %self.stream,
                         sequence = ack.sequence,
@@ -511,59 +250,133 @@ impl<Tag: Send + Sync + 'static> Task<Tag> {
             )),
         }
     }
+}
 
-    /// Records on the wire longer than the ack timeout fail (transient), and with them the sink.
-    fn time_out_overdue(&mut self) {
-        while let Some(entry) = self.in_flight.first_entry() {
-            let waited = entry.get().sent_at.elapsed();
-            if waited <= self.ack_timeout {
-                break;
-            }
-            let rec = entry.remove();
-            let cause = format!("no PubAck within the ack timeout ({} ms)", self.ack_timeout.as_millis());
-            self.fail(cause.clone());
-            self.send_completion(rec.tag, rec.subject, rec.event_id, Err((FailureKind::Transient, cause)));
-        }
+impl Protocol for JetStream {
+    type Request = Outgoing;
+    type Reply = Message;
+
+    fn name(&self) -> &'static str {
+        super::SINK
     }
 
-    /// The connection (or its replies) can no longer be trusted: fail it all.
-    fn lost(&mut self, cause: String) {
-        self.fail(cause);
-        let cause = self.failed.clone().unwrap_or_default();
-        // In record order, as they were handed over.
-        for (_, rec) in std::mem::take(&mut self.in_flight) {
-            self.send_completion(
-                rec.tag,
-                rec.subject,
-                rec.event_id,
-                Err((FailureKind::Transient, cause.clone())),
-            );
-        }
-    }
-
-    fn fail(&mut self, cause: String) {
-        if self.failed.is_none() {
-            warn!(stream = %self.stream, %cause, "NATS publisher failed; it sends nothing more");
-            self.failed = Some(cause);
-        }
-    }
-
-    fn send_completion(
+    /// `dedup_key` becomes the `Nats-Msg-Id` header: JetStream drops a message whose id it
+    /// stored within the stream's duplicate window, and acks it as a duplicate.
+    fn encode(
         &self,
-        tag: Box<Tag>,
-        subject: String,
-        event_id: String,
-        outcome: Result<(), (FailureKind, String)>,
-    ) {
-        let outcome = outcome.map_err(|(kind, cause)| SinkFailure {
-            kind,
-            destination: subject,
-            partition: None,
-            event_id: Some(event_id),
-            cause,
-        });
-        // The receiver is gone only once the sink was abandoned; nothing to do then.
-        let _ = self.completions.send(Completion { tag, outcome });
+        record: &SinkRecord<'_>,
+        extra: &[(&str, &[u8])],
+        dedup_key: Option<&str>,
+    ) -> Result<Outgoing, String> {
+        self.message(record, extra, dedup_key)
+    }
+
+    fn classify(&self, reply: Message) -> Outcome {
+        match self.outcome(&reply) {
+            Ok(()) => Outcome::Acknowledged,
+            Err((FailureKind::Refused, cause)) => Outcome::Refused(cause),
+            Err((FailureKind::Transient, cause)) => Outcome::Transient(cause),
+        }
+    }
+
+    fn reply_name(&self) -> &'static str {
+        "PubAck"
+    }
+
+    /// The connection closes by being dropped: abandon needs no time for it.
+    fn close_margin(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(200)
+    }
+}
+
+/// The sink's connection as the driver uses it: publishes with a reply subject of the PubAck
+/// subscription, and reads that subscription and the client's events.
+struct AckStream {
+    client: Client,
+    /// `<prefix>.` of every reply subject this sink asks for: the record's number follows.
+    reply_prefix: String,
+    replies: Subscriber,
+    events: mpsc::UnboundedReceiver<Event>,
+    events_open: bool,
+    /// Said [`Arrival::Lost`] already: nothing more comes from this connection.
+    lost: bool,
+    ack_timeout: std::time::Duration,
+    stream: String,
+}
+
+impl Connection for AckStream {
+    type Request = Outgoing;
+    type Reply = Message;
+
+    /// Hands one message to the client, asking for its PubAck on reply subject `<prefix>.n`.
+    async fn write(&mut self, n: u64, out: Outgoing) -> Result<(), String> {
+        let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
+        reply.push_str(&self.reply_prefix);
+        push_decimal(&mut reply, n.into());
+        // The publish borrows the client: settled before anything else touches `self`.
+        let sent = {
+            let publish = self
+                .client
+                .publish_with_reply_and_headers(out.subject, reply, out.headers, out.payload);
+            let mut publish = std::pin::pin!(publish);
+            // The client's command queue has room unless the connection is stuck: then the wait is
+            // bounded, like an ack. The timer only for that case (a timeout on every publish cost 4 %
+            // of the relay's instructions draining; docs/benchmarks.md).
+            match futures_util::poll!(publish.as_mut()) {
+                std::task::Poll::Ready(sent) => sent.map_err(|e| e.to_string()),
+                std::task::Poll::Pending => match tokio::time::timeout(self.ack_timeout, publish).await {
+                    Ok(sent) => sent.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!(
+                        "the connection took no message for the ack timeout ({} ms)",
+                        self.ack_timeout.as_millis()
+                    )),
+                },
+            }
+        };
+        sent.map_err(|e| format!("publish failed: {e}"))
+    }
+
+    async fn next(&mut self) -> Arrival<Message> {
+        if self.lost {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::select! {
+                biased;
+                event = self.events.recv(), if self.events_open => match event {
+                    Some(Event::Disconnected | Event::Closed) | Some(Event::ClientError(_)) => {
+                        // No ack can come any more on this connection: fail what is in flight.
+                        self.lost = true;
+                        let event = event.map(|e| e.to_string()).unwrap_or_default();
+                        return Arrival::Lost(format!("connection to NATS lost ({event})"));
+                    }
+                    // The client dropped replies it could not queue: which acks are gone is
+                    // unknown, so nothing in flight can be trusted to complete.
+                    Some(event @ Event::SlowConsumer(_)) => {
+                        self.lost = true;
+                        return Arrival::Lost(format!("PubAcks dropped by the client ({event})"));
+                    }
+                    Some(event @ Event::ServerError(_)) => warn!(stream = %self.stream, %event, "NATS server error"),
+                    Some(event) => debug!(%event, "NATS client event"),
+                    None => self.events_open = false,
+                },
+                reply = self.replies.next() => match reply {
+                    Some(reply) => {
+                        let n = reply
+                            .subject
+                            .strip_prefix(self.reply_prefix.as_str())
+                            .and_then(|n| n.parse::<u64>().ok());
+                        if let Some(n) = n {
+                            return Arrival::Reply(n, reply);
+                        }
+                    }
+                    None => {
+                        self.lost = true;
+                        return Arrival::Lost("the PubAck subscription ended (connection closed)".into());
+                    }
+                },
+            }
+        }
     }
 }
 

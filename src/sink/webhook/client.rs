@@ -9,7 +9,12 @@
 //!   to [`MAX_RETRY_AFTER`]) when it gave one. Nothing is acknowledged meanwhile, so the WAL
 //!   position stays where it is; other aggregates keep flowing.
 //! * **any other 4xx** — refused: the receiver rejects the event for what it is, so sending it
-//!   again cannot help; `relay.on_bad_event` decides.
+//!   again cannot help; `relay.on_bad_event` decides. 401 and 403 included: the issue's rule
+//!   (a receiver may refuse one event by policy), and a wrong token shows at the first event.
+//! * **a TLS certificate the relay does not accept** (unknown issuer, a name that is not the
+//!   URL's host, expired) — fatal: no retry can help and no event is the problem, so the sink
+//!   says so ([`Undeliverable::Fatal`] → the driver's verdict) and the relay stops with the
+//!   problem and the fix, instead of retrying for ever with the WAL held.
 //!
 //! Invariant: [`Client::deliver`] holds no state between attempts but its backoff; dropping
 //! its future drops the request on the wire (a sink being abandoned), and a later `deliver` of
@@ -17,7 +22,6 @@
 //! The connection pool keeps HTTP/1.1 connections alive between requests; every reply body is
 //! read to its end (up to [`MAX_REPLY_BYTES`]) so its connection can be reused.
 
-use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -27,6 +31,7 @@ use tracing::{debug, info, warn};
 use super::request::Request;
 use super::signature::Signer;
 use super::SINK;
+use crate::backoff::Backoff;
 use crate::config::webhook::{redact_query, WebhookSettings};
 use crate::sink::SinkError;
 
@@ -52,6 +57,10 @@ pub(crate) enum Verdict {
     Refused {
         cause: String,
     },
+    /// No attempt can succeed until an operator acts (the cause says what to do).
+    Fatal {
+        cause: String,
+    },
 }
 
 /// The final outcome of [`Client::deliver`].
@@ -59,6 +68,8 @@ pub(crate) enum Verdict {
 pub(crate) enum Undeliverable {
     /// The receiver refused the event (a 4xx other than 408 and 429).
     Refused(String),
+    /// No request can reach the receiver until an operator acts: the problem and the fix.
+    Fatal(String),
 }
 
 /// What a reply's status and headers say (`body`: the start of the reply's body, for the cause).
@@ -107,42 +118,6 @@ pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Durati
     }
     let at = httpdate::parse_http_date(text).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// Capped exponential backoff with jitter: `initial * 2^n`, capped at `max`, times a random
-/// factor in [0.5, 1] (so the retries of many keys do not arrive in lockstep).
-#[derive(Debug, Clone)]
-pub(crate) struct Backoff {
-    initial: Duration,
-    max: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    pub(crate) fn new(initial: Duration, max: Duration) -> Backoff {
-        Backoff {
-            initial,
-            max: max.max(initial),
-            attempt: 0,
-        }
-    }
-
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let exp = self.initial.saturating_mul(1u32 << self.attempt.min(20));
-        self.attempt = self.attempt.saturating_add(1);
-        exp.min(self.max).mul_f64(0.5 + 0.5 * random_unit())
-    }
-}
-
-/// A number in [0, 1) from the standard library's per-process random hash keys.
-fn random_unit() -> f64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The HTTP client of one sink: a keep-alive pool, the signer, the retry policy.
@@ -221,10 +196,15 @@ impl Client {
         let mut reply = match sent {
             Ok(reply) => reply,
             Err(e) => {
+                if let Some(problem) = certificate_problem(&e) {
+                    return Verdict::Fatal {
+                        cause: format!("{}: {problem}", redact_query(&request.url)),
+                    };
+                }
                 return Verdict::Retry {
                     cause: describe(&e),
                     retry_after: None,
-                }
+                };
             }
         };
         let mut body = Vec::new();
@@ -270,6 +250,7 @@ impl Client {
                     return Ok(());
                 }
                 Verdict::Refused { cause } => return Err(Undeliverable::Refused(cause)),
+                Verdict::Fatal { cause } => return Err(Undeliverable::Fatal(cause)),
                 Verdict::Retry { cause, retry_after } => {
                     failures = failures.saturating_add(1);
                     let wait = match retry_after {
@@ -293,6 +274,45 @@ impl Client {
             }
         }
     }
+}
+
+/// What is wrong with the receiver's TLS certificate and what to do, when `e` is the relay
+/// refusing it (rustls's verdict in the error's source chain); `None` for any other failure.
+fn certificate_problem(e: &reqwest::Error) -> Option<String> {
+    use rustls::CertificateError as C;
+    let mut source = std::error::Error::source(e);
+    let mut rejected = None;
+    while let Some(s) = source {
+        // The TLS connector wraps rustls's error in an `io::Error`, itself wrapped in another
+        // (whose `source` skips the inner ones): look inside each.
+        let mut inner: &(dyn std::error::Error + 'static) = s;
+        while let Some(wrapped) = inner.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            inner = wrapped;
+        }
+        if let Some(rustls::Error::InvalidCertificate(problem)) = inner.downcast_ref::<rustls::Error>() {
+            rejected = Some(problem.clone());
+            break;
+        }
+        source = s.source();
+    }
+    let problem = rejected?;
+    let fix = match &problem {
+        C::UnknownIssuer | C::BadSignature => {
+            "its issuer is not trusted: set [webhook] tls_ca to the PEM file of the CA that signed the receiver's \
+             certificate, or have the receiver present a certificate from a CA in this system's roots"
+        }
+        C::NotValidForName | C::NotValidForNameContext { .. } => {
+            "it does not name the URL's host: set [webhook] url to a host name the certificate lists, or have the \
+             receiver present a certificate for this host"
+        }
+        C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. } => {
+            "it is outside its validity period: renew the receiver's certificate (or check this machine's clock)"
+        }
+        _ => "fix the receiver's certificate, or [webhook] tls_ca if the relay should trust its issuer",
+    };
+    Some(format!(
+        "the receiver's TLS certificate is rejected ({problem:?}); {fix}. No event is sent until then"
+    ))
 }
 
 /// A client error in words, with its source chain (reqwest's own message is terse), without the
@@ -404,15 +424,5 @@ mod tests {
             panic!("429 is transient")
         };
         assert_eq!(after, Some(Duration::from_secs(2)));
-    }
-
-    #[test]
-    fn backoff_doubles_with_jitter_up_to_its_cap() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(1_000));
-        let delays: Vec<Duration> = (0..8).map(|_| b.next_delay()).collect();
-        for (i, d) in delays.iter().enumerate() {
-            let nominal = Duration::from_millis((100u64 << i).min(1_000));
-            assert!(*d >= nominal / 2 && *d <= nominal, "attempt {i}: {d:?} vs {nominal:?}");
-        }
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! Invariant: the reply future never ends in a transient failure — it retries those itself, so
 //! the driver never stops the sink because a receiver was briefly down (which would replay
-//! every other aggregate too); it is dropped (cancelled) only when the sink is abandoned.
+//! every other aggregate too); it is dropped (cancelled) only when the sink is abandoned. It
+//! ends in a fatal one (the receiver's TLS certificate rejected) only where no retry can help:
+//! the driver's verdict then stops the relay with the fix.
 
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::webhook::{WebhookSettings, WebhookUrl};
@@ -77,6 +79,7 @@ impl Exchange for HttpExchange {
         match reply {
             Ok(()) => Outcome::Acknowledged,
             Err(Undeliverable::Refused(cause)) => Outcome::Refused(cause),
+            Err(Undeliverable::Fatal(cause)) => Outcome::Fatal(cause),
         }
     }
 }

@@ -233,7 +233,9 @@ async fn transient_replies_are_retried_then_delivered_and_a_4xx_refuses() {
 
         receiver.script.lock().unwrap().push_back((422, None));
         let err = client.deliver(&req, "shown").await.unwrap_err();
-        let Undeliverable::Refused(cause) = err;
+        let Undeliverable::Refused(cause) = err else {
+            panic!("a 422 refuses the event: {err:?}")
+        };
         assert_eq!(cause, "HTTP 422 Unprocessable Entity: answer");
     })
     .await
@@ -282,85 +284,176 @@ async fn a_receiver_that_is_down_is_retried_until_it_is_back() {
     .expect("bounded");
 }
 
-/// An HTTPS receiver whose certificate a throwaway CA signed: trusted with `tls_ca` naming that
-/// CA (delivered), refused without it (a transient failure naming the certificate).
-#[tokio::test]
-async fn https_with_the_tls_ca_file_and_not_without() {
+/// An HTTPS receiver on 127.0.0.1 whose certificate, for `names`, a throwaway CA signed; the
+/// CA's PEM file (in the returned directory) and the count of requests that reached it.
+struct HttpsReceiver {
+    addr: std::net::SocketAddr,
+    ca_path: std::path::PathBuf,
+    hits: Arc<std::sync::atomic::AtomicUsize>,
+    _dir: tempfile::TempDir,
+}
+
+async fn https_receiver(names: &[&str]) -> HttpsReceiver {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
     use rustls_pki_types::pem::PemObject as _;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-    tokio::time::timeout(Duration::from_secs(20), async {
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-            .unwrap()
-            .signed_by(&key, &ca, &ca_key)
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let ca_path = dir.path().join("ca.pem");
-        std::fs::write(&ca_path, ca.pem()).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, ca.pem()).unwrap();
 
-        let server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![CertificateDer::from_pem_slice(cert.pem().as_bytes()).unwrap()],
-                PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
-            )
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = Arc::clone(&hits);
-        tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else { return };
-                let (acceptor, counted) = (acceptor.clone(), Arc::clone(&counted));
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let service = hyper::service::service_fn(move |_req| {
-                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        async {
-                            Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
-                                bytes::Bytes::new(),
-                            )))
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                        .await;
+    let server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(cert.pem().as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let (acceptor, counted) = (acceptor.clone(), Arc::clone(&counted));
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let service = hyper::service::service_fn(move |_req| {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::new(),
+                        )))
+                    }
                 });
-            }
-        });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    HttpsReceiver {
+        addr,
+        ca_path,
+        hits,
+        _dir: dir,
+    }
+}
 
+/// Trusted with `tls_ca` naming the receiver's CA (delivered); without it the certificate is
+/// rejected at the first attempt — fatal, not retried: the cause names the problem and the fix.
+#[tokio::test]
+async fn https_with_the_tls_ca_file_and_not_without() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let receiver = https_receiver(&["127.0.0.1"]).await;
+        let addr = receiver.addr;
         let trusted = settings(&format!(
             "url = \"https://{addr}/hooks\"\ntls_ca = {:?}",
-            ca_path.display().to_string()
+            receiver.ca_path.display().to_string()
         ));
         let req = Encoder::new(&trusted, None)
             .unwrap()
             .encode(&record("t", b"9", b"{}"), &[])
             .unwrap();
         Client::new(&trusted).unwrap().deliver(&req, "shown").await.unwrap();
-        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(receiver.hits.load(std::sync::atomic::Ordering::SeqCst), 1);
 
         let untrusted = settings(&format!("url = \"https://{addr}/hooks\""));
         let verdict = Client::new(&untrusted).unwrap().attempt(&req).await;
-        let super::client::Verdict::Retry { cause, .. } = verdict else {
-            panic!("an untrusted certificate is not a delivery: {verdict:?}")
+        let super::client::Verdict::Fatal { cause } = verdict else {
+            panic!("an untrusted certificate is fatal: {verdict:?}")
         };
-        assert!(cause.to_lowercase().contains("certificate"), "{cause}");
+        assert!(
+            cause.contains("TLS certificate")
+                && cause.contains("UnknownIssuer")
+                && cause.contains("set [webhook] tls_ca"),
+            "{cause}"
+        );
+        // `deliver` gives up at once instead of retrying for ever.
+        let started = Instant::now();
+        let Err(Undeliverable::Fatal(cause)) = Client::new(&untrusted).unwrap().deliver(&req, "shown").await else {
+            panic!("deliver ends fatal")
+        };
+        assert!(started.elapsed() < Duration::from_secs(5), "{cause}");
         assert_eq!(
-            hits.load(std::sync::atomic::Ordering::SeqCst),
+            receiver.hits.load(std::sync::atomic::Ordering::SeqCst),
             1,
             "nothing reached the receiver"
         );
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A certificate from the trusted CA that does not name the URL's host: fatal, naming the fix.
+#[tokio::test]
+async fn a_certificate_for_another_host_is_fatal() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let receiver = https_receiver(&["receiver.test"]).await;
+        let s = settings(&format!(
+            "url = \"https://{}/hooks\"\ntls_ca = {:?}",
+            receiver.addr,
+            receiver.ca_path.display().to_string()
+        ));
+        let req = Encoder::new(&s, None)
+            .unwrap()
+            .encode(&record("t", b"9", b"{}"), &[])
+            .unwrap();
+        let verdict = Client::new(&s).unwrap().attempt(&req).await;
+        let super::client::Verdict::Fatal { cause } = verdict else {
+            panic!("a certificate for another host is fatal: {verdict:?}")
+        };
+        assert!(cause.contains("does not name the URL's host"), "{cause}");
+        assert_eq!(receiver.hits.load(std::sync::atomic::Ordering::SeqCst), 0);
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Through the driver: the record fails transient (the WAL position is held), nothing more is
+/// sent, and the sink's verdict is the fatal error the relay stops with.
+#[tokio::test]
+async fn a_rejected_certificate_becomes_the_sinks_verdict() {
+    use crate::sink::driver::{self, Concurrency, DriverOptions};
+    use crate::sink::{FailureKind, Sink};
+
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let receiver = https_receiver(&["127.0.0.1"]).await;
+        let s = settings(&format!("url = \"https://{}/hooks\"", receiver.addr));
+        let exchange = super::exchange::HttpExchange::new(&s, None).unwrap();
+        let options = DriverOptions {
+            concurrency: Concurrency::PerKey { max_keys: 4 },
+            max_in_flight: 100,
+            max_in_flight_bytes: 1 << 20,
+            reply_timeout: None,
+            max_queue_wait: None,
+            drop_wait: Duration::from_secs(1),
+        };
+        let (sink, mut completions) = driver::start::<_, u32>(Arc::new(exchange), options);
+        assert!(sink.verdict().is_none());
+        sink.send(&record("t", b"1", b"{}"), &[], None, Box::new(1)).unwrap();
+        let done = completions.recv().await.unwrap();
+        assert_eq!(done.outcome.unwrap_err().kind, FailureKind::Transient);
+        let verdict = sink.verdict().expect("a verdict");
+        assert!(!verdict.transient, "{verdict}");
+        assert!(verdict.to_string().contains("set [webhook] tls_ca"), "{verdict}");
+        assert_eq!(receiver.hits.load(std::sync::atomic::Ordering::SeqCst), 0);
+        tokio::task::spawn_blocking(move || Box::new(sink).abandon(Duration::from_millis(100)))
+            .await
+            .unwrap();
     })
     .await
     .expect("bounded");

@@ -6,7 +6,8 @@
 //! `Retry-After`), a delay before each answer (a slow endpoint), or a `4xx` for the events whose
 //! body contains a marker ([`WebhookReceiver::refuse_marked`]). [`WebhookReceiver::down_for`]
 //! stops listening and drops every open connection, then binds the same port again — the
-//! endpoint down for a while.
+//! endpoint down for a while. [`WebhookReceiver::start_tls`] serves HTTPS with a certificate
+//! from `harness/tls.rs` (a throwaway CA the relay trusts only when told to).
 //!
 //! [`WebhookReceiver::received`] gives the requests it answered with a 2xx as [`Received`]
 //! records (topic = the last path segment, key and `id` from their headers, the body as the
@@ -93,27 +94,52 @@ pub struct WebhookReceiver {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// HTTPS: the TLS acceptor every connection goes through.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl WebhookReceiver {
     /// Starts listening on a free port of 127.0.0.1, accepting everything.
     pub async fn start() -> WebhookReceiver {
+        Self::start_with(None).await
+    }
+
+    /// Like [`WebhookReceiver::start`], serving HTTPS with `tls`'s server certificate (for
+    /// 127.0.0.1, signed by `tls`'s CA).
+    pub async fn start_tls(tls: &super::tls::ServerTls) -> WebhookReceiver {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from_pem_slice(tls.cert_pem.as_bytes()).expect("server cert")],
+                PrivateKeyDer::from_pem_slice(tls.key_pem.as_bytes()).expect("server key"),
+            )
+            .expect("server TLS config");
+        Self::start_with(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> WebhookReceiver {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the webhook receiver");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(Mutex::new(State::default()));
-        let server = tokio::spawn(serve(listener, Arc::clone(&state)));
+        let server = tokio::spawn(serve(listener, Arc::clone(&state), tls.clone()));
         WebhookReceiver {
             addr,
             state,
             server: Mutex::new(Some(server)),
+            tls,
         }
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` when started with TLS).
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The relay's `[webhook] url`: `<base>/hooks/${topic}`.
@@ -191,7 +217,7 @@ impl WebhookReceiver {
                 Err(e) => panic!("cannot bind {} again: {e}", self.addr),
             }
         };
-        *self.server.lock().unwrap() = Some(tokio::spawn(serve(listener, Arc::clone(&self.state))));
+        *self.server.lock().unwrap() = Some(tokio::spawn(serve(listener, Arc::clone(&self.state), self.tls.clone())));
     }
 }
 
@@ -205,7 +231,7 @@ impl Drop for WebhookReceiver {
 
 /// Accepts connections until aborted; the connections live in this task's set, so aborting it
 /// closes them all.
-async fn serve(listener: TcpListener, state: Arc<Mutex<State>>) {
+async fn serve(listener: TcpListener, state: Arc<Mutex<State>>, tls: Option<tokio_rustls::TlsAcceptor>) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -213,12 +239,21 @@ async fn serve(listener: TcpListener, state: Arc<Mutex<State>>) {
                 let Ok((stream, _)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
                 let state = Arc::clone(&state);
+                let tls = tls.clone();
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |req| answer(req, Arc::clone(&state)));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(true)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new().keep_alive(true).clone();
+                    match tls {
+                        // A client that refuses the certificate ends the handshake: no request.
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(stream).await {
+                                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                            }
+                        }
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
