@@ -423,3 +423,11 @@ async fn randomised_exactly_once(kind: SinkKind) {
     randomised(kind, Delivery::ExactlyOnce).await
 }
 on_every_sink!(randomised_exactly_once);
+
+/// Kafka's other exactly-once strategy under the same faults: the next producer's
+/// `init_transactions` fences every late write of the ones before it, wherever it was held
+/// (a kernel's send buffer, a stalled broker, a middlebox), which a read-back cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomised_kafka_transactions() {
+    randomised(SinkKind::Kafka, Delivery::KafkaTransactions).await
+}
