@@ -110,8 +110,11 @@ impl SinkPlugin for PubSub {
             },
             max_in_flight: cx.max_in_flight.max(1),
             max_in_flight_bytes: cx.max_in_flight_bytes,
-            // The client bounds each publish itself: its retries end after retry_timeout_ms.
-            reply_timeout: None,
+            // The client's retries end after retry_timeout_ms, but one attempt the service
+            // never answers is not bounded by it (seen under load: a publish left waiting with
+            // nothing logged, holding its key and the WAL). Past the window and a margin the
+            // driver fails it as transient: the session replays it.
+            reply_timeout: Some(config.retry_timeout + REPLY_MARGIN),
             max_queue_wait: None,
             // Dropped without abandon: what is on the wire gets one retry window's second.
             drop_wait: Duration::from_secs(1),
@@ -119,6 +122,10 @@ impl SinkPlugin for PubSub {
         Ok(boxed(driver::start(Arc::new(exchange), options)))
     }
 }
+
+/// How long past `[pubsub] retry_timeout_ms` a publish may stay unanswered before the driver
+/// fails it (one attempt's deadline on top of the retry window).
+const REPLY_MARGIN: Duration = Duration::from_secs(30);
 
 fn error(cause: String, transient: bool) -> SinkError {
     SinkError {
