@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub(crate) mod aws;
 pub(crate) mod cloudevents;
 pub(crate) mod debezium;
 pub(crate) mod filter;

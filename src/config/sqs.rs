@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::config::aws;
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::relay::{Delivery, RelaySettings};
 use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
@@ -123,22 +124,12 @@ fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
 
 impl SqsSection {
     pub(crate) fn validate(self) -> Result<SqsSettings, ConfigError> {
-        let region = match self.region.as_deref().map(str::trim) {
-            None => None,
-            Some(r) if valid_region(r) => Some(r.to_owned()),
-            Some(r) => {
-                return Err(invalid(
-                    "sqs.region",
-                    format!(
-                        "{r:?} is not an AWS region name (e.g. \"eu-west-1\"); fix it or leave it out for AWS_REGION"
-                    ),
-                ))
-            }
-        };
-        let endpoint_url = match self.endpoint_url.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(url) => Some(validate_endpoint(url)?),
-        };
+        let region = aws::region("sqs.region", self.region.as_deref())?;
+        let endpoint_url = aws::endpoint_url(
+            "sqs.endpoint_url",
+            self.endpoint_url.as_deref(),
+            "https://sqs.eu-west-1.amazonaws.com",
+        )?;
         let headers = match self.headers.as_deref().map(str::trim) {
             None | Some("attributes") => HeaderMode::Attributes,
             Some("json") => HeaderMode::Json,
@@ -184,40 +175,6 @@ impl SqsSection {
             timeout,
         })
     }
-}
-
-/// `xx-name-N` (`us-east-1`, `ap-southeast-2`, `us-gov-west-1`, `eu-isoe-west-1`).
-fn valid_region(r: &str) -> bool {
-    let parts: Vec<&str> = r.split('-').collect();
-    parts.len() >= 3
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
-        && parts.last().is_some_and(|p| p.chars().all(|c| c.is_ascii_digit()))
-}
-
-/// An `http(s)://host[:port][/]` URL (a local emulator, a VPC endpoint).
-fn validate_endpoint(url: &str) -> Result<String, ConfigError> {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(invalid(
-            "sqs.endpoint_url",
-            format!("{url:?} is not an absolute URL; write e.g. \"https://sqs.eu-west-1.amazonaws.com\""),
-        ));
-    };
-    if scheme != "http" && scheme != "https" {
-        return Err(invalid(
-            "sqs.endpoint_url",
-            format!("{url:?} is not http:// or https://"),
-        ));
-    }
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    if authority.is_empty() || authority.contains('@') {
-        return Err(invalid(
-            "sqs.endpoint_url",
-            "needs a host and no user:password@ (credentials come from the AWS credential chain)",
-        ));
-    }
-    Ok(url.trim_end_matches('/').to_owned())
 }
 
 /// Why `relay.delivery = "exactly-once"` is refused with standard queues (the config error's words).

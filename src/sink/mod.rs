@@ -30,6 +30,7 @@
 //! Adding a sink: a folder `src/sink/<name>/` with the plugin, a section `[<name>]` in
 //! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
 
+pub(crate) mod aws;
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;

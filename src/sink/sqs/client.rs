@@ -10,15 +10,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_config::timeout::TimeoutConfig;
-use aws_config::BehaviorVersion;
-use aws_sdk_sqs::config::ProvideCredentials;
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::error::SdkError;
 use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
-use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
 
 use super::SINK;
 use crate::config::sqs::SqsSettings;
+use crate::sink::aws;
+pub(crate) use crate::sink::aws::words;
 use crate::sink::SinkError;
 
 /// What resolving a queue's URL came to.
@@ -42,48 +40,19 @@ pub(crate) struct Sqs {
 }
 
 impl Sqs {
-    /// The SDK configuration chain with `[sqs]` on top; `connect_timeout` bounds a connection.
-    /// Fails (for good) when no region is configured anywhere or no credentials are found.
+    /// The SDK configuration chain with `[sqs]` on top (`sink/aws.rs`); `connect_timeout` bounds a
+    /// connection. Fails (for good) when no region is configured anywhere or no credentials are
+    /// found.
     pub(crate) async fn connect(settings: &SqsSettings, connect_timeout: Duration) -> Result<Sqs, SinkError> {
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(Provider::Rustls(CryptoMode::Ring))
-            .build_https();
-        let timeouts = TimeoutConfig::builder()
-            .connect_timeout(connect_timeout)
-            .operation_attempt_timeout(settings.timeout)
-            .build();
-        let mut loader = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(http)
-            .timeout_config(timeouts);
-        if let Some(region) = &settings.region {
-            loader = loader.region(aws_config::Region::new(region.clone()));
-        }
-        if let Some(url) = &settings.endpoint_url {
-            loader = loader.endpoint_url(url.clone());
-        }
-        let config = loader.load().await;
-        let Some(region) = config.region().map(ToString::to_string) else {
-            return Err(fatal(
-                "no AWS region: set [sqs] region = \"eu-west-1\" (or the AWS_REGION environment variable, or a \
-                 profile's region)"
-                    .into(),
-            ));
-        };
-        let Some(credentials) = config.credentials_provider() else {
-            return Err(fatal("the AWS SDK has no credential provider".into()));
-        };
-        if let Err(e) = credentials.provide_credentials().await {
-            return Err(fatal(format!(
-                "no AWS credentials found ({}); give the relay credentials the SDK's default chain finds: \
-                 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a web identity token (EKS), or an instance \
-                 or container role",
-                DisplayErrorContext(&e)
-            )));
-        }
-        let shown = match config.endpoint_url() {
-            Some(url) => format!("{url} (region {region})"),
-            None => format!("region {region}"),
-        };
+        let aws::Connected { config, shown } = aws::connect(aws::Endpoint {
+            sink: SINK,
+            section: "sqs",
+            region: settings.region.as_deref(),
+            endpoint_url: settings.endpoint_url.as_deref(),
+            attempt_timeout: settings.timeout,
+            connect_timeout,
+        })
+        .await?;
         Ok(Sqs {
             client: aws_sdk_sqs::Client::new(&config),
             urls: Arc::new(Mutex::new(HashMap::new())),
@@ -123,30 +92,5 @@ impl Sqs {
     /// Forgets `name`'s URL (the queue was deleted: the next send resolves it again).
     pub(crate) fn forget(&self, name: &str) {
         self.urls.lock().expect("queue URL cache").remove(name);
-    }
-}
-
-/// One line for an SDK error: its code and message when SQS answered, else the cause chain.
-pub(crate) fn words<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
-    e: &SdkError<E, R>,
-) -> String {
-    match e {
-        SdkError::ServiceError(s) => {
-            let err = s.err();
-            format!(
-                "{}: {}",
-                err.code().unwrap_or("error"),
-                err.message().unwrap_or("(no message)")
-            )
-        }
-        other => DisplayErrorContext(other).to_string(),
-    }
-}
-
-fn fatal(cause: String) -> SinkError {
-    SinkError {
-        sink: SINK,
-        cause,
-        transient: false,
     }
 }

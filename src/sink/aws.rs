@@ -1,0 +1,107 @@
+//! What every AWS sink (SQS, SNS, Kinesis) shares: the SDK's configuration chain
+//! (credentials, `AWS_REGION`, `AWS_ENDPOINT_URL`, profiles, web identity, instance metadata)
+//! with the section's `region` / `endpoint_url` on top, an HTTPS client on rustls with ring, and
+//! one line for an SDK error.
+//!
+//! Invariant: credentials are resolved (never printed) before a sink is handed out, so a
+//! machine without any fails at start with the fix, not on the first event.
+
+use std::time::Duration;
+
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_credential_types::provider::ProvideCredentials;
+use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::display::DisplayErrorContext;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+
+use crate::sink::SinkError;
+
+/// Where an AWS sink connects: its section's keys (`None`: the SDK's chain decides).
+pub(crate) struct Endpoint<'a> {
+    /// The sink's name in errors (`"Amazon SQS"`).
+    pub(crate) sink: &'static str,
+    /// The section's name in fixes (`"sqs"`).
+    pub(crate) section: &'static str,
+    pub(crate) region: Option<&'a str>,
+    pub(crate) endpoint_url: Option<&'a str>,
+    /// One attempt of one call.
+    pub(crate) attempt_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+/// The SDK configuration a service client is built from, and where it sends requests (for
+/// messages: `region …`, or the endpoint and region).
+pub(crate) struct Connected {
+    pub(crate) config: SdkConfig,
+    pub(crate) shown: String,
+}
+
+/// The SDK configuration chain with the section on top. Fails (for good) when no region is
+/// configured anywhere or no credentials are found.
+pub(crate) async fn connect(at: Endpoint<'_>) -> Result<Connected, SinkError> {
+    let fatal = |cause: String| SinkError {
+        sink: at.sink,
+        cause,
+        transient: false,
+    };
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    let timeouts = TimeoutConfig::builder()
+        .connect_timeout(at.connect_timeout)
+        .operation_attempt_timeout(at.attempt_timeout)
+        .build();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(http)
+        .timeout_config(timeouts);
+    if let Some(region) = at.region {
+        loader = loader.region(aws_config::Region::new(region.to_owned()));
+    }
+    if let Some(url) = at.endpoint_url {
+        loader = loader.endpoint_url(url.to_owned());
+    }
+    let config = loader.load().await;
+    let Some(region) = config.region().map(ToString::to_string) else {
+        return Err(fatal(format!(
+            "no AWS region: set [{}] region = \"eu-west-1\" (or the AWS_REGION environment variable, or a \
+             profile's region)",
+            at.section
+        )));
+    };
+    let Some(credentials) = config.credentials_provider() else {
+        return Err(fatal("the AWS SDK has no credential provider".into()));
+    };
+    if let Err(e) = credentials.provide_credentials().await {
+        return Err(fatal(format!(
+            "no AWS credentials found ({}); give the relay credentials the SDK's default chain finds: \
+             AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a web identity token (EKS), or an instance \
+             or container role",
+            DisplayErrorContext(&e)
+        )));
+    }
+    let shown = match config.endpoint_url() {
+        Some(url) => format!("{url} (region {region})"),
+        None => format!("region {region}"),
+    };
+    Ok(Connected { config, shown })
+}
+
+/// One line for an SDK error: its code and message when the service answered, else the cause
+/// chain.
+pub(crate) fn words<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
+    e: &SdkError<E, R>,
+) -> String {
+    match e {
+        SdkError::ServiceError(s) => {
+            let err = s.err();
+            format!(
+                "{}: {}",
+                err.code().unwrap_or("error"),
+                err.message().unwrap_or("(no message)")
+            )
+        }
+        other => DisplayErrorContext(other).to_string(),
+    }
+}
