@@ -150,31 +150,54 @@ async fn split_brain_exactly_once(kind: SinkKind) {
 }
 on_every_sink!(split_brain_exactly_once);
 
-/// The relay's link to the broker cut silently (no RST) both ways for `secs` (2 minutes in the
-/// long run, 20 s in CI), PostgreSQL reachable throughout.
-async fn broker_cut_silently(kind: SinkKind) {
-    let secs = if long_tests() { 120 } else { 20 };
-    let Some(mut rig) = Rig::new(kind, Delivery::AtLeastOnce).await else {
+/// One relay under the steady load; 3 s in, `fault` (on the relay's namespace `r`) for `hold`,
+/// then `heal`; the time until the slot's confirmed position passes the heal, and the checker.
+async fn fault_then_heal(
+    kind: SinkKind,
+    delivery: Delivery,
+    what: &str,
+    hold: Duration,
+    fault: impl FnOnce(&mut Rig, usize),
+    heal: impl FnOnce(&mut Rig, usize),
+) {
+    let Some(mut rig) = Rig::new(kind, delivery).await else {
         return;
     };
     let (r, relay) = rig.relay();
     streaming(&relay).await;
     let load = Load::steady(&rig.db_url);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    rig.net.cut(r, rig.broker, Dir::Both);
-    tokio::time::sleep(Duration::from_secs(secs)).await;
+    fault(&mut rig, r);
+    tokio::time::sleep(hold).await;
     let healed = Instant::now();
-    rig.net.heal(r, rig.broker);
-    let resumed = rig
-        .resumed(healed, RESUME_TIMEOUT)
-        .await
-        .unwrap_or_else(|| panic!("no progress {RESUME_TIMEOUT:?} after the heal:\n{}", relay.log_text()));
+    heal(&mut rig, r);
+    let resumed = rig.resumed(healed, RESUME_TIMEOUT).await.unwrap_or_else(|| {
+        panic!(
+            "{what}: no progress {RESUME_TIMEOUT:?} after the heal:\n{}",
+            relay.log_text()
+        )
+    });
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let v = rig.finish(load, &format!("broker cut silently {secs} s")).await;
+    let v = rig.finish(load, what).await;
     eprintln!(
-        "nemesis broker cut silently {secs} s [{kind:?}]: resumed {:.1} s after the heal; {v}",
+        "nemesis {what} [{kind:?}, {delivery:?}]: resumed {:.1} s after the heal; {v}",
         resumed.as_secs_f64()
     );
+}
+
+/// The relay's link to the broker cut silently (no RST) both ways for `secs` (2 minutes in the
+/// long run, 20 s in CI), PostgreSQL reachable throughout.
+async fn broker_cut_silently(kind: SinkKind) {
+    let secs = if long_tests() { 120 } else { 20 };
+    fault_then_heal(
+        kind,
+        Delivery::AtLeastOnce,
+        &format!("broker cut silently {secs} s"),
+        Duration::from_secs(secs),
+        |rig, r| rig.net.cut(r, rig.broker, Dir::Both),
+        |rig, r| rig.net.heal(r, rig.broker),
+    )
+    .await
 }
 on_every_sink!(broker_cut_silently);
 
@@ -186,53 +209,29 @@ on_every_sink!(broker_cut_silently);
 /// (docs/reliability.md, section 10, "Defects the nemesis found", 4: 3 duplicates before the
 /// fix, seed 10445526625421661482).
 async fn broker_cut_one_way_exactly_once(kind: SinkKind) {
-    let Some(mut rig) = Rig::new(kind, Delivery::ExactlyOnce).await else {
-        return;
-    };
-    let (r, relay) = rig.relay();
-    streaming(&relay).await;
-    let load = Load::steady(&rig.db_url);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    rig.net.cut(r, rig.broker, Dir::ToService);
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let healed = Instant::now();
-    rig.net.heal(r, rig.broker);
-    let resumed = rig
-        .resumed(healed, RESUME_TIMEOUT)
-        .await
-        .unwrap_or_else(|| panic!("no progress {RESUME_TIMEOUT:?} after the heal:\n{}", relay.log_text()));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let v = rig.finish(load, "relay -> broker cut 12 s, exactly-once").await;
-    eprintln!(
-        "nemesis relay -> broker cut 12 s [{kind:?}, exactly-once]: resumed {:.1} s after the heal; {v}",
-        resumed.as_secs_f64()
-    );
+    fault_then_heal(
+        kind,
+        Delivery::ExactlyOnce,
+        "relay -> broker cut 12 s, exactly-once",
+        Duration::from_secs(12),
+        |rig, r| rig.net.cut(r, rig.broker, Dir::ToService),
+        |rig, r| rig.net.heal(r, rig.broker),
+    )
+    .await
 }
 on_every_sink!(broker_cut_one_way_exactly_once);
 
-/// The broker stalled: its proxy accepts and answers nothing, on open connections too, for 30 s.
+/// The broker stalled: its proxy accepts and answers nothing, on open connections too, for `secs`.
 async fn broker_stalled(kind: SinkKind, delivery: Delivery, secs: u64) {
-    let Some(mut rig) = Rig::new(kind, delivery).await else {
-        return;
-    };
-    let (_, relay) = rig.relay();
-    streaming(&relay).await;
-    let load = Load::steady(&rig.db_url);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    rig.net.proxy(rig.broker).set_mode(Mode::Stall);
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    let healed = Instant::now();
-    rig.net.proxy(rig.broker).set_mode(Mode::Pass);
-    let resumed = rig
-        .resumed(healed, RESUME_TIMEOUT)
-        .await
-        .unwrap_or_else(|| panic!("no progress {RESUME_TIMEOUT:?} after the stall:\n{}", relay.log_text()));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let v = rig.finish(load, &format!("broker stalled {secs} s")).await;
-    eprintln!(
-        "nemesis broker stalled {secs} s [{kind:?}, {delivery:?}]: resumed {:.1} s after the stall ended; {v}",
-        resumed.as_secs_f64()
-    );
+    fault_then_heal(
+        kind,
+        delivery,
+        &format!("broker stalled {secs} s"),
+        Duration::from_secs(secs),
+        |rig, _| rig.net.proxy(rig.broker).set_mode(Mode::Stall),
+        |rig, _| rig.net.proxy(rig.broker).set_mode(Mode::Pass),
+    )
+    .await
 }
 
 async fn broker_stalled_at_least_once(kind: SinkKind) {

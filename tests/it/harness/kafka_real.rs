@@ -557,6 +557,19 @@ impl Node {
 
 impl Drop for KafkaCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A failed test's brokers' logs outlive the temp directory, like its relays' logs.
+            for node in &self.nodes {
+                let kept = std::env::temp_dir().join(format!(
+                    "outbox-relay-failed-kafka-{}-node{}.log",
+                    std::process::id(),
+                    node.id
+                ));
+                if fs::copy(&node.log, &kept).is_ok() {
+                    eprintln!("Kafka node {} log kept: {}", node.id, kept.display());
+                }
+            }
+        }
         for node in &self.nodes {
             if let Some((mut child, _dog)) = node.proc.lock().unwrap().take() {
                 let _ = child.kill();
