@@ -34,6 +34,7 @@ pub(crate) mod aws;
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;
+pub(crate) mod kinesis;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod nats;
