@@ -19,6 +19,7 @@ use tokio_postgres::Client;
 use crate::harness::fault_support::*;
 use crate::harness::moto::{fast_restarts, run_relay, run_relay_streaming, Moto, AWS_ENV};
 use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
+use crate::harness::relay_process::run_cmd_with;
 use crate::harness::*;
 
 /// `config` publishing to Kinesis on `moto`, with `extra` `[kinesis]` keys.
