@@ -8,9 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use aws_sdk_kinesis::error::SdkError;
-use aws_sdk_kinesis::operation::describe_stream_summary::DescribeStreamSummaryError;
-use aws_sdk_kinesis::types::{StreamMode, StreamModeDetails, StreamStatus};
+use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::operation::list_shards::ListShardsError;
+use aws_sdk_kinesis::types::{StreamMode, StreamModeDetails};
 
 use super::SINK;
 use crate::config::kinesis::KinesisSettings;
@@ -29,11 +29,13 @@ pub(crate) struct Kinesis {
     pub(crate) shown: String,
 }
 
-/// What `DescribeStreamSummary` said of a stream.
+/// What `ListShards` said of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Stream {
-    /// Its status (`ACTIVE`, `CREATING`, `UPDATING`, `DELETING`) and open shards.
-    Found { status: String, shards: i32 },
+    /// It takes records: its open shards.
+    Active { shards: usize },
+    /// It exists but is not ACTIVE yet (`ResourceInUseException`: CREATING, or DELETING).
+    Busy(String),
     Missing,
 }
 
@@ -69,22 +71,41 @@ impl Kinesis {
         }
     }
 
-    /// `DescribeStreamSummary` of `name`.
+    /// `ListShards` of `name` (not `DescribeStreamSummary`: moto answers that one with a
+    /// timestamp the SDK cannot read; `ListShards` needs `kinesis:ListShards`).
     pub(crate) async fn describe(&self, name: &str) -> Result<Stream, SinkError> {
-        match self.client.describe_stream_summary().stream_name(name).send().await {
-            Ok(out) => {
-                let summary = out.stream_description_summary();
-                Ok(Stream::Found {
-                    status: summary
-                        .map(|s| s.stream_status().as_str().to_owned())
-                        .unwrap_or_default(),
-                    shards: summary.map_or(0, |s| s.open_shard_count()),
-                })
+        let mut shards = 0;
+        let mut token: Option<String> = None;
+        loop {
+            let request = match &token {
+                Some(t) => self.client.list_shards().next_token(t),
+                None => self.client.list_shards().stream_name(name),
+            };
+            match request.send().await {
+                Ok(out) => {
+                    shards += out
+                        .shards()
+                        .iter()
+                        .filter(|s| {
+                            s.sequence_number_range()
+                                .is_some_and(|r| r.ending_sequence_number().is_none())
+                        })
+                        .count();
+                    match out.next_token() {
+                        Some(t) if !t.is_empty() => token = Some(t.to_owned()),
+                        _ => return Ok(Stream::Active { shards }),
+                    }
+                }
+                Err(SdkError::ServiceError(s)) if matches!(s.err(), ListShardsError::ResourceNotFoundException(_)) => {
+                    return Ok(Stream::Missing)
+                }
+                Err(SdkError::ServiceError(s)) if matches!(s.err(), ListShardsError::ResourceInUseException(_)) => {
+                    return Ok(Stream::Busy(
+                        s.err().message().unwrap_or("not ACTIVE").to_owned(),
+                    ))
+                }
+                Err(e) => return Err(self.failed(format!("ListShards of {name:?} failed: {}", words(&e)))),
             }
-            Err(SdkError::ServiceError(s)) if matches!(s.err(), DescribeStreamSummaryError::ResourceNotFoundException(_)) => {
-                Ok(Stream::Missing)
-            }
-            Err(e) => Err(self.failed(format!("DescribeStreamSummary of {name:?} failed: {}", words(&e)))),
         }
     }
 
@@ -92,7 +113,7 @@ impl Kinesis {
     /// ACTIVE: what `setup` says about it.
     pub(crate) async fn ensure(&self, name: &str) -> Result<String, SinkError> {
         let created = match self.describe(name).await? {
-            Stream::Found { .. } => false,
+            Stream::Active { .. } | Stream::Busy(_) => false,
             Stream::Missing => {
                 let mode = StreamModeDetails::builder()
                     .stream_mode(StreamMode::OnDemand)
@@ -115,27 +136,21 @@ impl Kinesis {
         };
         let deadline = Instant::now() + ACTIVE_WAIT;
         loop {
-            match self.describe(name).await? {
-                Stream::Found { status, shards } if status == StreamStatus::Active.as_str() => {
+            let waiting = match self.describe(name).await? {
+                Stream::Active { shards } => {
                     let done = if created { "created (on-demand)" } else { "exists" };
-                    return Ok(format!(
-                        "Kinesis stream {name} {done}: ACTIVE, {shards} open shard(s)"
-                    ));
+                    return Ok(format!("Kinesis stream {name} {done}: ACTIVE, {shards} open shard(s)"));
                 }
-                Stream::Found { status, .. } if Instant::now() < deadline => {
-                    tracing::debug!(stream = name, %status, "Kinesis: waiting for the stream to become ACTIVE");
-                }
-                Stream::Found { status, .. } => {
-                    return Err(self.failed(format!(
-                        "stream {name:?} is still {status} after {} s",
-                        ACTIVE_WAIT.as_secs()
-                    )))
-                }
-                Stream::Missing if Instant::now() < deadline => {}
-                Stream::Missing => {
-                    return Err(self.failed(format!("stream {name:?} was created but cannot be found")))
-                }
+                Stream::Busy(why) => why,
+                Stream::Missing => "not visible yet".to_owned(),
+            };
+            if Instant::now() >= deadline {
+                return Err(self.failed(format!(
+                    "stream {name:?} is not ACTIVE after {} s ({waiting})",
+                    ACTIVE_WAIT.as_secs()
+                )));
             }
+            tracing::debug!(stream = name, %waiting, "Kinesis: waiting for the stream to become ACTIVE");
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }

@@ -149,9 +149,9 @@ fn encoder(config: &KinesisSettings) -> Encoder {
     }
 }
 
-/// `status`: credentials found, Kinesis answers, and the `[kinesis] streams` exist (else
-/// `ListStreams`; a principal not allowed to list is fine — sending needs only
-/// `kinesis:PutRecords`).
+/// `status`: credentials found, Kinesis answers, and the `[kinesis] streams` exist
+/// (`ListShards`); else `ListStreams` (a principal not allowed to list is fine — sending needs
+/// only `kinesis:PutRecords`).
 async fn probe_with(kinesis: &Kinesis, config: &KinesisSettings) -> Result<String, SinkError> {
     let started = std::time::Instant::now();
     if !config.streams.is_empty() {
@@ -159,7 +159,8 @@ async fn probe_with(kinesis: &Kinesis, config: &KinesisSettings) -> Result<Strin
         let mut missing = Vec::new();
         for name in &config.streams {
             match kinesis.describe(name).await? {
-                Stream::Found { status, shards } => states.push(format!("{name} {status} ({shards} shards)")),
+                Stream::Active { shards } => states.push(format!("{name} ACTIVE ({shards} open shards)")),
+                Stream::Busy(why) => states.push(format!("{name} not ACTIVE yet ({why})")),
                 Stream::Missing => missing.push(name.as_str()),
             }
         }
@@ -188,6 +189,12 @@ async fn probe_with(kinesis: &Kinesis, config: &KinesisSettings) -> Result<Strin
             kinesis.shown,
             started.elapsed().as_millis(),
             out.stream_names().len()
+        )),
+        // moto answers ListStreams with timestamps the SDK cannot read: an answer all the same.
+        Err(aws_sdk_kinesis::error::SdkError::ResponseError(_)) => Ok(format!(
+            "Amazon Kinesis at {} answers (ListStreams in {} ms)",
+            kinesis.shown,
+            started.elapsed().as_millis()
         )),
         Err(e) => {
             let cause = client::words(&e);
