@@ -134,18 +134,29 @@ impl Moto {
         out
     }
 
-    /// How many records `names` hold together.
+    /// How many distinct events `names` hold together: distinct `id`s of envelopes, and every
+    /// record without one (`format = "payload"`). A retried call whose first attempt was stored
+    /// too adds duplicates, which must not count as the events still missing.
     pub async fn stream_count(&self, names: &[String]) -> usize {
-        let mut n = 0;
+        let mut ids = std::collections::HashSet::new();
+        let mut others = 0;
         for name in names {
-            n += self.read_stream(name).await.len();
+            for r in self.read_stream(name).await {
+                match r.header("id") {
+                    Some(id) => {
+                        ids.insert(id.to_vec());
+                    }
+                    None => others += 1,
+                }
+            }
         }
-        n
+        ids.len() + others
     }
 
-    /// Waits (at most `timeout`) until `names` hold `n` records together, waits `settle` more
-    /// for stragglers (duplicates), then reads them all. Panics when they do not arrive, with
-    /// `context()` (the relay's log) in the message.
+    /// Waits (at most `timeout`) until `names` hold `n` distinct events together
+    /// ([`Moto::stream_count`]), waits `settle` more for stragglers (duplicates), then reads
+    /// every record. Panics when they do not arrive, with `context()` (the relay's log) in the
+    /// message.
     pub async fn read_streams(
         &self,
         names: &[String],
@@ -162,7 +173,7 @@ impl Moto {
             }
             assert!(
                 Instant::now() < deadline,
-                "streams {names:?} hold {have} of {n} records after {timeout:?}; {}",
+                "streams {names:?} hold {have} of {n} events after {timeout:?}; {}",
                 context()
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
