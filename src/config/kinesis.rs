@@ -183,11 +183,7 @@ impl KinesisSection {
                 format!("{max_record_bytes} bytes leaves no room for an event; use at least 1024"),
             ));
         }
-        let max_concurrency = positive(
-            "kinesis.max_concurrency",
-            self.max_concurrency,
-            DEFAULT_MAX_CONCURRENCY,
-        )?;
+        let max_concurrency = positive("kinesis.max_concurrency", self.max_concurrency, DEFAULT_MAX_CONCURRENCY)?;
         let max_requests = positive("kinesis.max_requests", self.max_requests, DEFAULT_MAX_REQUESTS)?;
         if max_requests > 1024 {
             return Err(invalid(
@@ -360,7 +356,11 @@ mod tests {
         ];
         let settings = load("[sink]\nkind = \"kinesis\"\n[kinesis]\nregion = \"eu-west-1\"\n", &env).unwrap();
         let s = settings.sink.section::<KinesisSettings>().unwrap();
-        assert_eq!((s.format, s.streams.len()), (Format::Payload, 2), "environment overrides");
+        assert_eq!(
+            (s.format, s.streams.len()),
+            (Format::Payload, 2),
+            "environment overrides"
+        );
         let once = load(
             "[sink]\nkind = \"kinesis\"\n[relay]\ndelivery = \"exactly-once\"\n",
             &[],
@@ -370,11 +370,7 @@ mod tests {
             once.contains("relay.delivery") && once.contains("no deduplication") && once.contains("`id`"),
             "{once}"
         );
-        let binary = load(
-            "[sink]\nkind = \"kinesis\"\n[cloudevents]\nmode = \"binary\"\n",
-            &[],
-        )
-        .unwrap_err();
+        let binary = load("[sink]\nkind = \"kinesis\"\n[cloudevents]\nmode = \"binary\"\n", &[]).unwrap_err();
         assert!(binary.contains("structured"), "{binary}");
         let other = load("[kinesis]\nformat = \"payload\"\n", &[]).unwrap_err();
         assert!(other.contains("[kinesis]"), "{other}");

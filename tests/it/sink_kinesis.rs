@@ -18,8 +18,8 @@ use tokio_postgres::Client;
 
 use crate::harness::fault_support::*;
 use crate::harness::moto::{fast_restarts, run_relay, run_relay_streaming, Moto, AWS_ENV};
-use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
 use crate::harness::relay_process::run_cmd_with;
+use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
 use crate::harness::*;
 
 /// `config` publishing to Kinesis on `moto`, with `extra` `[kinesis]` keys.
@@ -35,8 +35,7 @@ async fn order_stream(moto: &Moto, prefix: &str) -> (String, RelayConfig, String
     let stream = format!("{prefix}-order");
     moto.create_stream(&stream, 2).await;
     let (db, _client, config) = prepared(OutboxSchema::B, "unused:9092").await;
-    let config =
-        to_kinesis(config, moto, &[]).route("(?<routedByValue>.*)", &format!("{prefix}-${{routedByValue}}"));
+    let config = to_kinesis(config, moto, &[]).route("(?<routedByValue>.*)", &format!("{prefix}-${{routedByValue}}"));
     (db, config, stream)
 }
 
@@ -137,7 +136,12 @@ async fn a_workload_lands_routed_keyed_and_in_order_within_each_shard() {
         .map(|(n, _)| n.as_str())
         .filter(|n| !n.starts_with("kinesis:"))
         .collect();
-    assert_eq!(names, ["id"], "the envelope: id, no headers configured: {:?}", records[0]);
+    assert_eq!(
+        names,
+        ["id"],
+        "the envelope: id, no headers configured: {:?}",
+        records[0]
+    );
     eprintln!(
         "workload: {} events in {} streams ({} shards used), 0 lost, 0 duplicates, drained within {elapsed:?}",
         all.len(),
@@ -173,7 +177,7 @@ async fn setup_creates_the_streams_and_large_payloads_go_alone() {
         again.status.success() && said.contains(&format!("Kinesis stream {stream} exists")),
         "{said}"
     );
-    let _relay = run_relay_streaming(&config).await;
+    let relay = run_relay_streaming(&config).await;
     // 12 events of ~900 KB, each of its own aggregate, committed at once: 10.8 MB that no single
     // call may carry.
     let mut want = BTreeMap::new();
@@ -197,7 +201,7 @@ async fn setup_creates_the_streams_and_large_payloads_go_alone() {
             want.len(),
             Duration::from_secs(120),
             Duration::from_secs(1),
-            || String::new(),
+            || relay.log_text(),
         )
         .await;
     assert_eq!(records.len(), want.len(), "each once");
@@ -298,7 +302,8 @@ async fn moto_frozen_30_seconds(test: &str, shipped: bool) {
     // the SDK's own retries (with the shipped 10 s attempts, the third attempt may be the one
     // moto answers after the thaw).
     assert!(
-        log.contains("has acknowledged nothing for") && (shipped || log.contains("Kinesis did not store a batch; retrying")),
+        log.contains("has acknowledged nothing for")
+            && (shipped || log.contains("Kinesis did not store a batch; retrying")),
         "the outage should show in the log:\n{log}"
     );
     let what = format!(
@@ -314,12 +319,20 @@ async fn moto_frozen_30_seconds(test: &str, shipped: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn moto_frozen_30_seconds_with_a_short_backoff_loses_nothing() {
-    moto_frozen_30_seconds("kinesis_moto_frozen_30_seconds_with_a_short_backoff_loses_nothing", false).await;
+    moto_frozen_30_seconds(
+        "kinesis_moto_frozen_30_seconds_with_a_short_backoff_loses_nothing",
+        false,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn moto_frozen_30_seconds_with_shipped_defaults_loses_nothing() {
-    moto_frozen_30_seconds("kinesis_moto_frozen_30_seconds_with_shipped_defaults_loses_nothing", true).await;
+    moto_frozen_30_seconds(
+        "kinesis_moto_frozen_30_seconds_with_shipped_defaults_loses_nothing",
+        true,
+    )
+    .await;
 }
 
 // ---- Bad events ----
@@ -389,14 +402,7 @@ async fn insert(client: &Client, ty: &str, payload: &str) -> String {
 
 async fn insert_bad(client: &Client, bad: Bad) -> String {
     match bad {
-        Bad::TooLarge => {
-            insert(
-                client,
-                "good",
-                &format!("{{\"blob\": \"{}\"}}", "x".repeat(1_100_000)),
-            )
-            .await
-        }
+        Bad::TooLarge => insert(client, "good", &format!("{{\"blob\": \"{}\"}}", "x".repeat(1_100_000))).await,
         Bad::NoStream => insert(client, "missing", "{}").await,
     }
 }

@@ -185,8 +185,7 @@ pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSectio
             match get("kinesis.region") {
                 Some(region) => lines.push(Line::Set("region".into(), s(&region))),
                 None => lines.push(Line::Comment(
-                    "debezium.sink.kinesis.region is not set: the region comes from AWS_REGION or the profile."
-                        .into(),
+                    "debezium.sink.kinesis.region is not set: the region comes from AWS_REGION or the profile.".into(),
                 )),
             }
             if let Some(endpoint) = get("kinesis.endpoint") {

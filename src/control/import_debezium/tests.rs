@@ -764,7 +764,9 @@ fn debezium_server_kinesis_maps_to_the_kinesis_sink_sending_the_payload_alone() 
     assert!(listed(&notes, "debezium.sink.kinesis.null.key").contains("always has a key"));
     assert!(listed(&notes, "debezium.sink.kinesis.something.new").contains("no counterpart"));
     assert!(
-        !notes.iter().any(|n| n.contains("kinesis.region") || n.contains("credentials.profile")),
+        !notes
+            .iter()
+            .any(|n| n.contains("kinesis.region") || n.contains("credentials.profile")),
         "{notes:?}"
     );
     let settings = load(&kinesis);

@@ -33,7 +33,9 @@ pub(crate) struct Kinesis {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Stream {
     /// It takes records: its open shards.
-    Active { shards: usize },
+    Active {
+        shards: usize,
+    },
     /// It exists but is not ACTIVE yet (`ResourceInUseException`: CREATING, or DELETING).
     Busy(String),
     Missing,
@@ -100,9 +102,7 @@ impl Kinesis {
                     return Ok(Stream::Missing)
                 }
                 Err(SdkError::ServiceError(s)) if matches!(s.err(), ListShardsError::ResourceInUseException(_)) => {
-                    return Ok(Stream::Busy(
-                        s.err().message().unwrap_or("not ACTIVE").to_owned(),
-                    ))
+                    return Ok(Stream::Busy(s.err().message().unwrap_or("not ACTIVE").to_owned()))
                 }
                 Err(e) => return Err(self.failed(format!("ListShards of {name:?} failed: {}", words(&e)))),
             }

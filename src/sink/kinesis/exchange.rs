@@ -192,7 +192,10 @@ pub(crate) fn call_error<E: ProvideErrorMetadata + std::error::Error + 'static, 
             words(e)
         ))
     } else if CONTENT_CODES.contains(&code) {
-        CallError::Refused(format!("Kinesis refused the record for stream {stream:?}: {}", words(e)))
+        CallError::Refused(format!(
+            "Kinesis refused the record for stream {stream:?}: {}",
+            words(e)
+        ))
     } else {
         CallError::Transient(words(e))
     }
@@ -267,11 +270,17 @@ mod tests {
             matches!(&answers[6], EntryAnswer::Retry(c) if c.contains("did not mention")),
             "a record the answer left out is sent again"
         );
-        assert_eq!(record_answers(&output(vec![stored(1), stored(2)]), 1), [EntryAnswer::Stored]);
+        assert_eq!(
+            record_answers(&output(vec![stored(1), stored(2)]), 1),
+            [EntryAnswer::Stored]
+        );
     }
 
     fn service_error(err: PutRecordsError) -> SdkError<PutRecordsError, HttpResponse> {
-        SdkError::service_error(err, HttpResponse::new(StatusCode::try_from(400).unwrap(), SdkBody::empty()))
+        SdkError::service_error(
+            err,
+            HttpResponse::new(StatusCode::try_from(400).unwrap(), SdkBody::empty()),
+        )
     }
 
     fn meta(code: &str, message: &str) -> ErrorMetadata {
@@ -289,10 +298,8 @@ mod tests {
                 .build(),
         ));
         let at = "http://127.0.0.1:5000 (region us-east-1)";
-        assert!(
-            matches!(call_error(&missing, "orders", at), CallError::Missing(c)
-                if c.contains("\"orders\" does not exist") && c.contains("not found") && c.contains("[kinesis] streams"))
-        );
+        assert!(matches!(call_error(&missing, "orders", at), CallError::Missing(c)
+                if c.contains("\"orders\" does not exist") && c.contains("not found") && c.contains("[kinesis] streams")));
         let invalid = service_error(PutRecordsError::InvalidArgumentException(
             InvalidArgumentException::builder()
                 .meta(meta("InvalidArgumentException", "Records size exceeds 5 MB limit"))
@@ -321,5 +328,167 @@ mod tests {
         }
         let timeout: SdkError<PutRecordsError, HttpResponse> = SdkError::timeout_error("attempt timeout");
         assert!(matches!(call_error(&timeout, "orders", at), CallError::Transient(_)));
+    }
+
+    /// The choice docs/sink-kinesis.md reports: one record per key on the wire (the driver's
+    /// `PerKey`, shipped) against several records of a key per call (`Pipelined`, calls one at a
+    /// time so that a key's records stay in order while nothing fails — under a partial failure
+    /// this variant would store a key's later records past its failed one, which is why it is
+    /// not shipped). A drain of N events with many aggregates, and with one hot aggregate; each
+    /// run's stream read back (every event once, each key in order). Needs a running moto:
+    /// `KINESIS_MEASURE_ENDPOINT=http://127.0.0.1:5000 AWS_ACCESS_KEY_ID=testing
+    /// AWS_SECRET_ACCESS_KEY=testing cargo test --lib kinesis::exchange::tests::measure --
+    /// --ignored --nocapture` (`KINESIS_MEASURE_EVENTS`, default 3000).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement against a running moto (KINESIS_MEASURE_ENDPOINT), reported in docs/sink-kinesis.md"]
+    async fn measure_one_record_per_key_against_several_per_call() {
+        use std::borrow::Cow;
+        use std::collections::HashMap;
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+
+        use aws_sdk_kinesis::types::ShardIteratorType;
+
+        use crate::config::kinesis::{Format, KinesisSection};
+        use crate::sink::driver::{self, Concurrency, DriverOptions};
+        use crate::sink::Sink;
+
+        let Ok(endpoint) = std::env::var("KINESIS_MEASURE_ENDPOINT") else {
+            eprintln!("SKIPPING the measurement: set KINESIS_MEASURE_ENDPOINT to a running moto's URL");
+            return;
+        };
+        let n: usize = std::env::var("KINESIS_MEASURE_EVENTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3000);
+        let section: KinesisSection =
+            toml::from_str(&format!("region = \"us-east-1\"\nendpoint_url = \"{endpoint}\"")).unwrap();
+        let settings = section.validate().unwrap();
+        let kinesis = Kinesis::connect(&settings, Duration::from_secs(10)).await.unwrap();
+        let encoder = Encoder {
+            format: Format::Envelope,
+            max_record_bytes: settings.max_record_bytes,
+        };
+        let payload = format!(
+            "{{\"order\": {{\"lines\": [{}]}}}}",
+            ["{\"sku\": \"A-1\", \"qty\": 2}"; 6].join(", ")
+        );
+        let variants = [
+            (
+                "one record per key, 8 calls at once (shipped)",
+                Concurrency::PerKey { max_keys: 500 },
+                8,
+            ),
+            (
+                "one record per key, 1 call at a time",
+                Concurrency::PerKey { max_keys: 500 },
+                1,
+            ),
+            ("several records per key, 1 call at a time", Concurrency::Pipelined, 1),
+        ];
+        let tag = std::process::id();
+        for (workload, aggregates) in [("1,000 aggregates", 1000usize), ("one hot aggregate", 1)] {
+            for (v, (variant, concurrency, calls)) in variants.iter().enumerate() {
+                let mut times = Vec::new();
+                for run in 0..3 {
+                    let stream = format!("measure-{tag}-{aggregates}-{v}-{run}");
+                    kinesis
+                        .client
+                        .create_stream()
+                        .stream_name(&stream)
+                        .shard_count(4)
+                        .send()
+                        .await
+                        .unwrap();
+                    let exchange = KinesisExchange::start(kinesis.clone(), encoder, *calls);
+                    let (sink, mut completions) = driver::start::<_, usize>(
+                        Arc::new(exchange),
+                        DriverOptions {
+                            concurrency: *concurrency,
+                            max_in_flight: 10_000,
+                            max_in_flight_bytes: 64 << 20,
+                            reply_timeout: None,
+                            max_queue_wait: None,
+                            drop_wait: Duration::from_secs(1),
+                        },
+                    );
+                    let started = Instant::now();
+                    for i in 0..n {
+                        let key = format!("agg-{}", i % aggregates);
+                        let id = i.to_string();
+                        let record = SinkRecord {
+                            destination: Cow::Borrowed(&stream),
+                            key: Cow::Borrowed(key.as_bytes()),
+                            value: Some(Cow::Borrowed(payload.as_bytes())),
+                            event_id: id.as_bytes(),
+                            timestamp_ms: None,
+                            headers: Cow::Borrowed(&[]),
+                            partition: None,
+                        };
+                        sink.send(&record, &[], None, Box::new(i)).unwrap();
+                    }
+                    for _ in 0..n {
+                        let c = tokio::time::timeout(Duration::from_secs(300), completions.recv())
+                            .await
+                            .expect("a completion within 300 s")
+                            .expect("the driver runs");
+                        assert!(c.outcome.is_ok(), "event {}: {:?}", c.tag, c.outcome.err());
+                    }
+                    times.push(started.elapsed());
+                    Box::new(sink).abandon(Duration::from_secs(1));
+                    // Read back: every event once, each key's events in order within its shard.
+                    let shards = kinesis.client.list_shards().stream_name(&stream).send().await.unwrap();
+                    let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
+                    for shard in shards.shards() {
+                        let mut it = kinesis
+                            .client
+                            .get_shard_iterator()
+                            .stream_name(&stream)
+                            .shard_id(shard.shard_id())
+                            .shard_iterator_type(ShardIteratorType::TrimHorizon)
+                            .send()
+                            .await
+                            .unwrap()
+                            .shard_iterator()
+                            .map(str::to_owned);
+                        while let Some(i) = it {
+                            let got = kinesis
+                                .client
+                                .get_records()
+                                .shard_iterator(i)
+                                .limit(10_000)
+                                .send()
+                                .await
+                                .unwrap();
+                            for r in got.records() {
+                                let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).unwrap();
+                                let id: usize = v["id"].as_str().unwrap().parse().unwrap();
+                                by_key
+                                    .entry(v["key"].as_str().unwrap().to_owned())
+                                    .or_default()
+                                    .push(id);
+                            }
+                            if got.records().is_empty() {
+                                break;
+                            }
+                            it = got.next_shard_iterator().map(str::to_owned);
+                        }
+                    }
+                    let stored: usize = by_key.values().map(Vec::len).sum();
+                    assert_eq!(stored, n, "{variant}: every event once");
+                    for (key, ids) in &by_key {
+                        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{variant}: {key} in order");
+                    }
+                }
+                times.sort();
+                let median = times[1];
+                eprintln!(
+                    "MEASURE {workload:>17} | {variant:<46} | median {:>7.0} ms ({:.0} ev/s) | runs {:?} ms",
+                    median.as_secs_f64() * 1000.0,
+                    n as f64 / median.as_secs_f64(),
+                    times.iter().map(|t| t.as_millis()).collect::<Vec<_>>()
+                );
+            }
+        }
     }
 }

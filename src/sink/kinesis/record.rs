@@ -214,8 +214,13 @@ mod tests {
 
         let r = ENVELOPE.encode(&record(b"k", &[], None), &[]).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&r.data).unwrap();
-        assert_eq!(v, serde_json::json!({"id": "42", "key": "k", "headers": {}, "payload": null}));
-        let r = ENVELOPE.encode(&record(b"k", &[], Some(b"not json \xff")), &[]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id": "42", "key": "k", "headers": {}, "payload": null})
+        );
+        let r = ENVELOPE
+            .encode(&record(b"k", &[], Some(b"not json \xff")), &[])
+            .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&r.data).unwrap();
         assert_eq!(v["payload_base64"], "bm90IGpzb24g/w==");
         assert!(v.get("payload").is_none());
@@ -228,7 +233,9 @@ mod tests {
             ..ENVELOPE
         };
         let headers = [(Cow::Borrowed("tenant"), Some(Cow::Borrowed(&b"t1"[..])))];
-        let r = payload.encode(&record(b"agg", &headers, Some(b"\x00bin")), &[]).unwrap();
+        let r = payload
+            .encode(&record(b"agg", &headers, Some(b"\x00bin")), &[])
+            .unwrap();
         assert_eq!(r.data, b"\x00bin");
         assert_eq!(payload.encode(&record(b"agg", &[], None), &[]).unwrap().data, b"");
     }
@@ -237,7 +244,11 @@ mod tests {
     fn partition_keys_kinesis_would_refuse_are_hashed_the_same_way_each_time() {
         assert_eq!(partition_key(b"2b7e1a8c-0d3f-4c55"), "2b7e1a8c-0d3f-4c55");
         let at_limit = "ü".repeat(256);
-        assert_eq!(partition_key(at_limit.as_bytes()), at_limit, "256 characters, 512 bytes");
+        assert_eq!(
+            partition_key(at_limit.as_bytes()),
+            at_limit,
+            "256 characters, 512 bytes"
+        );
         let long = partition_key(&[b'x'; 257]);
         assert!(long.starts_with(HASHED_KEY_PREFIX) && long.len() == 71, "{long}");
         assert_eq!(long, partition_key(&[b'x'; 257]), "deterministic");

@@ -206,9 +206,15 @@ fn received(stream: &str, partition: i32, offset: i64, shard: &str, r: &aws_sdk_
             };
             (Some(value_bytes(&envelope.key)), payload)
         }
-        Err(_) => (Some(r.partition_key().unwrap_or_default().as_bytes().to_vec()), Some(data.to_vec())),
+        Err(_) => (
+            Some(r.partition_key().unwrap_or_default().as_bytes().to_vec()),
+            Some(data.to_vec()),
+        ),
     };
-    headers.push(("kinesis:PartitionKey".into(), r.partition_key().unwrap_or_default().as_bytes().to_vec()));
+    headers.push((
+        "kinesis:PartitionKey".into(),
+        r.partition_key().unwrap_or_default().as_bytes().to_vec(),
+    ));
     headers.push(("kinesis:ShardId".into(), shard.as_bytes().to_vec()));
     headers.push(("kinesis:SequenceNumber".into(), r.sequence_number().as_bytes().to_vec()));
     Received {
