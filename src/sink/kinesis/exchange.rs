@@ -330,6 +330,201 @@ mod tests {
         assert!(matches!(call_error(&timeout, "orders", at), CallError::Transient(_)));
     }
 
+    /// What a fake Kinesis saw: each record sent (its event id and partition key), in order,
+    /// and whether it was stored.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, String, bool)>>>;
+
+    /// A fake Kinesis on a loopback port speaking the AWS JSON 1.1 protocol of `PutRecords`: a
+    /// call to stream `gone` answers `ResourceNotFoundException`; every record fails with
+    /// `ProvisionedThroughputExceededException` the first time its event id is seen (a shard
+    /// over its write limit) and is stored the second time. moto never fails a record; this is
+    /// the SDK's own parsing, the batcher and the driver on such an answer.
+    async fn fake_kinesis(seen: Seen) -> String {
+        use base64::Engine as _;
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut conn = BufReader::new(socket);
+                    loop {
+                        let mut length = 0usize;
+                        let mut line = String::new();
+                        loop {
+                            line.clear();
+                            if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            if let Some((name, value)) = line.split_once(':') {
+                                if name.eq_ignore_ascii_case("content-length") {
+                                    length = value.trim().parse().unwrap();
+                                }
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        conn.read_exact(&mut body).await.unwrap();
+                        let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        let (status, answer) = if request["StreamName"] == "gone" {
+                            (
+                                "400 Bad Request",
+                                serde_json::json!({"__type": "ResourceNotFoundException",
+                                    "message": "Stream gone under account 123456789012 not found."}),
+                            )
+                        } else {
+                            let mut seen = seen.lock().unwrap();
+                            let mut failed = 0;
+                            let records: Vec<serde_json::Value> = request["Records"]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|r| {
+                                    let data = base64::engine::general_purpose::STANDARD
+                                        .decode(r["Data"].as_str().unwrap())
+                                        .unwrap();
+                                    let envelope: serde_json::Value = serde_json::from_slice(&data).unwrap();
+                                    let id = envelope["id"].as_str().unwrap().to_owned();
+                                    let key = r["PartitionKey"].as_str().unwrap().to_owned();
+                                    let first = !seen.iter().any(|(i, _, _)| *i == id);
+                                    seen.push((id, key, !first));
+                                    if first {
+                                        failed += 1;
+                                        serde_json::json!({"ErrorCode": "ProvisionedThroughputExceededException",
+                                            "ErrorMessage": "Rate exceeded for shard shardId-000000000000"})
+                                    } else {
+                                        serde_json::json!({"SequenceNumber": format!("{}", seen.len()),
+                                            "ShardId": "shardId-000000000000"})
+                                    }
+                                })
+                                .collect();
+                            (
+                                "200 OK",
+                                serde_json::json!({"FailedRecordCount": failed, "Records": records}),
+                            )
+                        };
+                        let body = answer.to_string();
+                        let head = format!(
+                            "HTTP/1.1 {status}\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n",
+                            body.len()
+                        );
+                        let socket = conn.get_mut();
+                        if socket.write_all(head.as_bytes()).await.is_err()
+                            || socket.write_all(body.as_bytes()).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        endpoint
+    }
+
+    /// A client of `endpoint` with static credentials (no credential chain in a unit test).
+    fn kinesis_at(endpoint: &str) -> Kinesis {
+        let config = aws_sdk_kinesis::Config::builder()
+            .behavior_version(aws_sdk_kinesis::config::BehaviorVersion::latest())
+            .region(aws_sdk_kinesis::config::Region::new("us-east-1"))
+            .endpoint_url(endpoint)
+            .credentials_provider(aws_sdk_kinesis::config::Credentials::new("k", "s", None, None, "test"))
+            .http_client(
+                aws_smithy_http_client::Builder::new()
+                    .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                        aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+                    ))
+                    .build_https(),
+            )
+            .build();
+        Kinesis {
+            client: aws_sdk_kinesis::Client::from_conf(config),
+            shown: endpoint.to_owned(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn throttled_records_are_retried_and_nothing_of_a_key_is_sent_past_an_unstored_one() {
+        use std::borrow::Cow;
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use crate::config::kinesis::Format;
+        use crate::sink::driver::{self, Concurrency, DriverOptions};
+        use crate::sink::{FailureKind, Sink};
+
+        let seen: Seen = Arc::default();
+        let endpoint = fake_kinesis(seen.clone()).await;
+        let encoder = Encoder {
+            format: Format::Envelope,
+            max_record_bytes: 1 << 20,
+        };
+        let exchange = KinesisExchange::start(kinesis_at(&endpoint), encoder, 4);
+        let (sink, mut completions) = driver::start::<_, String>(
+            Arc::new(exchange),
+            DriverOptions {
+                concurrency: Concurrency::PerKey { max_keys: 16 },
+                max_in_flight: 100,
+                max_in_flight_bytes: 1 << 20,
+                reply_timeout: None,
+                max_queue_wait: None,
+                drop_wait: Duration::from_secs(1),
+            },
+        );
+        let mut sent = Vec::new();
+        for i in 0..12 {
+            let key = ["a", "b", "c"][i % 3];
+            let stream = if i == 11 { "gone" } else { "orders" };
+            let id = format!("{key}{}", i / 3);
+            let record = SinkRecord {
+                destination: Cow::Borrowed(stream),
+                key: Cow::Borrowed(key.as_bytes()),
+                value: Some(Cow::Borrowed(b"{}")),
+                event_id: id.as_bytes(),
+                timestamp_ms: None,
+                headers: Cow::Borrowed(&[]),
+                partition: None,
+            };
+            sink.send(&record, &[], None, Box::new(id.clone())).unwrap();
+            sent.push(id);
+        }
+        let mut outcomes = std::collections::HashMap::new();
+        for _ in 0..sent.len() {
+            let c = tokio::time::timeout(Duration::from_secs(30), completions.recv())
+                .await
+                .expect("a completion within 30 s")
+                .expect("the driver runs");
+            outcomes.insert(*c.tag, c.outcome);
+        }
+        Box::new(sink).abandon(Duration::from_secs(1));
+        for id in &sent[..11] {
+            assert!(outcomes[id].is_ok(), "{id} stored after its retry: {:?}", outcomes[id]);
+        }
+        let gone = outcomes["c3"].as_ref().unwrap_err();
+        assert_eq!(gone.kind, FailureKind::Refused, "a missing stream refuses: {gone:?}");
+        assert!(gone.cause.contains("\"gone\" does not exist"), "{}", gone.cause);
+        let seen = seen.lock().unwrap().clone();
+        for key in ["a", "b", "c"] {
+            let of_key: Vec<(String, bool)> = seen
+                .iter()
+                .filter(|(_, k, _)| k == key)
+                .map(|(id, _, stored)| (id.clone(), *stored))
+                .collect();
+            let ids: Vec<&String> = sent[..11].iter().filter(|id| id.starts_with(key)).collect();
+            let want: Vec<(String, bool)> = ids
+                .iter()
+                .flat_map(|id| [((*id).clone(), false), ((*id).clone(), true)])
+                .collect();
+            assert_eq!(
+                of_key, want,
+                "key {key}: each record failed once, retried and stored before the next was sent"
+            );
+        }
+    }
+
     /// The choice docs/sink-kinesis.md reports: one record per key on the wire (the driver's
     /// `PerKey`, shipped) against several records of a key per call (`Pipelined`, calls one at a
     /// time so that a key's records stay in order while nothing fails — under a partial failure
