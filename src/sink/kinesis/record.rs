@@ -154,7 +154,9 @@ impl Encoder {
     /// envelope may carry a cut (no longer JSON) payload as base64, a third larger.
     pub(crate) fn max_message_bytes(&self) -> usize {
         match self.format {
-            Format::Envelope => self.max_record_bytes / 4 * 3 - 4096,
+            Format::Envelope => (self.max_record_bytes / 4 * 3)
+                .saturating_sub(4096)
+                .max(self.max_record_bytes / 2),
             Format::Payload => self.max_record_bytes,
         }
     }
@@ -284,5 +286,10 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("envelope"), "{err}");
         assert!(ENVELOPE.max_message_bytes() / 3 * 4 < ENVELOPE.max_record_bytes);
+        let smallest = Encoder {
+            max_record_bytes: 1024,
+            ..ENVELOPE
+        };
+        assert_eq!(smallest.max_message_bytes(), 512, "no underflow at the smallest limit");
     }
 }
