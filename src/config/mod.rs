@@ -32,6 +32,7 @@ pub(crate) mod filter;
 pub(crate) mod http;
 pub(crate) mod ident;
 pub(crate) mod kafka;
+pub(crate) mod kinesis;
 pub(crate) mod nats;
 pub(crate) mod outbox;
 pub(crate) mod poll;

@@ -31,9 +31,11 @@
 //! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
 
 pub(crate) mod aws;
+pub(crate) mod batch;
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;
+pub(crate) mod kinesis;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod nats;

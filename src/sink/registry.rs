@@ -62,6 +62,7 @@ sinks![
     crate::sink::webhook::Webhook,
     crate::sink::pubsub::PubSub,
     crate::sink::sqs::SqsPlugin,
+    crate::sink::kinesis::KinesisPlugin,
 ];
 
 impl Settings {
@@ -107,20 +108,20 @@ mod tests {
     #[test]
     fn kafka_is_the_default_and_unknown_kinds_name_the_choices() {
         assert_eq!(spec_of(&SinkTable::default().kind, sections()).unwrap().kind(), "kafka");
-        let Err(err) = spec_of("kinesis", sections()) else {
-            panic!("kinesis is no sink")
+        let Err(err) = spec_of("eventhubs", sections()) else {
+            panic!("eventhubs is no sink")
         };
         let err = err.to_string();
         assert!(
-            err.contains("sink.kind") && err.contains("\"kinesis\"") && err.contains("\"kafka\""),
+            err.contains("sink.kind") && err.contains("\"eventhubs\"") && err.contains("\"kafka\""),
             "{err}"
         );
     }
 
     #[test]
     fn an_unknown_section_or_another_kinds_section_names_the_registered_sinks() {
-        let err = load("[kinesis]\nstream = \"x\"\n", &[]).unwrap_err().to_string();
-        assert!(err.contains("unknown field `kinesis`"), "{err}");
+        let err = load("[eventhubs]\nhub = \"x\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("unknown field `eventhubs`"), "{err}");
         for kind in sections().iter().map(|s| s.kind()) {
             assert!(err.contains(&format!("[{kind}]")), "{kind} missing: {err}");
         }
@@ -132,7 +133,7 @@ mod tests {
             err.contains("a [redis] section is set but [sink] kind = \"kafka\""),
             "{err}"
         );
-        let err = load("[sink]\nkind = \"kinesis\"\n", &[]).unwrap_err().to_string();
+        let err = load("[sink]\nkind = \"eventhubs\"\n", &[]).unwrap_err().to_string();
         assert!(err.contains(&kinds_quoted(sections())), "{err}");
     }
 }

@@ -34,6 +34,7 @@ mod pg_versions;
 mod poll;
 mod replay;
 mod retention;
+mod sink_kinesis;
 mod sink_nats;
 mod sink_pubsub;
 mod sink_rabbitmq;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::harness::fault_support::*;
-use crate::harness::moto::{Moto, AWS_ENV};
+use crate::harness::moto::{fast_restarts, run_relay as run, run_relay_streaming as run_streaming, Moto, AWS_ENV};
 use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
 use crate::harness::*;
 
@@ -29,26 +29,6 @@ fn to_sqs(config: RelayConfig, moto: &Moto, fifo: bool) -> RelayConfig {
     let mut pairs: Vec<(&str, &str)> = section.iter().map(|(k, v)| (*k, v.as_str())).collect();
     pairs.push(("fifo", if fifo { "true" } else { "false" }));
     config.sink("sqs", &pairs)
-}
-
-fn fast_restarts(config: RelayConfig) -> RelayConfig {
-    config
-        .set("relay", "reconnect_backoff_initial_ms", 100)
-        .set("relay", "reconnect_backoff_max_ms", 500)
-}
-
-fn run(config: &RelayConfig) -> RelayProcess {
-    RelayProcess::run_with(config, &[], &AWS_ENV)
-}
-
-async fn run_streaming(config: &RelayConfig) -> RelayProcess {
-    let relay = run(config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
-    relay
 }
 
 /// Schema B (routed by `aggregate_type` = `order`) into the FIFO queue `<prefix>-order.fifo`.

@@ -2,7 +2,8 @@
 //! under `debezium.source.*` and `debezium.transforms.*`, and a sink under `debezium.sink.*`
 //! instead of Kafka Connect. [`split`] turns the file into the connector options the mapping
 //! already knows plus the sink's; [`map_sink`] maps the sink onto `[sink]` and its broker's
-//! section (NATS JetStream, RabbitMQ, Redis, Google Cloud Pub/Sub or Kafka), listing what has no counterpart.
+//! section (NATS JetStream, RabbitMQ, Redis, Google Cloud Pub/Sub, Amazon Kinesis or Kafka), listing what has no
+//! counterpart.
 //!
 //! No secret is written: a broker password stays out of the URL, and the file says where to put
 //! it (the section's environment variable).
@@ -179,16 +180,42 @@ pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSectio
             }
             ("pubsub", lines)
         }
+        "kinesis" => {
+            let mut lines = Vec::new();
+            match get("kinesis.region") {
+                Some(region) => lines.push(Line::Set("region".into(), s(&region))),
+                None => lines.push(Line::Comment(
+                    "debezium.sink.kinesis.region is not set: the region comes from AWS_REGION or the profile.".into(),
+                )),
+            }
+            if let Some(endpoint) = get("kinesis.endpoint") {
+                lines.push(Line::Set("endpoint_url".into(), s(&endpoint)));
+            }
+            if let Some(profile) = get("kinesis.credentials.profile") {
+                lines.push(Line::Comment(format!(
+                    "Debezium Server's credentials.profile ({profile}): start the relay with AWS_PROFILE={profile}\n\
+                     (the AWS SDK's default credential chain reads it; credentials are never in this file)."
+                )));
+            }
+            lines.push(Line::Comment(
+                "Debezium Server's Kinesis sink sends the value alone: \"payload\" keeps what consumers read.\n\
+                 \"envelope\" (the relay's default) adds the event id to deduplicate on, the key and the headers\n\
+                 in one JSON object (docs/sink-kinesis.md)."
+                    .into(),
+            ));
+            lines.push(Line::Set("format".into(), s("payload")));
+            ("kinesis", lines)
+        }
         "" => {
             return Err(ImportError::Unsupported(format!(
                 "{source}: a Debezium Server file without debezium.sink.type; set it (kafka, nats-jetstream, rabbitmq, \
-                 redis or pubsub are the sinks outbox-relay has)"
+                 redis, pubsub or kinesis are the sinks outbox-relay has)"
             )))
         }
         other => {
             return Err(ImportError::Unsupported(format!(
                 "{source}: debezium.sink.type is {other:?}; outbox-relay publishes to kafka, nats-jetstream, \
-                 rabbitmq, redis and pubsub only"
+                 rabbitmq, redis, pubsub and kinesis only"
             )))
         }
     };
@@ -248,6 +275,19 @@ fn sink_reason(option: &str) -> &'static str {
             "each publish is awaited; the WAL is confirmed only after Pub/Sub acknowledged"
         }
         _ if o.starts_with("pubsub.") => "a Debezium Server Pub/Sub option with no counterpart",
+        _ if o == "kinesis.batch.size" => {
+            "PutRecords calls carry up to 500 records and 5 MiB, one record per aggregate; [kinesis] \
+             max_concurrency bounds the aggregates on the wire (docs/sink-kinesis.md)"
+        }
+        _ if o == "kinesis.default.retries" => {
+            "failed records are retried with backoff until Kinesis stores them, the WAL position held meanwhile \
+             (Debezium Server gives up after default.retries and stops)"
+        }
+        _ if o == "kinesis.null.key" => {
+            "an outbox event always has a key (the aggregate id): none is null; a key Kinesis would not take is \
+             hashed (docs/sink-kinesis.md)"
+        }
+        _ if o.starts_with("kinesis.") => "a Debezium Server Kinesis option with no counterpart",
         _ => "a Debezium Server sink option with no counterpart",
     }
 }

@@ -732,7 +732,49 @@ fn a_debezium_server_file_with_a_broker_sink_gets_that_sinks_section_and_no_kafk
 
     let err = import_err(
         "application.properties",
+        &format!("{SERVER_BASE}debezium.sink.type=eventhubs\n"),
+    );
+    assert!(err.contains("\"eventhubs\"") && err.contains("kinesis"), "{err}");
+}
+
+#[test]
+fn debezium_server_kinesis_maps_to_the_kinesis_sink_sending_the_payload_alone() {
+    let kinesis = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=kinesis\ndebezium.sink.kinesis.region=eu-west-1\n\
+             debezium.sink.kinesis.endpoint=http://localhost:4566\ndebezium.sink.kinesis.credentials.profile=cdc\n\
+             debezium.sink.kinesis.batch.size=100\ndebezium.sink.kinesis.default.retries=10\n\
+             debezium.sink.kinesis.null.key=none\ndebezium.sink.kinesis.something.new=1\n"
+        ),
+    );
+    let t = data(&kinesis);
+    assert_eq!(t["sink"]["kind"].as_str(), Some("kinesis"), "{kinesis}");
+    assert_eq!(t["kinesis"]["region"].as_str(), Some("eu-west-1"));
+    assert_eq!(t["kinesis"]["endpoint_url"].as_str(), Some("http://localhost:4566"));
+    assert_eq!(
+        t["kinesis"]["format"].as_str(),
+        Some("payload"),
+        "what Debezium Server's consumers read"
+    );
+    assert!(kinesis.contains("AWS_PROFILE=cdc"), "{kinesis}");
+    let notes = not_carried_over(&kinesis);
+    assert!(listed(&notes, "debezium.sink.kinesis.batch.size").contains("500 records"));
+    assert!(listed(&notes, "debezium.sink.kinesis.default.retries").contains("until Kinesis stores them"));
+    assert!(listed(&notes, "debezium.sink.kinesis.null.key").contains("always has a key"));
+    assert!(listed(&notes, "debezium.sink.kinesis.something.new").contains("no counterpart"));
+    assert!(
+        !notes
+            .iter()
+            .any(|n| n.contains("kinesis.region") || n.contains("credentials.profile")),
+        "{notes:?}"
+    );
+    let settings = load(&kinesis);
+    assert_eq!(settings.sink.label(), "kinesis");
+    let no_region = import(
+        "application.properties",
         &format!("{SERVER_BASE}debezium.sink.type=kinesis\n"),
     );
-    assert!(err.contains("\"kinesis\""), "{err}");
+    assert!(no_region.contains("AWS_REGION"), "{no_region}");
+    assert_eq!(load(&no_region).sink.label(), "kinesis");
 }

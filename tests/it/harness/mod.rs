@@ -77,7 +77,9 @@
 //! [`moto::Moto`]: a `moto_server` of a test's own (from `scripts/ensure-moto.sh`'s venv; `None`
 //! with a loud SKIPPING line where it is missing), queues created with the AWS SDK, read back as
 //! [`Received`] records once everything arrived (moto deduplicates FIFO messages only against
-//! those still queued), and frozen / thawed (SIGSTOP / SIGCONT) for outages with state kept.
+//! those still queued), and frozen / thawed (SIGSTOP / SIGCONT) for outages with state kept;
+//! [`moto::run_relay`] / [`moto::run_relay_streaming`] start the relay with the test credentials.
+//! [`moto_kinesis`]: Kinesis streams on the same moto, every shard read back from the start.
 //!
 //! # Faults
 //! [`fault_support`]: commit LSNs of a transaction ([`fault_support::TxnProbe`]), the
@@ -104,6 +106,7 @@ pub mod fault_support;
 pub mod kafka;
 pub mod kafka_real;
 pub mod moto;
+pub mod moto_kinesis;
 pub mod nats;
 pub mod nemesis;
 pub mod net_fault;

@@ -1,0 +1,388 @@
+//! `[kinesis]`: the Amazon Kinesis Data Streams sink (`[sink] kind = "kinesis"`,
+//! docs/sink-kinesis.md) — which region and endpoint, what a record's data holds, the streams
+//! `setup` creates, and how hard the relay pushes Kinesis.
+//!
+//! ```toml
+//! [kinesis]
+//! region = "eu-west-1"                   # else AWS_REGION / the profile's region
+//! endpoint_url = "http://127.0.0.1:5000" # else AWS_ENDPOINT_URL / the regional endpoint
+//! format = "envelope"                    # or "payload": the payload alone (Debezium Server's shape)
+//! streams = ["orders", "payments"]       # optional: what `outbox-relay setup` creates (on-demand)
+//! max_record_bytes = 1048576             # data + partition key, Kinesis's own limit
+//! max_concurrency = 500                  # aggregates with a record on the wire at once
+//! max_requests = 8                       # PutRecords calls on the wire at once
+//! timeout_ms = 10000                     # one attempt of one call
+//! ```
+//!
+//! Credentials are never in this section: the AWS SDK's default chain finds them (environment,
+//! profile, web identity, container and instance metadata), so nothing here is secret.
+//!
+//! Invariant: Kinesis records have no attributes, so `format` decides what travels: the
+//! envelope carries the event id, key and headers beside the payload; `payload` carries the
+//! payload alone. Kinesis never deduplicates, so exactly-once is refused here with the reason.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::aws;
+use crate::config::cloudevents::CloudEventsMode;
+use crate::config::relay::Delivery;
+use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::{number_or_numeric_string, ConfigError};
+
+/// The largest record Kinesis accepts: its data and its partition key together.
+pub(crate) const KINESIS_MAX_RECORD_BYTES: u64 = 1024 * 1024;
+/// Aggregates with a record on the wire at once unless `max_concurrency` says otherwise: one
+/// full `PutRecords` call (500 records) per round trip when that many aggregates are busy.
+pub(crate) const DEFAULT_MAX_CONCURRENCY: u64 = 500;
+/// `PutRecords` calls on the wire at once unless `max_requests` says otherwise.
+pub(crate) const DEFAULT_MAX_REQUESTS: u64 = 8;
+/// One attempt of one call unless `timeout_ms` says otherwise.
+pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+
+/// What a record's data holds (Kinesis records have nothing but data and a partition key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// A JSON object: `id`, `key`, `headers` and the `payload` (docs/sink-kinesis.md).
+    Envelope,
+    /// The payload's bytes alone, as Debezium Server's Kinesis sink sends them: the event id
+    /// and headers do not travel (the key is the partition key).
+    Payload,
+}
+
+/// The raw `[kinesis]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KinesisSection {
+    #[serde(default)]
+    region: Option<String>,
+    #[serde(default)]
+    endpoint_url: Option<String>,
+    #[serde(default)]
+    format: Option<String>,
+    #[serde(default, deserialize_with = "list_or_comma_string")]
+    streams: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "optional_number")]
+    max_record_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "optional_number")]
+    max_concurrency: Option<u64>,
+    #[serde(default, deserialize_with = "optional_number")]
+    max_requests: Option<u64>,
+    #[serde(default, deserialize_with = "optional_number")]
+    timeout_ms: Option<u64>,
+}
+
+fn optional_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    number_or_numeric_string(d).map(Some)
+}
+
+/// A list, or its spelling in an environment override (`"orders,payments"`).
+fn list_or_comma_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrText {
+        List(Vec<String>),
+        Text(String),
+    }
+    Ok(Some(match ListOrText::deserialize(d)? {
+        ListOrText::List(l) => l,
+        ListOrText::Text(t) => t
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect(),
+    }))
+}
+
+/// `[kinesis]`, validated.
+#[derive(Debug, Clone)]
+pub struct KinesisSettings {
+    /// `None`: the SDK's chain (`AWS_REGION`, the profile).
+    pub(crate) region: Option<String>,
+    /// `None`: the SDK's chain (`AWS_ENDPOINT_URL`), else the regional endpoint.
+    pub(crate) endpoint_url: Option<String>,
+    pub(crate) format: Format,
+    /// The streams `setup` creates (empty: it creates none and says so).
+    pub(crate) streams: Vec<String>,
+    pub(crate) max_record_bytes: usize,
+    pub(crate) max_concurrency: usize,
+    pub(crate) max_requests: usize,
+    pub(crate) timeout: Duration,
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        message: message.into(),
+    }
+}
+
+/// The stream-name rule: 1 to 128 letters, digits, `_`, `-` and `.`.
+pub(crate) fn check_stream_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > 128
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return Err(format!(
+            "{:?} is not a Kinesis stream name (1 to 128 characters: letters, digits, _ - and .)",
+            name.chars().take(140).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
+impl KinesisSection {
+    pub(crate) fn validate(self) -> Result<KinesisSettings, ConfigError> {
+        let region = aws::region("kinesis.region", self.region.as_deref())?;
+        let endpoint_url = aws::endpoint_url(
+            "kinesis.endpoint_url",
+            self.endpoint_url.as_deref(),
+            "https://kinesis.eu-west-1.amazonaws.com",
+        )?;
+        let format = match self.format.as_deref().map(str::trim) {
+            None | Some("envelope") => Format::Envelope,
+            Some("payload") => Format::Payload,
+            Some(other) => {
+                return Err(invalid(
+                    "kinesis.format",
+                    format!(
+                        "{other:?} is not a record format; use \"envelope\" (the default: id, key, headers and \
+                         payload in one JSON object) or \"payload\" (the payload alone)"
+                    ),
+                ))
+            }
+        };
+        let streams = self.streams.unwrap_or_default();
+        for s in &streams {
+            check_stream_name(s).map_err(|e| invalid("kinesis.streams", e))?;
+        }
+        let positive = |key: &'static str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
+            0 => Err(invalid(key, format!("must be at least 1; leave it out for {default}"))),
+            n => Ok(n),
+        };
+        let max_record_bytes = positive(
+            "kinesis.max_record_bytes",
+            self.max_record_bytes,
+            KINESIS_MAX_RECORD_BYTES,
+        )?;
+        if max_record_bytes > KINESIS_MAX_RECORD_BYTES {
+            return Err(invalid(
+                "kinesis.max_record_bytes",
+                format!(
+                    "{max_record_bytes} is above Kinesis's limit of {KINESIS_MAX_RECORD_BYTES} bytes (data and \
+                     partition key); lower it"
+                ),
+            ));
+        }
+        if max_record_bytes < 1024 {
+            return Err(invalid(
+                "kinesis.max_record_bytes",
+                format!("{max_record_bytes} bytes leaves no room for an event; use at least 1024"),
+            ));
+        }
+        let max_concurrency = positive("kinesis.max_concurrency", self.max_concurrency, DEFAULT_MAX_CONCURRENCY)?;
+        let max_requests = positive("kinesis.max_requests", self.max_requests, DEFAULT_MAX_REQUESTS)?;
+        if max_requests > 1024 {
+            return Err(invalid(
+                "kinesis.max_requests",
+                format!("{max_requests} calls at once is more than 1024; lower it"),
+            ));
+        }
+        let timeout = Duration::from_millis(positive("kinesis.timeout_ms", self.timeout_ms, DEFAULT_TIMEOUT_MS)?);
+        Ok(KinesisSettings {
+            region,
+            endpoint_url,
+            format,
+            streams,
+            max_record_bytes: usize::try_from(max_record_bytes).unwrap_or(usize::MAX),
+            max_concurrency: usize::try_from(max_concurrency).unwrap_or(usize::MAX),
+            max_requests: usize::try_from(max_requests).unwrap_or(usize::MAX),
+            timeout,
+        })
+    }
+}
+
+/// Why `relay.delivery = "exactly-once"` is refused (the config error's words).
+pub(crate) const NO_EXACTLY_ONCE: &str = "Kinesis Data Streams has no deduplication: a record sent again (a replay \
+     after a crash, or a PutRecords retried after its answer was lost) is stored again under a new sequence number, \
+     and the relay cannot tell which records a shard already holds without reading every shard back. Use \
+     relay.delivery = \"at-least-once\" and deduplicate on the envelope's `id` (docs/sink-kinesis.md)";
+
+/// The config half of the Kinesis sink (its plugin's `spec`, registered in
+/// `src/sink/registry.rs`).
+pub(crate) struct KinesisSpec;
+
+/// The registration of `[kinesis]`.
+pub(crate) const SECTION: KinesisSpec = KinesisSpec;
+
+impl SinkSectionSpec for KinesisSpec {
+    fn kind(&self) -> &'static str {
+        "kinesis"
+    }
+
+    fn name(&self) -> &'static str {
+        "Amazon Kinesis Data Streams"
+    }
+
+    /// An empty (or missing) `[kinesis]` is valid: region, endpoint and credentials then come
+    /// from the AWS SDK's own chain.
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        cx: &SectionContext<'_>,
+    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
+        let raw: KinesisSection = match section {
+            Some(section) => parse_section("kinesis", section)?,
+            None => KinesisSection::default(),
+        };
+        let settings = raw.validate()?;
+        if cx.relay.delivery == Delivery::ExactlyOnce {
+            return Err(invalid("relay.delivery", NO_EXACTLY_ONCE));
+        }
+        Ok(std::sync::Arc::new(settings))
+    }
+
+    /// Kinesis has no CloudEvents binding and its records no attributes for the binary mode's
+    /// `ce_*` headers.
+    fn cloudevents_mode(&self, mode: CloudEventsMode) -> Result<(), String> {
+        match mode {
+            CloudEventsMode::Structured => Ok(()),
+            CloudEventsMode::Binary => Err(
+                "Kinesis has no CloudEvents binding and its records have no attributes; use mode = \"structured\" \
+                 (the event as a JSON envelope in the record's data)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+impl SinkSection for KinesisSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn get(&self, key: &str) -> Option<String> {
+        match key {
+            "region" => self.region.clone(),
+            "endpoint_url" => self.endpoint_url.clone(),
+            "format" => Some(
+                match self.format {
+                    Format::Envelope => "envelope",
+                    Format::Payload => "payload",
+                }
+                .to_owned(),
+            ),
+            "streams" => Some(self.streams.join(",")),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(toml: &str) -> Result<KinesisSettings, String> {
+        let s: KinesisSection = toml::from_str(toml).map_err(|e| e.to_string())?;
+        s.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_empty_section_takes_the_sdk_chain_and_the_defaults() {
+        let s = section("").unwrap();
+        assert_eq!((s.region.as_deref(), s.endpoint_url.as_deref()), (None, None));
+        assert_eq!(s.format, Format::Envelope);
+        assert!(s.streams.is_empty());
+        assert_eq!(s.max_record_bytes as u64, KINESIS_MAX_RECORD_BYTES);
+        assert_eq!(s.max_concurrency as u64, DEFAULT_MAX_CONCURRENCY);
+        assert_eq!(s.max_requests as u64, DEFAULT_MAX_REQUESTS);
+        assert_eq!(s.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
+    }
+
+    #[test]
+    fn every_key_is_read_and_checked() {
+        let s = section(
+            "region = \"eu-west-1\"\nendpoint_url = \"http://127.0.0.1:5000/\"\nformat = \"payload\"\n\
+             streams = \"orders, payments\"\nmax_record_bytes = 65536\nmax_concurrency = 8\nmax_requests = \"4\"\n\
+             timeout_ms = 500",
+        )
+        .unwrap();
+        assert_eq!(s.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(s.endpoint_url.as_deref(), Some("http://127.0.0.1:5000"));
+        assert_eq!(s.format, Format::Payload);
+        assert_eq!(s.streams, ["orders", "payments"], "an override's comma list");
+        assert_eq!(
+            (s.max_record_bytes, s.max_concurrency, s.max_requests, s.timeout),
+            (65536, 8, 4, Duration::from_millis(500))
+        );
+        assert_eq!(section("streams = [\"a.b_c-1\"]").unwrap().streams, ["a.b_c-1"]);
+        for (toml, says) in [
+            ("region = \"Europe\"", "kinesis.region"),
+            ("endpoint_url = \"localhost:5000\"", "kinesis.eu-west-1"),
+            ("format = \"xml\"", "kinesis.format"),
+            ("streams = [\"a b\"]", "kinesis.streams"),
+            ("max_record_bytes = 2000000", "above Kinesis's limit"),
+            ("max_record_bytes = 100", "at least 1024"),
+            ("max_concurrency = 0", "leave it out"),
+            ("max_requests = 5000", "kinesis.max_requests"),
+            ("stream_name = \"x\"", "stream_name"),
+        ] {
+            let err = section(toml).unwrap_err();
+            assert!(err.contains(says), "{toml}: {err}");
+        }
+    }
+
+    fn load(extra: &str, env: &[(&str, &str)]) -> Result<crate::config::Settings, String> {
+        crate::config::Settings::from_toml_str(
+            &format!("[postgres]\nurl = \"postgres://relay:pw@127.0.0.1:5432/app\"\n{extra}"),
+            std::path::Path::new("test.toml"),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_section_goes_with_the_kind_and_exactly_once_is_refused_at_load() {
+        let settings = load("[sink]\nkind = \"kinesis\"\n", &[]).unwrap();
+        assert_eq!(settings.sink.label(), "kinesis");
+        let s = settings.sink.section::<KinesisSettings>().expect("the kinesis section");
+        assert_eq!(s.format, Format::Envelope, "no section: the defaults");
+        let env = [
+            ("OUTBOX_RELAY__KINESIS__FORMAT", "payload"),
+            ("OUTBOX_RELAY__KINESIS__STREAMS", "a,b"),
+        ];
+        let settings = load("[sink]\nkind = \"kinesis\"\n[kinesis]\nregion = \"eu-west-1\"\n", &env).unwrap();
+        let s = settings.sink.section::<KinesisSettings>().unwrap();
+        assert_eq!(
+            (s.format, s.streams.len()),
+            (Format::Payload, 2),
+            "environment overrides"
+        );
+        let once = load(
+            "[sink]\nkind = \"kinesis\"\n[relay]\ndelivery = \"exactly-once\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            once.contains("relay.delivery") && once.contains("no deduplication") && once.contains("`id`"),
+            "{once}"
+        );
+        let binary = load("[sink]\nkind = \"kinesis\"\n[cloudevents]\nmode = \"binary\"\n", &[]).unwrap_err();
+        assert!(binary.contains("structured"), "{binary}");
+        let other = load("[kinesis]\nformat = \"payload\"\n", &[]).unwrap_err();
+        assert!(other.contains("[kinesis]"), "{other}");
+    }
+
+    #[test]
+    fn stream_names() {
+        assert!(check_stream_name("orders.v1_a-b").is_ok());
+        assert!(check_stream_name(&"x".repeat(128)).is_ok());
+        for bad in ["", "a/b", "a b", "ü"] {
+            assert!(check_stream_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_stream_name(&"x".repeat(129)).is_err());
+    }
+}
