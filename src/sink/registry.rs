@@ -62,6 +62,7 @@ sinks![
     crate::sink::webhook::Webhook,
     crate::sink::pubsub::PubSub,
     crate::sink::sqs::SqsPlugin,
+    crate::sink::sns::SnsPlugin,
 ];
 
 impl Settings {

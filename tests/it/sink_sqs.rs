@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::harness::fault_support::*;
-use crate::harness::moto::{Moto, AWS_ENV};
-use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
+use crate::harness::moto::{
+    aws_run as run, aws_run_streaming as run_streaming, check_all, fast_restarts, Moto, AWS_ENV,
+};
+use crate::harness::workload::{ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
 use crate::harness::*;
 
 /// `config` publishing to SQS on `moto`, FIFO queues when `fifo`.
@@ -31,26 +33,6 @@ fn to_sqs(config: RelayConfig, moto: &Moto, fifo: bool) -> RelayConfig {
     config.sink("sqs", &pairs)
 }
 
-fn fast_restarts(config: RelayConfig) -> RelayConfig {
-    config
-        .set("relay", "reconnect_backoff_initial_ms", 100)
-        .set("relay", "reconnect_backoff_max_ms", 500)
-}
-
-fn run(config: &RelayConfig) -> RelayProcess {
-    RelayProcess::run_with(config, &[], &AWS_ENV)
-}
-
-async fn run_streaming(config: &RelayConfig) -> RelayProcess {
-    let relay = run(config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
-    relay
-}
-
 /// Schema B (routed by `aggregate_type` = `order`) into the FIFO queue `<prefix>-order.fifo`.
 async fn fifo_b(moto: &Moto, prefix: &str) -> (String, RelayConfig, String) {
     let queue = format!("{prefix}-order.fifo");
@@ -58,16 +40,6 @@ async fn fifo_b(moto: &Moto, prefix: &str) -> (String, RelayConfig, String) {
     let (db, _client, config) = prepared(OutboxSchema::B, "unused:9092").await;
     let config = to_sqs(config, moto, true).route("(?<routedByValue>.*)", &format!("{prefix}-${{routedByValue}}.fifo"));
     (db, config, queue)
-}
-
-/// Every committed event at least once in `queue` (key, payload), first deliveries in commit
-/// order per aggregate; returns the duplicates.
-fn check_all(committed: &Committed, records: &[Received], queue: &str, what: &str) -> usize {
-    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let dups = check_delivered(&all, records, |_| queue.to_owned());
-    check_order(committed, records);
-    eprintln!("{what}: {} events, 0 lost, {dups} duplicates", all.len());
-    dups
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -104,6 +104,7 @@ pub mod fault_support;
 pub mod kafka;
 pub mod kafka_real;
 pub mod moto;
+pub mod moto_sns;
 pub mod nats;
 pub mod nemesis;
 pub mod net_fault;

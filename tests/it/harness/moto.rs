@@ -303,3 +303,38 @@ pub fn client(endpoint: &str) -> aws_sdk_sqs::Client {
         .build();
     aws_sdk_sqs::Client::from_conf(config)
 }
+
+// ---- Shared by the AWS sink suites (sink_sqs.rs, sink_sns.rs) ----
+
+/// Shorter restart backoff for the tests that kill or stop things (100 ms to 500 ms).
+pub fn fast_restarts(config: super::RelayConfig) -> super::RelayConfig {
+    config
+        .set("relay", "reconnect_backoff_initial_ms", 100)
+        .set("relay", "reconnect_backoff_max_ms", 500)
+}
+
+/// `outbox-relay run` with the test credentials ([`AWS_ENV`]).
+pub fn aws_run(config: &super::RelayConfig) -> super::RelayProcess {
+    super::RelayProcess::run_with(config, &[], &AWS_ENV)
+}
+
+/// [`aws_run`], once streaming started.
+pub async fn aws_run_streaming(config: &super::RelayConfig) -> super::RelayProcess {
+    let relay = aws_run(config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    relay
+}
+
+/// Every committed event at least once in `queue` (key, payload), first deliveries in commit
+/// order per aggregate; returns the duplicates.
+pub fn check_all(committed: &super::workload::Committed, records: &[Received], queue: &str, what: &str) -> usize {
+    let all: Vec<super::workload::ExpectedEvent> = committed.all().cloned().collect();
+    let dups = super::check_delivered(&all, records, |_| queue.to_owned());
+    super::check_order(committed, records);
+    eprintln!("{what}: {} events, 0 lost, {dups} duplicates", all.len());
+    dups
+}
