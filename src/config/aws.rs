@@ -1,6 +1,7 @@
 //! What every AWS sink's section (`[sqs]`, `[sns]`, `[kinesis]`) shares: `region` and
 //! `endpoint_url`, checked the same way and left to the SDK's chain (`AWS_REGION`,
-//! `AWS_ENDPOINT_URL`, the profile) when absent.
+//! `AWS_ENDPOINT_URL`, the profile) when absent; the `headers` mode of the sinks with message
+//! attributes; booleans as environment overrides spell them.
 //!
 //! Invariant: a leaf like the rest of `config`; nothing here is secret (credentials are never in
 //! a section: the SDK's default chain finds them).
@@ -68,6 +69,46 @@ fn validate_endpoint(key: &'static str, url: &str, example: &str) -> Result<Stri
         ));
     }
     Ok(url.trim_end_matches('/').to_owned())
+}
+
+/// How a record's headers travel as message attributes (SQS and SNS allow 10 per message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeaderMode {
+    /// Each header is a message attribute of its own (`id` and `key` take two, exactly-once's
+    /// position three more): a record with more than 10 in all is refused.
+    Attributes,
+    /// All headers in one attribute, `headers`, a JSON object (any number).
+    Json,
+}
+
+/// `key` (e.g. `"sqs.headers"`): `"attributes"` (the default) or `"json"`.
+pub(crate) fn header_mode(key: &'static str, value: Option<&str>) -> Result<HeaderMode, ConfigError> {
+    match value.map(str::trim) {
+        None | Some("attributes") => Ok(HeaderMode::Attributes),
+        Some("json") => Ok(HeaderMode::Json),
+        Some(other) => Err(invalid(
+            key,
+            format!("{other:?} is not a header mode; use \"attributes\" (the default) or \"json\""),
+        )),
+    }
+}
+
+/// A boolean, or its spelling in an environment override (`"true"`, `"false"`).
+pub(crate) fn optional_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum BoolOrText {
+        Bool(bool),
+        Text(String),
+    }
+    match <BoolOrText as serde::Deserialize>::deserialize(d)? {
+        BoolOrText::Bool(b) => Ok(Some(b)),
+        BoolOrText::Text(t) => match t.trim() {
+            "true" => Ok(Some(true)),
+            "false" => Ok(Some(false)),
+            other => Err(serde::de::Error::custom(format!("{other:?} is not true or false"))),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ pub(crate) mod relay;
 pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
+pub(crate) mod sns;
 pub(crate) mod sqs;
 pub(crate) mod tracing;
 pub(crate) mod transactions;

@@ -46,15 +46,8 @@ pub(crate) const DEFAULT_MAX_REQUESTS: u64 = 16;
 /// One attempt of one call unless `timeout_ms` says otherwise.
 pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 
-/// How the record's headers travel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HeaderMode {
-    /// Each header is a message attribute of its own (SQS allows 10 per message; `id` and
-    /// `key` take two, exactly-once's position three more): a record with more is refused.
-    Attributes,
-    /// All headers in one attribute, `headers`, a JSON object (any number).
-    Json,
-}
+use crate::config::aws::optional_bool;
+pub(crate) use crate::config::aws::HeaderMode;
 
 /// The raw `[sqs]` table.
 #[derive(Debug, Default, Deserialize)]
@@ -80,24 +73,6 @@ pub(crate) struct SqsSection {
 
 fn optional_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     number_or_numeric_string(d).map(Some)
-}
-
-/// A boolean, or its spelling in an environment override (`"true"`, `"false"`).
-fn optional_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum BoolOrText {
-        Bool(bool),
-        Text(String),
-    }
-    match BoolOrText::deserialize(d)? {
-        BoolOrText::Bool(b) => Ok(Some(b)),
-        BoolOrText::Text(t) => match t.trim() {
-            "true" => Ok(Some(true)),
-            "false" => Ok(Some(false)),
-            other => Err(serde::de::Error::custom(format!("{other:?} is not true or false"))),
-        },
-    }
 }
 
 /// `[sqs]`, validated.
@@ -130,16 +105,7 @@ impl SqsSection {
             self.endpoint_url.as_deref(),
             "https://sqs.eu-west-1.amazonaws.com",
         )?;
-        let headers = match self.headers.as_deref().map(str::trim) {
-            None | Some("attributes") => HeaderMode::Attributes,
-            Some("json") => HeaderMode::Json,
-            Some(other) => {
-                return Err(invalid(
-                    "sqs.headers",
-                    format!("{other:?} is not a header mode; use \"attributes\" (the default) or \"json\""),
-                ))
-            }
-        };
+        let headers = aws::header_mode("sqs.headers", self.headers.as_deref())?;
         let positive = |key: &'static str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
             0 => Err(invalid(key, format!("must be at least 1; leave it out for {default}"))),
             n => Ok(n),

@@ -45,6 +45,7 @@ pub(crate) mod rabbitmq;
 pub(crate) mod redis;
 pub(crate) mod refusal;
 pub(crate) mod registry;
+pub(crate) mod sns;
 pub(crate) mod sqs;
 pub(crate) mod webhook;
 

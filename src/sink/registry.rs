@@ -63,6 +63,7 @@ sinks![
     crate::sink::pubsub::PubSub,
     crate::sink::sqs::SqsPlugin,
     crate::sink::kinesis::KinesisPlugin,
+    crate::sink::sns::SnsPlugin,
 ];
 
 impl Settings {

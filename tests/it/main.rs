@@ -39,6 +39,7 @@ mod sink_nats;
 mod sink_pubsub;
 mod sink_rabbitmq;
 mod sink_redis;
+mod sink_sns;
 mod sink_sqs;
 mod sink_webhook;
 mod stream_shapes;

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::harness::fault_support::*;
-use crate::harness::moto::{fast_restarts, run_relay, run_relay_streaming, Moto, AWS_ENV};
+use crate::harness::moto::{
+    aws_run as run_relay, aws_run_streaming as run_relay_streaming, fast_restarts, Moto, AWS_ENV,
+};
 use crate::harness::relay_process::run_cmd_with;
 use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
 use crate::harness::*;

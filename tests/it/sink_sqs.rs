@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::harness::fault_support::*;
-use crate::harness::moto::{fast_restarts, run_relay as run, run_relay_streaming as run_streaming, Moto, AWS_ENV};
-use crate::harness::workload::{Committed, ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
+use crate::harness::moto::{
+    aws_run as run, aws_run_streaming as run_streaming, check_all, fast_restarts, Moto, AWS_ENV,
+};
+use crate::harness::workload::{ExpectedEvent, OutboxSchema, Workload, EVENT_TYPES};
 use crate::harness::*;
 
 /// `config` publishing to SQS on `moto`, FIFO queues when `fifo`.
@@ -38,16 +40,6 @@ async fn fifo_b(moto: &Moto, prefix: &str) -> (String, RelayConfig, String) {
     let (db, _client, config) = prepared(OutboxSchema::B, "unused:9092").await;
     let config = to_sqs(config, moto, true).route("(?<routedByValue>.*)", &format!("{prefix}-${{routedByValue}}.fifo"));
     (db, config, queue)
-}
-
-/// Every committed event at least once in `queue` (key, payload), first deliveries in commit
-/// order per aggregate; returns the duplicates.
-fn check_all(committed: &Committed, records: &[Received], queue: &str, what: &str) -> usize {
-    let all: Vec<ExpectedEvent> = committed.all().cloned().collect();
-    let dups = check_delivered(&all, records, |_| queue.to_owned());
-    check_order(committed, records);
-    eprintln!("{what}: {} events, 0 lost, {dups} duplicates", all.len());
-    dups
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -2,8 +2,8 @@
 //! under `debezium.source.*` and `debezium.transforms.*`, and a sink under `debezium.sink.*`
 //! instead of Kafka Connect. [`split`] turns the file into the connector options the mapping
 //! already knows plus the sink's; [`map_sink`] maps the sink onto `[sink]` and its broker's
-//! section (NATS JetStream, RabbitMQ, Redis, Google Cloud Pub/Sub, Amazon Kinesis or Kafka), listing what has no
-//! counterpart.
+//! section (NATS JetStream, RabbitMQ, Redis, Google Cloud Pub/Sub, Amazon SQS, Amazon SNS,
+//! Amazon Kinesis or Kafka), listing what has no counterpart.
 //!
 //! No secret is written: a broker password stays out of the URL, and the file says where to put
 //! it (the section's environment variable).
@@ -181,21 +181,11 @@ pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSectio
             ("pubsub", lines)
         }
         "kinesis" => {
-            let mut lines = Vec::new();
-            match get("kinesis.region") {
-                Some(region) => lines.push(Line::Set("region".into(), s(&region))),
-                None => lines.push(Line::Comment(
+            let mut lines = aws_lines(&mut get, "kinesis");
+            if !lines.iter().any(|l| matches!(l, Line::Set(k, _) if k == "region")) {
+                lines.push(Line::Comment(
                     "debezium.sink.kinesis.region is not set: the region comes from AWS_REGION or the profile.".into(),
-                )),
-            }
-            if let Some(endpoint) = get("kinesis.endpoint") {
-                lines.push(Line::Set("endpoint_url".into(), s(&endpoint)));
-            }
-            if let Some(profile) = get("kinesis.credentials.profile") {
-                lines.push(Line::Comment(format!(
-                    "Debezium Server's credentials.profile ({profile}): start the relay with AWS_PROFILE={profile}\n\
-                     (the AWS SDK's default credential chain reads it; credentials are never in this file)."
-                )));
+                ));
             }
             lines.push(Line::Comment(
                 "Debezium Server's Kinesis sink sends the value alone: \"payload\" keeps what consumers read.\n\
@@ -206,16 +196,62 @@ pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSectio
             lines.push(Line::Set("format".into(), s("payload")));
             ("kinesis", lines)
         }
+        "sqs" => {
+            let mut lines = aws_lines(&mut get, "sqs");
+            if let Some(url) = get("sqs.queue.url") {
+                let queue = url.trim_end_matches('/').rsplit('/').next().unwrap_or(&url).to_owned();
+                if queue.ends_with(".fifo") {
+                    lines.push(Line::Set("fifo".into(), toml::Value::Boolean(true)));
+                }
+                lines.push(Line::Comment(format!(
+                    "Debezium Server sent every event to the one queue {queue:?} (debezium.sink.sqs.queue.url); the \n\
+                     relay sends each event to the queue named by its routed name (the route rule): route every\n\
+                     event to {queue:?} to keep one queue, or create a queue per routed name."
+                )));
+            }
+            ("sqs", lines)
+        }
+        "sns" => {
+            let mut lines = aws_lines(&mut get, "sns");
+            let region_set = lines.iter().any(|l| matches!(l, Line::Set(k, _) if k == "region"));
+            let arn = get("sns.topic.arn");
+            let prefix = get("sns.topic.arn.prefix");
+            // arn:aws:sns:<region>:<account>:<name>
+            let region_of = |arn: &str| arn.split(':').nth(3).filter(|r| !r.is_empty()).map(str::to_owned);
+            if !region_set {
+                if let Some(region) = arn.as_deref().or(prefix.as_deref()).and_then(region_of) {
+                    lines.push(Line::Set("region".into(), s(&region)));
+                }
+            }
+            if let Some(arn) = &arn {
+                let topic = arn.rsplit(':').next().unwrap_or(arn);
+                if topic.ends_with(".fifo") {
+                    lines.push(Line::Set("fifo".into(), toml::Value::Boolean(true)));
+                }
+                lines.push(Line::Comment(format!(
+                    "Debezium Server published every event to the one topic {topic:?} (debezium.sink.sns.topic.arn);\n\
+                     the relay publishes each event to the topic named by its routed name (the route rule), its ARN\n\
+                     looked up in the relay's account and region: route every event to {topic:?} to keep one topic."
+                )));
+            } else if let Some(prefix) = &prefix {
+                lines.push(Line::Comment(format!(
+                    "Debezium Server published to {prefix}<destination> (debezium.sink.sns.topic.arn.prefix); the relay\n\
+                     publishes to the topic named by the routed name in its own account and region (ARN looked up\n\
+                     with ListTopics). Set fifo = true if the topics are FIFO topics (names ending in .fifo)."
+                )));
+            }
+            ("sns", lines)
+        }
         "" => {
             return Err(ImportError::Unsupported(format!(
                 "{source}: a Debezium Server file without debezium.sink.type; set it (kafka, nats-jetstream, rabbitmq, \
-                 redis, pubsub or kinesis are the sinks outbox-relay has)"
+                 redis, pubsub, sqs, sns or kinesis are the sinks outbox-relay has)"
             )))
         }
         other => {
             return Err(ImportError::Unsupported(format!(
                 "{source}: debezium.sink.type is {other:?}; outbox-relay publishes to kafka, nats-jetstream, \
-                 rabbitmq, redis, pubsub and kinesis only"
+                 rabbitmq, redis, pubsub, sqs, sns and kinesis only"
             )))
         }
     };
@@ -237,6 +273,25 @@ pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSectio
         ));
     }
     Ok(out)
+}
+
+/// What Debezium Server's AWS sinks (`sqs`, `sns`) share: `region`, `endpoint` (the endpoint
+/// override) and `credentials.profile` (the relay's SDK chain reads `AWS_PROFILE`).
+fn aws_lines(get: &mut impl FnMut(&str) -> Option<String>, sink: &str) -> Vec<Line> {
+    let mut lines = Vec::new();
+    if let Some(region) = get(&format!("{sink}.region")) {
+        lines.push(Line::Set("region".into(), s(&region)));
+    }
+    if let Some(endpoint) = get(&format!("{sink}.endpoint")) {
+        lines.push(Line::Set("endpoint_url".into(), s(&endpoint)));
+    }
+    if let Some(profile) = get(&format!("{sink}.credentials.profile")) {
+        lines.push(Line::Comment(format!(
+            "debezium.sink.{sink}.credentials.profile = {profile}: start the relay with AWS_PROFILE={profile}\n\
+             (credentials come from the AWS SDK's default chain, never from this file)."
+        )));
+    }
+    lines
 }
 
 /// Why a Debezium Server sink option has no counterpart.
@@ -288,6 +343,18 @@ fn sink_reason(option: &str) -> &'static str {
              hashed (docs/sink-kinesis.md)"
         }
         _ if o.starts_with("kinesis.") => "a Debezium Server Kinesis option with no counterpart",
+        _ if o == "sqs.fifo.message.group.id" || o.starts_with("sns.fifo.") && o.contains("group.id") => {
+            "the message group is always the aggregate key (order per aggregate, aggregates in parallel), not one \
+             fixed group for every event"
+        }
+        _ if o == "sns.fifo.message.dedup.id.header" => {
+            "the deduplication id is the event's source position (exactly-once) or its event id"
+        }
+        _ if o == "sns.default.retries" => {
+            "failed publishes are retried with backoff until SNS accepts them, the WAL position held meanwhile"
+        }
+        _ if o.starts_with("sqs.") => "a Debezium Server SQS option with no counterpart",
+        _ if o.starts_with("sns.") => "a Debezium Server SNS option with no counterpart",
         _ => "a Debezium Server sink option with no counterpart",
     }
 }

@@ -730,6 +730,62 @@ fn a_debezium_server_file_with_a_broker_sink_gets_that_sinks_section_and_no_kafk
     );
     assert!(err.contains("project.id"), "{err}");
 
+    let sqs = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=sqs\ndebezium.sink.sqs.region=eu-west-1\n\
+             debezium.sink.sqs.endpoint=http://localhost:4566\ndebezium.sink.sqs.credentials.profile=cdc\n\
+             debezium.sink.sqs.queue.url=https://sqs.eu-west-1.amazonaws.com/123456789012/outbox.fifo\n\
+             debezium.sink.sqs.fifo.message.group.id=cdc-group\n"
+        ),
+    );
+    let t = data(&sqs);
+    assert_eq!(t["sink"]["kind"].as_str(), Some("sqs"), "{sqs}");
+    assert_eq!(t["sqs"]["region"].as_str(), Some("eu-west-1"));
+    assert_eq!(t["sqs"]["endpoint_url"].as_str(), Some("http://localhost:4566"));
+    assert_eq!(t["sqs"]["fifo"].as_bool(), Some(true), "{sqs}");
+    assert!(
+        sqs.contains("AWS_PROFILE=cdc") && sqs.contains("\"outbox.fifo\""),
+        "{sqs}"
+    );
+    assert!(listed(&not_carried_over(&sqs), "debezium.sink.sqs.fifo.message.group.id").contains("aggregate key"));
+    assert_eq!(load(&sqs).sink.label(), "sqs");
+
+    let sns = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=sns\n\
+             debezium.sink.sns.topic.arn=arn:aws:sns:us-east-2:123456789012:outbox.fifo\n\
+             debezium.sink.sns.fifo.message.group.id.header=aggregateId\ndebezium.sink.sns.default.retries=3\n\
+             debezium.sink.sns.fifo.message.dedup.id.header=id\n"
+        ),
+    );
+    let t = data(&sns);
+    assert_eq!(t["sink"]["kind"].as_str(), Some("sns"), "{sns}");
+    assert_eq!(
+        t["sns"]["region"].as_str(),
+        Some("us-east-2"),
+        "the region of the topic ARN: {sns}"
+    );
+    assert_eq!(t["sns"]["fifo"].as_bool(), Some(true), "{sns}");
+    assert!(sns.contains("\"outbox.fifo\""), "{sns}");
+    let notes = not_carried_over(&sns);
+    assert!(listed(&notes, "debezium.sink.sns.fifo.message.group.id.header").contains("aggregate key"));
+    assert!(listed(&notes, "debezium.sink.sns.fifo.message.dedup.id.header").contains("source position"));
+    assert!(listed(&notes, "debezium.sink.sns.default.retries").contains("retried"));
+    assert_eq!(load(&sns).sink.label(), "sns");
+    let standard = import(
+        "application.properties",
+        &format!(
+            "{SERVER_BASE}debezium.sink.type=sns\ndebezium.sink.sns.region=eu-west-1\n\
+             debezium.sink.sns.topic.arn.prefix=arn:aws:sns:eu-west-1:123456789012:\n"
+        ),
+    );
+    let t = data(&standard);
+    assert_eq!(t["sns"]["region"].as_str(), Some("eu-west-1"));
+    assert!(t["sns"].get("fifo").is_none(), "{standard}");
+    assert!(standard.contains("fifo = true if the topics are FIFO"), "{standard}");
+
     let err = import_err(
         "application.properties",
         &format!("{SERVER_BASE}debezium.sink.type=eventhubs\n"),

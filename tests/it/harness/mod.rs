@@ -107,6 +107,7 @@ pub mod kafka;
 pub mod kafka_real;
 pub mod moto;
 pub mod moto_kinesis;
+pub mod moto_sns;
 pub mod nats;
 pub mod nemesis;
 pub mod net_fault;

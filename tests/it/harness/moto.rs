@@ -31,30 +31,6 @@ pub const REGION: &str = "us-east-1";
 /// The credentials the relay and the test client use (moto accepts any).
 pub const AWS_ENV: [(&str, &str); 2] = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
 
-/// `config` with the relay's reconnect backoff shortened to 100–500 ms (tests that restart it).
-pub fn fast_restarts(config: super::RelayConfig) -> super::RelayConfig {
-    config
-        .set("relay", "reconnect_backoff_initial_ms", 100)
-        .set("relay", "reconnect_backoff_max_ms", 500)
-}
-
-/// `outbox-relay run` with the test credentials ([`AWS_ENV`]).
-pub fn run_relay(config: &super::RelayConfig) -> super::RelayProcess {
-    super::RelayProcess::run_with(config, &[], &AWS_ENV)
-}
-
-/// [`run_relay`], then waits (up to 30 s) for the stream to start; fails the test with the
-/// relay's log otherwise.
-pub async fn run_relay_streaming(config: &super::RelayConfig) -> super::RelayProcess {
-    let relay = run_relay(config);
-    assert!(
-        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
-        "{}",
-        relay.log_text()
-    );
-    relay
-}
-
 /// `moto_server` from the venv of `scripts/ensure-moto.sh`, if installed.
 fn moto_binary() -> Option<PathBuf> {
     let home = std::env::var_os("HOME")?;
@@ -326,4 +302,39 @@ pub fn client(endpoint: &str) -> aws_sdk_sqs::Client {
         )
         .build();
     aws_sdk_sqs::Client::from_conf(config)
+}
+
+// ---- Shared by the AWS sink suites (sink_sqs.rs, sink_sns.rs, sink_kinesis.rs) ----
+
+/// Shorter restart backoff for the tests that kill or stop things (100 ms to 500 ms).
+pub fn fast_restarts(config: super::RelayConfig) -> super::RelayConfig {
+    config
+        .set("relay", "reconnect_backoff_initial_ms", 100)
+        .set("relay", "reconnect_backoff_max_ms", 500)
+}
+
+/// `outbox-relay run` with the test credentials ([`AWS_ENV`]).
+pub fn aws_run(config: &super::RelayConfig) -> super::RelayProcess {
+    super::RelayProcess::run_with(config, &[], &AWS_ENV)
+}
+
+/// [`aws_run`], once streaming started.
+pub async fn aws_run_streaming(config: &super::RelayConfig) -> super::RelayProcess {
+    let relay = aws_run(config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    relay
+}
+
+/// Every committed event at least once in `queue` (key, payload), first deliveries in commit
+/// order per aggregate; returns the duplicates.
+pub fn check_all(committed: &super::workload::Committed, records: &[Received], queue: &str, what: &str) -> usize {
+    let all: Vec<super::workload::ExpectedEvent> = committed.all().cloned().collect();
+    let dups = super::check_delivered(&all, records, |_| queue.to_owned());
+    super::check_order(committed, records);
+    eprintln!("{what}: {} events, 0 lost, {dups} duplicates", all.len());
+    dups
 }

@@ -1,0 +1,135 @@
+//! The SNS client: the AWS SDK's configuration chain (`sink/aws.rs`: credentials, `AWS_REGION`,
+//! `AWS_ENDPOINT_URL`, profiles) with `[sns] region` / `endpoint_url` on top, and each routed
+//! topic name resolved to its ARN and cached.
+//!
+//! **Topic ARNs.** `PublishBatch` takes a topic ARN, the relay routes to a topic name. The name
+//! is looked up with `ListTopics` (every page, all names cached at once), never with
+//! `CreateTopic`: that call is idempotent but creates what is missing, which would turn a
+//! mistyped routed name into a new topic nobody subscribed to, and needs `sns:CreateTopic`.
+//! So the relay needs `sns:ListTopics` and `sns:Publish`, nothing else.
+//!
+//! Invariant: credentials are resolved (never printed) before the sink is handed out; a topic
+//! that does not exist is a fact about the routed name, never cached (it may be created any
+//! time: the next event for it lists again), like SQS's missing queue.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::SINK;
+use crate::config::sns::SnsSettings;
+use crate::sink::aws;
+pub(crate) use crate::sink::aws::words;
+use crate::sink::SinkError;
+
+/// What resolving a topic's ARN came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TopicArn {
+    Found(String),
+    /// No topic of that name is visible to the relay's credentials in this region: the routed
+    /// name is wrong for this account.
+    Missing(String),
+    /// SNS, the network or the credentials failed: try again.
+    Failed(String),
+}
+
+/// An SNS client and the topic ARNs it resolved.
+#[derive(Clone)]
+pub(crate) struct Sns {
+    pub(crate) client: aws_sdk_sns::Client,
+    arns: Arc<Mutex<HashMap<String, String>>>,
+    /// Where the client sends requests, for messages (`region`, or the endpoint).
+    pub(crate) shown: String,
+}
+
+/// The topic name of an ARN (`arn:aws:sns:eu-west-1:123456789012:orders.fifo` → `orders.fifo`).
+pub(crate) fn topic_name(arn: &str) -> &str {
+    arn.rsplit(':').next().unwrap_or(arn)
+}
+
+impl Sns {
+    /// The SDK configuration chain with `[sns]` on top; `connect_timeout` bounds a connection.
+    /// Fails (for good) when no region is configured anywhere or no credentials are found.
+    pub(crate) async fn connect(settings: &SnsSettings, connect_timeout: Duration) -> Result<Sns, SinkError> {
+        let aws::Connected { config, shown } = aws::connect(aws::Endpoint {
+            sink: SINK,
+            section: "sns",
+            region: settings.region.as_deref(),
+            endpoint_url: settings.endpoint_url.as_deref(),
+            attempt_timeout: settings.timeout,
+            connect_timeout,
+        })
+        .await?;
+        Ok(Sns {
+            client: aws_sdk_sns::Client::new(&config),
+            arns: Arc::new(Mutex::new(HashMap::new())),
+            shown,
+        })
+    }
+
+    /// Every topic visible to the credentials (`ListTopics`, all pages), by name.
+    pub(crate) async fn list(&self) -> Result<HashMap<String, String>, String> {
+        let mut found = HashMap::new();
+        let mut token: Option<String> = None;
+        loop {
+            let out = self
+                .client
+                .list_topics()
+                .set_next_token(token.take())
+                .send()
+                .await
+                .map_err(|e| format!("ListTopics failed: {}", words(&e)))?;
+            for topic in out.topics() {
+                if let Some(arn) = topic.topic_arn() {
+                    found.insert(topic_name(arn).to_owned(), arn.to_owned());
+                }
+            }
+            match out.next_token() {
+                Some(next) if !next.is_empty() => token = Some(next.to_owned()),
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    /// The ARN of topic `name`: from the cache, else `ListTopics` (every name found is cached).
+    pub(crate) async fn topic_arn(&self, name: &str) -> TopicArn {
+        if let Some(arn) = self.arns.lock().expect("topic ARN cache").get(name) {
+            return TopicArn::Found(arn.clone());
+        }
+        match self.list().await {
+            Err(cause) => TopicArn::Failed(cause),
+            Ok(found) => {
+                let arn = found.get(name).cloned();
+                self.arns.lock().expect("topic ARN cache").extend(found);
+                match arn {
+                    Some(arn) => TopicArn::Found(arn),
+                    None => TopicArn::Missing(format!(
+                        "topic {name:?} does not exist in {} (or the relay's credentials may not list it: it needs \
+                         sns:ListTopics and sns:Publish); create it (`outbox-relay setup` does not create SNS topics) \
+                         or route the event elsewhere",
+                        self.shown
+                    )),
+                }
+            }
+        }
+    }
+
+    /// Forgets `name`'s ARN (the topic was deleted: the next send looks it up again).
+    pub(crate) fn forget(&self, name: &str) {
+        self.arns.lock().expect("topic ARN cache").remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_name_is_the_arn_s_last_part() {
+        assert_eq!(
+            topic_name("arn:aws:sns:eu-west-1:123456789012:orders.fifo"),
+            "orders.fifo"
+        );
+        assert_eq!(topic_name("plain"), "plain");
+    }
+}
