@@ -31,6 +31,7 @@
 //! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
 
 pub(crate) mod aws;
+pub(crate) mod aws_message;
 pub(crate) mod batch;
 pub(crate) mod driver;
 pub(crate) mod fence;

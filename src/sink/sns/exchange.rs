@@ -24,9 +24,9 @@ use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use tracing::debug;
 
 use super::client::{words, Sns, TopicArn};
-use super::message::{Encoder, Message, Value};
 use super::SINK;
-use crate::sink::batch::{Answer, BatchEntry, BatchLimits, BatchSend, Batcher, CallError, EntryAnswer};
+use crate::sink::aws_message::{Encoder, Message, Value};
+use crate::sink::batch::{Answer, BatchLimits, BatchSend, Batcher, CallError, EntryAnswer};
 use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
 use crate::sink::SinkRecord;
 
@@ -90,16 +90,6 @@ impl Exchange for SnsExchange {
 
     async fn close(&self) {
         self.batcher.close();
-    }
-}
-
-impl BatchEntry for Message {
-    fn destination(&self) -> &str {
-        &self.topic
-    }
-
-    fn size(&self) -> usize {
-        self.size
     }
 }
 

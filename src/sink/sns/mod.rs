@@ -4,8 +4,8 @@
 //!
 //! * `client.rs` — the AWS SDK client (`sink/aws.rs`'s chain, `[sns]` on top) and the topic
 //!   ARNs, looked up by name (`ListTopics`, never created) and cached;
-//! * `message.rs` — a record as a message: body, attributes, FIFO group and deduplication id,
-//!   and everything SNS would refuse, refused before sending;
+//! * [`SERVICE`] — what the message encoder shared with SQS (`sink/aws_message.rs`: body,
+//!   attributes, FIFO group and deduplication id, everything SNS would refuse) needs of SNS;
 //! * `exchange.rs` — what the shared driver runs: messages batched into `PublishBatch` calls
 //!   by the shared batcher (`sink/batch.rs`), each entry's failure refused or retried.
 //!
@@ -19,7 +19,6 @@
 
 pub(crate) mod client;
 pub(crate) mod exchange;
-pub(crate) mod message;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +30,22 @@ use crate::sink::driver::{self, Concurrency, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 
+use crate::sink::aws_message::{Encoder, Service};
 use client::Sns;
-use message::Encoder;
 
 /// The sink's name in errors and logs.
 pub(crate) const SINK: &str = "Amazon SNS";
+
+/// What the shared message encoder (`sink/aws_message.rs`) needs to know of SNS.
+pub(crate) const SERVICE: Service = Service {
+    name: "SNS",
+    section: "sns",
+    destination: "topic",
+    verb: "publishes to",
+    attribute_limit: "SNS delivers at most 10 to SQS subscribers",
+    max_name: 256,
+    size_limit: "SNS's limit of 262144 bytes",
+};
 
 /// How long `setup` and `status` wait for a connection.
 const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -86,9 +96,9 @@ impl SinkPlugin for SnsPlugin {
     fn limits(&self, config: &SnsSettings) -> SinkLimits {
         SinkLimits {
             check_name: if config.fifo {
-                message::check_fifo_name
+                |name| SERVICE.check_fifo_name(name)
             } else {
-                message::check_standard_name
+                |name| SERVICE.check_standard_name(name)
             },
             max_message_bytes: config.max_message_bytes,
         }
@@ -126,6 +136,7 @@ impl SinkPlugin for SnsPlugin {
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
         let sns = Sns::connect(config, cx.connect_timeout).await?;
         let encoder = Encoder {
+            service: &SERVICE,
             fifo: config.fifo,
             headers: config.headers,
             max_message_bytes: config.max_message_bytes,

@@ -28,9 +28,9 @@ use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use tracing::debug;
 
 use super::client::{words, QueueUrl, Sqs};
-use super::message::{Encoder, Message, Value};
 use super::SINK;
-use crate::sink::batch::{Answer, BatchEntry, BatchLimits, BatchSend, Batcher, CallError, EntryAnswer};
+use crate::sink::aws_message::{Encoder, Message, Value};
+use crate::sink::batch::{Answer, BatchLimits, BatchSend, Batcher, CallError, EntryAnswer};
 use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
 use crate::sink::SinkRecord;
 
@@ -95,16 +95,6 @@ impl Exchange for SqsExchange {
 
     async fn close(&self) {
         self.batcher.close();
-    }
-}
-
-impl BatchEntry for Message {
-    fn destination(&self) -> &str {
-        &self.queue
-    }
-
-    fn size(&self) -> usize {
-        self.size
     }
 }
 
@@ -246,11 +236,12 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::sink::batch::BatchEntry;
 
     #[test]
     fn a_message_is_batched_by_its_queue_and_its_size_as_sqs_counts_it() {
         let m = Message {
-            queue: "orders.fifo".into(),
+            destination: "orders.fifo".into(),
             body: "x".into(),
             attributes: BTreeMap::new(),
             group: None,

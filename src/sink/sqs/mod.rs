@@ -4,8 +4,8 @@
 //!
 //! * `client.rs` — the AWS SDK client (default credential chain, `AWS_REGION`,
 //!   `AWS_ENDPOINT_URL`, `[sqs]` on top) and the cached queue URLs;
-//! * `message.rs` — a record as a message: body, attributes, FIFO group and deduplication id,
-//!   and everything SQS would refuse, refused before sending;
+//! * [`SERVICE`] — what the message encoder shared with SNS (`sink/aws_message.rs`: body,
+//!   attributes, FIFO group and deduplication id, everything SQS would refuse) needs of SQS;
 //! * `exchange.rs` — what the shared driver (`sink/driver.rs`) runs: messages batched into
 //!   `SendMessageBatch` calls, each entry's failure mapped (refused, or retried).
 //!
@@ -20,7 +20,6 @@
 
 pub(crate) mod client;
 pub(crate) mod exchange;
-pub(crate) mod message;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +30,22 @@ use crate::sink::driver::{self, Concurrency, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 
+use crate::sink::aws_message::{Encoder, Service};
 use client::Sqs;
-use message::Encoder;
 
 /// The sink's name in errors and logs.
 pub(crate) const SINK: &str = "Amazon SQS";
+
+/// What the shared message encoder (`sink/aws_message.rs`) needs to know of SQS.
+pub(crate) const SERVICE: Service = Service {
+    name: "SQS",
+    section: "sqs",
+    destination: "queue",
+    verb: "sends to",
+    attribute_limit: "SQS allows 10",
+    max_name: 80,
+    size_limit: "the queue's MaximumMessageSize",
+};
 
 /// How long `setup` and `status` wait for a connection.
 const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -119,6 +129,7 @@ impl SinkPlugin for SqsPlugin {
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
         let sqs = Sqs::connect(config, cx.connect_timeout).await?;
         let encoder = Encoder {
+            service: &SERVICE,
             fifo: config.fifo,
             headers: config.headers,
             max_message_bytes: config.max_message_bytes,
@@ -146,9 +157,9 @@ impl SinkPlugin for SqsPlugin {
 pub(crate) fn limits(settings: &SqsSettings) -> SinkLimits {
     SinkLimits {
         check_name: if settings.fifo {
-            message::check_fifo_name
+            |name| SERVICE.check_fifo_name(name)
         } else {
-            message::check_standard_name
+            |name| SERVICE.check_standard_name(name)
         },
         max_message_bytes: settings.max_message_bytes,
     }
