@@ -247,7 +247,9 @@ pub fn moto_version() -> Option<String> {
             .flatten()
             .find_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                name.strip_prefix("moto-")?.strip_suffix(".dist-info").map(str::to_owned)
+                name.strip_prefix("moto-")?
+                    .strip_suffix(".dist-info")
+                    .map(str::to_owned)
             })
     })
 }

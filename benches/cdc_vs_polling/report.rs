@@ -549,7 +549,13 @@ fn sinks_section(s: &mut String, r: &Results) {
          an exclusive queue bound with the routed key, Redis `XREAD BLOCK` on the stream key; commit→ack is the \
          relay's `/latency` to the broker's acknowledgement (PubAck, publisher confirm, the XADD reply)."
     );
-    emulator_note(s, r.steady.iter().filter(|o| o.mode == "CDC" && o.rate == "1000/s").map(|o| o.sink.as_str()));
+    emulator_note(
+        s,
+        r.steady
+            .iter()
+            .filter(|o| o.mode == "CDC" && o.rate == "1000/s")
+            .map(|o| o.sink.as_str()),
+    );
 }
 
 /// Under a table with emulated cloud sinks (`Sink::emulated`): what their figures are.

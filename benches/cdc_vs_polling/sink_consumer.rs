@@ -215,7 +215,10 @@ impl AsyncSource {
                 .send(),
         )
         .await?;
-        let url = created.queue_url().context("CreateQueue returned no queue URL")?.to_owned();
+        let url = created
+            .queue_url()
+            .context("CreateQueue returned no queue URL")?
+            .to_owned();
         let (tx, receipts) = tokio::sync::mpsc::unbounded_channel();
         let receivers = (0..SQS_RECEIVERS)
             .map(|_| tokio::spawn(sqs_receiver(client.clone(), url.clone(), tx.clone())).abort_handle())
@@ -279,7 +282,8 @@ impl AsyncSource {
                     return Err(anyhow!("Pub/Sub pull: {}", reply.status()));
                 }
                 let bytes = reply.bytes().await.map_err(|e| anyhow!("Pub/Sub pull: {e}"))?;
-                let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| anyhow!("Pub/Sub pull: {e}"))?;
+                let body: serde_json::Value =
+                    serde_json::from_slice(&bytes).map_err(|e| anyhow!("Pub/Sub pull: {e}"))?;
                 let at = Instant::now();
                 let mut ack_ids = Vec::new();
                 for m in body["receivedMessages"].as_array().into_iter().flatten() {
@@ -302,7 +306,7 @@ impl AsyncSource {
                             "subscriptions/{subscription}:acknowledge"
                         ))?)
                         .header("content-type", "application/json")
-                    .body(serde_json::json!({ "ackIds": ack_ids }).to_string())
+                        .body(serde_json::json!({ "ackIds": ack_ids }).to_string())
                         .send();
                     tokio::spawn(async move {
                         if let Err(e) = ack.await {
@@ -377,7 +381,10 @@ async fn sqs_receiver(
         let messages = match got {
             Ok(r) => r.messages.unwrap_or_default(),
             Err(e) => {
-                if out.send(Err(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())).is_err() {
+                if out
+                    .send(Err(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))
+                    .is_err()
+                {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -58,7 +58,7 @@ impl PubSubConsumer {
             .http
             .put(format!("{}subscriptions/{}", me.base, me.subscription))
             .header("content-type", "application/json")
-                .body(body.to_string())
+            .body(body.to_string())
             .send()
             .await
             .map_err(|e| DemoError::Sink(format!("{BROKER} at {host}, creating the subscription: {e}")))?;
@@ -111,7 +111,7 @@ impl PubSubConsumer {
             .http
             .post(format!("{}subscriptions/{}:pull", self.base, self.subscription))
             .header("content-type", "application/json")
-                    .body(json!({ "maxMessages": BATCH, "returnImmediately": true }).to_string())
+            .body(json!({ "maxMessages": BATCH, "returnImmediately": true }).to_string())
             .send()
             .await
             .map_err(|e| format!("pull: {e}"))?;
@@ -126,7 +126,9 @@ impl PubSubConsumer {
                 ack_ids.push(ack.to_owned());
             }
             let message = &m["message"];
-            let id = message["attributes"]["id"].as_str().and_then(|v| parse_id(v.as_bytes()));
+            let id = message["attributes"]["id"]
+                .as_str()
+                .and_then(|v| parse_id(v.as_bytes()));
             let payload = message["data"]
                 .as_str()
                 .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
@@ -141,7 +143,7 @@ impl PubSubConsumer {
             .http
             .post(format!("{}subscriptions/{}:acknowledge", self.base, self.subscription))
             .header("content-type", "application/json")
-                    .body(json!({ "ackIds": ack_ids }).to_string())
+            .body(json!({ "ackIds": ack_ids }).to_string())
             .send()
             .await
             .map_err(|e| format!("acknowledge: {e}"))?;

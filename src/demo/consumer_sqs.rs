@@ -34,19 +34,15 @@ impl SqsConsumer {
     /// Makes the FIFO queue `queue` at the moto `endpoint`.
     pub(crate) async fn new(endpoint: &str, queue: &str, run_id: &str) -> Result<SqsConsumer, DemoError> {
         let client = client(endpoint);
-        let created = bounded(
-            BROKER,
-            "creating the queue",
-            async {
-                client
-                    .create_queue()
-                    .queue_name(queue)
-                    .attributes(QueueAttributeName::FifoQueue, "true")
-                    .send()
-                    .await
-                    .map_err(|e| DisplayErrorContext(e).to_string())
-            },
-        )
+        let created = bounded(BROKER, "creating the queue", async {
+            client
+                .create_queue()
+                .queue_name(queue)
+                .attributes(QueueAttributeName::FifoQueue, "true")
+                .send()
+                .await
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        })
         .await?;
         let url = created
             .queue_url()

@@ -217,7 +217,9 @@ impl DemoError {
 pub(crate) fn main(args: DemoArgs) -> ExitCode {
     match (args.sink, &args.bootstrap, &args.sink_url) {
         (DemoSink::Kafka, _, Some(_)) => {
-            eprintln!("error: --sink-url is for --sink nats|rabbitmq|redis|pubsub|sqs; a Kafka is given by --bootstrap");
+            eprintln!(
+                "error: --sink-url is for --sink nats|rabbitmq|redis|pubsub|sqs; a Kafka is given by --bootstrap"
+            );
             return ExitCode::from(2);
         }
         (DemoSink::Webhook, _, Some(_)) => {
@@ -271,7 +273,10 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
 fn point_clients_at_local_server(args: &DemoArgs) {
     match args.sink {
         DemoSink::Pubsub => {
-            let host = args.sink_url.clone().unwrap_or_else(|| args.sink.default_url().to_owned());
+            let host = args
+                .sink_url
+                .clone()
+                .unwrap_or_else(|| args.sink.default_url().to_owned());
             std::env::set_var(crate::config::pubsub::EMULATOR_HOST_VAR, host);
         }
         DemoSink::Sqs => {
@@ -317,7 +322,10 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
     let mut progress = ProgressLine::new();
     let interrupts = watch_interrupts();
     if args.sink.local_server().is_some() {
-        let address = args.sink_url.clone().unwrap_or_else(|| args.sink.default_url().to_owned());
+        let address = args
+            .sink_url
+            .clone()
+            .unwrap_or_else(|| args.sink.default_url().to_owned());
         check_local_server(args.sink, &address).await?;
     }
     let bin = postgres::find_bin_dir(args.pg_bin.as_deref())?;

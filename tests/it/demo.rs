@@ -337,7 +337,10 @@ async fn demo_with_pubsub_consumes_everything() {
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("the topic's cleanup line in:\n{stdout}"))
         .to_owned();
-    assert!(!emulator.topic_exists(&topic).await, "topic {topic} left behind:\n{stdout}");
+    assert!(
+        !emulator.topic_exists(&topic).await,
+        "topic {topic} left behind:\n{stdout}"
+    );
 }
 
 /// `demo --sink sqs` on a moto of the test's own (`--sink-url http://127.0.0.1:<port>`): the run's
@@ -351,7 +354,11 @@ async fn demo_with_sqs_consumes_everything() {
     let stdout = demo_with_sink_at("sqs", &["--sink-url", &endpoint], "SQS queue outbox-relay-demo-").await;
     assert!(stdout.contains(&format!("moto (Amazon SQS) at {endpoint}")), "{stdout}");
     let left = moto.client.list_queues().send().await.expect("ListQueues");
-    assert!(left.queue_urls().is_empty(), "queues left behind: {:?}\n{stdout}", left.queue_urls());
+    assert!(
+        left.queue_urls().is_empty(),
+        "queues left behind: {:?}\n{stdout}",
+        left.queue_urls()
+    );
 }
 
 /// With no emulator or moto at `--sink-url`, the demo stops before it starts anything, saying
