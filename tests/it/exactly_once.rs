@@ -361,13 +361,7 @@ async fn sigkill_under_load_publishes_each_event_once() {
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, kills_wanted * 200, 30, 4);
     w.pause = Duration::from_millis(10);
-    let load = tokio::spawn(async move { run_workload(&url, &w).await });
-    for _ in 0..kills_wanted {
-        let relay = RelayProcess::run(&config);
-        tokio::time::sleep(Duration::from_millis(300 + random_below(1500))).await;
-        assert!(relay.sigkill(), "{}", relay.log_text());
-    }
-    let committed = load.await.expect("workload");
+    let committed = sigkills_under_load(&url, w, kills_wanted, (300, 1500), || RelayProcess::run(&config)).await;
     let _relay = RelayProcess::run(&config);
     let records = collect_all(&kafka, &committed).await;
     check_exactly_once(&committed, &records, &format!("real broker, {kills_wanted} SIGKILLs"));

@@ -69,13 +69,7 @@ async fn kills_under_load(kafka: &KafkaNs, strategy: Strategy, kills: usize) -> 
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, kills * 200, 30, 4);
     w.pause = Duration::from_millis(10);
-    let load = tokio::spawn(async move { run_workload(&url, &w).await });
-    for _ in 0..kills {
-        let relay = RelayProcess::run(&config);
-        tokio::time::sleep(Duration::from_millis(300 + random_below(1500))).await;
-        assert!(relay.sigkill(), "{}", relay.log_text());
-    }
-    let committed = load.await.expect("workload");
+    let committed = sigkills_under_load(&url, w, kills, (300, 1500), || RelayProcess::run(&config)).await;
     let relay = RelayProcess::run(&config);
     let dups = duplicates(kafka, &committed, &format!("{strategy:?}, {kills} SIGKILLs under load")).await;
     for line in relay

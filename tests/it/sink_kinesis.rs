@@ -233,13 +233,7 @@ async fn sigkill_under_load_loses_nothing() {
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, kills * 150, 30, 4);
     w.pause = Duration::from_millis(10);
-    let load = tokio::spawn(async move { run_workload(&url, &w).await });
-    for _ in 0..kills {
-        let relay = run_relay(&config);
-        tokio::time::sleep(Duration::from_millis(300 + random_below(1500))).await;
-        assert!(relay.sigkill(), "{}", relay.log_text());
-    }
-    let committed = load.await.expect("workload");
+    let committed = sigkills_under_load(&url, w, kills, (300, 1500), || run_relay(&config)).await;
     let relay = run_relay(&config);
     let records = moto
         .read_streams(

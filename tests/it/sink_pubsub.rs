@@ -197,13 +197,7 @@ async fn sigkill_under_load_loses_nothing() {
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, kills * 200, 30, 4);
     w.pause = Duration::from_millis(10);
-    let load = tokio::spawn(async move { run_workload(&url, &w).await });
-    for _ in 0..kills {
-        let relay = run(&config, &host);
-        tokio::time::sleep(Duration::from_millis(500 + random_below(1500))).await;
-        assert!(relay.sigkill(), "{}", relay.log_text());
-    }
-    let committed = load.await.expect("workload");
+    let committed = sigkills_under_load(&url, w, kills, (500, 1500), || run(&config, &host)).await;
     let _relay = run(&config, &host);
     let records = puller.wait_for(committed.len(), Duration::from_secs(120)).await;
     check_all(&committed, &records, &topic, &format!("{kills} SIGKILLs"));

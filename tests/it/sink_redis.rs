@@ -303,13 +303,7 @@ async fn exactly_once_sigkills_with_shipped_defaults_have_no_duplicate() {
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, 1000, 30, 4);
     w.pause = Duration::from_millis(10);
-    let load = tokio::spawn(async move { run_workload(&url, &w).await });
-    for _ in 0..5 {
-        let relay = RelayProcess::run(&config);
-        tokio::time::sleep(Duration::from_millis(500 + random_below(1000))).await;
-        assert!(relay.sigkill(), "{}", relay.log_text());
-    }
-    let committed = load.await.expect("workload");
+    let committed = sigkills_under_load(&url, w, 5, (500, 1000), || RelayProcess::run(&config)).await;
     let _relay = RelayProcess::run(&config);
     let records = read_streams_until(
         SHARED_REDIS,

@@ -12,6 +12,26 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 
 use super::*;
 
+/// The kill -9 loop of the crash suites: `w` runs against `db_url` while, `kills` times, a relay
+/// is started (`start`), left `min_ms` plus up to `spread_ms` more, and SIGKILLed (the test fails
+/// with its log if it was already gone); returns what the workload committed.
+pub async fn sigkills_under_load(
+    db_url: &str,
+    w: Workload,
+    kills: usize,
+    (min_ms, spread_ms): (u64, u64),
+    start: impl Fn() -> RelayProcess,
+) -> Committed {
+    let url = db_url.to_owned();
+    let load = tokio::spawn(async move { run_workload(&url, &w).await });
+    for _ in 0..kills {
+        let relay = start();
+        tokio::time::sleep(Duration::from_millis(min_ms + random_below(spread_ms))).await;
+        assert!(relay.sigkill(), "{}", relay.log_text());
+    }
+    load.await.expect("workload")
+}
+
 /// Long variants (≥ 50 crashes, …) run only with `OUTBOX_RELAY_LONG_TESTS=1`.
 pub fn long_tests() -> bool {
     std::env::var("OUTBOX_RELAY_LONG_TESTS").is_ok_and(|v| v == "1")
