@@ -479,8 +479,9 @@ fn read_limit(rows: u64) -> Duration {
 async fn sink_drain(admin: &Client, db: &Client, job: &SinkJob<'_>, phase: &ProgressBar) -> Result<SinkDrain> {
     let sink = job.target.sink;
     phase.set_message(format!("drain: outbox-relay run → {}", sink.name()));
-    // An exchange and an endpoint keep nothing: their consumer reads during the drain.
-    let during = matches!(sink, Sink::RabbitMq | Sink::Webhook);
+    // An exchange and an endpoint keep nothing (and see `Sink::read_during_drain` for the
+    // others read during the drain).
+    let during = sink.read_during_drain();
     let mut consumer = if during {
         Some(tokio::task::block_in_place(|| job.target.consumer(job.topic))?)
     } else {

@@ -6,7 +6,7 @@
 //! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT]
 //!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR]
 //!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
-//!     [--sinks kafka,nats,rabbitmq,redis,webhook] [--idle-secs N] [--no-tracing] [--report-from results.json]
+//!     [--sinks kafka,nats,rabbitmq,redis,webhook,pubsub,sqs] [--idle-secs N] [--no-tracing] [--report-from results.json]
 //! cargo bench --bench cdc_vs_polling -- --replay [--quick] [--broker kafka] [--replay-rows N]
 //!     [--replay-rate N] [--replay-baseline-secs N] [--out-dir DIR]
 //! ```
@@ -25,6 +25,11 @@
 //! A listed broker that does not answer stops the benchmark before anything is measured, naming
 //! it, how to start it, and `--sinks` to leave it out. Each run writes to a stream, exchange or
 //! key of its own and deletes it afterwards (the servers are shared).
+//! The cloud sinks are asked for by name (`--sinks kafka,pubsub,sqs`; not in the default): Google
+//! Cloud Pub/Sub and Amazon SQS (FIFO queues) against Google's emulator and moto, which the
+//! benchmark starts on free loopback ports (`emulators.rs`; or uses the ones `PUBSUB_EMULATOR_HOST`
+//! / `BENCH_MOTO_URL` name). Their rows are marked as emulator figures: a single-process
+//! development server bounds what the relay can be seen to do.
 //!
 //! **Idle** (`idle.rs`): the CDC relay on Kafka with no events for `--idle-secs` (60 s; `--quick`:
 //! 15 s; 0: skipped) after a warm-up: CPU share of a core, CPU seconds per minute, threads, CPU per
@@ -82,6 +87,7 @@ mod broker;
 mod consumer;
 mod debezium;
 mod drain;
+mod emulators;
 mod idle;
 #[path = "../shared/latency_window.rs"]
 mod latency_window;
@@ -166,7 +172,7 @@ const BATCHED_DRAIN_TXN: u64 = 1_000;
 const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis,webhook] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis,webhook,pubsub,sqs] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
                      or: --replay [--quick] [--broker kafka] [--replay-rows N] [--replay-rate N (0: none)] [--replay-baseline-secs N] [--out-dir DIR]\n\
                      --only TEXT[,TEXT…]: runs whose label contains one of them, e.g. --only \"CDC at 1000/s,CDC +\" for \
                      the tracing rows beside their baseline; the tracing rows (CDC + traceparent / OTLP 100 % / OTLP 1 % at \
@@ -198,7 +204,7 @@ fn options() -> Result<Option<Options>> {
         kafka: Vec::new(),
         with_debezium: false,
         report_from: None,
-        sinks: Sink::ALL.to_vec(),
+        sinks: Sink::DEFAULT.to_vec(),
         idle: Duration::from_secs(if quick { 15 } else { 60 }),
         tracing: true,
         replay: false,
@@ -330,7 +336,10 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(run(options))
+    let outcome = runtime.block_on(run(options));
+    // The emulators this run started (the watchdogs would also stop them once it exits).
+    emulators::stop_all();
+    outcome
 }
 
 /// Writes `docs/benchmarks.md` (or the quick variant) and the latency plot from `results`.

@@ -147,9 +147,10 @@ impl RelayConf<'_> {
              [poll]\nbatch_size = 100\nworkers = 1\ndispatched_column = \"dispatched_at\"\n",
             self.url, self.slot, self.slot, self.status_interval_ms
         );
-        if !self.topic_prefix.is_empty() {
+        let suffix = self.sink.map_or("", |t| t.suffix.as_str());
+        if !self.topic_prefix.is_empty() || !suffix.is_empty() {
             toml.push_str(&format!(
-                "\n[route]\ntopic_replacement = \"{}${{routedByValue}}\"\n",
+                "\n[route]\ntopic_replacement = \"{}${{routedByValue}}{suffix}\"\n",
                 self.topic_prefix
             ));
         }
@@ -195,6 +196,7 @@ pub fn setup(config: &Path, poll: bool) -> Result<()> {
         cmd.arg("--poll");
     }
     let out = cmd
+        .envs(super::emulators::relay_env())
         .env("RUST_LOG", "warn")
         .output()
         .context("running outbox-relay setup")?;
@@ -234,6 +236,7 @@ impl RelayChild {
             .arg(subcommand)
             .arg("--config")
             .arg(config)
+            .envs(super::emulators::relay_env())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

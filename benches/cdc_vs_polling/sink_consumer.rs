@@ -9,21 +9,37 @@
 //!   per read; the id is the entry's `id` field.
 //! * HTTP webhook: the receiver (`webhook.rs`) stamps each request as it arrives; this source
 //!   only collects its receipts (so how often it looks does not change a latency).
+//! * Google Cloud Pub/Sub (emulator): an ordered subscription on the run's topic, made before the
+//!   relay publishes; one pull at a time over REST (up to `PUBSUB_BATCH`; an empty one returns at
+//!   once and the next follows after `PUBSUB_IDLE`), acknowledged in the background; the id is
+//!   the `id` attribute. No waiting pulls: one the client gives up on may already hold messages,
+//!   which the emulator hands out again only after the acknowledgement deadline.
+//! * Amazon SQS (moto): the run's FIFO queue, made before the relay publishes; `SQS_RECEIVERS`
+//!   long polls (`WaitTimeSeconds` 1, 10 messages each, the SQS maximum) at once, each batch
+//!   deleted in the background; the id is the `id` message attribute.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 use async_nats::jetstream::consumer::push;
 use futures_util::StreamExt;
 use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 
 use super::consumer::Receipt;
+use super::emulators;
 use super::sinks::{bounded, nats_jetstream, rabbitmq_connection, redis_connection};
 
 /// How long one read waits for messages before the consumer looks at its stop flag again.
 const WAIT: Duration = Duration::from_millis(100);
 const REDIS_BATCH: usize = 1_000;
+/// Messages one Pub/Sub pull may return.
+const PUBSUB_BATCH: usize = 1_000;
+/// The pause after an empty Pub/Sub pull (bounds what polling adds to a latency).
+const PUBSUB_IDLE: Duration = Duration::from_millis(2);
+/// SQS long polls at once: one returns at most 10 messages, so one at a time would cap the
+/// consumer near 10 messages per round trip to moto.
+const SQS_RECEIVERS: usize = 4;
 
 // One value per consumer thread, for the thread's whole life: its size does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -46,6 +62,26 @@ pub enum AsyncSource {
     Webhook {
         receiver: std::sync::Arc<super::sinks::WebhookReceiver>,
     },
+    PubSub {
+        http: reqwest::Client,
+        subscription: String,
+    },
+    Sqs {
+        /// What the receiver tasks got, stamped on arrival.
+        receipts: tokio::sync::mpsc::UnboundedReceiver<Result<Receipt, String>>,
+        /// Aborted when the source is dropped.
+        receivers: Vec<tokio::task::AbortHandle>,
+    },
+}
+
+impl Drop for AsyncSource {
+    fn drop(&mut self) {
+        if let AsyncSource::Sqs { receivers, .. } = self {
+            for r in receivers {
+                r.abort();
+            }
+        }
+    }
 }
 
 fn parse_id(bytes: &[u8]) -> Option<i64> {
@@ -129,6 +165,67 @@ impl AsyncSource {
         })
     }
 
+    /// Creates `topic` and an ordered subscription `<topic>-sub` on the emulator.
+    pub async fn pubsub(topic: String) -> Result<AsyncSource> {
+        let http = emulators::pubsub_http()?;
+        let subscription = format!("{topic}-sub");
+        let created = |what: &str, r: reqwest::Response| {
+            // 409: made already (by an earlier consumer of the same run).
+            if r.status().is_success() || r.status() == reqwest::StatusCode::CONFLICT {
+                Ok(())
+            } else {
+                Err(anyhow!("Pub/Sub emulator, creating {what}: {}", r.status()))
+            }
+        };
+        let r = bounded(
+            "Pub/Sub emulator",
+            "creating the topic",
+            http.put(emulators::pubsub_url(&format!("topics/{topic}"))?).send(),
+        )
+        .await?;
+        created(&format!("topic {topic}"), r)?;
+        let body = serde_json::json!({
+            "topic": format!("projects/{}/topics/{topic}", emulators::PUBSUB_PROJECT),
+            "enableMessageOrdering": true,
+            "ackDeadlineSeconds": 60,
+        });
+        let r = bounded(
+            "Pub/Sub emulator",
+            "creating the subscription",
+            http.put(emulators::pubsub_url(&format!("subscriptions/{subscription}"))?)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send(),
+        )
+        .await?;
+        created(&format!("subscription {subscription}"), r)?;
+        Ok(AsyncSource::PubSub { http, subscription })
+    }
+
+    /// Creates the FIFO queue `name` on moto and starts the receivers.
+    pub async fn sqs(name: String) -> Result<AsyncSource> {
+        let client = emulators::sqs_client()?;
+        let created = bounded(
+            "moto",
+            "CreateQueue",
+            client
+                .create_queue()
+                .queue_name(&name)
+                .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true")
+                .send(),
+        )
+        .await?;
+        let url = created
+            .queue_url()
+            .context("CreateQueue returned no queue URL")?
+            .to_owned();
+        let (tx, receipts) = tokio::sync::mpsc::unbounded_channel();
+        let receivers = (0..SQS_RECEIVERS)
+            .map(|_| tokio::spawn(sqs_receiver(client.clone(), url.clone(), tx.clone())).abort_handle())
+            .collect();
+        Ok(AsyncSource::Sqs { receipts, receivers })
+    }
+
     /// Reads what arrived (waiting at most about [`WAIT`]) into `out`.
     pub async fn poll(&mut self, out: &mut Vec<Receipt>) -> Result<()> {
         match self {
@@ -174,6 +271,62 @@ impl AsyncSource {
                 out.extend(taken);
                 Ok(())
             }
+            AsyncSource::PubSub { http, subscription } => {
+                let pull = http
+                    .post(emulators::pubsub_url(&format!("subscriptions/{subscription}:pull"))?)
+                    .header("content-type", "application/json")
+                    .body(serde_json::json!({ "maxMessages": PUBSUB_BATCH, "returnImmediately": true }).to_string())
+                    .send();
+                let reply = pull.await.map_err(|e| anyhow!("Pub/Sub pull: {e}"))?;
+                if !reply.status().is_success() {
+                    return Err(anyhow!("Pub/Sub pull: {}", reply.status()));
+                }
+                let bytes = reply.bytes().await.map_err(|e| anyhow!("Pub/Sub pull: {e}"))?;
+                let body: serde_json::Value =
+                    serde_json::from_slice(&bytes).map_err(|e| anyhow!("Pub/Sub pull: {e}"))?;
+                let at = Instant::now();
+                let mut ack_ids = Vec::new();
+                for m in body["receivedMessages"].as_array().into_iter().flatten() {
+                    if let Some(ack) = m["ackId"].as_str() {
+                        ack_ids.push(ack.to_owned());
+                    }
+                    if let Some(id) = m["message"]["attributes"]["id"]
+                        .as_str()
+                        .and_then(|v| parse_id(v.as_bytes()))
+                    {
+                        out.push((id, at));
+                    }
+                }
+                if ack_ids.is_empty() {
+                    tokio::time::sleep(PUBSUB_IDLE).await;
+                } else {
+                    // In the background: the next pull does not wait for it.
+                    let ack = http
+                        .post(emulators::pubsub_url(&format!(
+                            "subscriptions/{subscription}:acknowledge"
+                        ))?)
+                        .header("content-type", "application/json")
+                        .body(serde_json::json!({ "ackIds": ack_ids }).to_string())
+                        .send();
+                    tokio::spawn(async move {
+                        if let Err(e) = ack.await {
+                            eprintln!("bench consumer (pubsub): acknowledge: {e}");
+                        }
+                    });
+                }
+                Ok(())
+            }
+            AsyncSource::Sqs { receipts, .. } => match tokio::time::timeout(WAIT, receipts.recv()).await {
+                Ok(Some(first)) => {
+                    out.push(first.map_err(|e| anyhow!("SQS receive: {e}"))?);
+                    while let Ok(next) = receipts.try_recv() {
+                        out.push(next.map_err(|e| anyhow!("SQS receive: {e}"))?);
+                    }
+                    Ok(())
+                }
+                Ok(None) => Err(anyhow!("SQS consumer: every receiver stopped")),
+                Err(_) => Ok(()),
+            },
             AsyncSource::Redis { connection, key, last } => {
                 let reply: Option<redis::streams::StreamReadReply> = bounded(
                     "Redis",
@@ -203,6 +356,72 @@ impl AsyncSource {
                 }
                 Ok(())
             }
+        }
+    }
+}
+
+/// One SQS long-poll loop: receives, stamps, deletes in the background; reports an error once
+/// per failure and polls on (a lost message shows as lost).
+async fn sqs_receiver(
+    client: aws_sdk_sqs::Client,
+    url: String,
+    out: tokio::sync::mpsc::UnboundedSender<Result<Receipt, String>>,
+) {
+    loop {
+        let got = client
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .visibility_timeout(60)
+            .message_attribute_names("All")
+            .send()
+            .await;
+        let at = Instant::now();
+        let messages = match got {
+            Ok(r) => r.messages.unwrap_or_default(),
+            Err(e) => {
+                if out
+                    .send(Err(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))
+                    .is_err()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let mut delete = client.delete_message_batch().queue_url(&url);
+        for (i, m) in messages.iter().enumerate() {
+            let id = m
+                .message_attributes()
+                .and_then(|a| a.get("id"))
+                .and_then(|v| v.string_value())
+                .and_then(|v| parse_id(v.as_bytes()));
+            if let Some(id) = id {
+                if out.send(Ok((id, at))).is_err() {
+                    return;
+                }
+            }
+            if let Some(handle) = m.receipt_handle() {
+                if let Ok(entry) = aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(handle)
+                    .build()
+                {
+                    delete = delete.entries(entry);
+                }
+            }
+        }
+        if !messages.is_empty() {
+            tokio::spawn(async move {
+                if let Err(e) = delete.send().await {
+                    eprintln!(
+                        "bench consumer (sqs): DeleteMessageBatch: {}",
+                        aws_sdk_sqs::error::DisplayErrorContext(&e)
+                    );
+                }
+            });
         }
     }
 }

@@ -10,6 +10,12 @@
 //! `obench.<run>.<tag>.`), a RabbitMQ topic exchange `outbox-relay-bench-<run>-<tag>` (routing key:
 //! the routed topic itself), a Redis stream key `outbox-relay-bench:<run>:<tag>:<topic>`. `setup`
 //! creates the stream and declares the exchange, as for a user.
+//!
+//! The cloud sinks run against local development servers the benchmark starts itself
+//! (`emulators.rs`): Google Cloud Pub/Sub on Google's emulator (a topic `obench-<run>-<tag>.<topic>`
+//! and an ordered subscription on it, made before the relay publishes), Amazon SQS on moto (a FIFO
+//! queue `obench-<run>-<tag>-<topic>.fifo`, the queue type docs/sink-sqs.md recommends). Their
+//! figures are the emulator's as much as the relay's (`Sink::emulated`).
 
 use std::time::Duration;
 
@@ -18,6 +24,7 @@ use lapin::options::ExchangeDeleteOptions;
 use lapin::{Connection, ConnectionProperties};
 
 use super::consumer::TopicConsumer;
+use super::emulators::{self, PUBSUB_PROJECT};
 use super::sink_consumer::AsyncSource;
 
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
@@ -35,10 +42,24 @@ pub enum Sink {
     RabbitMq,
     Redis,
     Webhook,
+    PubSub,
+    Sqs,
 }
 
 impl Sink {
-    pub const ALL: [Sink; 5] = [Sink::Kafka, Sink::Nats, Sink::RabbitMq, Sink::Redis, Sink::Webhook];
+    /// Every sink `--sinks` knows.
+    pub const ALL: [Sink; 7] = [
+        Sink::Kafka,
+        Sink::Nats,
+        Sink::RabbitMq,
+        Sink::Redis,
+        Sink::Webhook,
+        Sink::PubSub,
+        Sink::Sqs,
+    ];
+    /// Without `--sinks`: the brokers of this machine and the webhook; the emulated cloud sinks
+    /// are asked for by name (their rows measure the emulator, and take minutes each).
+    pub const DEFAULT: [Sink; 5] = [Sink::Kafka, Sink::Nats, Sink::RabbitMq, Sink::Redis, Sink::Webhook];
 
     /// `[sink] kind`, and the word of `--sinks`.
     pub fn word(self) -> &'static str {
@@ -48,6 +69,8 @@ impl Sink {
             Sink::RabbitMq => "rabbitmq",
             Sink::Redis => "redis",
             Sink::Webhook => "webhook",
+            Sink::PubSub => "pubsub",
+            Sink::Sqs => "sqs",
         }
     }
 
@@ -59,7 +82,22 @@ impl Sink {
             Sink::RabbitMq => "RabbitMQ",
             Sink::Redis => "Redis Streams",
             Sink::Webhook => "HTTP webhook",
+            Sink::PubSub => "Google Cloud Pub/Sub (emulator)",
+            Sink::Sqs => "Amazon SQS FIFO (moto)",
         }
+    }
+
+    /// Whether the server is a local stand-in for a cloud service (a single-process development
+    /// server): its rows bound the relay's rate by the emulator's, and the report says so.
+    pub fn emulated(self) -> bool {
+        matches!(self, Sink::PubSub | Sink::Sqs)
+    }
+
+    /// Whether the drain's check reads during the drain rather than after it: an exchange and an
+    /// endpoint keep nothing, a Pub/Sub subscription keeps only what arrives after it was made
+    /// (and moto's FIFO receive slows down with the queue's length, so SQS is read as it fills).
+    pub fn read_during_drain(self) -> bool {
+        matches!(self, Sink::RabbitMq | Sink::Webhook | Sink::PubSub | Sink::Sqs)
     }
 
     /// `--sinks` text: comma-separated words, each at most once.
@@ -67,7 +105,8 @@ impl Sink {
         let mut out = Vec::new();
         for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             let sink = Sink::ALL.into_iter().find(|s| s.word() == word).with_context(|| {
-                format!("--sinks: unknown sink {word:?}; use some of kafka,nats,rabbitmq,redis,webhook")
+                let words: Vec<&str> = Sink::ALL.iter().map(|s| s.word()).collect();
+                format!("--sinks: unknown sink {word:?}; use some of {}", words.join(","))
             })?;
             if !out.contains(&sink) {
                 out.push(sink);
@@ -76,12 +115,15 @@ impl Sink {
         Ok(out)
     }
 
-    fn url(self) -> &'static str {
+    fn url(self) -> String {
         match self {
-            Sink::Kafka | Sink::Webhook => "",
-            Sink::Nats => NATS_URL,
-            Sink::RabbitMq => RABBITMQ_URL,
-            Sink::Redis => REDIS_URL,
+            Sink::Kafka | Sink::Webhook => String::new(),
+            Sink::Nats => NATS_URL.to_owned(),
+            Sink::RabbitMq => RABBITMQ_URL.to_owned(),
+            Sink::Redis => REDIS_URL.to_owned(),
+            Sink::PubSub | Sink::Sqs => {
+                emulators::server(self).map_or_else(|| "a free loopback port".to_owned(), |s| s.url())
+            }
         }
     }
 
@@ -92,6 +134,7 @@ impl Sink {
             Sink::Nats => Some(4222),
             Sink::RabbitMq => Some(5672),
             Sink::Redis => Some(6379),
+            Sink::PubSub | Sink::Sqs => emulators::server(self).map(|s| s.port),
         }
     }
 
@@ -101,6 +144,14 @@ impl Sink {
             Sink::Nats => "`nats-server -js -a 127.0.0.1 -p 4222` (JetStream on)",
             Sink::RabbitMq => "`rabbitmq-server` (user guest/guest on 127.0.0.1:5672)",
             Sink::Redis => "`redis-server --bind 127.0.0.1 --port 6379`",
+            Sink::PubSub => {
+                "scripts/ensure-pubsub-emulator.sh (the benchmark starts the emulator itself; or set \
+                 PUBSUB_EMULATOR_HOST to a running one)"
+            }
+            Sink::Sqs => {
+                "scripts/ensure-moto.sh (the benchmark starts moto_server itself; or set BENCH_MOTO_URL to a running \
+                 one)"
+            }
         }
     }
 
@@ -208,6 +259,13 @@ pub async fn check_reachable(sinks: &[Sink]) -> Result<Vec<String>> {
                 }
                 .await
             }
+            Sink::PubSub | Sink::Sqs => {
+                async {
+                    tokio::task::spawn_blocking(move || emulators::ensure(sink)).await??;
+                    describe_emulator(sink).await
+                }
+                .await
+            }
             Sink::Redis => {
                 async {
                     let mut c = redis_connection().await?;
@@ -258,6 +316,50 @@ pub async fn check_reachable(sinks: &[Sink]) -> Result<Vec<String>> {
     Ok(described)
 }
 
+/// Checks that the started (or given) emulator answers, and describes it for the report.
+async fn describe_emulator(sink: Sink) -> Result<String> {
+    let server = emulators::server(sink).context("not started")?;
+    let how = if server.started() {
+        format!("started by the benchmark on {}", server.host)
+    } else {
+        format!("given at {}", server.host)
+    };
+    match sink {
+        Sink::PubSub => {
+            let http = emulators::pubsub_http()?;
+            let r = bounded(
+                "Pub/Sub emulator",
+                "listing topics",
+                http.get(emulators::pubsub_url("topics")?).send(),
+            )
+            .await?;
+            if !r.status().is_success() {
+                bail!("the Pub/Sub emulator answered {} to a topic list", r.status());
+            }
+            let version = std::process::Command::new("dpkg-query")
+                .args(["-W", "-f=${Version}", "google-cloud-cli-pubsub-emulator"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                .unwrap_or_else(|| "(version unknown)".into());
+            Ok(format!(
+                "Google Cloud Pub/Sub emulator {version} ({how}; one JVM, -Xmx768m, in memory; topics made per run, \
+                 ordered subscriptions pulled over REST)"
+            ))
+        }
+        Sink::Sqs => {
+            let client = emulators::sqs_client()?;
+            bounded("moto", "ListQueues", client.list_queues().send()).await?;
+            Ok(format!(
+                "moto {} in server mode for Amazon SQS ({how}; one Python process, in memory; a FIFO queue per run)",
+                emulators::moto_version().unwrap_or_else(|| "(version unknown)".into())
+            ))
+        }
+        _ => Ok(String::new()),
+    }
+}
+
 /// Where one run of the relay publishes on a non-Kafka broker: names of its own on the shared
 /// server (see the module docs).
 #[derive(Debug, Clone)]
@@ -267,6 +369,8 @@ pub struct SinkTarget {
     pub container: String,
     /// Put before the routed topic by the relay's `[route]` (NATS subject, Redis key).
     pub prefix: String,
+    /// Put after it (an SQS FIFO queue's `.fifo`).
+    pub suffix: String,
     /// The webhook's receiver (the other sinks: `None`).
     pub receiver: Option<std::sync::Arc<WebhookReceiver>>,
 }
@@ -275,15 +379,19 @@ impl SinkTarget {
     /// `None` for Kafka (its topics are made per run already). `run`: this benchmark run's id;
     /// `tag`: the run within it.
     pub fn new(sink: Sink, run: &str, tag: &str) -> Option<SinkTarget> {
-        let (container, prefix) = match sink {
+        let (container, prefix, suffix) = match sink {
             Sink::Kafka => return None,
+            // Pub/Sub topic ids and SQS queue names: letters, digits, `-` (and `.` / `_`).
+            Sink::PubSub => (String::new(), format!("obench-{run}-{tag}."), String::new()),
+            Sink::Sqs => (String::new(), format!("obench-{run}-{tag}-"), ".fifo".to_owned()),
             Sink::Nats => (
                 format!("OUTBOX_RELAY_BENCH_{run}_{tag}"),
                 format!("obench.{run}.{tag}."),
+                String::new(),
             ),
-            Sink::RabbitMq => (format!("outbox-relay-bench-{run}-{tag}"), String::new()),
-            Sink::Redis => (String::new(), format!("outbox-relay-bench:{run}:{tag}:")),
-            Sink::Webhook => (String::new(), String::new()),
+            Sink::RabbitMq => (format!("outbox-relay-bench-{run}-{tag}"), String::new(), String::new()),
+            Sink::Redis => (String::new(), format!("outbox-relay-bench:{run}:{tag}:"), String::new()),
+            Sink::Webhook => (String::new(), String::new(), String::new()),
         };
         let receiver = if sink == Sink::Webhook {
             match WebhookReceiver::start() {
@@ -300,13 +408,15 @@ impl SinkTarget {
             sink,
             container,
             prefix,
+            suffix,
             receiver,
         })
     }
 
-    /// Where the events of `topic` (the routed value) land: subject, routing key, stream key.
+    /// Where the events of `topic` (the routed value) land: subject, routing key, stream key,
+    /// Pub/Sub topic id, SQS queue name.
     pub fn destination(&self, topic: &str) -> String {
-        format!("{}{topic}", self.prefix)
+        format!("{}{topic}{}", self.prefix, self.suffix)
     }
 
     /// The relay's `[sink]` and broker section.
@@ -327,11 +437,21 @@ impl SinkTarget {
                 "[sink]\nkind = \"webhook\"\n\n[webhook]\nurl = \"{}\"\n",
                 self.receiver.as_ref().map(|r| r.url()).unwrap_or_default()
             ),
+            // The shipped defaults; the emulator's address is the relay's PUBSUB_EMULATOR_HOST
+            // (`emulators::relay_env`).
+            Sink::PubSub => format!("[sink]\nkind = \"pubsub\"\n\n[pubsub]\nproject = \"{PUBSUB_PROJECT}\"\n"),
+            // FIFO queues (docs/sink-sqs.md's recommendation), the shipped defaults otherwise.
+            Sink::Sqs => format!(
+                "[sink]\nkind = \"sqs\"\n\n[sqs]\nregion = \"{}\"\nendpoint_url = \"{}\"\nfifo = true\n",
+                emulators::AWS_REGION,
+                emulators::server(Sink::Sqs).map(|s| s.url()).unwrap_or_default()
+            ),
         }
     }
 
     /// A consumer of `topic`'s events from the start (RabbitMQ: from now on, its queue bound
-    /// before this returns — start it before the relay publishes).
+    /// before this returns; Pub/Sub: the topic and an ordered subscription made before this
+    /// returns; SQS: the FIFO queue made — start it before the relay publishes).
     pub fn consumer(&self, topic: &str) -> Result<TopicConsumer> {
         let destination = self.destination(topic);
         let container = self.container.clone();
@@ -342,6 +462,8 @@ impl SinkTarget {
                 TopicConsumer::start_async("rabbitmq", move || AsyncSource::rabbitmq(container, destination))
             }
             Sink::Redis => TopicConsumer::start_async("redis", move || AsyncSource::redis(destination)),
+            Sink::PubSub => TopicConsumer::start_async("pubsub", move || AsyncSource::pubsub(destination)),
+            Sink::Sqs => TopicConsumer::start_async("sqs", move || AsyncSource::sqs(destination)),
             Sink::Webhook => {
                 let receiver = self.receiver.clone().context("the webhook target has no receiver")?;
                 TopicConsumer::start_async("webhook", move || async move { Ok(AsyncSource::Webhook { receiver }) })
@@ -353,7 +475,7 @@ impl SinkTarget {
     /// `None` for RabbitMQ (an exchange keeps nothing: the consumer's queue is the count).
     pub async fn stored(&self, topic: &str) -> Result<Option<u64>> {
         match self.sink {
-            Sink::Kafka | Sink::RabbitMq | Sink::Webhook => Ok(None),
+            Sink::Kafka | Sink::RabbitMq | Sink::Webhook | Sink::PubSub | Sink::Sqs => Ok(None),
             Sink::Nats => {
                 let js = nats_jetstream().await?;
                 let mut stream = bounded("NATS", "opening the stream", js.get_stream(&self.container)).await?;
@@ -379,6 +501,40 @@ impl SinkTarget {
     pub async fn cleanup(&self, topic: &str) -> Result<()> {
         match self.sink {
             Sink::Kafka | Sink::Webhook => Ok(()),
+            Sink::PubSub => {
+                let http = emulators::pubsub_http()?;
+                let destination = self.destination(topic);
+                for path in [
+                    format!("subscriptions/{destination}-sub"),
+                    format!("topics/{destination}"),
+                ] {
+                    let r = bounded(
+                        "Pub/Sub emulator",
+                        "deleting",
+                        http.delete(emulators::pubsub_url(&path)?).send(),
+                    )
+                    .await?;
+                    // 404: never made (the run failed before its consumer).
+                    if !r.status().is_success() && r.status() != reqwest::StatusCode::NOT_FOUND {
+                        bail!("Pub/Sub emulator, deleting {path}: {}", r.status());
+                    }
+                }
+                Ok(())
+            }
+            Sink::Sqs => {
+                let client = emulators::sqs_client()?;
+                let name = self.destination(topic);
+                match tokio::time::timeout(BROKER_TIMEOUT, client.get_queue_url().queue_name(&name).send()).await {
+                    Ok(Ok(url)) => {
+                        let url = url.queue_url().unwrap_or_default().to_owned();
+                        bounded("moto", "DeleteQueue", client.delete_queue().queue_url(url).send()).await?;
+                        Ok(())
+                    }
+                    // Never made (the run failed before its consumer).
+                    Ok(Err(_)) => Ok(()),
+                    Err(_) => Err(anyhow!("moto, looking up queue {name}: no answer")),
+                }
+            }
             Sink::Nats => {
                 let js = nats_jetstream().await?;
                 match tokio::time::timeout(BROKER_TIMEOUT, js.delete_stream(&self.container)).await {

@@ -8,7 +8,14 @@
 //! With `--sink nats|rabbitmq|redis` the relay publishes to a running server (`--sink-url`)
 //! instead: `setup` creates the run's NATS stream or RabbitMQ exchange, the matching consumer
 //! ([`consumer_nats`], [`consumer_rabbitmq`], [`consumer_redis`]) reads the run's events, and
-//! removes the stream, exchange or Redis key at the end (best effort). With `--sink webhook` the
+//! removes the stream, exchange or Redis key at the end (best effort). With `--sink pubsub|sqs`
+//! the relay publishes to a running Pub/Sub emulator or moto server (`--sink-url`; the demo
+//! checks it answers before anything starts, and says how to start one): `setup` creates the
+//! run's Pub/Sub topic, the consumer ([`consumer_pubsub`], [`consumer_sqs`]) makes the run's
+//! ordered subscription or FIFO queue before the relay starts, reads, and deletes them at the end
+//! (best effort). The demo never reaches a cloud account: Pub/Sub goes to the emulator's
+//! address (`PUBSUB_EMULATOR_HOST`, set for this process), SQS to `--sink-url` with test
+//! credentials. With `--sink webhook` the
 //! relay POSTs to a receiver of the demo's own ([`consumer_webhook`]: signatures verified,
 //! duplicates acknowledged and not counted twice), signed with a secret made for the run.
 //! At the end (`--duration`, or Ctrl-C) it stops the producers, lets the relay and the consumer
@@ -20,8 +27,10 @@
 
 pub(crate) mod consumer;
 pub(crate) mod consumer_nats;
+pub(crate) mod consumer_pubsub;
 pub(crate) mod consumer_rabbitmq;
 pub(crate) mod consumer_redis;
+pub(crate) mod consumer_sqs;
 pub(crate) mod consumer_webhook;
 pub(crate) mod kafka;
 pub mod postgres;
@@ -62,11 +71,12 @@ pub(crate) struct DemoArgs {
     #[arg(long, value_name = "SECONDS")]
     pub(crate) duration: Option<u64>,
     /// The broker the relay publishes to: the embedded (or `--bootstrap`) Kafka, a running
-    /// NATS JetStream, RabbitMQ or Redis server (`--sink-url`), or (webhook) an HTTP receiver
-    /// of the demo's own.
+    /// NATS JetStream, RabbitMQ or Redis server, Pub/Sub emulator or moto (SQS) server
+    /// (`--sink-url`), or (webhook) an HTTP receiver of the demo's own.
     #[arg(long, value_enum, default_value_t = DemoSink::Kafka)]
     pub(crate) sink: DemoSink,
-    /// The server of `--sink nats|rabbitmq|redis` (default: the broker's usual port on 127.0.0.1).
+    /// The server of `--sink nats|rabbitmq|redis|pubsub|sqs` (default: the server's usual port on
+    /// 127.0.0.1; pubsub takes the emulator's host:port, sqs moto's http://host:port).
     #[arg(long, value_name = "URL", conflicts_with = "bootstrap")]
     pub(crate) sink_url: Option<String>,
     /// Use this Kafka (host:port[,host:port…]) instead of the embedded one.
@@ -86,6 +96,10 @@ pub(crate) enum DemoSink {
     Redis,
     /// An HTTP receiver of the demo's own.
     Webhook,
+    /// Google Cloud Pub/Sub, on a running emulator.
+    Pubsub,
+    /// Amazon SQS (a FIFO queue), on a running moto server.
+    Sqs,
 }
 
 impl DemoSink {
@@ -96,9 +110,31 @@ impl DemoSink {
             DemoSink::Nats => "nats://127.0.0.1:4222",
             DemoSink::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
             DemoSink::Redis => "redis://127.0.0.1:6379",
+            DemoSink::Pubsub => "127.0.0.1:8085",
+            DemoSink::Sqs => "http://127.0.0.1:5000",
+        }
+    }
+
+    /// For a local stand-in of a cloud service: its name and how to start it, said when it does
+    /// not answer.
+    fn local_server(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            DemoSink::Pubsub => Some((
+                "Pub/Sub emulator",
+                "`gcloud beta emulators pubsub start --host-port=127.0.0.1:8085` (after \
+                 scripts/ensure-pubsub-emulator.sh)",
+            )),
+            DemoSink::Sqs => Some((
+                "moto server (Amazon SQS)",
+                "`~/.cache/outbox-relay/venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)",
+            )),
+            _ => None,
         }
     }
 }
+
+/// The project of the demo's Pub/Sub topic (the emulator accepts any).
+const PUBSUB_PROJECT: &str = "outbox-relay-demo";
 
 /// Where the relay publishes: the Kafka bootstrap servers, or another broker's URL and, for
 /// NATS and RabbitMQ, the run's stream or exchange (created by `setup`, deleted at the end).
@@ -181,19 +217,31 @@ impl DemoError {
 pub(crate) fn main(args: DemoArgs) -> ExitCode {
     match (args.sink, &args.bootstrap, &args.sink_url) {
         (DemoSink::Kafka, _, Some(_)) => {
-            eprintln!("error: --sink-url is for --sink nats|rabbitmq|redis; a Kafka is given by --bootstrap");
+            eprintln!(
+                "error: --sink-url is for --sink nats|rabbitmq|redis|pubsub|sqs; a Kafka is given by --bootstrap"
+            );
             return ExitCode::from(2);
         }
         (DemoSink::Webhook, _, Some(_)) => {
             eprintln!("error: --sink webhook runs its own receiver; leave --sink-url out");
             return ExitCode::from(2);
         }
-        (DemoSink::Nats | DemoSink::Rabbitmq | DemoSink::Redis | DemoSink::Webhook, Some(_), _) => {
+        (
+            DemoSink::Nats
+            | DemoSink::Rabbitmq
+            | DemoSink::Redis
+            | DemoSink::Webhook
+            | DemoSink::Pubsub
+            | DemoSink::Sqs,
+            Some(_),
+            _,
+        ) => {
             eprintln!("error: --bootstrap is for Kafka; give the server of --sink with --sink-url");
             return ExitCode::from(2);
         }
         _ => {}
     }
+    point_clients_at_local_server(&args);
     let runtime = match crate::ops::runtime(2) {
         Ok(rt) => rt,
         Err(e) => {
@@ -217,10 +265,69 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
     }
 }
 
+/// The relay runs in this process and its cloud clients read their conventions from the
+/// environment: the Pub/Sub client goes to `PUBSUB_EMULATOR_HOST` (the sink has no endpoint
+/// key), the AWS SDK takes credentials from its chain. Set here, before the runtime's threads
+/// exist, so the demo reaches the local server with test credentials and never a cloud
+/// account.
+fn point_clients_at_local_server(args: &DemoArgs) {
+    match args.sink {
+        DemoSink::Pubsub => {
+            let host = args
+                .sink_url
+                .clone()
+                .unwrap_or_else(|| args.sink.default_url().to_owned());
+            std::env::set_var(crate::config::pubsub::EMULATOR_HOST_VAR, host);
+        }
+        DemoSink::Sqs => {
+            std::env::set_var("AWS_ACCESS_KEY_ID", consumer_sqs::TEST_KEY);
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", consumer_sqs::TEST_KEY);
+            std::env::remove_var("AWS_SESSION_TOKEN");
+            std::env::remove_var("AWS_PROFILE");
+        }
+        _ => {}
+    }
+}
+
+/// For a local stand-in of a cloud service: fails, before anything starts, when nothing answers
+/// at `address` (`host:port`, or a URL), naming how to start the server.
+async fn check_local_server(sink: DemoSink, address: &str) -> Result<(), DemoError> {
+    let Some((name, how)) = sink.local_server() else {
+        return Ok(());
+    };
+    let authority = address
+        .split_once("://")
+        .map_or(address, |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let authority = if authority.contains(':') {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    let reached = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(&authority)).await;
+    let cause = match reached {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no answer within 5 s".to_owned(),
+    };
+    Err(DemoError::Sink(format!(
+        "no {name} answers at {address} ({cause}): start one with {how}, or give where it runs with --sink-url"
+    )))
+}
+
 /// Everything, with cleanup guaranteed once PostgreSQL started.
 pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
     let mut progress = ProgressLine::new();
     let interrupts = watch_interrupts();
+    if args.sink.local_server().is_some() {
+        let address = args
+            .sink_url
+            .clone()
+            .unwrap_or_else(|| args.sink.default_url().to_owned());
+        check_local_server(args.sink, &address).await?;
+    }
     let bin = postgres::find_bin_dir(args.pg_bin.as_deref())?;
     progress.message(&format!("demo: starting a throwaway PostgreSQL ({})", bin.display()));
     let pg = tokio::task::spawn_blocking(move || ThrowawayPostgres::start(&bin))
@@ -464,6 +571,11 @@ async fn pipeline(
                 "the demo's webhook receiver {} (every request's signature verified)",
                 target.address
             ),
+            DemoSink::Pubsub => match settings.sink.section::<crate::config::pubsub::PubSubSettings>() {
+                Some(p) => format!("the Pub/Sub emulator at {} (project {})", target.address, p.project),
+                None => format!("the Pub/Sub emulator at {}", target.address),
+            },
+            DemoSink::Sqs => format!("moto (Amazon SQS) at {} (a FIFO queue)", target.address),
         },
         slot: SLOT.to_owned(),
         confirmed_lsn,
@@ -509,6 +621,14 @@ async fn start_consumer(
         }
         DemoSink::Redis => {
             let c = consumer_redis::RedisConsumer::new(&target.address, topic, run_id).await?;
+            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
+        }
+        DemoSink::Pubsub => {
+            let c = consumer_pubsub::PubSubConsumer::new(&target.address, PUBSUB_PROJECT, topic, run_id).await?;
+            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
+        }
+        DemoSink::Sqs => {
+            let c = consumer_sqs::SqsConsumer::new(&target.address, topic, run_id).await?;
             RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
         }
         DemoSink::Webhook => {
@@ -578,6 +698,39 @@ secret = "{secret}"
 "#,
             address_raw = target.address,
             secret = target.endpoint.as_ref().map(|e| e.whsec()).unwrap_or_default()
+        ),
+        // A topic per run, which `setup` creates; the emulator is PUBSUB_EMULATOR_HOST
+        // (`point_clients_at_local_server`).
+        DemoSink::Pubsub => format!(
+            r#"[sink]
+kind = "pubsub"
+
+[pubsub]
+project = "{PUBSUB_PROJECT}"
+topics = ["{container}.{event_type}"]
+
+[route]
+topic_regex = "(?<routedByValue>.*)"
+topic_replacement = "{container}.${{routedByValue}}"
+"#,
+            event_type = producer::EVENT_TYPE
+        ),
+        // A FIFO queue per run (made by the demo's consumer: `setup` creates no queues). Queue
+        // names allow no `.` but the `.fifo` suffix: `order.placed` becomes `order-placed`.
+        DemoSink::Sqs => format!(
+            r#"[sink]
+kind = "sqs"
+
+[sqs]
+region = "{region}"
+endpoint_url = {address}
+fifo = true
+
+[route]
+topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
+topic_replacement = "{container}-${{head}}-${{tail}}.fifo"
+"#,
+            region = consumer_sqs::REGION
         ),
     };
     let text = format!(

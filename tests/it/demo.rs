@@ -269,7 +269,15 @@ async fn demo_uses_a_given_broker_and_counts_only_its_own_events() {
 /// `demo --sink <sink>` against the broker CI runs on 127.0.0.1: every event consumed, the
 /// broker's counts add up, and what the run created on the broker is removed.
 async fn demo_with_sink(sink: &str, cleaned: &str) {
-    let mut demo = Demo::start(&["--duration", "3", "--rate", "50", "--sink", sink]);
+    demo_with_sink_at(sink, &[], cleaned).await;
+}
+
+/// [`demo_with_sink`] with more arguments (`--sink-url` of a server of the test's own); returns
+/// the summary.
+async fn demo_with_sink_at(sink: &str, more: &[&str], cleaned: &str) -> String {
+    let mut args = vec!["--duration", "3", "--rate", "50", "--sink", sink];
+    args.extend_from_slice(more);
+    let mut demo = Demo::start(&args);
     let status = demo.finish().await;
     let (stdout, stderr) = (demo.stdout(), demo.stderr());
     assert!(
@@ -288,6 +296,7 @@ async fn demo_with_sink(sink: &str, cleaned: &str) {
     assert!(stdout.contains(" 0 missing"), "{stdout}");
     assert!(stdout.contains(cleaned), "{stdout}");
     assert_cleaned_up(&demo.cluster_dir()).await;
+    stdout
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,4 +318,76 @@ async fn demo_with_redis_consumes_everything() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_with_webhook_consumes_everything_signed() {
     demo_with_sink("webhook", " 0 failed signature verification").await;
+}
+
+/// `demo --sink pubsub` on a Pub/Sub emulator of the test's own (`--sink-url host:port`): the
+/// topic `setup` made and the demo's subscription are gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_pubsub_consumes_everything() {
+    let Some(emulator) = crate::harness::pubsub::PubSubEmulator::start("demo_with_pubsub_consumes_everything").await
+    else {
+        return;
+    };
+    let host = emulator.host();
+    let stdout = demo_with_sink_at("pubsub", &["--sink-url", &host], "Pub/Sub subscription subscriptions/").await;
+    assert!(stdout.contains(&format!("the Pub/Sub emulator at {host}")), "{stdout}");
+    let topic = stdout
+        .lines()
+        .find_map(|l| l.split("Pub/Sub topic topics/").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the topic's cleanup line in:\n{stdout}"))
+        .to_owned();
+    assert!(
+        !emulator.topic_exists(&topic).await,
+        "topic {topic} left behind:\n{stdout}"
+    );
+}
+
+/// `demo --sink sqs` on a moto of the test's own (`--sink-url http://127.0.0.1:<port>`): the run's
+/// FIFO queue is gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_sqs_consumes_everything() {
+    let Some(moto) = crate::harness::moto::Moto::start("demo_with_sqs_consumes_everything").await else {
+        return;
+    };
+    let endpoint = moto.endpoint();
+    let stdout = demo_with_sink_at("sqs", &["--sink-url", &endpoint], "SQS queue outbox-relay-demo-").await;
+    assert!(stdout.contains(&format!("moto (Amazon SQS) at {endpoint}")), "{stdout}");
+    let left = moto.client.list_queues().send().await.expect("ListQueues");
+    assert!(
+        left.queue_urls().is_empty(),
+        "queues left behind: {:?}\n{stdout}",
+        left.queue_urls()
+    );
+}
+
+/// With no emulator or moto at `--sink-url`, the demo stops before it starts anything, saying
+/// how to start one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_an_unreachable_local_cloud_server_says_how_to_start_it() {
+    // A port nothing listens on: bound, then released.
+    let port = crate::harness::util::free_port();
+    for (sink, url, how) in [
+        (
+            "pubsub",
+            format!("127.0.0.1:{port}"),
+            "gcloud beta emulators pubsub start --host-port=127.0.0.1:8085",
+        ),
+        (
+            "sqs",
+            format!("http://127.0.0.1:{port}"),
+            "venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)",
+        ),
+    ] {
+        let mut demo = Demo::start(&["--duration", "3", "--sink", sink, "--sink-url", &url]);
+        let status = demo.finish().await;
+        let stderr = demo.stderr();
+        assert_eq!(status.code(), Some(1), "{sink}: {stderr}");
+        assert!(
+            stderr.contains(&format!("answers at {url}")) && stderr.contains(how),
+            "{sink}: {stderr}"
+        );
+        // Stopped before anything started: no PostgreSQL was made.
+        assert!(!stderr.contains("cluster directory"), "{sink}: {stderr}");
+    }
 }
