@@ -1,5 +1,5 @@
-//! The local servers of the cloud sinks (`--sinks pubsub,sqs`): Google's Pub/Sub emulator and
-//! moto in server mode (Amazon SQS), each started by the benchmark on a free loopback port for the
+//! The local servers of the cloud sinks (`--sinks pubsub,sqs,sns,kinesis`): Google's Pub/Sub
+//! emulator and moto in server mode (Amazon SQS, SNS and Kinesis, one server for the three), each started by the benchmark on a free loopback port for the
 //! whole run — or, when `PUBSUB_EMULATOR_HOST` (host:port) / `BENCH_MOTO_URL` (`http://host:port`)
 //! is set, the server found there, which the benchmark neither starts nor stops.
 //!
@@ -10,7 +10,7 @@
 //!
 //! Invariant: every relay the benchmark starts gets [`relay_env`]: the emulator's address in
 //! `PUBSUB_EMULATOR_HOST` (Google's convention; the Pub/Sub sink has no endpoint key) and test
-//! credentials for moto (it accepts any; the SQS endpoint itself is in `[sqs] endpoint_url`), so
+//! credentials for moto (it accepts any; the endpoint itself is in the sink's `endpoint_url`), so
 //! nothing the benchmark runs reaches a real cloud account.
 
 use std::path::PathBuf;
@@ -24,7 +24,7 @@ use super::sinks::Sink;
 
 /// The project the Pub/Sub relays publish into (the emulator accepts any id).
 pub const PUBSUB_PROJECT: &str = "outbox-relay-bench";
-/// The region of the SQS relays and clients (moto accepts any).
+/// The region of the AWS relays and clients (moto accepts any).
 pub const AWS_REGION: &str = "us-east-1";
 /// Credentials for moto (it accepts any; never real ones).
 const AWS_TEST_KEY: &str = "testing";
@@ -71,7 +71,8 @@ static MOTO: OnceLock<LocalServer> = OnceLock::new();
 fn slot(sink: Sink) -> Option<&'static OnceLock<LocalServer>> {
     match sink {
         Sink::PubSub => Some(&PUBSUB),
-        Sink::Sqs => Some(&MOTO),
+        // moto serves SQS, SNS and Kinesis on one server.
+        Sink::Sqs | Sink::Sns | Sink::Kinesis => Some(&MOTO),
         _ => None,
     }
 }
@@ -93,7 +94,7 @@ pub fn ensure(sink: Sink) -> Result<()> {
             Ok(host) if !host.trim().is_empty() => given(host.trim()),
             _ => start_pubsub()?,
         },
-        Sink::Sqs => match std::env::var("BENCH_MOTO_URL") {
+        Sink::Sqs | Sink::Sns | Sink::Kinesis => match std::env::var("BENCH_MOTO_URL") {
             Ok(url) if !url.trim().is_empty() => given(url.trim().trim_start_matches("http://").trim_end_matches('/')),
             _ => start_moto()?,
         },
@@ -286,19 +287,16 @@ pub fn pubsub_url(path: &str) -> Result<String> {
     Ok(format!("{}/v1/projects/{PUBSUB_PROJECT}/{path}", server.url()))
 }
 
-/// An SQS client of the benchmark's moto with the test credentials.
-pub fn sqs_client() -> Result<aws_sdk_sqs::Client> {
-    let server = server(Sink::Sqs).context("moto was not started")?;
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-        .region(aws_sdk_sqs::config::Region::new(AWS_REGION))
+/// The AWS SDK configuration of the benchmark's moto (SQS, SNS and Kinesis alike): its endpoint,
+/// the region, the test credentials, rustls with ring like the relay.
+fn moto_config() -> Result<aws_config::SdkConfig> {
+    let server = MOTO.get().context("moto was not started")?;
+    Ok(aws_config::SdkConfig::builder()
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(AWS_REGION))
         .endpoint_url(server.url())
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            AWS_TEST_KEY,
-            AWS_TEST_KEY,
-            None,
-            None,
-            "bench",
+        .credentials_provider(aws_credential_types::provider::SharedCredentialsProvider::new(
+            aws_credential_types::Credentials::new(AWS_TEST_KEY, AWS_TEST_KEY, None, None, "bench"),
         ))
         .http_client(
             aws_smithy_http_client::Builder::new()
@@ -307,6 +305,20 @@ pub fn sqs_client() -> Result<aws_sdk_sqs::Client> {
                 ))
                 .build_https(),
         )
-        .build();
-    Ok(aws_sdk_sqs::Client::from_conf(config))
+        .build())
+}
+
+/// An SQS client of the benchmark's moto with the test credentials.
+pub fn sqs_client() -> Result<aws_sdk_sqs::Client> {
+    Ok(aws_sdk_sqs::Client::new(&moto_config()?))
+}
+
+/// An SNS client of the benchmark's moto.
+pub fn sns_client() -> Result<aws_sdk_sns::Client> {
+    Ok(aws_sdk_sns::Client::new(&moto_config()?))
+}
+
+/// A Kinesis client of the benchmark's moto.
+pub fn kinesis_client() -> Result<aws_sdk_kinesis::Client> {
+    Ok(aws_sdk_kinesis::Client::new(&moto_config()?))
 }

@@ -6,7 +6,7 @@
 //! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT]
 //!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR]
 //!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
-//!     [--sinks kafka,nats,rabbitmq,redis,webhook,pubsub,sqs] [--idle-secs N] [--no-tracing] [--report-from results.json]
+//!     [--sinks kafka,nats,rabbitmq,redis,webhook,pubsub,sqs,sns,kinesis] [--idle-secs N] [--no-tracing] [--report-from results.json]
 //! cargo bench --bench cdc_vs_polling -- --replay [--quick] [--broker kafka] [--replay-rows N]
 //!     [--replay-rate N] [--replay-baseline-secs N] [--out-dir DIR]
 //! ```
@@ -25,8 +25,10 @@
 //! A listed broker that does not answer stops the benchmark before anything is measured, naming
 //! it, how to start it, and `--sinks` to leave it out. Each run writes to a stream, exchange or
 //! key of its own and deletes it afterwards (the servers are shared).
-//! The cloud sinks are asked for by name (`--sinks kafka,pubsub,sqs`; not in the default): Google
-//! Cloud Pub/Sub and Amazon SQS (FIFO queues) against Google's emulator and moto, which the
+//! The cloud sinks are asked for by name (`--sinks kafka,pubsub,sqs,sns,kinesis`; not in the
+//! default): Google Cloud Pub/Sub, Amazon SQS (FIFO queues), SNS (FIFO topics, read through a
+//! subscribed FIFO queue) and Kinesis against Google's emulator and moto (one server for the three
+//! AWS services), which the
 //! benchmark starts on free loopback ports (`emulators.rs`; or uses the ones `PUBSUB_EMULATOR_HOST`
 //! / `BENCH_MOTO_URL` name). Their rows are marked as emulator figures: a single-process
 //! development server bounds what the relay can be seen to do.
@@ -172,7 +174,7 @@ const BATCHED_DRAIN_TXN: u64 = 1_000;
 const DEBEZIUM_WARMUP: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT] \
-                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis,webhook,pubsub,sqs] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
+                     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR] [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium] [--sinks kafka,nats,rabbitmq,redis,webhook,pubsub,sqs,sns,kinesis] [--idle-secs N] [--no-tracing] [--report-from results.json]\n\
                      or: --replay [--quick] [--broker kafka] [--replay-rows N] [--replay-rate N (0: none)] [--replay-baseline-secs N] [--out-dir DIR]\n\
                      --only TEXT[,TEXT…]: runs whose label contains one of them, e.g. --only \"CDC at 1000/s,CDC +\" for \
                      the tracing rows beside their baseline; the tracing rows (CDC + traceparent / OTLP 100 % / OTLP 1 % at \

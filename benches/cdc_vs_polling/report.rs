@@ -574,7 +574,9 @@ fn emulator_note<'a>(s: &mut String, sinks: impl Iterator<Item = &'a str>) {
          them is bounded from above by the emulator: a drain rate or a tail latency here is the emulator's limit, \
          not the relay's, and says nothing of Google Cloud's or AWS's service (their throttling, network and \
          replication are absent). The relay's CPU per event is its own. Pub/Sub is read by REST pulls of an ordered \
-         subscription, SQS by 4 long polls of its FIFO queue, each batch deleted.",
+         subscription, SQS by 4 long polls of its FIFO queue, each batch deleted, SNS by the same polls of a \
+         FIFO queue subscribed to its FIFO topic (raw delivery: one more hop inside moto), Kinesis by a GetRecords \
+         loop per shard.",
         emulated.join(", ")
     );
 }

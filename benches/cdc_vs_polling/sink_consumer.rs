@@ -17,6 +17,13 @@
 //! * Amazon SQS (moto): the run's FIFO queue, made before the relay publishes; `SQS_RECEIVERS`
 //!   long polls (`WaitTimeSeconds` 1, 10 messages each, the SQS maximum) at once, each batch
 //!   deleted in the background; the id is the `id` message attribute.
+//! * Amazon SNS (moto): the run's FIFO topic and a FIFO queue of the same name subscribed to it
+//!   with raw message delivery (the queue's messages are the published ones, attributes
+//!   included), made before the relay publishes, read as SQS's queue.
+//! * Amazon Kinesis (moto): the run's stream, made (and ACTIVE) before the relay publishes; a
+//!   task per shard reads it from its start with `GetRecords` (up to `KINESIS_BATCH` records; an
+//!   empty read is followed by the next after `KINESIS_IDLE`); the id is the `id` of the record's
+//!   JSON envelope (docs/sink-kinesis.md).
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +35,7 @@ use lapin::types::FieldTable;
 
 use super::consumer::Receipt;
 use super::emulators;
-use super::sinks::{bounded, nats_jetstream, rabbitmq_connection, redis_connection};
+use super::sinks::{bounded, nats_jetstream, rabbitmq_connection, redis_connection, BROKER_TIMEOUT};
 
 /// How long one read waits for messages before the consumer looks at its stop flag again.
 const WAIT: Duration = Duration::from_millis(100);
@@ -40,6 +47,13 @@ const PUBSUB_IDLE: Duration = Duration::from_millis(2);
 /// SQS long polls at once: one returns at most 10 messages, so one at a time would cap the
 /// consumer near 10 messages per round trip to moto.
 const SQS_RECEIVERS: usize = 4;
+/// Records one Kinesis `GetRecords` may return.
+const KINESIS_BATCH: i32 = 10_000;
+/// The pause after an empty Kinesis read of a shard (bounds what polling adds to a latency;
+/// moto has no per-shard read limit, a Kinesis shard allows 5 reads a second).
+const KINESIS_IDLE: Duration = Duration::from_millis(10);
+/// How long a created Kinesis stream may take to become ACTIVE.
+const KINESIS_ACTIVE_LIMIT: Duration = Duration::from_secs(30);
 
 // One value per consumer thread, for the thread's whole life: its size does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -66,7 +80,11 @@ pub enum AsyncSource {
         http: reqwest::Client,
         subscription: String,
     },
-    Sqs {
+    /// Receiver tasks of the run's destination (SQS and SNS: long polls of the queue; Kinesis: a
+    /// reader per shard).
+    Receivers {
+        /// For messages: "SQS", "Kinesis".
+        service: &'static str,
         /// What the receiver tasks got, stamped on arrival.
         receipts: tokio::sync::mpsc::UnboundedReceiver<Result<Receipt, String>>,
         /// Aborted when the source is dropped.
@@ -76,7 +94,7 @@ pub enum AsyncSource {
 
 impl Drop for AsyncSource {
     fn drop(&mut self) {
-        if let AsyncSource::Sqs { receivers, .. } = self {
+        if let AsyncSource::Receivers { receivers, .. } = self {
             for r in receivers {
                 r.abort();
             }
@@ -205,25 +223,109 @@ impl AsyncSource {
     /// Creates the FIFO queue `name` on moto and starts the receivers.
     pub async fn sqs(name: String) -> Result<AsyncSource> {
         let client = emulators::sqs_client()?;
-        let created = bounded(
-            "moto",
-            "CreateQueue",
-            client
-                .create_queue()
-                .queue_name(&name)
-                .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true")
-                .send(),
-        )
-        .await?;
-        let url = created
-            .queue_url()
-            .context("CreateQueue returned no queue URL")?
-            .to_owned();
+        let url = create_fifo_queue(&client, &name).await?;
+        Ok(AsyncSource::sqs_receivers(client, url))
+    }
+
+    /// `SQS_RECEIVERS` long polls of the queue at `url`.
+    fn sqs_receivers(client: aws_sdk_sqs::Client, url: String) -> AsyncSource {
         let (tx, receipts) = tokio::sync::mpsc::unbounded_channel();
         let receivers = (0..SQS_RECEIVERS)
             .map(|_| tokio::spawn(sqs_receiver(client.clone(), url.clone(), tx.clone())).abort_handle())
             .collect();
-        Ok(AsyncSource::Sqs { receipts, receivers })
+        AsyncSource::Receivers {
+            service: "SQS",
+            receipts,
+            receivers,
+        }
+    }
+
+    /// Creates the FIFO topic `name` on moto and a FIFO queue of the same name subscribed to it
+    /// with raw message delivery, and starts the queue's receivers.
+    pub async fn sns(name: String) -> Result<AsyncSource> {
+        let sns = emulators::sns_client()?;
+        let topic = bounded(
+            "moto",
+            "CreateTopic",
+            sns.create_topic().name(&name).attributes("FifoTopic", "true").send(),
+        )
+        .await?
+        .topic_arn()
+        .context("CreateTopic returned no topic ARN")?
+        .to_owned();
+        let sqs = emulators::sqs_client()?;
+        let url = create_fifo_queue(&sqs, &name).await?;
+        let queue_arn = bounded(
+            "moto",
+            "GetQueueAttributes",
+            sqs.get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+                .send(),
+        )
+        .await?
+        .attributes()
+        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn).cloned())
+        .context("GetQueueAttributes returned no queue ARN")?;
+        bounded(
+            "moto",
+            "Subscribe",
+            sns.subscribe()
+                .topic_arn(&topic)
+                .protocol("sqs")
+                .endpoint(queue_arn)
+                .attributes("RawMessageDelivery", "true")
+                .send(),
+        )
+        .await?;
+        Ok(AsyncSource::sqs_receivers(sqs, url))
+    }
+
+    /// Creates the stream `name` of `shards` shards on moto, waits until it is ACTIVE, and starts
+    /// a reader per shard.
+    pub async fn kinesis(name: String, shards: i32) -> Result<AsyncSource> {
+        let client = emulators::kinesis_client()?;
+        bounded(
+            "moto",
+            "CreateStream",
+            client.create_stream().stream_name(&name).shard_count(shards).send(),
+        )
+        .await?;
+        // ListShards answers ResourceInUseException until the stream is ACTIVE (moto's
+        // DescribeStreamSummary timestamps are not RFC 3339, which the SDK refuses).
+        let deadline = Instant::now() + KINESIS_ACTIVE_LIMIT;
+        let listed = loop {
+            match tokio::time::timeout(BROKER_TIMEOUT, client.list_shards().stream_name(&name).send()).await {
+                Ok(Ok(listed)) => break listed,
+                Ok(Err(e))
+                    if Instant::now() < deadline
+                        && e.as_service_error().is_some_and(|e| e.is_resource_in_use_exception()) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(Err(e)) => {
+                    return Err(anyhow!(
+                        "moto, ListShards {name}: {}",
+                        aws_sdk_kinesis::error::DisplayErrorContext(&e)
+                    ))
+                }
+                Err(_) => return Err(anyhow!("moto, ListShards {name}: no answer within {BROKER_TIMEOUT:?}")),
+            }
+        };
+        let (tx, receipts) = tokio::sync::mpsc::unbounded_channel();
+        let receivers = listed
+            .shards()
+            .iter()
+            .map(|shard| {
+                let reader = kinesis_reader(client.clone(), name.clone(), shard.shard_id().to_owned(), tx.clone());
+                tokio::spawn(reader).abort_handle()
+            })
+            .collect();
+        Ok(AsyncSource::Receivers {
+            service: "Kinesis",
+            receipts,
+            receivers,
+        })
     }
 
     /// Reads what arrived (waiting at most about [`WAIT`]) into `out`.
@@ -316,15 +418,16 @@ impl AsyncSource {
                 }
                 Ok(())
             }
-            AsyncSource::Sqs { receipts, .. } => match tokio::time::timeout(WAIT, receipts.recv()).await {
+            AsyncSource::Receivers { service, receipts, .. } => match tokio::time::timeout(WAIT, receipts.recv()).await
+            {
                 Ok(Some(first)) => {
-                    out.push(first.map_err(|e| anyhow!("SQS receive: {e}"))?);
+                    out.push(first.map_err(|e| anyhow!("{service} receive: {e}"))?);
                     while let Ok(next) = receipts.try_recv() {
-                        out.push(next.map_err(|e| anyhow!("SQS receive: {e}"))?);
+                        out.push(next.map_err(|e| anyhow!("{service} receive: {e}"))?);
                     }
                     Ok(())
                 }
-                Ok(None) => Err(anyhow!("SQS consumer: every receiver stopped")),
+                Ok(None) => Err(anyhow!("{service} consumer: every receiver stopped")),
                 Err(_) => Ok(()),
             },
             AsyncSource::Redis { connection, key, last } => {
@@ -422,6 +525,112 @@ async fn sqs_receiver(
                     );
                 }
             });
+        }
+    }
+}
+
+/// Creates the FIFO queue `name` on moto; returns its URL.
+async fn create_fifo_queue(client: &aws_sdk_sqs::Client, name: &str) -> Result<String> {
+    let created = bounded(
+        "moto",
+        "CreateQueue",
+        client
+            .create_queue()
+            .queue_name(name)
+            .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true")
+            .send(),
+    )
+    .await?;
+    Ok(created
+        .queue_url()
+        .context("CreateQueue returned no queue URL")?
+        .to_owned())
+}
+
+/// The event id of a Kinesis record's data: the `id` of the relay's JSON envelope
+/// (`{"id","key","headers","payload"}`, the id as decimal text).
+fn envelope_id(data: &[u8]) -> Option<i64> {
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        id: &'a str,
+    }
+    serde_json::from_slice::<Envelope<'_>>(data)
+        .ok()
+        .and_then(|e| parse_id(e.id.as_bytes()))
+}
+
+/// One Kinesis shard read from its start: stamps every record as its read returns; reports an
+/// error once per failure and reads on (a fresh iterator after the last sequence number read).
+async fn kinesis_reader(
+    client: aws_sdk_kinesis::Client,
+    stream: String,
+    shard: String,
+    out: tokio::sync::mpsc::UnboundedSender<Result<Receipt, String>>,
+) {
+    use aws_sdk_kinesis::types::ShardIteratorType;
+    let mut after: Option<String> = None;
+    let mut iterator: Option<String> = None;
+    loop {
+        let it = match iterator.take() {
+            Some(it) => it,
+            None => {
+                let request = client.get_shard_iterator().stream_name(&stream).shard_id(&shard);
+                let request = match &after {
+                    Some(seq) => request
+                        .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                        .starting_sequence_number(seq),
+                    None => request.shard_iterator_type(ShardIteratorType::TrimHorizon),
+                };
+                match request.send().await {
+                    Ok(r) => match r.shard_iterator() {
+                        Some(it) => it.to_owned(),
+                        None => return,
+                    },
+                    Err(e) => {
+                        let text = aws_sdk_kinesis::error::DisplayErrorContext(&e).to_string();
+                        if out.send(Err(format!("GetShardIterator: {text}"))).is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+            }
+        };
+        let got = client
+            .get_records()
+            .shard_iterator(it)
+            .limit(KINESIS_BATCH)
+            .send()
+            .await;
+        let at = Instant::now();
+        let got = match got {
+            Ok(got) => got,
+            Err(e) => {
+                let text = aws_sdk_kinesis::error::DisplayErrorContext(&e).to_string();
+                if out.send(Err(format!("GetRecords: {text}"))).is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for record in got.records() {
+            if let Some(id) = envelope_id(record.data().as_ref()) {
+                if out.send(Ok((id, at))).is_err() {
+                    return;
+                }
+            }
+            after = Some(record.sequence_number().to_owned());
+        }
+        if got.records().is_empty() {
+            tokio::time::sleep(KINESIS_IDLE).await;
+        }
+        // None: the shard was closed (not by this benchmark, which never reshards).
+        match got.next_shard_iterator() {
+            Some(next) => iterator = Some(next.to_owned()),
+            None => return,
         }
     }
 }

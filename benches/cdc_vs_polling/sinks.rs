@@ -14,8 +14,11 @@
 //! The cloud sinks run against local development servers the benchmark starts itself
 //! (`emulators.rs`): Google Cloud Pub/Sub on Google's emulator (a topic `obench-<run>-<tag>.<topic>`
 //! and an ordered subscription on it, made before the relay publishes), Amazon SQS on moto (a FIFO
-//! queue `obench-<run>-<tag>-<topic>.fifo`, the queue type docs/sink-sqs.md recommends). Their
-//! figures are the emulator's as much as the relay's (`Sink::emulated`).
+//! queue `obench-<run>-<tag>-<topic>.fifo`, the queue type docs/sink-sqs.md recommends), Amazon
+//! SNS on the same moto (a FIFO topic `obench-<run>-<tag>-<topic>.fifo` and a FIFO queue of the
+//! same name subscribed with raw message delivery, read like SQS's), Amazon Kinesis on the same
+//! moto (a stream `obench-<run>-<tag>-<topic>` of `KINESIS_SHARDS` shards). Their figures are the
+//! emulator's as much as the relay's (`Sink::emulated`).
 
 use std::time::Duration;
 
@@ -32,6 +35,10 @@ pub const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 pub use super::webhook::Receiver as WebhookReceiver;
 
+/// The shards of a benchmark's Kinesis stream: more than one, so the consumer reads several
+/// shards as a Kinesis consumer does (an aggregate's records stay on one shard).
+pub const KINESIS_SHARDS: i32 = 2;
+
 /// One call to a broker (connect, create, delete, count) takes at most this long.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -44,11 +51,13 @@ pub enum Sink {
     Webhook,
     PubSub,
     Sqs,
+    Sns,
+    Kinesis,
 }
 
 impl Sink {
     /// Every sink `--sinks` knows.
-    pub const ALL: [Sink; 7] = [
+    pub const ALL: [Sink; 9] = [
         Sink::Kafka,
         Sink::Nats,
         Sink::RabbitMq,
@@ -56,6 +65,8 @@ impl Sink {
         Sink::Webhook,
         Sink::PubSub,
         Sink::Sqs,
+        Sink::Sns,
+        Sink::Kinesis,
     ];
     /// Without `--sinks`: the brokers of this machine and the webhook; the emulated cloud sinks
     /// are asked for by name (their rows measure the emulator, and take minutes each).
@@ -71,6 +82,8 @@ impl Sink {
             Sink::Webhook => "webhook",
             Sink::PubSub => "pubsub",
             Sink::Sqs => "sqs",
+            Sink::Sns => "sns",
+            Sink::Kinesis => "kinesis",
         }
     }
 
@@ -84,20 +97,26 @@ impl Sink {
             Sink::Webhook => "HTTP webhook",
             Sink::PubSub => "Google Cloud Pub/Sub (emulator)",
             Sink::Sqs => "Amazon SQS FIFO (moto)",
+            Sink::Sns => "Amazon SNS FIFO → SQS FIFO (moto)",
+            Sink::Kinesis => "Amazon Kinesis (moto)",
         }
     }
 
     /// Whether the server is a local stand-in for a cloud service (a single-process development
     /// server): its rows bound the relay's rate by the emulator's, and the report says so.
     pub fn emulated(self) -> bool {
-        matches!(self, Sink::PubSub | Sink::Sqs)
+        matches!(self, Sink::PubSub | Sink::Sqs | Sink::Sns | Sink::Kinesis)
     }
 
     /// Whether the drain's check reads during the drain rather than after it: an exchange and an
     /// endpoint keep nothing, a Pub/Sub subscription keeps only what arrives after it was made
-    /// (and moto's FIFO receive slows down with the queue's length, so SQS is read as it fills).
+    /// (and moto's FIFO receive slows down with the queue's length, so SQS — and SNS's subscribed
+    /// queue — is read as it fills). A Kinesis stream keeps everything: read after the drain.
     pub fn read_during_drain(self) -> bool {
-        matches!(self, Sink::RabbitMq | Sink::Webhook | Sink::PubSub | Sink::Sqs)
+        matches!(
+            self,
+            Sink::RabbitMq | Sink::Webhook | Sink::PubSub | Sink::Sqs | Sink::Sns
+        )
     }
 
     /// `--sinks` text: comma-separated words, each at most once.
@@ -121,7 +140,7 @@ impl Sink {
             Sink::Nats => NATS_URL.to_owned(),
             Sink::RabbitMq => RABBITMQ_URL.to_owned(),
             Sink::Redis => REDIS_URL.to_owned(),
-            Sink::PubSub | Sink::Sqs => {
+            Sink::PubSub | Sink::Sqs | Sink::Sns | Sink::Kinesis => {
                 emulators::server(self).map_or_else(|| "a free loopback port".to_owned(), |s| s.url())
             }
         }
@@ -134,7 +153,7 @@ impl Sink {
             Sink::Nats => Some(4222),
             Sink::RabbitMq => Some(5672),
             Sink::Redis => Some(6379),
-            Sink::PubSub | Sink::Sqs => emulators::server(self).map(|s| s.port),
+            Sink::PubSub | Sink::Sqs | Sink::Sns | Sink::Kinesis => emulators::server(self).map(|s| s.port),
         }
     }
 
@@ -148,7 +167,7 @@ impl Sink {
                 "scripts/ensure-pubsub-emulator.sh (the benchmark starts the emulator itself; or set \
                  PUBSUB_EMULATOR_HOST to a running one)"
             }
-            Sink::Sqs => {
+            Sink::Sqs | Sink::Sns | Sink::Kinesis => {
                 "scripts/ensure-moto.sh (the benchmark starts moto_server itself; or set BENCH_MOTO_URL to a running \
                  one)"
             }
@@ -259,7 +278,7 @@ pub async fn check_reachable(sinks: &[Sink]) -> Result<Vec<String>> {
                 }
                 .await
             }
-            Sink::PubSub | Sink::Sqs => {
+            Sink::PubSub | Sink::Sqs | Sink::Sns | Sink::Kinesis => {
                 async {
                     tokio::task::spawn_blocking(move || emulators::ensure(sink)).await??;
                     describe_emulator(sink).await
@@ -356,6 +375,24 @@ async fn describe_emulator(sink: Sink) -> Result<String> {
                 emulators::moto_version().unwrap_or_else(|| "(version unknown)".into())
             ))
         }
+        Sink::Sns => {
+            let client = emulators::sns_client()?;
+            bounded("moto", "ListTopics", client.list_topics().send()).await?;
+            Ok(format!(
+                "moto {} in server mode for Amazon SNS ({how}; one Python process, in memory; a FIFO topic per run, \
+                 a FIFO queue subscribed with raw message delivery, read like SQS's)",
+                emulators::moto_version().unwrap_or_else(|| "(version unknown)".into())
+            ))
+        }
+        Sink::Kinesis => {
+            let client = emulators::kinesis_client()?;
+            bounded("moto", "ListStreams", client.list_streams().send()).await?;
+            Ok(format!(
+                "moto {} in server mode for Amazon Kinesis ({how}; one Python process, in memory; a stream of \
+                 {KINESIS_SHARDS} shards per run, every shard polled with GetRecords)",
+                emulators::moto_version().unwrap_or_else(|| "(version unknown)".into())
+            ))
+        }
         _ => Ok(String::new()),
     }
 }
@@ -383,7 +420,9 @@ impl SinkTarget {
             Sink::Kafka => return None,
             // Pub/Sub topic ids and SQS queue names: letters, digits, `-` (and `.` / `_`).
             Sink::PubSub => (String::new(), format!("obench-{run}-{tag}."), String::new()),
-            Sink::Sqs => (String::new(), format!("obench-{run}-{tag}-"), ".fifo".to_owned()),
+            // SNS FIFO topics as SQS FIFO queues (the subscribed queue has the topic's name).
+            Sink::Sqs | Sink::Sns => (String::new(), format!("obench-{run}-{tag}-"), ".fifo".to_owned()),
+            Sink::Kinesis => (String::new(), format!("obench-{run}-{tag}-"), String::new()),
             Sink::Nats => (
                 format!("OUTBOX_RELAY_BENCH_{run}_{tag}"),
                 format!("obench.{run}.{tag}."),
@@ -414,7 +453,7 @@ impl SinkTarget {
     }
 
     /// Where the events of `topic` (the routed value) land: subject, routing key, stream key,
-    /// Pub/Sub topic id, SQS queue name.
+    /// Pub/Sub topic id, SQS queue name, SNS topic name, Kinesis stream name.
     pub fn destination(&self, topic: &str) -> String {
         format!("{}{topic}{}", self.prefix, self.suffix)
     }
@@ -446,12 +485,26 @@ impl SinkTarget {
                 emulators::AWS_REGION,
                 emulators::server(Sink::Sqs).map(|s| s.url()).unwrap_or_default()
             ),
+            // FIFO topics, as SQS; the shipped defaults otherwise.
+            Sink::Sns => format!(
+                "[sink]\nkind = \"sns\"\n\n[sns]\nregion = \"{}\"\nendpoint_url = \"{}\"\nfifo = true\n",
+                emulators::AWS_REGION,
+                emulators::server(Sink::Sns).map(|s| s.url()).unwrap_or_default()
+            ),
+            // The shipped defaults: the envelope format (docs/sink-kinesis.md), which the consumer
+            // reads the event id from.
+            Sink::Kinesis => format!(
+                "[sink]\nkind = \"kinesis\"\n\n[kinesis]\nregion = \"{}\"\nendpoint_url = \"{}\"\n",
+                emulators::AWS_REGION,
+                emulators::server(Sink::Kinesis).map(|s| s.url()).unwrap_or_default()
+            ),
         }
     }
 
     /// A consumer of `topic`'s events from the start (RabbitMQ: from now on, its queue bound
     /// before this returns; Pub/Sub: the topic and an ordered subscription made before this
-    /// returns; SQS: the FIFO queue made — start it before the relay publishes).
+    /// returns; SQS: the FIFO queue made; SNS: the FIFO topic and its subscribed queue made;
+    /// Kinesis: the stream made and ACTIVE — start these before the relay publishes).
     pub fn consumer(&self, topic: &str) -> Result<TopicConsumer> {
         let destination = self.destination(topic);
         let container = self.container.clone();
@@ -464,6 +517,10 @@ impl SinkTarget {
             Sink::Redis => TopicConsumer::start_async("redis", move || AsyncSource::redis(destination)),
             Sink::PubSub => TopicConsumer::start_async("pubsub", move || AsyncSource::pubsub(destination)),
             Sink::Sqs => TopicConsumer::start_async("sqs", move || AsyncSource::sqs(destination)),
+            Sink::Sns => TopicConsumer::start_async("sns", move || AsyncSource::sns(destination)),
+            Sink::Kinesis => {
+                TopicConsumer::start_async("kinesis", move || AsyncSource::kinesis(destination, KINESIS_SHARDS))
+            }
             Sink::Webhook => {
                 let receiver = self.receiver.clone().context("the webhook target has no receiver")?;
                 TopicConsumer::start_async("webhook", move || async move { Ok(AsyncSource::Webhook { receiver }) })
@@ -475,7 +532,9 @@ impl SinkTarget {
     /// `None` for RabbitMQ (an exchange keeps nothing: the consumer's queue is the count).
     pub async fn stored(&self, topic: &str) -> Result<Option<u64>> {
         match self.sink {
-            Sink::Kafka | Sink::RabbitMq | Sink::Webhook | Sink::PubSub | Sink::Sqs => Ok(None),
+            Sink::Kafka | Sink::RabbitMq | Sink::Webhook | Sink::PubSub | Sink::Sqs | Sink::Sns | Sink::Kinesis => {
+                Ok(None)
+            }
             Sink::Nats => {
                 let js = nats_jetstream().await?;
                 let mut stream = bounded("NATS", "opening the stream", js.get_stream(&self.container)).await?;
@@ -521,18 +580,36 @@ impl SinkTarget {
                 }
                 Ok(())
             }
-            Sink::Sqs => {
-                let client = emulators::sqs_client()?;
+            Sink::Sqs => delete_queue(&self.destination(topic)).await,
+            Sink::Sns => {
                 let name = self.destination(topic);
-                match tokio::time::timeout(BROKER_TIMEOUT, client.get_queue_url().queue_name(&name).send()).await {
-                    Ok(Ok(url)) => {
-                        let url = url.queue_url().unwrap_or_default().to_owned();
-                        bounded("moto", "DeleteQueue", client.delete_queue().queue_url(url).send()).await?;
+                let client = emulators::sns_client()?;
+                // moto's ARNs: `arn:aws:sns:<region>:<account>:<name>`; found by name.
+                let topics = bounded("moto", "ListTopics", client.list_topics().send()).await?;
+                for arn in topics.topics().iter().filter_map(|t| t.topic_arn()) {
+                    if arn.rsplit(':').next() == Some(name.as_str()) {
+                        bounded("moto", "DeleteTopic", client.delete_topic().topic_arn(arn).send()).await?;
+                    }
+                }
+                delete_queue(&name).await
+            }
+            Sink::Kinesis => {
+                let name = self.destination(topic);
+                let client = emulators::kinesis_client()?;
+                match tokio::time::timeout(BROKER_TIMEOUT, client.delete_stream().stream_name(&name).send()).await {
+                    Ok(Ok(_)) => Ok(()),
+                    // Never made (the run failed before its consumer).
+                    Ok(Err(e))
+                        if e.as_service_error()
+                            .is_some_and(|e| e.is_resource_not_found_exception()) =>
+                    {
                         Ok(())
                     }
-                    // Never made (the run failed before its consumer).
-                    Ok(Err(_)) => Ok(()),
-                    Err(_) => Err(anyhow!("moto, looking up queue {name}: no answer")),
+                    Ok(Err(e)) => Err(anyhow!(
+                        "moto, deleting stream {name}: {}",
+                        aws_sdk_kinesis::error::DisplayErrorContext(&e)
+                    )),
+                    Err(_) => Err(anyhow!("moto, deleting stream {name}: no answer")),
                 }
             }
             Sink::Nats => {
@@ -570,5 +647,19 @@ impl SinkTarget {
                 Ok(())
             }
         }
+    }
+}
+
+/// The moto SQS queue `name` deleted (none: never made, the run failed before its consumer).
+async fn delete_queue(name: &str) -> Result<()> {
+    let client = emulators::sqs_client()?;
+    match tokio::time::timeout(BROKER_TIMEOUT, client.get_queue_url().queue_name(name).send()).await {
+        Ok(Ok(url)) => {
+            let url = url.queue_url().unwrap_or_default().to_owned();
+            bounded("moto", "DeleteQueue", client.delete_queue().queue_url(url).send()).await?;
+            Ok(())
+        }
+        Ok(Err(_)) => Ok(()),
+        Err(_) => Err(anyhow!("moto, looking up queue {name}: no answer")),
     }
 }

@@ -33,7 +33,7 @@ pub(crate) struct SqsConsumer {
 impl SqsConsumer {
     /// Makes the FIFO queue `queue` at the moto `endpoint`.
     pub(crate) async fn new(endpoint: &str, queue: &str, run_id: &str) -> Result<SqsConsumer, DemoError> {
-        let client = client(endpoint);
+        let client = aws_sdk_sqs::Client::new(&moto_config(endpoint));
         let created = bounded(BROKER, "creating the queue", async {
             client
                 .create_queue()
@@ -54,6 +54,23 @@ impl SqsConsumer {
             url,
             run_id: run_id.to_owned(),
         })
+    }
+
+    /// The queue's ARN (what an SNS subscription names).
+    pub(crate) async fn arn(&self) -> Result<String, DemoError> {
+        let got = bounded(BROKER, "reading the queue's ARN", async {
+            self.client
+                .get_queue_attributes()
+                .queue_url(&self.url)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        })
+        .await?;
+        got.attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+            .ok_or_else(|| DemoError::Sink(format!("{BROKER}: queue {} has no QueueArn attribute", self.queue)))
     }
 
     /// Reads until `stop`, then deletes the queue; returns what it cleaned up.
@@ -129,15 +146,15 @@ impl SqsConsumer {
     }
 }
 
-/// An SQS client of the moto at `endpoint` with the test credentials, on rustls with ring like
-/// the relay.
-fn client(endpoint: &str) -> aws_sdk_sqs::Client {
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-        .region(aws_sdk_sqs::config::Region::new(REGION))
+/// The AWS SDK configuration of the moto at `endpoint` (its SQS, SNS and Kinesis clients alike):
+/// the test credentials, rustls with ring like the relay.
+pub(crate) fn moto_config(endpoint: &str) -> aws_config::SdkConfig {
+    aws_config::SdkConfig::builder()
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(REGION))
         .endpoint_url(endpoint)
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            TEST_KEY, TEST_KEY, None, None, "demo",
+        .credentials_provider(aws_credential_types::provider::SharedCredentialsProvider::new(
+            aws_credential_types::Credentials::new(TEST_KEY, TEST_KEY, None, None, "demo"),
         ))
         .http_client(
             aws_smithy_http_client::Builder::new()
@@ -146,6 +163,5 @@ fn client(endpoint: &str) -> aws_sdk_sqs::Client {
                 ))
                 .build_https(),
         )
-        .build();
-    aws_sdk_sqs::Client::from_conf(config)
+        .build()
 }

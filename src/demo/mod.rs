@@ -13,9 +13,12 @@
 //! checks it answers before anything starts, and says how to start one): `setup` creates the
 //! run's Pub/Sub topic, the consumer ([`consumer_pubsub`], [`consumer_sqs`]) makes the run's
 //! ordered subscription or FIFO queue before the relay starts, reads, and deletes them at the end
-//! (best effort). The demo never reaches a cloud account: Pub/Sub goes to the emulator's
-//! address (`PUBSUB_EMULATOR_HOST`, set for this process), SQS to `--sink-url` with test
-//! credentials. With `--sink webhook` the
+//! (best effort). With `--sink sns|kinesis` the relay publishes to the same moto: the consumer
+//! ([`consumer_sns`], [`consumer_kinesis`]) makes the run's FIFO topic with a FIFO queue
+//! subscribed to it, or the run's stream, before the relay starts, reads, and deletes them at the
+//! end (best effort). The demo never reaches a cloud account: Pub/Sub goes to the emulator's
+//! address (`PUBSUB_EMULATOR_HOST`, set for this process), SQS, SNS and Kinesis to `--sink-url`
+//! with test credentials. With `--sink webhook` the
 //! relay POSTs to a receiver of the demo's own ([`consumer_webhook`]: signatures verified,
 //! duplicates acknowledged and not counted twice), signed with a secret made for the run.
 //! At the end (`--duration`, or Ctrl-C) it stops the producers, lets the relay and the consumer
@@ -26,10 +29,12 @@
 //! killed outright is covered by the server's watchdog (see [`postgres`]).
 
 pub(crate) mod consumer;
+pub(crate) mod consumer_kinesis;
 pub(crate) mod consumer_nats;
 pub(crate) mod consumer_pubsub;
 pub(crate) mod consumer_rabbitmq;
 pub(crate) mod consumer_redis;
+pub(crate) mod consumer_sns;
 pub(crate) mod consumer_sqs;
 pub(crate) mod consumer_webhook;
 pub(crate) mod kafka;
@@ -71,12 +76,13 @@ pub(crate) struct DemoArgs {
     #[arg(long, value_name = "SECONDS")]
     pub(crate) duration: Option<u64>,
     /// The broker the relay publishes to: the embedded (or `--bootstrap`) Kafka, a running
-    /// NATS JetStream, RabbitMQ or Redis server, Pub/Sub emulator or moto (SQS) server
-    /// (`--sink-url`), or (webhook) an HTTP receiver of the demo's own.
+    /// NATS JetStream, RabbitMQ or Redis server, Pub/Sub emulator or moto (SQS, SNS, Kinesis)
+    /// server (`--sink-url`), or (webhook) an HTTP receiver of the demo's own.
     #[arg(long, value_enum, default_value_t = DemoSink::Kafka)]
     pub(crate) sink: DemoSink,
-    /// The server of `--sink nats|rabbitmq|redis|pubsub|sqs` (default: the server's usual port on
-    /// 127.0.0.1; pubsub takes the emulator's host:port, sqs moto's http://host:port).
+    /// The server of `--sink nats|rabbitmq|redis|pubsub|sqs|sns|kinesis` (default: the server's
+    /// usual port on 127.0.0.1; pubsub takes the emulator's host:port, sqs, sns and kinesis moto's
+    /// http://host:port).
     #[arg(long, value_name = "URL", conflicts_with = "bootstrap")]
     pub(crate) sink_url: Option<String>,
     /// Use this Kafka (host:port[,host:port…]) instead of the embedded one.
@@ -100,6 +106,10 @@ pub(crate) enum DemoSink {
     Pubsub,
     /// Amazon SQS (a FIFO queue), on a running moto server.
     Sqs,
+    /// Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server.
+    Sns,
+    /// Amazon Kinesis Data Streams (a stream of two shards), on a running moto server.
+    Kinesis,
 }
 
 impl DemoSink {
@@ -111,7 +121,7 @@ impl DemoSink {
             DemoSink::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
             DemoSink::Redis => "redis://127.0.0.1:6379",
             DemoSink::Pubsub => "127.0.0.1:8085",
-            DemoSink::Sqs => "http://127.0.0.1:5000",
+            DemoSink::Sqs | DemoSink::Sns | DemoSink::Kinesis => "http://127.0.0.1:5000",
         }
     }
 
@@ -124,14 +134,16 @@ impl DemoSink {
                 "`gcloud beta emulators pubsub start --host-port=127.0.0.1:8085` (after \
                  scripts/ensure-pubsub-emulator.sh)",
             )),
-            DemoSink::Sqs => Some((
-                "moto server (Amazon SQS)",
-                "`~/.cache/outbox-relay/venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)",
-            )),
+            DemoSink::Sqs => Some(("moto server (Amazon SQS)", MOTO_START)),
+            DemoSink::Sns => Some(("moto server (Amazon SNS)", MOTO_START)),
+            DemoSink::Kinesis => Some(("moto server (Amazon Kinesis)", MOTO_START)),
             _ => None,
         }
     }
 }
+
+/// How to start moto, which serves SQS, SNS and Kinesis on one port.
+const MOTO_START: &str = "`~/.cache/outbox-relay/venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)";
 
 /// The project of the demo's Pub/Sub topic (the emulator accepts any).
 const PUBSUB_PROJECT: &str = "outbox-relay-demo";
@@ -218,7 +230,8 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
     match (args.sink, &args.bootstrap, &args.sink_url) {
         (DemoSink::Kafka, _, Some(_)) => {
             eprintln!(
-                "error: --sink-url is for --sink nats|rabbitmq|redis|pubsub|sqs; a Kafka is given by --bootstrap"
+                "error: --sink-url is for --sink nats|rabbitmq|redis|pubsub|sqs|sns|kinesis; a Kafka is given by \
+                 --bootstrap"
             );
             return ExitCode::from(2);
         }
@@ -232,7 +245,9 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
             | DemoSink::Redis
             | DemoSink::Webhook
             | DemoSink::Pubsub
-            | DemoSink::Sqs,
+            | DemoSink::Sqs
+            | DemoSink::Sns
+            | DemoSink::Kinesis,
             Some(_),
             _,
         ) => {
@@ -279,7 +294,7 @@ fn point_clients_at_local_server(args: &DemoArgs) {
                 .unwrap_or_else(|| args.sink.default_url().to_owned());
             std::env::set_var(crate::config::pubsub::EMULATOR_HOST_VAR, host);
         }
-        DemoSink::Sqs => {
+        DemoSink::Sqs | DemoSink::Sns | DemoSink::Kinesis => {
             std::env::set_var("AWS_ACCESS_KEY_ID", consumer_sqs::TEST_KEY);
             std::env::set_var("AWS_SECRET_ACCESS_KEY", consumer_sqs::TEST_KEY);
             std::env::remove_var("AWS_SESSION_TOKEN");
@@ -576,6 +591,15 @@ async fn pipeline(
                 None => format!("the Pub/Sub emulator at {}", target.address),
             },
             DemoSink::Sqs => format!("moto (Amazon SQS) at {} (a FIFO queue)", target.address),
+            DemoSink::Sns => format!(
+                "moto (Amazon SNS) at {} (a FIFO topic, read through a subscribed FIFO queue)",
+                target.address
+            ),
+            DemoSink::Kinesis => format!(
+                "moto (Amazon Kinesis) at {} (a stream of {} shards)",
+                target.address,
+                consumer_kinesis::SHARDS
+            ),
         },
         slot: SLOT.to_owned(),
         confirmed_lsn,
@@ -629,6 +653,14 @@ async fn start_consumer(
         }
         DemoSink::Sqs => {
             let c = consumer_sqs::SqsConsumer::new(&target.address, topic, run_id).await?;
+            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
+        }
+        DemoSink::Sns => {
+            let c = consumer_sns::SnsConsumer::new(&target.address, topic, run_id).await?;
+            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
+        }
+        DemoSink::Kinesis => {
+            let c = consumer_kinesis::KinesisConsumer::new(&target.address, topic, run_id).await?;
             RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
         }
         DemoSink::Webhook => {
@@ -729,6 +761,39 @@ fifo = true
 [route]
 topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
 topic_replacement = "{container}-${{head}}-${{tail}}.fifo"
+"#,
+            region = consumer_sqs::REGION
+        ),
+        // A FIFO topic per run, named as the SQS queue (made by the demo's consumer with its
+        // subscribed queue: `setup` creates no topics).
+        DemoSink::Sns => format!(
+            r#"[sink]
+kind = "sns"
+
+[sns]
+region = "{region}"
+endpoint_url = {address}
+fifo = true
+
+[route]
+topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
+topic_replacement = "{container}-${{head}}-${{tail}}.fifo"
+"#,
+            region = consumer_sqs::REGION
+        ),
+        // A stream per run (made by the demo's consumer with its shards); the default envelope
+        // format, which carries the event id the consumer counts by.
+        DemoSink::Kinesis => format!(
+            r#"[sink]
+kind = "kinesis"
+
+[kinesis]
+region = "{region}"
+endpoint_url = {address}
+
+[route]
+topic_regex = "(?<routedByValue>.*)"
+topic_replacement = "{container}.${{routedByValue}}"
 "#,
             region = consumer_sqs::REGION
         ),

@@ -361,6 +361,60 @@ async fn demo_with_sqs_consumes_everything() {
     );
 }
 
+/// `demo --sink sns` on a moto of the test's own: the run's FIFO topic and its subscribed FIFO
+/// queue are gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_sns_consumes_everything() {
+    let Some(moto) = crate::harness::moto::Moto::start("demo_with_sns_consumes_everything").await else {
+        return;
+    };
+    let endpoint = moto.endpoint();
+    let stdout = demo_with_sink_at("sns", &["--sink-url", &endpoint], "SNS topic outbox-relay-demo-").await;
+    assert!(stdout.contains(&format!("moto (Amazon SNS) at {endpoint}")), "{stdout}");
+    assert!(stdout.contains("SQS queue outbox-relay-demo-"), "{stdout}");
+    let topics = crate::harness::moto_sns::sns_client(&endpoint)
+        .list_topics()
+        .send()
+        .await
+        .expect("ListTopics");
+    assert!(
+        topics.topics().is_empty(),
+        "topics left behind: {:?}\n{stdout}",
+        topics.topics()
+    );
+    let left = moto.client.list_queues().send().await.expect("ListQueues");
+    assert!(
+        left.queue_urls().is_empty(),
+        "queues left behind: {:?}\n{stdout}",
+        left.queue_urls()
+    );
+}
+
+/// `demo --sink kinesis` on a moto of the test's own: the run's stream is gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_kinesis_consumes_everything() {
+    let Some(moto) = crate::harness::moto::Moto::start("demo_with_kinesis_consumes_everything").await else {
+        return;
+    };
+    let endpoint = moto.endpoint();
+    let stdout = demo_with_sink_at(
+        "kinesis",
+        &["--sink-url", &endpoint],
+        "Kinesis stream outbox-relay-demo-",
+    )
+    .await;
+    assert!(
+        stdout.contains(&format!("moto (Amazon Kinesis) at {endpoint}")),
+        "{stdout}"
+    );
+    let streams = moto.kinesis().list_streams().send().await.expect("ListStreams");
+    assert!(
+        streams.stream_names().is_empty(),
+        "streams left behind: {:?}\n{stdout}",
+        streams.stream_names()
+    );
+}
+
 /// With no emulator or moto at `--sink-url`, the demo stops before it starts anything, saying
 /// how to start one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -375,6 +429,16 @@ async fn demo_with_an_unreachable_local_cloud_server_says_how_to_start_it() {
         ),
         (
             "sqs",
+            format!("http://127.0.0.1:{port}"),
+            "venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)",
+        ),
+        (
+            "sns",
+            format!("http://127.0.0.1:{port}"),
+            "venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)",
+        ),
+        (
+            "kinesis",
             format!("http://127.0.0.1:{port}"),
             "venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)",
         ),
