@@ -364,29 +364,9 @@ async fn drain(
     ctx.broker.create_topic(&topic(per_txn), 4).await?;
     let pg_cpu = procfs::postgres_cpu(postmaster);
     let started = Instant::now();
-    let child = RelayChild::start(&config, Mode::Cdc).await?;
+    let mut child = RelayChild::start(&config, Mode::Cdc).await?;
     let pid = child.pid();
-    loop {
-        let confirmed: Option<String> = admin
-            .query_one(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-                &[&DB],
-            )
-            .await?
-            .get(0);
-        let done: bool = admin
-            .query_one("SELECT $1::text::pg_lsn >= $2::text::pg_lsn", &[&confirmed, &end_lsn])
-            .await?
-            .get::<_, Option<bool>>(0)
-            .unwrap_or(false);
-        if done {
-            break;
-        }
-        if started.elapsed() > LIMIT {
-            bail!("the relay did not drain {rows} events within {LIMIT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_confirmed(admin, &mut child, DB, &end_lsn, started).await?;
     let relay_s = started.elapsed().as_secs_f64();
     let relay_pg_cpu_s = procfs::postgres_cpu(postmaster) - pg_cpu;
     let relay_cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
@@ -485,15 +465,16 @@ async fn sink_drain(admin: &Client, db: &Client, job: &SinkJob<'_>, phase: &Prog
     let mut consumer = if during {
         Some(tokio::task::block_in_place(|| job.target.consumer(job.topic))?)
     } else {
+        job.target.prepare(job.topic).await?;
         None
     };
     let broker_pid = sink.broker_pid();
     let broker_cpu = broker_pid.and_then(procfs::cpu_seconds);
     let pg_cpu = procfs::postgres_cpu(job.postmaster);
     let started = Instant::now();
-    let child = RelayChild::start(job.config, Mode::Cdc).await?;
+    let mut child = RelayChild::start(job.config, Mode::Cdc).await?;
     let pid = child.pid();
-    wait_confirmed(admin, job.slot, job.end_lsn, started).await?;
+    wait_confirmed(admin, &mut child, job.slot, job.end_lsn, started).await?;
     let seconds = started.elapsed().as_secs_f64();
     let pg_cpu_s = procfs::postgres_cpu(job.postmaster) - pg_cpu;
     let cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
@@ -547,7 +528,7 @@ async fn sink_drain(admin: &Client, db: &Client, job: &SinkJob<'_>, phase: &Prog
 }
 
 /// Waits (bounded) until `slot` confirmed `lsn`.
-async fn wait_confirmed(admin: &Client, slot: &str, lsn: &str, started: Instant) -> Result<()> {
+async fn wait_confirmed(admin: &Client, relay: &mut RelayChild, slot: &str, lsn: &str, started: Instant) -> Result<()> {
     loop {
         let done: bool = admin
             .query_one(
@@ -560,6 +541,9 @@ async fn wait_confirmed(admin: &Client, slot: &str, lsn: &str, started: Instant)
         if done {
             return Ok(());
         }
+        relay
+            .ensure_running()
+            .with_context(|| format!("slot {slot} had not confirmed {lsn}"))?;
         if started.elapsed() > LIMIT {
             bail!("slot {slot} did not confirm {lsn} within {LIMIT:?}");
         }
@@ -646,9 +630,9 @@ async fn exactly_once_drain(
     ctx.broker.create_topic(&topic_eo, 4).await?;
     ctx.broker.create_topic(&topic_crash, 4).await?;
     let started = Instant::now();
-    let child = RelayChild::start(&job.configs[0], s.mode).await?;
+    let mut child = RelayChild::start(&job.configs[0], s.mode).await?;
     let pid = child.pid();
-    wait_confirmed(admin, s.slot, job.end_lsn, started).await?;
+    wait_confirmed(admin, &mut child, s.slot, job.end_lsn, started).await?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu_s = procfs::cpu_seconds(pid).unwrap_or(f64::NAN);
     let peak_rss_mib = procfs::vm_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
@@ -664,12 +648,12 @@ async fn exactly_once_drain(
         .await?
         .get(0);
     let started = Instant::now();
-    let first = RelayChild::start(&job.configs[1], s.mode).await?;
-    wait_confirmed(admin, s.crash_slot, &half, started).await?;
+    let mut first = RelayChild::start(&job.configs[1], s.mode).await?;
+    wait_confirmed(admin, &mut first, s.crash_slot, &half, started).await?;
     // Dropping a running child SIGKILLs it: everything in flight is the replay window.
     drop(first);
-    let second = RelayChild::start(&job.configs[1], s.mode).await?;
-    wait_confirmed(admin, s.crash_slot, job.end_lsn, started).await?;
+    let mut second = RelayChild::start(&job.configs[1], s.mode).await?;
+    wait_confirmed(admin, &mut second, s.crash_slot, job.end_lsn, started).await?;
     second.stop().await?;
     // Read after the stop: the transactions' summary is written when the session ends. The
     // restart wrote the log afresh (`RelayChild::start`).

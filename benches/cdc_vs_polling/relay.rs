@@ -271,6 +271,16 @@ impl RelayChild {
         self.child.id()
     }
 
+    /// An error with the relay's exit status and log tail once it has exited (a fatal error:
+    /// a missing destination, a refused event), so a wait on its progress ends now rather than
+    /// at the wait's limit.
+    pub fn ensure_running(&mut self) -> Result<()> {
+        match self.child.try_wait()? {
+            Some(status) => bail!("the relay exited with {status}; log:\n{}", tail(&self.log_text())),
+            None => Ok(()),
+        }
+    }
+
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }

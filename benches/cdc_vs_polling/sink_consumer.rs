@@ -285,33 +285,7 @@ impl AsyncSource {
     /// a reader per shard.
     pub async fn kinesis(name: String, shards: i32) -> Result<AsyncSource> {
         let client = emulators::kinesis_client()?;
-        bounded(
-            "moto",
-            "CreateStream",
-            client.create_stream().stream_name(&name).shard_count(shards).send(),
-        )
-        .await?;
-        // ListShards answers ResourceInUseException until the stream is ACTIVE (moto's
-        // DescribeStreamSummary timestamps are not RFC 3339, which the SDK refuses).
-        let deadline = Instant::now() + KINESIS_ACTIVE_LIMIT;
-        let listed = loop {
-            match tokio::time::timeout(BROKER_TIMEOUT, client.list_shards().stream_name(&name).send()).await {
-                Ok(Ok(listed)) => break listed,
-                Ok(Err(e))
-                    if Instant::now() < deadline
-                        && e.as_service_error().is_some_and(|e| e.is_resource_in_use_exception()) =>
-                {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Ok(Err(e)) => {
-                    return Err(anyhow!(
-                        "moto, ListShards {name}: {}",
-                        aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                    ))
-                }
-                Err(_) => return Err(anyhow!("moto, ListShards {name}: no answer within {BROKER_TIMEOUT:?}")),
-            }
-        };
+        let listed = kinesis_stream(&client, &name, shards).await?;
         let (tx, receipts) = tokio::sync::mpsc::unbounded_channel();
         let receivers = listed
             .shards()
@@ -562,6 +536,57 @@ fn envelope_id(data: &[u8]) -> Option<i64> {
 
 /// One Kinesis shard read from its start: stamps every record as its read returns; reports an
 /// error once per failure and reads on (a fresh iterator after the last sequence number read).
+/// Makes Kinesis stream `name` (`shards` shards) unless it exists, and waits until it is ACTIVE;
+/// its shards.
+pub async fn kinesis_stream(
+    client: &aws_sdk_kinesis::Client,
+    name: &str,
+    shards: i32,
+) -> Result<aws_sdk_kinesis::operation::list_shards::ListShardsOutput> {
+    match tokio::time::timeout(
+        BROKER_TIMEOUT,
+        client.create_stream().stream_name(name).shard_count(shards).send(),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {}
+        // Made before the drain (`SinkTarget::prepare`).
+        Ok(Err(e)) if e.as_service_error().is_some_and(|e| e.is_resource_in_use_exception()) => {}
+        Ok(Err(e)) => {
+            return Err(anyhow!(
+                "moto, CreateStream {name}: {}",
+                aws_sdk_kinesis::error::DisplayErrorContext(&e)
+            ))
+        }
+        Err(_) => {
+            return Err(anyhow!(
+                "moto, CreateStream {name}: no answer within {BROKER_TIMEOUT:?}"
+            ))
+        }
+    }
+    // ListShards answers ResourceInUseException until the stream is ACTIVE (moto's
+    // DescribeStreamSummary timestamps are not RFC 3339, which the SDK refuses).
+    let deadline = Instant::now() + KINESIS_ACTIVE_LIMIT;
+    loop {
+        match tokio::time::timeout(BROKER_TIMEOUT, client.list_shards().stream_name(name).send()).await {
+            Ok(Ok(listed)) => return Ok(listed),
+            Ok(Err(e))
+                if Instant::now() < deadline
+                    && e.as_service_error().is_some_and(|e| e.is_resource_in_use_exception()) =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(Err(e)) => {
+                return Err(anyhow!(
+                    "moto, ListShards {name}: {}",
+                    aws_sdk_kinesis::error::DisplayErrorContext(&e)
+                ))
+            }
+            Err(_) => return Err(anyhow!("moto, ListShards {name}: no answer within {BROKER_TIMEOUT:?}")),
+        }
+    }
+}
+
 async fn kinesis_reader(
     client: aws_sdk_kinesis::Client,
     stream: String,

@@ -528,6 +528,17 @@ impl SinkTarget {
         }
     }
 
+    /// Makes `topic`'s destination where the relay cannot publish before it exists and the
+    /// consumer that would make it is started only after the relay ran (the drain's Kinesis
+    /// stream: read after the drain, `Sink::read_during_drain`).
+    pub async fn prepare(&self, topic: &str) -> Result<()> {
+        if self.sink == Sink::Kinesis {
+            let client = emulators::kinesis_client()?;
+            super::sink_consumer::kinesis_stream(&client, &self.destination(topic), KINESIS_SHARDS).await?;
+        }
+        Ok(())
+    }
+
     /// Messages the broker holds for `topic`: the stream's count (NATS), the key's XLEN (Redis);
     /// `None` for RabbitMQ (an exchange keeps nothing: the consumer's queue is the count).
     pub async fn stored(&self, topic: &str) -> Result<Option<u64>> {
