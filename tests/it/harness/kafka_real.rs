@@ -611,11 +611,15 @@ async fn create_topic_at(bootstrap: &str, rf: i32, topic: &str, partitions: i32,
         let (b, t) = (bootstrap.to_string(), topic.to_string());
         tokio::task::spawn_blocking(move || {
             metadata_client(&b)
-                .and_then(|c| c.fetch_metadata(Some(&t), Duration::from_secs(3)).ok())
-                .and_then(|md| {
-                    md.topics().first().map(|tm| {
-                        tm.partitions().len() == partitions as usize && tm.partitions().iter().all(|p| p.leader() >= 0)
-                    })
+                .and_then(|c| {
+                    let md = c.fetch_metadata(Some(&t), Duration::from_secs(3)).ok()?;
+                    let tm = md.topics().first()?;
+                    let led =
+                        tm.partitions().len() == partitions as usize && tm.partitions().iter().all(|p| p.leader() >= 0);
+                    // The metadata names a leader before that broker has made the partition's
+                    // log; ListOffsets answers only once it has (a record produced in between
+                    // is refused and retried by the client: docs/reliability.md, defect 5).
+                    Some(led && (0..partitions).all(|p| c.fetch_watermarks(&t, p, Duration::from_secs(3)).is_ok()))
                 })
                 .unwrap_or(false)
         })
