@@ -11,6 +11,7 @@
 mod logs;
 pub(crate) mod partitioner;
 pub(crate) mod producer;
+mod ready;
 pub(crate) mod tail;
 pub(crate) mod transactions;
 mod unsettled;

@@ -20,6 +20,9 @@
 //! the exactly-once read-back then skips, leaving the aggregate's first deliveries out of order
 //! (docs/reliability.md, section 10).
 //!
+//! Before the first record to a topic, [`Sink::send`] waits (bounded) until the topic's
+//! partitions have their logs (`ready.rs`: a just-created partition lost its first batch).
+//!
 //! The tag is the caller's: the relay's carries its watermark ticket, the poller's its claimed
 //! batch, the backfill's only its size. This adapter never looks inside it.
 
@@ -36,6 +39,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::logs::ClientLog;
+use super::ready::ReadyTopics;
 use crate::config::kafka::KafkaProperties;
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
@@ -228,6 +232,8 @@ pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
     /// destroyed when the thread ends (at most [`POLL_WAIT`] after the publisher is dropped,
     /// with nothing left to send: see [`Publisher::abandon_now`]).
     stop: Arc<AtomicBool>,
+    /// Topics whose partitions' logs exist (`ready.rs`: checked before the first record).
+    ready: ReadyTopics,
 }
 
 impl<Tag: Send + Sync + 'static> Drop for Publisher<Tag> {
@@ -304,7 +310,14 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 cause: format!("cannot start the producer's delivery-report thread: {e}"),
                 transient: true,
             })?;
-        Ok((Publisher { producer, stop }, rx))
+        Ok((
+            Publisher {
+                producer,
+                stop,
+                ready: ReadyTopics::default(),
+            },
+            rx,
+        ))
     }
 
     /// Gives up on this producer: drops what is still queued locally, and waits (bounded) for
@@ -332,6 +345,11 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         tag: Box<Tag>,
     ) -> Result<(), Refusal<Tag>> {
         let context = self.producer.context();
+        // Before the lock below (the delivery-report callback's halt takes it): the first
+        // record to a topic waits, bounded, until its partitions' logs exist (`ready.rs`).
+        if *context.flow() == Flow::Open {
+            self.ready.ensure(self.producer.client(), &record.destination);
+        }
         // Held while the record is produced: the halt's purge cannot slip in between.
         let flow = context.flow();
         if *flow != Flow::Open {

@@ -1,0 +1,144 @@
+//! Before a producer's first record to a topic: wait (bounded) until the leader of every
+//! partition has made the partition's log.
+//!
+//! A broker names a new partition's leader in its metadata before that leader has made the
+//! partition's log (on a loaded machine, the four logs of an auto-created topic were made one
+//! after another over 100 ms). A record produced in that moment is refused and retried by the
+//! client — and the first batch of such a partition was seen acknowledged and never stored
+//! (docs/reliability.md, section 10, defect 5). ListOffsets is answered only by a leader that
+//! has the log, so once every partition answers it, records go to logs that exist.
+//!
+//! Invariant: the wait is per topic and per producer, once; it ends at [`READY_WAIT`] whatever
+//! the cluster says (a topic that does not exist and is not created is then left to the
+//! producer, which names it: `producer::explain`), and it never holds the lock the
+//! delivery-report callback needs.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::client::{Client, ClientContext};
+use tracing::debug;
+
+/// The bound on one topic's wait: an auto-created topic's logs take a few hundred ms.
+pub(crate) const READY_WAIT: Duration = Duration::from_secs(2);
+/// Between two looks.
+const PAUSE: Duration = Duration::from_millis(50);
+/// One metadata or ListOffsets request.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// The topics this producer has checked.
+#[derive(Debug, Default)]
+pub(crate) struct ReadyTopics(Mutex<HashSet<String>>);
+
+/// How a topic's wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    /// Checked before by this producer.
+    Known,
+    /// Every partition's leader answered ListOffsets.
+    Ready { waited: Duration },
+    /// [`READY_WAIT`] passed: the producer goes ahead (and reports what the cluster says).
+    GaveUp,
+}
+
+impl ReadyTopics {
+    /// Returns once `topic` is known to be ready, or after waiting for it (see module docs).
+    pub(crate) fn ensure<C: ClientContext>(&self, client: &Client<C>, topic: &str) -> Readiness {
+        if self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(topic) {
+            return Readiness::Known;
+        }
+        let outcome = wait_ready(client, topic, READY_WAIT);
+        match outcome {
+            Readiness::Ready { waited } if waited > PAUSE => {
+                debug!(topic, waited_ms = waited.as_millis() as u64, "topic's partitions ready")
+            }
+            Readiness::GaveUp => debug!(
+                topic,
+                "topic's partitions not all ready within the wait; producing anyway"
+            ),
+            _ => {}
+        }
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(topic.to_owned());
+        outcome
+    }
+}
+
+fn wait_ready<C: ClientContext>(client: &Client<C>, topic: &str, bound: Duration) -> Readiness {
+    let started = Instant::now();
+    let deadline = started + bound;
+    loop {
+        if all_partitions_answer(client, topic, deadline) {
+            return Readiness::Ready {
+                waited: started.elapsed(),
+            };
+        }
+        if Instant::now() + PAUSE >= deadline {
+            return Readiness::GaveUp;
+        }
+        std::thread::sleep(PAUSE);
+    }
+}
+
+/// Whether the metadata names the topic with partitions that all have a leader, and each of
+/// them answers ListOffsets, before `deadline`.
+fn all_partitions_answer<C: ClientContext>(client: &Client<C>, topic: &str, deadline: Instant) -> bool {
+    let timeout =
+        || Some(deadline.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT)).filter(|t| !t.is_zero());
+    let Some(t) = timeout() else { return false };
+    let Ok(metadata) = client.fetch_metadata(Some(topic), t) else {
+        return false;
+    };
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return false;
+    };
+    if t.error().is_some() || t.partitions().is_empty() {
+        return false;
+    }
+    t.partitions()
+        .iter()
+        .all(|p| p.leader() >= 0 && timeout().is_some_and(|left| client.fetch_watermarks(topic, p.id(), left).is_ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against librdkafka's mock cluster.
+
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
+    use rdkafka::ClientConfig;
+
+    use super::*;
+
+    fn producer(bootstrap: &str) -> BaseProducer {
+        ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()
+            .expect("producer")
+    }
+
+    #[test]
+    fn an_existing_topic_is_ready_at_once_and_checked_once() {
+        let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("made", 3, 1).expect("topic");
+        let p = producer(&cluster.bootstrap_servers());
+        let ready = ReadyTopics::default();
+        assert!(matches!(ready.ensure(p.client(), "made"), Readiness::Ready { .. }));
+        assert_eq!(ready.ensure(p.client(), "made"), Readiness::Known);
+    }
+
+    #[test]
+    fn an_unreachable_cluster_ends_the_wait_at_its_bound() {
+        // Nothing listens on port 1: no metadata, no ListOffsets.
+        let p = producer("127.0.0.1:1");
+        let started = Instant::now();
+        assert_eq!(
+            wait_ready(p.client(), "nowhere", Duration::from_millis(300)),
+            Readiness::GaveUp
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+}
