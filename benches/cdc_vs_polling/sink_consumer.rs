@@ -534,8 +534,6 @@ fn envelope_id(data: &[u8]) -> Option<i64> {
         .and_then(|e| parse_id(e.id.as_bytes()))
 }
 
-/// One Kinesis shard read from its start: stamps every record as its read returns; reports an
-/// error once per failure and reads on (a fresh iterator after the last sequence number read).
 /// Makes Kinesis stream `name` (`shards` shards) unless it exists, and waits until it is ACTIVE;
 /// its shards.
 pub async fn kinesis_stream(
@@ -587,6 +585,8 @@ pub async fn kinesis_stream(
     }
 }
 
+/// One Kinesis shard read from its start: stamps every record as its read returns; reports an
+/// error once per failure and reads on (a fresh iterator after the last sequence number read).
 async fn kinesis_reader(
     client: aws_sdk_kinesis::Client,
     stream: String,

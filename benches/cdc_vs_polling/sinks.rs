@@ -494,8 +494,8 @@ impl SinkTarget {
             // The envelope format (docs/sink-kinesis.md), which the consumer reads the event id
             // from; one call at a time: moto numbers a shard's records without a lock, and two
             // concurrent `PutRecords` overwrite each other's records while both answer "stored"
-            // (docs/sink-kinesis.md, "What moto does not reproduce"). The shipped 8 (`max_requests`) would make
-            // the check count moto's losses as the relay's.
+            // (docs/sink-kinesis.md, "What moto does not reproduce"). The shipped 8 (`max_requests`)
+            // would make the check count moto's losses as the relay's.
             Sink::Kinesis => format!(
                 "[sink]\nkind = \"kinesis\"\n\n[kinesis]\nregion = \"{}\"\nendpoint_url = \"{}\"\nmax_requests = 1\n",
                 emulators::AWS_REGION,
