@@ -275,6 +275,54 @@ mod broker_stalled_exactly_once {
     }
 }
 
+/// Exactly-once, the broker stalled 15 s (past the 10 s message timeout: the session fails
+/// with produce requests that TCP acknowledged long ago waiting in the peer), then serving new
+/// connections while it holds those opened before the stall 10 s more: the next session reads
+/// back and replays on new connections, and the old session's requests land afterwards — a
+/// stalled broker recovering one socket at a time, or a middlebox. Kafka's read-back must fence
+/// them with the topic's timestamp bound before it reads, or they publish their events twice
+/// (docs/reliability.md, section 10, "Defects the nemesis found", 6). NATS and Redis deduplicate
+/// on the broker.
+async fn broker_holds_old_requests_exactly_once(kind: SinkKind) {
+    let what = "broker stalled 15 s, then holding the old connections 10 s more, exactly-once";
+    let Some(mut rig) = Rig::new(kind, Delivery::ExactlyOnce).await else {
+        return;
+    };
+    let (_, relay) = rig.relay();
+    streaming(&relay).await;
+    let load = Load::steady(&rig.db_url);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let proxy = rig.net.proxy(rig.broker);
+    let old = proxy.mark();
+    proxy.set_mode(Mode::Stall);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    proxy.set_mode(Mode::HoldBefore(old));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let healed = Instant::now();
+    rig.net.proxy(rig.broker).set_mode(Mode::Pass);
+    let resumed = rig.resumed(healed, RESUME_TIMEOUT).await.unwrap_or_else(|| {
+        panic!(
+            "{what}: no progress {RESUME_TIMEOUT:?} after the heal:\n{}",
+            relay.log_text()
+        )
+    });
+    // The held requests land (or are refused) now; the checker reads after them.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let v = rig.finish(load, what).await;
+    eprintln!(
+        "nemesis {what} [{kind:?}]: resumed {:.1} s after the heal (the old connections served); {v}",
+        resumed.as_secs_f64()
+    );
+    if kind == SinkKind::Kafka && std::env::var_os("OUTBOX_RELAY_NEMESIS_NO_TIMESTAMP_BOUND").is_none() {
+        assert!(
+            relay.log_text().contains("waiting until the topic's timestamp bound"),
+            "{what}: the read-back did not fence the old session's requests with the topic's bound:\n{}",
+            relay.log_text()
+        );
+    }
+}
+on_every_sink!(broker_holds_old_requests_exactly_once);
+
 /// 200 ms ± 150 ms on every link (PostgreSQL and the broker) for a minute (15 s in CI), with a
 /// standby beside the holder: events keep flowing during it, nothing is lost or reordered.
 async fn latency_every_link(kind: SinkKind) {

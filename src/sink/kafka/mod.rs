@@ -8,6 +8,7 @@
 //! and recognise their own records when reading back. It imports only `config` and the sink
 //! interface.
 
+mod late;
 mod logs;
 pub(crate) mod partitioner;
 pub(crate) mod producer;

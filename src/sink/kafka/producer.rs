@@ -38,6 +38,7 @@ use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use super::late::{self, Handed};
 use super::logs::ClientLog;
 use super::ready::ReadyTopics;
 use crate::config::kafka::KafkaProperties;
@@ -78,6 +79,8 @@ pub(crate) struct DeliveryReports<Tag: Send + Sync + 'static> {
     flow: Mutex<Flow>,
     /// The producer this context belongs to, for the halt's purge (set once it exists).
     producer: OnceLock<Weak<BaseProducer<DeliveryReports<Tag>>>>,
+    /// What was handed over and learnt stored, for the read-back's late-write fence (`late.rs`).
+    handed: Handed,
 }
 
 /// Whether the producer still hands records to librdkafka. Once a delivery failed transiently,
@@ -126,19 +129,43 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
         let outcome = match result {
             Ok(_) => {
                 self.log.acknowledged();
+                self.handed.stored();
                 Ok(())
             }
-            Err((error, msg)) => Err(failure(
-                error,
-                msg.topic(),
-                (msg.partition() >= 0).then_some(msg.partition()),
-                msg.headers().and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == "id")
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                }),
-            )),
+            Err((error, msg)) => {
+                // A failed record's timestamp is not reported; its hand-over time is, and is its
+                // stamp unless records carry their own.
+                let (sent, handed_over_ms) = on_the_wire(msg);
+                let stamp = handed_over_ms.filter(|_| self.handed.stamped_at_hand_over());
+                self.handed.failed(stamp, sent);
+                let mut failure = failure(
+                    error,
+                    msg.topic(),
+                    (msg.partition() >= 0).then_some(msg.partition()),
+                    msg.headers().and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == "id")
+                            .and_then(|h| h.value)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    }),
+                );
+                // Stamped when handed over, a record refused for its timestamp arrived later than
+                // the topic's bound allows (a broker or network that held it): the replay stamps
+                // it anew. Only a record carrying its own time can be refused for what it is.
+                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTimestamp)
+                    && self.handed.stamped_at_hand_over()
+                {
+                    failure.kind = FailureKind::Transient;
+                    failure.cause = format!(
+                        "{error}: the record reached topic \"{}\" later after it was handed over than the topic's \
+                         message.timestamp.before.max.ms allows (a broker or the network held it); the relay \
+                         replays it, stamped anew. If this repeats, raise the topic's bound above \
+                         message.timeout.ms + 2 s",
+                        msg.topic()
+                    );
+                }
+                Err(failure)
+            }
         };
         // What the cluster said last is what the outage summary names (a topic that does not
         // exist, an ACL that denies it), rather than "no acknowledgement".
@@ -168,6 +195,24 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
             self.halt();
         }
     }
+}
+
+/// Whether a failed record's request may have reached a broker (librdkafka's message status is
+/// not `NOT_PERSISTED`: such a record can still be appended later, `late.rs`), and when it was
+/// handed over (ms since the epoch, from librdkafka's latency of the message).
+#[allow(unsafe_code)] // The crate's FFI calls: rdkafka wraps neither function.
+fn on_the_wire(msg: &rdkafka::message::BorrowedMessage<'_>) -> (bool, Option<i64>) {
+    // SAFETY: `msg` borrows a live librdkafka message (the delivery report's, for the length of
+    // the callback), and both functions only read fields of it.
+    let (status, latency_us) = unsafe {
+        (
+            rdkafka_sys::rd_kafka_message_status(msg.ptr()),
+            rdkafka_sys::rd_kafka_message_latency(msg.ptr()),
+        )
+    };
+    let sent = status != rdkafka_sys::rd_kafka_msg_status_t::RD_KAFKA_MSG_STATUS_NOT_PERSISTED;
+    let handed_over = (latency_us >= 0).then(|| late::now_ms() - latency_us / 1000);
+    (sent, handed_over)
 }
 
 /// A Kafka error as a sink-neutral failure: refused for what the record is, or transient.
@@ -205,6 +250,13 @@ fn explain(error: &KafkaError, topic: &str) -> String {
              --operation Write --operation Describe --topic {topic}); the relay retries meanwhile and confirms \
              nothing past it"
         ),
+        Some(RDKafkaErrorCode::InvalidTimestamp) => format!(
+            "{error}: topic \"{topic}\" refuses the record's timestamp as too old or too far ahead (the topic's \
+             message.timestamp.before.max.ms / message.timestamp.after.max.ms). Records carry the event's own \
+             time when outbox.timestamp_column is set, and a catch-up publishes events later than such a bound \
+             allows: unset outbox.timestamp_column (records are then stamped when handed over) or raise the \
+             topic's bound"
+        ),
         Some(RDKafkaErrorCode::ClusterAuthorizationFailed) => format!(
             "{error}: the cluster's ACLs deny the relay's principal IDEMPOTENT_WRITE on the cluster (brokers \
              before Kafka 3.0 need it for the idempotent producer): grant it (kafka-acls.sh --add \
@@ -223,6 +275,9 @@ fn explain(error: &KafkaError, topic: &str) -> String {
 /// (docs/benchmarks.md, "Where the time and the CPU go"). Once every 5 s makes that negligible.
 const POLL_WAIT: Duration = Duration::from_secs(5);
 
+/// How long [`Publisher::abandon_now`] serves the purged records' reports.
+const SETTLE_REPORTS: Duration = Duration::from_secs(1);
+
 /// The transactional producer's keys: only `kafka::transactions` passes them to librdkafka.
 pub(super) const TRANSACTIONAL_ONLY: &[&str] = &["transactional.id", "transaction.timeout.ms"];
 
@@ -239,6 +294,8 @@ pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
 impl<Tag: Send + Sync + 'static> Drop for Publisher<Tag> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // What this producer may still have on its way: the next read-back fences it.
+        self.producer.context().handed.retire();
     }
 }
 
@@ -284,6 +341,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                     fence: KeyFence::default(),
                     flow: Mutex::new(Flow::Open),
                     producer: OnceLock::new(),
+                    handed: Handed::new(&late::cluster_of(props)),
                 })
                 .map_err(|e| SinkError {
                     sink: "Kafka",
@@ -331,6 +389,14 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         if let Err(e) = self.producer.flush(wait) {
             warn!(error = %e, "abandoned producer still had requests in flight");
             self.producer.purge(PurgeConfig::default().queue().inflight());
+        }
+        // The purged records' reports, served before the publisher goes: each says whether its
+        // request had been sent, which is what the next read-back fences (`late.rs`); a record
+        // still unreported when it goes counts as sent. Bounded: the reports are queued already.
+        let settle_until = std::time::Instant::now() + SETTLE_REPORTS;
+        let handed = &self.producer.context().handed;
+        while !handed.all_settled() && std::time::Instant::now() < settle_until {
+            self.producer.poll(Duration::from_millis(10));
         }
     }
 }
@@ -419,18 +485,24 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         if let Some(partition) = record.partition {
             base = base.partition(partition);
         }
-        if let Some(ts) = record.timestamp_ms {
-            base = base.timestamp(ts);
-        }
-        self.producer.send(base).map_err(|(error, rec)| Refusal {
-            tag: rec.delivery_opaque,
-            failure: failure(
-                &error,
-                &record.destination,
-                record.partition,
-                Some(String::from_utf8_lossy(record.event_id).into_owned()),
-            ),
-        })
+        // Stamped here rather than by librdkafka, so that the stamp a late-write fence
+        // measures from is known (`late.rs`); librdkafka would stamp the same moment.
+        let now = late::now_ms();
+        let stamp = record.timestamp_ms.unwrap_or(now);
+        base = base.timestamp(stamp);
+        let explicit = record.timestamp_ms.is_some();
+        self.producer
+            .send(base)
+            .map(|()| self.producer.context().handed.handed(stamp, now, explicit))
+            .map_err(|(error, rec)| Refusal {
+                tag: rec.delivery_opaque,
+                failure: failure(
+                    &error,
+                    &record.destination,
+                    record.partition,
+                    Some(String::from_utf8_lossy(record.event_id).into_owned()),
+                ),
+            })
     }
 }
 
@@ -594,6 +666,70 @@ mod tests {
             "records behind the expired one were stored ahead of its replay: {stored:?} ({rest:?})"
         );
         Box::new(sink).abandon(Duration::from_secs(1));
+    }
+
+    /// A record the relay stamped when it handed it over and the broker refused for its
+    /// timestamp arrived later than the topic's bound allows (`late.rs`): replayed, stamped
+    /// anew — not a bad event. A record carrying its own time is refused for what it is.
+    #[test]
+    fn a_timestamp_refusal_is_lateness_for_hand_over_stamps_and_the_record_s_fault_otherwise() {
+        let (cluster, sink, mut rx) = warmed_sink(&[]);
+        cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP],
+        );
+        send(&sink, b"k", 1);
+        let late = next(&mut rx).1.expect_err("refused");
+        assert_eq!(late.kind, FailureKind::Transient, "{late}");
+        assert!(late.cause.contains("message.timestamp.before.max.ms"), "{late}");
+        Box::new(sink).abandon(Duration::from_secs(1));
+
+        let (cluster, sink, mut rx) = warmed_sink(&[]);
+        cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP],
+        );
+        let mut own_time = record(b"k", b"2");
+        own_time.timestamp_ms = Some(1_000);
+        sink.send(&own_time, &[], None, Box::new(2))
+            .map_err(|r| r.failure)
+            .unwrap();
+        let refused = next(&mut rx).1.expect_err("refused");
+        assert_eq!(refused.kind, FailureKind::Refused, "{refused}");
+        Box::new(sink).abandon(Duration::from_secs(1));
+    }
+
+    /// What a producer leaves for the next read-back to fence (`late.rs`): a record that failed
+    /// in librdkafka's queue never reached a broker, nothing to fence; one whose request was on
+    /// the wire when it failed may still be appended, from its own stamp.
+    #[test]
+    fn a_producer_leaves_to_fence_only_what_it_sent_without_an_answer() {
+        let timeouts = [
+            ("linger.ms", "0"),
+            ("message.timeout.ms", "1500"),
+            ("reconnect.backoff.ms", "10"),
+            ("reconnect.backoff.max.ms", "100"),
+        ];
+        let (cluster, sink, mut rx) = warmed_sink(&timeouts);
+        let servers = cluster.bootstrap_servers();
+        cluster.broker_down(1).expect("broker down");
+        send(&sink, b"k", 1);
+        assert!(next(&mut rx).1.is_err(), "expired in the queue");
+        Box::new(sink).abandon(Duration::from_secs(1));
+        assert_eq!(late::unsettled_since(&servers), None, "nothing was sent");
+
+        let (cluster, sink, mut rx) = warmed_sink(&timeouts);
+        let servers = cluster.bootstrap_servers();
+        cluster
+            .broker_round_trip_time(-1, Duration::from_secs(5))
+            .expect("round trip time");
+        let before = late::now_ms();
+        send(&sink, b"k", 1);
+        assert!(next(&mut rx).1.is_err(), "timed out on the wire");
+        Box::new(sink).abandon(Duration::from_secs(1));
+        let stamp = late::unsettled_since(&servers).expect("a request on the wire is fenced");
+        // From librdkafka's latency of the message: the hand-over, to within a millisecond.
+        assert!((before - 2..=late::now_ms()).contains(&stamp), "{stamp} vs {before}");
     }
 
     #[test]

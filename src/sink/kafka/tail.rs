@@ -8,6 +8,10 @@
 //! positions at or above the floor, until a window holds one of the caller's records below the
 //! floor, reaches the partition's start, or would reach further back than `max_records`.
 //!
+//! Before it reads a topic, it waits for what an earlier producer of this process may still
+//! deliver: bytes this host's kernel holds (`unsettled.rs`), and requests a peer holds, fenced
+//! by the topic's timestamp bound (`late.rs`).
+//!
 //! Invariant: every call blocks (metadata, watermarks, fetches), bounded by the reader's
 //! timeout; callers run it on a thread of its own, never on an async runtime's workers. This
 //! adapter knows nothing of what a position is: the caller's `own` closure reads the headers.
@@ -22,8 +26,32 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedHeaders, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use tracing::{info, warn};
+
+use super::late::{self, Bound};
 use crate::config::kafka::KafkaProperties;
 use crate::sink::{HeaderGet, ReadBackError, Seen};
+
+/// Runs a future to completion on this (blocking) thread: rdkafka's admin futures are completed
+/// by the admin client's own thread, and the read-back's thread has no async runtime.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
 
 /// The first window read below the high watermark; a single writer's newest record is almost
 /// always in it.
@@ -93,6 +121,14 @@ pub(crate) struct TailReader {
     /// What an earlier producer of this process may still deliver (`unsettled.rs`): waited
     /// for before the first partition is read.
     unsettled: std::sync::Mutex<super::unsettled::Unsettled>,
+    /// The cluster's key for `late.rs`, and how a client for its topics' configuration connects.
+    cluster: String,
+    admin_config: ClientConfig,
+    /// The producer's `message.timeout.ms`: the shortest timestamp bound that never refuses a
+    /// record of a running session depends on it.
+    message_timeout: Duration,
+    /// Topics whose late writes were fenced (or found unfenceable) by this reader.
+    fenced: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl TailReader {
@@ -106,6 +142,7 @@ impl TailReader {
                 config.set(k, v);
             }
         }
+        let admin_config = config.clone();
         config
             // Never used to join a group or commit: partitions are assigned, not subscribed.
             .set("group.id", "outbox-relay-read-back")
@@ -125,7 +162,101 @@ impl TailReader {
             timeout,
             max_records: max_records as u64,
             unsettled: std::sync::Mutex::new(super::unsettled::Unsettled::snapshot()),
+            cluster: late::cluster_of(props),
+            admin_config,
+            message_timeout: props.message_timeout(),
+            fenced: Default::default(),
         })
+    }
+
+    /// Waits until the topic's timestamp bound refuses every record an earlier producer of
+    /// this process handed over without learning it stored (`late.rs`); once per topic. A
+    /// topic without a bound is read at once, with a warning naming the bound to set.
+    fn fence_late_writes(&self, topic: &str, partition: i32) -> Result<(), ReadBackError> {
+        let Some(newest) = late::unsettled_since(&self.cluster) else {
+            return Ok(());
+        };
+        let mut fenced = self.fenced.lock().unwrap_or_else(|e| e.into_inner());
+        if fenced.contains(topic) {
+            return Ok(());
+        }
+        let bound = self.topic_bound(topic).unwrap_or_else(|cause| {
+            warn!(
+                topic,
+                cause,
+                "exactly-once: cannot read the topic's configuration (DescribeConfigs), so its timestamp bound \
+                 is unknown; grant the relay's principal DESCRIBE_CONFIGS on the topic"
+            );
+            Bound::Unbounded
+        });
+        match bound {
+            Bound::Unbounded => warn!(
+                topic,
+                "exactly-once by read-back: an earlier session ended with records it does not know stored, and \
+                 the topic has no timestamp bound, so a produce request a stalled broker or a middlebox still \
+                 holds can land after this read-back and publish its events twice. Set one of about \
+                 message.timeout.ms + 5 s (kafka-configs.sh --alter --entity-type topics --entity-name <topic> \
+                 --add-config message.timestamp.before.max.ms=15000), or use relay.exactly_once = \
+                 \"kafka-transactions\" (docs/reliability.md, section 10, defect 6)"
+            ),
+            Bound::Refuses(bound) => {
+                let safe = late::shortest_safe_bound(self.message_timeout);
+                if bound < safe {
+                    warn!(
+                        topic,
+                        bound_ms = bound.as_millis() as u64,
+                        shortest_ms = safe.as_millis() as u64,
+                        "the topic's message.timestamp.before.max.ms is shorter than message.timeout.ms + 2 s: \
+                         the broker can refuse a running session's records as too old, and each refusal restarts the \
+                         session. Raise it"
+                    );
+                }
+                let wait_ms = late::deadline(newest, bound).saturating_sub(late::now_ms());
+                if wait_ms > 0 {
+                    let wait = Duration::from_millis(wait_ms as u64);
+                    if wait > SETTLE_MAX {
+                        return Err(ReadBackError::Broker {
+                            topic: topic.to_owned(),
+                            partition,
+                            cause: format!(
+                                "an earlier session's records may still land for {} s more (the topic's \
+                                 message.timestamp.before.max.ms is {} ms); the session starts again and waits \
+                                 anew. A bound of about message.timeout.ms + 5 s keeps this wait short",
+                                wait.as_secs(),
+                                bound.as_millis()
+                            ),
+                        });
+                    }
+                    info!(
+                        topic,
+                        wait_ms,
+                        bound_ms = bound.as_millis() as u64,
+                        "exactly-once: waiting until the topic's timestamp bound refuses what an earlier session may \
+                         still have on its way; then reading back"
+                    );
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+        fenced.insert(topic.to_owned());
+        Ok(())
+    }
+
+    /// The topic's timestamp bound, from its configuration (one DescribeConfigs request).
+    fn topic_bound(&self, topic: &str) -> Result<Bound, String> {
+        let admin: AdminClient<QuietContext> = self
+            .admin_config
+            .create_with_context(QuietContext::default())
+            .map_err(|e| e.to_string())?;
+        let opts = AdminOptions::new().request_timeout(Some(self.timeout));
+        let spec = ResourceSpecifier::Topic(topic);
+        let answer = block_on(admin.describe_configs([&spec], &opts)).map_err(|e| e.to_string())?;
+        let resource = answer
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no answer".to_owned())?
+            .map_err(|code| code.to_string())?;
+        Ok(Bound::of(|k| resource.get(k).and_then(|e| e.value.as_deref())))
     }
 
     /// Waits until nothing an earlier producer of this process wrote to the cluster's brokers
@@ -201,6 +332,7 @@ impl TailReader {
     ) -> Result<u64, ReadBackError> {
         let err = broker(topic, partition);
         self.settle(topic, partition)?;
+        self.fence_late_writes(topic, partition)?;
         let (low, high) = self
             .consumer
             .fetch_watermarks(topic, partition, self.timeout)

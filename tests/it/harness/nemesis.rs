@@ -65,6 +65,10 @@ pub struct Rig {
     pub net: FaultNet,
 }
 
+/// The nemesis topic's `message.timestamp.before.max.ms`: the 10 s message timeout the relay sets
+/// in exactly-once mode + 5 s, as docs/operations.md advises.
+pub const TIMESTAMP_BOUND_MS: &str = "15000";
+
 impl Rig {
     /// `None` (after a SKIPPING line) when Kafka is not installed or namespaces are unavailable.
     pub async fn new(kind: SinkKind, delivery: Delivery) -> Option<Rig> {
@@ -72,6 +76,11 @@ impl Rig {
             return None;
         }
         let pg_cluster = shared_cluster().await;
+        // Records stamped when handed over (no `outbox.timestamp_column`): a bound measured
+        // from the event's own time would refuse every event a catch-up publishes later than it.
+        let bounded = kind == SinkKind::Kafka
+            && std::env::var_os("OUTBOX_RELAY_NEMESIS_AUTO_CREATE").is_none()
+            && std::env::var_os("OUTBOX_RELAY_NEMESIS_NO_TIMESTAMP_BOUND").is_none();
         let mut net = FaultNet::new();
         let pg = net
             .service("postgres", 0, Some(([127, 0, 0, 1], pg_cluster.port()).into()))
@@ -91,8 +100,18 @@ impl Rig {
                 // auto-created topic's first records can hit on a loaded machine. The nemesis
                 // judges network faults; `OUTBOX_RELAY_NEMESIS_AUTO_CREATE=1` keeps the
                 // auto-creation (the defect's reproducer).
+                //
+                // With a timestamp bound of the exactly-once message timeout + 5 s, as
+                // docs/operations.md advises: the read-back fences an earlier session's late
+                // produce requests with it (defect 6). `OUTBOX_RELAY_NEMESIS_NO_TIMESTAMP_BOUND=1`
+                // leaves it out (that defect's reproducer).
                 if std::env::var_os("OUTBOX_RELAY_NEMESIS_AUTO_CREATE").is_none() {
-                    cluster.create_topic("order", 4).await;
+                    let bound: &[(&str, &str)] = if bounded {
+                        &[("message.timestamp.before.max.ms", TIMESTAMP_BOUND_MS)]
+                    } else {
+                        &[]
+                    };
+                    cluster.create_topic_with("order", 4, bound).await;
                 }
                 (SinkHandle::Kafka(cluster), port)
             }
@@ -106,6 +125,9 @@ impl Rig {
         assert!(db_url.contains(&direct), "{db_url}");
         let mut config = config;
         config.postgres_url = db_url.replace(&direct, &net.endpoint(pg));
+        if bounded {
+            config.timestamp_column = None;
+        }
         let broker_at = net.endpoint(broker);
         let config = match &sink {
             SinkHandle::Kafka(_) => config.kafka("bootstrap.servers", &broker_at),

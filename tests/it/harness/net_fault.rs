@@ -108,11 +108,28 @@ pub enum Mode {
     Delay { base: Duration, jitter: Duration },
     /// Reset (RST) every open connection and every new one.
     Reset,
+    /// [`Mode::Stall`] for the connections accepted before the `n`th ([`Proxy::mark`]), and
+    /// [`Mode::Pass`] for the others: a peer that holds old connections' bytes and serves new
+    /// ones (a stalled broker recovering one socket at a time, a middlebox).
+    HoldBefore(u64),
+}
+
+impl Mode {
+    /// Whether connection `conn` (its accept number) forwards nothing now.
+    fn stalls(&self, conn: u64) -> bool {
+        match self {
+            Mode::Stall => true,
+            Mode::HoldBefore(n) => conn < *n,
+            _ => false,
+        }
+    }
 }
 
 struct ProxyState {
     mode: watch::Sender<Mode>,
     target: Mutex<Option<SocketAddr>>,
+    /// Connections accepted so far (the next one's number).
+    accepted: std::sync::atomic::AtomicU64,
 }
 
 /// A TCP proxy in the test process: listens on `addr`, forwards to its target.
@@ -133,11 +150,13 @@ impl Proxy {
         let state = Arc::new(ProxyState {
             mode,
             target: Mutex::new(target),
+            accepted: Default::default(),
         });
         let s = state.clone();
         let accept = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
-                tokio::spawn(handle(inbound, s.clone()));
+                let conn = s.accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(handle(inbound, s.clone(), conn));
             }
         });
         Proxy { addr, state, accept }
@@ -157,6 +176,12 @@ impl Proxy {
 
     pub fn mode(&self) -> Mode {
         *self.state.mode.borrow()
+    }
+
+    /// The number the next accepted connection gets: [`Mode::HoldBefore`] it holds every
+    /// connection accepted until now.
+    pub fn mark(&self) -> u64 {
+        self.state.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -179,10 +204,10 @@ async fn wait_reset(mut mode: watch::Receiver<Mode>) {
     let _ = mode.wait_for(|m| *m == Mode::Reset).await;
 }
 
-async fn handle(inbound: TcpStream, state: Arc<ProxyState>) {
+async fn handle(inbound: TcpStream, state: Arc<ProxyState>, conn: u64) {
     let mut mode = state.mode.subscribe();
     // A stalled service accepts and answers nothing, not even the connection upstream.
-    let gate = mode.wait_for(|m| *m != Mode::Stall).await.map(|m| *m);
+    let gate = mode.wait_for(|m| !m.stalls(conn)).await.map(|m| *m);
     if !matches!(gate, Ok(m) if m != Mode::Reset) {
         return reset(inbound);
     }
@@ -200,8 +225,8 @@ async fn handle(inbound: TcpStream, state: Arc<ProxyState>) {
         let (ro, wo) = outbound.split();
         let both = async {
             tokio::join!(
-                pump(ri, wo, state.mode.subscribe()),
-                pump(ro, wi, state.mode.subscribe())
+                pump(ri, wo, state.mode.subscribe(), conn),
+                pump(ro, wi, state.mode.subscribe(), conn)
             )
         };
         tokio::select! {
@@ -215,15 +240,20 @@ async fn handle(inbound: TcpStream, state: Arc<ProxyState>) {
 }
 
 /// One direction: read chunks, hand them to the writer with their delivery time, write them
-/// in order at that time; both halves hold while the mode is [`Mode::Stall`].
-async fn pump(mut r: impl AsyncReadExt + Unpin, mut w: impl AsyncWriteExt + Unpin, mode: watch::Receiver<Mode>) {
+/// in order at that time; both halves hold while the mode stalls connection `conn`.
+async fn pump(
+    mut r: impl AsyncReadExt + Unpin,
+    mut w: impl AsyncWriteExt + Unpin,
+    mode: watch::Receiver<Mode>,
+    conn: u64,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut read_mode = mode.clone();
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
         let mut last = Instant::now();
         loop {
-            if read_mode.wait_for(|m| *m != Mode::Stall).await.is_err() {
+            if read_mode.wait_for(|m| !m.stalls(conn)).await.is_err() {
                 break;
             }
             let n = match r.read(&mut buf).await {
@@ -249,7 +279,7 @@ async fn pump(mut r: impl AsyncReadExt + Unpin, mut w: impl AsyncWriteExt + Unpi
     let writer = async move {
         while let Some((at, bytes)) = rx.recv().await {
             tokio::time::sleep_until(at).await;
-            if write_mode.wait_for(|m| *m != Mode::Stall).await.is_err() {
+            if write_mode.wait_for(|m| !m.stalls(conn)).await.is_err() {
                 return;
             }
             if w.write_all(&bytes).await.is_err() {
