@@ -235,7 +235,13 @@ async fn a_missing_topic_holds_the_position_until_it_is_created() {
         relay.try_exit_status().is_none(),
         "a missing topic is not fatal:\n{log}"
     );
+    // A Pub/Sub subscription receives only what is published after it exists, and the topic
+    // must exist before it: the relay is frozen while both are made (after its last publish
+    // was answered), or what it publishes in between reaches the topic and no subscription.
+    assert!(relay.sigstop(), "SIGSTOP");
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, puller) = order_topic(&emulator, &prefix).await;
+    assert!(relay.sigcont(), "SIGCONT");
     let records = puller.wait_for(committed.len(), Duration::from_secs(90)).await;
     check_all(&committed, &records, &topic, "a topic created while the relay waited");
 }

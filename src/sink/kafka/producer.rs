@@ -157,9 +157,9 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
                 {
                     failure.kind = FailureKind::Transient;
                     failure.cause = format!(
-                        "{error}: the record reached topic \"{}\" later after it was handed over than the topic's \
-                         message.timestamp.before.max.ms allows (a broker or the network held it); the relay \
-                         replays it, stamped anew. If this repeats, raise the topic's bound above \
+                        "{error}: the record reached topic \"{}\" more than the topic's \
+                         message.timestamp.before.max.ms after it was handed over (a broker or the network held \
+                         it); the relay replays it, stamped anew. If this repeats, raise the topic's bound above \
                          message.timeout.ms + 2 s",
                         msg.topic()
                     );
