@@ -36,9 +36,10 @@ use crate::config::kafka::KafkaProperties;
 
 /// How far the brokers' clocks may be behind this host's (NTP keeps it to milliseconds).
 pub(crate) const SKEW: Duration = Duration::from_secs(1);
-/// [`SKEW`], and the time an append takes to reach the high watermark (with `acks=all` the
-/// followers fetch it within `replica.fetch.wait.max.ms`, 500 ms by default).
-pub(crate) const MARGIN: Duration = Duration::from_secs(3);
+/// [`SKEW`], and the time an append takes to reach the high watermark: the same grace
+/// `unsettled.rs` gives a request it saw acknowledged.
+pub(crate) const MARGIN: Duration =
+    Duration::from_millis(SKEW.as_millis() as u64 + super::unsettled::GRACE.as_millis() as u64);
 
 /// Now, in milliseconds since the epoch (the unit of Kafka's record timestamps).
 pub(crate) fn now_ms() -> i64 {
@@ -302,6 +303,8 @@ mod tests {
             deadline(10_000, Duration::from_secs(20)),
             10_000 + 20_000 + MARGIN.as_millis() as i64
         );
+        // docs/operations.md and docs/reliability.md say 3 s.
+        assert_eq!(MARGIN, Duration::from_secs(3));
         assert_eq!(
             shortest_safe_bound(Duration::from_secs(10)),
             Duration::from_secs(10) + Duration::from_secs(1) + SKEW

@@ -34,7 +34,7 @@ const POLL: Duration = Duration::from_millis(100);
 /// After a connection settled by acknowledgement: the broker received the request and appends
 /// it, and with `acks=all` the partition's high watermark (what a consumer can read) passes it
 /// once the followers fetched it (`replica.fetch.wait.max.ms`, 500 ms by default).
-const GRACE: Duration = Duration::from_secs(2);
+pub(super) const GRACE: Duration = Duration::from_secs(2);
 
 /// One TCP connection: its two ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
