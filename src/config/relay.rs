@@ -149,13 +149,6 @@ impl ExactlyOnceVia {
             )),
         }
     }
-
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            ExactlyOnceVia::ReadBack => "read-back",
-            ExactlyOnceVia::KafkaTransactions => "kafka-transactions",
-        }
-    }
 }
 
 impl RelaySettings {
@@ -188,13 +181,6 @@ impl Delivery {
             other => Err(format!(
                 "{other:?} is not a delivery mode; use \"at-least-once\" (the default) or \"exactly-once\""
             )),
-        }
-    }
-
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Delivery::AtLeastOnce => "at-least-once",
-            Delivery::ExactlyOnce => "exactly-once",
         }
     }
 }

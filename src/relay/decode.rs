@@ -340,25 +340,15 @@ mod tests {
     use crate::config::test_support::settings;
     use crate::postgres::lsn::Lsn;
     use crate::relay::quarantine::Suspects;
-    use crate::relay::resume::Guarantee;
+    use crate::relay::stream::test_support::stream;
     use crate::relay::stream::StreamState;
     use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED, SECOND_US};
-    use crate::sink::memory::memory;
 
     /// A session state over an in-memory sink (no event in these frames).
     fn with_state(test: impl FnOnce(&mut StreamState<'_>)) {
         let settings = settings("");
-        let (sink, handle, _completions) = memory();
-        let publisher = Box::new(sink);
         let mut suspects = Suspects::default();
-        let mut state = StreamState::new(
-            &settings,
-            Decoder::default(),
-            publisher,
-            Guarantee::AtLeastOnce,
-            Lsn(0x10),
-            &mut suspects,
-        );
+        let (mut state, handle, _completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
         test(&mut state);
         assert!(handle.stored().is_empty());
     }

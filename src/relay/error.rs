@@ -9,7 +9,7 @@ use crate::postgres::pgoutput::DecodeError;
 use crate::postgres::replication::error::ReplicationError;
 use crate::postgres::replication::frames::FrameError;
 use crate::postgres::slot::{SlotHolder, SlotQueryError};
-use crate::relay::watermark::WatermarkError;
+use crate::relay::durability::WatermarkError;
 use crate::sink::{SinkError, SinkFailure};
 
 /// What the walsender sent that pgoutput's protocol rules out: frames lost or reordered on the
@@ -185,14 +185,14 @@ pub enum RelayError {
     ReadBack(#[from] crate::sink::ReadBackError),
     #[error(
         "the stream sent no status update for {paused_ms} ms (the process was paused or starved): its walsender may \
-         be gone and the slot taken over, so the frames in hand are dropped rather than published \
-         (relay.delivery = \"exactly-once\"); the next session replays them"
+         be gone and the slot taken over, so the frames in hand are dropped rather than published behind the new \
+         holder; the next session replays them"
     )]
     Paused { paused_ms: u64 },
     #[error(
         "heard nothing from PostgreSQL for {silent_ms} ms (a network cut?): its walsender may have timed out and the \
-         slot been taken over, so nothing more read on this connection is published \
-         (relay.delivery = \"exactly-once\"); the session reconnects and replays"
+         slot been taken over, so nothing more read on this connection is published; the session reconnects and \
+         replays"
     )]
     Unheard { silent_ms: u64 },
 }

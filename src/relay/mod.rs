@@ -17,16 +17,17 @@
 //! for the whole life of the process, active or standby.
 
 // The pipeline, in the order one event goes through it (`stream.rs` draws the table), driven
-// by the event loop in `session.rs`.
-mod confirm;
+// by the event loop in `session.rs`; the watermark and confirm steps live inside the durability
+// contract (`durability/`), the one way to a flush LSN.
 mod decode;
+mod durability;
 mod publish;
 mod receive;
-pub(crate) mod resume;
-mod seal;
 mod session;
 mod stream;
-pub(crate) mod watermark;
+// The delivery guarantee, chosen once per session, and takeover liveness, in every mode.
+mod guarantee;
+mod liveness;
 // Beside the pipeline: what the steps need and what keeps a session healthy.
 pub(crate) mod error;
 pub(crate) mod heartbeat;

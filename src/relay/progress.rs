@@ -1,29 +1,43 @@
-//! What the stream reports about itself: metrics per event and per status interval.
-//!
-//! Kept out of the steps' files: the hooks there are one call each
-//! (`count_sent`, `count_delivery`), and everything they need lives here.
+//! What the stream reports about itself: counters and metrics per record, and a snapshot per
+//! status interval. The publish step reports each record it sends and each delivery report
+//! ([`Progress::sent`], [`Progress::delivered`]); the event loop takes the snapshot.
 
-use super::stream::{DeliveryTag, StreamState};
-use crate::config::Settings;
-use crate::ops::metrics::{now_unix_us, StreamSnapshot, TopicId};
+use super::durability::Durability;
+use super::lag::CommitLag;
+use super::publish::DeliveryTag;
+use crate::ops::metrics::{now_unix_us, SessionMetrics, StreamSnapshot, TopicId};
 use crate::postgres::lsn::Lsn;
 
-impl<'s> StreamState<'s> {
-    /// The configuration this session runs with (for the event loop's own timers).
-    pub(crate) fn settings(&self) -> &'s Settings {
-        self.settings
-    }
+/// Counters for logs (and, later, metrics).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SessionCounts {
+    pub(crate) transactions: u64,
+    pub(crate) events_sent: u64,
+    pub(crate) events_acked: u64,
+    /// Events handled by `relay.on_bad_event`.
+    pub(crate) bad_events: u64,
+}
 
-    /// An event of the transaction committed at `commit_lsn` was routed to `topic` and handed
-    /// to Kafka: counts it, remembers its commit time for the lag, and returns the topic id its
+/// One session's counters, per-topic metrics and commit lag.
+#[derive(Default)]
+pub(crate) struct Progress {
+    pub(crate) counts: SessionCounts,
+    /// Per-topic counters and the commit-to-ack histogram.
+    metrics: SessionMetrics,
+    lag: CommitLag,
+}
+
+impl Progress {
+    /// An event of the transaction committed at `commit_lsn` was routed to `topic` and is being
+    /// handed to the sink: remembers its commit time for the lag, and returns the topic id its
     /// delivery tag must carry.
-    pub(super) fn count_sent(&mut self, topic: &str, commit_lsn: Lsn, commit_unix_us: i64) -> TopicId {
+    pub(crate) fn sent(&mut self, topic: &str, commit_lsn: Lsn, commit_unix_us: i64) -> TopicId {
         self.lag.event_sent(commit_lsn, commit_unix_us);
         self.metrics.received(topic)
     }
 
     /// One delivery report, for the per-topic counters and the commit-to-ack histogram.
-    pub(super) fn count_delivery(&mut self, tag: &DeliveryTag, delivered: bool) {
+    pub(crate) fn delivered(&mut self, tag: &DeliveryTag, delivered: bool) {
         if delivered {
             self.metrics
                 .published(tag.topic, tag.commit_time_unix_us, now_unix_us());
@@ -39,13 +53,13 @@ impl<'s> StreamState<'s> {
 
     /// Where the stream stands, once per status interval (also drops confirmed transactions
     /// from the lag bookkeeping).
-    pub(crate) fn progress(&mut self, now_unix_us: i64) -> StreamSnapshot {
-        let flushed = self.confirmed();
+    pub(crate) fn snapshot(&mut self, durability: &Durability, now_unix_us: i64) -> StreamSnapshot {
+        let flushed = durability.confirmed();
         StreamSnapshot {
-            in_flight_events: self.watermark.in_flight_events(),
-            in_flight_bytes: self.watermark.in_flight_bytes(),
+            in_flight_events: durability.in_flight_events(),
+            in_flight_bytes: durability.in_flight_bytes(),
             seconds_behind: self.lag.seconds_behind(flushed, now_unix_us),
-            received_lsn: self.received.0,
+            received_lsn: durability.received().0,
             flushed_lsn: flushed.0,
             last_confirmed_commit_unix_us: self.lag.last_confirmed_unix_us(),
         }

@@ -1,18 +1,22 @@
-//! Step 3, publish: one outbox event — a row or a logical decoding message — and what happens when
-//! it cannot be published.
+//! Step 3, publish: one outbox event — a row or a logical decoding message — handed to the sink
+//! as a record, and what happens when it cannot be published. [`Publish`] owns the sink and
+//! what sending needs (the name rule and size limit, the suspects of earlier sessions, the
+//! `[transactions]` metadata, the tracer); each call gets [`Accounts`]: the session's delivery
+//! guarantee, its durability contract and its progress, where the step accounts for what it
+//! sends.
 //!
-//! * Routing or extraction fails, or librdkafka refuses the record locally for what it is
-//!   (`is_record_rejection`): the event is bad; `relay.on_bad_event` applies at once.
-//! * The broker refuses it in a delivery report for what it is: it may have been refused with
+//! * Routing or extraction fails, or the sink refuses the record on sight for what it is: the
+//!   event is bad; `relay.on_bad_event` applies at once.
+//! * The sink refuses it in a delivery report for what it is: it may have been refused with
 //!   its whole batch, so it becomes a suspect and the session replays (`quarantine.rs`); the
-//!   replay sends it alone and the policy applies only if it is refused again — under sink
-//!   transactions on the replay after that, since the refusal dooms the broker transaction.
+//!   replay sends it alone and the policy applies only if it is refused again — where the
+//!   refusal dooms the sink's unit (sink transactions), on the replay after that.
 //! * Any other failure (transport, timeout, a broken producer) poisons the transaction and the
 //!   session replays, whatever the policy.
 //!
-//! Watermark accounting: an event counts as in flight only once librdkafka queued it. A skipped
-//! event never counts; a dead letter counts in its transaction like the event it replaces, so
-//! the transaction is confirmed only once the dead letter is in Kafka.
+//! Accounting: an event counts as in flight only once the sink took it. A skipped event never
+//! counts; a dead letter counts in its transaction like the event it replaces, so the
+//! transaction is confirmed only once the dead letter is stored.
 
 use metrics::counter;
 use tracing::{info, warn};
@@ -20,29 +24,247 @@ use tracing::{info, warn};
 use bytes::Bytes;
 
 use super::decode::EventSource;
-use super::error::InternalError;
-use super::stream::{DeliveryTag, Phase, Published, StreamState};
+use super::durability::{Durability, TxnTicket};
+use super::error::{InternalError, RelayError};
+use super::guarantee::{Bound, Guarantee, RelaySink, Verdict};
+use super::progress::Progress;
 use crate::config::relay::BadEventPolicy;
+use crate::config::Settings;
 use crate::ops::metrics::BAD_EVENTS;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::bad_event::RawEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
-use crate::relay::error::RelayError;
-use crate::relay::quarantine::{EventRef, Held, TxnEvent};
-use crate::relay::resume::{Guarantee, Verdict};
-use crate::relay::transaction_meta::{Marker, OpenTxn};
-use crate::relay::watermark::TxnTicket;
-use crate::sink::{SinkFailure, SinkRecord};
+use crate::relay::quarantine::{EventRef, Held, Suspects, TxnEvent};
+use crate::relay::transaction_meta::{Marker, OpenTxn, TxnMeta};
+use crate::sink::{SinkError, SinkFailure, SinkLimits, SinkRecord};
 use std::borrow::Cow;
 
-use crate::ops::tracing_export::{ProducerSpan, SpanFields};
+use crate::ops::tracing_export::{ProducerSpan, SpanFields, Tracer};
 
-impl StreamState<'_> {
+/// Rides along with each record and comes back in its delivery report.
+#[derive(Debug)]
+pub(crate) struct DeliveryTag {
+    pub(crate) ticket: TxnTicket,
+    pub(crate) bytes: usize,
+    /// Commit LSN of the event's transaction, for error messages.
+    pub(crate) commit_lsn: Lsn,
+    /// Commit time (µs since the Unix epoch), for latency measurements.
+    pub(crate) commit_time_unix_us: i64,
+    /// Position among its transaction's outbox events (with `commit_lsn`, the event's identity
+    /// across replays; see `relay::quarantine`).
+    pub(crate) event_seq: u32,
+    /// What the record is (an event's, a dead letter, or a seal).
+    pub(crate) kind: TagKind,
+    /// The event's topic in the session's per-topic metrics (`crate::ops::metrics::SessionMetrics`).
+    pub(crate) topic: crate::ops::metrics::TopicId,
+    /// `[tracing]`: the event's PRODUCER span, ended when this tag comes back; `None` (no
+    /// allocation) without tracing, for an unsampled root, and for dead letters.
+    pub(crate) span: Option<Box<ProducerSpan>>,
+}
+
+/// What a [`DeliveryTag`] comes back for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TagKind {
+    /// An event's record (or a `[transactions]` marker).
+    Record,
+    /// A dead letter (`[relay] on_bad_event = "dead-letter"`): its failure is a plain delivery
+    /// failure, never another bad event.
+    DeadLetter,
+    /// A seal (`guarantee/transactions.rs`), not a record: its completion says whether the sink
+    /// committed the unit (`ticket` is [`TxnTicket::SEAL`]).
+    Seal,
+}
+
+impl DeliveryTag {
+    /// The tag of a seal storing `checkpoint`.
+    pub(crate) fn seal(checkpoint: u64) -> Box<DeliveryTag> {
+        Box::new(DeliveryTag {
+            ticket: TxnTicket::SEAL,
+            bytes: 0,
+            commit_lsn: Lsn(checkpoint),
+            commit_time_unix_us: 0,
+            event_seq: 0,
+            kind: TagKind::Seal,
+            topic: crate::ops::metrics::TopicId::default(),
+            span: None,
+        })
+    }
+}
+
+/// One delivery report.
+pub(crate) type Delivery = crate::sink::Completion<DeliveryTag>;
+
+/// What the publish step did with an event.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Published {
+    /// Handed to the sink, skipped or settled by `relay.on_bad_event`.
+    Done,
+    /// The delivery guarantee needs a read-back first: publish it again afterwards.
+    Wait,
+}
+
+/// Where the step is, as far as sending goes.
+enum Phase {
+    /// Sending the events it is given.
+    Streaming,
+    /// A suspect (`quarantine.rs`) is sent alone: nothing else goes out until the sink's
+    /// verdict on it.
+    Holding(Held),
+    /// Winding down: deliveries are applied, nothing new is sent. A suspect held when the
+    /// session ended stays, so its acknowledgement still clears it.
+    Draining(Option<Held>),
+}
+
+impl Phase {
+    fn held(&self) -> Option<&Held> {
+        match self {
+            Phase::Streaming => None,
+            Phase::Holding(held) => Some(held),
+            Phase::Draining(held) => held.as_ref(),
+        }
+    }
+
+    /// Takes the held suspect, leaving the phase otherwise as it was.
+    fn take_held(&mut self) -> Option<Held> {
+        match std::mem::replace(self, Phase::Streaming) {
+            Phase::Streaming => None,
+            Phase::Holding(held) => Some(held),
+            Phase::Draining(held) => {
+                *self = Phase::Draining(None);
+                held
+            }
+        }
+    }
+}
+
+/// Where the publish step accounts for what it sends.
+pub(super) struct Accounts<'a> {
+    /// Admits, stamps and counts each record (`guarantee/`).
+    pub(super) guarantee: &'a mut dyn Guarantee,
+    /// Records in flight and settled (`durability/`).
+    pub(super) durability: &'a mut Durability,
+    /// Metrics per record (`progress.rs`).
+    pub(super) progress: &'a mut Progress,
+}
+
+/// The publish step of one session.
+pub(super) struct Publish<'s> {
+    settings: &'s Settings,
+    sink: RelaySink,
+    /// The sink's name rule and largest message.
+    limits: SinkLimits,
+    /// Events the sink refused in earlier sessions (kept by the supervisor).
+    suspects: &'s mut Suspects,
+    phase: Phase,
+    /// `[transactions]`: the open transaction's metadata (`transaction_meta.rs`).
+    txn_meta: TxnMeta,
+    /// `[tracing]`: set when spans are exported.
+    tracer: Option<Tracer>,
+}
+
+impl<'s> Publish<'s> {
+    /// The step over `sink`, for a stream starting at `start` (suspects confirmed before it are
+    /// forgotten).
+    pub(super) fn new(
+        settings: &'s Settings,
+        sink: RelaySink,
+        start: Lsn,
+        suspects: &'s mut Suspects,
+        tracer: Option<Tracer>,
+    ) -> Publish<'s> {
+        suspects.forget_before(start);
+        Publish {
+            settings,
+            sink,
+            limits: crate::sink::limits(settings),
+            suspects,
+            phase: Phase::Streaming,
+            txn_meta: TxnMeta::default(),
+            tracer,
+        }
+    }
+
+    /// A suspect is held: nothing else may go out until the sink's verdict on it.
+    pub(super) fn holding(&self) -> bool {
+        matches!(self.phase, Phase::Holding(_))
+    }
+
+    /// Sending as usual (no suspect held, not winding down).
+    pub(super) fn streaming(&self) -> bool {
+        matches!(self.phase, Phase::Streaming)
+    }
+
+    pub(super) fn draining(&self) -> bool {
+        matches!(self.phase, Phase::Draining(_))
+    }
+
+    /// Winds down: nothing new is sent from now on.
+    pub(super) fn drain(&mut self) {
+        if !self.draining() {
+            self.phase = Phase::Draining(self.phase.take_held());
+        }
+    }
+
+    /// The sink's complaint, while it acknowledges nothing (`Sink::complaint`).
+    pub(super) fn sink_complaint(&self) -> Option<String> {
+        self.sink.complaint()
+    }
+
+    /// The sink's word that waiting cannot help (`Sink::verdict`).
+    pub(super) fn sink_verdict(&self) -> Option<SinkError> {
+        self.sink.verdict()
+    }
+
+    /// Asks the sink to seal what it was handed since the previous seal (sink transactions).
+    pub(super) fn seal(&self, checkpoint: u64, label: &str) -> Result<(), RelayError> {
+        self.sink
+            .seal(checkpoint, label, DeliveryTag::seal(checkpoint))
+            .map_err(|refusal| RelayError::DeliveryFailed {
+                sink: self.settings.sink.broker_name(),
+                failure: Box::new(refusal.failure),
+                commit_lsn: Lsn(checkpoint),
+            })
+    }
+
+    /// The session ends: the sink, for its abandon.
+    pub(super) fn into_sink(self) -> RelaySink {
+        self.sink
+    }
+
+    /// `[transactions]`: a transaction began.
+    pub(super) fn begin_transaction(&mut self, xid: u32, commit_lsn: Lsn, commit_time_unix_us: i64) {
+        self.txn_meta.begin(xid, commit_lsn, commit_time_unix_us);
+    }
+
+    /// `[transactions] headers`: how many events the open transaction has (known at its Commit).
+    pub(super) fn set_transaction_count(&mut self, count: u32) {
+        self.txn_meta.set_count(count);
+    }
+
+    /// `[transactions] headers`: the open transaction's commit LSN, for the log.
+    pub(super) fn open_transaction_lsn(&self) -> Lsn {
+        self.txn_meta.open().map(|t| t.commit_lsn()).unwrap_or_default()
+    }
+
+    /// `[transactions]`: the END marker of the transaction `ticket` stands for, a record of it
+    /// sent before the watermark learns it is complete.
+    pub(super) fn end_transaction(&mut self, ticket: TxnTicket, a: &mut Accounts<'_>) -> Result<(), RelayError> {
+        if let Some(ended) = self.txn_meta.end() {
+            self.send_marker(ticket, &ended, Marker::End, a)?;
+        }
+        Ok(())
+    }
+
     /// The step: one decoded event (`decode.rs`) extracted, routed and handed to the sink — or
     /// settled by `relay.on_bad_event` — unless the delivery guarantee makes it wait.
-    pub(super) fn publish_event(&mut self, txn: &TxnEvent, source: &EventSource) -> Result<Published, RelayError> {
+    pub(super) fn event(
+        &mut self,
+        txn: &TxnEvent,
+        source: &EventSource,
+        a: &mut Accounts<'_>,
+    ) -> Result<Published, RelayError> {
         match source {
             EventSource::Row { relation, row } => {
                 let layout = relation.layout.as_ref().ok_or(InternalError::RowWithoutLayout)?;
@@ -56,12 +278,12 @@ impl StreamState<'_> {
                             let key = Some(Bytes::copy_from_slice(&event.key));
                             RawEvent::row(&table(), &relation.relation, row, key)
                         };
-                        self.publish(txn, &event, raw)
+                        self.publish(txn, &event, raw, a)
                     }
                     Err(cause) => {
                         let id = layout.id_for_error(row);
                         let raw = RawEvent::row(&table(), &relation.relation, row, None);
-                        self.bad_event(txn, id, cause, &raw, true)
+                        self.bad_event(txn, id, cause, &raw, true, a)
                     }
                 }
             }
@@ -69,10 +291,10 @@ impl StreamState<'_> {
                 let prefix = self.settings.outbox.message_prefix.as_deref().unwrap_or_default();
                 let raw = || RawEvent::message(prefix, message.content.clone());
                 match OutboxEvent::from_message(&message.content) {
-                    Ok(event) => self.publish(txn, &event.with_commit_time(txn.commit_time_unix_us), raw),
+                    Ok(event) => self.publish(txn, &event.with_commit_time(txn.commit_time_unix_us), raw, a),
                     Err(cause) => {
                         let id = best_effort_id(&message.content);
-                        self.bad_event(txn, id.as_bytes(), cause, &raw(), true)
+                        self.bad_event(txn, id.as_bytes(), cause, &raw(), true, a)
                     }
                 }
             }
@@ -105,6 +327,7 @@ impl StreamState<'_> {
         txn: &TxnEvent,
         event: &OutboxEvent<'_>,
         raw: impl FnOnce() -> RawEvent,
+        a: &mut Accounts<'_>,
     ) -> Result<Published, RelayError> {
         let settings = self.settings;
         // `[filter]`: not sent, and not in flight, so its transaction confirms as if it were
@@ -122,21 +345,19 @@ impl StreamState<'_> {
         let event = traced.as_ref().unwrap_or(event);
         let record = match event.record(settings, &self.limits) {
             Ok(record) => record,
-            Err(cause) => return self.bad_event(txn, &event.id, cause, &raw(), true),
+            Err(cause) => return self.bad_event(txn, &event.id, cause, &raw(), true, a),
         };
-        // Should the broker refuse the record, its dead letter must not wait either.
+        // Should the sink refuse the record, its dead letter must not wait either.
         let dead_letters = match &settings.relay.on_bad_event {
             BadEventPolicy::DeadLetter { topic } => Some(topic.as_str()),
             _ => None,
         };
-        match self.guarantee.admit(
-            txn.event,
-            &record.destination,
-            &record.key,
-            record.partition,
-            dead_letters,
-            true,
-        ) {
+        let bound = Bound {
+            destination: &record.destination,
+            key: &record.key,
+            placement: record.partition,
+        };
+        match a.guarantee.admit(txn.event, bound, dead_letters, true) {
             Verdict::Send => {}
             Verdict::Skip => return Ok(Published::Done),
             Verdict::Wait => return Ok(Published::Wait),
@@ -146,9 +367,9 @@ impl StreamState<'_> {
             crate::ops::metrics::count_invalid_traceparent();
         }
         if let Some(refusal) = self.suspects.condemned(txn.event).map(str::to_owned) {
-            // Refused alone in an earlier session, whose broker transaction had to abort.
+            // Refused alone in an earlier session, whose sink unit had to abort.
             let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &refusal);
-            return self.bad_event(txn, &event.id, cause, &raw(), false);
+            return self.bad_event(txn, &event.id, cause, &raw(), false, a);
         }
         if let Some(earlier) = self.suspects.get(txn.event) {
             // Kept as read: its release starts a span of its own.
@@ -160,11 +381,12 @@ impl StreamState<'_> {
                 sent: false,
                 txn_index,
             });
-            self.release_held()?;
+            self.release_held(a)?;
             return Ok(Published::Done);
         }
-        let record = self.with_transaction_meta(txn, txn_index, record)?;
-        match self.send(txn, &record, false, span.map(|s| with_partition(s, record.partition)))? {
+        let record = self.with_transaction_meta(txn, txn_index, record, a)?;
+        let span = span.map(|s| with_partition(s, record.partition));
+        match self.send(txn, &record, TagKind::Record, span, a)? {
             None => Ok(Published::Done),
             Some(failure) if failure.is_refusal() => self.bad_event(
                 txn,
@@ -172,6 +394,7 @@ impl StreamState<'_> {
                 BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause),
                 &raw(),
                 false,
+                a,
             ),
             Some(failure) => Err(delivery_failed(
                 self.settings.sink.broker_name(),
@@ -210,8 +433,13 @@ impl StreamState<'_> {
         Some((Box::new(span), traced))
     }
 
-    /// Hands a record to the sink; `Some(failure)` when it refused it (nothing was counted then;
-    /// `span` ended with the refusal).
+    /// `[tracing]`: ends the span a tag carried, with the failure's cause if it failed.
+    fn end_span(&self, tag: &mut DeliveryTag, failure: Option<&SinkFailure>) {
+        if let (Some(span), Some(tracer)) = (tag.span.take(), &self.tracer) {
+            tracer.end(*span, failure.map(|f| f.cause.clone()));
+        }
+    }
+
     /// `[transactions]`: the BEGIN marker before a transaction's first sent event, and the
     /// event's transaction headers (`transaction_meta.rs`).
     fn with_transaction_meta<'r>(
@@ -219,6 +447,7 @@ impl StreamState<'_> {
         txn: &TxnEvent,
         txn_index: Option<u32>,
         mut record: SinkRecord<'r>,
+        a: &mut Accounts<'_>,
     ) -> Result<SinkRecord<'r>, RelayError> {
         let Some(meta) = &self.settings.transactions else {
             return Ok(record);
@@ -228,7 +457,7 @@ impl StreamState<'_> {
         };
         if meta.topic.is_some() {
             if let Some(open) = self.txn_meta.begin_marker_due().cloned() {
-                self.send_marker(txn.ticket, &open, Marker::Begin)?;
+                self.send_marker(txn.ticket, &open, Marker::Begin, a)?;
             }
         }
         if meta.headers {
@@ -243,7 +472,13 @@ impl StreamState<'_> {
 
     /// Sends a BEGIN or END marker of `open` as a record of its transaction (`ticket`): counted
     /// in the watermark like an event, so the transaction confirms only once it is acknowledged.
-    pub(super) fn send_marker(&mut self, ticket: TxnTicket, open: &OpenTxn, marker: Marker) -> Result<(), RelayError> {
+    fn send_marker(
+        &mut self,
+        ticket: TxnTicket,
+        open: &OpenTxn,
+        marker: Marker,
+        a: &mut Accounts<'_>,
+    ) -> Result<(), RelayError> {
         let Some(topic) = self.settings.transactions.as_ref().and_then(|m| m.topic.as_deref()) else {
             return Ok(());
         };
@@ -274,74 +509,79 @@ impl StreamState<'_> {
             commit_time_unix_us: open.commit_ms().saturating_mul(1000),
             event: EventRef { commit_lsn, seq },
         };
-        match self.send(&txn, &record, false, None)? {
+        match self.send(&txn, &record, TagKind::Record, None, a)? {
             None => Ok(()),
             Some(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
         }
     }
 
+    /// Hands a record to the sink; `Some(failure)` when it refused it (nothing was counted then;
+    /// `span` ended with the refusal).
     fn send(
         &mut self,
         txn: &TxnEvent,
         record: &SinkRecord<'_>,
-        dead_letter: bool,
+        kind: TagKind,
         span: Option<Box<ProducerSpan>>,
+        a: &mut Accounts<'_>,
     ) -> Result<Option<SinkFailure>, RelayError> {
         let bytes = record.size();
-        let topic = self.count_sent(&record.destination, txn.commit_lsn(), txn.commit_time_unix_us);
+        let topic = a
+            .progress
+            .sent(&record.destination, txn.commit_lsn(), txn.commit_time_unix_us);
         let tag = Box::new(DeliveryTag {
             ticket: txn.ticket,
             bytes,
             commit_lsn: txn.commit_lsn(),
             commit_time_unix_us: txn.commit_time_unix_us,
             event_seq: txn.event.seq,
-            dead_letter,
+            kind,
             topic,
             span,
-            seal: false,
         });
         let mut buf = [0u8; 40];
-        let stamp = self.guarantee.stamp(txn.event, &mut buf);
+        let stamp = a.guarantee.stamp(txn.event, &mut buf);
         let extra = stamp.headers.as_ref().map_or(&[][..], |h| &h[..]);
-        let sent = self.publisher.send(record, extra, stamp.dedup_key.as_deref(), tag);
+        let sent = self.sink.send(record, extra, stamp.dedup_key.as_deref(), tag);
         if let Err(mut refusal) = sent {
-            self.count_delivery(&refusal.tag, false);
-            if let (Some(span), Some(tracer)) = (refusal.tag.span.take(), &self.tracer) {
-                tracer.end(*span, Some(refusal.failure.cause.clone()));
-            }
+            a.progress.delivered(&refusal.tag, false);
+            self.end_span(&mut refusal.tag, Some(&refusal.failure));
             return Ok(Some(refusal.failure));
         }
-        self.watermark.event_sent(txn.ticket, bytes)?;
-        if let Some(sealing) = self.guarantee.sealing() {
-            sealing.sent(txn.commit_lsn(), self.received);
-        }
-        self.counts.events_sent += 1;
+        a.durability.sent(txn.ticket, bytes)?;
+        a.guarantee.sent(txn.commit_lsn(), a.durability);
+        a.progress.counts.events_sent += 1;
         Ok(None)
     }
 
     /// Applies `relay.on_bad_event` to an event that can never be published. `may_wait`: the
     /// event is being published for the first time and nothing of it was sent yet, so the
-    /// delivery guarantee may make it wait for a read-back (`resume.rs`).
-    pub(super) fn bad_event(
+    /// delivery guarantee may make it wait for a read-back.
+    fn bad_event(
         &mut self,
         txn: &TxnEvent,
         id: &[u8],
         cause: BadEvent,
         raw: &RawEvent,
         may_wait: bool,
+        a: &mut Accounts<'_>,
     ) -> Result<Published, RelayError> {
         let settings = self.settings;
         let policy = &settings.relay.on_bad_event;
         if let BadEventPolicy::DeadLetter { topic } = policy {
-            let key = raw.key.as_deref().unwrap_or_default();
-            match self.guarantee.admit(txn.event, topic, key, None, None, may_wait) {
+            let bound = Bound {
+                destination: topic,
+                key: raw.key.as_deref().unwrap_or_default(),
+                placement: None,
+            };
+            match a.guarantee.admit(txn.event, bound, None, may_wait) {
                 Verdict::Send => {}
                 Verdict::Skip => return Ok(Published::Done),
                 Verdict::Wait => return Ok(Published::Wait),
             }
         }
         counter!(BAD_EVENTS, "policy" => policy.label(), "cause" => cause.label()).increment(1);
-        self.counts.bad_events += 1;
+        a.progress.counts.bad_events += 1;
         let id_text = String::from_utf8_lossy(id);
         let commit_lsn = txn.commit_lsn();
         match policy {
@@ -370,7 +610,7 @@ impl StreamState<'_> {
                     dead_letter_topic = %topic,
                     "dead-lettering a bad outbox event (relay.on_bad_event = \"dead-letter\")"
                 );
-                match self.send(txn, &record, true, None)? {
+                match self.send(txn, &record, TagKind::DeadLetter, None, a)? {
                     None => Ok(Published::Done),
                     Some(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
                 }
@@ -378,19 +618,41 @@ impl StreamState<'_> {
         }
     }
 
+    /// One delivery report of a record this step sent: the watermark step settles it, and a
+    /// failure is a suspect's verdict, a new suspect, or a plain failure (module docs).
+    pub(super) fn on_delivery(&mut self, delivery: Delivery, a: &mut Accounts<'_>) -> Result<(), RelayError> {
+        let mut tag = delivery.tag;
+        a.progress.delivered(&tag, delivery.outcome.is_ok());
+        self.end_span(&mut tag, delivery.outcome.as_ref().err());
+        match delivery.outcome {
+            Ok(()) => {
+                a.durability.acknowledged(tag.ticket, tag.bytes)?;
+                a.progress.counts.events_acked += 1;
+                self.held_accepted(&tag);
+            }
+            Err(failure) => self.on_failed_delivery(&tag, failure, a)?,
+        }
+        self.release_held(a)
+    }
+
     /// A failed delivery report: a suspect's verdict, a new suspect, or a plain failure.
-    pub(super) fn on_failed_delivery(&mut self, tag: &DeliveryTag, failure: SinkFailure) -> Result<(), RelayError> {
+    fn on_failed_delivery(
+        &mut self,
+        tag: &DeliveryTag,
+        failure: SinkFailure,
+        a: &mut Accounts<'_>,
+    ) -> Result<(), RelayError> {
         let event = EventRef {
             commit_lsn: tag.commit_lsn,
             seq: tag.event_seq,
         };
-        let refused = !tag.dead_letter && failure.is_refusal();
+        let refused = tag.kind != TagKind::DeadLetter && failure.is_refusal();
         let verdict = refused && matches!(&self.phase, Phase::Holding(h) if h.sent && h.txn.event == event);
-        if verdict && matches!(self.guarantee, Guarantee::Sealed(_)) {
-            // The refusal left the broker transaction unable to commit: neither a dead letter
-            // nor the events after it can go into it. Condemned, it is settled on the replay.
+        if verdict && a.guarantee.refusal_dooms_unit() {
+            // The refusal left the sink's unit unable to commit: neither a dead letter nor the
+            // events after it can go into it. Condemned, it is settled on the replay.
             self.phase.take_held();
-            self.watermark.failed(tag.ticket, tag.bytes)?;
+            a.durability.failed(tag.ticket, tag.bytes)?;
             self.suspects.condemn(event, failure.cause.clone());
             return Err(RelayError::RecordCondemned {
                 sink: self.settings.sink.broker_name(),
@@ -402,24 +664,24 @@ impl StreamState<'_> {
             info!(
                 id = %String::from_utf8_lossy(&held.event.id),
                 commit_lsn = %tag.commit_lsn,
-                "the broker refused the suspect event again on its own: it is a bad event"
+                "the sink refused the suspect event again on its own: it is a bad event"
             );
             // Decided: the sink publishes the key's records again (its dead letter first).
             if let Ok(record) = held.event.record(self.settings, &self.limits) {
-                self.publisher.release(&record.key);
+                self.sink.release(&record.key);
             }
             let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause);
-            return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false) {
+            return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a) {
                 // Skipped, or replaced by its dead letter (counted in flight by now); it
                 // cannot wait (`may_wait` is false).
-                Ok(_) => Ok(self.watermark.acked(tag.ticket, tag.bytes)?),
+                Ok(_) => Ok(a.durability.acknowledged(tag.ticket, tag.bytes)?),
                 Err(e) => {
-                    self.watermark.failed(tag.ticket, tag.bytes)?;
+                    a.durability.failed(tag.ticket, tag.bytes)?;
                     Err(e)
                 }
             };
         }
-        self.watermark.failed(tag.ticket, tag.bytes)?;
+        a.durability.failed(tag.ticket, tag.bytes)?;
         if refused {
             self.suspects.insert(event, failure.cause.clone());
             return Err(RelayError::RecordRejected {
@@ -436,25 +698,25 @@ impl StreamState<'_> {
     }
 
     /// An acknowledgement: if it is the held suspect's, that event was innocent.
-    pub(super) fn held_accepted(&mut self, tag: &DeliveryTag) {
+    fn held_accepted(&mut self, tag: &DeliveryTag) {
         let event = EventRef {
             commit_lsn: tag.commit_lsn,
             seq: tag.event_seq,
         };
-        if tag.dead_letter || !self.phase.held().is_some_and(|h| h.sent && h.txn.event == event) {
+        if tag.kind == TagKind::DeadLetter || !self.phase.held().is_some_and(|h| h.sent && h.txn.event == event) {
             return;
         }
-        info!(commit_lsn = %tag.commit_lsn, seq = tag.event_seq, "the broker accepted the suspect event on its own: it only shared a batch with a bad record");
+        info!(commit_lsn = %tag.commit_lsn, seq = tag.event_seq, "the sink accepted the suspect event on its own: it only shared a batch with a bad record");
         self.suspects.clear(event);
         self.phase.take_held();
     }
 
     /// Sends the held suspect once nothing else is in flight (so it travels in a batch of its own).
-    pub(super) fn release_held(&mut self) -> Result<(), RelayError> {
+    fn release_held(&mut self, a: &mut Accounts<'_>) -> Result<(), RelayError> {
         let Phase::Holding(held) = &self.phase else {
             return Ok(());
         };
-        if held.sent || self.watermark.in_flight_events() > 0 {
+        if held.sent || a.durability.in_flight_events() > 0 {
             return Ok(());
         }
         let Some(mut held) = self.phase.take_held() else {
@@ -464,7 +726,7 @@ impl StreamState<'_> {
             id = %String::from_utf8_lossy(&held.event.id),
             commit_lsn = %held.txn.commit_lsn(),
             earlier = %held.earlier,
-            "sending alone an event the broker refused earlier, to tell whether it is the bad one"
+            "sending alone an event the sink refused earlier, to tell whether it is the bad one"
         );
         let settings = self.settings;
         let (span, traced) = self.start_span(&held.txn, &held.event).unzip();
@@ -474,13 +736,13 @@ impl StreamState<'_> {
             // It was routed before it was held, and routing depends on nothing else.
             Err(cause) => {
                 return self
-                    .bad_event(&held.txn, &held.event.id, cause, &held.raw, false)
+                    .bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a)
                     .map(drop)
             }
         };
-        let record = self.with_transaction_meta(&held.txn, held.txn_index, record)?;
+        let record = self.with_transaction_meta(&held.txn, held.txn_index, record, a)?;
         let span = span.map(|s| with_partition(s, record.partition));
-        let sent = self.send(&held.txn, &record, false, span)?;
+        let sent = self.send(&held.txn, &record, TagKind::Record, span, a)?;
         drop(record);
         drop(traced);
         match sent {
@@ -496,6 +758,7 @@ impl StreamState<'_> {
                     BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause),
                     &held.raw,
                     false,
+                    a,
                 )
                 .map(drop),
             Some(failure) => Err(delivery_failed(
@@ -504,6 +767,12 @@ impl StreamState<'_> {
                 held.txn.commit_lsn(),
             )),
         }
+    }
+
+    /// The suspects as they stand (unit tests).
+    #[cfg(test)]
+    pub(super) fn suspects(&self) -> &Suspects {
+        self.suspects
     }
 }
 
@@ -531,12 +800,11 @@ fn delivery_failed(sink: &'static str, failure: SinkFailure, commit_lsn: Lsn) ->
 mod tests {
     use super::*;
     use crate::config::test_support::settings;
-    use crate::relay::decode::Decoder;
     use crate::relay::quarantine::Suspects;
-    use crate::relay::resume::{Guarantee, Resume};
-    use crate::relay::stream::Delivery;
+    use crate::relay::stream::test_support::stream;
+    use crate::relay::stream::StreamState;
     use crate::relay::test_frames::{begin, commit, insert, relation, xlog, COMMITTED, SECOND_US};
-    use crate::sink::memory::{memory, MemoryHandle};
+    use crate::sink::memory::MemoryHandle;
     use crate::sink::{Completions, FailureKind};
 
     const OUTBOX: u32 = 16_384;
@@ -570,26 +838,7 @@ mod tests {
         ),
     ) {
         let settings = settings(extra_config);
-        let (sink, handle, mut completions) = memory();
-        let transactions = settings.relay.exactly_once == crate::config::relay::ExactlyOnceVia::KafkaTransactions;
-        let guarantee = if transactions {
-            Guarantee::Sealed(Box::new(crate::relay::seal::Sealing::new(&settings, "7000", None)))
-        } else if settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce {
-            // Replay window empty (it ends where the stream starts): nothing is read back.
-            let (resume, _) = Resume::new(&settings, "7000", Lsn(0x10), Lsn(0x10), None);
-            Guarantee::ExactlyOnce(Box::new(resume))
-        } else {
-            Guarantee::AtLeastOnce
-        };
-        let mut state = StreamState::new(
-            &settings,
-            Decoder::default(),
-            Box::new(sink),
-            guarantee,
-            Lsn(0x10),
-            &mut suspects,
-        );
-        state.tracer = tracer;
+        let (mut state, handle, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, tracer);
         let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
         let outcome = (|| {
             state.on_frame(xlog(COMMITTED, &begin(0x500)))?;
@@ -668,16 +917,8 @@ mod tests {
         after: impl FnOnce(&mut StreamState<'_>, &MemoryHandle<DeliveryTag>, &mut Completions<DeliveryTag>),
     ) {
         let settings = settings(extra_config);
-        let (sink, handle, mut completions) = memory();
         let mut suspects = Suspects::default();
-        let mut state = StreamState::new(
-            &settings,
-            Decoder::default(),
-            Box::new(sink),
-            Guarantee::AtLeastOnce,
-            Lsn(0x10),
-            &mut suspects,
-        );
+        let (mut state, handle, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
         let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
         state.on_frame(xlog(COMMITTED, &begin(0x500))).unwrap();
         state
@@ -776,16 +1017,8 @@ mod tests {
     fn a_released_transaction_waits_for_room_in_the_budget_before_its_commit_is_taken() {
         let config = "[relay]\nmax_in_flight = 3\n[transactions]\nheaders = true\n";
         let settings = settings(config);
-        let (sink, handle, mut completions) = memory();
         let mut suspects = Suspects::default();
-        let mut state = StreamState::new(
-            &settings,
-            Decoder::default(),
-            Box::new(sink),
-            Guarantee::AtLeastOnce,
-            Lsn(0x10),
-            &mut suspects,
-        );
+        let (mut state, handle, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
         let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
         let row = |id| [Some(id), Some("g"), Some("a"), Some("{}"), None, None];
         state
@@ -857,7 +1090,7 @@ mod tests {
                 Lsn(0x10),
                 "an aborted transaction is never confirmed"
             );
-            state.watermark.keepalive(Lsn(0x900));
+            state.keepalive(Lsn(0x900));
             assert_eq!(state.confirmed(), Lsn(0x10));
         });
     }
@@ -890,7 +1123,7 @@ mod tests {
                 commit_lsn: Lsn(0x500),
                 seq: 0,
             };
-            assert_eq!(state.suspects.get(suspect), Some("record too large"));
+            assert_eq!(state.suspects().get(suspect), Some("record too large"));
         });
     }
 
@@ -1015,13 +1248,13 @@ mod tests {
             refuse_placed(state, sink).unwrap();
             assert!(sink.stored().is_empty());
             assert_eq!(state.confirmed(), Lsn(0x610));
-            assert_eq!(state.counts.bad_events, 1);
+            assert_eq!(state.counts().bad_events, 1);
         });
     }
 
     #[test]
     fn exactly_once_records_carry_their_position_after_their_own_headers() {
-        use crate::relay::resume::{HEADER_COMMIT_LSN, HEADER_INDEX, HEADER_SOURCE};
+        use crate::relay::guarantee::{HEADER_COMMIT_LSN, HEADER_INDEX, HEADER_SOURCE};
         run(
             "[relay]\ndelivery = \"exactly-once\"\n",
             &["a", "b"],

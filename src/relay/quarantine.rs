@@ -9,7 +9,7 @@
 //! reading, waits until nothing else is in flight, and sends the suspect alone. Accepted, it was
 //! innocent; refused again, it is the bad one and the policy applies.
 //!
-//! Under sink transactions (`relay.exactly_once = "kafka-transactions"`) a refusal also leaves
+//! Under sink transactions (`guarantee/transactions.rs`: Kafka transactions) a refusal also leaves
 //! the open broker transaction unable to commit, so the policy cannot be applied inside it (a
 //! dead letter or the events after a skipped one would go into a transaction that must abort).
 //! There a suspect refused again alone is *condemned*: the session ends, the transaction is
@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use crate::outbox::bad_event::RawEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::postgres::lsn::Lsn;
-use crate::relay::watermark::TxnTicket;
+use crate::relay::durability::TxnTicket;
 
 /// One outbox event's identity across replays: its transaction's commit LSN and its position
 /// (0-based) among that transaction's outbox events.

@@ -5,13 +5,14 @@
 //! 2. **status timer** — fires once per `status_interval`; it sits above the data arms because a
 //!    busy stream must never starve it (the walsender drops connections that stay silent for
 //!    `wal_sender_timeout`, and it is the only way confirmed LSNs reach the server). The same
-//!    tick checks for a dead connection (`silence.rs`), for a pause past the exactly-once stale
-//!    limit (`resume.rs`), and publishes progress (metrics, lag, a takeover's fence);
+//!    tick checks for a dead connection (`silence.rs`), for a pause past the stale limit or a
+//!    server unheard too long (`liveness.rs`), and publishes progress (metrics, lag, what the
+//!    delivery guarantee holds the stream back by);
 //! 3. **slot verdict** — the slot monitor task (`slot_monitor.rs`) found the slot lost: stop.
 //!    Rare and cheap, so it sits above the busy arms;
 //! 4. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
-//! 5. **read-backs** (exactly-once) — a partition's tail arrived from its thread; the frame that
-//!    waited for it is decoded again (`resume.rs`);
+//! 5. **the guarantee's answers** (exactly-once by read-back) — a partition's tail arrived from
+//!    its thread; the event that waited for it is published (`guarantee/read_back.rs`);
 //! 6. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
 //!    TCP then pushes back on the walsender, which keeps answering our status updates).
 //!
@@ -20,40 +21,43 @@
 //!
 //! Before streaming, the slot is checked (`slot.rs`: missing or lost is fatal, held by someone
 //! else means standing by) and the publication too (`publication.rs`: it must publish inserts);
-//! right after `START_REPLICATION` it is re-read to make sure the server
-//! will not skip WAL this session has not seen.
+//! right after `START_REPLICATION` it is re-read to make sure the server will not skip WAL this
+//! session has not seen. Then the session's delivery guarantee is chosen, once, and its sink
+//! created (`guarantee/`).
 //!
 //! Every way out of the loop goes through [`wind_down`]: wait (bounded; not at all after a pause
 //! past the stale limit) for outstanding deliveries, send a last status update with everything
-//! confirmed, abandon the producer so a replay cannot be overtaken by its stragglers, and only
+//! confirmed, abandon the sink so a replay cannot be overtaken by its stragglers, and only
 //! then end the copy (a standby that takes the slot once the walsender is gone must find nothing
-//! of this process still on its way to Kafka: `takeover.rs`).
+//! of this process still on its way to the sink: `takeover.rs`).
 
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::{interval, Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::decode::Decoder;
 use super::error::{InternalError, RelayError};
+use super::guarantee::{self, Answer, Answers, Chosen};
+use super::liveness::{self, Liveness};
 use super::outage::Waiting;
+use super::publish::{Delivery, DeliveryTag};
 use super::receive;
-use super::resume::{self, DoneReceiver, Guarantee, Resume};
 use super::silence::Silence;
-use super::stream::{Delivery, StreamState};
-use super::takeover::{Fence, Predecessor};
+use super::stream::{Parts, StreamState};
+use super::takeover::Predecessor;
 use super::{heartbeat, publication, slot, SessionContext};
-use crate::config::relay::Delivery as DeliveryMode;
 use crate::config::Settings;
-use crate::ops::health::{Mode, RelayHealth};
+use crate::ops::health::Mode;
 use crate::ops::metrics::{now_unix_us, StreamGauges};
-use crate::ops::units::{utc_from_system_time, utc_from_unix_us};
+use crate::ops::units::utc_from_unix_us;
 use crate::outbox::layout::DebeziumColumns;
 use crate::outbox::payload::ByteaTypes;
 use crate::postgres::client as pg_client;
 use crate::postgres::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
 use crate::postgres::replication::error::ReplicationError;
+use crate::sink::Completions;
 
 const DELIVERY_BATCH: usize = 4096;
 
@@ -117,28 +121,26 @@ pub(crate) async fn run_session(
         .await?;
     ctx.last_walsender = Some(backend_pid);
     slot::verify_start(&control, slot_name, slot.confirmed_flush).await?;
-    // Exactly-once: the slot is ours now, so no earlier holder streams any more; what commits
-    // from here on cannot be in Kafka yet.
-    // Sink transactions need no replay window: the checkpoint says what Kafka holds (`seal.rs`).
-    let transactions = crate::sink::exactly_once(settings) == crate::sink::ExactlyOnce::Transactions;
-    let replay_end = match settings.relay.delivery {
-        DeliveryMode::ExactlyOnce if !transactions => Some((
-            resume::replay_end(&control).await?,
-            resume::unheard_limit(&control).await?,
-        )),
-        _ => None,
+    // The slot is ours now: takeover liveness starts, and the delivery guarantee is chosen and
+    // its sink created — a transactional sink fences earlier producers of its identity, and a
+    // holder must never fence the one that holds the slot (`guarantee/`).
+    let liveness = Liveness::new(&settings.relay, liveness::wal_sender_timeout(&control).await?);
+    let start = guarantee::Start {
+        control: &control,
+        system_id: &system.system_id,
+        slot_start: slot.confirmed_flush,
+        predecessor: &ctx.predecessor,
     };
-    // Sink transactions: created only now that the slot is ours, since creating it fences the
-    // previous producer of the same identity — a holder must never fence the one that holds
-    // the slot.
-    let (publisher, mut deliveries) = crate::sink::create_for_relay(settings, settings.relay.max_in_flight)
-        .await
-        .map_err(RelayError::Sink)?;
+    let Chosen {
+        guarantee,
+        sink,
+        mut completions,
+        mut answers,
+    } = guarantee::start(settings, &start).await?;
     info!(
         slot = %settings.postgres.slot,
         publication = %settings.postgres.publication,
-        delivery = settings.relay.delivery.label(),
-        exactly_once = settings.relay.exactly_once.label(),
+        delivery = guarantee.label(),
         start_lsn = %slot.confirmed_flush,
         walsender_pid = backend_pid,
         host = %host,
@@ -154,64 +156,28 @@ pub(crate) async fn run_session(
     let _heartbeat = heartbeat::spawn(settings, &ctx.side);
     // Lent to the session's state and handed back after the wind-down, for the next session.
     let mut suspects = std::mem::take(&mut ctx.suspects);
-    let mut guarantee = Guarantee::AtLeastOnce;
-    let mut read_backs = None;
-    let mut fence = None;
-    if let Some((replay_end, unheard_limit)) = replay_end {
-        // A takeover waits until whatever the old holder may still have queued in librdkafka
-        // has landed or expired before reading anything back (`takeover.rs`). The predecessor
-        // is forgotten once its fence passed: a session that ends before then leaves it to the
-        // next one, whose fence ends at the same instant.
-        fence = ctx.predecessor.fence(settings, std::time::Instant::now());
-        if let Some(f) = &fence {
-            info!(
-                slot = %settings.postgres.slot,
-                until = %utc_from_system_time(f.until_utc),
-                wait_ms = f.until.saturating_duration_since(std::time::Instant::now()).as_millis() as u64,
-                reason = %f.reason,
-                "exactly-once takeover: the first read-back waits for the previous holder's queued records"
-            );
-        }
-        let (mut r, done) = Resume::new(
-            settings,
-            &system.system_id,
-            slot.confirmed_flush,
-            replay_end,
-            fence.as_ref().map(|f| f.until),
-        );
-        r.set_unheard_limit(unheard_limit);
-        guarantee = Guarantee::ExactlyOnce(Box::new(r));
-        read_backs = Some(done);
-    }
-    if settings.relay.delivery == DeliveryMode::ExactlyOnce && transactions {
-        guarantee = Guarantee::Sealed(Box::new(super::seal::Sealing::new(
-            settings,
-            &system.system_id,
-            publisher.checkpoint(),
-        )));
-    }
-    if fence.is_none() {
-        ctx.predecessor = Predecessor::None;
-    }
-    let decoder = Decoder::new(bytea, debezium);
-    let mut state = StreamState::new(
-        settings,
-        decoder,
-        publisher,
+    let parts = Parts {
+        decoder: Decoder::new(bytea, debezium),
+        sink,
         guarantee,
-        slot.confirmed_flush,
-        &mut suspects,
-    );
-    state.tracer = ctx.tracer.clone();
+        liveness,
+        start: slot.confirmed_flush,
+        suspects: &mut suspects,
+        tracer: ctx.tracer.clone(),
+    };
+    let mut state = StreamState::new(settings, parts);
+    // The predecessor is forgotten once nothing holds the stream back for it: a session that
+    // ends before its fence passed leaves it to the next one, whose fence ends at the same
+    // instant (`takeover.rs`).
+    show_hold(&mut state, ctx);
     let outcome = stream(
         &mut state,
         &mut reader,
         &mut writer,
-        &mut deliveries,
-        &mut read_backs,
+        &mut completions,
+        &mut answers,
         shutdown,
         ctx,
-        fence,
     )
     .await;
     match &outcome {
@@ -222,8 +188,8 @@ pub(crate) async fn run_session(
         Err(e) => warn!(error = %e, slot = %settings.postgres.slot, "stopping stream"),
         Ok(_) => {}
     }
-    // A paused holder may have been taken over: what it still has queued must not reach Kafka
-    // after the new holder read back, so nothing is waited for (`takeover.rs`).
+    // A paused holder may have been taken over: what it still has queued must not reach the
+    // sink after the new holder replayed, so nothing is waited for (`liveness.rs`).
     let wait = match &outcome {
         Err(RelayError::Paused { .. } | RelayError::Unheard { .. }) => Duration::ZERO,
         _ => settings.relay.shutdown_timeout,
@@ -231,7 +197,7 @@ pub(crate) async fn run_session(
     ctx.health.set_fence(None, 0.0);
     // Only a clean stop seals what is whole: after a failure the producer may be unusable.
     let seal_last = outcome.is_ok();
-    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut deliveries, wait, seal_last).await;
+    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut completions, wait, seal_last).await;
     if last_confirmed.is_some() {
         ctx.last_confirmed_commit_unix_us = last_confirmed;
     }
@@ -241,16 +207,14 @@ pub(crate) async fn run_session(
     outcome
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn stream(
     state: &mut StreamState<'_>,
     reader: &mut FrameReader,
     writer: &mut StatusWriter,
-    deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
-    read_backs: &mut Option<DoneReceiver>,
+    deliveries: &mut Completions<DeliveryTag>,
+    answers: &mut Option<Answers>,
     shutdown: &mut watch::Receiver<bool>,
     ctx: &mut SessionContext,
-    mut fence: Option<Fence>,
 ) -> Result<SessionEnd, RelayError> {
     let mut status_timer = interval(state.status_interval());
     status_timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -258,7 +222,7 @@ async fn stream(
     let mut silence = Silence::new(settings.relay.receive_timeout, Instant::now());
     let gauges = StreamGauges::default();
     let slot_name = settings.postgres.slot.as_str();
-    let broker = settings.sink.broker_name();
+    let sink_name = settings.sink.broker_name();
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     loop {
         if *shutdown.borrow() {
@@ -278,29 +242,11 @@ async fn stream(
             _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
             _ = status_timer.tick() => {
                 // A stream that was paused past the stale limit may have been taken over: it
-                // stops before telling the server anything (exactly-once; `resume.rs`).
+                // stops before telling the server anything (`liveness.rs`).
                 state.check_alive()?;
                 let ask_for_reply = silence.check(Instant::now())? || state.wants_reply();
-                state.send_status(writer, ask_for_reply).await?;
-                let progress = state.progress(now_unix_us());
-                gauges.set(&progress);
-                ctx.health.set_seconds_behind(progress.seconds_behind);
-                let waiting = Waiting {
-                    events: progress.in_flight_events,
-                    bytes: progress.in_flight_bytes,
-                    oldest_commit_unix_us: (progress.seconds_behind > 0.0)
-                        .then(|| now_unix_us() - (progress.seconds_behind * 1e6) as i64),
-                    retained_wal_bytes: ctx.health.retained_wal_bytes(),
-                };
-                ctx.broker.tick(std::time::Instant::now(), &waiting, broker, state.publisher.complaint());
-                if let Some(fatal) = state.publisher.verdict() {
-                    return Err(RelayError::Sink(fatal));
-                }
-                if show_fence(&mut fence, state, &ctx.health) {
-                    ctx.predecessor = Predecessor::None;
-                }
-                // Sink transactions: a unit that reached its age is sealed even if reads go on.
-                state.seal_if_due(false)?;
+                send_status(state, writer, ask_for_reply).await?;
+                tick(state, ctx, &gauges, sink_name)?;
             }
             Ok(()) = ctx.slot_verdict.changed() => {
                 if let Some(fatal) = ctx.slot_verdict.borrow_and_update().fatal(slot_name) {
@@ -311,49 +257,17 @@ async fn stream(
                 if n == 0 {
                     return Err(InternalError::CompletionsClosed.into());
                 }
-                if batch.iter().any(|d| d.outcome.is_ok()) {
-                    ctx.broker.acknowledged(std::time::Instant::now(), broker);
-                }
-                // Apply the whole batch even after a failure: dropping reports would leave
-                // their events counted as in flight and stall the wind-down.
-                let mut failure = None;
-                for d in batch.drain(..) {
-                    if let Err(e) = state.on_delivery(d) {
-                        failure.get_or_insert(e);
-                    }
-                }
-                state.fold_latency();
-                // Crash tests: acknowledged by Kafka, not yet confirmed to PostgreSQL.
-                fail::fail_point!("relay::acked_before_status", |_| crate::failpoints::crash("relay::acked_before_status"));
-                if let Some(e) = failure {
-                    // A sink that knows waiting cannot help (`Sink::verdict`) ends the session with
-                    // that, not with the record's failure: the relay stops, nothing replays.
-                    if let Some(fatal) = state.publisher.verdict() {
-                        return Err(RelayError::Sink(fatal));
-                    }
-                    return Err(e);
-                }
-                // Confirm as soon as acknowledgements complete transactions rather than at the next
-                // tick: what a crash would replay then stays within the in-flight budget (the
-                // budget counts only what the watermark has not confirmed, so a confirmation held
-                // back here would be replayed on top of it).
-                if state.has_unreported_progress() {
-                    state.send_status(writer, false).await?;
-                }
-                // A full budget freed at a boundary, or a seal done with the next unit due.
-                state.seal_if_due(false)?;
+                on_deliveries(state, writer, &mut batch, ctx, sink_name).await?;
             }
-            Some(done) = next_read_back(read_backs) => {
-                state.on_read_back(done)?;
-            }
+            Some(answer) = next_answer(answers) => state.on_answer(answer)?,
             frame = reader.next_frame(), if !paused => {
                 let Some(frame) = frame? else { return Err(ReplicationError::Closed.into()) };
                 silence.heard(Instant::now());
                 let received = receive::take_batch(frame, reader, state)?;
                 if received.reply_requested {
-                    state.send_status(writer, false).await?;
+                    send_status(state, writer, false).await?;
                 }
-                // Sink transactions: nothing more ready is when a unit is sealed (`seal.rs`).
+                // Sink transactions: nothing more ready is when a unit is sealed.
                 state.seal_if_due(received.socket_drained)?;
                 received.pace(state);
             }
@@ -361,24 +275,101 @@ async fn stream(
     }
 }
 
-/// Shows a takeover's fence in `/readyz` and the metric while it holds; logs its end once and
-/// returns true then.
-fn show_fence(fence: &mut Option<Fence>, state: &StreamState<'_>, health: &RelayHealth) -> bool {
-    let Some(f) = fence else { return false };
-    let now = std::time::Instant::now();
-    if now < f.until && !state.guarantee.past_window() {
-        health.set_fence(Some(f.describe(now)), f.until.duration_since(now).as_secs_f64());
-        return false;
-    }
-    info!("exactly-once takeover: the fence passed; reading back and publishing");
-    health.set_fence(None, 0.0);
-    *fence = None;
-    true
+/// Writes the stream's next status update (`durability/`).
+async fn send_status(state: &mut StreamState<'_>, writer: &mut StatusWriter, reply: bool) -> Result<(), RelayError> {
+    let update = state.next_status(reply);
+    writer.send_copy_data(|out| update.encode(out)).await?;
+    Ok(())
 }
 
-/// The next finished read-back (exactly-once); never, in at-least-once mode.
-async fn next_read_back(read_backs: &mut Option<DoneReceiver>) -> Option<resume::Done> {
-    match read_backs {
+/// The status tick's bookkeeping once the update went out: progress (metrics, lag, the
+/// sink's outage), the sink's verdict, what holds the stream back, and a unit due by age.
+fn tick(
+    state: &mut StreamState<'_>,
+    ctx: &mut SessionContext,
+    gauges: &StreamGauges,
+    sink_name: &'static str,
+) -> Result<(), RelayError> {
+    let progress = state.snapshot(now_unix_us());
+    gauges.set(&progress);
+    ctx.health.set_seconds_behind(progress.seconds_behind);
+    let waiting = Waiting {
+        events: progress.in_flight_events,
+        bytes: progress.in_flight_bytes,
+        oldest_commit_unix_us: (progress.seconds_behind > 0.0)
+            .then(|| now_unix_us() - (progress.seconds_behind * 1e6) as i64),
+        retained_wal_bytes: ctx.health.retained_wal_bytes(),
+    };
+    ctx.broker
+        .tick(std::time::Instant::now(), &waiting, sink_name, state.sink_complaint());
+    if let Some(fatal) = state.sink_verdict() {
+        return Err(RelayError::Sink(fatal));
+    }
+    show_hold(state, ctx);
+    // Sink transactions: a unit that reached its age is sealed even if reads go on.
+    state.seal_if_due(false)
+}
+
+/// A batch of delivery reports: applied, then confirmed at once if they completed
+/// transactions.
+async fn on_deliveries(
+    state: &mut StreamState<'_>,
+    writer: &mut StatusWriter,
+    batch: &mut Vec<Delivery>,
+    ctx: &mut SessionContext,
+    sink_name: &'static str,
+) -> Result<(), RelayError> {
+    if batch.iter().any(|d| d.outcome.is_ok()) {
+        ctx.broker.acknowledged(std::time::Instant::now(), sink_name);
+    }
+    // Apply the whole batch even after a failure: dropping reports would leave their events
+    // counted as in flight and stall the wind-down.
+    let mut failure = None;
+    for d in batch.drain(..) {
+        if let Err(e) = state.on_delivery(d) {
+            failure.get_or_insert(e);
+        }
+    }
+    state.fold_latency();
+    // Crash tests: acknowledged by the sink, not yet confirmed to PostgreSQL.
+    fail::fail_point!("relay::acked_before_status", |_| crate::failpoints::crash(
+        "relay::acked_before_status"
+    ));
+    if let Some(e) = failure {
+        // A sink that knows waiting cannot help (`Sink::verdict`) ends the session with that,
+        // not with the record's failure: the relay stops, nothing replays.
+        if let Some(fatal) = state.sink_verdict() {
+            return Err(RelayError::Sink(fatal));
+        }
+        return Err(e);
+    }
+    // Confirm as soon as acknowledgements complete transactions rather than at the next tick:
+    // what a crash would replay then stays within the in-flight budget (the budget counts only
+    // what the watermark has not confirmed, so a confirmation held back here would be replayed
+    // on top of it).
+    if state.has_unreported_progress() {
+        send_status(state, writer, false).await?;
+    }
+    // A full budget freed at a boundary, or a seal done with the next unit due.
+    state.seal_if_due(false)
+}
+
+/// Shows what the delivery guarantee holds the stream back by (a takeover's fence) in
+/// `/readyz` and the metric; once nothing does, the predecessor it waited for is forgotten.
+fn show_hold(state: &mut StreamState<'_>, ctx: &mut SessionContext) {
+    match state.hold_note(std::time::Instant::now()) {
+        Some(note) => ctx.health.set_fence(Some(note.text), note.seconds_left),
+        None => {
+            ctx.health.set_fence(None, 0.0);
+            ctx.predecessor = Predecessor::None;
+        }
+    }
+}
+
+/// The next answer to the delivery guarantee's background work; never, for a strategy that
+/// has none.
+async fn next_answer(answers: &mut Option<Answers>) -> Option<Answer> {
+    match answers {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
@@ -390,7 +381,7 @@ async fn wind_down(
     mut state: StreamState<'_>,
     reader: &mut FrameReader,
     writer: &mut StatusWriter,
-    deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
+    deliveries: &mut Completions<DeliveryTag>,
     wait: Duration,
     seal_last: bool,
 ) -> Option<i64> {
@@ -401,7 +392,7 @@ async fn wind_down(
     if seal_last && state.seal_if_due(true).is_err() {
         warn!("could not seal the last unit of records; the sink aborts it and the next session replays it");
     }
-    while state.in_flight() > 0 || state.guarantee.is_sealing() {
+    while state.in_flight() > 0 || state.sealing() {
         tokio::select! {
             n = deliveries.recv_many(&mut batch, DELIVERY_BATCH) => {
                 if n == 0 { break; }
@@ -411,17 +402,17 @@ async fn wind_down(
             }
             _ = tokio::time::sleep_until(deadline) => {
                 // Their outcome is unknown; the next replay skips only what its read-back finds.
-                warn!(in_flight = state.in_flight(), "gave up waiting for the broker's acknowledgements; they will be replayed");
+                warn!(in_flight = state.in_flight(), "gave up waiting for the sink's acknowledgements; they will be replayed");
                 break;
             }
         }
     }
     state.fold_latency();
-    let sent = state.send_status(writer, false).await;
-    let counts = state.counts;
-    // Every event committed up to this instant is in Kafka: the recovery point should the slot
-    // be lost (docs/operations.md, "Failover on PostgreSQL 14-16").
-    let last_confirmed = state.progress(now_unix_us()).last_confirmed_commit_unix_us;
+    let sent = send_status(&mut state, writer, false).await;
+    let counts = state.counts();
+    // Every event committed up to this instant is in the sink: the recovery point should the
+    // slot be lost (docs/operations.md, "Failover on PostgreSQL 14-16").
+    let last_confirmed = state.snapshot(now_unix_us()).last_confirmed_commit_unix_us;
     info!(
         confirmed_lsn = %state.confirmed(),
         last_confirmed_commit = %last_confirmed.map(utc_from_unix_us).unwrap_or_else(|| "none this session".into()),
@@ -430,17 +421,16 @@ async fn wind_down(
         events_sent = counts.events_sent,
         events_acked = counts.events_acked,
         bad_events = counts.bad_events,
-        skipped_already_in_kafka = state.guarantee.skipped(),
+        skipped_already_in_sink = state.skipped(),
         final_status_sent = sent.is_ok(),
         "stream stopped"
     );
-    let (publisher, guarantee) = state.into_parts();
-    guarantee.finish();
-    // Awaited: the next session's producer must not start replaying while this one's requests
+    let sink = state.finish();
+    // Awaited: the next session's sink must not start replaying while this one's requests
     // are still on the wire. Before the replication connection closes: once its walsender is
-    // gone, a standby may take the slot over and read Kafka back, and nothing of this process
-    // may land after that (`takeover.rs`).
-    let _ = tokio::task::spawn_blocking(move || publisher.abandon(Duration::from_secs(5))).await;
+    // gone, a standby may take the slot over and replay, and nothing of this process may land
+    // after that (`takeover.rs`).
+    let _ = tokio::task::spawn_blocking(move || sink.abandon(Duration::from_secs(5))).await;
     if sent.is_ok() && writer.send_copy_done().await.is_ok() {
         reader.finish(Duration::from_secs(2)).await;
     }

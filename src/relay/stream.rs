@@ -1,80 +1,60 @@
-//! The state of one streaming session, shared by the pipeline's steps.
+//! Where the pipeline's steps meet, for one streaming session.
 //!
-//! One event goes through the steps in this order, each in a file of its own:
+//! One event goes through the steps in this order, each in a file of its own with its own type:
 //!
-//! | step | file | what it does |
-//! |---|---|---|
-//! | receive | `receive.rs` | reads replication frames off the socket, in batches |
-//! | decode | `decode.rs` | frame → [`Decoded`]: keepalive, Begin, Commit or an outbox event (pure) |
-//! | publish | `publish.rs` | event → route → sink record, through the delivery guarantee's gate; bad events and suspects |
-//! | watermark | `watermark.rs` | settles acknowledgements in commit order |
-//! | confirm | `confirm.rs` | flush LSN = watermark, never backwards, sent to PostgreSQL |
+//! | step | file | type | what it does |
+//! |---|---|---|---|
+//! | receive | `receive.rs` | functions | reads replication frames off the socket, in batches |
+//! | decode | `decode.rs` | `Decoder` | frame → [`Decoded`]: keepalive, Begin, Commit or an outbox event (pure) |
+//! | publish | `publish.rs` | `Publish` | event → route → sink record, through the delivery guarantee; bad events and suspects |
+//! | watermark | `durability/watermark.rs` | `AckWatermark` | settles acknowledgements in commit order |
+//! | confirm | `durability/confirm.rs` | `Confirm` | flush LSN = the durable position, never backwards |
 //!
-//! [`StreamState::on_frame`] is where the steps meet: it takes the decode step's output and hands
-//! it on — transactions to the watermark, events to the publish step — and it is the one place
-//! the delivery guarantee (`resume.rs`'s [`Guarantee`]) sees the stream: what the stream reached,
-//! whether it is still alive, and an event that must wait for a read-back, kept here as decoded
-//! and published again once the read-back is done. Pure with respect to I/O except for handing
-//! records to the sink: the event loop (`session.rs`) feeds it frames, delivery reports and
-//! read-backs and does the waiting.
+//! The watermark and the confirm step are reached only through `Durability`
+//! (`durability/mod.rs`), the durability contract. [`StreamState::on_frame`] takes the decode
+//! step's output and hands it on — transactions to the durability contract, events to the
+//! publish step — with the session's delivery guarantee (`guarantee/`, chosen once) and its
+//! takeover liveness (`liveness.rs`) looking on. An event the guarantee makes wait is kept here,
+//! as decoded, and published again once the guarantee's answer arrived. Pure with respect to
+//! I/O except for handing records to the sink: the event loop (`session.rs`) feeds it frames,
+//! delivery reports and answers, and writes the status updates it makes.
+//!
+//! Invariant: no field of this state is visible outside this file.
 
-use super::confirm::Confirm;
+use std::collections::VecDeque;
+
 use super::decode::{Decoded, Decoder, EventSource};
+use super::durability::{Durability, TxnTicket};
 use super::error::{RelayError, StreamViolation};
-use super::quarantine::{Held, Suspects, TxnEvent};
-use super::resume::{Done, Guarantee};
+use super::guarantee::{Answer, Guarantee, HoldNote, RelaySink};
+use super::liveness::Liveness;
+use super::progress::{Progress, SessionCounts};
+use super::publish::{Accounts, Delivery, Publish, Published, TagKind};
+use super::quarantine::{Suspects, TxnEvent};
 use crate::config::Settings;
+use crate::ops::metrics::StreamSnapshot;
 use crate::postgres::lsn::Lsn;
-use crate::postgres::replication::connection::StatusWriter;
-use crate::relay::watermark::{AckWatermark, TxnTicket};
+use crate::postgres::replication::frames::StandbyStatusUpdate;
+use crate::sink::SinkError;
 
-/// Rides along with each record and comes back in its delivery report.
-#[derive(Debug)]
-pub(crate) struct DeliveryTag {
-    pub(crate) ticket: TxnTicket,
-    pub(crate) bytes: usize,
-    /// Commit LSN of the event's transaction, for error messages.
-    pub(crate) commit_lsn: Lsn,
-    /// Commit time (µs since the Unix epoch), for latency measurements.
-    pub(crate) commit_time_unix_us: i64,
-    /// Position among its transaction's outbox events (with `commit_lsn`, the event's identity
-    /// across replays; see `relay::quarantine`).
-    pub(crate) event_seq: u32,
-    /// A dead letter (`[relay] on_bad_event = "dead-letter"`): its failure is a plain delivery
-    /// failure, never another bad event.
-    pub(crate) dead_letter: bool,
-    /// The event's topic in the session's per-topic metrics (`crate::ops::metrics::SessionMetrics`).
-    pub(crate) topic: crate::ops::metrics::TopicId,
-    /// `[tracing]`: the event's PRODUCER span, ended when this tag comes back; `None` (no
-    /// allocation) without tracing, for an unsampled root, and for dead letters.
-    pub(crate) span: Option<Box<crate::ops::tracing_export::ProducerSpan>>,
-    /// The tag of a seal (`seal.rs`), not of a record: its completion says whether the sink
-    /// committed the unit (`ticket` is [`TxnTicket::SEAL`]).
-    pub(crate) seal: bool,
-}
-
-/// The relay's sink and its completions, tagged with [`DeliveryTag`]s.
-pub(crate) type Publisher = Box<dyn crate::sink::Sink<DeliveryTag>>;
-pub(crate) type Delivery = crate::sink::Completion<DeliveryTag>;
-
-/// An event the delivery guarantee made wait for a read-back: published again, as decoded,
-/// once it is done (reading pauses meanwhile: [`StreamState::is_full`]).
-pub(super) struct Pending {
-    pub(super) txn: TxnEvent,
-    pub(super) source: EventSource,
+/// An event the delivery guarantee made wait: published again, as decoded, once its answer
+/// arrived (reading pauses meanwhile: [`StreamState::is_full`]).
+struct Pending {
+    txn: TxnEvent,
+    source: EventSource,
 }
 
 /// `[transactions] headers`: the open transaction's events, held from its Begin until its
 /// Commit so that each carries its transaction's count (`transaction_meta.rs`). The walsender
 /// sends a committed transaction in one go, so holding costs an event the transfer time of the
 /// rest of its transaction; the in-flight budget bounds it.
-pub(super) enum Collecting {
+enum Collecting {
     /// Events go out as they are decoded: headers off, between transactions, or a transaction
     /// larger than the budget.
     Off,
     Holding {
         events: Vec<Pending>,
-        /// Events that count ([`StreamState::is_transaction_event`]).
+        /// Events that count (`Publish::is_transaction_event`).
         counted: u32,
         bytes: usize,
     },
@@ -82,65 +62,9 @@ pub(super) enum Collecting {
 
 /// Decoded work not done yet: a held transaction's events and its Commit, in stream order,
 /// handed on as the in-flight budget allows before another frame is read.
-pub(super) enum Deferred {
+enum Deferred {
     Event(Pending),
     Commit { end_lsn: Lsn },
-}
-
-/// What the publish step did with an event.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Published {
-    /// Handed to the sink, skipped or settled by `relay.on_bad_event`.
-    Done,
-    /// The delivery guarantee needs a read-back first: publish it again afterwards.
-    Wait,
-}
-
-/// Where the session is, as far as sending goes.
-pub(super) enum Phase {
-    /// Reading frames and sending their events.
-    Streaming,
-    /// A suspect (`quarantine.rs`) is sent alone: reading pauses until Kafka's verdict on it.
-    Holding(Held),
-    /// Winding down: deliveries are applied, nothing new is sent. A suspect held when the
-    /// session ended stays, so its acknowledgement still clears it.
-    Draining(Option<Held>),
-}
-
-impl Phase {
-    pub(super) fn held(&self) -> Option<&Held> {
-        match self {
-            Phase::Streaming => None,
-            Phase::Holding(held) => Some(held),
-            Phase::Draining(held) => held.as_ref(),
-        }
-    }
-
-    /// Takes the held suspect, leaving the phase otherwise as it was.
-    pub(super) fn take_held(&mut self) -> Option<Held> {
-        match std::mem::replace(self, Phase::Streaming) {
-            Phase::Streaming => None,
-            Phase::Holding(held) => Some(held),
-            Phase::Draining(held) => {
-                *self = Phase::Draining(None);
-                held
-            }
-        }
-    }
-
-    pub(super) fn is_draining(&self) -> bool {
-        matches!(self, Phase::Draining(_))
-    }
-}
-
-/// Counters for logs (and, later, metrics).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct SessionCounts {
-    pub(crate) transactions: u64,
-    pub(crate) events_sent: u64,
-    pub(crate) events_acked: u64,
-    /// Events handled by `relay.on_bad_event`.
-    pub(crate) bad_events: u64,
 }
 
 /// What the event loop must do after a frame.
@@ -149,89 +73,75 @@ pub(crate) enum FrameAction {
     Nothing,
     /// The server asked for a status update right away.
     ReplyNow,
-    /// Exactly-once: the frame's event waits for its partition's read-back; it is kept and
-    /// published once that is done (`resume.rs`).
+    /// The frame's event waits for the delivery guarantee's answer (a read-back); it is kept
+    /// and published once that arrived.
     Blocked,
 }
 
 pub(crate) struct StreamState<'s> {
-    pub(super) settings: &'s Settings,
-    /// Step 2's own state.
-    pub(super) decoder: Decoder,
-    /// The open transaction's watermark ticket.
-    pub(super) ticket: Option<TxnTicket>,
-    pub(super) publisher: Publisher,
-    /// The sink's name rule and largest message.
-    pub(super) limits: crate::sink::SinkLimits,
-    pub(super) watermark: AckWatermark,
-    /// The only producer of the flush LSN sent to PostgreSQL (`confirm.rs`).
-    pub(super) confirm: Confirm,
-    /// Events Kafka refused in earlier sessions (kept by the supervisor).
-    pub(super) suspects: &'s mut Suspects,
-    pub(super) phase: Phase,
-    pub(super) received: Lsn,
-    pub(crate) counts: SessionCounts,
-    /// Per-topic counters and the commit-to-ack histogram (see `progress.rs`).
-    pub(super) metrics: crate::ops::metrics::SessionMetrics,
-    pub(super) lag: super::lag::CommitLag,
-    /// `relay.delivery`: at-least-once, or exactly-once's replay check (`resume.rs`).
-    pub(super) guarantee: Guarantee,
-    /// The event that waits for a read-back (exactly-once only).
-    pub(super) blocked: Option<Pending>,
-    /// `[tracing]`: set by the session when spans are exported.
-    pub(super) tracer: Option<crate::ops::tracing_export::Tracer>,
-    /// `[transactions]`: the open transaction's metadata (`transaction_meta.rs`).
-    pub(super) txn_meta: super::transaction_meta::TxnMeta,
+    settings: &'s Settings,
+    decoder: Decoder,
+    /// The open transaction's ticket.
+    ticket: Option<TxnTicket>,
+    publish: Publish<'s>,
+    /// The durability contract: the only way to a flush LSN.
+    durability: Durability,
+    guarantee: Box<dyn Guarantee>,
+    liveness: Liveness,
+    progress: Progress,
+    /// The event that waits for the guarantee's answer.
+    blocked: Option<Pending>,
     /// `[transactions] headers`: the open transaction's events, held until its Commit.
-    pub(super) collecting: Collecting,
+    collecting: Collecting,
     /// Decoded work waiting for room (a released transaction), done before the next frame.
-    pub(super) backlog: std::collections::VecDeque<Deferred>,
+    backlog: VecDeque<Deferred>,
+}
+
+/// What a stream is made of, from the session's start.
+pub(crate) struct Parts<'s> {
+    pub(crate) decoder: Decoder,
+    pub(crate) sink: RelaySink,
+    pub(crate) guarantee: Box<dyn Guarantee>,
+    pub(crate) liveness: Liveness,
+    /// The slot's confirmed position.
+    pub(crate) start: Lsn,
+    pub(crate) suspects: &'s mut Suspects,
+    pub(crate) tracer: Option<crate::ops::tracing_export::Tracer>,
 }
 
 impl<'s> StreamState<'s> {
-    pub(crate) fn new(
-        settings: &'s Settings,
-        decoder: Decoder,
-        publisher: Publisher,
-        guarantee: Guarantee,
-        start: Lsn,
-        suspects: &'s mut Suspects,
-    ) -> Self {
-        suspects.forget_before(start);
+    pub(crate) fn new(settings: &'s Settings, parts: Parts<'s>) -> Self {
         StreamState {
             settings,
-            decoder,
+            decoder: parts.decoder,
             ticket: None,
-            publisher,
-            limits: crate::sink::limits(settings),
-            watermark: AckWatermark::new(start),
-            suspects,
-            confirm: Confirm::new(start),
-            phase: Phase::Streaming,
-            received: start,
-            counts: SessionCounts::default(),
-            metrics: crate::ops::metrics::SessionMetrics::default(),
-            lag: super::lag::CommitLag::default(),
-            guarantee,
+            publish: Publish::new(settings, parts.sink, parts.start, parts.suspects, parts.tracer),
+            durability: Durability::new(parts.start),
+            guarantee: parts.guarantee,
+            liveness: parts.liveness,
+            progress: Progress::default(),
             blocked: None,
-            tracer: None,
-            txn_meta: super::transaction_meta::TxnMeta::default(),
             collecting: Collecting::Off,
-            backlog: std::collections::VecDeque::new(),
+            backlog: VecDeque::new(),
         }
     }
 
+    /// The publish step with what it accounts to.
+    fn publishing(&mut self) -> (&mut Publish<'s>, Accounts<'_>) {
+        (
+            &mut self.publish,
+            Accounts {
+                guarantee: &mut *self.guarantee,
+                durability: &mut self.durability,
+                progress: &mut self.progress,
+            },
+        )
+    }
+
     /// Backpressure: stop reading WAL while this many events or bytes are unacknowledged, while
-    /// as many events of committed transactions await confirmation (what a crash would replay;
-    /// see `AckWatermark::committed_unconfirmed_events`), and while a suspect is held
-    /// (`quarantine.rs`).
-    ///
-    /// With sink transactions (`seal.rs`) the committed-but-unconfirmed count is left out: a
-    /// unit's events stay unconfirmed until its seal, which can only happen at a source
-    /// transaction's end, so pausing on them inside a transaction would never resume; the unit's
-    /// own bound (`relay.transaction_max_events`, at most `max_in_flight`) limits the replay
-    /// instead. Reading pauses while a seal is under way (the sink takes no records then), and
-    /// at a source-transaction boundary once the open unit is full, so that it is sealed there.
+    /// the delivery guarantee holds sending (by default: as many events of committed
+    /// transactions await confirmation — what a crash would replay), while a suspect is held
+    /// (`quarantine.rs`), and while an event waits for the guarantee's answer.
     pub(crate) fn is_full(&self) -> bool {
         self.sending_paused() || !self.backlog.is_empty()
     }
@@ -239,74 +149,33 @@ impl<'s> StreamState<'s> {
     /// Nothing more may be handed to the sink for now (see [`is_full`](Self::is_full)).
     fn sending_paused(&self) -> bool {
         self.budget_full()
-            || (self.watermark.committed_unconfirmed_events() >= self.settings.relay.max_in_flight
-                && !matches!(self.guarantee, Guarantee::Sealed(_)))
-            || self.guarantee.is_sealing()
-            || (self.guarantee.unit_full() && self.ticket.is_none())
-            || matches!(self.phase, Phase::Holding(_))
+            || self.guarantee.pauses_sending(
+                &self.durability,
+                self.settings.relay.max_in_flight,
+                self.ticket.is_none(),
+            )
+            || self.publish.holding()
             || self.blocked.is_some()
     }
 
     /// The in-flight budget (events or bytes) is used up.
     fn budget_full(&self) -> bool {
-        self.watermark.in_flight_events() >= self.settings.relay.max_in_flight
-            || self.watermark.in_flight_bytes() >= self.settings.relay.max_in_flight_bytes
+        self.durability.in_flight_events() >= self.settings.relay.max_in_flight
+            || self.durability.in_flight_bytes() >= self.settings.relay.max_in_flight_bytes
     }
 
-    /// Sink transactions: seals the open unit when it is due (`seal.rs`) and the stream is at a
-    /// source-transaction boundary with nothing waiting; `nothing_ready`: the last read emptied
-    /// the socket. Nothing to do in the other modes.
+    /// Seals what was sent since the previous seal when the delivery guarantee says it is due
+    /// (sink transactions) and the stream is at a source-transaction boundary with nothing
+    /// waiting; `nothing_ready`: the last read emptied the socket.
     pub(crate) fn seal_if_due(&mut self, nothing_ready: bool) -> Result<(), RelayError> {
-        let at_boundary = self.ticket.is_none() && self.blocked.is_none() && matches!(self.phase, Phase::Streaming);
-        let nothing_ready = nothing_ready || self.budget_full();
-        let Some(sealing) = self.guarantee.sealing() else {
-            return Ok(());
-        };
-        if !at_boundary || !sealing.due(nothing_ready, std::time::Instant::now()) {
+        let at_boundary = self.ticket.is_none() && self.blocked.is_none() && self.publish.streaming();
+        if !at_boundary {
             return Ok(());
         }
-        let Some((checkpoint, label)) = sealing.start() else {
-            return Ok(());
-        };
-        let tag = Box::new(DeliveryTag {
-            ticket: TxnTicket::SEAL,
-            bytes: 0,
-            commit_lsn: Lsn(checkpoint),
-            commit_time_unix_us: 0,
-            event_seq: 0,
-            dead_letter: false,
-            topic: crate::ops::metrics::TopicId::default(),
-            span: None,
-            seal: true,
-        });
-        self.publisher
-            .seal(checkpoint, &label, tag)
-            .map_err(|refusal| RelayError::DeliveryFailed {
-                sink: self.settings.sink.broker_name(),
-                failure: Box::new(refusal.failure),
-                commit_lsn: Lsn(checkpoint),
-            })
-    }
-
-    /// A seal's completion: the unit is delivered, or the session ends (transient: the unit was
-    /// aborted and the next session replays from the slot's position).
-    fn on_sealed(&mut self, outcome: Result<(), crate::sink::SinkFailure>) -> Result<(), RelayError> {
-        let Some(sealing) = self.guarantee.sealing() else {
-            return Err(super::error::InternalError::CompletionsClosed.into());
-        };
-        match outcome {
-            Ok(()) => {
-                sealing.sealed();
-                Ok(())
-            }
-            Err(failure) => {
-                sealing.seal_failed();
-                Err(RelayError::DeliveryFailed {
-                    sink: self.settings.sink.broker_name(),
-                    failure: Box::new(failure),
-                    commit_lsn: sealing.sealing_commit(),
-                })
-            }
+        let nothing_ready = nothing_ready || self.budget_full();
+        match self.guarantee.seal_due(nothing_ready, std::time::Instant::now()) {
+            Some(seal) => self.publish.seal(seal.checkpoint, &seal.label),
+            None => Ok(()),
         }
     }
 
@@ -315,56 +184,88 @@ impl<'s> StreamState<'s> {
     }
 
     pub(crate) fn in_flight(&self) -> usize {
-        self.watermark.in_flight_events()
+        self.durability.in_flight_events()
     }
 
-    /// Sends a standby status update with everything confirmed (`confirm.rs` has the rule).
-    /// `reply_requested` makes the walsender answer at once (used to probe a silent connection).
-    pub(crate) async fn send_status(
-        &mut self,
-        writer: &mut StatusWriter,
-        reply_requested: bool,
-    ) -> Result<(), RelayError> {
-        self.confirm
-            .send(
-                &self.watermark,
-                self.guarantee.confirm_limit(),
-                self.received,
-                writer,
-                reply_requested,
-            )
-            .await?;
-        self.guarantee.status_sent();
-        Ok(())
+    /// The next standby status update with everything confirmed (`durability/`);
+    /// `reply_requested` makes the walsender answer at once. The caller writes it.
+    pub(crate) fn next_status(&mut self, reply_requested: bool) -> StandbyStatusUpdate {
+        self.liveness.status_sent();
+        self.durability.next_status(reply_requested)
     }
 
-    /// Exactly-once: errs once the stream went longer than the stale limit without a status
-    /// update (it was paused and may have been taken over; `resume.rs`).
-    pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
-        self.guarantee.check_alive()
-    }
-
-    /// Reading is paused on purpose: counts as hearing the server (`resume.rs`).
-    pub(crate) fn heard(&mut self) {
-        self.guarantee.heard();
-    }
-
+    /// The server was silent a status interval: the next update should ask it for a reply, so
+    /// that a live, idle walsender is heard (`liveness.rs`).
     pub(crate) fn wants_reply(&self) -> bool {
-        self.guarantee.wants_reply()
+        self.liveness.wants_reply()
     }
 
-    /// Whether acknowledgements moved the watermark past what PostgreSQL was told.
+    /// Errs once the stream may have been taken over: no status update for the stale limit, or
+    /// the server unheard past the unheard limit (`liveness.rs`).
+    pub(crate) fn check_alive(&self) -> Result<(), RelayError> {
+        self.liveness.check()
+    }
+
+    /// Reading is paused on purpose: counts as hearing the server (`liveness.rs`).
+    pub(crate) fn heard(&mut self) {
+        self.liveness.heard();
+    }
+
+    /// Whether acknowledgements moved the durable position past what PostgreSQL was told.
     pub(crate) fn has_unreported_progress(&self) -> bool {
-        self.confirm
-            .has_unreported(&self.watermark, self.guarantee.confirm_limit())
+        self.durability.has_unreported()
     }
 
     pub(crate) fn confirmed(&self) -> Lsn {
-        self.confirm.confirmed(&self.watermark, self.guarantee.confirm_limit())
+        self.durability.confirmed()
     }
 
     pub(crate) fn received(&self) -> Lsn {
-        self.received
+        self.durability.received()
+    }
+
+    pub(crate) fn counts(&self) -> SessionCounts {
+        self.progress.counts
+    }
+
+    /// Where the stream stands, once per status interval.
+    pub(crate) fn snapshot(&mut self, now_unix_us: i64) -> StreamSnapshot {
+        self.progress.snapshot(&self.durability, now_unix_us)
+    }
+
+    /// Folds this batch of acknowledgements' exact latencies into `GET /latency`'s window.
+    pub(crate) fn fold_latency(&mut self) {
+        self.progress.fold_latency();
+    }
+
+    /// What the delivery guarantee holds the stream back by, for `/readyz`.
+    pub(crate) fn hold_note(&mut self, now: std::time::Instant) -> Option<HoldNote> {
+        self.guarantee.hold_note(now)
+    }
+
+    /// Events skipped because the sink held them already.
+    pub(crate) fn skipped(&self) -> u64 {
+        self.guarantee.skipped()
+    }
+
+    /// A seal is under way (the wind-down waits for it like a delivery).
+    pub(crate) fn sealing(&self) -> bool {
+        self.guarantee.sealing()
+    }
+
+    /// The sink's complaint, while it acknowledges nothing.
+    pub(crate) fn sink_complaint(&self) -> Option<String> {
+        self.publish.sink_complaint()
+    }
+
+    /// The sink's word that waiting cannot help.
+    pub(crate) fn sink_verdict(&self) -> Option<SinkError> {
+        self.publish.sink_verdict()
+    }
+
+    /// The configuration this session runs with (for the event loop's own timers).
+    pub(crate) fn settings(&self) -> &'s Settings {
+        self.settings
     }
 
     /// Whether the stream is reading a backlog: the server sent the last transaction begun more
@@ -374,24 +275,28 @@ impl<'s> StreamState<'s> {
         self.decoder.behind_us() > i64::try_from(age.as_micros()).unwrap_or(i64::MAX)
     }
 
-    /// The session ends: its sink and its delivery guarantee, for the wind-down.
-    pub(crate) fn into_parts(self) -> (Publisher, Guarantee) {
-        (self.publisher, self.guarantee)
+    /// The session ends: its sink, for the abandon; the delivery guarantee says what it found.
+    pub(crate) fn finish(self) -> RelaySink {
+        self.guarantee.finish();
+        self.publish.into_sink()
     }
 
-    /// One frame through the steps: decoded, then handed on — transactions to the watermark,
-    /// events to the publish step. An event the delivery guarantee makes wait is kept (reading
-    /// pauses: [`is_full`](Self::is_full)) until [`on_read_back`](Self::on_read_back).
+    /// One frame through the steps: decoded, then handed on — transactions to the durability
+    /// contract, events to the publish step. An event the delivery guarantee makes wait is
+    /// kept (reading pauses: [`is_full`](Self::is_full)) until [`on_answer`](Self::on_answer).
     pub(crate) fn on_frame(&mut self, frame: bytes::Bytes) -> Result<FrameAction, RelayError> {
         let decoded = self.decoder.decode(self.settings, frame)?;
-        self.guarantee.observe(&decoded)?;
+        // A frame after a silence past the unheard limit may come from a walsender that is long
+        // gone (a healed network cut), and a stream that went stale may have been taken over:
+        // nothing of it is handed on.
+        self.liveness.on_frame(matches!(decoded, Decoded::Keepalive { .. }))?;
         match decoded {
             Decoded::Keepalive {
                 wal_end,
                 reply_requested,
             } => {
-                self.received = self.received.max(wal_end);
-                self.watermark.keepalive(wal_end);
+                self.guarantee.reached(wal_end);
+                self.durability.keepalive(wal_end);
                 return Ok(if reply_requested {
                     FrameAction::ReplyNow
                 } else {
@@ -403,9 +308,10 @@ impl<'s> StreamState<'s> {
                 xid,
                 commit_time_unix_us,
             } => {
-                self.ticket = Some(self.watermark.begin()?);
+                self.guarantee.reached(commit_lsn);
+                self.ticket = Some(self.durability.begin()?);
                 if let Some(meta) = &self.settings.transactions {
-                    self.txn_meta.begin(xid, commit_lsn, commit_time_unix_us);
+                    self.publish.begin_transaction(xid, commit_lsn, commit_time_unix_us);
                     if meta.headers {
                         self.collecting = Collecting::Holding {
                             events: Vec::new(),
@@ -422,7 +328,7 @@ impl<'s> StreamState<'s> {
                 if let Collecting::Holding { events, counted, .. } =
                     std::mem::replace(&mut self.collecting, Collecting::Off)
                 {
-                    self.txn_meta.set_count(counted);
+                    self.publish.set_transaction_count(counted);
                     self.backlog.extend(events.into_iter().map(Deferred::Event));
                     self.backlog.push_back(Deferred::Commit { end_lsn });
                     return self.work_backlog();
@@ -439,27 +345,31 @@ impl<'s> StreamState<'s> {
                 if let Collecting::Holding { .. } = self.collecting {
                     return self.hold(Pending { txn, source });
                 }
-                if self.publish_event(&txn, &source)? == Published::Wait {
-                    self.blocked = Some(Pending { txn, source });
-                    return Ok(FrameAction::Blocked);
-                }
+                return self.publish_or_block(Pending { txn, source });
             }
             Decoded::Nothing => {}
         }
         Ok(FrameAction::Nothing)
     }
 
-    /// The open transaction committed and its events were handed on: the watermark learns it.
+    /// Publishes `pending`, or keeps it when the delivery guarantee makes it wait.
+    fn publish_or_block(&mut self, pending: Pending) -> Result<FrameAction, RelayError> {
+        let (publish, mut accounts) = self.publishing();
+        if publish.event(&pending.txn, &pending.source, &mut accounts)? == Published::Wait {
+            self.blocked = Some(pending);
+            return Ok(FrameAction::Blocked);
+        }
+        Ok(FrameAction::Nothing)
+    }
+
+    /// The open transaction committed and its events were handed on: the durability contract
+    /// learns it.
     fn commit(&mut self, end_lsn: Lsn) -> Result<(), RelayError> {
         let ticket = self.ticket.take().ok_or(StreamViolation::CommitWithoutBegin)?;
-        // `[transactions]`: the END marker is a record of the transaction, sent before
-        // the watermark learns it is complete.
-        if let Some(ended) = self.txn_meta.end() {
-            self.send_marker(ticket, &ended, super::transaction_meta::Marker::End)?;
-        }
-        self.watermark.commit(ticket, end_lsn)?;
-        self.received = self.received.max(end_lsn);
-        self.counts.transactions += 1;
+        let (publish, mut accounts) = self.publishing();
+        publish.end_transaction(ticket, &mut accounts)?;
+        self.durability.commit(ticket, end_lsn)?;
+        self.progress.counts.transactions += 1;
         Ok(())
     }
 
@@ -467,7 +377,7 @@ impl<'s> StreamState<'s> {
     /// transaction that outgrows the in-flight budget is let go: what was held goes on as
     /// usual, without the count, and so does the rest of it.
     fn hold(&mut self, pending: Pending) -> Result<FrameAction, RelayError> {
-        let counts = self.is_transaction_event(&pending.source);
+        let counts = self.publish.is_transaction_event(&pending.source);
         let size = held_bytes(&pending.source);
         let relay = &self.settings.relay;
         let Collecting::Holding { events, counted, bytes } = &mut self.collecting else {
@@ -484,7 +394,7 @@ impl<'s> StreamState<'s> {
         let (events, bytes) = (std::mem::take(events), *bytes);
         self.collecting = Collecting::Off;
         tracing::warn!(
-            commit_lsn = %self.txn_meta.open().map(|t| t.commit_lsn()).unwrap_or_default(),
+            commit_lsn = %self.publish.open_transaction_lsn(),
             held_events = events.len(),
             held_bytes = bytes,
             "a transaction larger than the in-flight budget (relay.max_in_flight, relay.max_in_flight_bytes): \
@@ -497,11 +407,10 @@ impl<'s> StreamState<'s> {
     /// Hands on deferred work (a released transaction) while the sink has room; the event loop
     /// calls it before reading, and reading waits until it is done ([`is_full`](Self::is_full)).
     pub(crate) fn work_backlog(&mut self) -> Result<FrameAction, RelayError> {
-        while !self.backlog.is_empty() && !self.sending_paused() && !self.phase.is_draining() {
+        while !self.backlog.is_empty() && !self.sending_paused() && !self.publish.draining() {
             match self.backlog.pop_front() {
                 Some(Deferred::Event(pending)) => {
-                    if self.publish_event(&pending.txn, &pending.source)? == Published::Wait {
-                        self.blocked = Some(pending);
+                    if self.publish_or_block(pending)? == FrameAction::Blocked {
                         return Ok(FrameAction::Blocked);
                     }
                 }
@@ -512,46 +421,44 @@ impl<'s> StreamState<'s> {
         Ok(FrameAction::Nothing)
     }
 
-    /// A read-back finished: the kept event is published (and may wait for another one).
-    pub(crate) fn on_read_back(&mut self, done: Done) -> Result<(), RelayError> {
-        self.guarantee.on_done(done)?;
+    /// The delivery guarantee's answer arrived (a read-back): the kept event is published (and
+    /// may wait for another one).
+    pub(crate) fn on_answer(&mut self, answer: Answer) -> Result<(), RelayError> {
+        self.guarantee.on_answer(answer)?;
         if let Some(pending) = self.blocked.take() {
-            if self.publish_event(&pending.txn, &pending.source)? == Published::Wait {
-                self.blocked = Some(pending);
-            }
+            self.publish_or_block(pending)?;
         }
         Ok(())
     }
 
-    /// Applies one delivery report. A failure poisons the watermark and ends the session,
-    /// unless it is a suspect's verdict that `relay.on_bad_event` settles (see `publish.rs`).
+    /// Applies one delivery report: a seal's to the delivery guarantee, a record's to the
+    /// publish step. A failure poisons the watermark and ends the session, unless it is a
+    /// suspect's verdict that `relay.on_bad_event` settles (see `publish.rs`).
     pub(crate) fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
-        if delivery.tag.seal {
-            return self.on_sealed(delivery.outcome);
+        if delivery.tag.kind == TagKind::Seal {
+            return self.guarantee.sealed(delivery.outcome, &mut self.durability);
         }
-        let mut tag = delivery.tag;
-        self.count_delivery(&tag, delivery.outcome.is_ok());
-        if let (Some(span), Some(tracer)) = (tag.span.take(), &self.tracer) {
-            tracer.end(*span, delivery.outcome.as_ref().err().map(|f| f.cause.clone()));
-        }
-        match delivery.outcome {
-            Ok(()) => {
-                self.watermark.acked(tag.ticket, tag.bytes)?;
-                self.counts.events_acked += 1;
-                self.held_accepted(&tag);
-            }
-            Err(failure) => self.on_failed_delivery(&tag, failure)?,
-        }
-        self.release_held()
+        let (publish, mut accounts) = self.publishing();
+        publish.on_delivery(delivery, &mut accounts)
     }
 
     /// Like [`on_delivery`](Self::on_delivery) while winding down after an error: failures
     /// are already accounted for, so they only stop the watermark, and nothing new is sent.
     pub(crate) fn on_delivery_draining(&mut self, delivery: Delivery) {
-        if !self.phase.is_draining() {
-            self.phase = Phase::Draining(self.phase.take_held());
-        }
+        self.publish.drain();
         let _ = self.on_delivery(delivery);
+    }
+
+    /// The suspects as they stand (unit tests).
+    #[cfg(test)]
+    pub(crate) fn suspects(&self) -> &Suspects {
+        self.publish.suspects()
+    }
+
+    /// A keepalive straight to the durability contract (unit tests).
+    #[cfg(test)]
+    pub(crate) fn keepalive(&mut self, wal_end: Lsn) {
+        self.durability.keepalive(wal_end);
     }
 }
 
@@ -568,5 +475,38 @@ fn held_bytes(source: &EventSource) -> usize {
             })
             .sum(),
         EventSource::Message(message) => message.content.len(),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! A stream over an in-memory sink, for the steps' unit tests.
+    use super::*;
+    use crate::sink::memory::{memory, MemoryHandle};
+    use crate::sink::Completions;
+
+    /// A stream of `settings` over an in-memory sink, starting at `start`, with the delivery
+    /// guarantee `settings` chooses (an empty replay window: nothing is read back).
+    pub(crate) fn stream<'s>(
+        settings: &'s Settings,
+        start: Lsn,
+        suspects: &'s mut Suspects,
+        tracer: Option<crate::ops::tracing_export::Tracer>,
+    ) -> (
+        StreamState<'s>,
+        MemoryHandle<super::super::publish::DeliveryTag>,
+        Completions<super::super::publish::DeliveryTag>,
+    ) {
+        let (sink, handle, completions) = memory();
+        let parts = Parts {
+            decoder: Decoder::default(),
+            sink: Box::new(sink),
+            guarantee: crate::relay::guarantee::test_support::chosen_for(settings, start),
+            liveness: Liveness::new(&settings.relay, std::time::Duration::ZERO),
+            start,
+            suspects,
+            tracer,
+        };
+        (StreamState::new(settings, parts), handle, completions)
     }
 }

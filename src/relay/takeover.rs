@@ -1,5 +1,5 @@
-//! The takeover fence (exactly-once): how long a session that took the slot from another
-//! instance waits before its first read-back, and why.
+//! The takeover fence (exactly-once by read-back, `guarantee/read_back.rs`): how long a session
+//! that took the slot from another instance waits before its first read-back, and why.
 //!
 //! A previous holder can still send what it had handed to librdkafka after the slot changed
 //! hands; a record that lands after this session read its partition back is published twice.
@@ -25,7 +25,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Settings;
 use crate::ops::units::utc_from_system_time;
-use crate::sink::ExactlyOnce;
 
 /// What this process saw of the slot's previous holder while it stood by.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +63,10 @@ impl Predecessor {
     }
 
     /// The fence for a session starting `now` that follows this predecessor (`None`: no wait).
-    /// Only a sink whose replays the relay checks by reading back needs one: a broker that
-    /// deduplicates (NATS JetStream, Redis here) drops the old holder's late copies itself,
-    /// within its deduplication window (docs/sink-nats.md, docs/sink-redis.md).
+    /// Only a read-back guarantee asks for one: a broker that deduplicates (NATS JetStream,
+    /// Redis here) drops the old holder's late copies itself, within its deduplication window
+    /// (docs/sink-nats.md, docs/sink-redis.md), and a sink transaction fences the old producer.
     pub(crate) fn fence(&self, settings: &Settings, now: Instant) -> Option<Fence> {
-        if crate::sink::exactly_once(settings) != ExactlyOnce::ReadBack {
-            return None;
-        }
         // A read-back sink whose client keeps no queue of its own has nothing to wait for.
         let expiry = settings.sink.section_dyn().client_queue_expiry()?;
         let Predecessor::Seen {
@@ -182,18 +178,6 @@ mod tests {
         let mut p = Predecessor::None;
         p.observe(Some(Duration::from_secs(3)), now);
         assert!(p.fence(&s, now).is_some());
-    }
-
-    #[test]
-    fn a_deduplicating_broker_needs_no_fence() {
-        let text = "[postgres]\nurl = \"postgres://relay@127.0.0.1/app\"\n[relay]\ndelivery = \"exactly-once\"\n\
-                    takeover_after_ms = 3000\n[sink]\nkind = \"redis\"\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n";
-        let s = Settings::from_toml_str(text, std::path::Path::new("t.toml"), std::iter::empty()).unwrap();
-        let now = Instant::now() + Duration::from_secs(100);
-        let mut p = Predecessor::None;
-        p.observe(Some(Duration::from_secs(4)), now);
-        p.terminated();
-        assert_eq!(p.fence(&s, now), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The ack watermark: the only place that decides how far the stream is durable. `confirm.rs`
-//! turns it into the flush LSN sent to PostgreSQL (and is the only one to send one).
+//! Step 4, watermark: how far the sink acknowledged the stream, over whole transactions. Held
+//! by [`super::Durability`] alone, which caps it with the seal cap and hands the result to
+//! `confirm.rs` — the one way to a flush LSN.
 //!
 //! Invariant: the confirmed LSN is the end LSN of the latest transaction T such that every outbox
 //! event of T *and of every transaction before T* has been acknowledged by the sink. Confirming an
@@ -55,7 +56,7 @@ impl PendingTxn {
 }
 
 #[derive(Debug)]
-pub(crate) struct AckWatermark {
+pub(super) struct AckWatermark {
     pending: VecDeque<PendingTxn>,
     /// Ticket number of `pending[0]`.
     front_seq: u64,
@@ -82,7 +83,7 @@ pub enum WatermarkError {
 
 impl AckWatermark {
     /// Starts at `start`, the slot's confirmed position (already safe).
-    pub(crate) fn new(start: Lsn) -> Self {
+    pub(super) fn new(start: Lsn) -> Self {
         AckWatermark {
             pending: VecDeque::new(),
             front_seq: 0,
@@ -95,15 +96,15 @@ impl AckWatermark {
     }
 
     /// The LSN that is safe to report as flushed.
-    pub(crate) fn confirmed(&self) -> Lsn {
+    pub(super) fn confirmed(&self) -> Lsn {
         self.confirmed
     }
 
-    pub(crate) fn in_flight_events(&self) -> usize {
+    pub(super) fn in_flight_events(&self) -> usize {
         self.in_flight_events
     }
 
-    pub(crate) fn in_flight_bytes(&self) -> usize {
+    pub(super) fn in_flight_bytes(&self) -> usize {
         self.in_flight_bytes
     }
 
@@ -111,19 +112,19 @@ impl AckWatermark {
     /// a crash now would publish again (besides the open transaction's events). Acknowledgements
     /// that arrive out of order (another partition was slower) leave events here although they
     /// are no longer in flight, so this — not just the in-flight count — bounds the replay.
-    pub(crate) fn committed_unconfirmed_events(&self) -> usize {
+    pub(super) fn committed_unconfirmed_events(&self) -> usize {
         self.unconfirmed_events - self.open_txn().map_or(0, |t| t.events as usize)
     }
 
     /// True once any delivery failed; nothing is confirmed past it afterwards.
     #[cfg(test)]
-    pub(crate) fn is_poisoned(&self) -> bool {
+    pub(super) fn is_poisoned(&self) -> bool {
         self.poisoned
     }
 
     /// Nothing in flight and no open transaction.
     #[cfg(test)]
-    pub(crate) fn is_idle(&self) -> bool {
+    pub(super) fn is_idle(&self) -> bool {
         self.pending.iter().all(|t| t.is_empty_marker())
     }
 
@@ -132,7 +133,7 @@ impl AckWatermark {
     }
 
     /// A transaction's Begin.
-    pub(crate) fn begin(&mut self) -> Result<TxnTicket, WatermarkError> {
+    pub(super) fn begin(&mut self) -> Result<TxnTicket, WatermarkError> {
         if self.open_txn().is_some() {
             return Err(WatermarkError::AlreadyOpen);
         }
@@ -146,7 +147,7 @@ impl AckWatermark {
     }
 
     /// One event of the open transaction was handed to Kafka.
-    pub(crate) fn event_sent(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+    pub(super) fn event_sent(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         let txn = self.get_mut(ticket)?;
         txn.outstanding += 1;
         txn.events += 1;
@@ -157,7 +158,7 @@ impl AckWatermark {
     }
 
     /// The open transaction's Commit: it may complete as soon as its events are acknowledged.
-    pub(crate) fn commit(&mut self, ticket: TxnTicket, end_lsn: Lsn) -> Result<(), WatermarkError> {
+    pub(super) fn commit(&mut self, ticket: TxnTicket, end_lsn: Lsn) -> Result<(), WatermarkError> {
         let is_open = self.open_txn().is_some() && ticket.0 == self.front_seq + self.pending.len() as u64 - 1;
         if !is_open {
             return Err(WatermarkError::NotOpen);
@@ -172,14 +173,14 @@ impl AckWatermark {
     }
 
     /// Kafka acknowledged one event.
-    pub(crate) fn acked(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+    pub(super) fn acked(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         self.settle(ticket, bytes)?;
         self.advance();
         Ok(())
     }
 
     /// Kafka finally failed one event: its transaction (and so everything after) is never confirmed.
-    pub(crate) fn failed(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
+    pub(super) fn failed(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         self.settle(ticket, bytes)?;
         self.get_mut(ticket)?.poisoned = true;
         self.poisoned = true;
@@ -187,7 +188,7 @@ impl AckWatermark {
     }
 
     /// A keepalive (or any server report) saying everything before `wal_end` was streamed.
-    pub(crate) fn keepalive(&mut self, wal_end: Lsn) {
+    pub(super) fn keepalive(&mut self, wal_end: Lsn) {
         if self.open_txn().is_some() || wal_end <= self.confirmed {
             return;
         }
