@@ -659,7 +659,7 @@ async fn exactly_once_drain(
     // restart wrote the log afresh (`RelayChild::start`).
     let log = std::fs::read_to_string(job.configs[1].with_extension("log")).unwrap_or_default();
     let (crash_published, crash_distinct) = counted(ctx.broker.bootstrap(), &topic_crash, s.transactional(), job.rows)?;
-    let read_back = "exactly-once: replay window checked against Kafka";
+    let read_back = "exactly-once: replay window checked against the sink";
     Ok(ExactlyOnceDrain {
         seconds,
         per_s: job.rows as f64 / seconds,
@@ -676,7 +676,7 @@ async fn exactly_once_drain(
                 "skipped_at_or_below_checkpoint",
             )
         } else {
-            summary_field(&log, read_back, "skipped_already_in_kafka")
+            summary_field(&log, read_back, "skipped_already_in_sink")
         },
         crash_published,
         crash_distinct,

@@ -239,7 +239,7 @@ fn sessions_in_log(log: &str) -> usize {
 fn skipped_in_log(log: &str) -> u64 {
     log.lines()
         .filter(|l| l.contains("replay window checked"))
-        .filter_map(|l| l.split("skipped_already_in_kafka=").nth(1))
+        .filter_map(|l| l.split("skipped_already_in_sink=").nth(1))
         .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
         .sum()
 }

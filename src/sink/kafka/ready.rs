@@ -11,7 +11,11 @@
 //! Invariant: the wait is per topic and per producer, once; it ends at [`READY_WAIT`] whatever
 //! the cluster says (a topic that does not exist and is not created is then left to the
 //! producer, which names it: `producer::explain`), and it never holds the lock the
-//! delivery-report callback needs.
+//! delivery-report callback needs. The waits of one producer together never exceed
+//! [`READY_WAIT`] either: the wait blocks the caller's thread (the relay's stream, whose status
+//! updates must keep going out), and a cluster that let one topic's wait run out (a broker down,
+//! a partition without a leader) would hold every further topic just as long; once the budget is
+//! spent, further topics are produced to without a wait, as a topic whose wait ran out is.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, PoisonError};
@@ -27,9 +31,15 @@ const PAUSE: Duration = Duration::from_millis(50);
 /// One metadata or ListOffsets request.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(1000);
 
-/// The topics this producer has checked.
+/// The topics this producer has checked, and how long it waited for them in all.
 #[derive(Debug, Default)]
-pub(crate) struct ReadyTopics(Mutex<HashSet<String>>);
+pub(crate) struct ReadyTopics(Mutex<Checked>);
+
+#[derive(Debug, Default)]
+struct Checked {
+    topics: HashSet<String>,
+    waited: Duration,
+}
 
 /// How a topic's wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,15 +50,31 @@ pub(crate) enum Readiness {
     Ready { waited: Duration },
     /// [`READY_WAIT`] passed: the producer goes ahead (and reports what the cluster says).
     GaveUp,
+    /// This producer's waits used up [`READY_WAIT`] already: not checked.
+    Spent,
 }
 
 impl ReadyTopics {
     /// Returns once `topic` is known to be ready, or after waiting for it (see module docs).
     pub(crate) fn ensure<C: ClientContext>(&self, client: &Client<C>, topic: &str) -> Readiness {
-        if self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(topic) {
-            return Readiness::Known;
-        }
-        let outcome = wait_ready(client, topic, READY_WAIT);
+        let left = {
+            let mut checked = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if checked.topics.contains(topic) {
+                return Readiness::Known;
+            }
+            let left = READY_WAIT.saturating_sub(checked.waited);
+            if left < PAUSE {
+                checked.topics.insert(topic.to_owned());
+                debug!(
+                    topic,
+                    "not waiting for the topic's partitions: this producer's waits used up their bound"
+                );
+                return Readiness::Spent;
+            }
+            left
+        };
+        let started = Instant::now();
+        let outcome = wait_ready(client, topic, left);
         match outcome {
             Readiness::Ready { waited } if waited > PAUSE => {
                 debug!(topic, waited_ms = waited.as_millis() as u64, "topic's partitions ready")
@@ -59,10 +85,9 @@ impl ReadyTopics {
             ),
             _ => {}
         }
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(topic.to_owned());
+        let mut checked = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        checked.waited += started.elapsed();
+        checked.topics.insert(topic.to_owned());
         outcome
     }
 }
@@ -140,5 +165,19 @@ mod tests {
             Readiness::GaveUp
         );
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_producer_s_waits_together_stay_within_one_bound() {
+        // Nothing listens on port 1: the first topic's wait runs out, the next ones are not held.
+        let p = producer("127.0.0.1:1");
+        let ready = ReadyTopics::default();
+        let started = Instant::now();
+        assert_eq!(ready.ensure(p.client(), "a"), Readiness::GaveUp);
+        assert_eq!(ready.ensure(p.client(), "b"), Readiness::Spent);
+        assert_eq!(ready.ensure(p.client(), "c"), Readiness::Spent);
+        assert_eq!(ready.ensure(p.client(), "a"), Readiness::Known);
+        let held = started.elapsed();
+        assert!(held < READY_WAIT + Duration::from_millis(900), "held {held:?}");
     }
 }
