@@ -77,9 +77,22 @@ pub(crate) struct SessionContext {
     pub(crate) side: tokio::runtime::Handle,
     /// The slot monitor's latest verdict; a streaming session ends on a fatal one.
     pub(crate) slot_verdict: watch::Receiver<SlotVerdict>,
+    /// What earlier sessions of this process leave the next one.
+    pub(crate) carried: Carried,
+    /// Whether the broker acknowledges, across sessions (`outage.rs`).
+    pub(crate) broker: outage::BrokerWatch,
+    /// Failed sessions in a row (`outage.rs`).
+    pub(crate) reconnects: outage::Reconnects,
+    /// `[tracing]`: starts and ends each event's PRODUCER span; `None`: no spans.
+    pub(crate) tracer: Option<crate::ops::tracing_export::Tracer>,
+}
+
+/// What one session leaves the next (kept by the supervisor).
+#[derive(Default)]
+pub(crate) struct Carried {
     /// Backend pid of this process's most recent walsender (set once streaming started).
     pub(crate) last_walsender: Option<i32>,
-    /// Events Kafka refused in an earlier session, to be sent alone on replay (`quarantine.rs`).
+    /// Events the sink refused in an earlier session, to be sent alone on replay (`quarantine.rs`).
     pub(crate) suspects: quarantine::Suspects,
     /// The note about a publication wider than the relay needs was logged (`publication.rs`).
     pub(crate) publication_noted: bool,
@@ -89,12 +102,6 @@ pub(crate) struct SessionContext {
     /// Commit time (µs) of the latest transaction with events any session of this process
     /// confirmed: the recovery point named when the slot turns out to be gone.
     pub(crate) last_confirmed_commit_unix_us: Option<i64>,
-    /// Whether the broker acknowledges, across sessions (`outage.rs`).
-    pub(crate) broker: outage::BrokerWatch,
-    /// Failed sessions in a row (`outage.rs`).
-    pub(crate) reconnects: outage::Reconnects,
-    /// `[tracing]`: starts and ends each event's PRODUCER span; `None`: no spans.
-    pub(crate) tracer: Option<crate::ops::tracing_export::Tracer>,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what
@@ -138,11 +145,7 @@ pub(crate) async fn run(
         health: Arc::clone(&health),
         side: tokio::runtime::Handle::current(),
         slot_verdict,
-        last_walsender: None,
-        suspects: Default::default(),
-        publication_noted: false,
-        predecessor: takeover::Predecessor::None,
-        last_confirmed_commit_unix_us: None,
+        carried: Carried::default(),
         broker: Default::default(),
         reconnects: Default::default(),
         tracer,
@@ -224,7 +227,7 @@ async fn supervise(
             }
             Err(e) => {
                 error!(slot = %settings.postgres.slot, error = %e, "fatal");
-                if let (RelayError::SlotMissing { .. }, Some(us)) = (&e, ctx.last_confirmed_commit_unix_us) {
+                if let (RelayError::SlotMissing { .. }, Some(us)) = (&e, ctx.carried.last_confirmed_commit_unix_us) {
                     // After a failover on PostgreSQL 14-16 (or a dropped slot): where the
                     // recovery starts. Events committed up to then are in Kafka.
                     let since = crate::ops::units::utc_from_unix_us(us);

@@ -75,35 +75,7 @@ pub(crate) async fn run_session(
     let slot_name = settings.postgres.slot.as_str();
     let timeout = settings.relay.connect_timeout;
     let control = pg_client::connect(&settings.postgres, timeout).await?;
-    let slot = slot::check_for_start(slot_name, slot::read_slot(&control, slot_name).await?)?;
-    publication::log_note(
-        publication::check(&control, settings).await?,
-        &mut ctx.publication_noted,
-    );
-    // A payload column of bytea or of a domain over it is published as its bytes. Read once per
-    // session: a domain created while the session streams is known from the next session on.
-    let bytea = ByteaTypes::with_domains(pg_client::bytea_domain_oids(&control).await?);
-    if !settings.outbox.routing_columns.is_empty() {
-        let mut columns = Vec::with_capacity(settings.outbox.tables.len());
-        for table in &settings.outbox.tables {
-            columns.push(pg_client::table_columns(&control, table.schema.as_str(), table.name.as_str()).await?);
-        }
-        crate::outbox::layout::check_template_columns(&settings.outbox, &columns)?;
-    }
-    let debezium = match &settings.debezium {
-        None => None,
-        Some(format) => {
-            let mut not_null = Vec::with_capacity(settings.outbox.tables.len());
-            for table in &settings.outbox.tables {
-                let columns = pg_client::not_null_columns(&control, table.schema.as_str(), table.name.as_str()).await?;
-                not_null.push((table.clone(), columns));
-            }
-            Some(DebeziumColumns {
-                format: format.clone(),
-                not_null,
-            })
-        }
-    };
+    let (slot, decoder) = before_streaming(&control, settings, ctx).await?;
     let mut conn =
         ReplicationConnection::connect_with(&settings.postgres, timeout, Some(settings.relay.receive_timeout)).await?;
     let backend_pid = conn.backend_pid;
@@ -119,7 +91,7 @@ pub(crate) async fn run_session(
             true,
         )
         .await?;
-    ctx.last_walsender = Some(backend_pid);
+    ctx.carried.last_walsender = Some(backend_pid);
     slot::verify_start(&control, slot_name, slot.confirmed_flush).await?;
     // The slot is ours now: takeover liveness starts, and the delivery guarantee is chosen and
     // its sink created — a transactional sink fences earlier producers of its identity, and a
@@ -129,7 +101,7 @@ pub(crate) async fn run_session(
         control: &control,
         system_id: &system.system_id,
         slot_start: slot.confirmed_flush,
-        predecessor: &ctx.predecessor,
+        predecessor: &ctx.carried.predecessor,
     };
     let Chosen {
         guarantee,
@@ -155,9 +127,9 @@ pub(crate) async fn run_session(
     drop(control);
     let _heartbeat = heartbeat::spawn(settings, &ctx.side);
     // Lent to the session's state and handed back after the wind-down, for the next session.
-    let mut suspects = std::mem::take(&mut ctx.suspects);
+    let mut suspects = std::mem::take(&mut ctx.carried.suspects);
     let parts = Parts {
-        decoder: Decoder::new(bytea, debezium),
+        decoder,
         sink,
         guarantee,
         liveness,
@@ -199,12 +171,53 @@ pub(crate) async fn run_session(
     let seal_last = outcome.is_ok();
     let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut completions, wait, seal_last).await;
     if last_confirmed.is_some() {
-        ctx.last_confirmed_commit_unix_us = last_confirmed;
+        ctx.carried.last_confirmed_commit_unix_us = last_confirmed;
     }
     // Whatever was still in flight belongs to the abandoned producer and will be replayed.
     StreamGauges::default().set_idle();
-    ctx.suspects = suspects;
+    ctx.carried.suspects = suspects;
     outcome
+}
+
+/// What a session checks and reads on its control connection before it streams: the slot
+/// (missing or lost is fatal, held by someone else means standing by), the publication, the
+/// column mapping, and what the decoder needs of the catalog.
+async fn before_streaming(
+    control: &tokio_postgres::Client,
+    settings: &Settings,
+    ctx: &mut SessionContext,
+) -> Result<(slot::StartPoint, Decoder), RelayError> {
+    let slot_name = settings.postgres.slot.as_str();
+    let slot = slot::check_for_start(slot_name, slot::read_slot(control, slot_name).await?)?;
+    publication::log_note(
+        publication::check(control, settings).await?,
+        &mut ctx.carried.publication_noted,
+    );
+    // A payload column of bytea or of a domain over it is published as its bytes. Read once per
+    // session: a domain created while the session streams is known from the next session on.
+    let bytea = ByteaTypes::with_domains(pg_client::bytea_domain_oids(control).await?);
+    if !settings.outbox.routing_columns.is_empty() {
+        let mut columns = Vec::with_capacity(settings.outbox.tables.len());
+        for table in &settings.outbox.tables {
+            columns.push(pg_client::table_columns(control, table.schema.as_str(), table.name.as_str()).await?);
+        }
+        crate::outbox::layout::check_template_columns(&settings.outbox, &columns)?;
+    }
+    let debezium = match &settings.debezium {
+        None => None,
+        Some(format) => {
+            let mut not_null = Vec::with_capacity(settings.outbox.tables.len());
+            for table in &settings.outbox.tables {
+                let columns = pg_client::not_null_columns(control, table.schema.as_str(), table.name.as_str()).await?;
+                not_null.push((table.clone(), columns));
+            }
+            Some(DebeziumColumns {
+                format: format.clone(),
+                not_null,
+            })
+        }
+    };
+    Ok((slot, Decoder::new(bytea, debezium)))
 }
 
 async fn stream(
@@ -361,7 +374,7 @@ fn show_hold(state: &mut StreamState<'_>, ctx: &mut SessionContext) {
         Some(note) => ctx.health.set_fence(Some(note.text), note.seconds_left),
         None => {
             ctx.health.set_fence(None, 0.0);
-            ctx.predecessor = Predecessor::None;
+            ctx.carried.predecessor = Predecessor::None;
         }
     }
 }

@@ -46,7 +46,7 @@ impl Standby {
         holder: &SlotHolder,
     ) -> Duration {
         let slot = settings.postgres.slot.as_str();
-        if let Some(pid) = holder.pid.filter(|pid| Some(*pid) == ctx.last_walsender) {
+        if let Some(pid) = holder.pid.filter(|pid| Some(*pid) == ctx.carried.last_walsender) {
             if self.terminated_own == Some(pid) {
                 return settings.relay.standby_poll;
             }
@@ -60,7 +60,7 @@ impl Standby {
             return AFTER_TERMINATE;
         }
         ctx.health.set_mode(Mode::Standby);
-        ctx.predecessor.observe(holder.silent_for, Instant::now());
+        ctx.carried.predecessor.observe(holder.silent_for, Instant::now());
         if self.announced_holder != Some(holder.pid) {
             self.announced_holder = Some(holder.pid);
             info!(
@@ -79,7 +79,7 @@ impl Standby {
                     "the slot holder sent no status update for longer than takeover_after_ms; terminating its walsender to take over"
                 );
                 if terminate(settings, pid, Some(limit)).await {
-                    ctx.predecessor.terminated();
+                    ctx.carried.predecessor.terminated();
                     return AFTER_TERMINATE;
                 }
             }
