@@ -27,8 +27,8 @@
 //! drained 35-40 % slower, its per-request reply futures costing what its single PubAck
 //! subscription saves).
 //!
-//! Adding a sink: a folder `src/sink/<name>/` with the plugin, a section `[<name>]` in
-//! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
+//! Adding a sink: a folder `src/sink/<name>/` with the plugin and its section `[<name>]`
+//! (`config.rs`), and one line in the registry (docs/architecture.md, "Adding a sink").
 
 pub(crate) mod aws;
 pub(crate) mod aws_message;

@@ -283,13 +283,13 @@ fn registered_sinks(root: &Path) -> Vec<String> {
         .collect()
 }
 
-/// A sink is one folder, one config file and one line in the registry (`src/sink/registry.rs`:
-/// the config half is the plugin's `spec`, handed to the loader from there), as
-/// docs/architecture.md ("Adding a sink") says: every registered sink has exactly those, every
-/// folder under `src/sink/` is registered, the configuration keeps no list of sinks of its own,
-/// and the page lists each sink's folder.
+/// A sink is one folder (its section `config.rs` inside) and one line in the registry
+/// (`src/sink/registry.rs`: the config half is the plugin's `spec`, handed to the loader from
+/// there), as docs/architecture.md ("Adding a sink") says: every registered sink has exactly
+/// those, every folder under `src/sink/` is registered, the configuration keeps no list of sinks
+/// and no section of one (no `src/config/<name>.rs`), and the page lists each sink's folder.
 #[test]
-fn every_sink_is_a_folder_a_config_section_and_one_registration() {
+fn every_sink_is_a_folder_with_its_config_section_and_one_registration() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("read {p}: {e}"));
     let sinks = registered_sinks(root);
@@ -334,7 +334,7 @@ fn every_sink_is_a_folder_a_config_section_and_one_registration() {
         .expect("docs/architecture.md: \"### Adding a sink\"");
     for needle in [
         "src/sink/<name>/",
-        "src/config/<name>.rs",
+        "src/sink/<name>/config.rs",
         "src/sink/registry.rs",
         "sinks![",
     ] {
@@ -346,8 +346,12 @@ fn every_sink_is_a_folder_a_config_section_and_one_registration() {
             "no src/sink/{name}/mod.rs"
         );
         assert!(
-            root.join("src/config").join(format!("{name}.rs")).exists(),
-            "no src/config/{name}.rs"
+            root.join("src/sink").join(name).join("config.rs").exists(),
+            "no src/sink/{name}/config.rs: a sink's section lives in its folder"
+        );
+        assert!(
+            !root.join("src/config").join(format!("{name}.rs")).exists(),
+            "src/config/{name}.rs: a sink's section lives in its folder (src/sink/{name}/config.rs)"
         );
         assert!(
             page.contains(&format!("src/sink/{name}/")),
@@ -418,13 +422,12 @@ fn names_crate(code: &str, name: &str) -> bool {
     })
 }
 
-/// A new destination is one folder: outside `src/sink/<name>/`, `src/config/<name>.rs`, the
-/// registry (`src/sink/registry.rs`) and `src/config/sink.rs` (whose default `[sink] kind` is
-/// `"kafka"`), no source file names
-/// a specific sink in code — its `[sink] kind` as a string literal, its module (`kafka::`,
+/// A new destination is one folder: outside `src/sink/<name>/` (its section included) and the
+/// registry (`src/sink/registry.rs`, whose first line is also the default `[sink] kind`), no
+/// source file names a specific sink in code — its `[sink] kind` as a string literal, its module (`kafka::`,
 /// `sink::nats`, `mod redis`), or its client crate (the crates whose log targets its plugin
 /// declares: `rdkafka`, `async_nats`, `lapin`, `redis`). The only other lines allowed are the
-/// `mod <name>;` declarations in `src/sink/mod.rs` and `src/config/mod.rs`. Excepted as the issue
+/// `mod <name>;` declarations in `src/sink/mod.rs`. Excepted as the issue
 /// allows: the Debezium import mapping (`src/control/import_debezium/`, which translates
 /// Debezium's sink names) and the demo (`src/demo/`, which runs a consumer of each broker).
 /// Comments and unit tests are not code the relay runs (see [`code_lines`]).
@@ -461,13 +464,13 @@ fn no_source_file_outside_a_sink_names_that_sink() {
         "the plugins' log targets should name their client crates, found {crates:?}"
     );
     let own = |relative: &str| {
-        sinks.iter().any(|name| {
-            relative.starts_with(&format!("src/sink/{name}/")) || relative == format!("src/config/{name}.rs")
-        })
+        sinks
+            .iter()
+            .any(|name| relative.starts_with(&format!("src/sink/{name}/")))
     };
-    let excepted = ["src/sink/registry.rs", "src/config/sink.rs"];
+    let excepted = ["src/sink/registry.rs"];
     let excepted_dirs = ["src/control/import_debezium/", "src/demo/"];
-    let declarations = ["src/sink/mod.rs", "src/config/mod.rs"];
+    let declarations = ["src/sink/mod.rs"];
     // A client shared by a family of sinks (the AWS SDK's configuration chain, shared by SQS,
     // SNS and Kinesis) may name its client crates, but no sink.
     let shared_clients = ["src/sink/aws.rs"];
@@ -508,7 +511,7 @@ fn no_source_file_outside_a_sink_names_that_sink() {
     }
     assert!(
         violations.is_empty(),
-        "sinks named outside their folder, config file and registration (reach them through the sink's \
+        "sinks named outside their folder and registration (reach them through the sink's \
          plugin instead):\n{}",
         violations.join("\n")
     );
@@ -522,8 +525,8 @@ fn the_sink_scanner_sees_code_and_skips_comments_and_tests() {
     assert_eq!(lines.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1, 2, 7]);
     assert_eq!(lines[0].1, "let a = \"kafka\"; ");
     assert!(names_crate(lines[1].1, "lapin"));
-    assert!(!names_crate("crate::config::redis::X", "redis"));
-    assert!(names_segment("crate::config::redis::X", "redis"));
+    assert!(!names_crate("crate::sink::redis::config::X", "redis"));
+    assert!(names_segment("crate::sink::redis::config::X", "redis"));
     assert!(names_segment("pub(crate) mod nats;", "nats"));
     assert!(!names_segment("let nats_url = 1;", "nats"));
     assert_eq!(without_comment("let u = \"nats://h\"; // x"), "let u = \"nats://h\"; ");

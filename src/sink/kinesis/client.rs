@@ -12,8 +12,8 @@ use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::operation::list_shards::ListShardsError;
 use aws_sdk_kinesis::types::{StreamMode, StreamModeDetails};
 
+use super::config::KinesisSettings;
 use super::SINK;
-use crate::config::kinesis::KinesisSettings;
 use crate::sink::aws;
 pub(crate) use crate::sink::aws::words;
 use crate::sink::SinkError;

@@ -452,8 +452,8 @@ mod tests {
         use std::sync::Arc;
         use std::time::Duration;
 
-        use crate::config::kinesis::Format;
         use crate::sink::driver::{self, Concurrency, DriverOptions};
+        use crate::sink::kinesis::config::Format;
         use crate::sink::{FailureKind, Sink};
 
         let seen: Seen = Arc::default();
@@ -544,8 +544,8 @@ mod tests {
 
         use aws_sdk_kinesis::types::ShardIteratorType;
 
-        use crate::config::kinesis::{Format, KinesisSection};
         use crate::sink::driver::{self, Concurrency, DriverOptions};
+        use crate::sink::kinesis::config::{Format, KinesisSection};
         use crate::sink::Sink;
 
         let Ok(endpoint) = std::env::var("KINESIS_MEASURE_ENDPOINT") else {

@@ -14,7 +14,7 @@
 //! they were stored in; the driver keeps at most one record per key on the wire, so a
 //! `PutRecords` call never holds two records of a key and nothing of a key is stored after a
 //! failed one (PutRecords does not keep order within a call, and a failed record does not stop
-//! the next). Exactly-once is refused (`config::kinesis::NO_EXACTLY_ONCE`): Kinesis does not
+//! the next). Exactly-once is refused (`config::NO_EXACTLY_ONCE`): Kinesis does not
 //! deduplicate.
 //!
 //! Invariant: like every adapter, this one knows nothing of PostgreSQL or the watermark; it
@@ -22,17 +22,18 @@
 //! them; nothing of them is in `[kinesis]`).
 
 pub(crate) mod client;
+pub(crate) mod config;
 pub(crate) mod exchange;
 pub(crate) mod record;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::kinesis::{check_stream_name, KinesisSettings, NO_EXACTLY_ONCE};
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::driver::{self, Concurrency, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::{check_stream_name, KinesisSettings, NO_EXACTLY_ONCE};
 
 use client::{Kinesis, Stream};
 use record::Encoder;
@@ -50,7 +51,7 @@ impl SinkPlugin for KinesisPlugin {
     type Config = KinesisSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::kinesis::SECTION
+        &config::SECTION
     }
 
     /// OpenTelemetry's messaging conventions have no Kinesis value: the `[sink] kind`.
@@ -88,7 +89,7 @@ impl SinkPlugin for KinesisPlugin {
         }
     }
 
-    /// Refused at load already (`config::kinesis`); this is the same answer for callers that
+    /// Refused at load already (`config.rs`); this is the same answer for callers that
     /// ask the plugin.
     fn exactly_once(&self, _: &KinesisSettings, _: &SinkContext) -> ExactlyOnce {
         ExactlyOnce::Unsupported(NO_EXACTLY_ONCE)

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::config::SnsSettings;
 use super::SINK;
-use crate::config::sns::SnsSettings;
 use crate::sink::aws;
 pub(crate) use crate::sink::aws::words;
 use crate::sink::SinkError;

@@ -18,6 +18,7 @@
 //! never prints credentials (the SDK resolves them; nothing of them is in `[sns]`).
 
 pub(crate) mod client;
+pub(crate) mod config;
 pub(crate) mod exchange;
 
 use std::sync::Arc;
@@ -25,10 +26,10 @@ use std::time::Duration;
 
 use crate::config::relay::Delivery;
 use crate::config::sink::SinkSectionSpec;
-use crate::config::sns::SnsSettings;
 use crate::sink::driver::{self, Concurrency, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::SnsSettings;
 
 use crate::sink::aws_message::{Encoder, Service};
 use client::Sns;
@@ -62,7 +63,7 @@ impl SinkPlugin for SnsPlugin {
     type Config = SnsSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::sns::SECTION
+        &config::SECTION
     }
 
     /// Named like OpenTelemetry's `aws_sqs`.
@@ -105,12 +106,12 @@ impl SinkPlugin for SnsPlugin {
     }
 
     /// FIFO topics deduplicate on `MessageDeduplicationId` within 5 minutes; standard topics
-    /// are refused by the config already (`config::sns::NO_EXACTLY_ONCE_STANDARD`).
+    /// are refused by the config already (`config::NO_EXACTLY_ONCE_STANDARD`).
     fn exactly_once(&self, config: &SnsSettings, _: &SinkContext) -> ExactlyOnce {
         if config.fifo {
             ExactlyOnce::BrokerDeduplicates
         } else {
-            ExactlyOnce::Unsupported(crate::config::sns::NO_EXACTLY_ONCE_STANDARD)
+            ExactlyOnce::Unsupported(config::NO_EXACTLY_ONCE_STANDARD)
         }
     }
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 use aws_sdk_sqs::error::SdkError;
 use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
 
+use super::config::SqsSettings;
 use super::SINK;
-use crate::config::sqs::SqsSettings;
 use crate::sink::aws;
 pub(crate) use crate::sink::aws::words;
 use crate::sink::SinkError;

@@ -19,16 +19,17 @@
 //! them; nothing of them is in `[sqs]`).
 
 pub(crate) mod client;
+pub(crate) mod config;
 pub(crate) mod exchange;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::sink::SinkSectionSpec;
-use crate::config::sqs::SqsSettings;
 use crate::sink::driver::{self, Concurrency, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::SqsSettings;
 
 use crate::sink::aws_message::{Encoder, Service};
 use client::Sqs;
@@ -62,7 +63,7 @@ impl SinkPlugin for SqsPlugin {
     type Config = SqsSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::sqs::SECTION
+        &config::SECTION
     }
 
     /// OpenTelemetry's messaging conventions name SQS `aws_sqs`.
@@ -98,12 +99,12 @@ impl SinkPlugin for SqsPlugin {
     }
 
     /// FIFO queues deduplicate on `MessageDeduplicationId` within 5 minutes; standard queues
-    /// are refused by the config already (`config::sqs::NO_EXACTLY_ONCE_STANDARD`).
+    /// are refused by the config already (`config::NO_EXACTLY_ONCE_STANDARD`).
     fn exactly_once(&self, config: &SqsSettings, _: &SinkContext) -> ExactlyOnce {
         if config.fifo {
             ExactlyOnce::BrokerDeduplicates
         } else {
-            ExactlyOnce::Unsupported(crate::config::sqs::NO_EXACTLY_ONCE_STANDARD)
+            ExactlyOnce::Unsupported(config::NO_EXACTLY_ONCE_STANDARD)
         }
     }
 
