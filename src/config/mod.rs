@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub(crate) mod aws;
 pub(crate) mod cloudevents;
 pub(crate) mod debezium;
 pub(crate) mod filter;
@@ -128,6 +127,12 @@ pub(crate) fn number_or_numeric_string<'de, D: serde::Deserializer<'de>>(d: D) -
             .parse()
             .map_err(|_| serde::de::Error::custom(format!("expected a non-negative whole number, got {s:?}"))),
     }
+}
+
+/// [`number_or_numeric_string`] for a key that may be left out
+/// (`#[serde(default, deserialize_with = "crate::config::optional_number")]`).
+pub(crate) fn optional_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    number_or_numeric_string(d).map(Some)
 }
 
 /// Everything the relay runs with, validated.

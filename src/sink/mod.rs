@@ -31,12 +31,10 @@
 //! (`config.rs`), and one line in the registry (docs/architecture.md, "Adding a sink").
 
 pub(crate) mod aws;
-pub(crate) mod aws_message;
 pub(crate) mod batch;
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;
-pub(crate) mod kinesis;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod nats;
@@ -46,8 +44,7 @@ pub(crate) mod rabbitmq;
 pub(crate) mod redis;
 pub(crate) mod refusal;
 pub(crate) mod registry;
-pub(crate) mod sns;
-pub(crate) mod sqs;
+pub(crate) mod requests;
 pub(crate) mod webhook;
 
 use std::borrow::Cow;

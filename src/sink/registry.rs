@@ -61,9 +61,9 @@ sinks![
     crate::sink::redis::Redis,
     crate::sink::webhook::Webhook,
     crate::sink::pubsub::PubSub,
-    crate::sink::sqs::SqsPlugin,
-    crate::sink::kinesis::KinesisPlugin,
-    crate::sink::sns::SnsPlugin,
+    crate::sink::aws::sqs::SqsPlugin,
+    crate::sink::aws::kinesis::KinesisPlugin,
+    crate::sink::aws::sns::SnsPlugin,
 ];
 
 /// What the demo reads of particular sinks' sections, until each sink's demo half lives in its

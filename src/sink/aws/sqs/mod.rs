@@ -2,12 +2,14 @@
 //! routed name, standard or FIFO (`[sqs] fifo`). docs/sink-sqs.md describes what a consumer
 //! gets and the guarantees.
 //!
-//! * `client.rs` — the AWS SDK client (default credential chain, `AWS_REGION`,
-//!   `AWS_ENDPOINT_URL`, `[sqs]` on top) and the cached queue URLs;
-//! * [`SERVICE`] — what the message encoder shared with SNS (`sink/aws_message.rs`: body,
+//! * `config.rs` — `[sqs]`: SQS's names, limits and defaults in the section every message
+//!   service has (`aws/config.rs`);
+//! * `client.rs` — the AWS SDK client (`aws/client.rs`'s chain, `[sqs]` on top) and the cached
+//!   queue URLs;
+//! * [`SERVICE`] — what the message encoder shared with SNS (`aws/message.rs`: body,
 //!   attributes, FIFO group and deduplication id, everything SQS would refuse) needs of SQS;
-//! * `exchange.rs` — what the shared driver (`sink/driver.rs`) runs: messages batched into
-//!   `SendMessageBatch` calls, each entry's failure mapped (refused, or retried).
+//! * `exchange.rs` — the batcher's SQS part (`SendMessageBatch` calls, each entry's failure
+//!   mapped: refused, or retried); the driver runs it as every AWS sink (`aws/exchange.rs`).
 //!
 //! Order per aggregate comes from the driver (one message per key on the wire, up to
 //! `max_concurrency` keys at once) and, on the consumer's side, from FIFO queues (the key is the
@@ -22,39 +24,31 @@ pub(crate) mod client;
 pub(crate) mod config;
 pub(crate) mod exchange;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use crate::config::sink::SinkSectionSpec;
-use crate::sink::driver::{self, Concurrency, DriverOptions};
+use crate::sink::aws::message::Service;
+use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+
+use client::SqsClient;
 use config::SqsSettings;
 
-use crate::sink::aws_message::{Encoder, Service};
-use client::Sqs;
-
-/// The sink's name in errors and logs.
-pub(crate) const SINK: &str = "Amazon SQS";
-
-/// What the shared message encoder (`sink/aws_message.rs`) needs to know of SQS.
+/// What the shared message encoder and section (`aws/message.rs`, `aws/config.rs`) need to
+/// know of SQS.
 pub(crate) const SERVICE: Service = Service {
     name: "SQS",
+    sink: "Amazon SQS",
     section: "sqs",
     destination: "queue",
     verb: "sends to",
+    readers: "consumers",
     attribute_limit: "SQS allows 10",
     max_name: 80,
     size_limit: "the queue's MaximumMessageSize",
 };
 
-/// How long `setup` and `status` wait for a connection.
-const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a message may wait in the driver's queue before it is failed unsent instead
-/// (exactly-once): well inside SQS's 5-minute deduplication window, so a frozen and thawed
-/// holder's queue is never sent after the window closed on what a standby sent meanwhile.
-const EXACTLY_ONCE_QUEUE_WAIT: Duration = Duration::from_secs(60);
+/// The sink's name in errors and logs.
+pub(crate) const SINK: &str = SERVICE.sink;
 
 /// The SQS sink's plugin (`src/sink/registry.rs`).
 pub(crate) struct SqsPlugin;
@@ -71,41 +65,20 @@ impl SinkPlugin for SqsPlugin {
         "aws_sqs"
     }
 
-    /// The SDK's own lines (retries, credential lookups, connection churn) are DEBUG: the sink
-    /// reports failures itself.
     fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[
-            ClientLogTarget {
-                target: "aws_config",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_sdk_sqs",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_smithy_runtime",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_smithy_http_client",
-                fixed: None,
-            },
-        ]
+        static TARGETS: [ClientLogTarget; 4] = aws::log_targets(ClientLogTarget {
+            target: "aws_sdk_sqs",
+            fixed: None,
+        });
+        &TARGETS
     }
 
     fn limits(&self, config: &SqsSettings) -> SinkLimits {
-        limits(config)
+        aws::message_limits(config)
     }
 
-    /// FIFO queues deduplicate on `MessageDeduplicationId` within 5 minutes; standard queues
-    /// are refused by the config already (`config::NO_EXACTLY_ONCE_STANDARD`).
     fn exactly_once(&self, config: &SqsSettings, _: &SinkContext) -> ExactlyOnce {
-        if config.fifo {
-            ExactlyOnce::BrokerDeduplicates
-        } else {
-            ExactlyOnce::Unsupported(config::NO_EXACTLY_ONCE_STANDARD)
-        }
+        aws::message_exactly_once(config)
     }
 
     async fn prepare(&self, config: &SqsSettings) -> Result<Vec<String>, SinkError> {
@@ -128,48 +101,20 @@ impl SinkPlugin for SqsPlugin {
         config: &SqsSettings,
         cx: &SinkContext,
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-        let sqs = Sqs::connect(config, cx.connect_timeout).await?;
-        let encoder = Encoder {
-            service: &SERVICE,
-            fifo: config.fifo,
-            headers: config.headers,
-            max_message_bytes: config.max_message_bytes,
-        };
-        let exchange = exchange::SqsExchange::start(sqs, encoder, config.max_requests);
-        let options = DriverOptions {
-            concurrency: Concurrency::PerKey {
-                max_keys: config.max_concurrency,
-            },
-            max_in_flight: cx.max_in_flight.max(1),
-            max_in_flight_bytes: cx.max_in_flight_bytes,
-            // Each attempt is bounded ([sqs] timeout_ms) and the batch task retries for as
-            // long as SQS fails: no overall timer, or an outage would end in a replay.
-            reply_timeout: None,
-            max_queue_wait: (cx.delivery == crate::config::relay::Delivery::ExactlyOnce)
-                .then_some(EXACTLY_ONCE_QUEUE_WAIT),
-            // Dropped without abandon: one attempt's time for what is on the wire.
-            drop_wait: config.timeout,
-        };
-        Ok(boxed(driver::start(Arc::new(exchange), options)))
-    }
-}
-
-/// The queue-name rule of the configured queue type, and `[sqs] max_message_bytes`.
-pub(crate) fn limits(settings: &SqsSettings) -> SinkLimits {
-    SinkLimits {
-        check_name: if settings.fifo {
-            |name| SERVICE.check_fifo_name(name)
-        } else {
-            |name| SERVICE.check_standard_name(name)
-        },
-        max_message_bytes: settings.max_message_bytes,
+        let sqs = SqsClient::connect(config, cx.connect_timeout).await?;
+        Ok(aws::start_messages(
+            exchange::SqsBatches { sqs },
+            config,
+            cx,
+            "SendMessageBatch answer",
+        ))
     }
 }
 
 /// `status`: credentials found, and SQS answers (`ListQueues`; a principal not allowed to list
 /// is fine — sending needs only `sqs:GetQueueUrl` and `sqs:SendMessage`).
 pub(crate) async fn probe(settings: &SqsSettings) -> Result<String, SinkError> {
-    let sqs = Sqs::connect(settings, PROBE_CONNECT_TIMEOUT).await?;
+    let sqs = SqsClient::connect(settings, PROBE_CONNECT_TIMEOUT).await?;
     let started = std::time::Instant::now();
     let kind = if settings.fifo { "FIFO" } else { "standard" };
     match sqs.client.list_queues().max_results(1000).send().await {
@@ -180,7 +125,7 @@ pub(crate) async fn probe(settings: &SqsSettings) -> Result<String, SinkError> {
             out.queue_urls().len()
         )),
         Err(e) => {
-            let cause = client::words(&e);
+            let cause = aws::client::words(&e);
             if cause.contains("AccessDenied") {
                 Ok(format!(
                     "Amazon SQS at {} answers (credentials found; ListQueues not permitted, which sending does not \
