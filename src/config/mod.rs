@@ -4,19 +4,21 @@
 //! `deny_unknown_fields`, so a typo is an error, never a silently ignored key); environment
 //! variables named `OUTBOX_RELAY__<SECTION>__<KEY>` are applied on top; then every section
 //! validates itself into typed settings (identifiers parsed and quoted, the routing regex
-//! compiled, durability-critical Kafka properties enforced). Everything the relay needs to reject
-//! is rejected here, before any connection is opened.
+//! compiled, the chosen sink's section checked by its own spec). Everything the relay needs to
+//! reject is rejected here, before any connection is opened.
 //!
 //! This module is the leaf layer: it imports nothing from the rest of the crate. One file per
-//! section ([`postgres`], [`outbox`] (with `[route]`), [`sink`], [`kafka`], [`relay`], [`poll`],
-//! [`http`], [`retention`], [`debezium`], [`cloudevents`], [`tracing`]), each owning its raw and validated types; [`ident`] and [`secret`] are
-//! shared value types.
+//! section ([`postgres`], [`outbox`] (with `[route]`), [`sink`], [`relay`], [`poll`], [`http`],
+//! [`retention`], [`debezium`], [`cloudevents`], [`tracing`]), each owning its raw and validated
+//! types; [`ident`] and [`secret`] are shared value types. A sink's own section lives in its
+//! folder (`src/sink/<name>/config.rs`), handed to the loader as a spec by the sink registry
+//! ([`sink::SinkSpecs`]): nothing here names a sink.
 //!
 //! Environment overrides: section and key are upper-cased with `__` between them, e.g.
-//! `OUTBOX_RELAY__POSTGRES__URL`, `OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT`. In the `kafka` section the
-//! key's `_` become `.`: `OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS` sets `bootstrap.servers`.
-//! `OUTBOX_RELAY__OUTBOX__HEADER_COLUMNS` and `OUTBOX_RELAY__CLOUDEVENTS__EXTENSIONS` take a TOML
-//! inline table (`{ tenant = "x-tenant" }`).
+//! `OUTBOX_RELAY__POSTGRES__URL`, `OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT`; a sink's section says how
+//! its keys are written ([`sink::SinkSectionSpec::env_key`]: dotted property names take `.` for
+//! `_`). `OUTBOX_RELAY__OUTBOX__HEADER_COLUMNS` and `OUTBOX_RELAY__CLOUDEVENTS__EXTENSIONS` take a
+//! TOML inline table (`{ tenant = "x-tenant" }`).
 //! Values are strings; numeric settings accept numeric strings.
 
 use std::collections::BTreeMap;
@@ -25,30 +27,20 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub(crate) mod aws;
 pub(crate) mod cloudevents;
 pub(crate) mod debezium;
 pub(crate) mod filter;
 pub(crate) mod http;
 pub(crate) mod ident;
-pub(crate) mod kafka;
-pub(crate) mod kinesis;
-pub(crate) mod nats;
 pub(crate) mod outbox;
 pub(crate) mod poll;
 pub(crate) mod postgres;
-pub(crate) mod pubsub;
-pub(crate) mod rabbitmq;
-pub(crate) mod redis;
 pub(crate) mod relay;
 pub(crate) mod retention;
 pub(crate) mod secret;
 pub(crate) mod sink;
-pub(crate) mod sns;
-pub(crate) mod sqs;
 pub(crate) mod tracing;
 pub(crate) mod transactions;
-pub(crate) mod webhook;
 
 use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;
@@ -99,7 +91,7 @@ pub(crate) struct FileConfig {
     pub(crate) transactions: Option<transactions::TransactionsSection>,
     #[serde(default)]
     pub(crate) sink: SinkTable,
-    /// The sinks' own sections (`[kafka]`, `[nats]`, …) by name, as written: each is
+    /// The sinks' own sections by name, as written: each is
     /// validated by its sink's spec (the registered ones: [`SinkSpecs`]).
     #[serde(skip)]
     pub(crate) sink_sections: BTreeMap<String, toml::Value>,
@@ -135,6 +127,12 @@ pub(crate) fn number_or_numeric_string<'de, D: serde::Deserializer<'de>>(d: D) -
             .parse()
             .map_err(|_| serde::de::Error::custom(format!("expected a non-negative whole number, got {s:?}"))),
     }
+}
+
+/// [`number_or_numeric_string`] for a key that may be left out
+/// (`#[serde(default, deserialize_with = "crate::config::optional_number")]`).
+pub(crate) fn optional_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    number_or_numeric_string(d).map(Some)
 }
 
 /// Everything the relay runs with, validated.
@@ -235,7 +233,7 @@ impl Settings {
         }
         let postgres = file.postgres.validate()?;
         let router = file.route.validate()?;
-        let sink_spec = sink::spec_of(&file.sink.kind, specs)?;
+        let sink_spec = file.sink.spec(specs)?;
         if router.key.is_some() && debezium.is_some() {
             return Err(ConfigError::Invalid {
                 key: "route.key",
@@ -427,16 +425,6 @@ fn apply_env_overrides(
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-impl Settings {
-    /// The `[kafka]` properties of settings whose sink is the default one, for tests.
-    pub(crate) fn kafka(&self) -> &kafka::KafkaProperties {
-        self.sink
-            .section::<kafka::KafkaProperties>()
-            .expect("the sink is kafka")
-    }
-}
 
 /// Settings for unit tests anywhere in the crate.
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! `[sink]`: which broker the relay publishes to, and the generic half of every sink's own
-//! section (`[kafka]`, `[nats]`, …).
+//! section (named as its `[sink] kind`).
 //!
 //! The root configuration knows no sink by name. Each sink declares its section in its own
-//! `src/config/<name>.rs` as a [`SinkSectionSpec`] — the `[sink] kind` word (also the section's
+//! folder, `src/sink/<name>/config.rs`, as a [`SinkSectionSpec`] — the `[sink] kind` word (also the section's
 //! name), its name for people, how its section is validated into a typed [`SinkSection`] — and
 //! is listed once, by its plugin, in the sink layer's registry (`src/sink/registry.rs`), which
 //! hands the specs to the loader ([`SinkSpecs`]): this module is the leaf the configuration
@@ -22,28 +22,18 @@ use crate::config::cloudevents::CloudEventsMode;
 use crate::config::relay::{ExactlyOnceVia, RelaySettings};
 use crate::config::ConfigError;
 
-/// The kind used when `[sink]` says none.
-pub(crate) const DEFAULT_KIND: &str = "kafka";
-
 /// The sections of the sinks this build has, in registration order: the sink registry's
 /// (`src/sink/registry.rs`, each plugin's [`SinkSectionSpec`]), handed to the loader by its
 /// caller — this module is the leaf the configuration needs at load time and cannot name the
-/// sinks, so the registry is the one place a sink is listed.
+/// sinks, so the registry is the one place a sink is listed. The first is the kind used when
+/// `[sink]` names none.
 pub(crate) type SinkSpecs = &'static [&'static dyn SinkSectionSpec];
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct SinkTable {
-    /// The `kind` of one of the registered sinks ([`SinkSpecs`]).
-    pub(crate) kind: String,
-}
-
-impl Default for SinkTable {
-    fn default() -> Self {
-        SinkTable {
-            kind: DEFAULT_KIND.into(),
-        }
-    }
+    /// The `kind` of one of the registered sinks ([`SinkSpecs`]); `None`: the first registered.
+    pub(crate) kind: Option<String>,
 }
 
 /// What validating a sink's section may look at besides the section itself.
@@ -54,7 +44,7 @@ pub(crate) struct SectionContext<'a> {
 }
 
 /// The config half of a sink: its `[sink] kind`, its section, and what the generic
-/// configuration asks of it. Implemented by a unit struct in `src/config/<name>.rs`.
+/// configuration asks of it. Implemented by a unit struct in `src/sink/<name>/config.rs`.
 pub(crate) trait SinkSectionSpec: Sync {
     /// The `[sink] kind` word, which is also the section's name: `"nats"` → `[nats]`.
     fn kind(&self) -> &'static str;
@@ -187,7 +177,7 @@ pub(crate) fn spec_of(kind: &str, specs: SinkSpecs) -> Result<&'static dyn SinkS
         })
 }
 
-/// `"kafka", "nats", …`: every registered kind, for messages.
+/// Every registered kind, quoted and comma-separated, for messages.
 pub(crate) fn kinds_quoted(specs: SinkSpecs) -> String {
     specs
         .iter()
@@ -202,6 +192,17 @@ pub(crate) fn is_sink_section(name: &str, specs: SinkSpecs) -> bool {
 }
 
 impl SinkTable {
+    /// The registered spec of `[sink] kind` (the first registered one when it names none).
+    pub(crate) fn spec(&self, specs: SinkSpecs) -> Result<&'static dyn SinkSectionSpec, ConfigError> {
+        match &self.kind {
+            Some(kind) => spec_of(kind, specs),
+            None => specs.first().copied().ok_or_else(|| ConfigError::Invalid {
+                key: "sink.kind",
+                message: "this build has no sink registered".into(),
+            }),
+        }
+    }
+
     /// Validates `[sink]` and the sink sections found in the file (`sections`: by name), given
     /// the validated `[relay]`.
     pub(crate) fn validate(
@@ -210,7 +211,7 @@ impl SinkTable {
         cx: &SectionContext<'_>,
         specs: SinkSpecs,
     ) -> Result<SinkSettings, ConfigError> {
-        let spec = spec_of(&self.kind, specs)?;
+        let spec = self.spec(specs)?;
         let own = sections.remove(spec.kind());
         if let Some(other) = sections.keys().next() {
             let key = specs.iter().map(|s| s.kind()).find(|k| k == other).unwrap_or("sink");

@@ -292,7 +292,7 @@ fn point_clients_at_local_server(args: &DemoArgs) {
                 .sink_url
                 .clone()
                 .unwrap_or_else(|| args.sink.default_url().to_owned());
-            std::env::set_var(crate::config::pubsub::EMULATOR_HOST_VAR, host);
+            std::env::set_var(crate::sink::registry::demo_sections::EMULATOR_HOST_VAR, host);
         }
         DemoSink::Sqs | DemoSink::Sns | DemoSink::Kinesis => {
             std::env::set_var("AWS_ACCESS_KEY_ID", consumer_sqs::TEST_KEY);
@@ -570,15 +570,24 @@ async fn pipeline(
             DemoSink::Kafka if embedded => format!("the embedded Kafka ({})", target.address),
             DemoSink::Kafka => target.address.clone(),
             // The URLs as the settings print them: any password masked.
-            DemoSink::Nats => match settings.sink.section::<crate::config::nats::NatsSettings>() {
+            DemoSink::Nats => match settings
+                .sink
+                .section::<crate::sink::registry::demo_sections::NatsSettings>()
+            {
                 Some(n) => format!("NATS JetStream {} (stream {})", n.url, n.stream),
                 None => "NATS JetStream".to_owned(),
             },
-            DemoSink::Rabbitmq => match settings.sink.section::<crate::config::rabbitmq::RabbitMqSettings>() {
+            DemoSink::Rabbitmq => match settings
+                .sink
+                .section::<crate::sink::registry::demo_sections::RabbitMqSettings>()
+            {
                 Some(r) => format!("RabbitMQ {} (exchange {})", r.url, r.exchange),
                 None => "RabbitMQ".to_owned(),
             },
-            DemoSink::Redis => match settings.sink.section::<crate::config::redis::RedisSettings>() {
+            DemoSink::Redis => match settings
+                .sink
+                .section::<crate::sink::registry::demo_sections::RedisSettings>()
+            {
                 Some(r) => format!("Redis {}", r.url),
                 None => "Redis".to_owned(),
             },
@@ -586,7 +595,10 @@ async fn pipeline(
                 "the demo's webhook receiver {} (every request's signature verified)",
                 target.address
             ),
-            DemoSink::Pubsub => match settings.sink.section::<crate::config::pubsub::PubSubSettings>() {
+            DemoSink::Pubsub => match settings
+                .sink
+                .section::<crate::sink::registry::demo_sections::PubSubSettings>()
+            {
                 Some(p) => format!("the Pub/Sub emulator at {} (project {})", target.address, p.project),
                 None => format!("the Pub/Sub emulator at {}", target.address),
             },

@@ -415,11 +415,8 @@ mod tests {
 
     use super::*;
 
-    /// Kafka's topic-name rule and default size limit, as the Kafka sink's limits carry them.
-    const LIMITS: SinkLimits = SinkLimits {
-        check_name: crate::config::kafka::validate_topic_name,
-        max_message_bytes: 1_000_000,
-    };
+    /// The default sink's name rule and size limit (Kafka's), as its plugin's limits carry them.
+    static LIMITS: std::sync::LazyLock<SinkLimits> = std::sync::LazyLock::new(|| crate::sink::limits(&settings("")));
 
     use crate::outbox::layout::OutboxLayout;
     use crate::outbox::payload::ByteaTypes;

@@ -27,16 +27,14 @@
 //! drained 35-40 % slower, its per-request reply futures costing what its single PubAck
 //! subscription saves).
 //!
-//! Adding a sink: a folder `src/sink/<name>/` with the plugin, a section `[<name>]` in
-//! `src/config/<name>.rs`, and one line in each registry (docs/architecture.md, "Adding a sink").
+//! Adding a sink: a folder `src/sink/<name>/` with the plugin and its section `[<name>]`
+//! (`config.rs`), and one line in the registry (docs/architecture.md, "Adding a sink").
 
 pub(crate) mod aws;
-pub(crate) mod aws_message;
 pub(crate) mod batch;
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;
-pub(crate) mod kinesis;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod nats;
@@ -46,8 +44,7 @@ pub(crate) mod rabbitmq;
 pub(crate) mod redis;
 pub(crate) mod refusal;
 pub(crate) mod registry;
-pub(crate) mod sns;
-pub(crate) mod sqs;
+pub(crate) mod requests;
 pub(crate) mod webhook;
 
 use std::borrow::Cow;

@@ -3,7 +3,7 @@
 //! in traces and logs, and creating it. Each sink implements it in `src/sink/<name>/` and is
 //! listed once in `src/sink/registry.rs`; nothing else in the crate knows the sink exists.
 //!
-//! Invariant: a plugin sees only its own validated section (its `src/config/<name>.rs` type,
+//! Invariant: a plugin sees only its own validated section (its `src/sink/<name>/config.rs` type,
 //! [`SinkPlugin::Config`]) and a [`SinkContext`] of what it truly needs from the rest of the
 //! configuration — never the whole `Settings`.
 
@@ -69,7 +69,7 @@ pub(crate) struct ClientLogTarget {
 
 /// One kind of sink. Implemented by a unit struct in `src/sink/<name>/mod.rs`.
 pub(crate) trait SinkPlugin: Sync + 'static {
-    /// The sink's validated section: the type its `src/config/<name>.rs` produces.
+    /// The sink's validated section: the type its `config.rs` produces.
     type Config: SinkSection;
 
     /// Its config half, handed to the config loader by the registry: the `[sink] kind` word

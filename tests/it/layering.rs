@@ -267,9 +267,29 @@ fn the_architecture_page_names_every_source_file() {
     );
 }
 
-/// The sinks registered in `src/sink/registry.rs` (`sinks![crate::sink::<name>::<Plugin>, …]`),
-/// in registration order.
-fn registered_sinks(root: &Path) -> Vec<String> {
+/// A registered sink: its `[sink] kind` word and module name (`sqs`), and its folder under
+/// `src/sink/` (`aws/sqs`: a sink of a family lives in the family's folder).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct RegisteredSink {
+    name: String,
+    folder: String,
+}
+
+impl RegisteredSink {
+    /// Its folder's path from the repository's root, with a trailing `/`.
+    fn dir(&self) -> String {
+        format!("src/sink/{}/", self.folder)
+    }
+
+    /// The family folder it lives in (`aws`), if any.
+    fn family(&self) -> Option<&str> {
+        self.folder.rsplit_once('/').map(|(family, _)| family)
+    }
+}
+
+/// The sinks registered in `src/sink/registry.rs` (`sinks![crate::sink::<name>::<Plugin>, …]`,
+/// or `crate::sink::<family>::<name>::<Plugin>`), in registration order.
+fn registered_sinks(root: &Path) -> Vec<RegisteredSink> {
     let registry = std::fs::read_to_string(root.join("src/sink/registry.rs")).expect("read src/sink/registry.rs");
     let list = registry
         .split("\nsinks![")
@@ -277,19 +297,35 @@ fn registered_sinks(root: &Path) -> Vec<String> {
         .and_then(|rest| rest.split("];").next())
         .expect("the sinks![…] list in src/sink/registry.rs");
     list.lines()
-        .filter_map(|l| l.trim().strip_prefix("crate::sink::"))
-        .filter_map(|l| l.split("::").next())
-        .map(str::to_owned)
+        .filter_map(|l| l.trim().trim_end_matches(',').strip_prefix("crate::sink::"))
+        .filter_map(|l| l.rsplit_once("::").map(|(modules, _plugin)| modules))
+        .map(|modules| RegisteredSink {
+            name: modules.rsplit("::").next().unwrap_or(modules).to_owned(),
+            folder: modules.replace("::", "/"),
+        })
         .collect()
 }
 
-/// A sink is one folder, one config file and one line in the registry (`src/sink/registry.rs`:
-/// the config half is the plugin's `spec`, handed to the loader from there), as
-/// docs/architecture.md ("Adding a sink") says: every registered sink has exactly those, every
-/// folder under `src/sink/` is registered, the configuration keeps no list of sinks of its own,
-/// and the page lists each sink's folder.
+/// The folders directly under `dir`, by name.
+fn folders(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| {
+            let path = e.expect("dir entry").path();
+            path.is_dir()
+                .then(|| path.file_name().unwrap().to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// A sink is one folder (its section `config.rs` inside) and one line in the registry
+/// (`src/sink/registry.rs`: the config half is the plugin's `spec`, handed to the loader from
+/// there), as docs/architecture.md ("Adding a sink") says: every registered sink has exactly
+/// those, every folder under `src/sink/` is a registered sink or a family of them (`aws/`, whose
+/// folders are all registered sinks), the configuration keeps no list of sinks and no section of
+/// one (no `src/config/<name>.rs`), and the page lists each sink's folder.
 #[test]
-fn every_sink_is_a_folder_a_config_section_and_one_registration() {
+fn every_sink_is_a_folder_with_its_config_section_and_one_registration() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("read {p}: {e}"));
     let sinks = registered_sinks(root);
@@ -305,7 +341,7 @@ fn every_sink_is_a_folder_a_config_section_and_one_registration() {
             .lines()
             .filter(|l| {
                 let l = l.trim();
-                l.starts_with("&crate::config::") && l.ends_with("::SECTION,")
+                l.starts_with("&crate::") && l.ends_with("::SECTION,")
             })
             .collect();
         assert!(
@@ -314,19 +350,32 @@ fn every_sink_is_a_folder_a_config_section_and_one_registration() {
             file.display()
         );
     }
-    let folders: BTreeSet<String> = std::fs::read_dir(root.join("src/sink"))
-        .expect("src/sink")
-        .filter_map(|e| {
-            let path = e.expect("dir entry").path();
-            path.is_dir()
-                .then(|| path.file_name().unwrap().to_string_lossy().into_owned())
-        })
+    let families: BTreeSet<&str> = sinks.iter().filter_map(RegisteredSink::family).collect();
+    let top: BTreeSet<String> = sinks
+        .iter()
+        .map(|s| s.family().unwrap_or(&s.folder).to_owned())
         .collect();
     assert_eq!(
-        folders,
-        sinks.iter().cloned().collect::<BTreeSet<_>>(),
-        "every folder under src/sink/ is a registered sink, and every registered sink a folder"
+        folders(&root.join("src/sink")),
+        top,
+        "every folder under src/sink/ is a registered sink or a family of them, and every registered sink a folder"
     );
+    for family in &families {
+        let members: BTreeSet<String> = sinks
+            .iter()
+            .filter(|s| s.family() == Some(*family))
+            .map(|s| s.name.clone())
+            .collect();
+        assert_eq!(
+            folders(&root.join("src/sink").join(family)),
+            members,
+            "every folder under src/sink/{family}/ is a registered sink"
+        );
+        assert!(
+            root.join("src/sink").join(family).join("mod.rs").exists(),
+            "no src/sink/{family}/mod.rs"
+        );
+    }
     let page = read("docs/architecture.md");
     let adding = page
         .split("### Adding a sink")
@@ -334,25 +383,24 @@ fn every_sink_is_a_folder_a_config_section_and_one_registration() {
         .expect("docs/architecture.md: \"### Adding a sink\"");
     for needle in [
         "src/sink/<name>/",
-        "src/config/<name>.rs",
+        "src/sink/<name>/config.rs",
         "src/sink/registry.rs",
         "sinks![",
     ] {
         assert!(adding.contains(needle), "\"Adding a sink\" does not say {needle}");
     }
-    for name in &sinks {
+    for sink in &sinks {
+        let (name, dir) = (&sink.name, sink.dir());
+        assert!(root.join(&dir).join("mod.rs").exists(), "no {dir}mod.rs");
         assert!(
-            root.join("src/sink").join(name).join("mod.rs").exists(),
-            "no src/sink/{name}/mod.rs"
+            root.join(&dir).join("config.rs").exists(),
+            "no {dir}config.rs: a sink's section lives in its folder"
         );
         assert!(
-            root.join("src/config").join(format!("{name}.rs")).exists(),
-            "no src/config/{name}.rs"
+            !root.join("src/config").join(format!("{name}.rs")).exists(),
+            "src/config/{name}.rs: a sink's section lives in its folder ({dir}config.rs)"
         );
-        assert!(
-            page.contains(&format!("src/sink/{name}/")),
-            "docs/architecture.md does not list src/sink/{name}/"
-        );
+        assert!(page.contains(&dir), "docs/architecture.md does not list {dir}");
     }
 }
 
@@ -418,59 +466,77 @@ fn names_crate(code: &str, name: &str) -> bool {
     })
 }
 
-/// A new destination is one folder: outside `src/sink/<name>/`, `src/config/<name>.rs`, the
-/// registry (`src/sink/registry.rs`) and `src/config/sink.rs` (whose default `[sink] kind` is
-/// `"kafka"`), no source file names
-/// a specific sink in code — its `[sink] kind` as a string literal, its module (`kafka::`,
-/// `sink::nats`, `mod redis`), or its client crate (the crates whose log targets its plugin
-/// declares: `rdkafka`, `async_nats`, `lapin`, `redis`). The only other lines allowed are the
-/// `mod <name>;` declarations in `src/sink/mod.rs` and `src/config/mod.rs`. Excepted as the issue
-/// allows: the Debezium import mapping (`src/control/import_debezium/`, which translates
-/// Debezium's sink names) and the demo (`src/demo/`, which runs a consumer of each broker).
-/// Comments and unit tests are not code the relay runs (see [`code_lines`]).
+/// The client crates named in the log targets declared in `dir`'s files (`target: "lapin"`),
+/// by their top-level name.
+fn declared_crates(dir: &Path, skip: &[PathBuf]) -> BTreeSet<String> {
+    let mut crates = BTreeSet::new();
+    let mut files = Vec::new();
+    rust_files(dir, &mut files);
+    for file in files.iter().filter(|f| !skip.iter().any(|s| f.starts_with(s))) {
+        let text = std::fs::read_to_string(file).expect("read source");
+        for (_, code) in code_lines(&text) {
+            if let Some(rest) = code.split("target: \"").nth(1) {
+                let krate: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !krate.is_empty() {
+                    crates.insert(krate);
+                }
+            }
+        }
+    }
+    crates
+}
+
+/// A new destination is one folder: outside `src/sink/<name>/` (its section included) and the
+/// registry (`src/sink/registry.rs`, whose first line is also the default `[sink] kind`), no
+/// source file names a specific sink in code — its `[sink] kind` as a string literal, its module
+/// (`kafka::`, `sink::nats`, `mod redis`), or its client crate (the crates whose log targets its
+/// plugin declares: `rdkafka`, `async_nats`, `lapin`, `redis`). A family of sinks (`aws/`, with
+/// `sqs/`, `sns/` and `kinesis/` inside) shares files outside its sinks' folders: they name the
+/// client crates the family declares (the AWS SDK's configuration chain) but no sink. The only
+/// other lines allowed are the `mod <name>;` declarations in `src/sink/mod.rs` and in a family's
+/// `mod.rs`. Excepted as the issue allows: the Debezium import mapping
+/// (`src/control/import_debezium/`, which translates Debezium's sink names) and the demo
+/// (`src/demo/`, which runs a consumer of each broker). Comments and unit tests are not code the
+/// relay runs (see [`code_lines`]).
 #[test]
 fn no_source_file_outside_a_sink_names_that_sink() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("src");
     let sinks = registered_sinks(root);
     assert!(sinks.len() >= 4, "found too few sinks: {sinks:?}");
-    // A sink's client crates: the top-level names of the log targets its plugin declares.
+    let families: BTreeSet<&str> = sinks.iter().filter_map(RegisteredSink::family).collect();
+    let sink_dirs: Vec<PathBuf> = sinks.iter().map(|s| root.join(s.dir())).collect();
+    // A sink's client crates: the top-level names of the log targets its plugin declares; a
+    // family's: those its shared files declare.
     let mut crates: BTreeSet<String> = BTreeSet::new();
-    for name in &sinks {
-        let mut files = Vec::new();
-        rust_files(&src.join("sink").join(name), &mut files);
-        for file in files {
-            let text = std::fs::read_to_string(&file).expect("read source");
-            for (_, code) in code_lines(&text) {
-                if let Some(rest) = code.split("target: \"").nth(1) {
-                    let krate: String = rest
-                        .chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                        .collect();
-                    if !krate.is_empty() {
-                        crates.insert(krate);
-                    }
-                }
-            }
-        }
+    for dir in &sink_dirs {
+        crates.extend(declared_crates(dir, &[]));
     }
+    let family_crates: BTreeMap<&str, BTreeSet<String>> = families
+        .iter()
+        .map(|f| (*f, declared_crates(&src.join("sink").join(f), &sink_dirs)))
+        .collect();
+    crates.extend(family_crates.values().flatten().cloned());
     assert!(
-        ["rdkafka", "async_nats", "lapin", "redis"]
+        ["rdkafka", "async_nats", "lapin", "redis", "aws_sdk_sqs", "aws_config"]
             .iter()
             .all(|c| crates.contains(*c)),
         "the plugins' log targets should name their client crates, found {crates:?}"
     );
-    let own = |relative: &str| {
-        sinks.iter().any(|name| {
-            relative.starts_with(&format!("src/sink/{name}/")) || relative == format!("src/config/{name}.rs")
-        })
+    let own = |relative: &str| sinks.iter().any(|s| relative.starts_with(&s.dir()));
+    let family_of = |relative: &str| {
+        families
+            .iter()
+            .copied()
+            .find(|f| relative.starts_with(&format!("src/sink/{f}/")))
     };
-    let excepted = ["src/sink/registry.rs", "src/config/sink.rs"];
+    let excepted = ["src/sink/registry.rs"];
     let excepted_dirs = ["src/control/import_debezium/", "src/demo/"];
-    let declarations = ["src/sink/mod.rs", "src/config/mod.rs"];
-    // A client shared by a family of sinks (the AWS SDK's configuration chain, shared by SQS,
-    // SNS and Kinesis) may name its client crates, but no sink.
-    let shared_clients = ["src/sink/aws.rs"];
+    let mut declarations = vec!["src/sink/mod.rs".to_owned()];
+    declarations.extend(families.iter().map(|f| format!("src/sink/{f}/mod.rs")));
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let mut violations = Vec::new();
@@ -483,12 +549,12 @@ fn no_source_file_outside_a_sink_names_that_sink() {
         {
             continue;
         }
+        let shared = family_of(&relative).map(|f| &family_crates[f]);
         let text = std::fs::read_to_string(file).expect("read source");
         for (n, code) in code_lines(&text) {
             let mut named = Vec::new();
-            for name in &sinks {
-                let declaration =
-                    declarations.contains(&relative.as_str()) && code.trim() == format!("pub(crate) mod {name};");
+            for RegisteredSink { name, .. } in &sinks {
+                let declaration = declarations.contains(&relative) && code.trim() == format!("pub(crate) mod {name};");
                 if code.contains(&format!("\"{name}\"")) {
                     named.push(format!("the kind \"{name}\""));
                 }
@@ -497,7 +563,7 @@ fn no_source_file_outside_a_sink_names_that_sink() {
                 }
             }
             for krate in &crates {
-                if !shared_clients.contains(&relative.as_str()) && names_crate(code, krate) {
+                if !shared.is_some_and(|c| c.contains(krate)) && names_crate(code, krate) {
                     named.push(format!("the client crate {krate}"));
                 }
             }
@@ -508,7 +574,7 @@ fn no_source_file_outside_a_sink_names_that_sink() {
     }
     assert!(
         violations.is_empty(),
-        "sinks named outside their folder, config file and registration (reach them through the sink's \
+        "sinks named outside their folder and registration (reach them through the sink's \
          plugin instead):\n{}",
         violations.join("\n")
     );
@@ -522,28 +588,21 @@ fn the_sink_scanner_sees_code_and_skips_comments_and_tests() {
     assert_eq!(lines.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1, 2, 7]);
     assert_eq!(lines[0].1, "let a = \"kafka\"; ");
     assert!(names_crate(lines[1].1, "lapin"));
-    assert!(!names_crate("crate::config::redis::X", "redis"));
-    assert!(names_segment("crate::config::redis::X", "redis"));
+    assert!(!names_crate("crate::sink::redis::config::X", "redis"));
+    assert!(names_segment("crate::sink::redis::config::X", "redis"));
     assert!(names_segment("pub(crate) mod nats;", "nats"));
     assert!(!names_segment("let nats_url = 1;", "nats"));
     assert_eq!(without_comment("let u = \"nats://h\"; // x"), "let u = \"nats://h\"; ");
 }
 
 /// Brokers are adapters behind one publish interface: outside `src/sink/`, no file names a
-/// broker's folder (`sink::kafka`, `sink::nats`, …); the relay, poll, control and the domain
+/// broker's folder (`sink::kafka`, `sink::aws`, …); the relay, poll, control and the domain
 /// see only `sink::Sink`, `sink::ReadBack` and the other neutral types of `src/sink/mod.rs`.
 #[test]
 fn no_file_outside_the_sinks_names_a_broker_adapter() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("src");
-    let kinds: Vec<String> = std::fs::read_dir(src.join("sink"))
-        .expect("src/sink")
-        .filter_map(|e| {
-            let path = e.expect("dir entry").path();
-            path.is_dir()
-                .then(|| path.file_name().unwrap().to_string_lossy().into_owned())
-        })
-        .collect();
+    let kinds = folders(&src.join("sink"));
     assert!(kinds.len() >= 4, "found too few sink folders: {kinds:?}");
     let mut files = Vec::new();
     rust_files(&src, &mut files);

@@ -9,7 +9,7 @@
 //! Each test runs a moto of its own (skipping loudly where moto is not installed). Kinesis
 //! streams are logs: reading them back consumes nothing, so the tests read whenever they like.
 //! moto never fails a record on its own (no shard throughput limits): the per-record mapping
-//! is tested on constructed answers in `src/sink/kinesis/exchange.rs`.
+//! is tested on constructed answers in `src/sink/aws/kinesis/exchange.rs`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};

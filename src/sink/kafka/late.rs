@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::config::kafka::KafkaProperties;
+use super::config::KafkaProperties;
 
 /// How far the brokers' clocks may be behind this host's (NTP keeps it to milliseconds).
 pub(crate) const SKEW: Duration = Duration::from_secs(1);

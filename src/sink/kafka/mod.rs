@@ -8,6 +8,7 @@
 //! and recognise their own records when reading back. It imports only `config` and the sink
 //! interface.
 
+pub(crate) mod config;
 mod late;
 mod logs;
 pub(crate) mod partitioner;
@@ -24,7 +25,6 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use self::logs::QuietContext;
-use crate::config::kafka::{validate_topic_name, KafkaProperties};
 use crate::config::relay::ExactlyOnceVia;
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
@@ -32,6 +32,7 @@ use crate::sink::{
     boxed, ExactlyOnce, HeaderGet, ReadBackError, ReadBackReader, ReadBackSource, ReadBackSpec, Seen, SinkError,
     SinkLimits, SinkWithCompletions,
 };
+use config::{validate_topic_name, KafkaProperties};
 
 /// The Kafka sink (`[sink] kind = "kafka"`, the default).
 pub(crate) struct Kafka;
@@ -40,7 +41,7 @@ impl SinkPlugin for Kafka {
     type Config = KafkaProperties;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::kafka::SECTION
+        &config::SECTION
     }
 
     fn messaging_system(&self) -> &'static str {

@@ -1,5 +1,5 @@
 //! The producer's partitioner, computed outside librdkafka: `murmur2_random`, the Java client's
-//! default for keyed records (the relay's `partitioner` default, `config/kafka.rs`).
+//! default for keyed records (the relay's `partitioner` default, `config.rs`).
 //!
 //! Invariant: for a record with a non-empty key and no explicit partition, [`partition_for`]
 //! answers exactly what librdkafka's `murmur2_random` chooses for the same partition count —

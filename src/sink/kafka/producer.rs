@@ -38,10 +38,10 @@ use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use super::config::KafkaProperties;
 use super::late::{self, Handed};
 use super::logs::ClientLog;
 use super::ready::ReadyTopics;
-use crate::config::kafka::KafkaProperties;
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
@@ -555,7 +555,7 @@ mod tests {
     ) {
         let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).expect("mock cluster");
         cluster.create_topic("fenced", 1, 1).expect("topic");
-        let value = |v: &str| crate::config::kafka::KafkaValue(v.to_owned());
+        let value = |v: &str| crate::sink::kafka::config::KafkaValue(v.to_owned());
         let mut raw = BTreeMap::from([("bootstrap.servers".to_owned(), value(&cluster.bootstrap_servers()))]);
         raw.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), value(v))));
         let props = KafkaProperties::validate(raw).expect("properties");

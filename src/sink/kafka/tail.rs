@@ -29,8 +29,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use tracing::{info, warn};
 
+use super::config::KafkaProperties;
 use super::late::{self, Bound};
-use crate::config::kafka::KafkaProperties;
 use crate::sink::{HeaderGet, ReadBackError, Seen};
 
 /// Runs a future to completion on this (blocking) thread: rdkafka's admin futures are completed

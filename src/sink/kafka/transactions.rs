@@ -43,9 +43,9 @@ use rdkafka::producer::{BaseProducer, Producer, PurgeConfig};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
+use super::config::KafkaProperties;
 use super::logs::QuietContext;
 use super::producer::{DeliveryReports, Publisher};
-use crate::config::kafka::KafkaProperties;
 use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
 /// One seal asked for: the checkpoint to store and the caller's tag for the outcome.

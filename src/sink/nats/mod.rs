@@ -6,6 +6,7 @@
 //! Invariant: like the Kafka adapter, this one knows nothing of PostgreSQL or the watermark; it
 //! imports only `config` and the sink interface.
 
+pub(crate) mod config;
 pub(crate) mod publisher;
 
 use std::time::Duration;
@@ -13,10 +14,10 @@ use std::time::Duration;
 use async_nats::jetstream;
 use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, ServerAddr};
 
-use crate::config::nats::{filter_covers, validate_subject, NatsSettings};
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::{filter_covers, validate_subject, NatsSettings};
 
 /// The broker's name in errors.
 pub(crate) const SINK: &str = "NATS JetStream";
@@ -37,7 +38,7 @@ impl SinkPlugin for Nats {
     type Config = NatsSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::nats::SECTION
+        &config::SECTION
     }
 
     fn messaging_system(&self) -> &'static str {

@@ -28,8 +28,8 @@ use futures_util::stream::StreamExt;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::config::{filter_covers, validate_subject, NatsSettings};
 use super::{checked_stream, connect, context};
-use crate::config::nats::{filter_covers, validate_subject, NatsSettings};
 use crate::sink::driver::{self, Arrival, Concurrency, Connection, DriverOptions, DriverSink, Outcome, Protocol};
 use crate::sink::{Completions, FailureKind, SinkError, SinkRecord};
 

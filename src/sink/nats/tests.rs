@@ -7,9 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::config::NatsSection;
 use super::publisher::{Publisher, KEY_HEADER, TIMESTAMP_HEADER};
 use super::*;
-use crate::config::nats::NatsSection;
 use crate::sink::{Completions, FailureKind, Sink, SinkRecord};
 
 const SHARED: &str = "nats://127.0.0.1:4222";

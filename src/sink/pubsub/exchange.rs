@@ -34,10 +34,10 @@ use google_cloud_pubsub::error::PublishError;
 use google_cloud_pubsub::model::Message;
 use tracing::debug;
 
+use super::config::PubSubSettings;
 use super::message::{self, Outgoing};
 use super::SINK;
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::pubsub::PubSubSettings;
 use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
 use crate::sink::SinkRecord;
 

@@ -20,6 +20,7 @@
 //! Invariant: like every adapter, this one knows nothing of PostgreSQL or the watermark; it
 //! imports only `config` and the sink interface.
 
+pub(crate) mod config;
 pub(crate) mod exchange;
 pub(crate) mod message;
 
@@ -31,11 +32,11 @@ use google_cloud_gax::retry_policy::RetryPolicyExt;
 use google_cloud_pubsub::client::{BasePublisher, TopicAdmin};
 use google_cloud_pubsub::retry_policy::RetryableErrors;
 
-use crate::config::pubsub::{check_topic_id, PubSubSettings, EMULATOR_HOST_VAR, NO_EXACTLY_ONCE};
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::driver::{self, Concurrency, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::{check_topic_id, PubSubSettings, EMULATOR_HOST_VAR, NO_EXACTLY_ONCE};
 
 /// The sink's name in errors and logs.
 pub(crate) const SINK: &str = "Google Cloud Pub/Sub";
@@ -47,7 +48,7 @@ impl SinkPlugin for PubSub {
     type Config = PubSubSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::pubsub::SECTION
+        &config::SECTION
     }
 
     /// OpenTelemetry's messaging conventions name it `gcp_pubsub`.

@@ -8,9 +8,9 @@ use std::time::Duration;
 use google_cloud_gax::error::rpc::{Code, Status};
 use google_cloud_pubsub::error::PublishError;
 
+use super::config::PubSubSettings;
 use super::exchange::PubSubExchange;
 use super::*;
-use crate::config::pubsub::PubSubSettings;
 use crate::sink::driver::{Exchange, Outcome};
 
 fn settings() -> PubSubSettings {

@@ -10,6 +10,7 @@
 //! Invariant: like every adapter this one knows nothing of PostgreSQL or WAL positions; it
 //! imports only `config` and the sink interface. docs/sink-rabbitmq.md has the guarantees.
 
+pub(crate) mod config;
 pub(crate) mod publisher;
 
 use std::time::Duration;
@@ -19,11 +20,11 @@ use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
-use crate::config::rabbitmq::{validate_routing_key, RabbitMqSettings};
 use crate::config::secret::redact_connection_string;
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::{validate_routing_key, RabbitMqSettings};
 
 /// The broker's name for people.
 pub(crate) const SINK: &str = "RabbitMQ";
@@ -49,7 +50,7 @@ impl SinkPlugin for RabbitMq {
     type Config = RabbitMqSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::rabbitmq::SECTION
+        &config::SECTION
     }
 
     fn messaging_system(&self) -> &'static str {

@@ -40,9 +40,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
 use tracing::debug;
 
+use super::config::{validate_routing_key, RabbitMqSettings, MAX_SHORT_STRING};
 use super::{check_exchange, connect, words, MAX_MESSAGE_BYTES, SINK};
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::rabbitmq::{validate_routing_key, RabbitMqSettings, MAX_SHORT_STRING};
 use crate::sink::driver::{self, Concurrency, Driven, DriverOptions, Exchange, Outcome, ReplyFuture};
 use crate::sink::{Completions, SinkError, SinkRecord};
 

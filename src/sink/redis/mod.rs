@@ -9,6 +9,7 @@
 //! "Delivered" means Redis replied to the command: without AOF (`appendonly yes`,
 //! `appendfsync always`) that is "in memory" only, which `setup` and `status` say.
 
+pub(crate) mod config;
 pub(crate) mod publisher;
 
 use std::time::Duration;
@@ -16,10 +17,10 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
 
-use crate::config::redis::RedisSettings;
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::RedisSettings;
 
 const SINK: &str = "Redis";
 
@@ -96,7 +97,7 @@ impl SinkPlugin for Redis {
     type Config = RedisSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::redis::SECTION
+        &config::SECTION
     }
 
     fn messaging_system(&self) -> &'static str {

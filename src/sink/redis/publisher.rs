@@ -21,8 +21,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{RedisResult, ServerError, Value};
 use tracing::info;
 
+use super::config::RedisSettings;
 use super::{connect, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK};
-use crate::config::redis::RedisSettings;
 use crate::config::relay::Delivery;
 use crate::sink::driver::{self, Arrival, Concurrency, Connection, DriverOptions, DriverSink, Outcome, Protocol};
 use crate::sink::{Completions, SinkError, SinkRecord};

@@ -27,7 +27,7 @@ fn settings_for(url: &str, extra: &str) -> Settings {
 }
 
 /// The `[redis]` section of settings made by [`settings_for`].
-fn redis_of(settings: &Settings) -> &crate::config::redis::RedisSettings {
+fn redis_of(settings: &Settings) -> &super::config::RedisSettings {
     settings.sink.section().expect("a [redis] section")
 }
 

@@ -28,11 +28,11 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::StatusCode;
 use tracing::{debug, info, warn};
 
+use super::config::{redact_query, WebhookSettings};
 use super::request::Request;
 use super::signature::Signer;
 use super::SINK;
 use crate::backoff::Backoff;
-use crate::config::webhook::{redact_query, WebhookSettings};
 use crate::sink::SinkError;
 
 /// The longest `Retry-After` honoured: a receiver asking for more is asked again after this.

@@ -9,8 +9,8 @@
 //! ends in a fatal one (the receiver's TLS certificate rejected) only where no retry can help:
 //! the driver's verdict then stops the relay with the fix.
 
+use super::config::{WebhookSettings, WebhookUrl};
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::webhook::{WebhookSettings, WebhookUrl};
 use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
 use crate::sink::SinkError;
 use crate::sink::SinkRecord;

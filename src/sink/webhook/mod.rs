@@ -20,6 +20,7 @@
 //! the static header values, the URL's query).
 
 pub(crate) mod client;
+pub(crate) mod config;
 pub(crate) mod exchange;
 pub(crate) mod request;
 pub(crate) mod signature;
@@ -28,10 +29,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::sink::SinkSectionSpec;
-use crate::config::webhook::{WebhookSettings, NO_EXACTLY_ONCE};
 use crate::sink::driver::{self, Concurrency, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::{WebhookSettings, NO_EXACTLY_ONCE};
 
 /// The sink's name in errors and logs.
 pub(crate) const SINK: &str = "HTTP webhook";
@@ -43,7 +44,7 @@ impl SinkPlugin for Webhook {
     type Config = WebhookSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::webhook::SECTION
+        &config::SECTION
     }
 
     /// OpenTelemetry has no `messaging.system` for plain HTTP: the sink's kind names it.

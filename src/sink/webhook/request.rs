@@ -25,8 +25,8 @@
 use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 
+use super::config::{WebhookSettings, WebhookUrl, OWN_HEADERS};
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::webhook::{WebhookSettings, WebhookUrl, OWN_HEADERS};
 use crate::sink::SinkRecord;
 
 /// The header the event id travels in (as on every sink).

@@ -11,7 +11,7 @@
 use base64::Engine as _;
 use ring::hmac;
 
-use crate::config::webhook::SigningKey;
+use super::config::SigningKey;
 
 /// The HMAC keys of `[webhook] secret`, ready to sign.
 pub(crate) struct Signer {

@@ -11,9 +11,9 @@ use axum::response::IntoResponse;
 use base64::Engine as _;
 
 use super::client::{Client, Undeliverable};
+use super::config::{WebhookSection, WebhookSettings};
 use super::request::{check_templated_name, Encoder};
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::webhook::{WebhookSection, WebhookSettings};
 use crate::sink::SinkRecord;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

@@ -2,12 +2,14 @@
 //! named by its routed name, standard or FIFO (`[sns] fifo`). docs/sink-sns.md describes what a
 //! subscriber gets and the guarantees.
 //!
-//! * `client.rs` — the AWS SDK client (`sink/aws.rs`'s chain, `[sns]` on top) and the topic
+//! * `config.rs` — `[sns]`: SNS's names, limits and defaults in the section every message
+//!   service has (`aws/config.rs`);
+//! * `client.rs` — the AWS SDK client (`aws/client.rs`'s chain, `[sns]` on top) and the topic
 //!   ARNs, looked up by name (`ListTopics`, never created) and cached;
-//! * [`SERVICE`] — what the message encoder shared with SQS (`sink/aws_message.rs`: body,
+//! * [`SERVICE`] — what the message encoder shared with SQS (`aws/message.rs`: body,
 //!   attributes, FIFO group and deduplication id, everything SNS would refuse) needs of SNS;
-//! * `exchange.rs` — what the shared driver runs: messages batched into `PublishBatch` calls
-//!   by the shared batcher (`sink/batch.rs`), each entry's failure refused or retried.
+//! * `exchange.rs` — the batcher's SNS part (`PublishBatch` calls, each entry's failure refused
+//!   or retried); the driver runs it as every AWS sink (`aws/exchange.rs`).
 //!
 //! Order per aggregate comes from the driver (one message per key on the wire, up to
 //! `max_concurrency` keys at once) and, on the subscriber's side, from FIFO topics (the key is
@@ -18,42 +20,34 @@
 //! never prints credentials (the SDK resolves them; nothing of them is in `[sns]`).
 
 pub(crate) mod client;
+pub(crate) mod config;
 pub(crate) mod exchange;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use crate::config::relay::Delivery;
 use crate::config::sink::SinkSectionSpec;
-use crate::config::sns::SnsSettings;
-use crate::sink::driver::{self, Concurrency, DriverOptions};
+use crate::sink::aws::message::Service;
+use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 
-use crate::sink::aws_message::{Encoder, Service};
-use client::Sns;
+use client::SnsClient;
+use config::SnsSettings;
 
-/// The sink's name in errors and logs.
-pub(crate) const SINK: &str = "Amazon SNS";
-
-/// What the shared message encoder (`sink/aws_message.rs`) needs to know of SNS.
+/// What the shared message encoder and section (`aws/message.rs`, `aws/config.rs`) need to
+/// know of SNS.
 pub(crate) const SERVICE: Service = Service {
     name: "SNS",
+    sink: "Amazon SNS",
     section: "sns",
     destination: "topic",
     verb: "publishes to",
+    readers: "subscribers",
     attribute_limit: "SNS delivers at most 10 to SQS subscribers",
     max_name: 256,
     size_limit: "SNS's limit of 262144 bytes",
 };
 
-/// How long `setup` and `status` wait for a connection.
-const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a message may wait in the driver's queue before it is failed unsent instead
-/// (exactly-once): well inside SNS's 5-minute deduplication window, so a frozen and thawed
-/// holder's queue is never published after the window closed on what a standby sent meanwhile.
-const EXACTLY_ONCE_QUEUE_WAIT: Duration = Duration::from_secs(60);
+/// The sink's name in errors and logs.
+pub(crate) const SINK: &str = SERVICE.sink;
 
 /// The SNS sink's plugin (`src/sink/registry.rs`).
 pub(crate) struct SnsPlugin;
@@ -62,7 +56,7 @@ impl SinkPlugin for SnsPlugin {
     type Config = SnsSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::sns::SECTION
+        &config::SECTION
     }
 
     /// Named like OpenTelemetry's `aws_sqs`.
@@ -70,48 +64,20 @@ impl SinkPlugin for SnsPlugin {
         "aws_sns"
     }
 
-    /// The SDK's own lines (retries, credential lookups, connection churn) are DEBUG: the sink
-    /// reports failures itself.
     fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[
-            ClientLogTarget {
-                target: "aws_config",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_sdk_sns",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_smithy_runtime",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_smithy_http_client",
-                fixed: None,
-            },
-        ]
+        static TARGETS: [ClientLogTarget; 4] = aws::log_targets(ClientLogTarget {
+            target: "aws_sdk_sns",
+            fixed: None,
+        });
+        &TARGETS
     }
 
     fn limits(&self, config: &SnsSettings) -> SinkLimits {
-        SinkLimits {
-            check_name: if config.fifo {
-                |name| SERVICE.check_fifo_name(name)
-            } else {
-                |name| SERVICE.check_standard_name(name)
-            },
-            max_message_bytes: config.max_message_bytes,
-        }
+        aws::message_limits(config)
     }
 
-    /// FIFO topics deduplicate on `MessageDeduplicationId` within 5 minutes; standard topics
-    /// are refused by the config already (`config::sns::NO_EXACTLY_ONCE_STANDARD`).
     fn exactly_once(&self, config: &SnsSettings, _: &SinkContext) -> ExactlyOnce {
-        if config.fifo {
-            ExactlyOnce::BrokerDeduplicates
-        } else {
-            ExactlyOnce::Unsupported(crate::config::sns::NO_EXACTLY_ONCE_STANDARD)
-        }
+        aws::message_exactly_once(config)
     }
 
     async fn prepare(&self, config: &SnsSettings) -> Result<Vec<String>, SinkError> {
@@ -134,28 +100,13 @@ impl SinkPlugin for SnsPlugin {
         config: &SnsSettings,
         cx: &SinkContext,
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-        let sns = Sns::connect(config, cx.connect_timeout).await?;
-        let encoder = Encoder {
-            service: &SERVICE,
-            fifo: config.fifo,
-            headers: config.headers,
-            max_message_bytes: config.max_message_bytes,
-        };
-        let exchange = exchange::SnsExchange::start(sns, encoder, config.max_requests);
-        let options = DriverOptions {
-            concurrency: Concurrency::PerKey {
-                max_keys: config.max_concurrency,
-            },
-            max_in_flight: cx.max_in_flight.max(1),
-            max_in_flight_bytes: cx.max_in_flight_bytes,
-            // Each attempt is bounded ([sns] timeout_ms) and the batcher retries for as long as
-            // SNS fails: no overall timer, or an outage would end in a replay.
-            reply_timeout: None,
-            max_queue_wait: (cx.delivery == Delivery::ExactlyOnce).then_some(EXACTLY_ONCE_QUEUE_WAIT),
-            // Dropped without abandon: one attempt's time for what is on the wire.
-            drop_wait: config.timeout,
-        };
-        Ok(boxed(driver::start(Arc::new(exchange), options)))
+        let sns = SnsClient::connect(config, cx.connect_timeout).await?;
+        Ok(aws::start_messages(
+            exchange::SnsBatches { sns },
+            config,
+            cx,
+            "PublishBatch answer",
+        ))
     }
 }
 
@@ -163,7 +114,7 @@ impl SinkPlugin for SnsPlugin {
 /// the call the sink resolves topic ARNs with: the relay needs `sns:ListTopics` and
 /// `sns:Publish`).
 pub(crate) async fn probe(settings: &SnsSettings) -> Result<String, SinkError> {
-    let sns = Sns::connect(settings, PROBE_CONNECT_TIMEOUT).await?;
+    let sns = SnsClient::connect(settings, PROBE_CONNECT_TIMEOUT).await?;
     let started = std::time::Instant::now();
     let kind = if settings.fifo { "FIFO" } else { "standard" };
     match sns.list().await {

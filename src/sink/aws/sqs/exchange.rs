@@ -1,7 +1,6 @@
-//! [`SqsExchange`]: the SQS sink as the shared driver runs it (`sink/driver.rs`, one message per
-//! aggregate key on the wire). `encode` makes the message (`message.rs`), `send` hands it to the
-//! shared batcher (`sink/batch.rs`) and returns its reply, `classify` reads the reply.
-//! [`SqsBatches`] is the batcher's SQS part: one `SendMessageBatch` call.
+//! [`SqsBatches`]: the shared batcher's SQS part (`sink/batch.rs`; the driver runs it as every
+//! AWS sink, `aws/exchange.rs`, one message per aggregate key on the wire): one
+//! `SendMessageBatch` call.
 //!
 //! **Batches.** Up to 10 entries for one queue, their bodies and attributes summing to at most
 //! `max_message_bytes` (SQS's limit on a batch equals its limit on a message), with at most
@@ -19,88 +18,21 @@
 //! **Order.** The driver keeps at most one message per key on the wire, so a batch holds one
 //! entry per key and nothing of a key is sent past a failed entry: the next message of the key
 //! is handed over only once this one was stored, or after the relay decided about its refusal.
-//!
-//! Invariant: `close` aborts the batcher, so nothing of an abandoned sink is sent late.
 
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use tracing::debug;
 
-use super::client::{words, QueueUrl, Sqs};
-use super::SINK;
-use crate::sink::aws_message::{Encoder, Message, Value};
-use crate::sink::batch::{Answer, BatchLimits, BatchSend, Batcher, CallError, EntryAnswer};
-use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
-use crate::sink::SinkRecord;
-
-/// SQS's limit of entries per `SendMessageBatch`.
-pub(crate) const MAX_BATCH: usize = 10;
-
-/// What the driver runs for the SQS sink.
-pub(crate) struct SqsExchange {
-    encoder: Encoder,
-    batcher: Batcher<SqsBatches>,
-}
-
-impl SqsExchange {
-    /// Starts the batcher on the current runtime.
-    pub(crate) fn start(sqs: Sqs, encoder: Encoder, max_requests: usize) -> SqsExchange {
-        let limits = BatchLimits {
-            max_entries: MAX_BATCH,
-            max_bytes: encoder.max_message_bytes,
-            max_calls: max_requests,
-        };
-        SqsExchange {
-            encoder,
-            batcher: Batcher::start(SqsBatches { sqs }, limits),
-        }
-    }
-}
-
-impl Exchange for SqsExchange {
-    type Request = Message;
-    type Reply = Answer;
-
-    fn name(&self) -> &'static str {
-        SINK
-    }
-
-    fn reply_name(&self) -> &'static str {
-        "SendMessageBatch answer"
-    }
-
-    /// `dedup_key` (exactly-once) becomes a FIFO message's `MessageDeduplicationId`.
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Message, String> {
-        self.encoder.encode(record, extra, dedup_key)
-    }
-
-    /// Hands the message to the batcher; the reply is its answer.
-    async fn send(&self, message: Message) -> Result<ReplyFuture<Answer>, String> {
-        self.batcher.submit(message)
-    }
-
-    fn classify(&self, answer: Answer) -> Outcome {
-        match answer {
-            Answer::Stored => Outcome::Acknowledged,
-            Answer::Refused(cause) => Outcome::Refused(cause),
-            Answer::Lost(cause) => Outcome::Transient(cause),
-        }
-    }
-
-    async fn close(&self) {
-        self.batcher.close();
-    }
-}
+use super::client::SqsClient;
+use super::{SERVICE, SINK};
+use crate::sink::aws::client::{words, Resolved};
+use crate::sink::aws::message::{FailedEntry, Message, Value};
+use crate::sink::batch::{BatchSend, CallError, EntryAnswer};
 
 /// The batcher's SQS part: one `SendMessageBatch` to one queue.
 pub(crate) struct SqsBatches {
-    sqs: Sqs,
+    pub(crate) sqs: SqsClient,
 }
 
 impl BatchSend for SqsBatches {
@@ -112,9 +44,9 @@ impl BatchSend for SqsBatches {
 
     async fn send_batch(&self, queue: &str, messages: &[&Message]) -> Result<Vec<EntryAnswer>, CallError> {
         let url = match self.sqs.queue_url(queue).await {
-            QueueUrl::Missing(cause) => return Err(CallError::Missing(cause)),
-            QueueUrl::Failed(cause) => return Err(CallError::Transient(cause)),
-            QueueUrl::Found(url) => url,
+            Resolved::Missing(cause) => return Err(CallError::Missing(cause)),
+            Resolved::Failed(cause) => return Err(CallError::Transient(cause)),
+            Resolved::Found(url) => url,
         };
         let entries = messages.iter().enumerate().map(|(i, m)| entry(i, m)).collect();
         let out = match self
@@ -136,35 +68,24 @@ impl BatchSend for SqsBatches {
                         self.sqs.forget(queue);
                         CallError::Transient(cause)
                     }
-                    CallFailure::Content(cause) => {
-                        CallError::Refused(format!("SQS refused the message for queue {queue:?}: {cause}"))
-                    }
+                    CallFailure::Content(cause) => CallError::Refused(SERVICE.refusal(queue, &cause)),
                     CallFailure::Transient(cause) => CallError::Transient(cause),
                 });
             }
         };
-        let mut answers: Vec<Option<EntryAnswer>> = vec![None; messages.len()];
-        for ok in out.successful() {
-            if let Some(slot) = ok.id().parse::<usize>().ok().and_then(|i| answers.get_mut(i)) {
-                *slot = Some(EntryAnswer::Stored);
-            }
-        }
-        for failed in out.failed() {
-            if let Some(slot) = failed.id().parse::<usize>().ok().and_then(|i| answers.get_mut(i)) {
-                let (code, message) = (failed.code(), failed.message().unwrap_or_default());
-                *slot = Some(if entry_refused(failed.sender_fault(), code) {
-                    EntryAnswer::Refused(format!(
-                        "SQS refused the message for queue {queue:?}: {code}: {message}"
-                    ))
-                } else {
-                    EntryAnswer::Retry(format!("{code}: {message}"))
-                });
-            }
-        }
-        Ok(answers
-            .into_iter()
-            .map(|a| a.unwrap_or_else(|| EntryAnswer::Retry("the answer did not mention the entry".into())))
-            .collect())
+        let failed = out.failed().iter().map(|f| FailedEntry {
+            id: f.id(),
+            sender_fault: f.sender_fault(),
+            code: f.code(),
+            message: f.message().unwrap_or_default(),
+        });
+        Ok(SERVICE.answers(
+            queue,
+            messages.len(),
+            out.successful().iter().map(|ok| ok.id()),
+            failed,
+            entry_refused,
+        ))
     }
 }
 
@@ -233,23 +154,7 @@ fn entry(id: usize, m: &Message) -> SendMessageBatchRequestEntry {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::sink::batch::BatchEntry;
-
-    #[test]
-    fn a_message_is_batched_by_its_queue_and_its_size_as_sqs_counts_it() {
-        let m = Message {
-            destination: "orders.fifo".into(),
-            body: "x".into(),
-            attributes: BTreeMap::new(),
-            group: None,
-            dedup: None,
-            size: 17,
-        };
-        assert_eq!((m.destination(), BatchEntry::size(&m)), ("orders.fifo", 17));
-    }
 
     #[test]
     fn entry_failures_refuse_only_what_the_message_is() {

@@ -2,19 +2,23 @@
 //! stream named by its routed name, its aggregate key the partition key. docs/sink-kinesis.md
 //! describes what a consumer gets and the guarantees.
 //!
-//! * `client.rs` — the AWS SDK client (default credential chain, `AWS_REGION`,
-//!   `AWS_ENDPOINT_URL`, `[kinesis]` on top), and the streams `setup` creates;
+//! * `config.rs` — `[kinesis]`: the keys every AWS section has (`aws/config.rs`), the request
+//!   keys every request sink has (`sink/requests.rs`), and Kinesis's own (`format`, `streams`,
+//!   `max_record_bytes`);
+//! * `client.rs` — the AWS SDK client (`aws/client.rs`'s chain, `[kinesis]` on top), and the
+//!   streams `setup` creates;
 //! * `record.rs` — a record as a Kinesis record: partition key (hashed when Kinesis would not
 //!   take the key), data (the JSON envelope or the payload alone), and what Kinesis would
 //!   refuse, refused before sending;
-//! * `exchange.rs` — what the shared driver (`sink/driver.rs`) runs: records batched into
-//!   `PutRecords` calls, each record's failure retried, a missing stream refused.
+//! * `exchange.rs` — the batcher's Kinesis part: records batched into `PutRecords` calls, each
+//!   record's failure retried, a missing stream refused; the driver runs it as every AWS sink
+//!   (`aws/exchange.rs`).
 //!
 //! Order per aggregate: all records of a partition key go to one shard, which keeps the order
 //! they were stored in; the driver keeps at most one record per key on the wire, so a
 //! `PutRecords` call never holds two records of a key and nothing of a key is stored after a
 //! failed one (PutRecords does not keep order within a call, and a failed record does not stop
-//! the next). Exactly-once is refused (`config::kinesis::NO_EXACTLY_ONCE`): Kinesis does not
+//! the next). Exactly-once is refused (`config::NO_EXACTLY_ONCE`): Kinesis does not
 //! deduplicate.
 //!
 //! Invariant: like every adapter, this one knows nothing of PostgreSQL or the watermark; it
@@ -22,26 +26,24 @@
 //! them; nothing of them is in `[kinesis]`).
 
 pub(crate) mod client;
+pub(crate) mod config;
 pub(crate) mod exchange;
 pub(crate) mod record;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::config::kinesis::{check_stream_name, KinesisSettings, NO_EXACTLY_ONCE};
 use crate::config::sink::SinkSectionSpec;
-use crate::sink::driver::{self, Concurrency, DriverOptions};
+use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
+use crate::sink::driver;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use config::{check_stream_name, KinesisSettings, NO_EXACTLY_ONCE};
 
 use client::{Kinesis, Stream};
 use record::Encoder;
 
 /// The sink's name in errors and logs.
 pub(crate) const SINK: &str = "Amazon Kinesis";
-
-/// How long `setup` and `status` wait for a connection.
-const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The Kinesis sink's plugin (`src/sink/registry.rs`).
 pub(crate) struct KinesisPlugin;
@@ -50,7 +52,7 @@ impl SinkPlugin for KinesisPlugin {
     type Config = KinesisSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &crate::config::kinesis::SECTION
+        &config::SECTION
     }
 
     /// OpenTelemetry's messaging conventions have no Kinesis value: the `[sink] kind`.
@@ -58,27 +60,12 @@ impl SinkPlugin for KinesisPlugin {
         "kinesis"
     }
 
-    /// The SDK's own lines (retries, credential lookups, connection churn) are DEBUG: the sink
-    /// reports failures itself.
     fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[
-            ClientLogTarget {
-                target: "aws_config",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_sdk_kinesis",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_smithy_runtime",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "aws_smithy_http_client",
-                fixed: None,
-            },
-        ]
+        static TARGETS: [ClientLogTarget; 4] = aws::log_targets(ClientLogTarget {
+            target: "aws_sdk_kinesis",
+            fixed: None,
+        });
+        &TARGETS
     }
 
     fn limits(&self, config: &KinesisSettings) -> SinkLimits {
@@ -88,7 +75,7 @@ impl SinkPlugin for KinesisPlugin {
         }
     }
 
-    /// Refused at load already (`config::kinesis`); this is the same answer for callers that
+    /// Refused at load already (`config.rs`); this is the same answer for callers that
     /// ask the plugin.
     fn exactly_once(&self, _: &KinesisSettings, _: &SinkContext) -> ExactlyOnce {
         ExactlyOnce::Unsupported(NO_EXACTLY_ONCE)
@@ -122,23 +109,10 @@ impl SinkPlugin for KinesisPlugin {
         cx: &SinkContext,
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
         let kinesis = Kinesis::connect(config, cx.connect_timeout).await?;
-        let exchange = exchange::KinesisExchange::start(kinesis, encoder(config), config.max_requests);
-        let options = DriverOptions {
-            // One record per partition key on the wire (module docs; docs/sink-kinesis.md
-            // measures it against sending a key's records together).
-            concurrency: Concurrency::PerKey {
-                max_keys: config.max_concurrency,
-            },
-            max_in_flight: cx.max_in_flight.max(1),
-            max_in_flight_bytes: cx.max_in_flight_bytes,
-            // Each attempt is bounded ([kinesis] timeout_ms) and the batch task retries for as
-            // long as Kinesis fails: no overall timer, or an outage would end in a replay.
-            reply_timeout: None,
-            max_queue_wait: None,
-            // Dropped without abandon: one attempt's time for what is on the wire.
-            drop_wait: config.timeout,
-        };
-        Ok(boxed(driver::start(Arc::new(exchange), options)))
+        let exchange = exchange::start(kinesis, encoder(config), config.requests.max_requests);
+        // One record per partition key on the wire (module docs; docs/sink-kinesis.md measures
+        // it against sending a key's records together).
+        Ok(boxed(driver::start(Arc::new(exchange), config.requests.per_key(cx))))
     }
 }
 
@@ -197,7 +171,7 @@ async fn probe_with(kinesis: &Kinesis, config: &KinesisSettings) -> Result<Strin
             started.elapsed().as_millis()
         )),
         Err(e) => {
-            let cause = client::words(&e);
+            let cause = aws::client::words(&e);
             if cause.contains("AccessDenied") {
                 Ok(format!(
                     "Amazon Kinesis at {} answers (credentials found; ListStreams not permitted, which sending does \

@@ -1,11 +1,15 @@
-//! What every AWS sink (SQS, SNS, Kinesis) shares: the SDK's configuration chain
+//! The client setup every AWS sink (SQS, SNS, Kinesis) shares: the SDK's configuration chain
 //! (credentials, `AWS_REGION`, `AWS_ENDPOINT_URL`, profiles, web identity, instance metadata)
 //! with the section's `region` / `endpoint_url` on top, an HTTPS client on rustls with ring, and
-//! one line for an SDK error.
+//! one line for an SDK error; and, for a service whose calls take something else than the
+//! routed name (a queue URL, a topic ARN), the cache of what each name resolved to.
 //!
 //! Invariant: credentials are resolved (never printed) before a sink is handed out, so a
-//! machine without any fails at start with the fix, not on the first event.
+//! machine without any fails at start with the fix, not on the first event. A name that does
+//! not resolve is a fact about the routed name, never cached (it may be created any time).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use aws_config::timeout::TimeoutConfig;
@@ -16,16 +20,16 @@ use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::display::DisplayErrorContext;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
+use crate::sink::aws::config::Endpoint;
 use crate::sink::SinkError;
 
-/// Where an AWS sink connects: its section's keys (`None`: the SDK's chain decides).
-pub(crate) struct Endpoint<'a> {
+/// How an AWS sink connects: its section's endpoint keys (`None`: the SDK's chain decides).
+pub(crate) struct Connect<'a> {
     /// The sink's name in errors (`"Amazon SQS"`).
     pub(crate) sink: &'static str,
     /// The section's name in fixes (`"sqs"`).
     pub(crate) section: &'static str,
-    pub(crate) region: Option<&'a str>,
-    pub(crate) endpoint_url: Option<&'a str>,
+    pub(crate) endpoint: &'a Endpoint,
     /// One attempt of one call.
     pub(crate) attempt_timeout: Duration,
     pub(crate) connect_timeout: Duration,
@@ -40,7 +44,7 @@ pub(crate) struct Connected {
 
 /// The SDK configuration chain with the section on top. Fails (for good) when no region is
 /// configured anywhere or no credentials are found.
-pub(crate) async fn connect(at: Endpoint<'_>) -> Result<Connected, SinkError> {
+pub(crate) async fn connect(at: Connect<'_>) -> Result<Connected, SinkError> {
     let fatal = |cause: String| SinkError {
         sink: at.sink,
         cause,
@@ -56,10 +60,10 @@ pub(crate) async fn connect(at: Endpoint<'_>) -> Result<Connected, SinkError> {
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
         .http_client(http)
         .timeout_config(timeouts);
-    if let Some(region) = at.region {
+    if let Some(region) = &at.endpoint.region {
         loader = loader.region(aws_config::Region::new(region.to_owned()));
     }
-    if let Some(url) = at.endpoint_url {
+    if let Some(url) = &at.endpoint.endpoint_url {
         loader = loader.endpoint_url(url.to_owned());
     }
     let config = loader.load().await;
@@ -103,5 +107,35 @@ pub(crate) fn words<E: ProvideErrorMetadata + std::error::Error + 'static, R: st
             )
         }
         other => DisplayErrorContext(other).to_string(),
+    }
+}
+
+/// What resolving a routed name to what the service's calls take came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Resolved {
+    Found(String),
+    /// Nothing of that name is visible to the relay's credentials in this region: the routed
+    /// name is wrong for this account (the words say so, with the fix).
+    Missing(String),
+    /// The service, the network or the credentials failed: try again.
+    Failed(String),
+}
+
+/// What routed names resolved to (queue URLs, topic ARNs), kept for the client's life.
+#[derive(Debug, Default)]
+pub(crate) struct Names(Mutex<HashMap<String, String>>);
+
+impl Names {
+    pub(crate) fn get(&self, name: &str) -> Option<String> {
+        self.0.lock().expect("resolved names").get(name).cloned()
+    }
+
+    pub(crate) fn extend(&self, found: impl IntoIterator<Item = (String, String)>) {
+        self.0.lock().expect("resolved names").extend(found);
+    }
+
+    /// Forgets `name` (deleted since: the next call resolves it again).
+    pub(crate) fn forget(&self, name: &str) {
+        self.0.lock().expect("resolved names").remove(name);
     }
 }

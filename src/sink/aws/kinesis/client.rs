@@ -1,6 +1,6 @@
 //! The Kinesis client: the AWS SDK's configuration chain (credentials, `AWS_REGION`,
 //! `AWS_ENDPOINT_URL`, profiles) with `[kinesis] region` / `endpoint_url` on top
-//! (`sink/aws.rs`), and what `setup` and `status` ask of the streams.
+//! (`aws/client.rs`), and what `setup` and `status` ask of the streams.
 //!
 //! Invariant: credentials are resolved (never printed) before the sink is handed out, so a
 //! machine without any fails at start with the fix, not on the first event. Requests name the
@@ -12,10 +12,9 @@ use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::operation::list_shards::ListShardsError;
 use aws_sdk_kinesis::types::{StreamMode, StreamModeDetails};
 
+use super::config::KinesisSettings;
 use super::SINK;
-use crate::config::kinesis::KinesisSettings;
-use crate::sink::aws;
-pub(crate) use crate::sink::aws::words;
+use crate::sink::aws::client::{self, words};
 use crate::sink::SinkError;
 
 /// How long `setup` waits for a stream it created to become ACTIVE.
@@ -42,16 +41,15 @@ pub(crate) enum Stream {
 }
 
 impl Kinesis {
-    /// The SDK configuration chain with `[kinesis]` on top (`sink/aws.rs`); `connect_timeout`
+    /// The SDK configuration chain with `[kinesis]` on top (`aws/client.rs`); `connect_timeout`
     /// bounds a connection. Fails (for good) when no region is configured anywhere or no
     /// credentials are found.
     pub(crate) async fn connect(settings: &KinesisSettings, connect_timeout: Duration) -> Result<Kinesis, SinkError> {
-        let aws::Connected { config, shown } = aws::connect(aws::Endpoint {
+        let client::Connected { config, shown } = client::connect(client::Connect {
             sink: SINK,
             section: "kinesis",
-            region: settings.region.as_deref(),
-            endpoint_url: settings.endpoint_url.as_deref(),
-            attempt_timeout: settings.timeout,
+            endpoint: &settings.endpoint,
+            attempt_timeout: settings.requests.timeout,
             connect_timeout,
         })
         .await?;

@@ -374,6 +374,14 @@ pub(crate) fn legal_topic(t: &str) -> bool {
 }
 
 #[cfg(test)]
+impl crate::config::Settings {
+    /// The `[kafka]` properties of settings whose sink is the default one, for tests.
+    pub(crate) fn kafka(&self) -> &KafkaProperties {
+        self.sink.section::<KafkaProperties>().expect("the sink is kafka")
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -1,4 +1,4 @@
-//! The SNS client: the AWS SDK's configuration chain (`sink/aws.rs`: credentials, `AWS_REGION`,
+//! The SNS client: the AWS SDK's configuration chain (`aws/client.rs`: credentials, `AWS_REGION`,
 //! `AWS_ENDPOINT_URL`, profiles) with `[sns] region` / `endpoint_url` on top, and each routed
 //! topic name resolved to its ARN and cached.
 //!
@@ -13,31 +13,19 @@
 //! time: the next event for it lists again), like SQS's missing queue.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::SINK;
-use crate::config::sns::SnsSettings;
-use crate::sink::aws;
-pub(crate) use crate::sink::aws::words;
+use super::config::SnsSettings;
+use super::SERVICE;
+use crate::sink::aws::client::{self, words, Names, Resolved};
 use crate::sink::SinkError;
-
-/// What resolving a topic's ARN came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TopicArn {
-    Found(String),
-    /// No topic of that name is visible to the relay's credentials in this region: the routed
-    /// name is wrong for this account.
-    Missing(String),
-    /// SNS, the network or the credentials failed: try again.
-    Failed(String),
-}
 
 /// An SNS client and the topic ARNs it resolved.
 #[derive(Clone)]
-pub(crate) struct Sns {
+pub(crate) struct SnsClient {
     pub(crate) client: aws_sdk_sns::Client,
-    arns: Arc<Mutex<HashMap<String, String>>>,
+    arns: Arc<Names>,
     /// Where the client sends requests, for messages (`region`, or the endpoint).
     pub(crate) shown: String,
 }
@@ -47,22 +35,21 @@ pub(crate) fn topic_name(arn: &str) -> &str {
     arn.rsplit(':').next().unwrap_or(arn)
 }
 
-impl Sns {
+impl SnsClient {
     /// The SDK configuration chain with `[sns]` on top; `connect_timeout` bounds a connection.
     /// Fails (for good) when no region is configured anywhere or no credentials are found.
-    pub(crate) async fn connect(settings: &SnsSettings, connect_timeout: Duration) -> Result<Sns, SinkError> {
-        let aws::Connected { config, shown } = aws::connect(aws::Endpoint {
-            sink: SINK,
-            section: "sns",
-            region: settings.region.as_deref(),
-            endpoint_url: settings.endpoint_url.as_deref(),
-            attempt_timeout: settings.timeout,
+    pub(crate) async fn connect(settings: &SnsSettings, connect_timeout: Duration) -> Result<SnsClient, SinkError> {
+        let client::Connected { config, shown } = client::connect(client::Connect {
+            sink: SERVICE.sink,
+            section: SERVICE.section,
+            endpoint: &settings.endpoint,
+            attempt_timeout: settings.requests.timeout,
             connect_timeout,
         })
         .await?;
-        Ok(Sns {
+        Ok(SnsClient {
             client: aws_sdk_sns::Client::new(&config),
-            arns: Arc::new(Mutex::new(HashMap::new())),
+            arns: Arc::default(),
             shown,
         })
     }
@@ -92,18 +79,18 @@ impl Sns {
     }
 
     /// The ARN of topic `name`: from the cache, else `ListTopics` (every name found is cached).
-    pub(crate) async fn topic_arn(&self, name: &str) -> TopicArn {
-        if let Some(arn) = self.arns.lock().expect("topic ARN cache").get(name) {
-            return TopicArn::Found(arn.clone());
+    pub(crate) async fn topic_arn(&self, name: &str) -> Resolved {
+        if let Some(arn) = self.arns.get(name) {
+            return Resolved::Found(arn);
         }
         match self.list().await {
-            Err(cause) => TopicArn::Failed(cause),
+            Err(cause) => Resolved::Failed(cause),
             Ok(found) => {
                 let arn = found.get(name).cloned();
-                self.arns.lock().expect("topic ARN cache").extend(found);
+                self.arns.extend(found);
                 match arn {
-                    Some(arn) => TopicArn::Found(arn),
-                    None => TopicArn::Missing(format!(
+                    Some(arn) => Resolved::Found(arn),
+                    None => Resolved::Missing(format!(
                         "topic {name:?} does not exist in {} (or the relay's credentials may not list it: it needs \
                          sns:ListTopics and sns:Publish); create it (`outbox-relay setup` does not create SNS topics) \
                          or route the event elsewhere",
@@ -116,7 +103,7 @@ impl Sns {
 
     /// Forgets `name`'s ARN (the topic was deleted: the next send looks it up again).
     pub(crate) fn forget(&self, name: &str) {
-        self.arns.lock().expect("topic ARN cache").remove(name);
+        self.arns.forget(name);
     }
 }
 

@@ -1,7 +1,6 @@
-//! [`KinesisExchange`]: the Kinesis sink as the shared driver runs it (`sink/driver.rs`, one
-//! record per partition key on the wire). `encode` makes the Kinesis record (`record.rs`), `send`
-//! hands it to the shared batcher (`sink/batch.rs`) and returns its reply, `classify` reads the
-//! reply. [`KinesisBatches`] is the batcher's Kinesis part: one `PutRecords` call.
+//! [`KinesisBatches`]: the shared batcher's Kinesis part (`sink/batch.rs`; the driver runs it as
+//! every AWS sink, `aws/exchange.rs`, one record per partition key on the wire, each encoded by
+//! `record.rs`): one `PutRecords` call.
 //!
 //! **Batches.** Up to 500 records for one stream, their data and partition keys summing to at
 //! most 5 MiB (Kinesis's limits on a `PutRecords` call), with at most `max_requests` calls on
@@ -27,19 +26,18 @@
 //! holds one record per partition key and nothing of a key is stored after a failed one: the
 //! next record of the key is handed over only once this one was stored (docs/sink-kinesis.md
 //! measures this against sending a key's records together).
-//!
-//! Invariant: `close` aborts the batcher, so nothing of an abandoned sink is sent late.
 
 use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::operation::put_records::PutRecordsOutput;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 
-use super::client::{words, Kinesis};
+use super::client::Kinesis;
 use super::record::{Encoder, Record};
 use super::SINK;
-use crate::sink::batch::{Answer, BatchEntry, BatchLimits, BatchSend, Batcher, CallError, EntryAnswer};
-use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
+use crate::sink::aws::client::words;
+use crate::sink::aws::exchange::{Batched, Encode};
+use crate::sink::batch::{BatchEntry, BatchLimits, BatchSend, CallError, EntryAnswer};
 use crate::sink::SinkRecord;
 
 /// Kinesis's limit of records per `PutRecords`.
@@ -47,59 +45,26 @@ pub(crate) const MAX_BATCH: usize = 500;
 /// Kinesis's limit on a `PutRecords` call: the records' data and partition keys together.
 pub(crate) const MAX_BATCH_BYTES: usize = 5 * 1024 * 1024;
 
-/// What the driver runs for the Kinesis sink.
-pub(crate) struct KinesisExchange {
-    encoder: Encoder,
-    batcher: Batcher<KinesisBatches>,
+/// What the driver runs for the Kinesis sink: its records through `PutRecords` batches.
+pub(crate) type KinesisExchange = Batched<KinesisBatches, Encoder>;
+
+/// Starts the Kinesis batcher on the current runtime: up to 500 records and 5 MiB a call, at
+/// most `max_requests` calls on the wire.
+pub(crate) fn start(kinesis: Kinesis, encoder: Encoder, max_requests: usize) -> KinesisExchange {
+    let limits = BatchLimits {
+        max_entries: MAX_BATCH,
+        max_bytes: MAX_BATCH_BYTES,
+        max_calls: max_requests,
+    };
+    Batched::start(KinesisBatches { kinesis }, encoder, limits, "PutRecords answer")
 }
 
-impl KinesisExchange {
-    /// Starts the batcher on the current runtime.
-    pub(crate) fn start(kinesis: Kinesis, encoder: Encoder, max_requests: usize) -> KinesisExchange {
-        let limits = BatchLimits {
-            max_entries: MAX_BATCH,
-            max_bytes: MAX_BATCH_BYTES,
-            max_calls: max_requests,
-        };
-        KinesisExchange {
-            encoder,
-            batcher: Batcher::start(KinesisBatches { kinesis }, limits),
-        }
-    }
-}
+/// Kinesis does not deduplicate (exactly-once is refused): `dedup_key` is never set.
+impl Encode for Encoder {
+    type Entry = Record;
 
-impl Exchange for KinesisExchange {
-    type Request = Record;
-    type Reply = Answer;
-
-    fn name(&self) -> &'static str {
-        SINK
-    }
-
-    fn reply_name(&self) -> &'static str {
-        "PutRecords answer"
-    }
-
-    /// Kinesis does not deduplicate (exactly-once is refused): `dedup_key` is never set.
     fn encode(&self, record: &SinkRecord<'_>, extra: &[(&str, &[u8])], _: Option<&str>) -> Result<Record, String> {
-        self.encoder.encode(record, extra)
-    }
-
-    /// Hands the record to the batcher; the reply is its answer.
-    async fn send(&self, record: Record) -> Result<ReplyFuture<Answer>, String> {
-        self.batcher.submit(record)
-    }
-
-    fn classify(&self, answer: Answer) -> Outcome {
-        match answer {
-            Answer::Stored => Outcome::Acknowledged,
-            Answer::Refused(cause) => Outcome::Refused(cause),
-            Answer::Lost(cause) => Outcome::Transient(cause),
-        }
-    }
-
-    async fn close(&self) {
-        self.batcher.close();
+        Encoder::encode(self, record, extra)
     }
 }
 
@@ -452,7 +417,7 @@ mod tests {
         use std::sync::Arc;
         use std::time::Duration;
 
-        use crate::config::kinesis::Format;
+        use crate::sink::aws::kinesis::config::Format;
         use crate::sink::driver::{self, Concurrency, DriverOptions};
         use crate::sink::{FailureKind, Sink};
 
@@ -462,7 +427,7 @@ mod tests {
             format: Format::Envelope,
             max_record_bytes: 1 << 20,
         };
-        let exchange = KinesisExchange::start(kinesis_at(&endpoint), encoder, 4);
+        let exchange = start(kinesis_at(&endpoint), encoder, 4);
         let (sink, mut completions) = driver::start::<_, String>(
             Arc::new(exchange),
             DriverOptions {
@@ -544,7 +509,7 @@ mod tests {
 
         use aws_sdk_kinesis::types::ShardIteratorType;
 
-        use crate::config::kinesis::{Format, KinesisSection};
+        use crate::sink::aws::kinesis::config::{Format, KinesisSection};
         use crate::sink::driver::{self, Concurrency, DriverOptions};
         use crate::sink::Sink;
 
@@ -595,7 +560,7 @@ mod tests {
                         .send()
                         .await
                         .unwrap();
-                    let exchange = KinesisExchange::start(kinesis.clone(), encoder, *calls);
+                    let exchange = start(kinesis.clone(), encoder, *calls);
                     let (sink, mut completions) = driver::start::<_, usize>(
                         Arc::new(exchange),
                         DriverOptions {

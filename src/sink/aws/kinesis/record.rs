@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use serde_json::value::RawValue;
 
-use crate::config::kinesis::Format;
+use super::config::Format;
 use crate::sink::SinkRecord;
 
 /// Kinesis's limit on a partition key, in Unicode characters.

@@ -21,15 +21,14 @@
 //! envelope carries the event id, key and headers beside the payload; `payload` carries the
 //! payload alone. Kinesis never deduplicates, so exactly-once is refused here with the reason.
 
-use std::time::Duration;
-
 use serde::Deserialize;
 
-use crate::config::aws;
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::relay::Delivery;
 use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
-use crate::config::{number_or_numeric_string, ConfigError};
+use crate::config::{optional_number, ConfigError};
+use crate::sink::aws::config::{Endpoint, EndpointKeys};
+use crate::sink::requests::{Count, Millis, RequestKeys, Requests};
 
 /// The largest record Kinesis accepts: its data and its partition key together.
 pub(crate) const KINESIS_MAX_RECORD_BYTES: u64 = 1024 * 1024;
@@ -73,10 +72,6 @@ pub(crate) struct KinesisSection {
     timeout_ms: Option<u64>,
 }
 
-fn optional_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    number_or_numeric_string(d).map(Some)
-}
-
 /// A list, or its spelling in an environment override (`"orders,payments"`).
 fn list_or_comma_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
     #[derive(Deserialize)]
@@ -98,18 +93,39 @@ fn list_or_comma_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option
 /// `[kinesis]`, validated.
 #[derive(Debug, Clone)]
 pub struct KinesisSettings {
-    /// `None`: the SDK's chain (`AWS_REGION`, the profile).
-    pub(crate) region: Option<String>,
-    /// `None`: the SDK's chain (`AWS_ENDPOINT_URL`), else the regional endpoint.
-    pub(crate) endpoint_url: Option<String>,
+    pub(crate) endpoint: Endpoint,
     pub(crate) format: Format,
     /// The streams `setup` creates (empty: it creates none and says so).
     pub(crate) streams: Vec<String>,
     pub(crate) max_record_bytes: usize,
-    pub(crate) max_concurrency: usize,
-    pub(crate) max_requests: usize,
-    pub(crate) timeout: Duration,
+    pub(crate) requests: Requests,
 }
+
+/// `region` and `endpoint_url`, checked as every AWS section's.
+const ENDPOINT: EndpointKeys = EndpointKeys {
+    region: "kinesis.region",
+    endpoint_url: "kinesis.endpoint_url",
+    example: "https://kinesis.eu-west-1.amazonaws.com",
+};
+
+/// `max_concurrency`, `max_requests`, `timeout_ms`, checked as every request sink's.
+const REQUESTS: RequestKeys = RequestKeys {
+    concurrency: Some(Count {
+        key: "kinesis.max_concurrency",
+        default: DEFAULT_MAX_CONCURRENCY,
+        most: None,
+    }),
+    requests: Some(Count {
+        key: "kinesis.max_requests",
+        default: DEFAULT_MAX_REQUESTS,
+        most: Some((1024, "calls at once")),
+    }),
+    timeout: Millis {
+        key: "kinesis.timeout_ms",
+        default: DEFAULT_TIMEOUT_MS,
+        least: 1,
+    },
+};
 
 fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -136,12 +152,7 @@ pub(crate) fn check_stream_name(name: &str) -> Result<(), String> {
 
 impl KinesisSection {
     pub(crate) fn validate(self) -> Result<KinesisSettings, ConfigError> {
-        let region = aws::region("kinesis.region", self.region.as_deref())?;
-        let endpoint_url = aws::endpoint_url(
-            "kinesis.endpoint_url",
-            self.endpoint_url.as_deref(),
-            "https://kinesis.eu-west-1.amazonaws.com",
-        )?;
+        let endpoint = ENDPOINT.validate(self.region.as_deref(), self.endpoint_url.as_deref())?;
         let format = match self.format.as_deref().map(str::trim) {
             None | Some("envelope") => Format::Envelope,
             Some("payload") => Format::Payload,
@@ -159,16 +170,13 @@ impl KinesisSection {
         for s in &streams {
             check_stream_name(s).map_err(|e| invalid("kinesis.streams", e))?;
         }
-        let positive = |key: &'static str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
-            0 => Err(invalid(key, format!("must be at least 1; leave it out for {default}"))),
-            n => Ok(n),
-        };
-        let max_record_bytes = positive(
-            "kinesis.max_record_bytes",
-            self.max_record_bytes,
-            KINESIS_MAX_RECORD_BYTES,
-        )?;
-        if max_record_bytes > KINESIS_MAX_RECORD_BYTES {
+        let max_record_bytes = Count {
+            key: "kinesis.max_record_bytes",
+            default: KINESIS_MAX_RECORD_BYTES,
+            most: None,
+        }
+        .validate(self.max_record_bytes)?;
+        if max_record_bytes as u64 > KINESIS_MAX_RECORD_BYTES {
             return Err(invalid(
                 "kinesis.max_record_bytes",
                 format!(
@@ -183,24 +191,12 @@ impl KinesisSection {
                 format!("{max_record_bytes} bytes leaves no room for an event; use at least 1024"),
             ));
         }
-        let max_concurrency = positive("kinesis.max_concurrency", self.max_concurrency, DEFAULT_MAX_CONCURRENCY)?;
-        let max_requests = positive("kinesis.max_requests", self.max_requests, DEFAULT_MAX_REQUESTS)?;
-        if max_requests > 1024 {
-            return Err(invalid(
-                "kinesis.max_requests",
-                format!("{max_requests} calls at once is more than 1024; lower it"),
-            ));
-        }
-        let timeout = Duration::from_millis(positive("kinesis.timeout_ms", self.timeout_ms, DEFAULT_TIMEOUT_MS)?);
         Ok(KinesisSettings {
-            region,
-            endpoint_url,
+            endpoint,
             format,
             streams,
-            max_record_bytes: usize::try_from(max_record_bytes).unwrap_or(usize::MAX),
-            max_concurrency: usize::try_from(max_concurrency).unwrap_or(usize::MAX),
-            max_requests: usize::try_from(max_requests).unwrap_or(usize::MAX),
-            timeout,
+            max_record_bytes,
+            requests: REQUESTS.validate(self.max_concurrency, self.max_requests, self.timeout_ms)?,
         })
     }
 }
@@ -266,8 +262,6 @@ impl SinkSection for KinesisSettings {
 
     fn get(&self, key: &str) -> Option<String> {
         match key {
-            "region" => self.region.clone(),
-            "endpoint_url" => self.endpoint_url.clone(),
             "format" => Some(
                 match self.format {
                     Format::Envelope => "envelope",
@@ -276,13 +270,15 @@ impl SinkSection for KinesisSettings {
                 .to_owned(),
             ),
             "streams" => Some(self.streams.join(",")),
-            _ => None,
+            _ => self.endpoint.get(key).flatten(),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn section(toml: &str) -> Result<KinesisSettings, String> {
@@ -293,13 +289,13 @@ mod tests {
     #[test]
     fn an_empty_section_takes_the_sdk_chain_and_the_defaults() {
         let s = section("").unwrap();
-        assert_eq!((s.region.as_deref(), s.endpoint_url.as_deref()), (None, None));
+        assert_eq!(s.endpoint, Endpoint::default());
         assert_eq!(s.format, Format::Envelope);
         assert!(s.streams.is_empty());
         assert_eq!(s.max_record_bytes as u64, KINESIS_MAX_RECORD_BYTES);
-        assert_eq!(s.max_concurrency as u64, DEFAULT_MAX_CONCURRENCY);
-        assert_eq!(s.max_requests as u64, DEFAULT_MAX_REQUESTS);
-        assert_eq!(s.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
+        assert_eq!(s.requests.max_concurrency as u64, DEFAULT_MAX_CONCURRENCY);
+        assert_eq!(s.requests.max_requests as u64, DEFAULT_MAX_REQUESTS);
+        assert_eq!(s.requests.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
     }
 
     #[test]
@@ -310,12 +306,17 @@ mod tests {
              timeout_ms = 500",
         )
         .unwrap();
-        assert_eq!(s.region.as_deref(), Some("eu-west-1"));
-        assert_eq!(s.endpoint_url.as_deref(), Some("http://127.0.0.1:5000"));
+        assert_eq!(s.endpoint.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(s.endpoint.endpoint_url.as_deref(), Some("http://127.0.0.1:5000"));
         assert_eq!(s.format, Format::Payload);
         assert_eq!(s.streams, ["orders", "payments"], "an override's comma list");
         assert_eq!(
-            (s.max_record_bytes, s.max_concurrency, s.max_requests, s.timeout),
+            (
+                s.max_record_bytes,
+                s.requests.max_concurrency,
+                s.requests.max_requests,
+                s.requests.timeout
+            ),
             (65536, 8, 4, Duration::from_millis(500))
         );
         assert_eq!(section("streams = [\"a.b_c-1\"]").unwrap().streams, ["a.b_c-1"]);

@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 
-use crate::config::aws::HeaderMode;
-use crate::sink::batch::BatchEntry;
+use crate::sink::aws::config::HeaderMode;
+use crate::sink::aws::exchange::Encode;
+use crate::sink::batch::{BatchEntry, EntryAnswer};
 use crate::sink::SinkRecord;
 
 /// What differs between the services that take these messages.
@@ -25,12 +26,16 @@ use crate::sink::SinkRecord;
 pub(crate) struct Service {
     /// `"SQS"`.
     pub(crate) name: &'static str,
-    /// The config section, `"sqs"`.
+    /// The sink's name for people, in errors and logs: `"Amazon SQS"`.
+    pub(crate) sink: &'static str,
+    /// The config section, `"sqs"` (also its `[sink] kind`).
     pub(crate) section: &'static str,
     /// What a routed name names: `"queue"`.
     pub(crate) destination: &'static str,
     /// How the relay hands it a message: `"sends to"`.
     pub(crate) verb: &'static str,
+    /// Who reads what it stores: `"consumers"`.
+    pub(crate) readers: &'static str,
     /// The longest routed name, a FIFO one's `.fifo` included (SQS: 80, SNS: 256).
     pub(crate) max_name: usize,
     /// Why at most 10 attributes: "SQS allows 10".
@@ -119,6 +124,20 @@ pub(crate) struct Encoder {
     pub(crate) fifo: bool,
     pub(crate) headers: HeaderMode,
     pub(crate) max_message_bytes: usize,
+}
+
+impl Encode for Encoder {
+    type Entry = Message;
+
+    /// `dedup_key` (exactly-once) becomes a FIFO message's `MessageDeduplicationId`.
+    fn encode(
+        &self,
+        record: &SinkRecord<'_>,
+        extra: &[(&str, &[u8])],
+        dedup_key: Option<&str>,
+    ) -> Result<Message, String> {
+        Encoder::encode(self, record, extra, dedup_key)
+    }
 }
 
 /// The characters SQS accepts in a body and a `String` attribute, and so what SNS may deliver
@@ -295,6 +314,59 @@ impl Encoder {
     }
 }
 
+/// One failed entry of a batch call's result, as SQS and SNS report it.
+pub(crate) struct FailedEntry<'a> {
+    /// The id the call gave the entry: its index.
+    pub(crate) id: &'a str,
+    pub(crate) sender_fault: bool,
+    pub(crate) code: &'a str,
+    pub(crate) message: &'a str,
+}
+
+impl Service {
+    /// Why the service refused a message for `destination`, in words for the bad event.
+    pub(crate) fn refusal(&self, destination: &str, cause: &str) -> String {
+        format!(
+            "{} refused the message for {} {destination:?}: {cause}",
+            self.name, self.destination
+        )
+    }
+
+    /// Each of `entries` entries' answer in a batch call's result, whose entries are named by
+    /// their index: stored, refused when `refused` says the failure is the message's own (with
+    /// the service's words), else retried; one the result does not mention is retried.
+    pub(crate) fn answers<'a>(
+        &self,
+        destination: &str,
+        entries: usize,
+        stored: impl IntoIterator<Item = &'a str>,
+        failed: impl IntoIterator<Item = FailedEntry<'a>>,
+        refused: fn(sender_fault: bool, code: &str) -> bool,
+    ) -> Vec<EntryAnswer> {
+        let mut answers: Vec<Option<EntryAnswer>> = vec![None; entries];
+        let index = |id: &str| id.parse::<usize>().ok();
+        for id in stored {
+            if let Some(slot) = index(id).and_then(|i| answers.get_mut(i)) {
+                *slot = Some(EntryAnswer::Stored);
+            }
+        }
+        for f in failed {
+            if let Some(slot) = index(f.id).and_then(|i| answers.get_mut(i)) {
+                let cause = format!("{}: {}", f.code, f.message);
+                *slot = Some(if refused(f.sender_fault, f.code) {
+                    EntryAnswer::Refused(self.refusal(destination, &cause))
+                } else {
+                    EntryAnswer::Retry(cause)
+                });
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| EntryAnswer::Retry("the answer did not mention the entry".into())))
+            .collect()
+    }
+}
+
 impl Service {
     /// The rule for a routed name with standard queues / topics: letters, digits, `-` and `_`.
     pub(crate) fn check_standard_name(&self, name: &str) -> Result<(), String> {
@@ -365,18 +437,22 @@ mod tests {
 
     const SQS: Service = Service {
         name: "SQS",
+        sink: "Amazon SQS",
         section: "sqs",
         destination: "queue",
         verb: "sends to",
+        readers: "consumers",
         max_name: 80,
         attribute_limit: "SQS allows 10",
         size_limit: "the queue's MaximumMessageSize",
     };
     const SNS: Service = Service {
         name: "SNS",
+        sink: "Amazon SNS",
         section: "sns",
         destination: "topic",
         verb: "publishes to",
+        readers: "subscribers",
         max_name: 256,
         attribute_limit: "SNS delivers at most 10 to SQS subscribers",
         size_limit: "SNS's 262144",
@@ -388,6 +464,52 @@ mod tests {
         headers: HeaderMode::Attributes,
         max_message_bytes: 1000,
     };
+
+    #[test]
+    fn a_message_is_batched_by_its_destination_and_its_size_as_the_services_count_it() {
+        let m = Message {
+            destination: "orders.fifo".into(),
+            body: "x".into(),
+            attributes: BTreeMap::new(),
+            group: None,
+            dedup: None,
+            size: 17,
+        };
+        assert_eq!((m.destination(), BatchEntry::size(&m)), ("orders.fifo", 17));
+    }
+
+    #[test]
+    fn batch_answers_by_entry_index() {
+        let failed = |id, sender_fault, code| FailedEntry {
+            id,
+            sender_fault,
+            code,
+            message: "m",
+        };
+        let refused = |sender_fault: bool, code: &str| sender_fault && code != "Throttled";
+        let answers = SQS.answers(
+            "orders.fifo",
+            5,
+            ["0", "x", "9"],
+            [
+                failed("1", true, "InvalidParameterValue"),
+                failed("2", true, "Throttled"),
+            ],
+            refused,
+        );
+        assert_eq!(answers[0], EntryAnswer::Stored);
+        assert_eq!(
+            answers[1],
+            EntryAnswer::Refused("SQS refused the message for queue \"orders.fifo\": InvalidParameterValue: m".into())
+        );
+        assert_eq!(answers[2], EntryAnswer::Retry("Throttled: m".into()));
+        for unmentioned in &answers[3..] {
+            assert_eq!(
+                *unmentioned,
+                EntryAnswer::Retry("the answer did not mention the entry".into())
+            );
+        }
+    }
 
     #[test]
     fn body_attributes_group_and_dedup() {

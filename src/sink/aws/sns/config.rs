@@ -1,0 +1,160 @@
+//! `[sns]`: the Amazon SNS sink (`[sink] kind = "sns"`, docs/sink-sns.md) — which region and
+//! endpoint, whether the routed topics are FIFO topics, how headers travel, and how hard the
+//! relay pushes SNS. The keys are those of every message service (`aws/config.rs`, which
+//! validates them); what is SNS's own is here: its names, limits and defaults.
+//!
+//! ```toml
+//! [sns]
+//! region = "eu-west-1"                   # else AWS_REGION / the profile's region
+//! endpoint_url = "http://127.0.0.1:5000" # else AWS_ENDPOINT_URL / the regional endpoint
+//! fifo = true                            # every routed topic is a FIFO topic (name ends in .fifo)
+//! headers = "attributes"                 # or "json": all headers in one attribute
+//! max_message_bytes = 262144             # SNS's limit (body and attributes)
+//! max_concurrency = 256                  # aggregates with a message on the wire at once
+//! max_requests = 16                      # PublishBatch calls on the wire at once
+//! timeout_ms = 10000                     # one attempt of one call
+//! ```
+//!
+//! Credentials are never in this section: the AWS SDK's default chain finds them.
+//!
+//! Invariant: `fifo` decides what the sink promises (`aws/config.rs`): FIFO topics keep each
+//! aggregate's order and deduplicate replays; standard topics do neither, so exactly-once is
+//! refused with [`NO_EXACTLY_ONCE_STANDARD`].
+
+use crate::sink::aws::config::{EndpointKeys, MessageService, MessagesKeys, MessagesSettings, MessagesSpec};
+use crate::sink::aws::message::Service;
+use crate::sink::requests::{Count, Millis, RequestKeys};
+
+/// The largest message SNS accepts (body and attributes), and the largest `PublishBatch`.
+pub(crate) const SNS_MAX_MESSAGE_BYTES: u64 = 256 * 1024;
+/// Aggregates with a message on the wire at once unless `max_concurrency` says otherwise.
+pub(crate) const DEFAULT_MAX_CONCURRENCY: u64 = 256;
+/// `PublishBatch` calls on the wire at once unless `max_requests` says otherwise (batches of
+/// 10: 160 messages per round trip).
+pub(crate) const DEFAULT_MAX_REQUESTS: u64 = 16;
+/// One attempt of one call unless `timeout_ms` says otherwise.
+pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+
+/// Why `relay.delivery = "exactly-once"` is refused with standard topics (the config error's words).
+pub(crate) const NO_EXACTLY_ONCE_STANDARD: &str = "standard SNS topics do not deduplicate (and may deliver a message \
+     twice on their own): exactly-once needs FIFO topics, whose MessageDeduplicationId drops the relay's replays. Set \
+     [sns] fifo = true and route to topics whose names end in .fifo, or use relay.delivery = \"at-least-once\" and \
+     deduplicate on the `id` attribute (docs/sink-sns.md)";
+
+/// Amazon SNS as a message service: the section's keys and SNS's names ([`super::SERVICE`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Sns;
+
+impl MessageService for Sns {
+    const SERVICE: &'static Service = &super::SERVICE;
+    const KEYS: MessagesKeys = MessagesKeys {
+        endpoint: EndpointKeys {
+            region: "sns.region",
+            endpoint_url: "sns.endpoint_url",
+            example: "https://sns.eu-west-1.amazonaws.com",
+        },
+        headers: "sns.headers",
+        max_message_bytes: Count {
+            key: "sns.max_message_bytes",
+            default: SNS_MAX_MESSAGE_BYTES,
+            most: None,
+        },
+        message_limit: SNS_MAX_MESSAGE_BYTES,
+        requests: RequestKeys {
+            concurrency: Some(Count {
+                key: "sns.max_concurrency",
+                default: DEFAULT_MAX_CONCURRENCY,
+                most: None,
+            }),
+            requests: Some(Count {
+                key: "sns.max_requests",
+                default: DEFAULT_MAX_REQUESTS,
+                most: Some((1024, "calls at once")),
+            }),
+            timeout: Millis {
+                key: "sns.timeout_ms",
+                default: DEFAULT_TIMEOUT_MS,
+                least: 1,
+            },
+        },
+        no_exactly_once: NO_EXACTLY_ONCE_STANDARD,
+    };
+}
+
+/// `[sns]`, validated.
+pub(crate) type SnsSettings = MessagesSettings<Sns>;
+
+/// The config half of the SNS sink (its plugin's `spec`, registered in `src/sink/registry.rs`).
+pub(crate) const SECTION: MessagesSpec<Sns> = MessagesSpec::new();
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::sink::aws::config::{HeaderMode, MessagesSection};
+
+    fn section(toml: &str) -> Result<SnsSettings, String> {
+        let s: MessagesSection = toml::from_str(toml).map_err(|e| e.to_string())?;
+        s.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_empty_section_takes_the_sdk_chain_and_the_defaults() {
+        let s = section("").unwrap();
+        assert_eq!(
+            (s.endpoint.region.as_deref(), s.endpoint.endpoint_url.as_deref()),
+            (None, None)
+        );
+        assert!(!s.fifo);
+        assert_eq!(s.headers, HeaderMode::Attributes);
+        assert_eq!(s.max_message_bytes as u64, SNS_MAX_MESSAGE_BYTES);
+        assert_eq!(s.requests.max_concurrency as u64, DEFAULT_MAX_CONCURRENCY);
+        assert_eq!(s.requests.max_requests as u64, DEFAULT_MAX_REQUESTS);
+        assert_eq!(s.requests.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
+        assert_eq!(
+            s.warnings(),
+            [
+                "[sns] fifo = false: standard SNS topics do not keep order (nor deliver only once), so the events of \
+              one aggregate may reach subscribers out of commit order. Route to FIFO topics (names ending in .fifo) \
+              with fifo = true to keep per-aggregate order (docs/sink-sns.md)"
+            ],
+            "standard topics warn"
+        );
+    }
+
+    #[test]
+    fn every_key_is_read_and_checked() {
+        let s = section(
+            "region = \"eu-west-1\"\nendpoint_url = \"http://127.0.0.1:5000/\"\nfifo = \"true\"\nheaders = \"json\"\n\
+             max_message_bytes = 100000\nmax_concurrency = 8\nmax_requests = \"4\"\ntimeout_ms = 500",
+        )
+        .unwrap();
+        assert_eq!(s.endpoint.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(s.endpoint.endpoint_url.as_deref(), Some("http://127.0.0.1:5000"));
+        assert!(s.fifo && s.warnings().is_empty());
+        assert_eq!(s.headers, HeaderMode::Json);
+        assert_eq!(
+            (
+                s.max_message_bytes,
+                s.requests.max_concurrency,
+                s.requests.max_requests,
+                s.requests.timeout
+            ),
+            (100_000, 8, 4, Duration::from_millis(500))
+        );
+        for (toml, says) in [
+            ("region = \"Europe\"", "sns.region"),
+            ("endpoint_url = \"localhost:5000\"", "sns.eu-west-1"),
+            ("headers = \"xml\"", "sns.headers"),
+            ("max_message_bytes = 300000", "above SNS's limit"),
+            ("max_concurrency = 0", "leave it out"),
+            ("max_requests = 5000", "sns.max_requests"),
+            ("fifo = \"yes\"", "not true or false"),
+            ("topic_arn = \"x\"", "topic_arn"),
+        ] {
+            let err = section(toml).unwrap_err();
+            assert!(err.contains(says), "{toml}: {err}");
+        }
+    }
+}
