@@ -170,7 +170,7 @@ pub struct DrainOutcome {
     pub poll: Option<(f64, f64)>,
     pub debezium: Option<DebeziumDrain>,
     pub exactly_once: Option<ExactlyOnceDrain>,
-    /// The same with `relay.exactly_once = "kafka-transactions"` (real brokers only; the
+    /// The same with `[kafka] exactly_once = "transactions"` (real brokers only; the
     /// restart's read-back fields are 0: it reads the checkpoint instead).
     #[serde(default)]
     pub transactions: Option<ExactlyOnceDrain>,

@@ -53,7 +53,7 @@
 //! relay that refuses `[tracing]` (built before the exporter) skips the OTLP rows with the reason.
 //! `--only` takes comma-separated alternatives: `--only "CDC at 1000/s,CDC +"` runs the four.
 //!
-//! **Kafka transactions** (`relay.exactly_once = "kafka-transactions"`): on a real broker
+//! **Kafka transactions** (`[kafka] exactly_once = "transactions"`): on a real broker
 //! (`--broker kafka` or an address), a `CDC Kafka transactions` row at every rate beside the
 //! read-back exactly-once one, and the same two drains (uninterrupted; SIGKILLed half-way and
 //! restarted), counted by a `read_committed` consumer (a transactional topic's offsets also hold

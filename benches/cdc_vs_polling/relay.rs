@@ -22,7 +22,7 @@ pub enum Mode {
     /// replay check costs nothing in steady state).
     CdcExactlyOnce,
     /// The streaming relay with `relay.delivery = "exactly-once"` through Kafka transactions
-    /// (`relay.exactly_once = "kafka-transactions"`, `transactional.id` = the slot's name): one
+    /// (`[kafka] exactly_once = "transactions"`, `transactional.id` = the slot's name): one
     /// Kafka transaction per batch of source transactions, committed before it is confirmed.
     CdcKafkaTransactions,
     /// The polling relayer (`outbox-relay poll`), batch size 100, one worker.
@@ -134,7 +134,10 @@ impl RelayConf<'_> {
                 let mut kafka: String = self.kafka.iter().map(|(k, v)| format!("\"{k}\" = \"{v}\"\n")).collect();
                 if self.mode == Mode::CdcKafkaTransactions {
                     // One id per slot: the relays of one run never fence each other.
-                    kafka.push_str(&format!("\"transactional.id\" = \"{}\"\n", self.slot));
+                    kafka.push_str(&format!(
+                        "\"transactional.id\" = \"{}\"\nexactly_once = \"transactions\"\n",
+                        self.slot
+                    ));
                 }
                 format!("[kafka]\n\"bootstrap.servers\" = \"{}\"\n{kafka}", self.bootstrap)
             }
@@ -156,12 +159,7 @@ impl RelayConf<'_> {
         }
         match self.mode {
             Mode::CdcExactlyOnce => toml = toml.replace("[relay]\n", "[relay]\ndelivery = \"exactly-once\"\n"),
-            Mode::CdcKafkaTransactions => {
-                toml = toml.replace(
-                    "[relay]\n",
-                    "[relay]\ndelivery = \"exactly-once\"\nexactly_once = \"kafka-transactions\"\n",
-                )
-            }
+            Mode::CdcKafkaTransactions => toml = toml.replace("[relay]\n", "[relay]\ndelivery = \"exactly-once\"\n"),
             _ => {}
         }
         if let Mode::Poll { interval_ms } = self.mode {

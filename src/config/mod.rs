@@ -23,7 +23,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -283,7 +282,7 @@ impl Settings {
         let relay = file.relay.validate()?;
         let sink = file
             .sink
-            .validate(file.sink_sections, &sink::SectionContext { relay: &relay }, specs)?;
+            .validate(file.sink_sections, &sink::SectionContext::of(&relay), specs)?;
         let txn_metadata = match file.transactions {
             Some(section) => section.validate(relay.delivery)?,
             None => None,
@@ -308,20 +307,6 @@ impl Settings {
         })
     }
 
-    /// Exactly-once: the longest a takeover may wait before its first read-back — the previous
-    /// holder may hand records to the sink's client until [`RelaySettings::stale_limit`] after
-    /// its last status update, and each may wait its client queue's expiry
-    /// ([`sink::SinkSection::client_queue_expiry`]), plus a second for the client's expiry scan
-    /// (docs/reliability.md, "The frozen holder").
-    pub(crate) fn takeover_fence_max(&self) -> Duration {
-        let expiry = self
-            .sink
-            .section_dyn()
-            .client_queue_expiry()
-            .map_or(Duration::ZERO, |e| e.expiry);
-        self.relay.stale_limit() + expiry + TAKEOVER_FENCE_MARGIN
-    }
-
     /// A warning for the operator about this configuration, logged when `run` starts.
     pub fn start_warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
@@ -335,13 +320,10 @@ impl Settings {
                 ));
             }
         }
-        warnings.extend(self.sink.section_dyn().start_warnings(&self.relay));
+        warnings.extend(self.sink.section_dyn().start_warnings());
         warnings
     }
 }
-
-/// A broker client scans its queues for expired records about once a second.
-pub(crate) const TAKEOVER_FENCE_MARGIN: Duration = Duration::from_secs(1);
 
 /// The file's sections besides the sinks' own ([`FileConfig`]'s fields).
 const ROOT_SECTIONS: &[&str] = &[

@@ -47,13 +47,14 @@ pub(crate) struct RelaySection {
     pub(crate) delivery: String,
     #[serde(deserialize_with = "number_or_numeric_string")]
     pub(crate) read_back_max_records: u64,
-    /// `read-back` | `kafka-transactions` (see [`ExactlyOnceVia`]).
-    pub(crate) exactly_once: String,
+    /// Moved to `[kafka] exactly_once`: refused with a message naming the new key.
+    pub(crate) exactly_once: Option<toml::Value>,
     #[serde(deserialize_with = "number_or_numeric_string")]
     pub(crate) transaction_max_events: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
     pub(crate) transaction_max_ms: u64,
-    pub(crate) checkpoint_topic: String,
+    /// Moved to `[kafka] checkpoint_topic`: refused with a message naming the new key.
+    pub(crate) checkpoint_topic: Option<toml::Value>,
 }
 
 impl Default for RelaySection {
@@ -76,10 +77,10 @@ impl Default for RelaySection {
             dead_letter_topic: None,
             delivery: "at-least-once".into(),
             read_back_max_records: 100_000,
-            exactly_once: "read-back".into(),
+            exactly_once: None,
             transaction_max_events: 2_000,
             transaction_max_ms: 100,
-            checkpoint_topic: "outbox-relay-checkpoints".into(),
+            checkpoint_topic: None,
         }
     }
 }
@@ -114,41 +115,11 @@ pub struct RelaySettings {
     /// Exactly-once: at most this many records are read back from one partition while looking
     /// for this relay's newest record there (`relay.read_back_max_records`).
     pub(crate) read_back_max_records: usize,
-    /// `relay.exactly_once`: how exactly-once avoids republishing (only with
-    /// `delivery = "exactly-once"`).
-    pub(crate) exactly_once: ExactlyOnceVia,
-    /// Kafka transactions: a transaction is committed at the first source-transaction boundary
+    /// Sink transactions: a transaction is committed at the first source-transaction boundary
     /// once it holds this many events (`relay.transaction_max_events`)…
     pub(crate) transaction_max_events: usize,
     /// …or is this old (`relay.transaction_max_ms`), or the stream has nothing more ready.
     pub(crate) transaction_max_age: Duration,
-    /// Kafka transactions: the topic whose partition 0 carries the committed checkpoint (as the
-    /// offset of the consumer group named after `transactional.id`; `relay.checkpoint_topic`).
-    pub(crate) checkpoint_topic: String,
-}
-
-/// `[relay] exactly_once`: how `delivery = "exactly-once"` avoids publishing an event twice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum ExactlyOnceVia {
-    /// A (re)started stream reads back the tail of each partition it replays into
-    /// (`relay::resume`): any Kafka, no broker transactions.
-    #[default]
-    ReadBack,
-    /// One Kafka transaction per batch of whole source transactions, committed with a checkpoint
-    /// before their WAL position is confirmed (`relay::seal`, `sink::kafka::transactions`).
-    KafkaTransactions,
-}
-
-impl ExactlyOnceVia {
-    pub(crate) fn from_config(value: &str) -> Result<Self, String> {
-        match value {
-            "read-back" => Ok(ExactlyOnceVia::ReadBack),
-            "kafka-transactions" => Ok(ExactlyOnceVia::KafkaTransactions),
-            other => Err(format!(
-                "{other:?} is not an exactly-once strategy; use \"read-back\" (the default) or \"kafka-transactions\""
-            )),
-        }
-    }
 }
 
 impl RelaySettings {
@@ -284,25 +255,38 @@ impl RelaySection {
                 message,
             })?,
             read_back_max_records: positive("relay.read_back_max_records", self.read_back_max_records)? as usize,
-            exactly_once: ExactlyOnceVia::from_config(&self.exactly_once).map_err(|message| ConfigError::Invalid {
-                key: "relay.exactly_once",
-                message,
-            })?,
             transaction_max_events: positive("relay.transaction_max_events", self.transaction_max_events)? as usize,
             transaction_max_age: ms(positive("relay.transaction_max_ms", self.transaction_max_ms)?),
-            checkpoint_topic: self.checkpoint_topic,
         };
-        if relay.exactly_once == ExactlyOnceVia::KafkaTransactions && relay.delivery != Delivery::ExactlyOnce {
-            return Err(ConfigError::Invalid {
-                key: "relay.exactly_once",
-                message:
-                    "\"kafka-transactions\" is a way of delivering exactly once; set relay.delivery = \"exactly-once\" \
-                          too, or remove relay.exactly_once"
-                        .into(),
-            });
-        }
+        moved("relay.exactly_once", self.exactly_once.as_ref(), MOVED_EXACTLY_ONCE)?;
+        moved(
+            "relay.checkpoint_topic",
+            self.checkpoint_topic.as_ref(),
+            MOVED_CHECKPOINT_TOPIC,
+        )?;
         validate_ha(&relay)?;
         Ok(relay)
+    }
+}
+
+/// What `relay.exactly_once` became: the way a sink delivers exactly once is the sink's own
+/// setting, and only Kafka has two.
+const MOVED_EXACTLY_ONCE: &str = "moved to the Kafka section: write `exactly_once = \"transactions\"` under \
+     [kafka] (with relay.delivery = \"exactly-once\" and \"transactional.id\"), or remove the key for the read-back \
+     (the default); docs/configuration.md, [kafka]";
+/// What `relay.checkpoint_topic` became.
+const MOVED_CHECKPOINT_TOPIC: &str =
+    "moved to the Kafka section: write `checkpoint_topic = \"<topic>\"` under [kafka] \
+     (docs/configuration.md, [kafka])";
+
+/// A key that moved to another section is refused, naming where it went.
+fn moved(key: &'static str, value: Option<&toml::Value>, message: &str) -> Result<(), ConfigError> {
+    match value {
+        None => Ok(()),
+        Some(_) => Err(ConfigError::Invalid {
+            key,
+            message: message.into(),
+        }),
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::relay::{ExactlyOnceVia, RelaySettings};
+use crate::config::relay::RelaySettings;
 use crate::config::ConfigError;
 
 /// The sections of the sinks this build has, in registration order: the sink registry's
@@ -36,11 +36,28 @@ pub(crate) struct SinkTable {
     pub(crate) kind: Option<String>,
 }
 
-/// What validating a sink's section may look at besides the section itself.
+/// What validating a sink's section may look at besides the section itself — never the
+/// delivery mode: a sink says what it can do, and the relay decides (`relay/guarantee/`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SectionContext<'a> {
-    /// `[relay]`, validated (delivery mode, exactly-once strategy, dead-letter destination).
-    pub(crate) relay: &'a RelaySettings,
+    /// `relay.dead_letter_topic` when bad events go there, for a sink that checks the name on
+    /// load.
+    pub(crate) dead_letter_topic: Option<&'a str>,
+    /// `relay.status_interval_ms`: what a sink's client timeouts must leave room for.
+    pub(crate) status_interval: Duration,
+}
+
+impl<'a> SectionContext<'a> {
+    /// The context `[relay]` gives a sink's section.
+    pub(crate) fn of(relay: &'a RelaySettings) -> SectionContext<'a> {
+        SectionContext {
+            dead_letter_topic: match &relay.on_bad_event {
+                crate::config::relay::BadEventPolicy::DeadLetter { topic } => Some(topic),
+                _ => None,
+            },
+            status_interval: relay.status_interval,
+        }
+    }
 }
 
 /// The config half of a sink: its `[sink] kind`, its section, and what the generic
@@ -74,12 +91,6 @@ pub(crate) trait SinkSectionSpec: Sync {
         let _ = mode;
         Ok(())
     }
-
-    /// Whether `relay.exactly_once = "kafka-transactions"` (a sink committing records in
-    /// atomic units with the relay's checkpoint) is possible with this sink.
-    fn transactions(&self) -> bool {
-        false
-    }
 }
 
 /// A sink's section, validated: what the generic configuration reads of it. The adapter
@@ -87,18 +98,8 @@ pub(crate) trait SinkSectionSpec: Sync {
 pub(crate) trait SinkSection: std::fmt::Debug + Send + Sync + 'static {
     fn as_any(&self) -> &dyn Any;
 
-    /// How long a record handed to the broker's client may still reach the broker after the
-    /// relay handed it over (a client queue with its own expiry, like librdkafka's
-    /// `message.timeout.ms`): an exactly-once takeover waits that long for a frozen holder's
-    /// records (`relay/takeover.rs`). With `None` the sink's publisher holds nothing that
-    /// outlives it beyond its own bounded abandon; the sink then says why in `why`.
-    fn client_queue_expiry(&self) -> Option<ClientQueueExpiry> {
-        None
-    }
-
     /// Warnings about this section for the operator, logged when `run` starts.
-    fn start_warnings(&self, relay: &RelaySettings) -> Vec<String> {
-        let _ = relay;
+    fn start_warnings(&self) -> Vec<String> {
         Vec::new()
     }
 
@@ -108,14 +109,6 @@ pub(crate) trait SinkSection: std::fmt::Debug + Send + Sync + 'static {
         let _ = key;
         None
     }
-}
-
-/// A broker client's own queue expiry ([`SinkSection::client_queue_expiry`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ClientQueueExpiry {
-    pub(crate) expiry: Duration,
-    /// The setting that says so, for messages: "message.timeout.ms".
-    pub(crate) key: &'static str,
 }
 
 /// `[sink]` and the chosen sink's section, validated.
@@ -224,21 +217,6 @@ impl SinkTable {
             });
         }
         let section = spec.validate(own, cx)?;
-        if cx.relay.exactly_once == ExactlyOnceVia::KafkaTransactions && !spec.transactions() {
-            let able: Vec<String> = specs
-                .iter()
-                .filter(|s| s.transactions())
-                .map(|s| format!("\"{}\"", s.kind()))
-                .collect();
-            return Err(ConfigError::Invalid {
-                key: "relay.exactly_once",
-                message: format!(
-                    "\"kafka-transactions\" needs [sink] kind = {}, not \"{}\"; remove the key",
-                    able.join(" or "),
-                    spec.kind()
-                ),
-            });
-        }
         Ok(SinkSettings { spec, section })
     }
 }

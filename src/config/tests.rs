@@ -254,69 +254,6 @@ fn message_prefix_is_optional_but_never_empty() {
     assert!(empty.contains("outbox.message_prefix"), "{empty}");
 }
 
-#[test]
-fn exactly_once_bounds_the_message_timeout_unless_the_user_set_it() {
-    let at_least_once = load(MINIMAL, &[]).unwrap();
-    assert_eq!(
-        at_least_once.kafka().0.get("message.timeout.ms"),
-        None,
-        "librdkafka's default stays"
-    );
-    assert!(at_least_once.start_warnings().is_empty());
-    let eo = |kafka: &str| load(&format!("{MINIMAL}{kafka}[relay]\ndelivery = \"exactly-once\"\n"), &[]);
-    let s = eo("").unwrap();
-    assert_eq!(s.kafka().0["message.timeout.ms"], "10000");
-    // Stale limit 3 s + 10 s + 1 s: within the promised takeover_after_ms + 15 s.
-    assert_eq!(s.takeover_fence_max(), Duration::from_secs(14));
-    assert!(s.start_warnings().is_empty());
-    // The alias counts as set: it is not overridden.
-    let alias = eo("\"delivery.timeout.ms\" = 20000\n").unwrap();
-    assert_eq!(alias.kafka().0.get("message.timeout.ms"), None);
-    assert_eq!(alias.takeover_fence_max(), Duration::from_secs(24));
-}
-
-#[test]
-fn exactly_once_with_a_long_message_timeout_is_warned_about_and_a_tiny_one_refused() {
-    let eo = |kafka: &str| load(&format!("{MINIMAL}{kafka}[relay]\ndelivery = \"exactly-once\"\n"), &[]);
-    let long = eo("\"message.timeout.ms\" = 300000\n").unwrap();
-    let warnings = long.start_warnings();
-    assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(
-        warnings[0].contains("message.timeout.ms = 300000 ms"),
-        "{}",
-        warnings[0]
-    );
-    assert!(warnings[0].contains("waits up to 304 s"), "{}", warnings[0]);
-    assert!(warnings[0].contains("Remove message.timeout.ms"), "{}", warnings[0]);
-    assert!(eo("\"message.timeout.ms\" = 40000\n")
-        .unwrap()
-        .start_warnings()
-        .is_empty());
-    for bad in ["\"message.timeout.ms\" = 500\n", "\"message.timeout.ms\" = \"soon\"\n"] {
-        let err = eo(bad).unwrap_err().to_string();
-        assert!(
-            err.contains("message.timeout.ms") && err.contains("at least 1000"),
-            "{err}"
-        );
-    }
-    // The same timeout in at-least-once mode is the user's business.
-    assert!(load(&format!("{MINIMAL}\"message.timeout.ms\" = 500\n"), &[]).is_ok());
-}
-
-#[test]
-fn exactly_once_refuses_a_partitioner_its_read_back_cannot_follow() {
-    let eo = |kafka: &str| load(&format!("{MINIMAL}{kafka}[relay]\ndelivery = \"exactly-once\"\n"), &[]);
-    let err = eo("partitioner = \"consistent_random\"\n").unwrap_err().to_string();
-    assert!(
-        err.contains("\"consistent_random\"") && err.contains("murmur2_random") && err.contains("at-least-once"),
-        "{err}"
-    );
-    assert!(eo("partitioner = \"murmur2_random\"\n").is_ok());
-    assert!(eo("").is_ok());
-    // At-least-once reads nothing back: any partitioner is the user's business.
-    assert!(load(&format!("{MINIMAL}partitioner = \"consistent_random\"\n"), &[]).is_ok());
-}
-
 mod bad_event_props {
     use super::*;
     use crate::config::relay::BadEventPolicy;
@@ -413,53 +350,6 @@ fn config_imports_nothing_from_the_rest_of_the_crate() {
 }
 
 #[test]
-fn kafka_transactions_need_exactly_once_a_transactional_id_and_kafka() {
-    let txn = "\"transactional.id\" = \"orders-relay\"\n[relay]\ndelivery = \"exactly-once\"\nexactly_once = \"kafka-transactions\"\n";
-    let s = load(&format!("{MINIMAL}{txn}"), &[]).unwrap();
-    assert_eq!(s.relay.exactly_once, relay::ExactlyOnceVia::KafkaTransactions);
-    assert_eq!(s.relay.transaction_max_events, 2_000);
-    assert_eq!(s.relay.transaction_max_age, Duration::from_millis(100));
-    assert_eq!(s.relay.checkpoint_topic, "outbox-relay-checkpoints");
-    assert_eq!(s.kafka().0["transactional.id"], "orders-relay");
-    // The larger of the transaction default and the (exactly-once) message timeout.
-    assert_eq!(s.kafka().0["transaction.timeout.ms"], "10000");
-    assert_eq!(
-        load(MINIMAL, &[]).unwrap().relay.exactly_once,
-        relay::ExactlyOnceVia::ReadBack
-    );
-
-    let err = load(
-        &format!("{MINIMAL}[relay]\ndelivery = \"exactly-once\"\nexactly_once = \"kafka-transactions\"\n"),
-        &[],
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("needs `\"transactional.id\""), "{err}");
-    let err = load(&format!("{MINIMAL}\"transactional.id\" = \"x\"\n"), &[])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("transactional.id is only for"), "{err}");
-    let err = load(
-        &format!("{MINIMAL}\"transactional.id\" = \"x\"\n[relay]\nexactly_once = \"kafka-transactions\"\n"),
-        &[],
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("relay.exactly_once") && err.contains("delivery = \"exactly-once\""),
-        "{err}"
-    );
-    let err = load(&format!("{MINIMAL}[relay]\nexactly_once = \"transactions\"\n"), &[])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("\"kafka-transactions\""), "{err}");
-    let err = load(&format!("{MINIMAL}{txn}checkpoint_topic = \"bad topic\"\n"), &[])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("relay.checkpoint_topic"), "{err}");
-}
-
-#[test]
 fn route_templates_read_their_columns_and_exclude_the_regex_rule() {
     let s =
         super::test_support::settings("[route]\ntopic = \"${tenant}.${type}\"\nkey = \"${tenant}/${aggregate_id}\"\n");
@@ -491,4 +381,22 @@ fn route_templates_read_their_columns_and_exclude_the_regex_rule() {
     let s = super::test_support::settings("[route]\ntopic_replacement = \"outbox.event.${routedByValue}\"\n");
     assert!(s.outbox.routing_columns.is_empty() && s.router.topic.is_none());
     assert_eq!(s.router.route("Order"), "outbox.event.Order");
+}
+
+#[test]
+fn the_exactly_once_keys_that_moved_to_kafka_are_refused_naming_their_new_place() {
+    for (key, value) in [
+        ("exactly_once", "\"kafka-transactions\""),
+        ("checkpoint_topic", "\"cp\""),
+    ] {
+        let err = load(&format!("{MINIMAL}[relay]\n{key} = {value}\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("relay.{key}"))
+                && err.contains("moved to the Kafka section")
+                && err.contains("[kafka]"),
+            "{err}"
+        );
+    }
 }

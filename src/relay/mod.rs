@@ -117,7 +117,11 @@ pub(crate) async fn run(
     shutdown: watch::Receiver<bool>,
     health: Arc<RelayHealth>,
 ) -> Result<(), RelayError> {
-    for warning in settings.start_warnings() {
+    for warning in settings
+        .start_warnings()
+        .into_iter()
+        .chain(guarantee::warnings(settings))
+    {
         warn!("{warning}");
     }
     // The same check `setup` and `setup --check` make first, so they refuse what this refuses.

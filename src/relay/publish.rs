@@ -217,17 +217,6 @@ impl<'s> Publish<'s> {
         self.sink.verdict()
     }
 
-    /// Asks the sink to seal what it was handed since the previous seal (sink transactions).
-    pub(super) fn seal(&self, checkpoint: u64, label: &str) -> Result<(), RelayError> {
-        self.sink
-            .seal(checkpoint, label, DeliveryTag::seal(checkpoint))
-            .map_err(|refusal| RelayError::DeliveryFailed {
-                sink: self.settings.sink.broker_name(),
-                failure: Box::new(refusal.failure),
-                commit_lsn: Lsn(checkpoint),
-            })
-    }
-
     /// The session ends: the sink, for its abandon.
     pub(super) fn into_sink(self) -> RelaySink {
         self.sink
@@ -1055,7 +1044,7 @@ mod tests {
     }
 
     const TRANSACTIONS: &str =
-        "\"transactional.id\" = \"t\"\n[relay]\ndelivery = \"exactly-once\"\nexactly_once = \"kafka-transactions\"\n";
+        "\"transactional.id\" = \"t\"\nexactly_once = \"transactions\"\n[relay]\ndelivery = \"exactly-once\"\n";
 
     #[test]
     fn with_kafka_transactions_acknowledged_events_are_confirmed_only_once_their_transaction_committed() {

@@ -173,10 +173,7 @@ impl<'s> StreamState<'s> {
             return Ok(());
         }
         let nothing_ready = nothing_ready || self.budget_full();
-        match self.guarantee.seal_due(nothing_ready, std::time::Instant::now()) {
-            Some(seal) => self.publish.seal(seal.checkpoint, &seal.label),
-            None => Ok(()),
-        }
+        self.guarantee.seal_if_due(nothing_ready, std::time::Instant::now())
     }
 
     pub(crate) fn status_interval(&self) -> std::time::Duration {
@@ -501,7 +498,7 @@ pub(crate) mod test_support {
         let parts = Parts {
             decoder: Decoder::default(),
             sink: Box::new(sink),
-            guarantee: crate::relay::guarantee::test_support::chosen_for(settings, start),
+            guarantee: crate::relay::guarantee::test_support::chosen_for(settings, start, &handle),
             liveness: Liveness::new(&settings.relay, std::time::Duration::ZERO),
             start,
             suspects,

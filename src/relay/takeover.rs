@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Settings;
 use crate::ops::units::utc_from_system_time;
+use crate::sink::ClientQueueExpiry;
 
 /// What this process saw of the slot's previous holder while it stood by.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -66,9 +67,10 @@ impl Predecessor {
     /// Only a read-back guarantee asks for one: a broker that deduplicates (NATS JetStream,
     /// Redis here) drops the old holder's late copies itself, within its deduplication window
     /// (docs/sink-nats.md, docs/sink-redis.md), and a sink transaction fences the old producer.
-    pub(crate) fn fence(&self, settings: &Settings, now: Instant) -> Option<Fence> {
-        // A read-back sink whose client keeps no queue of its own has nothing to wait for.
-        let expiry = settings.sink.section_dyn().client_queue_expiry()?;
+    /// `expiry`: how long the sink's client may still send what it was handed (`None`: it keeps
+    /// no queue of its own, so there is nothing to wait for).
+    pub(crate) fn fence(&self, settings: &Settings, expiry: Option<ClientQueueExpiry>, now: Instant) -> Option<Fence> {
+        let expiry = expiry?;
         let Predecessor::Seen {
             last_reply,
             seen_at,
@@ -81,7 +83,8 @@ impl Predecessor {
         if !terminated && silent_at_last_look <= settings.relay.status_interval * 2 {
             return None;
         }
-        let until = last_reply + settings.takeover_fence_max();
+        let max = fence_max(settings, expiry);
+        let until = last_reply + max;
         let wait = until.checked_duration_since(now).filter(|w| !w.is_zero())?;
         let why = if terminated {
             "terminated its walsender"
@@ -96,13 +99,24 @@ impl Predecessor {
                  queued in the broker's client land or expire {} s after its last status update (relay stale limit \
                  {} s + {} {} ms + 1 s)",
                 silent_at_last_look.as_secs_f64(),
-                settings.takeover_fence_max().as_secs(),
+                max.as_secs(),
                 settings.relay.stale_limit().as_secs(),
                 expiry.key,
                 expiry.expiry.as_millis(),
             ),
         })
     }
+}
+
+/// A broker client scans its queues for expired records about once a second.
+const FENCE_MARGIN: Duration = Duration::from_secs(1);
+
+/// The longest a takeover may wait before its first read-back: the previous holder may hand
+/// records to the sink's client until [`RelaySettings::stale_limit`] after its last status
+/// update, and each may wait its client queue's `expiry`, plus a second for the client's expiry
+/// scan (docs/reliability.md, "The frozen holder").
+pub(crate) fn fence_max(settings: &Settings, expiry: ClientQueueExpiry) -> Duration {
+    settings.relay.stale_limit() + expiry.expiry + FENCE_MARGIN
 }
 
 /// No read-back before `until`: the previous holder's queued records land or expire by then.
@@ -135,26 +149,30 @@ mod tests {
         settings("[relay]\ndelivery = \"exactly-once\"\ntakeover_after_ms = 3000\n")
     }
 
+    /// The default sink's (Kafka's exactly-once producer's) queue expiry.
+    fn expiry(s: &Settings) -> Option<ClientQueueExpiry> {
+        match crate::sink::exactly_once(s) {
+            crate::sink::ExactlyOnce::ReadBack(sink) => sink.queue_expiry(),
+            other => panic!("the default sink reads back, not {other:?}"),
+        }
+    }
+
     #[test]
     fn a_fresh_process_and_a_holder_that_closed_its_own_connection_wait_for_nothing() {
         let s = exactly_once();
         let now = Instant::now();
-        assert_eq!(Predecessor::None.fence(&s, now), None);
+        assert_eq!(Predecessor::None.fence(&s, expiry(&s), now), None);
         let mut p = Predecessor::None;
         // Replied 0.5 s before the last look, then its walsender went away (crash or clean stop).
         p.observe(Some(Duration::from_millis(500)), now);
-        assert_eq!(p.fence(&s, now + Duration::from_secs(2)), None);
+        assert_eq!(p.fence(&s, expiry(&s), now + Duration::from_secs(2)), None);
     }
 
     #[test]
     fn a_terminated_holder_is_fenced_from_its_last_reply() {
         let s = exactly_once();
         assert_eq!(
-            s.sink
-                .section_dyn()
-                .client_queue_expiry()
-                .map(|e| e.expiry)
-                .unwrap_or_default(),
+            expiry(&s).map(|e| e.expiry).unwrap_or_default(),
             Duration::from_secs(10),
             "exactly-once bounds it"
         );
@@ -162,13 +180,13 @@ mod tests {
         let mut p = Predecessor::None;
         p.observe(Some(Duration::from_secs(4)), now);
         p.terminated();
-        let f = p.fence(&s, now).expect("fenced");
+        let f = p.fence(&s, expiry(&s), now).expect("fenced");
         // Last reply 4 s ago; 3 s stale limit + 10 s + 1 s after it.
         assert_eq!(f.until, now - Duration::from_secs(4) + Duration::from_secs(14));
         assert!(f.reason.contains("silent for 4.0 s"), "{}", f.reason);
         assert!(f.describe(now).contains("10.0 s left"), "{}", f.describe(now));
         // A fence already past is no fence.
-        assert_eq!(p.fence(&s, now + Duration::from_secs(11)), None);
+        assert_eq!(p.fence(&s, expiry(&s), now + Duration::from_secs(11)), None);
     }
 
     #[test]
@@ -177,7 +195,7 @@ mod tests {
         let now = Instant::now() + Duration::from_secs(100);
         let mut p = Predecessor::None;
         p.observe(Some(Duration::from_secs(3)), now);
-        assert!(p.fence(&s, now).is_some());
+        assert!(p.fence(&s, expiry(&s), now).is_some());
     }
 
     #[test]
@@ -187,6 +205,9 @@ mod tests {
         let mut p = Predecessor::None;
         p.observe(None, now);
         p.terminated();
-        assert_eq!(p.fence(&s, now).map(|f| f.until), Some(now + Duration::from_secs(14)));
+        assert_eq!(
+            p.fence(&s, expiry(&s), now).map(|f| f.until),
+            Some(now + Duration::from_secs(14))
+        );
     }
 }

@@ -226,6 +226,10 @@ pub(crate) struct DriverOptions {
     /// A record that waited longer than this in the queue is not sent (`Transient`): a
     /// process frozen this long may have been replaced by a standby that replays.
     pub(crate) max_queue_wait: Option<Duration>,
+    /// The same for a record carrying a deduplication key: a broker deduplicates only within
+    /// its window, so what a frozen process still queues must not go out after the window
+    /// closed on a copy a standby sent meanwhile.
+    pub(crate) dedup_queue_wait: Option<Duration>,
     /// How long a driver dropped without [`Sink::abandon`] waits for replies on the wire.
     pub(crate) drop_wait: Duration,
 }
@@ -302,6 +306,8 @@ struct Item<Request, Tag> {
     key: KeyHash,
     size: usize,
     queued_at: Instant,
+    /// It carries a deduplication key ([`DriverOptions::dedup_queue_wait`]).
+    deduplicated: bool,
 }
 
 /// A record on the wire, by its sequence number.
@@ -414,6 +420,7 @@ impl<P: Protocol, Tag: Send + Sync + 'static> Sink<Tag> for DriverSink<P, Tag> {
                 key: KeyHash::of(&record.key),
                 size: record.size(),
                 queued_at: Instant::now(),
+                deduplicated: dedup_key.is_some(),
             })
             .map_err(|e| {
                 let cause = format!("the {} sink has stopped", self.protocol.name());
@@ -673,7 +680,11 @@ where
             return false;
         }
         let waited = item.queued_at.elapsed();
-        if self.options.max_queue_wait.is_some_and(|max| waited > max) {
+        let max_wait = match item.deduplicated {
+            true => self.options.dedup_queue_wait.or(self.options.max_queue_wait),
+            false => self.options.max_queue_wait,
+        };
+        if max_wait.is_some_and(|max| waited > max) {
             let cause = format!(
                 "not sent: it waited {} ms in the queue, more than the reply timeout",
                 waited.as_millis()
@@ -1020,6 +1031,7 @@ mod tests {
             max_in_flight_bytes: 64 * 1024 * 1024,
             reply_timeout: Some(Duration::from_secs(5)),
             max_queue_wait: None,
+            dedup_queue_wait: None,
             drop_wait: Duration::from_secs(1),
         }
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{Completion, Completions, FailureKind, Refusal, Sink, SinkFailure, SinkRecord};
+use super::{Completion, Completions, FailureKind, Refusal, Sealer, Sink, SinkFailure, SinkRecord};
 
 /// A record as the sink received it, owning its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,8 +128,15 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
         let stored = state.stored.len();
         state.released.push((key.to_vec(), stored));
     }
+}
 
-    /// Completed, like a record, when the test delivers it (after the records before it).
+/// The memory sink's [`Sealer`]: a seal is completed, like a record, when the test delivers it
+/// (after the records before it).
+pub(crate) struct MemorySealer<Tag> {
+    state: Arc<Mutex<State<Tag>>>,
+}
+
+impl<Tag: Send + 'static> Sealer<Tag> for MemorySealer<Tag> {
     fn seal(&self, checkpoint: u64, _label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
         let mut state = self.state.lock().unwrap();
         state.seals.push(checkpoint);
@@ -139,6 +146,13 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
 }
 
 impl<Tag> MemoryHandle<Tag> {
+    /// A sealer of the sink's records (sink transactions).
+    pub(crate) fn sealer(&self) -> MemorySealer<Tag> {
+        MemorySealer {
+            state: Arc::clone(&self.state),
+        }
+    }
+
     /// Every record the sink took, in order.
     pub(crate) fn stored(&self) -> Vec<Stored> {
         self.state.lock().unwrap().stored.clone()

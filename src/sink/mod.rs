@@ -22,10 +22,9 @@
 //! Each kind of sink is a [`plugin::SinkPlugin`] in its own folder, listed once in
 //! [`registry`]; this module's functions ([`limits`], [`prepare`], [`probe`], [`exactly_once`],
 //! [`create`], …) answer for whichever sink is configured, through the registry, without naming
-//! any. A request/response sink runs on the shared [`driver`] (RabbitMQ does, one message per
-//! key on the wire; NATS and Redis keep their own publishers for now: on the driver, NATS
-//! drained 35-40 % slower, its per-request reply futures costing what its single PubAck
-//! subscription saves).
+//! any. A request/response sink runs on the shared [`driver`]. What a sink can do for
+//! exactly-once delivery is a value it declares ([`exactly_once`]); a sink is never told the
+//! delivery mode.
 //!
 //! Adding a sink: a folder `src/sink/<name>/` with the plugin and its section `[<name>]`
 //! (`config.rs`), and one line in the registry (docs/architecture.md, "Adding a sink").
@@ -33,6 +32,7 @@
 pub(crate) mod aws;
 pub(crate) mod batch;
 pub(crate) mod driver;
+pub(crate) mod exactly_once;
 pub(crate) mod fence;
 pub(crate) mod kafka;
 #[cfg(test)]
@@ -50,12 +50,15 @@ pub(crate) mod webhook;
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use crate::config::Settings;
+pub use exactly_once::ReadBackError;
+pub(crate) use exactly_once::{
+    ClientQueueExpiry, ExactlyOnce, HeaderGet, ReadBackReader, ReadBackSource, Sealer, Seen, Transactional,
+};
 use plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 pub use refusal::StartRefusal;
 use registry::Visit;
@@ -241,32 +244,13 @@ pub struct SinkError {
     pub(crate) transient: bool,
 }
 
-/// How `relay.delivery = "exactly-once"` avoids republishing what a sink already holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ExactlyOnce {
-    /// The relay reads back the tail of each partition it replays into and skips the positions
-    /// it finds there (Kafka: `relay/resume.rs`).
-    ReadBack,
-    /// The broker drops a record whose deduplication key ([`Sink::send`]'s `dedup_key`) it has
-    /// seen within its window; the relay sends every replayed record.
-    BrokerDeduplicates,
-    /// The sink commits the records handed over between two [`Sink::seal`]s as one atomic unit
-    /// together with the caller's checkpoint, fencing every earlier producer of its identity when
-    /// it is created ([`Sink::checkpoint`] then says where the last unit ended); the caller
-    /// counts nothing of a unit as delivered before its seal succeeded (Kafka transactions:
-    /// `relay/seal.rs`, `kafka/transactions.rs`).
-    Transactions,
-    /// Not possible with this sink: the reason, for the config error.
-    Unsupported(&'static str),
-}
-
 /// One publish interface for every broker. `send` never blocks: the sink queues the record
 /// and reports its outcome later as a [`Completion`].
 pub(crate) trait Sink<Tag>: Send + Sync {
-    /// Hands over one record; `extra` headers follow the record's own (the relay's source
-    /// position in exactly-once mode). `dedup_key` (exactly-once mode) names the record's
-    /// source position uniquely; a sink whose broker deduplicates ([`ExactlyOnce`]) gives it to
-    /// the broker, the others ignore it.
+    /// Hands over one record; `extra` headers follow the record's own (the caller's source
+    /// position, where its delivery guarantee writes one). `dedup_key`, when the caller gives
+    /// one, names the record's source position uniquely; a sink whose broker deduplicates
+    /// ([`ExactlyOnce::BrokerDeduplicates`]) gives it to the broker, the others ignore it.
     fn send(
         &self,
         record: &SinkRecord<'_>,
@@ -297,28 +281,6 @@ pub(crate) trait Sink<Tag>: Send + Sync {
     /// with this error (not transient: an operator must fix the configuration), nothing
     /// confirmed past what was acknowledged. `None` while the broker may still answer.
     fn verdict(&self) -> Option<SinkError> {
-        None
-    }
-
-    /// [`ExactlyOnce::Transactions`]: commits every record handed over since the previous seal,
-    /// together with `checkpoint` (the caller's position of the last of them; `label` says it to
-    /// people), as one atomic unit, and reports the outcome as one [`Completion`] carrying `tag`
-    /// (after the completions of those records). The caller hands nothing over until that
-    /// completion arrived. A failure is [`FailureKind::Transient`]: the unit was aborted (or its
-    /// producer fenced) and none of it is visible to `read_committed` consumers. Other sinks
-    /// refuse at once.
-    fn seal(&self, checkpoint: u64, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
-        let _ = (checkpoint, label);
-        Err(Refusal::transient(
-            tag,
-            "this sink does not commit records in units".into(),
-        ))
-    }
-
-    /// [`ExactlyOnce::Transactions`]: the checkpoint the last successful [`Sink::seal`] of this
-    /// sink's identity stored, read after this sink fenced every earlier producer of that
-    /// identity (so no earlier unit can still commit). `None`: none yet, or not such a sink.
-    fn checkpoint(&self) -> Option<u64> {
         None
     }
 }
@@ -383,17 +345,17 @@ pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
         .await
 }
 
-/// How the configured sink supports exactly-once delivery.
+/// What the configured sink can do for exactly-once delivery (its plugin's answer).
 pub(crate) fn exactly_once(settings: &Settings) -> ExactlyOnce {
-    struct Strategy(SinkContext);
-    impl<'a> Visit<'a> for Strategy {
+    struct Capability;
+    impl<'a> Visit<'a> for Capability {
         type Output = ExactlyOnce;
         fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> ExactlyOnce {
-            plugin.exactly_once(config, &self.0)
+            plugin.exactly_once(config)
         }
     }
-    registry::visit(&settings.sink, Strategy(SinkContext::of(settings, 0))).unwrap_or(ExactlyOnce::Unsupported(
-        "no sink plugin is registered for the configured kind",
+    registry::visit(&settings.sink, Capability).unwrap_or(ExactlyOnce::Unsupported(
+        "no sink plugin is registered for the configured kind".into(),
     ))
 }
 
@@ -437,181 +399,6 @@ pub(crate) fn client_log_targets() -> Vec<ClientLogTarget> {
     targets.0
 }
 
-/// A record's headers by name, as a read-back sees them.
-pub(crate) trait HeaderGet {
-    /// The value of the first header called `name` (`None`: absent or null).
-    fn get(&self, name: &str) -> Option<&[u8]>;
-}
-
-/// What reading back one partition found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Tail<P> {
-    /// Every position of the caller's records at or above the floor, from the partition's end
-    /// back to its first record below the floor (or the partition's start).
-    pub(crate) positions: std::collections::BTreeSet<P>,
-    pub(crate) records_read: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReadBackError {
-    #[error("reading back the tail of {topic} partition {partition} failed: {cause}")]
-    Broker {
-        topic: String,
-        partition: i32,
-        cause: String,
-    },
-    #[error("reading back the tail of {topic} partition {partition} timed out after {timeout_ms} ms")]
-    Timeout {
-        topic: String,
-        partition: i32,
-        timeout_ms: u64,
-    },
-    #[error(
-        "read back {read} records of {topic} partition {partition} (offsets {from}..{high}) without reaching \
-         this relay's records from before the replay, so which events the broker already holds is unknown; raise \
-         relay.read_back_max_records (now {max}) or restart once with relay.delivery = \"at-least-once\" \
-         (which may publish the replayed events twice)"
-    )]
-    BoundHit {
-        topic: String,
-        partition: i32,
-        read: u64,
-        from: i64,
-        high: i64,
-        max: u64,
-    },
-}
-
-impl ReadBackError {
-    /// Only the bound is the operator's to change; everything else is the cluster's and passes.
-    pub(crate) fn is_transient(&self) -> bool {
-        !matches!(self, ReadBackError::BoundHit { .. })
-    }
-}
-
-/// Whether a record a read-back met is one of the caller's, and where it stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Seen {
-    /// The caller's, at or above the floor: kept.
-    Kept,
-    /// The caller's, below the floor: everything after it was read.
-    Below,
-    /// Not the caller's.
-    Foreign,
-}
-
-/// A sink's reader of what it stored ([`ExactlyOnce::ReadBack`]), made by its plugin. Every
-/// call blocks, bounded by the reader's timeout.
-pub(crate) trait ReadBackReader: Send {
-    /// The topic's partition count (`None`: no such topic).
-    fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError>;
-
-    /// Shows `seen` the partition's records from its end back to the first one `seen` calls
-    /// [`Seen::Below`] (or the partition's start); returns how many records it read.
-    fn scan(
-        &self,
-        topic: &str,
-        partition: i32,
-        seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
-    ) -> Result<u64, ReadBackError>;
-}
-
-/// What opening a sink's [`ReadBackReader`] needs, from its plugin.
-pub(crate) trait ReadBackSource: std::fmt::Debug + Send + Sync {
-    /// Where the sink's producer places a record keyed `key` among `count` partitions
-    /// (`None`: not computable; then it is not checked).
-    fn partition_for(&self, key: &[u8], count: i32) -> Option<i32>;
-
-    /// Opens a reader. Blocks.
-    fn open(&self, timeout: Duration, max_records: usize) -> Result<Box<dyn ReadBackReader>, ReadBackError>;
-}
-
-/// What opening a [`ReadBack`] needs, cheap to clone and send to the thread that reads.
-#[derive(Debug, Clone)]
-pub(crate) struct ReadBackSpec(Option<Arc<dyn ReadBackSource>>);
-
-impl ReadBackSpec {
-    /// The spec of a sink that reads back through `source`.
-    pub(crate) fn from_source(source: Arc<dyn ReadBackSource>) -> ReadBackSpec {
-        ReadBackSpec(Some(source))
-    }
-
-    pub(crate) fn of(settings: &Settings) -> ReadBackSpec {
-        struct Spec;
-        impl<'a> Visit<'a> for Spec {
-            type Output = Option<ReadBackSpec>;
-            fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
-                plugin.read_back(config)
-            }
-        }
-        if exactly_once(settings) != ExactlyOnce::ReadBack {
-            return ReadBackSpec(None);
-        }
-        registry::visit(&settings.sink, Spec)
-            .flatten()
-            .unwrap_or(ReadBackSpec(None))
-    }
-
-    /// Where the sink's producer places a record keyed `key` among `count` partitions, so the
-    /// read-back looks where the record went (`None`: not computable; then it is not checked).
-    pub(crate) fn partition_for(&self, key: &[u8], count: i32) -> Option<i32> {
-        self.0.as_ref().and_then(|s| s.partition_for(key, count))
-    }
-
-    /// Opens a reader. Blocks.
-    pub(crate) fn open(&self, timeout: Duration, max_records: usize) -> Result<ReadBack, ReadBackError> {
-        match &self.0 {
-            Some(source) => source.open(timeout, max_records).map(ReadBack),
-            None => Err(ReadBackError::Broker {
-                topic: "(none)".into(),
-                partition: -1,
-                cause: "this sink deduplicates on the broker and reads nothing back".into(),
-            }),
-        }
-    }
-}
-
-/// Exactly-once by read-back ([`ExactlyOnce::ReadBack`]): reads what the sink stored. Every
-/// call blocks, bounded by the reader's timeout: run it on a thread of its own.
-pub(crate) struct ReadBack(Box<dyn ReadBackReader>);
-
-impl ReadBack {
-    /// The read-back of a sink's own reader.
-    #[cfg(test)]
-    pub(crate) fn of_reader(reader: Box<dyn ReadBackReader>) -> ReadBack {
-        ReadBack(reader)
-    }
-
-    /// The topic's partition count (`None`: no such topic).
-    pub(crate) fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
-        self.0.partition_count(topic)
-    }
-
-    /// The positions `own` finds in the headers of the partition's records at or above `floor`,
-    /// reading back from the partition's end until a record of the caller's below `floor`.
-    pub(crate) fn own_since<P: Ord>(
-        &self,
-        topic: &str,
-        partition: i32,
-        floor: &P,
-        own: impl Fn(&dyn HeaderGet) -> Option<P>,
-    ) -> Result<Tail<P>, ReadBackError> {
-        let mut positions = std::collections::BTreeSet::new();
-        let records_read = self.0.scan(topic, partition, &mut |headers| match own(headers) {
-            Some(p) if p >= *floor => {
-                positions.insert(p);
-                Seen::Kept
-            }
-            Some(_) => Seen::Below,
-            None => Seen::Foreign,
-        })?;
-        Ok(Tail {
-            positions,
-            records_read,
-        })
-    }
-}
-
 /// Creates the configured sink (connecting, where the broker needs a connection); `max_in_flight`
 /// is the caller's budget, which the sink's own queue must never refuse. Called inside a tokio
 /// runtime, whose tasks an adapter may use for its I/O.
@@ -619,46 +406,87 @@ pub(crate) async fn create<Tag: Send + Sync + 'static>(
     settings: &Settings,
     max_in_flight: usize,
 ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-    create_with(settings, max_in_flight, false).await
+    create_with(settings, max_in_flight, Purpose::Plain).await
 }
 
-/// The relay's sink: [`create`], except that with [`ExactlyOnce::Transactions`] it is the
-/// sealing one, which fences earlier producers of its identity and reads the checkpoint
-/// before it returns.
-pub(crate) async fn create_for_relay<Tag: Send + Sync + 'static>(
+/// [`create`] for a guarantee that hands the broker deduplication keys: the sink as its
+/// [`ExactlyOnce::BrokerDeduplicates`] answer promised it.
+pub(crate) async fn create_deduplicating<Tag: Send + Sync + 'static>(
     settings: &Settings,
     max_in_flight: usize,
 ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-    let sealing = exactly_once(settings) == ExactlyOnce::Transactions
-        && settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce;
-    create_with(settings, max_in_flight, sealing).await
+    create_with(settings, max_in_flight, Purpose::Deduplicating).await
+}
+
+/// [`create`] for a read-back guarantee: the sink as its [`ExactlyOnce::ReadBack`] answer
+/// promised it (Kafka: a producer whose queued records expire in the time its read-back source
+/// names).
+pub(crate) async fn create_read_back<Tag: Send + Sync + 'static>(
+    settings: &Settings,
+    max_in_flight: usize,
+) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    create_with(settings, max_in_flight, Purpose::ReadBack).await
+}
+
+/// The transactional sink of [`ExactlyOnce::Transactions`], which fences earlier producers of
+/// its identity and reads the checkpoint before it returns: create it only once the caller is
+/// the one that may write (a holder must never fence the one that holds the slot).
+pub(crate) async fn create_transactional<Tag: Send + Sync + 'static>(
+    settings: &Settings,
+    max_in_flight: usize,
+) -> Result<Transactional<Tag>, SinkError> {
+    struct Create<Tag> {
+        cx: SinkContext,
+        tag: std::marker::PhantomData<fn() -> Tag>,
+    }
+    impl<'a, Tag: Send + Sync + 'static> Visit<'a> for Create<Tag> {
+        type Output = Pending<'a, Result<Transactional<Tag>, SinkError>>;
+        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
+            Box::pin(async move { plugin.create_transactional(config, &self.cx).await })
+        }
+    }
+    let visitor = Create {
+        cx: SinkContext::of(settings, max_in_flight),
+        tag: std::marker::PhantomData,
+    };
+    registry::visit(&settings.sink, visitor)
+        .ok_or_else(|| unregistered(settings))?
+        .await
+}
+
+/// Which of a plugin's constructors [`create_with`] calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Plain,
+    Deduplicating,
+    ReadBack,
 }
 
 async fn create_with<Tag: Send + Sync + 'static>(
     settings: &Settings,
     max_in_flight: usize,
-    sealing: bool,
+    purpose: Purpose,
 ) -> Result<SinkWithCompletions<Tag>, SinkError> {
     struct Create<Tag> {
         cx: SinkContext,
-        sealing: bool,
+        purpose: Purpose,
         tag: std::marker::PhantomData<fn() -> Tag>,
     }
     impl<'a, Tag: Send + Sync + 'static> Visit<'a> for Create<Tag> {
         type Output = Pending<'a, Result<SinkWithCompletions<Tag>, SinkError>>;
         fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
             Box::pin(async move {
-                if self.sealing {
-                    plugin.create_sealing(config, &self.cx).await
-                } else {
-                    plugin.create(config, &self.cx).await
+                match self.purpose {
+                    Purpose::Plain => plugin.create(config, &self.cx).await,
+                    Purpose::Deduplicating => plugin.create_deduplicating(config, &self.cx).await,
+                    Purpose::ReadBack => plugin.create_read_back(config, &self.cx).await,
                 }
             })
         }
     }
     let visitor = Create {
         cx: SinkContext::of(settings, max_in_flight),
-        sealing,
+        purpose,
         tag: std::marker::PhantomData,
     };
     registry::visit(&settings.sink, visitor)

@@ -5,25 +5,20 @@
 //!
 //! Invariant: a plugin sees only its own validated section (its `src/sink/<name>/config.rs` type,
 //! [`SinkPlugin::Config`]) and a [`SinkContext`] of what it truly needs from the rest of the
-//! configuration — never the whole `Settings`.
+//! configuration — never the whole `Settings`, and never the delivery mode: it declares what it
+//! can do for exactly-once delivery ([`SinkPlugin::exactly_once`]) and the relay chooses.
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::relay::{Delivery, ExactlyOnceVia};
 use crate::config::sink::{SinkSection, SinkSectionSpec};
 use crate::config::Settings;
-use crate::sink::{ExactlyOnce, ReadBackSpec, SinkError, SinkLimits, SinkWithCompletions};
+use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions, Transactional};
 
 /// What a sink may know of the rest of the configuration.
 #[derive(Debug, Clone)]
 pub(crate) struct SinkContext {
-    /// `relay.delivery`.
-    pub(crate) delivery: Delivery,
-    /// `relay.exactly_once`: how exactly-once is wanted (only meaningful with
-    /// [`Delivery::ExactlyOnce`]).
-    pub(crate) exactly_once: ExactlyOnceVia,
     /// The caller's in-flight budget (records handed over and not completed), which the sink's
     /// own queue must never refuse. Zero where the caller sends nothing (`setup`, `status`).
     pub(crate) max_in_flight: usize,
@@ -36,21 +31,16 @@ pub(crate) struct SinkContext {
     pub(crate) cloudevents: Option<CloudEventsMode>,
     /// `relay.connect_timeout`: how long a blocking start-up step may take.
     pub(crate) connect_timeout: Duration,
-    /// `relay.checkpoint_topic`: where a sink committing in units keeps the checkpoint.
-    pub(crate) checkpoint_topic: String,
 }
 
 impl SinkContext {
     /// The context of `settings` for a caller whose budget is `max_in_flight` records.
     pub(crate) fn of(settings: &Settings, max_in_flight: usize) -> SinkContext {
         SinkContext {
-            delivery: settings.relay.delivery,
-            exactly_once: settings.relay.exactly_once,
             max_in_flight,
             max_in_flight_bytes: settings.relay.max_in_flight_bytes,
             cloudevents: settings.cloudevents.as_ref().map(|ce| ce.mode),
             connect_timeout: settings.relay.connect_timeout,
-            checkpoint_topic: settings.relay.checkpoint_topic.clone(),
         }
     }
 }
@@ -95,8 +85,9 @@ pub(crate) trait SinkPlugin: Sync + 'static {
     /// is sent. Each routed destination and each record is checked against it.
     fn limits(&self, config: &Self::Config) -> SinkLimits;
 
-    /// How the sink supports `relay.delivery = "exactly-once"` with this configuration.
-    fn exactly_once(&self, config: &Self::Config, cx: &SinkContext) -> ExactlyOnce;
+    /// What the sink can do for exactly-once delivery with this configuration (a value; the
+    /// relay chooses the strategy: `relay/guarantee/`).
+    fn exactly_once(&self, config: &Self::Config) -> ExactlyOnce;
 
     /// What `setup` does for the sink (create or check what it needs: a stream, an exchange);
     /// one line per thing done or found, for the report.
@@ -113,14 +104,35 @@ pub(crate) trait SinkPlugin: Sync + 'static {
         cx: &SinkContext,
     ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send;
 
-    /// [`ExactlyOnce::Transactions`]: the sink that commits in units together with the
-    /// relay's checkpoint, fencing earlier producers of its identity before it returns. Only
-    /// called when [`SinkPlugin::exactly_once`] says `Transactions`; others refuse.
-    fn create_sealing<Tag: Send + Sync + 'static>(
+    /// [`ExactlyOnce::BrokerDeduplicates`]: the sink ready to hand its broker the records'
+    /// deduplication keys (Redis: with its dedup script loaded); by default the plain one.
+    fn create_deduplicating<Tag: Send + Sync + 'static>(
         &self,
         config: &Self::Config,
         cx: &SinkContext,
     ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send {
+        self.create(config, cx)
+    }
+
+    /// [`ExactlyOnce::ReadBack`]: the sink as its read-back source promised it (a client queue
+    /// that expires in the time [`crate::sink::ReadBackSource::queue_expiry`] names); by default
+    /// the plain one.
+    fn create_read_back<Tag: Send + Sync + 'static>(
+        &self,
+        config: &Self::Config,
+        cx: &SinkContext,
+    ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send {
+        self.create(config, cx)
+    }
+
+    /// [`ExactlyOnce::Transactions`]: the sink that commits in units together with the
+    /// caller's checkpoint, fencing earlier producers of its identity before it returns. Only
+    /// called when [`SinkPlugin::exactly_once`] says `Transactions`; others refuse.
+    fn create_transactional<Tag: Send + Sync + 'static>(
+        &self,
+        config: &Self::Config,
+        cx: &SinkContext,
+    ) -> impl Future<Output = Result<Transactional<Tag>, SinkError>> + Send {
         let _ = (config, cx);
         let sink = self.spec().name();
         async move {
@@ -130,11 +142,5 @@ pub(crate) trait SinkPlugin: Sync + 'static {
                 transient: false,
             })
         }
-    }
-
-    /// [`ExactlyOnce::ReadBack`]: what opening a reader of the sink's stored records needs.
-    fn read_back(&self, config: &Self::Config) -> Option<ReadBackSpec> {
-        let _ = config;
-        None
     }
 }

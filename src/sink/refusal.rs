@@ -28,7 +28,7 @@ pub enum StartRefusal {
         "relay.delivery = \"exactly-once\" is not possible with [sink] kind = \"{sink}\": {reason}. Set \
          relay.delivery = \"at-least-once\" (consumers deduplicate on the id header)"
     )]
-    ExactlyOnceUnsupported { sink: &'static str, reason: &'static str },
+    ExactlyOnceUnsupported { sink: &'static str, reason: String },
 }
 
 /// The first thing about `settings` the relay refuses to run with, if any.
@@ -45,7 +45,7 @@ pub(crate) fn refusal(settings: &Settings) -> Result<(), StartRefusal> {
     {
         return Err(StartRefusal::ExactlyOnceUnsupported {
             sink: settings.sink.label(),
-            reason,
+            reason: reason.into_owned(),
         });
     }
     Ok(())

@@ -126,6 +126,7 @@ impl Requests {
             max_in_flight_bytes: cx.max_in_flight_bytes,
             reply_timeout: None,
             max_queue_wait: None,
+            dedup_queue_wait: None,
             drop_wait: self.timeout,
         }
     }

@@ -648,8 +648,8 @@ async fn bad_rows_db_in(kafka: &KafkaNs, policy: &str, mode: BadRowMode) -> (Cli
     if mode == BadRowMode::KafkaTransactions {
         config = config
             .set("relay", "delivery", "exactly-once")
-            .set("relay", "exactly_once", "kafka-transactions")
-            .set("relay", "checkpoint_topic", kafka.topic("checkpoints"))
+            .set("kafka", "exactly_once", "transactions")
+            .set("kafka", "checkpoint_topic", kafka.topic("checkpoints"))
             .kafka("transactional.id", &unique_name("txn"));
     }
     if policy == "dead-letter" {

@@ -1,4 +1,4 @@
-//! `relay.exactly_once = "kafka-transactions"` on the real broker: one Kafka transaction per
+//! `[kafka] exactly_once = "transactions"` on the real broker: one Kafka transaction per
 //! batch of whole source transactions, committed with the checkpoint before the WAL position is
 //! confirmed; a standby's `init_transactions` fences a frozen holder (docs/reliability.md,
 //! "Exactly-once: read-back or Kafka transactions").
@@ -37,8 +37,8 @@ fn with_strategy(config: RelayConfig, kafka: &KafkaNs, strategy: Strategy) -> Re
     match strategy {
         Strategy::ReadBack => config,
         Strategy::Transactions => config
-            .set("relay", "exactly_once", "kafka-transactions")
-            .set("relay", "checkpoint_topic", kafka.topic("checkpoints"))
+            .set("kafka", "exactly_once", "transactions")
+            .set("kafka", "checkpoint_topic", kafka.topic("checkpoints"))
             .kafka("transactional.id", &unique_name("txn")),
     }
 }

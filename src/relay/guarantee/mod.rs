@@ -34,7 +34,7 @@ use super::takeover::Predecessor;
 use crate::config::relay::Delivery;
 use crate::config::Settings;
 use crate::postgres::lsn::Lsn;
-use crate::sink::{ExactlyOnce, Sink, SinkFailure, SinkWithCompletions};
+use crate::sink::{ExactlyOnce, Sink, SinkError, SinkFailure, SinkWithCompletions};
 
 #[cfg(test)]
 pub(crate) use position::{HEADER_COMMIT_LSN, HEADER_INDEX, HEADER_SOURCE};
@@ -64,14 +64,6 @@ pub(crate) struct Bound<'a> {
 pub(crate) struct Stamp<'b> {
     pub(crate) headers: Option<[(&'static str, &'b [u8]); 3]>,
     pub(crate) dedup_key: Option<String>,
-}
-
-/// A seal the strategy wants the sink to make now: commit what was handed over since the
-/// previous one, with `checkpoint` (`label` says it to people).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Seal {
-    pub(crate) checkpoint: u64,
-    pub(crate) label: String,
 }
 
 /// An answer to a strategy's own background work (a read-back), for [`Guarantee::on_answer`].
@@ -126,11 +118,11 @@ pub(crate) trait Guarantee: Send {
         durability.committed_unconfirmed_events() >= max_in_flight
     }
 
-    /// At a source-transaction boundary: the seal to make now, if one is due; `nothing_ready`:
-    /// the stream has nothing more to send at once.
-    fn seal_due(&mut self, nothing_ready: bool, now: Instant) -> Option<Seal> {
+    /// At a source-transaction boundary: seals what was sent since the previous seal, if a seal
+    /// is due; `nothing_ready`: the stream has nothing more to send at once.
+    fn seal_if_due(&mut self, nothing_ready: bool, now: Instant) -> Result<(), RelayError> {
         let _ = (nothing_ready, now);
-        None
+        Ok(())
     }
 
     /// The sink's answer to the seal under way.
@@ -199,44 +191,51 @@ pub(crate) struct Start<'a> {
 pub(crate) async fn start(settings: &Settings, at: &Start<'_>) -> Result<Chosen, RelayError> {
     let max = settings.relay.max_in_flight;
     match (settings.relay.delivery, crate::sink::exactly_once(settings)) {
-        (Delivery::AtLeastOnce, _) => plain(settings, Box::new(at_least_once::AtLeastOnce)).await,
+        (Delivery::AtLeastOnce, _) => {
+            let sink = crate::sink::create(settings, max).await;
+            chosen(Box::new(at_least_once::AtLeastOnce), sink)
+        }
         (Delivery::ExactlyOnce, ExactlyOnce::BrokerDeduplicates) => {
             let guarantee = broker_dedup::BrokerDedup::start(settings, at).await?;
-            plain(settings, Box::new(guarantee)).await
+            chosen(
+                Box::new(guarantee),
+                crate::sink::create_deduplicating(settings, max).await,
+            )
         }
-        (Delivery::ExactlyOnce, ExactlyOnce::ReadBack) => {
-            let (guarantee, answers) = read_back::ReadBack::start(settings, at).await?;
-            let mut chosen = plain(settings, Box::new(guarantee)).await?;
+        (Delivery::ExactlyOnce, ExactlyOnce::ReadBack(source)) => {
+            let (guarantee, answers) = read_back::ReadBack::start(settings, at, source).await?;
+            let mut chosen = chosen(Box::new(guarantee), crate::sink::create_read_back(settings, max).await)?;
             chosen.answers = Some(answers);
             Ok(chosen)
         }
         (Delivery::ExactlyOnce, ExactlyOnce::Transactions) => {
-            let (sink, completions): SinkWithCompletions<DeliveryTag> = crate::sink::create_for_relay(settings, max)
+            let sink = crate::sink::create_transactional(settings, max)
                 .await
                 .map_err(RelayError::Sink)?;
-            let guarantee = transactions::Transactions::new(settings, at.system_id, sink.checkpoint());
+            let guarantee = transactions::Transactions::new(settings, at.system_id, sink.sealer, sink.checkpoint);
             Ok(Chosen {
                 guarantee: Box::new(guarantee),
-                sink,
-                completions,
+                sink: sink.sink,
+                completions: sink.completions,
                 answers: None,
             })
         }
-        // Refused before anything connects (`sink::refusal`); a sink that changed its mind.
+        // Refused before anything connects (`sink::refusal`), with the same words.
         (Delivery::ExactlyOnce, ExactlyOnce::Unsupported(reason)) => {
             Err(RelayError::Refused(crate::sink::StartRefusal::ExactlyOnceUnsupported {
                 sink: settings.sink.label(),
-                reason,
+                reason: reason.into_owned(),
             }))
         }
     }
 }
 
-/// `guarantee` over a plain sink.
-async fn plain(settings: &Settings, guarantee: Box<dyn Guarantee>) -> Result<Chosen, RelayError> {
-    let (sink, completions) = crate::sink::create(settings, settings.relay.max_in_flight)
-        .await
-        .map_err(RelayError::Sink)?;
+/// `guarantee` over the sink made for it.
+fn chosen(
+    guarantee: Box<dyn Guarantee>,
+    sink: Result<SinkWithCompletions<DeliveryTag>, SinkError>,
+) -> Result<Chosen, RelayError> {
+    let (sink, completions) = sink.map_err(RelayError::Sink)?;
     Ok(Chosen {
         guarantee,
         sink,
@@ -245,23 +244,48 @@ async fn plain(settings: &Settings, guarantee: Box<dyn Guarantee>) -> Result<Cho
     })
 }
 
+/// What the operator should know at start about the strategy the configuration chooses.
+pub(crate) fn warnings(settings: &Settings) -> Vec<String> {
+    match (settings.relay.delivery, crate::sink::exactly_once(settings)) {
+        (Delivery::ExactlyOnce, ExactlyOnce::ReadBack(source)) => read_back::warnings(settings, &*source),
+        (Delivery::AtLeastOnce, ExactlyOnce::Transactions) => vec![format!(
+            "the {} section asks for sink transactions, which only exactly-once delivery uses: with \
+             relay.delivery = \"at-least-once\" the relay publishes without them. Set relay.delivery = \
+             \"exactly-once\", or remove the section's exactly-once key",
+            settings.sink.label()
+        )],
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod test_support {
     //! Strategies for the stream's unit tests, without a database or a broker.
     use super::*;
+    use crate::sink::memory::MemoryHandle;
 
-    /// The strategy `settings` chooses over a sink that reads nothing back, with an empty
-    /// replay window (it ends where the stream starts, at `start`).
-    pub(crate) fn chosen_for(settings: &Settings, start: Lsn) -> Box<dyn Guarantee> {
+    /// The strategy `settings` chooses, with an empty replay window (it ends where the stream
+    /// starts, at `start`); sink transactions seal through the in-memory sink `handle`.
+    pub(crate) fn chosen_for(
+        settings: &Settings,
+        start: Lsn,
+        handle: &MemoryHandle<DeliveryTag>,
+    ) -> Box<dyn Guarantee> {
         match (settings.relay.delivery, crate::sink::exactly_once(settings)) {
             (Delivery::AtLeastOnce, _) => Box::new(at_least_once::AtLeastOnce),
-            (Delivery::ExactlyOnce, ExactlyOnce::Transactions) => {
-                Box::new(transactions::Transactions::new(settings, "7000", None))
-            }
+            (Delivery::ExactlyOnce, ExactlyOnce::Transactions) => Box::new(transactions::Transactions::new(
+                settings,
+                "7000",
+                Box::new(handle.sealer()),
+                None,
+            )),
             (Delivery::ExactlyOnce, ExactlyOnce::BrokerDeduplicates) => {
                 Box::new(broker_dedup::BrokerDedup::new(settings, "7000", start, start))
             }
-            (Delivery::ExactlyOnce, _) => Box::new(read_back::ReadBack::new(settings, "7000", start, start, None).0),
+            (Delivery::ExactlyOnce, ExactlyOnce::ReadBack(sink)) => {
+                Box::new(read_back::ReadBack::new(settings, sink, "7000", (start, start), None).0)
+            }
+            (Delivery::ExactlyOnce, ExactlyOnce::Unsupported(reason)) => panic!("exactly-once refused: {reason}"),
         }
     }
 }

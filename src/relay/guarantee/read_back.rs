@@ -32,6 +32,7 @@
 //! soon as it could have lost the slot (`liveness.rs`). What remains is in docs/reliability.md.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, histogram};
@@ -46,7 +47,7 @@ use crate::postgres::lsn::Lsn;
 use crate::relay::error::RelayError;
 use crate::relay::quarantine::EventRef;
 use crate::relay::takeover::Fence;
-use crate::sink::{ReadBack as Reader, ReadBackError, ReadBackSpec, Tail};
+use crate::sink::{ClientQueueExpiry, ReadBackError, ReadBackReader, ReadBackSource, Seen};
 
 /// What this session knows about one record's partition.
 enum Lookup {
@@ -77,12 +78,20 @@ struct Job {
     partitions: Option<Option<i32>>,
 }
 
+/// What reading back one partition found.
+struct Tail {
+    /// Every position of this source's records at or above the replay start, from the
+    /// partition's end back to its first record below it (or the partition's start).
+    positions: BTreeSet<EventRef>,
+    records_read: u64,
+}
+
 /// What a read-back found: the topic's partition count (`None`: no such topic) and, when the
 /// record's partition is computable, that partition with its tail.
-type Found = (Option<i32>, Option<(i32, Tail<EventRef>)>);
+type Found = (Option<i32>, Option<(i32, Tail)>);
 
 pub(super) struct Done {
-    reader: Option<Reader>,
+    reader: Option<Box<dyn ReadBackReader>>,
     topic: String,
     outcome: Result<Found, ReadBackError>,
     elapsed: Duration,
@@ -94,13 +103,13 @@ pub(super) struct ReadBack {
     source: String,
     replay_start: Lsn,
     replay_end: Lsn,
-    /// What the sink's read-back needs (the sink's own business: `sink::ReadBackSpec`).
-    spec: ReadBackSpec,
+    /// The sink's read-back: where a key goes, and its readers (the sink's own business).
+    sink: Arc<dyn ReadBackSource>,
     timeout: Duration,
     max_records: usize,
     topics: HashMap<String, TopicTail>,
     /// Lent to the running job.
-    reader: Option<Reader>,
+    reader: Option<Box<dyn ReadBackReader>>,
     waiting: bool,
     done_tx: mpsc::UnboundedSender<Answer>,
     /// No read-back before this (a takeover's fence: `takeover.rs`); taken by the first job.
@@ -116,9 +125,13 @@ pub(super) struct ReadBack {
 impl ReadBack {
     /// The session's read-back: the replay window ends at the server's WAL position now, and a
     /// takeover's fence holds the first read-back back.
-    pub(super) async fn start(settings: &Settings, at: &Start<'_>) -> Result<(ReadBack, Answers), RelayError> {
+    pub(super) async fn start(
+        settings: &Settings,
+        at: &Start<'_>,
+        sink: Arc<dyn ReadBackSource>,
+    ) -> Result<(ReadBack, Answers), RelayError> {
         let replay_end = replay_end(at.control).await?;
-        let fence = at.predecessor.fence(settings, Instant::now());
+        let fence = at.predecessor.fence(settings, sink.queue_expiry(), Instant::now());
         if let Some(f) = &fence {
             info!(
                 slot = %settings.postgres.slot,
@@ -128,17 +141,23 @@ impl ReadBack {
                 "exactly-once takeover: the first read-back waits for the previous holder's queued records"
             );
         }
-        Ok(ReadBack::new(settings, at.system_id, at.slot_start, replay_end, fence))
+        Ok(ReadBack::new(
+            settings,
+            sink,
+            at.system_id,
+            (at.slot_start, replay_end),
+            fence,
+        ))
     }
 
-    /// `system_id`: the database system identifier; `replay_start`: the slot's confirmed
-    /// position; `replay_end`: the server's WAL position once the slot was ours; `fence`: wait
-    /// until its end before the first read-back.
+    /// `system_id`: the database system identifier; `window`: the slot's confirmed position and
+    /// the server's WAL position once the slot was ours; `fence`: wait until its end before the
+    /// first read-back.
     pub(super) fn new(
         settings: &Settings,
+        sink: Arc<dyn ReadBackSource>,
         system_id: &str,
-        replay_start: Lsn,
-        replay_end: Lsn,
+        (replay_start, replay_end): (Lsn, Lsn),
         fence: Option<Fence>,
     ) -> (ReadBack, Answers) {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
@@ -146,7 +165,7 @@ impl ReadBack {
             source: position::source(settings, system_id),
             replay_start,
             replay_end,
-            spec: ReadBackSpec::of(settings),
+            sink,
             timeout: settings.relay.connect_timeout,
             max_records: settings.relay.read_back_max_records,
             topics: HashMap::new(),
@@ -223,7 +242,7 @@ impl ReadBack {
         let Some(count) = t.partitions else {
             return Lookup::Unchecked;
         };
-        match explicit.or_else(|| self.spec.partition_for(key, count)) {
+        match explicit.or_else(|| self.sink.lane_of(key, count)) {
             Some(p) if (0..count).contains(&p) => match t.found.get(&p) {
                 Some(found) => Lookup::Known(found.contains(&at)),
                 None => Lookup::Unknown(Some(Some(count))),
@@ -237,7 +256,7 @@ impl ReadBack {
     fn look(&mut self, job: Job) {
         self.waiting = true;
         let reader = self.reader.take();
-        let (spec, timeout, max) = (self.spec.clone(), self.timeout, self.max_records);
+        let (sink, timeout, max) = (Arc::clone(&self.sink), self.timeout, self.max_records);
         let (source, fence, tx) = (self.source.clone(), self.fence_until.take(), self.done_tx.clone());
         let floor = EventRef {
             commit_lsn: self.replay_start,
@@ -253,20 +272,20 @@ impl ReadBack {
             let outcome = (|| {
                 let r = match reader.take() {
                     Some(r) => reader.insert(r),
-                    None => reader.insert(spec.open(timeout, max)?),
+                    None => reader.insert(sink.open(timeout, max)?),
                 };
                 let count = match job.partitions {
                     Some(count) => count,
-                    None => r.partition_count(&job.topic)?,
+                    None => r.lanes(&job.topic)?,
                 };
                 let Some(count) = count else { return Ok((None, None)) };
-                let Some(p) = job.explicit.or_else(|| spec.partition_for(&job.key, count)) else {
+                let Some(p) = job.explicit.or_else(|| sink.lane_of(&job.key, count)) else {
                     return Ok((Some(count), None));
                 };
                 if !(0..count).contains(&p) {
                     return Ok((Some(count), None));
                 }
-                let tail = r.own_since(&job.topic, p, &floor, |h| position::of_record(h, &source))?;
+                let tail = own_since(&**r, &job.topic, p, floor, &source)?;
                 Ok((Some(count), Some((p, tail))))
             })();
             let _ = tx.send(Answer(Done {
@@ -381,6 +400,60 @@ impl Guarantee for ReadBack {
     }
 }
 
+/// A takeover fence longer than this is warned about at start.
+const SLOW_TAKEOVER: Duration = Duration::from_secs(60);
+
+/// A sink client queue that makes a takeover wait long (a user-set expiry): said at start.
+pub(super) fn warnings(settings: &Settings, sink: &dyn ReadBackSource) -> Vec<String> {
+    let Some(expiry) = sink.queue_expiry() else {
+        return Vec::new();
+    };
+    let fence = crate::relay::takeover::fence_max(settings, expiry);
+    let Some(unset) = expiry.unset.filter(|_| fence > SLOW_TAKEOVER) else {
+        return Vec::new();
+    };
+    let shorter = ClientQueueExpiry {
+        expiry: unset,
+        ..expiry
+    };
+    vec![format!(
+        "relay.delivery = \"exactly-once\" with [{}] {} = {} ms: a standby taking over from a frozen or unreachable \
+         holder waits up to {} s before publishing (the holder's queued records must land or expire first). Remove {} \
+         (the relay then uses {} ms: at most {} s) or lower it",
+        settings.sink.label(),
+        expiry.key,
+        expiry.expiry.as_millis(),
+        fence.as_secs(),
+        expiry.key,
+        unset.as_millis(),
+        crate::relay::takeover::fence_max(settings, shorter).as_secs(),
+    )]
+}
+
+/// The positions of `source`'s records at or above `floor` in `topic`'s partition `p`,
+/// reading back from its end until a record of `source`'s below `floor`.
+fn own_since(
+    reader: &dyn ReadBackReader,
+    topic: &str,
+    p: i32,
+    floor: EventRef,
+    source: &str,
+) -> Result<Tail, ReadBackError> {
+    let mut positions = BTreeSet::new();
+    let records_read = reader.scan(topic, p, &mut |headers| match position::of_record(headers, source) {
+        Some(at) if at >= floor => {
+            positions.insert(at);
+            Seen::Kept
+        }
+        Some(_) => Seen::Below,
+        None => Seen::Foreign,
+    })?;
+    Ok(Tail {
+        positions,
+        records_read,
+    })
+}
+
 /// The server's WAL position now: no transaction committing at or after it can have been sent
 /// to an earlier walsender. Read once the slot is this session's.
 pub(super) async fn replay_end(control: &tokio_postgres::Client) -> Result<Lsn, RelayError> {
@@ -407,9 +480,18 @@ mod tests {
         }
     }
 
+    /// The default sink's read-back (Kafka's partitioner).
+    fn sink() -> Arc<dyn ReadBackSource> {
+        let s = settings("[relay]\ndelivery = \"exactly-once\"\n");
+        match crate::sink::exactly_once(&s) {
+            crate::sink::ExactlyOnce::ReadBack(sink) => sink,
+            other => panic!("the default sink reads back, not {other:?}"),
+        }
+    }
+
     fn resume() -> ReadBack {
         let s = settings("[relay]\ndelivery = \"exactly-once\"\n");
-        ReadBack::new(&s, "7000000000000000001", Lsn(0x100), Lsn(0x1000), None).0
+        ReadBack::new(&s, sink(), "7000000000000000001", (Lsn(0x100), Lsn(0x1000)), None).0
     }
 
     /// As if partition `p` of a 3-partition `t` had been read back, finding `found`.
@@ -421,10 +503,10 @@ mod tests {
 
     /// A key the sink's partitioner places in partition `p` of 3.
     fn key_in(p: i32) -> Vec<u8> {
-        let spec = resume().spec;
+        let sink = sink();
         (0..)
             .map(|i: u32| i.to_string().into_bytes())
-            .find(|k| spec.partition_for(k, 3) == Some(p))
+            .find(|k| sink.lane_of(k, 3) == Some(p))
             .unwrap()
     }
 
@@ -473,7 +555,7 @@ mod tests {
             until_utc: std::time::SystemTime::now() + Duration::from_secs(5),
             reason: "a test".into(),
         };
-        let (mut r, _answers) = ReadBack::new(&s, "7000", Lsn(0x100), Lsn(0x1000), Some(fence));
+        let (mut r, _answers) = ReadBack::new(&s, sink(), "7000", (Lsn(0x100), Lsn(0x1000)), Some(fence));
         let note = r.hold_note(now).expect("held");
         assert!(note.text.contains("a test") && note.seconds_left > 4.0, "{note:?}");
         assert_eq!(r.hold_note(now + Duration::from_secs(6)), None);

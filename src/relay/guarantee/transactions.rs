@@ -37,13 +37,14 @@ use std::time::{Duration, Instant};
 
 use tracing::info;
 
-use super::{position, Bound, Guarantee, Seal, Stamp, Verdict};
+use super::{position, Bound, Guarantee, Stamp, Verdict};
 use crate::config::Settings;
 use crate::postgres::lsn::Lsn;
 use crate::relay::durability::Durability;
 use crate::relay::error::RelayError;
+use crate::relay::publish::DeliveryTag;
 use crate::relay::quarantine::EventRef;
-use crate::sink::SinkFailure;
+use crate::sink::{Sealer, SinkFailure};
 
 /// One unit: records sent since the previous seal.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +70,8 @@ enum Sealing {
 pub(super) struct Transactions {
     /// [`position::HEADER_SOURCE`]'s value.
     source: String,
+    /// Commits the sink's open unit with a checkpoint.
+    sealer: Box<dyn Sealer<DeliveryTag>>,
     /// The sink's name, for errors.
     sink: &'static str,
     /// The committed checkpoint the sink read: source transactions at or below it are in the sink.
@@ -82,9 +85,15 @@ pub(super) struct Transactions {
 }
 
 impl Transactions {
-    pub(super) fn new(settings: &Settings, system_id: &str, checkpoint: Option<u64>) -> Transactions {
+    pub(super) fn new(
+        settings: &Settings,
+        system_id: &str,
+        sealer: Box<dyn Sealer<DeliveryTag>>,
+        checkpoint: Option<u64>,
+    ) -> Transactions {
         Transactions {
             source: position::source(settings, system_id),
+            sealer,
             sink: settings.sink.broker_name(),
             checkpoint: checkpoint.map(Lsn),
             open: None,
@@ -170,16 +179,23 @@ impl Guarantee for Transactions {
         self.is_sealing() || (self.unit_full() && between_transactions)
     }
 
-    fn seal_due(&mut self, nothing_ready: bool, now: Instant) -> Option<Seal> {
+    /// Asks the sink to commit the open unit with its checkpoint (the commit LSN of its last
+    /// source transaction); the answer comes back as the seal tag's completion.
+    fn seal_if_due(&mut self, nothing_ready: bool, now: Instant) -> Result<(), RelayError> {
         if !self.due(nothing_ready, now) {
-            return None;
+            return Ok(());
         }
-        let unit = self.open.take()?;
+        let Some(unit) = self.open.take() else { return Ok(()) };
         self.sealing = Sealing::Committing(unit);
-        Some(Seal {
-            checkpoint: unit.last_commit.0,
-            label: format!("{} {} ({} events)", self.source, unit.last_commit, unit.events),
-        })
+        let checkpoint = unit.last_commit.0;
+        let label = format!("{} {} ({} events)", self.source, unit.last_commit, unit.events);
+        self.sealer
+            .seal(checkpoint, &label, DeliveryTag::seal(checkpoint))
+            .map_err(|refusal| RelayError::DeliveryFailed {
+                sink: self.sink,
+                failure: Box::new(refusal.failure),
+                commit_lsn: unit.last_commit,
+            })
     }
 
     /// The unit is delivered, or the session ends (transient: the unit was aborted and the next
@@ -233,6 +249,7 @@ impl Guarantee for Transactions {
 mod tests {
     use super::*;
     use crate::config::test_support::settings;
+    use crate::sink::memory::{memory, MemoryHandle};
 
     fn at(lsn: u64) -> EventRef {
         EventRef {
@@ -249,15 +266,25 @@ mod tests {
         }
     }
 
+    /// The strategy over an in-memory sink's sealer, and what it was asked to seal.
+    fn transactions(s: &Settings, checkpoint: Option<u64>) -> (Transactions, MemoryHandle<DeliveryTag>) {
+        let (_sink, handle, _completions) = memory::<DeliveryTag>();
+        (
+            Transactions::new(s, "7000", Box::new(handle.sealer()), checkpoint),
+            handle,
+        )
+    }
+
     #[test]
     fn skips_at_or_below_the_checkpoint_and_holds_confirmation_at_the_oldest_unsealed_floor() {
         let s = settings("[relay]\ntransaction_max_events = 2\n");
-        let mut g = Transactions::new(&s, "7000", Some(0x500));
+        let (mut g, sealed) = transactions(&s, Some(0x500));
         let mut d = Durability::new(Lsn(0x10));
         assert_eq!(g.admit(at(0x500), to(), None, true), Verdict::Skip);
         assert_eq!(g.admit(at(0x600), to(), None, true), Verdict::Send);
         let now = Instant::now();
-        assert_eq!(g.seal_due(true, now), None, "nothing sent: nothing to seal");
+        g.seal_if_due(true, now).unwrap();
+        assert!(sealed.seals().is_empty(), "nothing sent: nothing to seal");
         d.keepalive(Lsn(0x5f0));
         let t = d.begin().unwrap();
         d.sent(t, 1).unwrap();
@@ -277,18 +304,19 @@ mod tests {
             !g.pauses_sending(&d, 10, false),
             "inside a source transaction reading goes on"
         );
-        let seal = g.seal_due(false, now).unwrap();
-        assert_eq!(seal.checkpoint, 0x700);
-        assert!(seal.label.contains("0/700"), "{}", seal.label);
+        g.seal_if_due(false, now).unwrap();
+        assert_eq!(sealed.seals(), [0x700], "the checkpoint: the unit's last commit LSN");
         assert!(g.sealing() && g.pauses_sending(&d, 10, false));
         // A record while sealing opens the next unit; the older floor still holds.
         d.keepalive(Lsn(0x7f0));
         g.sent(Lsn(0x800), &mut d);
-        assert_eq!(g.seal_due(true, now), None, "one seal at a time");
+        g.seal_if_due(true, now).unwrap();
+        assert_eq!(sealed.seals().len(), 1, "one seal at a time");
         assert_eq!(d.confirmed(), Lsn(0x5f0));
         g.sealed(Ok(()), &mut d).unwrap();
         assert_eq!(d.confirmed(), Lsn(0x7f0), "the next unit's floor");
-        g.seal_due(true, now).unwrap();
+        g.seal_if_due(true, now).unwrap();
+        assert_eq!(sealed.seals(), [0x700, 0x800]);
         g.sealed(Ok(()), &mut d).unwrap();
         assert_eq!(d.confirmed(), Lsn(0x7f0));
         assert_eq!(g.skipped(), 1);
@@ -297,10 +325,10 @@ mod tests {
     #[test]
     fn a_failed_seal_keeps_its_floor_for_good_and_ends_the_session() {
         let s = settings("");
-        let mut g = Transactions::new(&s, "7000", None);
+        let (mut g, sealed) = transactions(&s, None);
         let mut d = Durability::new(Lsn(0x10));
         g.sent(Lsn(0x600), &mut d);
-        g.seal_due(true, Instant::now()).unwrap();
+        g.seal_if_due(true, Instant::now()).unwrap();
         let failure = SinkFailure {
             kind: crate::sink::FailureKind::Transient,
             destination: "t".into(),
@@ -313,6 +341,7 @@ mod tests {
         assert!(!g.sealing(), "nothing is under way any more");
         d.keepalive(Lsn(0x900));
         assert_eq!(d.confirmed(), Lsn(0x10));
-        assert_eq!(g.seal_due(true, Instant::now()), None);
+        g.seal_if_due(true, Instant::now()).unwrap();
+        assert_eq!(sealed.seals().len(), 1, "nothing more is sealed");
     }
 }

@@ -29,7 +29,6 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::relay::{Delivery, RelaySettings};
 use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::{optional_number, ConfigError};
 use crate::sink::aws::message::Service;
@@ -310,17 +309,13 @@ impl<S: MessageService> SinkSectionSpec for MessagesSpec<S> {
     fn validate(
         &self,
         section: Option<toml::Value>,
-        cx: &SectionContext<'_>,
+        _: &SectionContext<'_>,
     ) -> Result<Arc<dyn SinkSection>, ConfigError> {
         let raw: MessagesSection = match section {
             Some(section) => parse_section(self.kind(), section)?,
             None => MessagesSection::default(),
         };
-        let settings = raw.validate::<S>()?;
-        if cx.relay.delivery == Delivery::ExactlyOnce && !settings.fifo {
-            return Err(invalid("relay.delivery", S::KEYS.no_exactly_once));
-        }
-        Ok(Arc::new(settings))
+        Ok(Arc::new(raw.validate::<S>()?))
     }
 
     /// Neither service has a CloudEvents binding; at most 10 attributes leave no room for the
@@ -342,7 +337,7 @@ impl<S: MessageService> SinkSection for MessagesSettings<S> {
         self
     }
 
-    fn start_warnings(&self, _: &RelaySettings) -> Vec<String> {
+    fn start_warnings(&self) -> Vec<String> {
         self.warnings()
     }
 

@@ -30,7 +30,6 @@ pub(crate) mod sqs;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::relay::Delivery;
 use crate::sink::batch::{BatchLimits, BatchSend};
 use crate::sink::driver::{self, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext};
@@ -66,10 +65,11 @@ pub(crate) const fn log_targets(sdk: ClientLogTarget) -> [ClientLogTarget; 4] {
 /// SQS's and SNS's limit of entries per batch call.
 pub(crate) const MAX_MESSAGE_BATCH: usize = 10;
 
-/// How long a message may wait in the driver's queue before it is failed unsent instead
-/// (exactly-once): well inside the services' 5-minute deduplication window, so a frozen and
-/// thawed holder's queue is never sent after the window closed on what a standby sent meanwhile.
-const EXACTLY_ONCE_QUEUE_WAIT: Duration = Duration::from_secs(60);
+/// How long a message with a deduplication id may wait in the driver's queue before it is
+/// failed unsent instead: well inside the services' 5-minute deduplication window, so a frozen
+/// and thawed holder's queue is never sent after the window closed on what a standby sent
+/// meanwhile.
+const DEDUP_QUEUE_WAIT: Duration = Duration::from_secs(60);
 
 /// A message service's routed-name rule (standard or FIFO names, as configured) and its
 /// `max_message_bytes`.
@@ -90,7 +90,7 @@ pub(crate) fn message_exactly_once<S: MessageService>(settings: &MessagesSetting
     if settings.fifo {
         ExactlyOnce::BrokerDeduplicates
     } else {
-        ExactlyOnce::Unsupported(S::KEYS.no_exactly_once)
+        ExactlyOnce::Unsupported(S::KEYS.no_exactly_once.into())
     }
 }
 
@@ -121,7 +121,7 @@ where
     };
     let exchange = Batched::start(batches, encoder, limits, reply_name);
     let options = DriverOptions {
-        max_queue_wait: (cx.delivery == Delivery::ExactlyOnce).then_some(EXACTLY_ONCE_QUEUE_WAIT),
+        dedup_queue_wait: Some(DEDUP_QUEUE_WAIT),
         ..settings.requests.per_key(cx)
     };
     boxed(driver::start(Arc::new(exchange), options))

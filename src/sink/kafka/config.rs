@@ -1,6 +1,11 @@
 //! `[kafka]`: librdkafka properties, passed through except for the durability-critical ones
-//! (idempotence, `acks`), which the relay sets and refuses to see weakened; and Kafka's
-//! topic-name rule, which the dead-letter topic and every routed topic must satisfy.
+//! (idempotence, `acks`), which the relay sets and refuses to see weakened; the relay's own two
+//! Kafka keys (`exactly_once`, `checkpoint_topic`: how this sink delivers exactly once, when
+//! `relay.delivery` asks for it); and Kafka's topic-name rule, which the dead-letter topic and
+//! every routed topic must satisfy.
+//!
+//! The section never learns the delivery mode: it says what the sink *can* do (the exactly-once
+//! strategy the user chose, or why neither works with these properties), and the relay decides.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -10,10 +15,9 @@ use serde::Deserialize;
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::config::relay::{BadEventPolicy, Delivery, ExactlyOnceVia, RelaySettings};
 use crate::config::secret::is_secret_key;
-use crate::config::sink::{parse_section, ClientQueueExpiry, SectionContext, SinkSection, SinkSectionSpec};
-use crate::config::{ConfigError, TAKEOVER_FENCE_MARGIN};
+use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::ConfigError;
 
 /// `[sink] kind = "kafka"` (the default) and its `[kafka]` section of librdkafka properties.
 pub(crate) struct KafkaSection;
@@ -21,8 +25,12 @@ pub(crate) struct KafkaSection;
 /// The config half of `[kafka]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
 pub(crate) const SECTION: KafkaSection = KafkaSection;
 
-/// A takeover fence longer than this is warned about at start.
-const SLOW_TAKEOVER: Duration = Duration::from_secs(60);
+/// The relay's own keys in `[kafka]`: not librdkafka properties (those are dotted), never passed
+/// to the client.
+const OWN_KEYS: [&str; 2] = ["exactly_once", "checkpoint_topic"];
+
+/// Where the checkpoint of Kafka transactions lives unless `checkpoint_topic` says otherwise.
+const DEFAULT_CHECKPOINT_TOPIC: &str = "outbox-relay-checkpoints";
 
 impl SinkSectionSpec for KafkaSection {
     fn kind(&self) -> &'static str {
@@ -38,121 +46,163 @@ impl SinkSectionSpec for KafkaSection {
         section: Option<toml::Value>,
         cx: &SectionContext<'_>,
     ) -> Result<Arc<dyn SinkSection>, ConfigError> {
-        let raw: BTreeMap<String, KafkaValue> = match section {
+        let mut raw: BTreeMap<String, KafkaValue> = match section {
             Some(v) => parse_section("kafka", v)?,
             None => BTreeMap::new(),
         };
-        let mut kafka = KafkaProperties::validate(raw)?;
-        let relay = cx.relay;
-        if let BadEventPolicy::DeadLetter { topic } = &relay.on_bad_event {
+        let exactly_once = match raw.remove("exactly_once") {
+            None => KafkaExactlyOnce::ReadBack,
+            Some(KafkaValue(v)) => KafkaExactlyOnce::from_config(&v)?,
+        };
+        let checkpoint_topic = raw
+            .remove("checkpoint_topic")
+            .map_or_else(|| DEFAULT_CHECKPOINT_TOPIC.to_owned(), |v| v.0);
+        let mut properties = KafkaProperties::validate(raw)?;
+        if let Some(topic) = cx.dead_letter_topic {
             validate_topic_name(topic).map_err(|m| ConfigError::Invalid {
                 key: "relay.on_bad_event",
                 message: format!("relay.dead_letter_topic: {m}"),
             })?;
         }
-        if relay.delivery == Delivery::ExactlyOnce {
-            validate_exactly_once_timeout(&kafka, relay)?;
-            validate_exactly_once_partitioner(&kafka)?;
-            kafka.bound_message_timeout();
-        }
-        let transactions = relay.exactly_once == ExactlyOnceVia::KafkaTransactions;
-        kafka.check_transactional(transactions)?;
-        if transactions {
-            validate_topic_name(&relay.checkpoint_topic).map_err(|m| ConfigError::Invalid {
-                key: "relay.checkpoint_topic",
+        properties.check_transactional(exactly_once == KafkaExactlyOnce::Transactions)?;
+        if exactly_once == KafkaExactlyOnce::Transactions {
+            validate_topic_name(&checkpoint_topic).map_err(|m| ConfigError::Invalid {
+                key: "kafka.checkpoint_topic",
                 message: m,
             })?;
         }
-        Ok(Arc::new(kafka))
+        let refusal =
+            exactly_once_partitioner(&properties).or_else(|| exactly_once_timeout(&properties, cx.status_interval));
+        Ok(Arc::new(KafkaSettings {
+            properties,
+            exactly_once,
+            checkpoint_topic,
+            refusal,
+        }))
     }
 
     /// librdkafka property names are dotted: `OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS` sets
-    /// `bootstrap.servers`.
+    /// `bootstrap.servers`; the relay's own keys keep their `_`.
     fn env_key(&self, key: &str) -> String {
-        key.to_ascii_lowercase().replace('_', ".")
-    }
-
-    fn transactions(&self) -> bool {
-        true
+        let key = key.to_ascii_lowercase();
+        if OWN_KEYS.contains(&key.as_str()) {
+            return key;
+        }
+        key.replace('_', ".")
     }
 }
 
-impl SinkSection for KafkaProperties {
+/// `[kafka] exactly_once`: how the Kafka sink delivers exactly once when `relay.delivery =
+/// "exactly-once"` asks for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum KafkaExactlyOnce {
+    /// A (re)started stream reads back the tail of each partition it replays into
+    /// (`relay/guarantee/read_back.rs`): any Kafka, no broker transactions.
+    #[default]
+    ReadBack,
+    /// One Kafka transaction per batch of whole source transactions, committed with a checkpoint
+    /// before their WAL position is confirmed (`relay/guarantee/transactions.rs`,
+    /// `transactions.rs` here).
+    Transactions,
+}
+
+impl KafkaExactlyOnce {
+    fn from_config(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "read-back" => Ok(KafkaExactlyOnce::ReadBack),
+            "transactions" => Ok(KafkaExactlyOnce::Transactions),
+            other => Err(ConfigError::Invalid {
+                key: "kafka.exactly_once",
+                message: format!(
+                    "{other:?} is not a way Kafka delivers exactly once; use \"read-back\" (the default) or \
+                     \"transactions\""
+                ),
+            }),
+        }
+    }
+}
+
+/// `[kafka]`, validated: the librdkafka properties and the relay's own Kafka keys.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct KafkaSettings {
+    pub(crate) properties: KafkaProperties,
+    pub(crate) exactly_once: KafkaExactlyOnce,
+    /// Kafka transactions: the topic whose partition 0 carries the committed checkpoint (as the
+    /// offset of the consumer group named after `transactional.id`).
+    pub(crate) checkpoint_topic: String,
+    /// Why neither exactly-once strategy works with these properties (`None`: they do).
+    refusal: Option<String>,
+}
+
+impl KafkaSettings {
+    /// Why exactly-once delivery is not possible with these properties, in the refusal's words.
+    pub(crate) fn exactly_once_refusal(&self) -> Option<&str> {
+        self.refusal.as_deref()
+    }
+
+    /// The properties of a producer whose queued records a takeover may have to wait for
+    /// (exactly-once): `message.timeout.ms` bounded unless the user set it (see
+    /// [`EXACTLY_ONCE_MESSAGE_TIMEOUT`]).
+    pub(crate) fn exactly_once_properties(&self) -> KafkaProperties {
+        let mut properties = self.properties.clone();
+        properties.bound_message_timeout();
+        properties
+    }
+}
+
+impl SinkSection for KafkaSettings {
     fn as_any(&self) -> &dyn Any {
         self
     }
 
-    fn client_queue_expiry(&self) -> Option<ClientQueueExpiry> {
-        Some(ClientQueueExpiry {
-            expiry: self.message_timeout(),
-            key: "message.timeout.ms",
-        })
-    }
-
-    fn start_warnings(&self, relay: &RelaySettings) -> Vec<String> {
-        let mut warnings = Vec::new();
-        if relay.delivery == Delivery::ExactlyOnce {
-            let fence = relay.stale_limit() + self.message_timeout() + TAKEOVER_FENCE_MARGIN;
-            if let (Some((key, _)), true) = (self.user_message_timeout(), fence > SLOW_TAKEOVER) {
-                warnings.push(format!(
-                    "relay.delivery = \"exactly-once\" with [kafka] {key} = {} ms: a standby taking over from a \
-                     frozen or unreachable holder waits up to {} s before publishing (the holder's queued records \
-                     must land or expire first). Remove {key} (the relay then uses {} ms: at most {} s) or lower it",
-                    self.message_timeout().as_millis(),
-                    fence.as_secs(),
-                    EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis(),
-                    (relay.stale_limit() + EXACTLY_ONCE_MESSAGE_TIMEOUT + TAKEOVER_FENCE_MARGIN).as_secs(),
-                ));
-            }
-        }
-        warnings
-    }
-
     fn get(&self, key: &str) -> Option<String> {
-        (!is_secret_key(key)).then(|| self.0.get(key).cloned()).flatten()
+        match key {
+            "exactly_once" => Some(
+                match self.exactly_once {
+                    KafkaExactlyOnce::ReadBack => "read-back",
+                    KafkaExactlyOnce::Transactions => "transactions",
+                }
+                .to_owned(),
+            ),
+            "checkpoint_topic" => Some(self.checkpoint_topic.clone()),
+            _ => (!is_secret_key(key))
+                .then(|| self.properties.0.get(key).cloned())
+                .flatten(),
+        }
     }
 }
 
 /// Exactly-once reads back the partition a record's key maps to, computed with Java's murmur2
 /// (`murmur2_random`, the default): another partitioner would send records elsewhere, the
 /// read-back would look in the wrong partitions and replays would be duplicated silently.
-fn validate_exactly_once_partitioner(kafka: &KafkaProperties) -> Result<(), ConfigError> {
+fn exactly_once_partitioner(kafka: &KafkaProperties) -> Option<String> {
     match kafka.0.get("partitioner").map(String::as_str) {
-        None | Some("murmur2_random") => Ok(()),
-        Some(other) => Err(ConfigError::Invalid {
-            key: "kafka",
-            message: format!(
-                "partitioner = {other:?} with relay.delivery = \"exactly-once\": the read-back finds a record's \
-                 partition with murmur2 (partitioner = \"murmur2_random\", the default), so replays would go \
-                 unchecked. Remove the partitioner key, or set relay.delivery = \"at-least-once\""
-            ),
-        }),
+        None | Some("murmur2_random") => None,
+        Some(other) => Some(format!(
+            "[kafka] partitioner = {other:?}: the read-back finds a record's partition with murmur2 (partitioner = \
+             \"murmur2_random\", the default), so replays would go unchecked. Remove the partitioner key"
+        )),
     }
 }
 
 /// Exactly-once with a user-set message timeout: it must leave room for the stream's batching
-/// (`linger.ms`) and be a number.
-fn validate_exactly_once_timeout(kafka: &KafkaProperties, relay: &RelaySettings) -> Result<(), ConfigError> {
-    let Some((key, ms)) = kafka.user_message_timeout() else {
-        return Ok(());
-    };
+/// (`linger.ms`) and status updates, and be a number.
+fn exactly_once_timeout(kafka: &KafkaProperties, status_interval: Duration) -> Option<String> {
+    let (key, ms) = kafka.user_message_timeout()?;
     let linger = kafka
         .0
         .get("linger.ms")
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    let floor = linger.max(relay.status_interval.as_millis() as u64).max(1_000);
+    let floor = linger.max(status_interval.as_millis() as u64).max(1_000);
     match ms {
-        Some(ms) if ms >= floor => Ok(()),
-        _ => Err(ConfigError::Invalid {
-            key: "kafka",
-            message: format!(
-                "{key} = {:?} with relay.delivery = \"exactly-once\": it must be a number of milliseconds of at \
-                 least {floor} (1 s, relay.status_interval_ms and linger.ms), or left out (the relay then uses {} ms)",
-                kafka.0.get(key).map(String::as_str).unwrap_or_default(),
-                EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis()
-            ),
-        }),
+        Some(ms) if ms >= floor => None,
+        _ => Some(format!(
+            "[kafka] {key} = {:?}: it must be a number of milliseconds of at least {floor} (1 s, \
+             relay.status_interval_ms and linger.ms), or left out (the relay then uses {} ms)",
+            kafka.0.get(key).map(String::as_str).unwrap_or_default(),
+            EXACTLY_ONCE_MESSAGE_TIMEOUT.as_millis()
+        )),
     }
 }
 
@@ -266,8 +316,8 @@ impl KafkaProperties {
                 });
             }
         }
-        // transactional.id is checked with `[relay] exactly_once` (`Settings::validate`): it is
-        // only for relay.exactly_once = "kafka-transactions".
+        // transactional.id is checked with `[kafka] exactly_once` (`check_transactional`): it is
+        // only for exactly_once = "transactions".
         for (k, v) in KAFKA_DEFAULTS {
             if !(*k == "acks" && props.contains_key("request.required.acks")) {
                 props.entry((*k).to_owned()).or_insert_with(|| (*v).to_owned());
@@ -292,7 +342,7 @@ impl KafkaProperties {
         }
     }
 
-    /// `relay.exactly_once = "kafka-transactions"`: needs `transactional.id` (one per slot: the
+    /// `[kafka] exactly_once = "transactions"`: needs `transactional.id` (one per slot: the
     /// standby of a slot uses the same one, which is what fences the previous holder), and
     /// bounds `transaction.timeout.ms` unless the user set it, so that the open transaction of
     /// a holder that died with nobody taking over blocks `read_committed` consumers only this
@@ -303,20 +353,26 @@ impl KafkaProperties {
         match (transactions, has_id) {
             (true, false) => Err(ConfigError::Invalid {
                 key: "kafka",
-                message: "relay.exactly_once = \"kafka-transactions\" needs `\"transactional.id\" = \"<one name per slot>\"` \
+                message: "exactly_once = \"transactions\" needs `\"transactional.id\" = \"<one name per slot>\"` \
                           under [kafka]; the standby of the same slot uses the same id"
                     .into(),
             }),
             (false, _) if self.0.contains_key("transactional.id") => Err(ConfigError::Invalid {
                 key: "kafka",
-                message: "transactional.id is only for relay.delivery = \"exactly-once\" with relay.exactly_once = \
-                          \"kafka-transactions\"; otherwise the relay uses the idempotent producer. Remove the key"
+                message: "transactional.id is only for exactly_once = \"transactions\" under [kafka] (with \
+                          relay.delivery = \"exactly-once\"); otherwise the relay uses the idempotent producer. Remove \
+                          the key"
                     .into(),
             }),
             (true, true) => {
                 if !self.0.contains_key("transaction.timeout.ms") {
-                    let timeout = self.message_timeout().max(TRANSACTION_TIMEOUT);
-                    self.0.insert("transaction.timeout.ms".into(), timeout.as_millis().to_string());
+                    // The transactional producer's messages time out as any exactly-once
+                    // producer's do (`KafkaSettings::exactly_once_properties`).
+                    let mut bounded = self.clone();
+                    bounded.bound_message_timeout();
+                    let timeout = bounded.message_timeout().max(TRANSACTION_TIMEOUT);
+                    self.0
+                        .insert("transaction.timeout.ms".into(), timeout.as_millis().to_string());
                 }
                 Ok(())
             }
@@ -324,9 +380,8 @@ impl KafkaProperties {
         }
     }
 
-    /// Exactly-once mode: bounds `message.timeout.ms` unless the user set it (see
-    /// [`EXACTLY_ONCE_MESSAGE_TIMEOUT`]).
-    pub(crate) fn bound_message_timeout(&mut self) {
+    /// Bounds `message.timeout.ms` unless the user set it (see [`EXACTLY_ONCE_MESSAGE_TIMEOUT`]).
+    fn bound_message_timeout(&mut self) {
         if self.user_message_timeout().is_none() {
             self.0.insert(
                 MESSAGE_TIMEOUT_KEYS[0].to_owned(),
@@ -377,7 +432,12 @@ pub(crate) fn legal_topic(t: &str) -> bool {
 impl crate::config::Settings {
     /// The `[kafka]` properties of settings whose sink is the default one, for tests.
     pub(crate) fn kafka(&self) -> &KafkaProperties {
-        self.sink.section::<KafkaProperties>().expect("the sink is kafka")
+        &self.kafka_settings().properties
+    }
+
+    /// The whole `[kafka]` section of settings whose sink is the default one, for tests.
+    pub(crate) fn kafka_settings(&self) -> &KafkaSettings {
+        self.sink.section::<KafkaSettings>().expect("the sink is kafka")
     }
 }
 
@@ -402,5 +462,123 @@ mod tests {
         fn topic_validation_is_kafkas_rule(name in prop_oneof![".{0,20}", "[a-zA-Z0-9._-]{0,260}", "[.]{1,3}"]) {
             prop_assert_eq!(validate_topic_name(&name).is_ok(), legal_topic(&name), "{:?}", name);
         }
+    }
+
+    use crate::config::test_support::{load, settings};
+    use crate::sink::refusal::{refusal, StartRefusal};
+    use crate::sink::ExactlyOnce;
+
+    /// What `run` and `setup` say of exactly-once with `kafka` in the `[kafka]` section.
+    fn exactly_once_refusal(kafka: &str) -> Option<String> {
+        match refusal(&settings(&format!("{kafka}[relay]\ndelivery = \"exactly-once\"\n"))) {
+            Ok(()) => None,
+            Err(e @ StartRefusal::ExactlyOnceUnsupported { .. }) => Some(e.to_string()),
+            Err(other) => panic!("another refusal: {other}"),
+        }
+    }
+
+    #[test]
+    fn an_exactly_once_producer_bounds_the_message_timeout_unless_the_user_set_it() {
+        let s = settings("");
+        assert_eq!(
+            s.kafka().0.get("message.timeout.ms"),
+            None,
+            "librdkafka's default stays"
+        );
+        assert_eq!(
+            s.kafka_settings().exactly_once_properties().0["message.timeout.ms"],
+            "10000"
+        );
+        // The alias counts as set: it is not overridden.
+        let alias = settings("\"delivery.timeout.ms\" = 20000\n");
+        assert_eq!(
+            alias
+                .kafka_settings()
+                .exactly_once_properties()
+                .0
+                .get("message.timeout.ms"),
+            None
+        );
+        let ExactlyOnce::ReadBack(source) = crate::sink::exactly_once(&alias) else {
+            panic!("reads back")
+        };
+        let expiry = source.queue_expiry().expect("a client queue");
+        assert_eq!(
+            (expiry.expiry, expiry.key, expiry.unset),
+            (
+                Duration::from_secs(20),
+                "delivery.timeout.ms",
+                Some(EXACTLY_ONCE_MESSAGE_TIMEOUT)
+            )
+        );
+    }
+
+    #[test]
+    fn exactly_once_refuses_a_tiny_message_timeout_and_at_least_once_leaves_it_to_the_user() {
+        for bad in ["\"message.timeout.ms\" = 500\n", "\"message.timeout.ms\" = \"soon\"\n"] {
+            let err = exactly_once_refusal(bad).expect("refused");
+            assert!(
+                err.contains("message.timeout.ms") && err.contains("at least 1000"),
+                "{err}"
+            );
+        }
+        assert_eq!(exactly_once_refusal("\"message.timeout.ms\" = 40000\n"), None);
+        // The same timeout in at-least-once mode is the user's business.
+        assert_eq!(refusal(&settings("\"message.timeout.ms\" = 500\n")), Ok(()));
+    }
+
+    #[test]
+    fn exactly_once_refuses_a_partitioner_its_read_back_cannot_follow() {
+        let err = exactly_once_refusal("partitioner = \"consistent_random\"\n").expect("refused");
+        assert!(
+            err.contains("\"consistent_random\"") && err.contains("murmur2_random") && err.contains("at-least-once"),
+            "{err}"
+        );
+        assert_eq!(exactly_once_refusal("partitioner = \"murmur2_random\"\n"), None);
+        assert_eq!(exactly_once_refusal(""), None);
+        // At-least-once reads nothing back: any partitioner is the user's business.
+        assert_eq!(refusal(&settings("partitioner = \"consistent_random\"\n")), Ok(()));
+    }
+
+    #[test]
+    fn kafka_transactions_need_a_transactional_id_and_name_their_checkpoint_topic() {
+        let txn = "\"transactional.id\" = \"orders-relay\"\nexactly_once = \"transactions\"\n";
+        let s = settings(&format!("{txn}[relay]\ndelivery = \"exactly-once\"\n"));
+        let kafka = s.kafka_settings();
+        assert_eq!(kafka.exactly_once, KafkaExactlyOnce::Transactions);
+        assert!(matches!(crate::sink::exactly_once(&s), ExactlyOnce::Transactions));
+        assert_eq!(s.relay.transaction_max_events, 2_000);
+        assert_eq!(s.relay.transaction_max_age, Duration::from_millis(100));
+        assert_eq!(kafka.checkpoint_topic, "outbox-relay-checkpoints");
+        assert_eq!(kafka.properties.0["transactional.id"], "orders-relay");
+        assert!(
+            !kafka.properties.0.contains_key("exactly_once"),
+            "the relay's own keys stay out of librdkafka's"
+        );
+        // The larger of the transaction default and the (exactly-once) message timeout.
+        assert_eq!(kafka.properties.0["transaction.timeout.ms"], "10000");
+        assert_eq!(settings("").kafka_settings().exactly_once, KafkaExactlyOnce::ReadBack);
+        let err = load("exactly_once = \"transactions\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("needs `\"transactional.id\""), "{err}");
+        let err = load("\"transactional.id\" = \"x\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("transactional.id is only for"), "{err}");
+        let err = load("exactly_once = \"kafka-transactions\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("kafka.exactly_once") && err.contains("\"transactions\""),
+            "{err}"
+        );
+        let err = load(&format!("{txn}checkpoint_topic = \"bad topic\"\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kafka.checkpoint_topic"), "{err}");
+        // The relay's own keys from the environment keep their `_`.
+        let s = load(
+            "\"transactional.id\" = \"x\"\n",
+            &[("OUTBOX_RELAY__KAFKA__EXACTLY_ONCE", "transactions")],
+        )
+        .expect("valid");
+        assert_eq!(s.kafka_settings().exactly_once, KafkaExactlyOnce::Transactions);
     }
 }

@@ -25,20 +25,19 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use self::logs::QuietContext;
-use crate::config::relay::ExactlyOnceVia;
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{
-    boxed, ExactlyOnce, HeaderGet, ReadBackError, ReadBackReader, ReadBackSource, ReadBackSpec, Seen, SinkError,
-    SinkLimits, SinkWithCompletions,
+    boxed, ClientQueueExpiry, ExactlyOnce, HeaderGet, ReadBackError, ReadBackReader, ReadBackSource, Seen, SinkError,
+    SinkLimits, SinkWithCompletions, Transactional,
 };
-use config::{validate_topic_name, KafkaProperties};
+use config::{validate_topic_name, KafkaExactlyOnce, KafkaProperties, KafkaSettings};
 
 /// The Kafka sink (`[sink] kind = "kafka"`, the default).
 pub(crate) struct Kafka;
 
 impl SinkPlugin for Kafka {
-    type Config = KafkaProperties;
+    type Config = KafkaSettings;
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
@@ -67,76 +66,99 @@ impl SinkPlugin for Kafka {
         ]
     }
 
-    fn limits(&self, config: &KafkaProperties) -> SinkLimits {
-        limits(config)
+    fn limits(&self, config: &KafkaSettings) -> SinkLimits {
+        limits(&config.properties)
     }
 
-    fn exactly_once(&self, _: &KafkaProperties, cx: &SinkContext) -> ExactlyOnce {
-        match cx.exactly_once {
-            ExactlyOnceVia::KafkaTransactions => ExactlyOnce::Transactions,
-            ExactlyOnceVia::ReadBack => ExactlyOnce::ReadBack,
+    /// The strategy `[kafka] exactly_once` names, unless the properties rule exactly-once out.
+    fn exactly_once(&self, config: &KafkaSettings) -> ExactlyOnce {
+        if let Some(reason) = config.exactly_once_refusal() {
+            return ExactlyOnce::Unsupported(reason.to_owned().into());
+        }
+        match config.exactly_once {
+            KafkaExactlyOnce::Transactions => ExactlyOnce::Transactions,
+            KafkaExactlyOnce::ReadBack => ExactlyOnce::ReadBack(Arc::new(TailSource(config.exactly_once_properties()))),
         }
     }
 
-    async fn prepare(&self, _: &KafkaProperties) -> Result<Vec<String>, SinkError> {
+    async fn prepare(&self, _: &KafkaSettings) -> Result<Vec<String>, SinkError> {
         Ok(prepare())
     }
 
-    async fn probe(&self, config: &KafkaProperties) -> Result<String, SinkError> {
-        probe(config).await
+    async fn probe(&self, config: &KafkaSettings) -> Result<String, SinkError> {
+        probe(&config.properties).await
     }
 
     async fn create<Tag: Send + Sync + 'static>(
         &self,
-        config: &KafkaProperties,
+        config: &KafkaSettings,
         cx: &SinkContext,
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-        Ok(boxed(producer::Publisher::create(config, cx.max_in_flight)?))
+        Ok(boxed(producer::Publisher::create(
+            &config.properties,
+            cx.max_in_flight,
+        )?))
     }
 
-    async fn create_sealing<Tag: Send + Sync + 'static>(
+    /// A producer whose queued records expire in the time the read-back source names (its
+    /// `message.timeout.ms` bounded unless the user set it): what a takeover waits for.
+    async fn create_read_back<Tag: Send + Sync + 'static>(
         &self,
-        config: &KafkaProperties,
+        config: &KafkaSettings,
         cx: &SinkContext,
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-        Ok(boxed(
-            transactions::TransactionalPublisher::create(
-                config,
-                cx.max_in_flight,
-                &cx.checkpoint_topic,
-                cx.connect_timeout,
-            )
-            .await?,
-        ))
+        Ok(boxed(producer::Publisher::create(
+            &config.exactly_once_properties(),
+            cx.max_in_flight,
+        )?))
     }
 
-    fn read_back(&self, config: &KafkaProperties) -> Option<ReadBackSpec> {
-        Some(ReadBackSpec::from_source(Arc::new(TailSource(config.clone()))))
+    async fn create_transactional<Tag: Send + Sync + 'static>(
+        &self,
+        config: &KafkaSettings,
+        cx: &SinkContext,
+    ) -> Result<Transactional<Tag>, SinkError> {
+        transactions::TransactionalPublisher::create(
+            &config.exactly_once_properties(),
+            cx.max_in_flight,
+            &config.checkpoint_topic,
+            cx.connect_timeout,
+        )
+        .await
     }
 }
 
-/// Opens [`tail::TailReader`]s with the producer's connection settings.
+/// Opens [`tail::TailReader`]s with the exactly-once producer's connection settings.
 #[derive(Debug)]
 struct TailSource(KafkaProperties);
 
 impl ReadBackSource for TailSource {
-    fn partition_for(&self, key: &[u8], count: i32) -> Option<i32> {
-        partitioner::partition_for(key, count)
+    fn lane_of(&self, key: &[u8], lanes: i32) -> Option<i32> {
+        partitioner::partition_for(key, lanes)
+    }
+
+    fn queue_expiry(&self) -> Option<ClientQueueExpiry> {
+        let user = self.0.user_message_timeout().map(|(key, _)| key);
+        Some(ClientQueueExpiry {
+            expiry: self.0.message_timeout(),
+            key: user.unwrap_or("message.timeout.ms"),
+            unset: user.map(|_| config::EXACTLY_ONCE_MESSAGE_TIMEOUT),
+        })
     }
 
     fn open(&self, timeout: Duration, max_records: usize) -> Result<Box<dyn ReadBackReader>, ReadBackError> {
         tail::TailReader::create(&self.0, timeout, max_records)
             .map(|r| Box::new(r) as Box<dyn ReadBackReader>)
             .map_err(|e| ReadBackError::Broker {
-                topic: "(none yet)".into(),
-                partition: -1,
+                lane: "(no partition yet)".into(),
                 cause: format!("cannot create the Kafka reader: {e}"),
             })
     }
 }
 
+/// A topic's lanes are its partitions.
 impl ReadBackReader for tail::TailReader {
-    fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
+    fn lanes(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
         tail::TailReader::partition_count(self, topic)
     }
 

@@ -97,11 +97,15 @@ impl HeaderGet for HeaderLookup<'_> {
     }
 }
 
+/// A partition, in a read-back error's words.
+fn lane(topic: &str, partition: i32) -> String {
+    format!("{topic} partition {partition}")
+}
+
 /// librdkafka's error, said in the sink-neutral error.
 fn broker(topic: &str, partition: i32) -> impl Fn(KafkaError) -> ReadBackError + Copy + '_ {
     move |source| ReadBackError::Broker {
-        topic: topic.to_owned(),
-        partition,
+        lane: lane(topic, partition),
         cause: source.to_string(),
     }
 }
@@ -216,8 +220,7 @@ impl TailReader {
                     let wait = Duration::from_millis(wait_ms as u64);
                     if wait > SETTLE_MAX {
                         return Err(ReadBackError::Broker {
-                            topic: topic.to_owned(),
-                            partition,
+                            lane: lane(topic, partition),
                             cause: format!(
                                 "an earlier session's records may still land for {} s more (the topic's \
                                  message.timestamp.before.max.ms is {} ms); the session starts again and waits \
@@ -287,8 +290,7 @@ impl TailReader {
                 Ok(())
             }
             Err(still) => Err(ReadBackError::Broker {
-                topic: topic.to_owned(),
-                partition,
+                lane: lane(topic, partition),
                 cause: still.to_string(),
             }),
         }
@@ -355,8 +357,7 @@ impl TailReader {
             }
             if span >= max {
                 return Err(ReadBackError::BoundHit {
-                    topic: topic.to_owned(),
-                    partition,
+                    lane: lane(topic, partition),
                     read,
                     from: start,
                     high,
@@ -392,8 +393,7 @@ impl TailReader {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break Err(ReadBackError::Timeout {
-                    topic: topic.to_owned(),
-                    partition,
+                    lane: lane(topic, partition),
                     timeout_ms: self.timeout.as_millis() as u64,
                 });
             }
@@ -445,12 +445,18 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
-    use crate::sink::{ReadBack, Tail};
-
     const TOPIC: &str = "tail";
 
+    /// What a scan found: the positions `own` recognised at or above the floor.
+    #[derive(Debug)]
+    struct Tail<P> {
+        positions: BTreeSet<P>,
+        records_read: u64,
+    }
+
     impl TailReader {
-        /// The caller's view of [`TailReader::scan`] (`ReadBack::own_since`).
+        /// The positions `own` finds at or above `floor`, reading back from the partition's end
+        /// until a record of the caller's below `floor` (as the relay's read-back guarantee does).
         fn own_since<P: Ord>(
             self: &std::sync::Arc<Self>,
             topic: &str,
@@ -458,24 +464,19 @@ mod tests {
             floor: &P,
             own: impl Fn(&dyn HeaderGet) -> Option<P>,
         ) -> Result<Tail<P>, ReadBackError> {
-            ReadBack::of_reader(Box::new(Shared(std::sync::Arc::clone(self)))).own_since(topic, partition, floor, own)
-        }
-    }
-
-    struct Shared(std::sync::Arc<TailReader>);
-
-    impl crate::sink::ReadBackReader for Shared {
-        fn partition_count(&self, topic: &str) -> Result<Option<i32>, ReadBackError> {
-            self.0.partition_count(topic)
-        }
-
-        fn scan(
-            &self,
-            topic: &str,
-            partition: i32,
-            seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
-        ) -> Result<u64, ReadBackError> {
-            self.0.scan(topic, partition, seen)
+            let mut positions = BTreeSet::new();
+            let records_read = self.scan(topic, partition, &mut |headers| match own(headers) {
+                Some(p) if p >= *floor => {
+                    positions.insert(p);
+                    Seen::Kept
+                }
+                Some(_) => Seen::Below,
+                None => Seen::Foreign,
+            })?;
+            Ok(Tail {
+                positions,
+                records_read,
+            })
         }
     }
 

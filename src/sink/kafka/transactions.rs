@@ -1,20 +1,21 @@
-//! Exactly-once through Kafka transactions (`relay.exactly_once = "kafka-transactions"`): the
+//! Exactly-once through Kafka transactions (`[kafka] exactly_once = "transactions"`): the
 //! idempotent producer of `producer.rs`, made transactional, and the checkpoint stored with
 //! each transaction.
 //!
-//! **Role.** The caller hands records over as usual and, at a point of its choosing,
-//! [`Sink::seal`]s them: this adapter then commits the Kafka transaction holding every record
+//! **Role.** The caller hands records over as usual and, at a point of its choosing, seals them
+//! ([`Sealer::seal`]): this adapter then commits the Kafka transaction holding every record
 //! since the previous seal, *together with the caller's checkpoint*, and reports the outcome as
 //! one more completion; nothing of an unsealed transaction is visible to a `read_committed`
 //! consumer.
 //!
 //! **The checkpoint** is an offset commit inside the transaction
 //! (`send_offsets_to_transaction`): consumer group `outbox-relay.<transactional.id>`, partition
-//! 0 of `relay.checkpoint_topic` (created here with one partition if missing: the broker
+//! 0 of `[kafka] checkpoint_topic` (created here with one partition if missing: the broker
 //! refuses offsets for a partition that does not exist), offset = the caller's checkpoint,
 //! metadata = its label. The broker writes it with the transaction's records, atomically: it is
-//! committed exactly when they are. It is read back ([`Sink::checkpoint`]) once, right after
-//! `init_transactions`, with a `read_committed` offset fetch (which waits for a pending one).
+//! committed exactly when they are. It is read back once, right after `init_transactions`,
+//! with a `read_committed` offset fetch (which waits for a pending one), and handed to the
+//! caller with the sink ([`Transactional::checkpoint`]).
 //!
 //! **Fencing.** Creating the sink calls `init_transactions`: the broker bumps the producer epoch
 //! of `transactional.id`, aborts the previous producer's open transaction (or completes its
@@ -46,7 +47,7 @@ use tracing::{info, warn};
 use super::config::KafkaProperties;
 use super::logs::QuietContext;
 use super::producer::{DeliveryReports, Publisher};
-use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
+use crate::sink::{Completion, FailureKind, Refusal, Sealer, Sink, SinkError, SinkFailure, SinkRecord, Transactional};
 
 /// One seal asked for: the checkpoint to store and the caller's tag for the outcome.
 struct SealJob<Tag> {
@@ -59,9 +60,33 @@ type SharedProducer<Tag> = Arc<BaseProducer<DeliveryReports<Tag>>>;
 
 pub(crate) struct TransactionalPublisher<Tag: Send + Sync + 'static> {
     inner: Publisher<Tag>,
-    /// To the `rdk:txn` thread; dropped with the publisher, which ends the thread.
-    jobs: std_mpsc::Sender<SealJob<Tag>>,
-    checkpoint: Option<u64>,
+    jobs: Jobs<Tag>,
+}
+
+/// To the `rdk:txn` thread, shared by the publisher and its [`KafkaSealer`]: the abandon takes
+/// it, which ends the thread, and seals asked for afterwards are refused.
+type Jobs<Tag> = Arc<std::sync::Mutex<Option<std_mpsc::Sender<SealJob<Tag>>>>>;
+
+/// Seals what the publisher was handed since the previous seal.
+struct KafkaSealer<Tag> {
+    jobs: Jobs<Tag>,
+}
+
+impl<Tag: Send + 'static> Sealer<Tag> for KafkaSealer<Tag> {
+    fn seal(&self, checkpoint: u64, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let job = SealJob {
+            checkpoint,
+            label: label.to_owned(),
+            tag,
+        };
+        let jobs = self.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match jobs.as_ref() {
+            Some(tx) => tx.send(job).map_err(|std_mpsc::SendError(job)| {
+                Refusal::transient(job.tag, "the transaction thread is gone".into())
+            }),
+            None => Err(Refusal::transient(job.tag, "the producer was abandoned".into())),
+        }
+    }
 }
 
 /// The consumer group that carries the checkpoint of `transactional.id`.
@@ -90,13 +115,14 @@ fn client_config(props: &KafkaProperties) -> ClientConfig {
 
 impl<Tag: Send + Sync + 'static> TransactionalPublisher<Tag> {
     /// A transactional producer that has fenced every earlier producer of its
-    /// `transactional.id`, read the committed checkpoint and begun its first transaction.
+    /// `transactional.id`, read the committed checkpoint and begun its first transaction, with
+    /// its sealer.
     pub(crate) async fn create(
         props: &KafkaProperties,
         max_in_flight: usize,
         checkpoint_topic: &str,
         timeout: Duration,
-    ) -> Result<(TransactionalPublisher<Tag>, Completions<Tag>), SinkError> {
+    ) -> Result<Transactional<Tag>, SinkError> {
         let id = props
             .0
             .get("transactional.id")
@@ -176,14 +202,16 @@ impl<Tag: Send + Sync + 'static> TransactionalPublisher<Tag> {
                 }
             })
             .map_err(|e| sink_error(format!("cannot start the transaction thread: {e}"), true))?;
-        Ok((
-            TransactionalPublisher {
+        let jobs: Jobs<Tag> = Arc::new(std::sync::Mutex::new(Some(jobs)));
+        Ok(Transactional {
+            sink: Box::new(TransactionalPublisher {
                 inner,
-                jobs,
-                checkpoint,
-            },
+                jobs: Arc::clone(&jobs),
+            }),
             completions,
-        ))
+            sealer: Box::new(KafkaSealer { jobs }),
+            checkpoint,
+        })
     }
 }
 
@@ -301,8 +329,8 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for TransactionalPublisher<Tag> {
     /// Aborts the open transaction (bounded by `wait`) so that `read_committed` consumers are
     /// not held back until `transaction.timeout.ms`, then gives the producer up.
     fn abandon(self: Box<Self>, wait: Duration) {
-        let TransactionalPublisher { inner, jobs, .. } = *self;
-        drop(jobs);
+        let TransactionalPublisher { inner, jobs } = *self;
+        drop(jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
         inner.producer.purge(PurgeConfig::default().queue());
         if let Err(e) = inner.producer.abort_transaction(wait) {
             warn!(error = %e, "aborting the abandoned producer's Kafka transaction failed; the next producer of its \
@@ -321,19 +349,5 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for TransactionalPublisher<Tag> {
 
     fn verdict(&self) -> Option<SinkError> {
         self.inner.verdict()
-    }
-
-    fn seal(&self, checkpoint: u64, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
-        self.jobs
-            .send(SealJob {
-                checkpoint,
-                label: label.to_owned(),
-                tag,
-            })
-            .map_err(|std_mpsc::SendError(job)| Refusal::transient(job.tag, "the transaction thread is gone".into()))
-    }
-
-    fn checkpoint(&self) -> Option<u64> {
-        self.checkpoint
     }
 }

@@ -58,7 +58,7 @@ impl SinkPlugin for Nats {
 
     /// `Nats-Msg-Id`: JetStream drops a message whose id it stored within the stream's
     /// duplicate window.
-    fn exactly_once(&self, _: &NatsSettings, _: &SinkContext) -> ExactlyOnce {
+    fn exactly_once(&self, _: &NatsSettings) -> ExactlyOnce {
         ExactlyOnce::BrokerDeduplicates
     }
 

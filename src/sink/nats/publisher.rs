@@ -123,6 +123,7 @@ impl<Tag: Send + Sync + 'static> DriverSink<JetStream, Tag> {
             // Like librdkafka's message.timeout.ms: a record that waited longer than an ack may
             // take was held by a frozen process a standby may have replaced; it is not sent late.
             max_queue_wait: Some(settings.ack_timeout),
+            dedup_queue_wait: None,
             // Dropped without abandon: wait as long as an ack may take.
             drop_wait: settings.ack_timeout,
         };

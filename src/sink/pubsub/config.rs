@@ -16,7 +16,6 @@
 
 use serde::Deserialize;
 
-use crate::config::relay::{Delivery, RelaySettings};
 use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::{number_or_numeric_string, ConfigError};
 
@@ -154,11 +153,10 @@ impl SinkSectionSpec for PubSubSpec {
         "Google Cloud Pub/Sub"
     }
 
-    /// Also refuses `relay.delivery = "exactly-once"` here, with the reason.
     fn validate(
         &self,
         section: Option<toml::Value>,
-        cx: &SectionContext<'_>,
+        _: &SectionContext<'_>,
     ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
         let Some(section) = section else {
             return Err(invalid(
@@ -167,12 +165,6 @@ impl SinkSectionSpec for PubSubSpec {
                  (docs/sink-pubsub.md)",
             ));
         };
-        if cx.relay.delivery == Delivery::ExactlyOnce {
-            return Err(invalid(
-                "relay.delivery",
-                format!("\"exactly-once\" with [sink] kind = \"pubsub\": {NO_EXACTLY_ONCE}"),
-            ));
-        }
         let section: PubSubSection = parse_section("pubsub", section)?;
         Ok(std::sync::Arc::new(section.validate()?))
     }
@@ -185,7 +177,7 @@ impl SinkSection for PubSubSettings {
 
     /// Where the relay publishes when `PUBSUB_EMULATOR_HOST` is set: said once at start, so a
     /// variable left over from a test shell is not missed in production.
-    fn start_warnings(&self, _: &RelaySettings) -> Vec<String> {
+    fn start_warnings(&self) -> Vec<String> {
         match std::env::var(EMULATOR_HOST_VAR) {
             Ok(host) if !host.trim().is_empty() => vec![format!(
                 "{EMULATOR_HOST_VAR}={host}: publishing to the Pub/Sub emulator there, without credentials, not to \
@@ -238,8 +230,10 @@ mod tests {
             no_project.contains("pubsub.project") && no_project.contains("missing"),
             "{no_project}"
         );
+        // Loads, and `run` and `setup` refuse it at start with the reason.
         let once = load("[sink]\nkind = \"pubsub\"\n[pubsub]\nproject = \"p\"\n[relay]\ndelivery = \"exactly-once\"\n")
-            .unwrap_err();
+            .map(|s| crate::sink::refusal::refusal(&s).unwrap_err().to_string())
+            .unwrap();
         assert!(
             once.contains("relay.delivery") && once.contains("no deduplication") && once.contains("`id` attribute"),
             "{once}"

@@ -86,8 +86,8 @@ impl SinkPlugin for PubSub {
         }
     }
 
-    fn exactly_once(&self, _: &PubSubSettings, _: &SinkContext) -> ExactlyOnce {
-        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE)
+    fn exactly_once(&self, _: &PubSubSettings) -> ExactlyOnce {
+        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE.into())
     }
 
     async fn prepare(&self, config: &PubSubSettings) -> Result<Vec<String>, SinkError> {
@@ -117,6 +117,7 @@ impl SinkPlugin for PubSub {
             // driver fails it as transient: the session replays it.
             reply_timeout: Some(config.retry_timeout + REPLY_MARGIN),
             max_queue_wait: None,
+            dedup_queue_wait: None,
             // Dropped without abandon: what is on the wire gets one retry window's second.
             drop_wait: Duration::from_secs(1),
         };

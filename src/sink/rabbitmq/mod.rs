@@ -76,8 +76,8 @@ impl SinkPlugin for RabbitMq {
         limits()
     }
 
-    fn exactly_once(&self, _: &RabbitMqSettings, _: &SinkContext) -> ExactlyOnce {
-        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE)
+    fn exactly_once(&self, _: &RabbitMqSettings) -> ExactlyOnce {
+        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE.into())
     }
 
     async fn prepare(&self, config: &RabbitMqSettings) -> Result<Vec<String>, SinkError> {

@@ -118,6 +118,7 @@ impl<Tag: Send + Sync + 'static> Driven<AmqpExchange, Tag> {
                 // channel or connection is gone.
                 reply_timeout: None,
                 max_queue_wait: None,
+                dedup_queue_wait: None,
                 // A dropped sink (no abandon) stops at once.
                 drop_wait: Duration::ZERO,
             },

@@ -116,7 +116,7 @@ impl SinkPlugin for Redis {
     }
 
     /// A dedup set per stream, checked by a script before each `XADD`.
-    fn exactly_once(&self, _: &RedisSettings, _: &SinkContext) -> ExactlyOnce {
+    fn exactly_once(&self, _: &RedisSettings) -> ExactlyOnce {
         ExactlyOnce::BrokerDeduplicates
     }
 
@@ -131,9 +131,22 @@ impl SinkPlugin for Redis {
     async fn create<Tag: Send + Sync + 'static>(
         &self,
         config: &RedisSettings,
-        cx: &SinkContext,
+        _: &SinkContext,
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-        Ok(boxed(publisher::RedisSink::create(config, cx.delivery).await?))
+        Ok(boxed(
+            publisher::RedisSink::create(config, publisher::Dedup::None).await?,
+        ))
+    }
+
+    /// With the dedup script loaded (an at-least-once user needs no SCRIPT/EVALSHA).
+    async fn create_deduplicating<Tag: Send + Sync + 'static>(
+        &self,
+        config: &RedisSettings,
+        _: &SinkContext,
+    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+        Ok(boxed(
+            publisher::RedisSink::create(config, publisher::Dedup::Script).await?,
+        ))
     }
 }
 

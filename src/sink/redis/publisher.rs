@@ -23,7 +23,6 @@ use tracing::info;
 
 use super::config::RedisSettings;
 use super::{connect, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK};
-use crate::config::relay::Delivery;
 use crate::sink::driver::{self, Arrival, Concurrency, Connection, DriverOptions, DriverSink, Outcome, Protocol};
 use crate::sink::{Completions, SinkError, SinkRecord};
 
@@ -44,6 +43,15 @@ pub(crate) struct Entry {
     bytes: usize,
 }
 
+/// Whether the sink deduplicates (its records carry deduplication keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dedup {
+    /// Plain `XADD`s.
+    None,
+    /// Each record with a key goes through the dedup script.
+    Script,
+}
+
 /// What a record becomes and what a reply means.
 pub(crate) struct RedisStreams {
     /// `[redis] max_message_bytes`: a larger record is refused on sight.
@@ -51,14 +59,15 @@ pub(crate) struct RedisStreams {
 }
 
 impl<Tag: Send + Sync + 'static> DriverSink<RedisStreams, Tag> {
-    /// Connects (loading the dedup script) and starts the driver on the current runtime.
+    /// Connects (loading the dedup script when records will carry deduplication keys) and
+    /// starts the driver on the current runtime.
     pub(crate) async fn create(
         redis: &RedisSettings,
-        delivery: Delivery,
+        dedup: Dedup,
     ) -> Result<(RedisSink<Tag>, Completions<Tag>), SinkError> {
         let mut conn = connect(redis).await?;
-        // Only exactly-once needs the script: an at-least-once user needs no SCRIPT/EVALSHA.
-        let script_sha = if delivery == Delivery::ExactlyOnce {
+        // Only deduplication needs the script: a user without it needs no SCRIPT/EVALSHA.
+        let script_sha = if dedup == Dedup::Script {
             let sha: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
                 .arg(DEDUP_SCRIPT)
@@ -97,6 +106,7 @@ impl<Tag: Send + Sync + 'static> DriverSink<RedisStreams, Tag> {
             // The connection's response timeout ([redis] timeout_ms) bounds every batch.
             reply_timeout: None,
             max_queue_wait: None,
+            dedup_queue_wait: None,
             // Dropped without abandon: the batch on the wire is bounded by the response timeout.
             drop_wait: redis.timeout,
         };
@@ -214,9 +224,7 @@ impl Connection for Pipeline {
                 self.pipe.cmd("XADD").arg(&entry.stream).arg("*").arg(&entry.fields);
             }
             (Some(_), None) => {
-                return Err(
-                    "a record with a dedup key, but relay.delivery is not exactly-once (no dedup script)".into(),
-                );
+                return Err("a record with a dedup key, but the sink was created without its dedup script".into());
             }
             (Some(dedup), Some(sha)) => {
                 self.pipe

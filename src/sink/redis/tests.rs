@@ -35,7 +35,11 @@ fn redis_of(settings: &Settings) -> &super::config::RedisSettings {
 async fn create_sink(
     settings: &Settings,
 ) -> Result<(RedisSink<u32>, crate::sink::Completions<u32>), crate::sink::SinkError> {
-    RedisSink::create(redis_of(settings), settings.relay.delivery).await
+    let dedup = match settings.relay.delivery {
+        crate::config::relay::Delivery::AtLeastOnce => super::publisher::Dedup::None,
+        crate::config::relay::Delivery::ExactlyOnce => super::publisher::Dedup::Script,
+    };
+    RedisSink::create(redis_of(settings), dedup).await
 }
 
 fn unique(prefix: &str) -> String {

@@ -23,7 +23,6 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde::Deserialize;
 
-use crate::config::relay::Delivery;
 use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::{number_or_numeric_string, ConfigError};
 
@@ -461,12 +460,10 @@ impl SinkSectionSpec for WebhookSpec {
         "HTTP webhook"
     }
 
-    /// Also refuses `relay.delivery = "exactly-once"` here, with the reason: earlier and
-    /// clearer than at start.
     fn validate(
         &self,
         section: Option<toml::Value>,
-        cx: &SectionContext<'_>,
+        _: &SectionContext<'_>,
     ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
         let Some(section) = section else {
             return Err(invalid(
@@ -475,12 +472,6 @@ impl SinkSectionSpec for WebhookSpec {
                  \"https://host/path/${topic}\" (docs/sink-webhook.md)",
             ));
         };
-        if cx.relay.delivery == Delivery::ExactlyOnce {
-            return Err(invalid(
-                "relay.delivery",
-                format!("\"exactly-once\" with [sink] kind = \"webhook\": {NO_EXACTLY_ONCE}"),
-            ));
-        }
         let section: WebhookSection = parse_section("webhook", section)?;
         Ok(std::sync::Arc::new(section.validate(|var| std::env::var(var).ok())?))
     }
@@ -536,10 +527,12 @@ mod tests {
             missing.contains("webhook.url") && missing.contains("missing"),
             "{missing}"
         );
+        // Loads, and `run` and `setup` refuse it at start with the reason.
         let once = load(
             "[sink]\nkind = \"webhook\"\n[webhook]\nurl = \"http://127.0.0.1:9/\"\n[relay]\ndelivery = \"exactly-once\"\n",
         )
-        .unwrap_err();
+        .map(|s| crate::sink::refusal::refusal(&s).unwrap_err().to_string())
+        .unwrap();
         assert!(
             once.contains("relay.delivery")
                 && once.contains("HTTP has no deduplication")

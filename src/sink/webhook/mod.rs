@@ -70,8 +70,8 @@ impl SinkPlugin for Webhook {
         limits(config)
     }
 
-    fn exactly_once(&self, _: &WebhookSettings, _: &SinkContext) -> ExactlyOnce {
-        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE)
+    fn exactly_once(&self, _: &WebhookSettings) -> ExactlyOnce {
+        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE.into())
     }
 
     async fn prepare(&self, config: &WebhookSettings) -> Result<Vec<String>, SinkError> {
@@ -100,6 +100,7 @@ impl SinkPlugin for Webhook {
             // A key waits behind its retried request as long as the receiver is down; its
             // records are not stale for that (the receiver deduplicates a replay anyway).
             max_queue_wait: None,
+            dedup_queue_wait: None,
             // Dropped without abandon: one attempt's time for what is on the wire.
             drop_wait: config.timeout,
         };

@@ -440,6 +440,7 @@ async fn a_rejected_certificate_becomes_the_sinks_verdict() {
             max_in_flight_bytes: 1 << 20,
             reply_timeout: None,
             max_queue_wait: None,
+            dedup_queue_wait: None,
             drop_wait: Duration::from_secs(1),
         };
         let (sink, mut completions) = driver::start::<_, u32>(Arc::new(exchange), options);

@@ -39,7 +39,7 @@ pub enum Delivery {
     AtLeastOnce,
     /// Exactly-once, the sink's default strategy (Kafka: read-back).
     ExactlyOnce,
-    /// Exactly-once through Kafka transactions (`relay.exactly_once = "kafka-transactions"`,
+    /// Exactly-once through Kafka transactions (`[kafka] exactly_once = "transactions"`,
     /// `transactional.id` = the slot's name; Kafka only), read `read_committed`.
     KafkaTransactions,
 }
@@ -149,7 +149,7 @@ impl Rig {
                 let slot = config.slot.clone();
                 config
                     .set("relay", "delivery", "exactly-once")
-                    .set("relay", "exactly_once", "kafka-transactions")
+                    .set("kafka", "exactly_once", "transactions")
                     .kafka("transactional.id", &slot)
             }
         };

@@ -24,7 +24,6 @@
 use serde::Deserialize;
 
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::relay::Delivery;
 use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::{optional_number, ConfigError};
 use crate::sink::aws::config::{Endpoint, EndpointKeys};
@@ -228,17 +227,13 @@ impl SinkSectionSpec for KinesisSpec {
     fn validate(
         &self,
         section: Option<toml::Value>,
-        cx: &SectionContext<'_>,
+        _: &SectionContext<'_>,
     ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
         let raw: KinesisSection = match section {
             Some(section) => parse_section("kinesis", section)?,
             None => KinesisSection::default(),
         };
-        let settings = raw.validate()?;
-        if cx.relay.delivery == Delivery::ExactlyOnce {
-            return Err(invalid("relay.delivery", NO_EXACTLY_ONCE));
-        }
-        Ok(std::sync::Arc::new(settings))
+        Ok(std::sync::Arc::new(raw.validate()?))
     }
 
     /// Kinesis has no CloudEvents binding and its records no attributes for the binary mode's
@@ -346,7 +341,7 @@ mod tests {
     }
 
     #[test]
-    fn the_section_goes_with_the_kind_and_exactly_once_is_refused_at_load() {
+    fn the_section_goes_with_the_kind_and_exactly_once_is_refused_at_start() {
         let settings = load("[sink]\nkind = \"kinesis\"\n", &[]).unwrap();
         assert_eq!(settings.sink.label(), "kinesis");
         let s = settings.sink.section::<KinesisSettings>().expect("the kinesis section");
@@ -362,11 +357,13 @@ mod tests {
             (Format::Payload, 2),
             "environment overrides"
         );
+        // Loads, and `run` and `setup` refuse it at start with the reason.
         let once = load(
             "[sink]\nkind = \"kinesis\"\n[relay]\ndelivery = \"exactly-once\"\n",
             &[],
         )
-        .unwrap_err();
+        .map(|s| crate::sink::refusal::refusal(&s).unwrap_err().to_string())
+        .unwrap();
         assert!(
             once.contains("relay.delivery") && once.contains("no deduplication") && once.contains("`id`"),
             "{once}"

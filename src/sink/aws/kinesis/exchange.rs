@@ -436,6 +436,7 @@ mod tests {
                 max_in_flight_bytes: 1 << 20,
                 reply_timeout: None,
                 max_queue_wait: None,
+                dedup_queue_wait: None,
                 drop_wait: Duration::from_secs(1),
             },
         );
@@ -569,6 +570,7 @@ mod tests {
                             max_in_flight_bytes: 64 << 20,
                             reply_timeout: None,
                             max_queue_wait: None,
+                            dedup_queue_wait: None,
                             drop_wait: Duration::from_secs(1),
                         },
                     );

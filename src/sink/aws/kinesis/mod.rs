@@ -77,8 +77,8 @@ impl SinkPlugin for KinesisPlugin {
 
     /// Refused at load already (`config.rs`); this is the same answer for callers that
     /// ask the plugin.
-    fn exactly_once(&self, _: &KinesisSettings, _: &SinkContext) -> ExactlyOnce {
-        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE)
+    fn exactly_once(&self, _: &KinesisSettings) -> ExactlyOnce {
+        ExactlyOnce::Unsupported(NO_EXACTLY_ONCE.into())
     }
 
     async fn prepare(&self, config: &KinesisSettings) -> Result<Vec<String>, SinkError> {

@@ -76,7 +76,7 @@ impl SinkPlugin for SnsPlugin {
         aws::message_limits(config)
     }
 
-    fn exactly_once(&self, config: &SnsSettings, _: &SinkContext) -> ExactlyOnce {
+    fn exactly_once(&self, config: &SnsSettings) -> ExactlyOnce {
         aws::message_exactly_once(config)
     }
 

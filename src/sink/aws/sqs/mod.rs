@@ -77,7 +77,7 @@ impl SinkPlugin for SqsPlugin {
         aws::message_limits(config)
     }
 
-    fn exactly_once(&self, config: &SqsSettings, _: &SinkContext) -> ExactlyOnce {
+    fn exactly_once(&self, config: &SqsSettings) -> ExactlyOnce {
         aws::message_exactly_once(config)
     }
 
