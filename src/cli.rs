@@ -20,7 +20,7 @@ use crate::{control, relay};
 #[command(
     name = "outbox-relay",
     version,
-    about = "Transactional-outbox relay: PostgreSQL WAL (pgoutput) to Kafka, confirmed only after Kafka acknowledged"
+    about = "Transactional-outbox relay: PostgreSQL WAL (pgoutput) to Kafka or another sink, confirmed only after the sink acknowledged"
 )]
 pub(crate) struct Cli {
     /// The TOML configuration file (see config/outbox-relay.toml).
@@ -72,7 +72,7 @@ pub(crate) enum Command {
         #[arg(long, conflicts_with_all = ["backfill", "poll"])]
         check: bool,
     },
-    /// Stream outbox inserts to Kafka until SIGINT/SIGTERM.
+    /// Stream outbox inserts to the configured sink until SIGINT/SIGTERM.
     Run,
     /// The classic polling relayer (claim rows with FOR UPDATE SKIP LOCKED, publish, mark them
     /// dispatched) until SIGINT/SIGTERM. See the [poll] config section.

@@ -1,4 +1,5 @@
-//! outbox-relay: a transactional-outbox relay from PostgreSQL logical replication to Kafka.
+//! outbox-relay: a transactional-outbox relay from PostgreSQL logical replication to a sink —
+//! Kafka, NATS JetStream, RabbitMQ, Redis Streams, HTTP webhooks, Pub/Sub, SQS, SNS or Kinesis.
 //!
 //! The folders are the architecture (`docs/architecture.md` draws it), lowest layer first:
 //!

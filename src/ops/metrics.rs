@@ -15,17 +15,17 @@
 //! | `outbox_relay_events_failed_total{topic}` | counter | events the broker finally refused (the session then replays) |
 //! | `outbox_relay_in_flight_events` | gauge | events handed to the sink and not yet acknowledged |
 //! | `outbox_relay_in_flight_bytes` | gauge | their bytes (keys + values + headers) |
-//! | `outbox_relay_commit_to_ack_seconds` | histogram | PostgreSQL commit time to Kafka acknowledgement |
+//! | `outbox_relay_commit_to_ack_seconds` | histogram | PostgreSQL commit time to the sink's acknowledgement |
 //! | `outbox_relay_seconds_behind_source` | gauge | age of the oldest received, unconfirmed transaction's commit (0 when caught up) |
 //! | `outbox_relay_received_lsn` | gauge | highest WAL position received from the server |
-//! | `outbox_relay_flushed_lsn` | gauge | WAL position confirmed to the server (everything before it is in Kafka) |
+//! | `outbox_relay_flushed_lsn` | gauge | WAL position confirmed to the server (everything before it is in the sink) |
 //! | `outbox_relay_slot_retained_wal_bytes` | gauge | WAL the server keeps for the slot (current LSN − `restart_lsn`) |
 //! | `outbox_relay_reconnects_total` | counter | sessions restarted after a transient error |
 //! | `outbox_relay_active` | gauge | 1 while this instance streams, 0 while it stands by or reconnects |
-//! | `outbox_relay_last_confirmed_commit_timestamp_seconds` | gauge | commit time (Unix seconds) of the latest transaction with events confirmed to the server: every event committed up to then is in Kafka (the recovery point after losing the slot) |
+//! | `outbox_relay_last_confirmed_commit_timestamp_seconds` | gauge | commit time (Unix seconds) of the latest transaction with events confirmed to the server: every event committed up to then is in the sink (the recovery point after losing the slot) |
 //! | `outbox_relay_slot_failover_ready` | gauge | 1 when the slot would survive a promotion: a failover slot (17+), `synchronized_standby_slots` set and each slot it names streaming; else 0 |
 //! | `outbox_relay_bad_events_total{policy,cause}` | counter | events `relay.on_bad_event` handled (`policy`: fail, skip, dead-letter; `cause`: see `BadEvent::label`) |
-//! | `outbox_relay_events_skipped_in_kafka_total` | counter | exactly-once: replayed events not produced because Kafka already held them |
+//! | `outbox_relay_events_skipped_in_sink_total` | counter | exactly-once: replayed events not sent because the sink already held them (the old name, `outbox_relay_events_skipped_in_kafka_total`, is exported beside it until the next release) |
 //! | `outbox_relay_partitions_read_back_total` | counter | exactly-once: partition tails read back (once per partition and streaming session, replay window only) |
 //! | `outbox_relay_read_back_seconds` | histogram | exactly-once: time to read back one partition's tail (metadata included) |
 //! | `outbox_relay_pending_rows` | gauge | `poll` mode: outbox rows not yet dispatched, counted by the watchdog every `poll.watchdog_interval_ms` |
@@ -68,6 +68,9 @@ pub(crate) const ACTIVE: &str = "outbox_relay_active";
 pub(crate) const LAST_CONFIRMED_COMMIT: &str = "outbox_relay_last_confirmed_commit_timestamp_seconds";
 pub(crate) const SLOT_FAILOVER_READY: &str = "outbox_relay_slot_failover_ready";
 pub(crate) const BAD_EVENTS: &str = "outbox_relay_bad_events_total";
+pub(crate) const EVENTS_SKIPPED_IN_SINK: &str = "outbox_relay_events_skipped_in_sink_total";
+/// [`EVENTS_SKIPPED_IN_SINK`]'s name until this release (it named the first sink); exported
+/// beside it until the next release, so dashboards can move.
 pub(crate) const EVENTS_SKIPPED_IN_KAFKA: &str = "outbox_relay_events_skipped_in_kafka_total";
 pub(crate) const PARTITIONS_READ_BACK: &str = "outbox_relay_partitions_read_back_total";
 pub(crate) const READ_BACK_SECONDS: &str = "outbox_relay_read_back_seconds";
@@ -106,6 +109,13 @@ pub(crate) fn count_invalid_traceparent() {
 /// One event `[filter]` kept from the sink.
 pub(crate) fn count_filtered() {
     counter!(EVENTS_FILTERED).increment(1);
+}
+
+/// One replayed event not sent because the sink held it already (exactly-once); counted under
+/// the old name too until the next release.
+pub(crate) fn count_skipped_in_sink() {
+    counter!(EVENTS_SKIPPED_IN_SINK).increment(1);
+    counter!(EVENTS_SKIPPED_IN_KAFKA).increment(1);
 }
 
 /// Help texts, and the process-wide series registered up front so a scrape shows them (at 0)
@@ -166,8 +176,12 @@ pub(crate) fn describe() {
         "Outbox events that can never be published, by relay.on_bad_event policy and cause."
     );
     describe_counter!(
+        EVENTS_SKIPPED_IN_SINK,
+        "Exactly-once: replayed events not sent because the sink already held them."
+    );
+    describe_counter!(
         EVENTS_SKIPPED_IN_KAFKA,
-        "Exactly-once: replayed events not produced because the broker already held them."
+        "Deprecated alias of outbox_relay_events_skipped_in_sink_total (removed in the next release)."
     );
     describe_counter!(
         PARTITIONS_READ_BACK,

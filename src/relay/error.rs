@@ -93,9 +93,9 @@ pub enum RelayError {
     #[error(
         "replication slot {slot:?} is invalidated ({cause}): PostgreSQL removed WAL the relay had not yet delivered, \
          so outbox events committed after {confirmed} may never be published. The relay never recreates a slot by \
-         itself. Recover: (1) note the last event id each topic has in Kafka; (2) `outbox-relay teardown --yes` then \
+         itself. Recover: (1) note the last event id each destination holds; (2) `outbox-relay teardown --yes` then \
          `outbox-relay setup` to create a fresh slot; (3) start the relay, then re-publish the outbox rows committed \
-         since {confirmed} that Kafka lacks (consumers deduplicate on the id header); (4) raise \
+         since {confirmed} that the sink lacks (consumers deduplicate on the id header); (4) raise \
          max_slot_wal_keep_size or alert on retained WAL earlier. See docs/operations.md, \"Slot invalidated\""
     )]
     SlotLost {

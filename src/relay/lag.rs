@@ -4,7 +4,7 @@
 //! and is not yet confirmed; 0 when every such transaction is confirmed. Under steady load that
 //! equals "now minus the commit time of the last confirmed transaction" (the next one is the
 //! oldest unconfirmed), but it does not jump to hours after an idle night, and it keeps growing
-//! while Kafka is down, which is what an operator alerting on it wants.
+//! while the sink is down, which is what an operator alerting on it wants.
 //!
 //! Only transactions with events are recorded (one entry each, when their first event is
 //! sent), so the queue is bounded like the watermark's list of pending transactions.
@@ -19,7 +19,7 @@ pub(crate) struct CommitLag {
     /// (commit LSN, commit time µs) of unconfirmed transactions with events, in commit order.
     pending: VecDeque<(Lsn, i64)>,
     /// Commit time (µs) of the latest confirmed transaction that carried events: every event
-    /// committed up to then is in Kafka (the recovery point of docs/operations.md).
+    /// committed up to then is in the sink (the recovery point of docs/operations.md).
     last_confirmed_unix_us: Option<i64>,
 }
 

@@ -1,7 +1,7 @@
 //! The relay: a supervisor that runs replication sessions until shutdown.
 //!
 //! A session ends with an error classified by [`RelayError::is_transient`]. Transient errors
-//! (connection lost, Kafka delivery failed, slot busy because another instance streams) lead to
+//! (connection lost, a delivery the sink failed, slot busy because another instance streams) lead to
 //! a new session after a capped, jittered exponential backoff; the new session resumes from the
 //! slot's `confirmed_flush_lsn`, so everything not yet confirmed is republished (at-least-once).
 //! Fatal errors (bad configuration, a bad event under the `fail` policy, a lost slot) stop the
@@ -233,7 +233,7 @@ async fn supervise(
                 error!(slot = %settings.postgres.slot, error = %e, "fatal");
                 if let (RelayError::SlotMissing { .. }, Some(us)) = (&e, ctx.carried.last_confirmed_commit_unix_us) {
                     // After a failover on PostgreSQL 14-16 (or a dropped slot): where the
-                    // recovery starts. Events committed up to then are in Kafka.
+                    // recovery starts. Events committed up to then are in the sink.
                     let since = crate::ops::units::utc_from_unix_us(us);
                     error!(
                         slot = %settings.postgres.slot,

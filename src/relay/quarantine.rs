@@ -1,7 +1,7 @@
 //! Telling a bad record from its innocent batch-mates.
 //!
 //! When a broker refuses a produce request for the content of its records (`MESSAGE_TOO_LARGE`,
-//! `INVALID_RECORD`, …) it refuses the whole batch, and librdkafka reports that error for every
+//! `INVALID_RECORD`, …) it refuses the whole batch, and its client reports that error for every
 //! event in it. Applying `[relay] on_bad_event` to all of them would skip or dead-letter events
 //! whose only fault was sharing a batch with a bad one. So a refused event only becomes a
 //! *suspect*: the session ends (the transaction is poisoned, nothing past it is confirmed) and

@@ -17,7 +17,7 @@ use crate::postgres::replication::connection::FrameReader;
 const FRAME_BATCH: usize = 512;
 /// Reading a backlog (transactions the server sent more than [`BACKLOG_AGE`] after their
 /// commit), a read that emptied the socket is followed by this pause, during which neither
-/// frames nor delivery reports are taken: the walsender fills the socket buffer and librdkafka
+/// frames nor delivery reports are taken: the walsender fills the socket buffer and the sink
 /// queues up reports meanwhile, and the relay handles both in large batches instead of waking
 /// (epoll, recv, TCP acknowledgements, a channel wake-up per report) for every few messages.
 /// Those wake-ups were most of the relay's CPU while draining, on the same two cores the

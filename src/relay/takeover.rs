@@ -1,13 +1,14 @@
 //! The takeover fence (exactly-once by read-back, `guarantee/read_back.rs`): how long a session
 //! that took the slot from another instance waits before its first read-back, and why.
 //!
-//! A previous holder can still send what it had handed to librdkafka after the slot changed
+//! A previous holder can still send what it had handed to its sink's client (librdkafka, for
+//! Kafka) after the slot changed
 //! hands; a record that lands after this session read its partition back is published twice.
 //! The holder hands records over only while its last status update is under
-//! [`RelaySettings::stale_limit`] old, and librdkafka drops a queued record `message.timeout.ms`
+//! [`RelaySettings::stale_limit`] old, and the client drops a queued record its queue expiry
 //! after it was handed over (exactly-once bounds that to 10 s unless the user set it). So
 //! everything it may still send has landed or expired by
-//! `last status update + stale limit + message.timeout.ms (+ 1 s for librdkafka's expiry scan)`:
+//! `last status update + stale limit + queue expiry (+ 1 s for the client's expiry scan)`:
 //! the fence. The standby learns the holder's last status update from `pg_stat_replication`
 //! while it waits ([`Predecessor::observe`]).
 //!

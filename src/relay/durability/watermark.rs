@@ -146,7 +146,7 @@ impl AckWatermark {
         Ok(TxnTicket(self.front_seq + self.pending.len() as u64 - 1))
     }
 
-    /// One event of the open transaction was handed to Kafka.
+    /// One event of the open transaction was handed to the sink.
     pub(super) fn event_sent(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         let txn = self.get_mut(ticket)?;
         txn.outstanding += 1;
@@ -172,14 +172,14 @@ impl AckWatermark {
         Ok(())
     }
 
-    /// Kafka acknowledged one event.
+    /// The sink acknowledged one event.
     pub(super) fn acked(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         self.settle(ticket, bytes)?;
         self.advance();
         Ok(())
     }
 
-    /// Kafka finally failed one event: its transaction (and so everything after) is never confirmed.
+    /// The sink finally failed one event: its transaction (and so everything after) is never confirmed.
     pub(super) fn failed(&mut self, ticket: TxnTicket, bytes: usize) -> Result<(), WatermarkError> {
         self.settle(ticket, bytes)?;
         self.get_mut(ticket)?.poisoned = true;
@@ -421,7 +421,7 @@ mod tests {
         #[test]
         fn reported_lsn_never_passes_the_safe_point((txns, picks) in scenario(), stream_ahead in 1usize..10) {
             let mut w = AckWatermark::new(Lsn(0));
-            // (ticket, txn index) of events handed to Kafka but not yet acknowledged.
+            // (ticket, txn index) of events handed to the sink but not yet acknowledged.
             let mut in_flight: Vec<(TxnTicket, usize)> = Vec::new();
             let mut acked_per_txn = vec![0u32; txns.len()];
             let mut committed = 0usize;

@@ -1,6 +1,7 @@
 //! Exactly-once by read-back: a (re)started stream skips the events the sink already holds,
-//! found by reading back the tail of each partition it is about to write — no broker
-//! transactions, any Kafka. The records carry their position headers (`position.rs`).
+//! found by reading back the tail of each partition (the sink's ordered lane) it is about to
+//! write — no broker transactions (on Kafka: any Kafka). The records carry their position
+//! headers (`position.rs`).
 //!
 //! **Skipped only when seen.** A replayed event is skipped only when a record of this source with
 //! *its exact position* is in its partition: never inferred from a neighbour, so a gap (an event
@@ -41,7 +42,7 @@ use tracing::info;
 
 use super::{position, Answer, Answers, Bound, Guarantee, HoldNote, Stamp, Start, Verdict};
 use crate::config::Settings;
-use crate::ops::metrics::{EVENTS_SKIPPED_IN_KAFKA, PARTITIONS_READ_BACK, READ_BACK_SECONDS};
+use crate::ops::metrics::{PARTITIONS_READ_BACK, READ_BACK_SECONDS};
 use crate::ops::units::utc_from_system_time;
 use crate::postgres::lsn::Lsn;
 use crate::relay::error::RelayError;
@@ -197,7 +198,7 @@ impl ReadBack {
             Lookup::Unchecked => Verdict::Send,
             Lookup::Known(true) => {
                 self.skipped += 1;
-                counter!(EVENTS_SKIPPED_IN_KAFKA).increment(1);
+                crate::ops::metrics::count_skipped_in_sink();
                 Verdict::Skip
             }
             Lookup::Known(false) => Verdict::Send,
@@ -533,7 +534,7 @@ mod tests {
         assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(1), None, true), Verdict::Send);
         // An explicit partition wins over the key's.
         assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(1), Some(0), true), Verdict::Skip);
-        // Without a key librdkafka picks at random: never skipped.
+        // Without a key the sink's client picks at random: never skipped.
         assert_eq!(r.verdict(at(0x200, 0), "t", b"", None, true), Verdict::Send);
         assert_eq!(r.skipped(), 3);
     }

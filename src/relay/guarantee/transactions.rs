@@ -24,7 +24,7 @@
 //! **Checkpoint.** Each seal stores the commit LSN of the unit's last source transaction; the
 //! sink reads the last committed one back when it is created — after fencing every earlier
 //! producer of its identity, so no unit can commit later — and a (re)started stream skips
-//! the source transactions at or below it: those are in Kafka, committed, although PostgreSQL
+//! the source transactions at or below it: those are in the sink, committed, although PostgreSQL
 //! was not told before the crash. Records still carry their position headers (`position.rs`).
 //!
 //! Invariant: the flush LSN sent to PostgreSQL covers only source transactions whose records
@@ -141,7 +141,7 @@ impl Guarantee for Transactions {
     fn admit(&mut self, at: EventRef, _: Bound<'_>, _: Option<&str>, _: bool) -> Verdict {
         if self.checkpoint.is_some_and(|c| at.commit_lsn <= c) {
             self.skipped += 1;
-            metrics::counter!(crate::ops::metrics::EVENTS_SKIPPED_IN_KAFKA).increment(1);
+            crate::ops::metrics::count_skipped_in_sink();
             return Verdict::Skip;
         }
         Verdict::Send
