@@ -165,7 +165,7 @@ impl Exchange for PubSubExchange {
             )),
             Some((code, message)) => Outcome::Transient(format!(
                 "publishing to {name} failed after the client's retries ({}): {code:?}: {message}",
-                humantime(self.settings.retry_timeout)
+                humantime(self.settings.requests.timeout)
             )),
             None => Outcome::Transient(format!("publishing to {name} failed: {error}")),
         }
