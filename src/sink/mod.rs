@@ -32,6 +32,8 @@
 
 pub(crate) mod aws;
 pub(crate) mod batch;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod driver;
 pub(crate) mod fence;
 pub(crate) mod kafka;

@@ -113,6 +113,11 @@ pub(crate) trait SinkPlugin: Sync + 'static {
         cx: &SinkContext,
     ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send;
 
+    /// The sink's half of `outbox-relay demo` (its `demo.rs`): what the demo asks of the sink
+    /// instead of knowing it.
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo;
+
     /// [`ExactlyOnce::Transactions`]: the sink that commits in units together with the
     /// relay's checkpoint, fencing earlier producers of its identity before it returns. Only
     /// called when [`SinkPlugin::exactly_once`] says `Transactions`; others refuse.

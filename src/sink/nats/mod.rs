@@ -7,6 +7,8 @@
 //! imports only `config` and the sink interface.
 
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod publisher;
 
 use std::time::Duration;
@@ -39,6 +41,11 @@ impl SinkPlugin for Nats {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::NatsDemo
     }
 
     fn messaging_system(&self) -> &'static str {

@@ -21,6 +21,8 @@
 //! imports only `config` and the sink interface.
 
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod exchange;
 pub(crate) mod message;
 
@@ -49,6 +51,11 @@ impl SinkPlugin for PubSub {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::PubSubDemo
     }
 
     /// OpenTelemetry's messaging conventions name it `gcp_pubsub`.

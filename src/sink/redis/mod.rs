@@ -10,6 +10,8 @@
 //! `appendfsync always`) that is "in memory" only, which `setup` and `status` say.
 
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod publisher;
 
 use std::time::Duration;
@@ -98,6 +100,11 @@ impl SinkPlugin for Redis {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::RedisDemo
     }
 
     fn messaging_system(&self) -> &'static str {

@@ -21,6 +21,8 @@
 
 pub(crate) mod client;
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod exchange;
 pub(crate) mod request;
 pub(crate) mod signature;
@@ -45,6 +47,11 @@ impl SinkPlugin for Webhook {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::WebhookDemo
     }
 
     /// OpenTelemetry has no `messaging.system` for plain HTTP: the sink's kind names it.
