@@ -22,10 +22,10 @@
 //! Each kind of sink is a [`plugin::SinkPlugin`] in its own folder, listed once in
 //! [`registry`]; this module's functions ([`limits`], [`prepare`], [`probe`], [`exactly_once`],
 //! [`create`], …) answer for whichever sink is configured, through the registry, without naming
-//! any. A request/response sink runs on the shared [`driver`] (RabbitMQ does, one message per
-//! key on the wire; NATS and Redis keep their own publishers for now: on the driver, NATS
-//! drained 35-40 % slower, its per-request reply futures costing what its single PubAck
-//! subscription saves).
+//! any. A request/response sink runs on the shared [`driver`]: it supplies a
+//! [`driver::Protocol`] and one of two transports, a reply future per request (RabbitMQ, the
+//! webhook, Pub/Sub, the AWS sinks) or replies read from one connection's stream (NATS, Redis:
+//! on per-request futures NATS drained 35-40 % slower).
 //!
 //! Adding a sink: a folder `src/sink/<name>/` with the plugin and its section `[<name>]`
 //! (`config.rs`), and one line in the registry (docs/architecture.md, "Adding a sink").

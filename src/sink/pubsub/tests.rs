@@ -11,7 +11,7 @@ use google_cloud_pubsub::error::PublishError;
 use super::config::PubSubSettings;
 use super::exchange::PubSubExchange;
 use super::*;
-use crate::sink::driver::{Exchange, Outcome};
+use crate::sink::driver::{Exchange, Outcome, Protocol};
 use crate::sink::requests::Requests;
 
 fn settings() -> PubSubSettings {
