@@ -70,6 +70,16 @@ pub enum ConfigError {
     Name { key: &'static str, source: IdentError },
 }
 
+impl ConfigError {
+    /// [`ConfigError::Invalid`]: the key, and what is wrong with it with the fix.
+    pub(crate) fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            key,
+            message: message.into(),
+        }
+    }
+}
+
 /// Maps an identifier error to [`ConfigError::Name`] for `key`.
 pub(crate) fn named(key: &'static str) -> impl FnOnce(IdentError) -> ConfigError {
     move |source| ConfigError::Name { key, source }

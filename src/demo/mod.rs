@@ -1,43 +1,26 @@
 //! `outbox-relay demo`: the whole pipeline on one machine in one command.
 //!
-//! It starts a throwaway PostgreSQL with `wal_level = logical` ([`postgres`]) and, unless
-//! `--bootstrap` names a broker, an embedded Kafka (librdkafka's mock cluster, [`kafka`]);
-//! creates the first seed's schema; runs `setup`; then runs, all in this process, producers
-//! placing orders at `--rate` ([`producer`]), the relay itself (`relay::run`, the same code as
-//! `outbox-relay run`), and a consumer ([`consumer`]), with a live progress line ([`stats`]).
-//! With `--sink nats|rabbitmq|redis` the relay publishes to a running server (`--sink-url`)
-//! instead: `setup` creates the run's NATS stream or RabbitMQ exchange, the matching consumer
-//! ([`consumer_nats`], [`consumer_rabbitmq`], [`consumer_redis`]) reads the run's events, and
-//! removes the stream, exchange or Redis key at the end (best effort). With `--sink pubsub|sqs`
-//! the relay publishes to a running Pub/Sub emulator or moto server (`--sink-url`; the demo
-//! checks it answers before anything starts, and says how to start one): `setup` creates the
-//! run's Pub/Sub topic, the consumer ([`consumer_pubsub`], [`consumer_sqs`]) makes the run's
-//! ordered subscription or FIFO queue before the relay starts, reads, and deletes them at the end
-//! (best effort). With `--sink sns|kinesis` the relay publishes to the same moto: the consumer
-//! ([`consumer_sns`], [`consumer_kinesis`]) makes the run's FIFO topic with a FIFO queue
-//! subscribed to it, or the run's stream, before the relay starts, reads, and deletes them at the
-//! end (best effort). The demo never reaches a cloud account: Pub/Sub goes to the emulator's
-//! address (`PUBSUB_EMULATOR_HOST`, set for this process), SQS, SNS and Kinesis to `--sink-url`
-//! with test credentials. With `--sink webhook` the
-//! relay POSTs to a receiver of the demo's own ([`consumer_webhook`]: signatures verified,
-//! duplicates acknowledged and not counted twice), signed with a secret made for the run.
-//! At the end (`--duration`, or Ctrl-C) it stops the producers, lets the relay and the consumer
-//! drain, stops the relay, and prints a summary.
+//! It starts a throwaway PostgreSQL with `wal_level = logical` ([`postgres`]), creates the
+//! first seed's schema, runs `setup`, then runs, all in this process, producers placing orders at
+//! `--rate` ([`producer`]), the relay itself (`relay::run`, the same code as `outbox-relay run`),
+//! and a consumer, with a live progress line ([`stats`]); at the end (`--duration`, or Ctrl-C) it
+//! stops the producers, lets the relay and the consumer drain, stops the relay, and prints a
+//! summary.
+//!
+//! What is particular to the sink — `--sink NAME`, one of the registered kinds, the default
+//! kind's unless given — is its demo half's answer (`crate::sink::demo`, each sink's own
+//! `demo.rs`): the server it needs (embedded unless `--bootstrap` gives one, running at
+//! `--sink-url`, or a receiver of the demo's own), what its client reads from the environment,
+//! the run's configuration section, what the summary says of it, and the consumer that makes what
+//! the run reads from before the relay starts, counts by event id (so duplicates show), and
+//! removes what the run made at the end (best effort). The demo never reaches a cloud account:
+//! a cloud sink's demo goes to a local stand-in (an emulator, moto), checked to answer before
+//! anything starts. This module names no sink.
 //!
 //! Cleanup invariant: whatever happens after PostgreSQL started — success, an error, Ctrl-C —
 //! the server is stopped and its temporary directory removed before the demo exits; a demo
 //! killed outright is covered by the server's watchdog (see [`postgres`]).
 
-pub(crate) mod consumer;
-pub(crate) mod consumer_kinesis;
-pub(crate) mod consumer_nats;
-pub(crate) mod consumer_pubsub;
-pub(crate) mod consumer_rabbitmq;
-pub(crate) mod consumer_redis;
-pub(crate) mod consumer_sns;
-pub(crate) mod consumer_sqs;
-pub(crate) mod consumer_webhook;
-pub(crate) mod kafka;
 pub mod postgres;
 pub(crate) mod producer;
 pub(crate) mod stats;
@@ -54,10 +37,9 @@ use crate::config::{ConfigError, Settings};
 use crate::control::ControlError;
 use crate::ops::health::{Mode, RelayHealth};
 use crate::relay::RelayError;
-use consumer::DemoConsumer;
-use kafka::EmbeddedKafka;
+use crate::sink::demo::{self as sink_demo, DemoRun, DemoTarget, LocalServer, Server, SinkDemo};
 use postgres::ThrowawayPostgres;
-use stats::{ProgressLine, Stats, Summary};
+use stats::{ProgressLine, RunTally, Stats, Summary};
 
 const DATABASE: &str = "shop";
 const SLOT: &str = "outbox_relay_demo";
@@ -75,17 +57,17 @@ pub(crate) struct DemoArgs {
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long, value_name = "SECONDS")]
     pub(crate) duration: Option<u64>,
-    /// The broker the relay publishes to: the embedded (or `--bootstrap`) Kafka, a running
-    /// NATS JetStream, RabbitMQ or Redis server, Pub/Sub emulator or moto (SQS, SNS, Kinesis)
-    /// server (`--sink-url`), or (webhook) an HTTP receiver of the demo's own.
-    #[arg(long, value_enum, default_value_t = DemoSink::Kafka)]
-    pub(crate) sink: DemoSink,
-    /// The server of `--sink nats|rabbitmq|redis|pubsub|sqs|sns|kinesis` (default: the server's
-    /// usual port on 127.0.0.1; pubsub takes the emulator's host:port, sqs, sns and kinesis moto's
-    /// http://host:port).
+    /// The sink the relay publishes to: one of the registered `[sink] kind`s, each with the
+    /// server its demo needs — embedded (unless `--bootstrap` gives one), running at
+    /// `--sink-url`, or a receiver of the demo's own.
+    #[arg(long, default_value = default_kind(), value_parser = kinds())]
+    pub(crate) sink: String,
+    /// The server of a `--sink` that runs already (default: the server's usual address on
+    /// 127.0.0.1; a local stand-in of a cloud service is checked to answer before anything
+    /// starts).
     #[arg(long, value_name = "URL", conflicts_with = "bootstrap")]
     pub(crate) sink_url: Option<String>,
-    /// Use this Kafka (host:port[,host:port…]) instead of the embedded one.
+    /// Use this server (host:port[,host:port…]) instead of the one a `--sink` embeds.
     #[arg(long, value_name = "SERVERS")]
     pub(crate) bootstrap: Option<String>,
     /// Directory of the PostgreSQL server binaries (initdb, postgres, pg_ctl); found
@@ -94,97 +76,69 @@ pub(crate) struct DemoArgs {
     pub(crate) pg_bin: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum DemoSink {
-    Kafka,
-    Nats,
-    Rabbitmq,
-    Redis,
-    /// An HTTP receiver of the demo's own.
-    Webhook,
-    /// Google Cloud Pub/Sub, on a running emulator.
-    Pubsub,
-    /// Amazon SQS (a FIFO queue), on a running moto server.
-    Sqs,
-    /// Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server.
-    Sns,
-    /// Amazon Kinesis Data Streams (a stream of two shards), on a running moto server.
-    Kinesis,
+/// The registered kinds, for `--sink` (with what each sink's demo says of itself in `--help`).
+fn kinds() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(sink_demo::sinks().into_iter().map(|(kind, demo)| {
+        let value = clap::builder::PossibleValue::new(kind);
+        match demo.help() {
+            Some(help) => value.help(help),
+            None => value,
+        }
+    }))
 }
 
-impl DemoSink {
-    /// `--sink-url`'s default.
-    fn default_url(self) -> &'static str {
-        match self {
-            DemoSink::Kafka | DemoSink::Webhook => "",
-            DemoSink::Nats => "nats://127.0.0.1:4222",
-            DemoSink::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
-            DemoSink::Redis => "redis://127.0.0.1:6379",
-            DemoSink::Pubsub => "127.0.0.1:8085",
-            DemoSink::Sqs | DemoSink::Sns | DemoSink::Kinesis => "http://127.0.0.1:5000",
-        }
-    }
+/// `--sink`'s default: the default `[sink] kind` (the first registered).
+fn default_kind() -> &'static str {
+    sink_demo::sinks().first().map_or("", |(kind, _)| *kind)
+}
 
-    /// For a local stand-in of a cloud service: its name and how to start it, said when it does
-    /// not answer.
-    fn local_server(self) -> Option<(&'static str, &'static str)> {
-        match self {
-            DemoSink::Pubsub => Some((
-                "Pub/Sub emulator",
-                "`gcloud beta emulators pubsub start --host-port=127.0.0.1:8085` (after \
-                 scripts/ensure-pubsub-emulator.sh)",
-            )),
-            DemoSink::Sqs => Some(("moto server (Amazon SQS)", MOTO_START)),
-            DemoSink::Sns => Some(("moto server (Amazon SNS)", MOTO_START)),
-            DemoSink::Kinesis => Some(("moto server (Amazon Kinesis)", MOTO_START)),
-            _ => None,
-        }
+/// The kinds whose server `server` picks, for messages: `nats|rabbitmq|redis`.
+fn kinds_with(server: impl Fn(Server) -> bool) -> String {
+    sink_demo::sinks()
+        .into_iter()
+        .filter(|(_, demo)| server(demo.server()))
+        .map(|(kind, _)| kind)
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// The server `--sink` is given: `--bootstrap` for one the sink otherwise embeds, `--sink-url`
+/// (or its default) for one that runs already, none for the demo's own.
+fn address(args: &DemoArgs, server: Server) -> Option<String> {
+    match server {
+        Server::Own(_) => None,
+        Server::Embedded(_) => args.bootstrap.clone(),
+        Server::Running { default_url, .. } => Some(args.sink_url.clone().unwrap_or_else(|| default_url.to_owned())),
     }
 }
 
-/// How to start moto, which serves SQS, SNS and Kinesis on one port.
-const MOTO_START: &str = "`~/.cache/outbox-relay/venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)";
-
-/// The project of the demo's Pub/Sub topic (the emulator accepts any).
-const PUBSUB_PROJECT: &str = "outbox-relay-demo";
-
-/// Where the relay publishes: the Kafka bootstrap servers, or another broker's URL and, for
-/// NATS and RabbitMQ, the run's stream or exchange (created by `setup`, deleted at the end).
-#[derive(Debug, Clone)]
-struct SinkTarget {
-    kind: DemoSink,
-    /// Kafka: the bootstrap servers; otherwise the server URL.
-    address: String,
-    /// NATS: the stream; RabbitMQ: the exchange; unused otherwise.
-    container: String,
-    /// Webhook: the demo's receiver (its socket and the run's secret).
-    endpoint: Option<Arc<consumer_webhook::Endpoint>>,
-}
-
-/// The running demo consumer: the Kafka one on its own thread, the others as tasks that clean
-/// up what the run created and say so.
-enum RunningConsumer {
-    Thread(std::thread::JoinHandle<()>),
-    Task(tokio::task::JoinHandle<Vec<String>>),
-}
-
-impl RunningConsumer {
-    /// Waits (bounded) for the consumer to stop; returns its cleanup lines.
-    async fn join(self) -> Vec<String> {
-        match self {
-            RunningConsumer::Thread(t) => {
-                let _ = tokio::task::spawn_blocking(move || t.join()).await;
-                Vec::new()
-            }
-            RunningConsumer::Task(mut t) => match tokio::time::timeout(Duration::from_secs(20), &mut t).await {
-                Ok(Ok(lines)) => lines,
-                Ok(Err(e)) => vec![format!("FAILED: the demo consumer panicked: {e}")],
-                Err(_) => {
-                    t.abort();
-                    vec!["FAILED: the demo consumer did not stop within 20 s".to_owned()]
-                }
-            },
-        }
+/// Why the arguments do not go together (`--sink-url` for a sink that embeds its server or runs
+/// its own, `--bootstrap` for one that does not embed it), in the words of the error.
+fn misused(args: &DemoArgs, server: Server) -> Option<String> {
+    let embedders = || {
+        sink_demo::sinks()
+            .into_iter()
+            .filter_map(|(_, demo)| match demo.server() {
+                Server::Embedded(name) => Some(name),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
+    match (server, &args.bootstrap, &args.sink_url) {
+        (Server::Embedded(name), _, Some(_)) => Some(format!(
+            "--sink-url is for --sink {}; a {name} is given by --bootstrap",
+            kinds_with(|s| matches!(s, Server::Running { .. }))
+        )),
+        (Server::Own(what), _, Some(_)) => Some(format!(
+            "--sink {} runs its own {what}; leave --sink-url out",
+            args.sink
+        )),
+        (Server::Running { .. } | Server::Own(_), Some(_), _) => Some(format!(
+            "--bootstrap is for {}; give the server of --sink with --sink-url",
+            embedders()
+        )),
+        _ => None,
     }
 }
 
@@ -207,8 +161,6 @@ pub enum DemoError {
         #[source]
         source: tokio_postgres::Error,
     },
-    #[error("Kafka: {0}")]
-    Kafka(String),
     #[error("{0}")]
     Sink(String),
     #[error("demo configuration: {0}")]
@@ -227,36 +179,20 @@ impl DemoError {
 
 /// Runs the demo; the exit code is 0 when every produced event was consumed.
 pub(crate) fn main(args: DemoArgs) -> ExitCode {
-    match (args.sink, &args.bootstrap, &args.sink_url) {
-        (DemoSink::Kafka, _, Some(_)) => {
-            eprintln!(
-                "error: --sink-url is for --sink nats|rabbitmq|redis|pubsub|sqs|sns|kinesis; a Kafka is given by \
-                 --bootstrap"
-            );
-            return ExitCode::from(2);
-        }
-        (DemoSink::Webhook, _, Some(_)) => {
-            eprintln!("error: --sink webhook runs its own receiver; leave --sink-url out");
-            return ExitCode::from(2);
-        }
-        (
-            DemoSink::Nats
-            | DemoSink::Rabbitmq
-            | DemoSink::Redis
-            | DemoSink::Webhook
-            | DemoSink::Pubsub
-            | DemoSink::Sqs
-            | DemoSink::Sns
-            | DemoSink::Kinesis,
-            Some(_),
-            _,
-        ) => {
-            eprintln!("error: --bootstrap is for Kafka; give the server of --sink with --sink-url");
-            return ExitCode::from(2);
-        }
-        _ => {}
+    let Some(demo) = sink_demo::find(&args.sink) else {
+        eprintln!("error: --sink {}: no such sink", args.sink);
+        return ExitCode::from(2);
+    };
+    let server = demo.server();
+    if let Some(why) = misused(&args, server) {
+        eprintln!("error: {why}");
+        return ExitCode::from(2);
     }
-    point_clients_at_local_server(&args);
+    // The relay runs in this process and its clients read their conventions from the
+    // environment: set before the runtime's threads exist.
+    if let Some(address) = address(&args, server).filter(|_| matches!(server, Server::Running { .. })) {
+        demo.point_clients_at(&address);
+    }
     let runtime = match crate::ops::runtime(2) {
         Ok(rt) => rt,
         Err(e) => {
@@ -264,7 +200,7 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(args)) {
+    match runtime.block_on(run(args, demo)) {
         Ok(summary) => {
             println!("{summary}");
             if summary.all_consumed() {
@@ -280,36 +216,10 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
     }
 }
 
-/// The relay runs in this process and its cloud clients read their conventions from the
-/// environment: the Pub/Sub client goes to `PUBSUB_EMULATOR_HOST` (the sink has no endpoint
-/// key), the AWS SDK takes credentials from its chain. Set here, before the runtime's threads
-/// exist, so the demo reaches the local server with test credentials and never a cloud
-/// account.
-fn point_clients_at_local_server(args: &DemoArgs) {
-    match args.sink {
-        DemoSink::Pubsub => {
-            let host = args
-                .sink_url
-                .clone()
-                .unwrap_or_else(|| args.sink.default_url().to_owned());
-            std::env::set_var(crate::sink::registry::demo_sections::EMULATOR_HOST_VAR, host);
-        }
-        DemoSink::Sqs | DemoSink::Sns | DemoSink::Kinesis => {
-            std::env::set_var("AWS_ACCESS_KEY_ID", consumer_sqs::TEST_KEY);
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", consumer_sqs::TEST_KEY);
-            std::env::remove_var("AWS_SESSION_TOKEN");
-            std::env::remove_var("AWS_PROFILE");
-        }
-        _ => {}
-    }
-}
-
 /// For a local stand-in of a cloud service: fails, before anything starts, when nothing answers
 /// at `address` (`host:port`, or a URL), naming how to start the server.
-async fn check_local_server(sink: DemoSink, address: &str) -> Result<(), DemoError> {
-    let Some((name, how)) = sink.local_server() else {
-        return Ok(());
-    };
+async fn check_local_server(local: LocalServer, address: &str) -> Result<(), DemoError> {
+    let LocalServer { name, start: how } = local;
     let authority = address
         .split_once("://")
         .map_or(address, |(_, rest)| rest)
@@ -333,15 +243,13 @@ async fn check_local_server(sink: DemoSink, address: &str) -> Result<(), DemoErr
 }
 
 /// Everything, with cleanup guaranteed once PostgreSQL started.
-pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
+pub(crate) async fn run(args: DemoArgs, demo: &'static dyn SinkDemo) -> Result<Summary, DemoError> {
     let mut progress = ProgressLine::new();
     let interrupts = watch_interrupts();
-    if args.sink.local_server().is_some() {
-        let address = args
-            .sink_url
-            .clone()
-            .unwrap_or_else(|| args.sink.default_url().to_owned());
-        check_local_server(args.sink, &address).await?;
+    let server = demo.server();
+    let address = address(&args, server);
+    if let (Server::Running { local: Some(local), .. }, Some(address)) = (server, &address) {
+        check_local_server(local, address).await?;
     }
     let bin = postgres::find_bin_dir(args.pg_bin.as_deref())?;
     progress.message(&format!("demo: starting a throwaway PostgreSQL ({})", bin.display()));
@@ -360,53 +268,26 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     );
-    let kafka = match (args.sink, &args.bootstrap) {
-        (DemoSink::Kafka, None) => match EmbeddedKafka::start(producer::EVENT_TYPE) {
-            Ok(k) => Some(k),
-            Err(e) => {
-                let mut pg = pg;
-                let _ = tokio::task::spawn_blocking(move || pg.stop()).await;
-                return Err(e);
-            }
-        },
-        _ => None,
+    let run = DemoRun {
+        id: run_id,
+        event_type: producer::EVENT_TYPE,
     };
-    let endpoint = match args.sink {
-        DemoSink::Webhook => match consumer_webhook::Endpoint::bind() {
-            Ok(e) => Some(Arc::new(e)),
-            Err(e) => {
-                let mut pg = pg;
-                let _ = tokio::task::spawn_blocking(move || pg.stop()).await;
-                return Err(e);
-            }
-        },
-        _ => None,
-    };
-    let webhook_url = endpoint_url(&endpoint);
-    let target = SinkTarget {
-        endpoint,
-        kind: args.sink,
-        address: match args.sink {
-            DemoSink::Kafka => args
-                .bootstrap
-                .clone()
-                .or_else(|| kafka.as_ref().map(|k| k.bootstrap_servers().to_owned()))
-                .unwrap_or_default(),
-            DemoSink::Webhook => webhook_url,
-            other => args.sink_url.clone().unwrap_or_else(|| other.default_url().to_owned()),
-        },
-        container: match args.sink {
-            DemoSink::Nats => format!("OUTBOX_RELAY_DEMO_{run_id}"),
-            _ => format!("outbox-relay-demo-{run_id}"),
-        },
+    let target = match demo.open(address, &run) {
+        Ok(target) => target,
+        Err(e) => {
+            let mut pg = pg;
+            let _ = tokio::task::spawn_blocking(move || pg.stop()).await;
+            return Err(DemoError::Sink(e));
+        }
     };
 
-    let outcome = pipeline(&args, &pg, &target, &run_id, kafka.is_some(), interrupts, &mut progress).await;
+    let outcome = pipeline(&args, &pg, &*target, &run.id, interrupts, &mut progress).await;
 
     progress.finish();
     let mut pg = pg;
     let stopped = tokio::task::spawn_blocking(move || pg.stop()).await;
-    drop(kafka);
+    // What the sink's demo holds (an embedded broker) stops after PostgreSQL, as the relay did.
+    drop(target);
     let cleanup = match stopped {
         Ok(Ok(())) => format!("PostgreSQL stopped and {} removed", dir.display()),
         Ok(Err(e)) => format!("FAILED: {e}"),
@@ -433,9 +314,8 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Summary, DemoError> {
 async fn pipeline(
     args: &DemoArgs,
     pg: &ThrowawayPostgres,
-    target: &SinkTarget,
+    target: &dyn DemoTarget,
     run_id: &str,
-    embedded: bool,
     mut interrupts: watch::Receiver<u32>,
     progress: &mut ProgressLine,
 ) -> Result<Summary, DemoError> {
@@ -449,15 +329,23 @@ async fn pipeline(
         .await
         .map_err(DemoError::postgres("creating the seed schema"))?;
 
-    let settings = demo_settings(&pg.url(DATABASE), target, run_id)?;
+    let settings = demo_settings(&pg.url(DATABASE), target)?;
     let setup = crate::control::setup(&settings).await?;
     progress.message(&format!("demo: setup done\n{setup}"));
 
     let topic = settings.router.route(producer::EVENT_TYPE).into_owned();
     let stats = Arc::new(Stats::new());
     let consumer_stop = Arc::new(AtomicBool::new(false));
-    // Started before the relay: the RabbitMQ queue must be bound before anything is published.
-    let consumer = start_consumer(target, &topic, run_id, &stats, &consumer_stop).await?;
+    // Started before the relay: what it reads from (a bound queue, a subscription) must exist
+    // before anything is published.
+    let tally = Arc::new(RunTally {
+        stats: Arc::clone(&stats),
+        run_id: run_id.to_owned(),
+    });
+    let consumer = target
+        .consume(&topic, tally, Arc::clone(&consumer_stop))
+        .await
+        .map_err(DemoError::Sink)?;
 
     let (relay_stop, relay_stop_rx) = watch::channel(false);
     let relay_settings = settings.clone();
@@ -566,53 +454,7 @@ async fn pipeline(
         numbers,
         rate: args.rate,
         topic,
-        kafka: match target.kind {
-            DemoSink::Kafka if embedded => format!("the embedded Kafka ({})", target.address),
-            DemoSink::Kafka => target.address.clone(),
-            // The URLs as the settings print them: any password masked.
-            DemoSink::Nats => match settings
-                .sink
-                .section::<crate::sink::registry::demo_sections::NatsSettings>()
-            {
-                Some(n) => format!("NATS JetStream {} (stream {})", n.url, n.stream),
-                None => "NATS JetStream".to_owned(),
-            },
-            DemoSink::Rabbitmq => match settings
-                .sink
-                .section::<crate::sink::registry::demo_sections::RabbitMqSettings>()
-            {
-                Some(r) => format!("RabbitMQ {} (exchange {})", r.url, r.exchange),
-                None => "RabbitMQ".to_owned(),
-            },
-            DemoSink::Redis => match settings
-                .sink
-                .section::<crate::sink::registry::demo_sections::RedisSettings>()
-            {
-                Some(r) => format!("Redis {}", r.url),
-                None => "Redis".to_owned(),
-            },
-            DemoSink::Webhook => format!(
-                "the demo's webhook receiver {} (every request's signature verified)",
-                target.address
-            ),
-            DemoSink::Pubsub => match settings
-                .sink
-                .section::<crate::sink::registry::demo_sections::PubSubSettings>()
-            {
-                Some(p) => format!("the Pub/Sub emulator at {} (project {})", target.address, p.project),
-                None => format!("the Pub/Sub emulator at {}", target.address),
-            },
-            DemoSink::Sqs => format!("moto (Amazon SQS) at {} (a FIFO queue)", target.address),
-            DemoSink::Sns => format!(
-                "moto (Amazon SNS) at {} (a FIFO topic, read through a subscribed FIFO queue)",
-                target.address
-            ),
-            DemoSink::Kinesis => format!(
-                "moto (Amazon Kinesis) at {} (a stream of {} shards)",
-                target.address,
-                consumer_kinesis::SHARDS
-            ),
-        },
+        sink: target.describe(&settings.sink),
         slot: SLOT.to_owned(),
         confirmed_lsn,
         interrupted: *interrupts.borrow() > 0,
@@ -626,190 +468,9 @@ fn relay_window() -> crate::ops::latency::LatencySummary {
     crate::ops::latency::commit_to_ack().summary(false)
 }
 
-/// Connects the consumer for `target` and starts it.
-async fn start_consumer(
-    target: &SinkTarget,
-    topic: &str,
-    run_id: &str,
-    stats: &Arc<Stats>,
-    stop: &Arc<AtomicBool>,
-) -> Result<RunningConsumer, DemoError> {
-    let (stats, stop) = (Arc::clone(stats), Arc::clone(stop));
-    Ok(match target.kind {
-        DemoSink::Kafka => {
-            let (bootstrap, topic, run_id) = (target.address.clone(), topic.to_owned(), run_id.to_owned());
-            let consumer = tokio::task::spawn_blocking(move || DemoConsumer::new(&bootstrap, &topic, &run_id))
-                .await
-                .map_err(|e| DemoError::Kafka(e.to_string()))??;
-            RunningConsumer::Thread(
-                consumer
-                    .spawn(stats, stop)
-                    .map_err(|e| DemoError::Io("starting the consumer thread".into(), e))?,
-            )
-        }
-        DemoSink::Nats => {
-            let c = consumer_nats::NatsConsumer::new(&target.address, &target.container, run_id).await?;
-            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
-        }
-        DemoSink::Rabbitmq => {
-            let c = consumer_rabbitmq::RabbitMqConsumer::new(&target.address, &target.container, topic, run_id).await?;
-            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
-        }
-        DemoSink::Redis => {
-            let c = consumer_redis::RedisConsumer::new(&target.address, topic, run_id).await?;
-            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
-        }
-        DemoSink::Pubsub => {
-            let c = consumer_pubsub::PubSubConsumer::new(&target.address, PUBSUB_PROJECT, topic, run_id).await?;
-            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
-        }
-        DemoSink::Sqs => {
-            let c = consumer_sqs::SqsConsumer::new(&target.address, topic, run_id).await?;
-            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
-        }
-        DemoSink::Sns => {
-            let c = consumer_sns::SnsConsumer::new(&target.address, topic, run_id).await?;
-            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
-        }
-        DemoSink::Kinesis => {
-            let c = consumer_kinesis::KinesisConsumer::new(&target.address, topic, run_id).await?;
-            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
-        }
-        DemoSink::Webhook => {
-            let endpoint = target
-                .endpoint
-                .as_ref()
-                .ok_or_else(|| DemoError::Sink("--sink webhook without its receiver".into()))?;
-            let c = consumer_webhook::WebhookConsumer::new(endpoint, run_id)?;
-            RunningConsumer::Task(tokio::spawn(c.run(stats, stop)))
-        }
-    })
-}
-
 /// The relay's configuration for the demo database, as a user would write it.
-fn demo_settings(url: &str, target: &SinkTarget, run_id: &str) -> Result<Settings, DemoError> {
-    let address = toml_string(&target.address);
-    let container = &target.container;
-    let sink = match target.kind {
-        DemoSink::Kafka => format!("[kafka]\n\"bootstrap.servers\" = {address}\n"),
-        // A subject per run, so the run's stream overlaps no other stream (a stream left by an
-        // earlier, killed demo included); `setup` creates the stream from `subjects`.
-        DemoSink::Nats => format!(
-            r#"[sink]
-kind = "nats"
-
-[nats]
-url = {address}
-stream = "{container}"
-subjects = ["demo.{run_id}.>"]
-
-[route]
-topic_regex = "(?<routedByValue>.*)"
-topic_replacement = "demo.{run_id}.${{routedByValue}}"
-"#
-        ),
-        // `setup` declares the run's exchange; the demo's queue binds the routed topic to it.
-        DemoSink::Rabbitmq => format!(
-            r#"[sink]
-kind = "rabbitmq"
-
-[rabbitmq]
-url = {address}
-exchange = "{container}"
-"#
-        ),
-        // The stream key is the routed topic, one per run so nothing older is read.
-        DemoSink::Redis => format!(
-            r#"[sink]
-kind = "redis"
-
-[redis]
-url = {address}
-
-[route]
-topic_regex = "(?<routedByValue>.*)"
-topic_replacement = "outbox-relay-demo:{run_id}:${{routedByValue}}"
-"#
-        ),
-        // The demo's own receiver; each event's topic is the last path segment.
-        DemoSink::Webhook => format!(
-            r#"[sink]
-kind = "webhook"
-
-[webhook]
-url = "{address_raw}/hooks/${{topic}}"
-secret = "{secret}"
-"#,
-            address_raw = target.address,
-            secret = target.endpoint.as_ref().map(|e| e.whsec()).unwrap_or_default()
-        ),
-        // A topic per run, which `setup` creates; the emulator is PUBSUB_EMULATOR_HOST
-        // (`point_clients_at_local_server`).
-        DemoSink::Pubsub => format!(
-            r#"[sink]
-kind = "pubsub"
-
-[pubsub]
-project = "{PUBSUB_PROJECT}"
-topics = ["{container}.{event_type}"]
-
-[route]
-topic_regex = "(?<routedByValue>.*)"
-topic_replacement = "{container}.${{routedByValue}}"
-"#,
-            event_type = producer::EVENT_TYPE
-        ),
-        // A FIFO queue per run (made by the demo's consumer: `setup` creates no queues). Queue
-        // names allow no `.` but the `.fifo` suffix: `order.placed` becomes `order-placed`.
-        DemoSink::Sqs => format!(
-            r#"[sink]
-kind = "sqs"
-
-[sqs]
-region = "{region}"
-endpoint_url = {address}
-fifo = true
-
-[route]
-topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
-topic_replacement = "{container}-${{head}}-${{tail}}.fifo"
-"#,
-            region = consumer_sqs::REGION
-        ),
-        // A FIFO topic per run, named as the SQS queue (made by the demo's consumer with its
-        // subscribed queue: `setup` creates no topics).
-        DemoSink::Sns => format!(
-            r#"[sink]
-kind = "sns"
-
-[sns]
-region = "{region}"
-endpoint_url = {address}
-fifo = true
-
-[route]
-topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
-topic_replacement = "{container}-${{head}}-${{tail}}.fifo"
-"#,
-            region = consumer_sqs::REGION
-        ),
-        // A stream per run (made by the demo's consumer with its shards); the default envelope
-        // format, which carries the event id the consumer counts by.
-        DemoSink::Kinesis => format!(
-            r#"[sink]
-kind = "kinesis"
-
-[kinesis]
-region = "{region}"
-endpoint_url = {address}
-
-[route]
-topic_regex = "(?<routedByValue>.*)"
-topic_replacement = "{container}.${{routedByValue}}"
-"#,
-            region = consumer_sqs::REGION
-        ),
-    };
+fn demo_settings(url: &str, target: &dyn DemoTarget) -> Result<Settings, DemoError> {
+    let sink = target.config();
     let text = format!(
         r#"
 [postgres]
@@ -832,22 +493,6 @@ reconnect_backoff_initial_ms = 200
     Ok(Settings::from_toml_str(&text, Path::new("<demo>"), std::iter::empty())?)
 }
 
-/// `value` as a TOML basic string.
-fn toml_string(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() + 2);
-    out.push('"');
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// Counts SIGINT/SIGTERM: the first stops the producers, a second skips the drain.
 fn watch_interrupts() -> watch::Receiver<u32> {
     let (tx, rx) = watch::channel(0u32);
@@ -865,9 +510,4 @@ fn watch_interrupts() -> watch::Receiver<u32> {
         }
     });
     rx
-}
-
-/// The demo receiver's base URL (empty without one).
-fn endpoint_url(endpoint: &Option<Arc<consumer_webhook::Endpoint>>) -> String {
-    endpoint.as_ref().map(|e| e.base_url()).unwrap_or_default()
 }

@@ -16,12 +16,13 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
 
 use crate::ops::latency::LatencySummary;
+use crate::sink::demo::Tally;
 
 /// Counters shared by the producer tasks, the consumer thread and the progress printer.
 pub(crate) struct Stats {
@@ -182,6 +183,44 @@ impl Default for Stats {
     }
 }
 
+/// What a sink's demo consumer counts into (`crate::sink::demo::Tally`): this run's [`Stats`].
+pub(crate) struct RunTally {
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) run_id: String,
+}
+
+impl Tally for RunTally {
+    /// Counted when it carries an event id and a payload of this run (`run`), with its latency
+    /// from the payload's `placed_at_us`.
+    fn record(&self, id: Option<i64>, payload: Option<&[u8]>) -> bool {
+        let payload: Option<serde_json::Value> = payload.and_then(|p| serde_json::from_slice(p).ok());
+        let (Some(id), Some(payload)) = (id, payload) else {
+            return false;
+        };
+        if payload.get("run").and_then(|r| r.as_str()) != Some(self.run_id.as_str()) {
+            return false;
+        }
+        let placed_at_us = payload
+            .get("placed_at_us")
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(0);
+        let now_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        self.stats
+            .consumed(id, Duration::from_micros((now_us - placed_at_us).max(0) as u64));
+        true
+    }
+
+    fn published(&self, n: u64) {
+        self.stats.published.store(n, Ordering::Relaxed);
+    }
+
+    fn published_one(&self) {
+        self.stats.published.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The numbers at one moment.
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
@@ -297,8 +336,9 @@ pub(crate) struct Summary {
     pub(crate) numbers: Snapshot,
     pub(crate) rate: u32,
     pub(crate) topic: String,
-    /// The broker, as the summary names it ("the embedded Kafka (…)", "NATS JetStream stream … at …").
-    pub(crate) kafka: String,
+    /// The sink's server, as the summary names it (each sink's demo half says: "the embedded
+    /// Kafka (…)", "NATS JetStream … (stream …)").
+    pub(crate) sink: String,
     pub(crate) slot: String,
     pub(crate) confirmed_lsn: Option<String>,
     pub(crate) interrupted: bool,
@@ -335,7 +375,7 @@ impl fmt::Display for Summary {
         writeln!(
             f,
             "  published       {} records to topic {} on {}",
-            n.published, self.topic, self.kafka
+            n.published, self.topic, self.sink
         )?;
         writeln!(
             f,
@@ -469,7 +509,7 @@ mod tests {
             numbers: snap,
             rate: 1,
             topic: "order.placed".into(),
-            kafka: "embedded".into(),
+            sink: "embedded".into(),
             slot: "demo".into(),
             confirmed_lsn: None,
             interrupted: false,
@@ -495,7 +535,7 @@ mod tests {
             numbers: s.snapshot(Duration::from_secs(2), &LatencySummary::default()),
             rate: 1,
             topic: "order.placed".into(),
-            kafka: "embedded".into(),
+            sink: "embedded".into(),
             slot: "demo".into(),
             confirmed_lsn: Some("0/16B3748".into()),
             interrupted: false,

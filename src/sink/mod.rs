@@ -22,15 +22,19 @@
 //! Each kind of sink is a [`plugin::SinkPlugin`] in its own folder, listed once in
 //! [`registry`]; this module's functions ([`limits`], [`prepare`], [`probe`], [`exactly_once`],
 //! [`create`], …) answer for whichever sink is configured, through the registry, without naming
-//! any. A request/response sink runs on the shared [`driver`]. What a sink can do for
-//! exactly-once delivery is a value it declares ([`exactly_once`]); a sink is never told the
-//! delivery mode.
+//! any. A request/response sink runs on the shared [`driver`]: it supplies a
+//! [`driver::Protocol`] and one of two transports, a reply future per request (RabbitMQ, the
+//! webhook, Pub/Sub, the AWS sinks) or replies read from one connection's stream (NATS, Redis:
+//! on per-request futures NATS drained 35-40 % slower). What a sink can do for exactly-once
+//! delivery is a value it declares ([`exactly_once`]); a sink is never told the delivery mode.
 //!
 //! Adding a sink: a folder `src/sink/<name>/` with the plugin and its section `[<name>]`
 //! (`config.rs`), and one line in the registry (docs/architecture.md, "Adding a sink").
 
 pub(crate) mod aws;
 pub(crate) mod batch;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod driver;
 pub(crate) mod exactly_once;
 pub(crate) mod fence;

@@ -104,6 +104,11 @@ pub(crate) trait SinkPlugin: Sync + 'static {
         cx: &SinkContext,
     ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send;
 
+    /// The sink's half of `outbox-relay demo` (its `demo.rs`): what the demo asks of the sink
+    /// instead of knowing it.
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo;
+
     /// [`ExactlyOnce::BrokerDeduplicates`]: the sink ready to hand its broker the records'
     /// deduplication keys (Redis: with its dedup script loaded); by default the plain one.
     fn create_deduplicating<Tag: Send + Sync + 'static>(

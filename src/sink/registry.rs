@@ -66,16 +66,6 @@ sinks![
     crate::sink::aws::sns::SnsPlugin,
 ];
 
-/// What the demo reads of particular sinks' sections, until each sink's demo half lives in its
-/// own folder.
-#[cfg(feature = "demo")]
-pub(crate) mod demo_sections {
-    pub(crate) use crate::sink::nats::config::NatsSettings;
-    pub(crate) use crate::sink::pubsub::config::{PubSubSettings, EMULATOR_HOST_VAR};
-    pub(crate) use crate::sink::rabbitmq::config::RabbitMqSettings;
-    pub(crate) use crate::sink::redis::config::RedisSettings;
-}
-
 impl Settings {
     /// Reads `path`, applies `OUTBOX_RELAY__*` variables from the process environment, validates
     /// (the sink sections: the registered ones).

@@ -53,23 +53,22 @@ pub(crate) struct Requests {
     pub(crate) timeout: Duration,
 }
 
-fn invalid(key: &'static str, message: String) -> ConfigError {
-    ConfigError::Invalid { key, message }
-}
-
 impl Count {
     /// The count `value` (or the default) stands for.
     pub(crate) fn validate(&self, value: Option<u64>) -> Result<usize, ConfigError> {
         let n = value.unwrap_or(self.default);
         if n == 0 {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 self.key,
                 format!("must be at least 1; leave it out for {}", self.default),
             ));
         }
         if let Some((most, what)) = self.most {
             if n > most {
-                return Err(invalid(self.key, format!("{n} {what} is more than {most}; lower it")));
+                return Err(ConfigError::invalid(
+                    self.key,
+                    format!("{n} {what} is more than {most}; lower it"),
+                ));
             }
         }
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
@@ -80,7 +79,7 @@ impl Millis {
     /// The duration `value` (or the default) stands for.
     pub(crate) fn validate(&self, value: Option<u64>) -> Result<Duration, ConfigError> {
         match value.unwrap_or(self.default) {
-            ms if ms < self.least.max(1) => Err(invalid(
+            ms if ms < self.least.max(1) => Err(ConfigError::invalid(
                 self.key,
                 format!(
                     "must be at least {} ms; leave it out for {} ms",
@@ -124,6 +123,22 @@ impl Requests {
             },
             max_in_flight: cx.max_in_flight.max(1),
             max_in_flight_bytes: cx.max_in_flight_bytes,
+            reply_timeout: None,
+            max_queue_wait: None,
+            dedup_queue_wait: None,
+            drop_wait: self.timeout,
+        }
+    }
+
+    /// The driver of a sink whose requests are pipelined on one connection: the caller's budget
+    /// bounds what is queued and the connection what is on the wire; no reply timer (the
+    /// connection bounds its replies). Dropped without abandon, what is on the wire gets one
+    /// timeout.
+    pub(crate) fn pipelined(&self) -> DriverOptions {
+        DriverOptions {
+            concurrency: Concurrency::Pipelined,
+            max_in_flight: usize::MAX,
+            max_in_flight_bytes: usize::MAX,
             reply_timeout: None,
             max_queue_wait: None,
             dedup_queue_wait: None,

@@ -34,19 +34,12 @@ use crate::config::{optional_number, ConfigError};
 use crate::sink::aws::message::Service;
 use crate::sink::requests::{Count, RequestKeys, Requests};
 
-fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        message: message.into(),
-    }
-}
-
 /// `key` (e.g. `"sqs.region"`): `None` leaves the region to the SDK's chain.
 pub(crate) fn region(key: &'static str, value: Option<&str>) -> Result<Option<String>, ConfigError> {
     match value.map(str::trim) {
         None => Ok(None),
         Some(r) if valid_region(r) => Ok(Some(r.to_owned())),
-        Some(r) => Err(invalid(
+        Some(r) => Err(ConfigError::invalid(
             key,
             format!("{r:?} is not an AWS region name (e.g. \"eu-west-1\"); fix it or leave it out for AWS_REGION"),
         )),
@@ -118,17 +111,17 @@ fn valid_region(r: &str) -> bool {
 /// An `http(s)://host[:port][/]` URL (a local emulator, a VPC endpoint).
 fn validate_endpoint(key: &'static str, url: &str, example: &str) -> Result<String, ConfigError> {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             key,
             format!("{url:?} is not an absolute URL; write e.g. \"{example}\""),
         ));
     };
     if scheme != "http" && scheme != "https" {
-        return Err(invalid(key, format!("{url:?} is not http:// or https://")));
+        return Err(ConfigError::invalid(key, format!("{url:?} is not http:// or https://")));
     }
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
     if authority.is_empty() || authority.contains('@') {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             key,
             "needs a host and no user:password@ (credentials come from the AWS credential chain)",
         ));
@@ -151,7 +144,7 @@ pub(crate) fn header_mode(key: &'static str, value: Option<&str>) -> Result<Head
     match value.map(str::trim) {
         None | Some("attributes") => Ok(HeaderMode::Attributes),
         Some("json") => Ok(HeaderMode::Json),
-        Some(other) => Err(invalid(
+        Some(other) => Err(ConfigError::invalid(
             key,
             format!("{other:?} is not a header mode; use \"attributes\" (the default) or \"json\""),
         )),
@@ -243,7 +236,7 @@ impl MessagesSection {
         let max_message_bytes = keys.max_message_bytes.validate(self.max_message_bytes)?;
         let limit = keys.message_limit;
         if max_message_bytes as u64 > limit {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 keys.max_message_bytes.key,
                 format!(
                     "{max_message_bytes} is above {}'s limit of {limit} bytes; lower it",

@@ -8,7 +8,7 @@
 //! Invariant: `close` aborts the batcher, so nothing of an abandoned sink is sent late.
 
 use crate::sink::batch::{Answer, BatchEntry, BatchLimits, BatchSend, Batcher};
-use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
+use crate::sink::driver::{Exchange, Outcome, Protocol, ReplyFuture};
 use crate::sink::SinkRecord;
 
 /// How records become a service's batch entries.
@@ -46,7 +46,7 @@ impl<B: BatchSend, E: Encode<Entry = B::Entry>> Batched<B, E> {
     }
 }
 
-impl<B: BatchSend, E: Encode<Entry = B::Entry>> Exchange for Batched<B, E> {
+impl<B: BatchSend, E: Encode<Entry = B::Entry>> Protocol for Batched<B, E> {
     type Request = B::Entry;
     type Reply = Answer;
 
@@ -67,11 +67,6 @@ impl<B: BatchSend, E: Encode<Entry = B::Entry>> Exchange for Batched<B, E> {
         self.encoder.encode(record, extra, dedup_key)
     }
 
-    /// Hands the entry to the batcher; the reply is its answer.
-    async fn send(&self, entry: B::Entry) -> Result<ReplyFuture<Answer>, String> {
-        self.batcher.submit(entry)
-    }
-
     fn classify(&self, answer: Answer) -> Outcome {
         match answer {
             Answer::Stored => Outcome::Acknowledged,
@@ -82,5 +77,12 @@ impl<B: BatchSend, E: Encode<Entry = B::Entry>> Exchange for Batched<B, E> {
 
     async fn close(&self) {
         self.batcher.close();
+    }
+}
+
+impl<B: BatchSend, E: Encode<Entry = B::Entry>> Exchange for Batched<B, E> {
+    /// Hands the entry to the batcher; the reply is its answer.
+    async fn send(&self, entry: B::Entry) -> Result<ReplyFuture<Answer>, String> {
+        self.batcher.submit(entry)
     }
 }

@@ -21,6 +21,8 @@
 
 pub(crate) mod client;
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod exchange;
 pub(crate) mod kinesis;
 pub(crate) mod message;

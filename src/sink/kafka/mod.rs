@@ -9,8 +9,12 @@
 //! interface.
 
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 mod late;
 mod logs;
+#[cfg(feature = "demo")]
+mod mock_cluster;
 pub(crate) mod partitioner;
 pub(crate) mod producer;
 mod ready;
@@ -41,6 +45,11 @@ impl SinkPlugin for Kafka {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::KafkaDemo
     }
 
     fn messaging_system(&self) -> &'static str {

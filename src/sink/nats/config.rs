@@ -13,8 +13,9 @@ use std::any::Any;
 use std::sync::Arc;
 
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
-use crate::config::{number_or_numeric_string, ConfigError};
+use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::{optional_number, ConfigError};
+use crate::sink::requests::{Millis, RequestKeys, Requests};
 
 /// NATS's default `max_payload` (1 MiB): the largest message (headers and payload) a server
 /// accepts unless configured otherwise.
@@ -52,10 +53,6 @@ pub(crate) struct NatsSection {
     /// A PEM file of CA certificates to verify the server with (TLS is then required).
     #[serde(default)]
     tls_ca: Option<PathBuf>,
-}
-
-fn optional_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    number_or_numeric_string(d).map(Some)
 }
 
 fn list_or_comma_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
@@ -134,7 +131,8 @@ pub struct NatsSettings {
     /// `[nats] subjects`, if set (`setup` creates the stream with them; `run` checks it covers them).
     pub(crate) subjects: Option<Vec<String>>,
     pub(crate) max_payload: usize,
-    pub(crate) ack_timeout: Duration,
+    /// `ack_timeout_ms`: how long a publish waits for its PubAck.
+    pub(crate) requests: Requests,
     pub(crate) connect_timeout: Duration,
     pub(crate) creds_file: Option<PathBuf>,
     pub(crate) tls_ca: Option<PathBuf>,
@@ -187,29 +185,35 @@ impl NatsSection {
                 message: format!("{max_payload} is too small; leave it out (1 MiB) or set the server's max_payload"),
             });
         }
-        let positive = |key: &'static str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
-            0 => Err(ConfigError::Invalid {
-                key,
-                message: format!("must be at least 1 ms; leave it out for {default} ms"),
-            }),
-            ms => Ok(Duration::from_millis(ms)),
-        };
         Ok(NatsSettings {
             url: self.url,
             stream,
             subjects,
             max_payload: usize::try_from(max_payload).unwrap_or(usize::MAX),
-            ack_timeout: positive("nats.ack_timeout_ms", self.ack_timeout_ms, DEFAULT_ACK_TIMEOUT_MS)?,
-            connect_timeout: positive(
-                "nats.connect_timeout_ms",
-                self.connect_timeout_ms,
-                DEFAULT_CONNECT_TIMEOUT_MS,
-            )?,
+            requests: REQUESTS.validate(None, None, self.ack_timeout_ms)?,
+            connect_timeout: Millis {
+                key: "nats.connect_timeout_ms",
+                default: DEFAULT_CONNECT_TIMEOUT_MS,
+                least: 1,
+            }
+            .validate(self.connect_timeout_ms)?,
             creds_file: self.creds_file,
             tls_ca: self.tls_ca,
         })
     }
 }
+
+/// `ack_timeout_ms`, checked as every request sink's timeout (NATS has no concurrency keys:
+/// its publishes are pipelined on one connection).
+const REQUESTS: RequestKeys = RequestKeys {
+    concurrency: None,
+    requests: None,
+    timeout: Millis {
+        key: "nats.ack_timeout_ms",
+        default: DEFAULT_ACK_TIMEOUT_MS,
+        least: 1,
+    },
+};
 
 /// `[sink] kind = "nats"` and its `[nats]` section (required).
 pub(crate) struct NatsSpec;
@@ -231,15 +235,12 @@ impl SinkSectionSpec for NatsSpec {
         section: Option<toml::Value>,
         _: &SectionContext<'_>,
     ) -> Result<Arc<dyn SinkSection>, ConfigError> {
-        let Some(section) = section else {
-            return Err(ConfigError::Invalid {
-                key: "nats",
-                message:
-                    "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
-                          stream = \"OUTBOX\" (docs/sink-nats.md)"
-                        .into(),
-            });
-        };
+        let section = present(
+            "nats",
+            section,
+            "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
+             stream = \"OUTBOX\" (docs/sink-nats.md)",
+        )?;
         let section: NatsSection = parse_section("nats", section)?;
         Ok(Arc::new(section.validate()?))
     }
@@ -453,7 +454,7 @@ mod tests {
         let s = section("url = \"nats://127.0.0.1:4222\"\nstream = \"OUTBOX\"").unwrap();
         assert_eq!(s.subjects, None);
         assert_eq!(s.max_payload, 1024 * 1024);
-        assert_eq!(s.ack_timeout, Duration::from_secs(10));
+        assert_eq!(s.requests.timeout, Duration::from_secs(10));
         let s = section(
             "url = \"nats://a:4222, nats://b:4222\"\nstream = \"S\"\nsubjects = \"outbox.>, dlq\"\nmax_payload = \"2048\"\nack_timeout_ms = 500",
         )
@@ -461,7 +462,7 @@ mod tests {
         assert_eq!(s.url.servers(), vec!["nats://a:4222", "nats://b:4222"]);
         assert_eq!(s.subjects, Some(vec!["outbox.>".to_owned(), "dlq".to_owned()]));
         assert_eq!(s.max_payload, 2048);
-        assert_eq!(s.ack_timeout, Duration::from_millis(500));
+        assert_eq!(s.requests.timeout, Duration::from_millis(500));
     }
 
     #[test]

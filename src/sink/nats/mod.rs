@@ -7,6 +7,8 @@
 //! imports only `config` and the sink interface.
 
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod publisher;
 
 use std::time::Duration;
@@ -39,6 +41,11 @@ impl SinkPlugin for Nats {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::NatsDemo
     }
 
     fn messaging_system(&self) -> &'static str {
@@ -114,7 +121,7 @@ pub(crate) async fn connect(
         // The connector counts every attempt, the first connection's included: one per server.
         .max_reconnects(Some(count))
         .ignore_discovered_servers()
-        .request_timeout(Some(s.ack_timeout));
+        .request_timeout(Some(s.requests.timeout));
     if let Some(path) = &s.creds_file {
         options = options
             .credentials_file(path)
@@ -165,7 +172,7 @@ pub(crate) async fn connect(
 /// check); records are not published through it (`publisher.rs` publishes with its own replies).
 fn context(client: Client, s: &NatsSettings) -> jetstream::Context {
     jetstream::context::ContextBuilder::new()
-        .timeout(s.ack_timeout)
+        .timeout(s.requests.timeout)
         .build(client)
 }
 

@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 
 use super::config::{filter_covers, validate_subject, NatsSettings};
 use super::{checked_stream, connect, context};
-use crate::sink::driver::{self, Arrival, Concurrency, Connection, DriverOptions, DriverSink, Outcome, Protocol};
+use crate::sink::driver::{self, Arrival, Connection, DriverOptions, DriverSink, Outcome, Protocol};
 use crate::sink::{Completions, FailureKind, SinkError, SinkRecord};
 
 /// The header the record's key travels in (NATS messages have no key of their own).
@@ -111,21 +111,18 @@ impl<Tag: Send + Sync + 'static> DriverSink<JetStream, Tag> {
             events,
             events_open: true,
             lost: false,
-            ack_timeout: settings.ack_timeout,
+            ack_timeout: settings.requests.timeout,
             stream: settings.stream.clone(),
         };
+        let ack_timeout = settings.requests.timeout;
         let options = DriverOptions {
-            concurrency: Concurrency::Pipelined,
-            // The caller's budget bounds what is on the wire (and sized the subscription).
-            max_in_flight: usize::MAX,
-            max_in_flight_bytes: usize::MAX,
-            reply_timeout: Some(settings.ack_timeout),
+            reply_timeout: Some(ack_timeout),
             // Like librdkafka's message.timeout.ms: a record that waited longer than an ack may
             // take was held by a frozen process a standby may have replaced; it is not sent late.
-            max_queue_wait: Some(settings.ack_timeout),
-            dedup_queue_wait: None,
-            // Dropped without abandon: wait as long as an ack may take.
-            drop_wait: settings.ack_timeout,
+            max_queue_wait: Some(ack_timeout),
+            // The caller's budget bounds what is on the wire (and sized the subscription);
+            // dropped without abandon, wait as long as an ack may take.
+            ..settings.requests.pipelined()
         };
         Ok(driver::start_on(Arc::new(protocol), connection, options))
     }

@@ -543,7 +543,7 @@ async fn no_puback_case(extra: &str, timeout: Duration, within: Duration) {
     let url = format!("nats://127.0.0.1:{}", server.port);
     let prefix = unique("t");
     let s = nats_settings(&url, &unique("T"), &[&format!("{prefix}.>")], extra);
-    assert_eq!(s.ack_timeout, timeout);
+    assert_eq!(s.requests.timeout, timeout);
     prepare_stream(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 100).await.unwrap();
     let subject = format!("{prefix}.orders");

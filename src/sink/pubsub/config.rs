@@ -16,8 +16,9 @@
 
 use serde::Deserialize;
 
-use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
-use crate::config::{number_or_numeric_string, ConfigError};
+use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::{optional_number, ConfigError};
+use crate::sink::requests::{Count, Millis, RequestKeys, Requests};
 
 /// Ordering keys with a publish in flight at once unless `max_concurrency` says otherwise.
 pub(crate) const DEFAULT_MAX_CONCURRENCY: u64 = 256;
@@ -47,31 +48,36 @@ pub(crate) struct PubSubSection {
     retry_timeout_ms: Option<u64>,
 }
 
-fn optional_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    number_or_numeric_string(d).map(Some)
-}
-
 /// `[pubsub]`, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PubSubSettings {
     pub(crate) project: String,
     /// The topic ids `setup` creates (empty: it creates none and says so).
     pub(crate) topics: Vec<String>,
-    pub(crate) max_concurrency: usize,
-    pub(crate) retry_timeout: std::time::Duration,
+    /// `max_concurrency` (ordering keys with a publish in flight) and `retry_timeout_ms` (the
+    /// client's retries of one publish).
+    pub(crate) requests: Requests,
 }
+
+/// `max_concurrency` and `retry_timeout_ms`, checked as every request sink's.
+const REQUESTS: RequestKeys = RequestKeys {
+    concurrency: Some(Count {
+        key: "pubsub.max_concurrency",
+        default: DEFAULT_MAX_CONCURRENCY,
+        most: None,
+    }),
+    requests: None,
+    timeout: Millis {
+        key: "pubsub.retry_timeout_ms",
+        default: DEFAULT_RETRY_TIMEOUT_MS,
+        least: 1,
+    },
+};
 
 impl PubSubSettings {
     /// The full resource name of topic `id`.
     pub(crate) fn topic_name(&self, id: &str) -> String {
         format!("projects/{}/topics/{id}", self.project)
-    }
-}
-
-fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        message: message.into(),
     }
 }
 
@@ -101,7 +107,7 @@ impl PubSubSection {
     pub(crate) fn validate(self) -> Result<PubSubSettings, ConfigError> {
         let project = self.project.unwrap_or_default().trim().to_owned();
         if project.is_empty() {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 "pubsub.project",
                 "missing: set the Google Cloud project whose topics the routed names are, e.g. project = \
                  \"my-project\"",
@@ -110,30 +116,19 @@ impl PubSubSection {
         // Project ids are lower-case letters, digits and hyphens; a domain-scoped one has
         // `example.com:` before it. Anything else would change the resource name's shape.
         if project.contains(['/', ' ']) || !project.chars().all(|c| c.is_ascii_graphic()) {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 "pubsub.project",
                 format!("{project:?} is not a project id (the id, not the name or number: e.g. \"my-project\")"),
             ));
         }
         let topics = self.topics.unwrap_or_default();
         for t in &topics {
-            check_topic_id(t).map_err(|e| invalid("pubsub.topics", e))?;
+            check_topic_id(t).map_err(|e| ConfigError::invalid("pubsub.topics", e))?;
         }
-        let positive = |key: &'static str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
-            0 => Err(invalid(key, format!("must be at least 1; leave it out for {default}"))),
-            n => Ok(n),
-        };
-        let max_concurrency = positive("pubsub.max_concurrency", self.max_concurrency, DEFAULT_MAX_CONCURRENCY)?;
-        let retry_timeout_ms = positive(
-            "pubsub.retry_timeout_ms",
-            self.retry_timeout_ms,
-            DEFAULT_RETRY_TIMEOUT_MS,
-        )?;
         Ok(PubSubSettings {
             project,
             topics,
-            max_concurrency: usize::try_from(max_concurrency).unwrap_or(usize::MAX),
-            retry_timeout: std::time::Duration::from_millis(retry_timeout_ms),
+            requests: REQUESTS.validate(self.max_concurrency, None, self.retry_timeout_ms)?,
         })
     }
 }
@@ -158,13 +153,12 @@ impl SinkSectionSpec for PubSubSpec {
         section: Option<toml::Value>,
         _: &SectionContext<'_>,
     ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let Some(section) = section else {
-            return Err(invalid(
-                "pubsub",
-                "[sink] kind = \"pubsub\" needs a [pubsub] section: add `[pubsub]` with project = \"my-project\" \
-                 (docs/sink-pubsub.md)",
-            ));
-        };
+        let section = present(
+            "pubsub",
+            section,
+            "[sink] kind = \"pubsub\" needs a [pubsub] section: add `[pubsub]` with project = \"my-project\" \
+             (docs/sink-pubsub.md)",
+        )?;
         let section: PubSubSection = parse_section("pubsub", section)?;
         Ok(std::sync::Arc::new(section.validate()?))
     }
@@ -191,8 +185,8 @@ impl SinkSection for PubSubSettings {
         match key {
             "project" => Some(self.project.clone()),
             "topics" => Some(self.topics.join(",")),
-            "max_concurrency" => Some(self.max_concurrency.to_string()),
-            "retry_timeout_ms" => Some(self.retry_timeout.as_millis().to_string()),
+            "max_concurrency" => Some(self.requests.max_concurrency.to_string()),
+            "retry_timeout_ms" => Some(self.requests.timeout.as_millis().to_string()),
             _ => None,
         }
     }
@@ -218,8 +212,8 @@ mod tests {
         let s = settings.sink.section::<PubSubSettings>().expect("the pubsub section");
         assert_eq!(s.project, "my-project");
         assert_eq!(s.topic_name("orders"), "projects/my-project/topics/orders");
-        assert_eq!(s.max_concurrency, DEFAULT_MAX_CONCURRENCY as usize);
-        assert_eq!(s.retry_timeout.as_millis() as u64, DEFAULT_RETRY_TIMEOUT_MS);
+        assert_eq!(s.requests.max_concurrency, DEFAULT_MAX_CONCURRENCY as usize);
+        assert_eq!(s.requests.timeout.as_millis() as u64, DEFAULT_RETRY_TIMEOUT_MS);
         let missing = load("[sink]\nkind = \"pubsub\"\n").unwrap_err();
         assert!(
             missing.contains("[pubsub] section") && missing.contains("project"),
@@ -259,7 +253,7 @@ mod tests {
         )
         .unwrap();
         let s = settings.sink.section::<PubSubSettings>().unwrap();
-        assert_eq!((s.project.as_str(), s.max_concurrency), ("from-env", 8));
+        assert_eq!((s.project.as_str(), s.requests.max_concurrency), ("from-env", 8));
     }
 
     #[test]
@@ -296,6 +290,6 @@ mod tests {
         let err = section("project = \"projects/p\"").unwrap_err();
         assert!(err.contains("not a project id"), "{err}");
         let s = section("project = \"p\"\nretry_timeout_ms = \"1500\"\ntopics = [\"orders\"]").unwrap();
-        assert_eq!((s.retry_timeout.as_millis(), s.topics.len()), (1500, 1));
+        assert_eq!((s.requests.timeout.as_millis(), s.topics.len()), (1500, 1));
     }
 }

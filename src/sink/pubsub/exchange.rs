@@ -38,7 +38,7 @@ use super::config::PubSubSettings;
 use super::message::{self, Outgoing};
 use super::SINK;
 use crate::config::cloudevents::CloudEventsMode;
-use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
+use crate::sink::driver::{Exchange, Outcome, Protocol, ReplyFuture};
 use crate::sink::SinkRecord;
 
 /// How long a publisher waits to batch messages of different ordering keys into one request.
@@ -95,7 +95,7 @@ impl PubSubExchange {
     }
 }
 
-impl Exchange for PubSubExchange {
+impl Protocol for PubSubExchange {
     type Request = Outgoing;
     type Reply = Reply;
 
@@ -112,32 +112,6 @@ impl Exchange for PubSubExchange {
         _dedup_key: Option<&str>,
     ) -> Result<Outgoing, String> {
         message::encode(record, extra, self.cloudevents)
-    }
-
-    /// Hands the message to its topic's publisher (which batches and sends it in its own task);
-    /// the reply future awaits the client's answer.
-    async fn send(&self, out: Outgoing) -> Result<ReplyFuture<Reply>, String> {
-        let publisher = self.publisher(&out.topic);
-        let Outgoing {
-            topic,
-            data,
-            ordering_key,
-            attributes,
-        } = out;
-        let answer = publisher.publish(
-            Message::new()
-                .set_data(data)
-                .set_ordering_key(ordering_key.clone())
-                .set_attributes(attributes),
-        );
-        Ok(Box::pin(async move {
-            let result = answer.await;
-            if result.is_err() {
-                // The driver holds the key from here on (module docs).
-                publisher.resume_publish(ordering_key);
-            }
-            Reply { topic, result }
-        }))
     }
 
     fn classify(&self, reply: Reply) -> Outcome {
@@ -165,7 +139,7 @@ impl Exchange for PubSubExchange {
             )),
             Some((code, message)) => Outcome::Transient(format!(
                 "publishing to {name} failed after the client's retries ({}): {code:?}: {message}",
-                humantime(self.settings.retry_timeout)
+                humantime(self.settings.requests.timeout)
             )),
             None => Outcome::Transient(format!("publishing to {name} failed: {error}")),
         }
@@ -176,6 +150,34 @@ impl Exchange for PubSubExchange {
     async fn close(&self) {
         self.publishers.lock().unwrap_or_else(|e| e.into_inner()).clear();
         debug!("Pub/Sub publishers closed");
+    }
+}
+
+impl Exchange for PubSubExchange {
+    /// Hands the message to its topic's publisher (which batches and sends it in its own task);
+    /// the reply future awaits the client's answer.
+    async fn send(&self, out: Outgoing) -> Result<ReplyFuture<Reply>, String> {
+        let publisher = self.publisher(&out.topic);
+        let Outgoing {
+            topic,
+            data,
+            ordering_key,
+            attributes,
+        } = out;
+        let answer = publisher.publish(
+            Message::new()
+                .set_data(data)
+                .set_ordering_key(ordering_key.clone())
+                .set_attributes(attributes),
+        );
+        Ok(Box::pin(async move {
+            let result = answer.await;
+            if result.is_err() {
+                // The driver holds the key from here on (module docs).
+                publisher.resume_publish(ordering_key);
+            }
+            Reply { topic, result }
+        }))
     }
 }
 

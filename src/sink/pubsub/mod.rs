@@ -21,6 +21,8 @@
 //! imports only `config` and the sink interface.
 
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod exchange;
 pub(crate) mod message;
 
@@ -33,7 +35,7 @@ use google_cloud_pubsub::client::{BasePublisher, TopicAdmin};
 use google_cloud_pubsub::retry_policy::RetryableErrors;
 
 use crate::config::sink::SinkSectionSpec;
-use crate::sink::driver::{self, Concurrency, DriverOptions};
+use crate::sink::driver::{self, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 use config::{check_topic_id, PubSubSettings, EMULATOR_HOST_VAR, NO_EXACTLY_ONCE};
@@ -49,6 +51,11 @@ impl SinkPlugin for PubSub {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::PubSubDemo
     }
 
     /// OpenTelemetry's messaging conventions name it `gcp_pubsub`.
@@ -106,20 +113,14 @@ impl SinkPlugin for PubSub {
         let base = connect(config, cx.connect_timeout).await?;
         let exchange = exchange::PubSubExchange::new(base, config, cx.cloudevents);
         let options = DriverOptions {
-            concurrency: Concurrency::PerKey {
-                max_keys: config.max_concurrency,
-            },
-            max_in_flight: cx.max_in_flight.max(1),
-            max_in_flight_bytes: cx.max_in_flight_bytes,
             // The client's retries end after retry_timeout_ms, but one attempt the service
             // never answers is not bounded by it (seen under load: a publish left waiting with
             // nothing logged, holding its key and the WAL). Past the window and a margin the
             // driver fails it as transient: the session replays it.
-            reply_timeout: Some(config.retry_timeout + REPLY_MARGIN),
-            max_queue_wait: None,
-            dedup_queue_wait: None,
+            reply_timeout: Some(config.requests.timeout + REPLY_MARGIN),
             // Dropped without abandon: what is on the wire gets one retry window's second.
             drop_wait: Duration::from_secs(1),
+            ..config.requests.per_key(cx)
         };
         Ok(boxed(driver::start(Arc::new(exchange), options)))
     }
@@ -213,7 +214,7 @@ async fn connect_to(
 ) -> Result<BasePublisher, SinkError> {
     crypto();
     let builder = configured!(BasePublisher::builder(), endpoint)
-        .with_retry_policy(RetryableErrors.with_time_limit(settings.retry_timeout))
+        .with_retry_policy(RetryableErrors.with_time_limit(settings.requests.timeout))
         .with_backoff_policy(backoff());
     match tokio::time::timeout(timeout, builder.build()).await {
         Ok(Ok(base)) => Ok(base),
@@ -235,7 +236,7 @@ async fn admin(settings: &PubSubSettings) -> Result<(TopicAdmin, Endpoint), Sink
     crypto();
     let endpoint = Endpoint::from_env();
     let builder = configured!(TopicAdmin::builder(), endpoint)
-        .with_retry_policy(RetryableErrors.with_time_limit(settings.retry_timeout.min(Duration::from_secs(30))));
+        .with_retry_policy(RetryableErrors.with_time_limit(settings.requests.timeout.min(Duration::from_secs(30))));
     let admin = builder.build().await.map_err(|e| {
         error(
             format!("cannot create the admin client for {}: {e}", endpoint.shown()),
@@ -320,7 +321,7 @@ pub(crate) async fn probe(settings: &PubSubSettings) -> Result<String, SinkError
             started.elapsed().as_millis(),
             settings.project,
             settings.topics.len(),
-            settings.max_concurrency
+            settings.requests.max_concurrency
         )),
         Ok(Ok(())) => Err(error(
             format!(

@@ -11,14 +11,18 @@ use google_cloud_pubsub::error::PublishError;
 use super::config::PubSubSettings;
 use super::exchange::PubSubExchange;
 use super::*;
-use crate::sink::driver::{Exchange, Outcome};
+use crate::sink::driver::{Exchange, Outcome, Protocol};
+use crate::sink::requests::Requests;
 
 fn settings() -> PubSubSettings {
     PubSubSettings {
         project: "test-project".into(),
         topics: vec![],
-        max_concurrency: 4,
-        retry_timeout: Duration::from_millis(500),
+        requests: Requests {
+            max_concurrency: 4,
+            max_requests: usize::MAX,
+            timeout: Duration::from_millis(500),
+        },
     }
 }
 

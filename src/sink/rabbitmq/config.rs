@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use crate::config::secret::Secret;
-use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::ConfigError;
 
 /// Longest AMQP short string: exchange names and routing keys.
@@ -116,14 +116,12 @@ impl SinkSectionSpec for RabbitMqSpec {
         section: Option<toml::Value>,
         _: &SectionContext<'_>,
     ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let Some(section) = section else {
-            return Err(ConfigError::Invalid {
-                key: "rabbitmq",
-                message: "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
-                          \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\""
-                    .into(),
-            });
-        };
+        let section = present(
+            "rabbitmq",
+            section,
+            "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
+             \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\"",
+        )?;
         let section: RabbitMqSection = parse_section("rabbitmq", section)?;
         Ok(std::sync::Arc::new(section.validate()?))
     }

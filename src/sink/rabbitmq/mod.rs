@@ -11,6 +11,8 @@
 //! imports only `config` and the sink interface. docs/sink-rabbitmq.md has the guarantees.
 
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod publisher;
 
 use std::time::Duration;
@@ -51,6 +53,11 @@ impl SinkPlugin for RabbitMq {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::RabbitMqDemo
     }
 
     fn messaging_system(&self) -> &'static str {

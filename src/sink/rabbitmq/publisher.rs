@@ -43,7 +43,7 @@ use tracing::debug;
 use super::config::{validate_routing_key, RabbitMqSettings, MAX_SHORT_STRING};
 use super::{check_exchange, connect, words, MAX_MESSAGE_BYTES, SINK};
 use crate::config::cloudevents::CloudEventsMode;
-use crate::sink::driver::{self, Concurrency, Driven, DriverOptions, Exchange, Outcome, ReplyFuture};
+use crate::sink::driver::{self, Concurrency, Driven, DriverOptions, Exchange, Outcome, Protocol, ReplyFuture};
 use crate::sink::{Completions, SinkError, SinkRecord};
 
 /// Header holding the event id (also the `message_id` property).
@@ -217,7 +217,7 @@ fn message(
     Ok((properties, body))
 }
 
-impl Exchange for AmqpExchange {
+impl Protocol for AmqpExchange {
     type Request = Outgoing;
     type Reply = Reply;
 
@@ -251,6 +251,30 @@ impl Exchange for AmqpExchange {
         })
     }
 
+    fn classify(&self, (routing_key, confirmation): Reply) -> Outcome {
+        match confirmation {
+            Ok(Confirmation::Ack(None)) => Outcome::Acknowledged,
+            Ok(Confirmation::Ack(Some(returned))) => Outcome::Refused(format!(
+                "unroutable: exchange {:?} has no queue bound for routing key {:?} (the broker returned it: {} \
+                 {}); bind a queue whose pattern matches, or route the event elsewhere",
+                self.exchange, routing_key, returned.reply_code, returned.reply_text
+            )),
+            Ok(Confirmation::Nack(_)) => Outcome::Transient(format!(
+                "RabbitMQ nacked the message (it could not store it in every queue bound for routing key {routing_key:?})"
+            )),
+            Ok(Confirmation::NotRequested) => Outcome::Transient("the channel is not in confirm mode".into()),
+            Err(e) => Outcome::Transient(format!("no confirm from RabbitMQ: {}", words(&e))),
+        }
+    }
+
+    async fn close(&self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.channel.close(200, "abandoned")).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection.close(200, "abandoned")).await;
+        debug!(exchange = %self.exchange, "RabbitMQ publisher closed");
+    }
+}
+
+impl Exchange for AmqpExchange {
     async fn send(&self, outgoing: Outgoing) -> Result<ReplyFuture<Reply>, String> {
         let Outgoing {
             routing_key,
@@ -272,27 +296,5 @@ impl Exchange for AmqpExchange {
             .await
             .map_err(|e| format!("publish to exchange {:?} failed: {}", self.exchange, words(&e)))?;
         Ok(Box::pin(async move { (routing_key, confirm.await) }))
-    }
-
-    fn classify(&self, (routing_key, confirmation): Reply) -> Outcome {
-        match confirmation {
-            Ok(Confirmation::Ack(None)) => Outcome::Acknowledged,
-            Ok(Confirmation::Ack(Some(returned))) => Outcome::Refused(format!(
-                "unroutable: exchange {:?} has no queue bound for routing key {:?} (the broker returned it: {} \
-                 {}); bind a queue whose pattern matches, or route the event elsewhere",
-                self.exchange, routing_key, returned.reply_code, returned.reply_text
-            )),
-            Ok(Confirmation::Nack(_)) => Outcome::Transient(format!(
-                "RabbitMQ nacked the message (it could not store it in every queue bound for routing key {routing_key:?})"
-            )),
-            Ok(Confirmation::NotRequested) => Outcome::Transient("the channel is not in confirm mode".into()),
-            Err(e) => Outcome::Transient(format!("no confirm from RabbitMQ: {}", words(&e))),
-        }
-    }
-
-    async fn close(&self) {
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.channel.close(200, "abandoned")).await;
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection.close(200, "abandoned")).await;
-        debug!(exchange = %self.exchange, "RabbitMQ publisher closed");
     }
 }

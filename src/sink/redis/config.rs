@@ -16,8 +16,9 @@ use serde::Deserialize;
 
 use crate::config::number_or_numeric_string;
 use crate::config::secret::Secret;
-use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::ConfigError;
+use crate::sink::requests::{Millis, RequestKeys, Requests};
 
 /// Redis' own `proto-max-bulk-len` default (512 MiB): the largest single value it accepts.
 pub(crate) const REDIS_MAX_BULK_BYTES: u64 = 512 * 1024 * 1024;
@@ -65,9 +66,23 @@ pub struct RedisSettings {
     pub(crate) dedup_max_keys: u64,
     /// The largest event sent; larger ones are refused on sight (`relay.on_bad_event`).
     pub(crate) max_message_bytes: usize,
-    /// Connect timeout, and how long a pipelined batch may wait for its replies.
-    pub(crate) timeout: std::time::Duration,
+    /// `timeout_ms`: the connect timeout, and how long a pipelined batch may wait for its
+    /// replies.
+    pub(crate) requests: Requests,
 }
+
+/// `timeout_ms`, checked as every request sink's timeout (at least 100 ms: a pipelined batch
+/// waits that long for its replies; Redis has no concurrency keys, its commands are pipelined
+/// on one connection).
+const REQUESTS: RequestKeys = RequestKeys {
+    concurrency: None,
+    requests: None,
+    timeout: Millis {
+        key: "redis.timeout_ms",
+        default: DEFAULT_TIMEOUT_MS,
+        least: 100,
+    },
+};
 
 impl RedisSection {
     pub(crate) fn validate(self) -> Result<RedisSettings, ConfigError> {
@@ -120,21 +135,12 @@ impl RedisSection {
                 ),
             });
         }
-        if self.timeout_ms < 100 {
-            return Err(ConfigError::Invalid {
-                key: "redis.timeout_ms",
-                message: format!(
-                    "{} ms is too short; use at least 100, or remove the key for {DEFAULT_TIMEOUT_MS}",
-                    self.timeout_ms
-                ),
-            });
-        }
         Ok(RedisSettings {
             url,
             dedup_window: std::time::Duration::from_secs(self.dedup_window_secs),
             dedup_max_keys: self.dedup_max_keys,
             max_message_bytes: self.max_message_bytes as usize,
-            timeout: std::time::Duration::from_millis(self.timeout_ms),
+            requests: REQUESTS.validate(None, None, Some(self.timeout_ms))?,
         })
     }
 }
@@ -159,13 +165,12 @@ impl SinkSectionSpec for RedisSpec {
         section: Option<toml::Value>,
         _: &SectionContext<'_>,
     ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let Some(section) = section else {
-            return Err(ConfigError::Invalid {
-                key: "redis",
-                message: "[sink] kind = \"redis\" needs a [redis] section with url = \"redis://host:6379\"; add it (docs/sink-redis.md)"
-                    .into(),
-            });
-        };
+        let section = present(
+            "redis",
+            section,
+            "[sink] kind = \"redis\" needs a [redis] section with url = \"redis://host:6379\"; add it \
+             (docs/sink-redis.md)",
+        )?;
         let section: RedisSection = parse_section("redis", section)?;
         Ok(std::sync::Arc::new(section.validate()?))
     }
@@ -206,7 +211,7 @@ mod tests {
         let err = section("url = \"redis://127.0.0.1\"\nmax_message_bytes = 0").unwrap_err();
         assert!(err.contains("redis.max_message_bytes"), "{err}");
         let s = section("url = \"rediss://127.0.0.1\"\nmax_message_bytes = \"1024\"\ntimeout_ms = 500").unwrap();
-        assert_eq!((s.max_message_bytes, s.timeout.as_millis()), (1024, 500));
+        assert_eq!((s.max_message_bytes, s.requests.timeout.as_millis()), (1024, 500));
     }
 
     #[test]

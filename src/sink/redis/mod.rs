@@ -10,6 +10,8 @@
 //! `appendfsync always`) that is "in memory" only, which `setup` and `status` say.
 
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod publisher;
 
 use std::time::Duration;
@@ -100,6 +102,11 @@ impl SinkPlugin for Redis {
         &config::SECTION
     }
 
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::RedisDemo
+    }
+
     fn messaging_system(&self) -> &'static str {
         "redis"
     }
@@ -188,15 +195,18 @@ fn sink_error(what: &str, e: &RedisError, settings: &RedisSettings) -> SinkError
 pub(crate) async fn connect(settings: &RedisSettings) -> Result<MultiplexedConnection, SinkError> {
     let client = redis::Client::open(settings.url.expose()).map_err(|e| sink_error("bad URL", &e, settings))?;
     let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(settings.timeout))
-        .set_response_timeout(Some(settings.timeout));
+        .set_connection_timeout(Some(settings.requests.timeout))
+        .set_response_timeout(Some(settings.requests.timeout));
     let connect = client.get_multiplexed_async_connection_with_config(&config);
-    match tokio::time::timeout(settings.timeout + Duration::from_secs(1), connect).await {
+    match tokio::time::timeout(settings.requests.timeout + Duration::from_secs(1), connect).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(sink_error("cannot connect to", &e, settings)),
         Err(_) => Err(SinkError {
             sink: SINK,
-            cause: format!("no connection to {} within {:?}", settings.url, settings.timeout),
+            cause: format!(
+                "no connection to {} within {:?}",
+                settings.url, settings.requests.timeout
+            ),
             transient: true,
         }),
     }

@@ -23,7 +23,7 @@ use tracing::info;
 
 use super::config::RedisSettings;
 use super::{connect, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK};
-use crate::sink::driver::{self, Arrival, Concurrency, Connection, DriverOptions, DriverSink, Outcome, Protocol};
+use crate::sink::driver::{self, Arrival, Connection, DriverSink, Outcome, Protocol};
 use crate::sink::{Completions, SinkError, SinkRecord};
 
 /// Records per pipeline, and bytes: enough to keep the connection busy, small enough that a
@@ -98,18 +98,9 @@ impl<Tag: Send + Sync + 'static> DriverSink<RedisStreams, Tag> {
             replies: VecDeque::new(),
             lost: false,
         };
-        let options = DriverOptions {
-            concurrency: Concurrency::Pipelined,
-            // The caller's budget bounds what is queued; the connection bounds each batch.
-            max_in_flight: usize::MAX,
-            max_in_flight_bytes: usize::MAX,
-            // The connection's response timeout ([redis] timeout_ms) bounds every batch.
-            reply_timeout: None,
-            max_queue_wait: None,
-            dedup_queue_wait: None,
-            // Dropped without abandon: the batch on the wire is bounded by the response timeout.
-            drop_wait: redis.timeout,
-        };
+        // The caller's budget bounds what is queued and the connection each batch; the
+        // connection's response timeout ([redis] timeout_ms) bounds every batch's replies.
+        let options = redis.requests.pipelined();
         let protocol = RedisStreams {
             max_message_bytes: redis.max_message_bytes,
         };

@@ -23,8 +23,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde::Deserialize;
 
-use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
-use crate::config::{number_or_numeric_string, ConfigError};
+use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::{optional_number, ConfigError};
+use crate::sink::requests::{Count, Millis, RequestKeys, Requests};
 
 /// The placeholder for the routed name in `url`.
 pub(crate) const TOPIC_PLACEHOLDER: &str = "${topic}";
@@ -71,10 +72,6 @@ pub(crate) struct WebhookSection {
     /// A PEM file of CA certificates trusted for `https://` (besides the system's).
     #[serde(default)]
     tls_ca: Option<PathBuf>,
-}
-
-fn optional_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    number_or_numeric_string(d).map(Some)
 }
 
 /// One secret or a list (an environment override is one string: comma- or space-separated).
@@ -212,13 +209,28 @@ pub struct WebhookSettings {
     pub(crate) keys: Vec<SigningKey>,
     /// In name order; none is a header the sink writes itself.
     pub(crate) headers: Vec<StaticHeader>,
-    pub(crate) timeout: Duration,
-    pub(crate) max_concurrency: usize,
+    /// `max_concurrency` (connections to the receiver) and `timeout_ms` (one request).
+    pub(crate) requests: Requests,
     pub(crate) max_body_bytes: usize,
     pub(crate) retry_initial: Duration,
     pub(crate) retry_max: Duration,
     pub(crate) tls_ca: Option<PathBuf>,
 }
+
+/// `max_concurrency` and `timeout_ms`, checked as every request sink's.
+const REQUESTS: RequestKeys = RequestKeys {
+    concurrency: Some(Count {
+        key: "webhook.max_concurrency",
+        default: DEFAULT_MAX_CONCURRENCY,
+        most: Some((4096, "connections to one receiver")),
+    }),
+    requests: None,
+    timeout: Millis {
+        key: "webhook.timeout_ms",
+        default: DEFAULT_TIMEOUT_MS,
+        least: 1,
+    },
+};
 
 /// Headers the sink writes itself: a static header of that name would be overwritten or doubled.
 pub(crate) const OWN_HEADERS: &[&str] = &[
@@ -236,13 +248,6 @@ pub(crate) const OWN_HEADERS: &[&str] = &[
     "transfer-encoding",
     "connection",
 ];
-
-fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        message: message.into(),
-    }
-}
 
 impl WebhookSection {
     /// Validates the section; `env` looks up the variables `headers` read (the process
@@ -262,31 +267,27 @@ impl WebhookSection {
         for (name, source) in self.headers {
             headers.push(validate_header(name, source, &env)?);
         }
-        let positive = |key: &'static str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
-            0 => Err(invalid(key, format!("must be at least 1; leave it out for {default}"))),
-            n => Ok(n),
-        };
-        let timeout = Duration::from_millis(positive("webhook.timeout_ms", self.timeout_ms, DEFAULT_TIMEOUT_MS)?);
-        let max_concurrency = positive("webhook.max_concurrency", self.max_concurrency, DEFAULT_MAX_CONCURRENCY)?;
-        if max_concurrency > 4096 {
-            return Err(invalid(
-                "webhook.max_concurrency",
-                format!("{max_concurrency} connections to one receiver is more than 4096; lower it"),
-            ));
+        let requests = REQUESTS.validate(self.max_concurrency, None, self.timeout_ms)?;
+        let max_body_bytes = Count {
+            key: "webhook.max_body_bytes",
+            default: DEFAULT_MAX_BODY_BYTES,
+            most: None,
         }
-        let max_body_bytes = positive("webhook.max_body_bytes", self.max_body_bytes, DEFAULT_MAX_BODY_BYTES)?;
-        let retry_initial = Duration::from_millis(positive(
-            "webhook.retry_initial_ms",
-            self.retry_initial_ms,
-            DEFAULT_RETRY_INITIAL_MS,
-        )?);
-        let retry_max = Duration::from_millis(positive(
-            "webhook.retry_max_ms",
-            self.retry_max_ms,
-            DEFAULT_RETRY_MAX_MS,
-        )?);
+        .validate(self.max_body_bytes)?;
+        let retry_initial = Millis {
+            key: "webhook.retry_initial_ms",
+            default: DEFAULT_RETRY_INITIAL_MS,
+            least: 1,
+        }
+        .validate(self.retry_initial_ms)?;
+        let retry_max = Millis {
+            key: "webhook.retry_max_ms",
+            default: DEFAULT_RETRY_MAX_MS,
+            least: 1,
+        }
+        .validate(self.retry_max_ms)?;
         if retry_max < retry_initial {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 "webhook.retry_max_ms",
                 format!(
                     "{} ms is below retry_initial_ms ({} ms); raise it or leave both out",
@@ -297,7 +298,7 @@ impl WebhookSection {
         }
         if let Some(ca) = &self.tls_ca {
             if !ca.is_file() {
-                return Err(invalid(
+                return Err(ConfigError::invalid(
                     "webhook.tls_ca",
                     format!(
                         "{} is not a readable file; point it at a PEM file of CA certificates",
@@ -310,9 +311,8 @@ impl WebhookSection {
             url,
             keys,
             headers,
-            timeout,
-            max_concurrency: usize::try_from(max_concurrency).unwrap_or(usize::MAX),
-            max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
+            requests,
+            max_body_bytes,
             retry_initial,
             retry_max,
             tls_ca: self.tls_ca,
@@ -323,7 +323,7 @@ impl WebhookSection {
 fn validate_url(raw: &str) -> Result<WebhookUrl, ConfigError> {
     let raw = raw.trim();
     if raw.is_empty() {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.url",
             "missing; add `url = \"https://host/path\"` under [webhook] (`${topic}` in it stands for the routed name)",
         ));
@@ -331,46 +331,49 @@ fn validate_url(raw: &str) -> Result<WebhookUrl, ConfigError> {
     let shown = redact_query(raw);
     // `${topic}` only after the authority: the routed name never picks the host.
     let (scheme, rest) = raw.split_once("://").ok_or_else(|| {
-        invalid(
+        ConfigError::invalid(
             "webhook.url",
             format!("{shown} is not an absolute URL; write e.g. \"https://hooks.example.com/outbox/${{topic}}\""),
         )
     })?;
     if scheme != "http" && scheme != "https" {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.url",
             format!("{shown} is not http:// or https://; a webhook is an HTTP endpoint"),
         ));
     }
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
     if authority.contains('@') {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.url",
             "carries credentials (user:password@): remove them and send them as a header instead, e.g. headers = \
              { Authorization = { env = \"HOOK_AUTH\" } }, which is never printed",
         ));
     }
     if authority.contains('$') {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.url",
             format!("{shown}: ${{topic}} may only stand in the path or query, never in the host"),
         ));
     }
     if raw.contains('#') {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.url",
             format!("{shown} has a #fragment, which HTTP never sends; remove it"),
         ));
     }
     let probe = raw.replace(TOPIC_PLACEHOLDER, "topic");
     if probe.contains("${") {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.url",
             format!("{shown} has a placeholder other than ${{topic}}, the only one there is"),
         ));
     }
     if let Err(e) = reqwest::Url::parse(&probe) {
-        return Err(invalid("webhook.url", format!("{shown} is not a URL: {e}")));
+        return Err(ConfigError::invalid(
+            "webhook.url",
+            format!("{shown} is not a URL: {e}"),
+        ));
     }
     Ok(WebhookUrl(raw.to_owned()))
 }
@@ -380,14 +383,14 @@ fn parse_secret(raw: &str) -> Result<SigningKey, ConfigError> {
     let text = raw.trim();
     let b64 = text.strip_prefix("whsec_").unwrap_or(text);
     let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| {
-        invalid(
+        ConfigError::invalid(
             "webhook.secret",
             "is not a Standard Webhooks secret (whsec_ followed by base64); make one with \
              `echo whsec_$(openssl rand -base64 32)`",
         )
     })?;
     if !SECRET_BYTES.contains(&bytes.len()) {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.secret",
             format!(
                 "decodes to {} bytes; Standard Webhooks secrets are 24 to 64 bytes (`echo whsec_$(openssl rand -base64 32)`)",
@@ -404,14 +407,14 @@ fn validate_header(
     env: &impl Fn(&str) -> Option<String>,
 ) -> Result<StaticHeader, ConfigError> {
     if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.headers",
             format!("{name:?} is not an HTTP header name (letters, digits and -)"),
         ));
     }
     let lower = name.to_ascii_lowercase();
     if OWN_HEADERS.contains(&lower.as_str()) || lower.starts_with("ce-") {
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.headers",
             format!("{name:?} is a header the relay writes itself (for every event); remove it"),
         ));
@@ -421,7 +424,7 @@ fn validate_header(
         HeaderSource::Env { env: var, prefix } => match env(&var) {
             Some(v) if !v.is_empty() => format!("{prefix}{v}"),
             _ => {
-                return Err(invalid(
+                return Err(ConfigError::invalid(
                     "webhook.headers",
                     format!(
                         "header {name:?} reads the environment variable {var}, which is not set (or empty); set it"
@@ -432,7 +435,7 @@ fn validate_header(
     };
     if reqwest::header::HeaderValue::from_str(&value).is_err() {
         // The value is a secret: say where, never what.
-        return Err(invalid(
+        return Err(ConfigError::invalid(
             "webhook.headers",
             format!("the value of {name:?} is not a valid header value (a line break or control character?)"),
         ));
@@ -465,13 +468,12 @@ impl SinkSectionSpec for WebhookSpec {
         section: Option<toml::Value>,
         _: &SectionContext<'_>,
     ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let Some(section) = section else {
-            return Err(invalid(
-                "webhook",
-                "[sink] kind = \"webhook\" needs a [webhook] section: add `[webhook]` with url = \
-                 \"https://host/path/${topic}\" (docs/sink-webhook.md)",
-            ));
-        };
+        let section = present(
+            "webhook",
+            section,
+            "[sink] kind = \"webhook\" needs a [webhook] section: add `[webhook]` with url = \
+             \"https://host/path/${topic}\" (docs/sink-webhook.md)",
+        )?;
         let section: WebhookSection = parse_section("webhook", section)?;
         Ok(std::sync::Arc::new(section.validate(|var| std::env::var(var).ok())?))
     }
@@ -486,8 +488,8 @@ impl SinkSection for WebhookSettings {
     fn get(&self, key: &str) -> Option<String> {
         match key {
             "url" => Some(self.url.to_string()),
-            "timeout_ms" => Some(self.timeout.as_millis().to_string()),
-            "max_concurrency" => Some(self.max_concurrency.to_string()),
+            "timeout_ms" => Some(self.requests.timeout.as_millis().to_string()),
+            "max_concurrency" => Some(self.requests.max_concurrency.to_string()),
             "max_body_bytes" => Some(self.max_body_bytes.to_string()),
             _ => None,
         }
@@ -550,8 +552,8 @@ mod tests {
             s.url.shown_for("orders"),
             "http://127.0.0.1:9/hooks/orders?code=********"
         );
-        assert_eq!(s.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
-        assert_eq!(s.max_concurrency, DEFAULT_MAX_CONCURRENCY as usize);
+        assert_eq!(s.requests.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
+        assert_eq!(s.requests.max_concurrency, DEFAULT_MAX_CONCURRENCY as usize);
         assert!(s.keys.is_empty() && s.headers.is_empty());
         assert!(!format!("{s:?}").contains("abc"));
     }
@@ -628,7 +630,10 @@ mod tests {
         let err = section("url = \"http://h/\"\nretry_initial_ms = 500\nretry_max_ms = 100").unwrap_err();
         assert!(err.contains("below retry_initial_ms"), "{err}");
         let s = section("url = \"http://h/\"\ntimeout_ms = \"250\"\nmax_concurrency = 4").unwrap();
-        assert_eq!((s.timeout, s.max_concurrency), (Duration::from_millis(250), 4));
+        assert_eq!(
+            (s.requests.timeout, s.requests.max_concurrency),
+            (Duration::from_millis(250), 4)
+        );
         let err = section("url = \"http://h/\"\ntls_ca = \"/nonexistent/ca.pem\"").unwrap_err();
         assert!(err.contains("webhook.tls_ca"), "{err}");
         let err = section("url = \"http://h/\"\nverbose = true").unwrap_err();

@@ -11,7 +11,7 @@
 
 use super::config::{WebhookSettings, WebhookUrl};
 use crate::config::cloudevents::CloudEventsMode;
-use crate::sink::driver::{Exchange, Outcome, ReplyFuture};
+use crate::sink::driver::{Exchange, Outcome, Protocol, ReplyFuture};
 use crate::sink::SinkError;
 use crate::sink::SinkRecord;
 
@@ -46,7 +46,7 @@ pub(crate) struct Outgoing {
     shown_url: String,
 }
 
-impl Exchange for HttpExchange {
+impl Protocol for HttpExchange {
     type Request = Outgoing;
     type Reply = Result<(), Undeliverable>;
 
@@ -67,19 +67,21 @@ impl Exchange for HttpExchange {
         })
     }
 
-    /// Nothing to hand over first: the request goes out (and is retried) in the reply future.
-    async fn send(&self, out: Outgoing) -> Result<ReplyFuture<Self::Reply>, String> {
-        let client = self.client.clone();
-        Ok(Box::pin(
-            async move { client.deliver(&out.request, &out.shown_url).await },
-        ))
-    }
-
     fn classify(&self, reply: Self::Reply) -> Outcome {
         match reply {
             Ok(()) => Outcome::Acknowledged,
             Err(Undeliverable::Refused(cause)) => Outcome::Refused(cause),
             Err(Undeliverable::Fatal(cause)) => Outcome::Fatal(cause),
         }
+    }
+}
+
+impl Exchange for HttpExchange {
+    /// Nothing to hand over first: the request goes out (and is retried) in the reply future.
+    async fn send(&self, out: Outgoing) -> Result<ReplyFuture<Self::Reply>, String> {
+        let client = self.client.clone();
+        Ok(Box::pin(
+            async move { client.deliver(&out.request, &out.shown_url).await },
+        ))
     }
 }

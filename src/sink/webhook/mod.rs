@@ -21,6 +21,8 @@
 
 pub(crate) mod client;
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod exchange;
 pub(crate) mod request;
 pub(crate) mod signature;
@@ -29,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::sink::SinkSectionSpec;
-use crate::sink::driver::{self, Concurrency, DriverOptions};
+use crate::sink::driver;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 use config::{WebhookSettings, NO_EXACTLY_ONCE};
@@ -45,6 +47,11 @@ impl SinkPlugin for Webhook {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::WebhookDemo
     }
 
     /// OpenTelemetry has no `messaging.system` for plain HTTP: the sink's kind names it.
@@ -88,22 +95,10 @@ impl SinkPlugin for Webhook {
         cx: &SinkContext,
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
         let exchange = exchange::HttpExchange::new(config, cx.cloudevents)?;
-        let options = DriverOptions {
-            concurrency: Concurrency::PerKey {
-                max_keys: config.max_concurrency,
-            },
-            max_in_flight: cx.max_in_flight.max(1),
-            max_in_flight_bytes: cx.max_in_flight_bytes,
-            // The reply future bounds each attempt (timeout_ms) and retries for as long as the
-            // receiver fails: no overall timer, or a long outage would end in a replay.
-            reply_timeout: None,
-            // A key waits behind its retried request as long as the receiver is down; its
-            // records are not stale for that (the receiver deduplicates a replay anyway).
-            max_queue_wait: None,
-            dedup_queue_wait: None,
-            // Dropped without abandon: one attempt's time for what is on the wire.
-            drop_wait: config.timeout,
-        };
+        // The reply future bounds each attempt (timeout_ms) and retries for as long as the
+        // receiver fails; a key waits behind its retried request as long as the receiver is
+        // down, and its records are not stale for that (the receiver deduplicates a replay).
+        let options = config.requests.per_key(cx);
         Ok(boxed(driver::start(Arc::new(exchange), options)))
     }
 }
@@ -135,13 +130,18 @@ pub(crate) async fn probe(settings: &WebhookSettings) -> Result<String, SinkErro
     let url = settings.url.for_topic("status");
     let shown = settings.url.shown_for("status");
     let started = std::time::Instant::now();
-    match tokio::time::timeout(settings.timeout + Duration::from_millis(500), http.options(&url)).await {
+    match tokio::time::timeout(
+        settings.requests.timeout + Duration::from_millis(500),
+        http.options(&url),
+    )
+    .await
+    {
         Ok(Ok(status)) => Ok(format!(
             "HTTP webhook {shown} answers (OPTIONS: HTTP {status} in {} ms); {} signing key(s), up to {} aggregates \
              at once",
             started.elapsed().as_millis(),
             settings.keys.len(),
-            settings.max_concurrency
+            settings.requests.max_concurrency
         )),
         Ok(Err(cause)) => Err(SinkError {
             sink: SINK,
@@ -150,7 +150,10 @@ pub(crate) async fn probe(settings: &WebhookSettings) -> Result<String, SinkErro
         }),
         Err(_) => Err(SinkError {
             sink: SINK,
-            cause: format!("{shown} did not answer within {} ms", settings.timeout.as_millis()),
+            cause: format!(
+                "{shown} did not answer within {} ms",
+                settings.requests.timeout.as_millis()
+            ),
             transient: true,
         }),
     }

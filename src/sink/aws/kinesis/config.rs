@@ -126,13 +126,6 @@ const REQUESTS: RequestKeys = RequestKeys {
     },
 };
 
-fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        message: message.into(),
-    }
-}
-
 /// The stream-name rule: 1 to 128 letters, digits, `_`, `-` and `.`.
 pub(crate) fn check_stream_name(name: &str) -> Result<(), String> {
     if name.is_empty()
@@ -156,7 +149,7 @@ impl KinesisSection {
             None | Some("envelope") => Format::Envelope,
             Some("payload") => Format::Payload,
             Some(other) => {
-                return Err(invalid(
+                return Err(ConfigError::invalid(
                     "kinesis.format",
                     format!(
                         "{other:?} is not a record format; use \"envelope\" (the default: id, key, headers and \
@@ -167,7 +160,7 @@ impl KinesisSection {
         };
         let streams = self.streams.unwrap_or_default();
         for s in &streams {
-            check_stream_name(s).map_err(|e| invalid("kinesis.streams", e))?;
+            check_stream_name(s).map_err(|e| ConfigError::invalid("kinesis.streams", e))?;
         }
         let max_record_bytes = Count {
             key: "kinesis.max_record_bytes",
@@ -176,7 +169,7 @@ impl KinesisSection {
         }
         .validate(self.max_record_bytes)?;
         if max_record_bytes as u64 > KINESIS_MAX_RECORD_BYTES {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 "kinesis.max_record_bytes",
                 format!(
                     "{max_record_bytes} is above Kinesis's limit of {KINESIS_MAX_RECORD_BYTES} bytes (data and \
@@ -185,7 +178,7 @@ impl KinesisSection {
             ));
         }
         if max_record_bytes < 1024 {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 "kinesis.max_record_bytes",
                 format!("{max_record_bytes} bytes leaves no room for an event; use at least 1024"),
             ));

@@ -27,6 +27,8 @@
 
 pub(crate) mod client;
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod exchange;
 pub(crate) mod record;
 
@@ -53,6 +55,11 @@ impl SinkPlugin for KinesisPlugin {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::KinesisDemo
     }
 
     /// OpenTelemetry's messaging conventions have no Kinesis value: the `[sink] kind`.

@@ -21,6 +21,8 @@
 
 pub(crate) mod client;
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod exchange;
 
 use crate::config::sink::SinkSectionSpec;
@@ -57,6 +59,11 @@ impl SinkPlugin for SnsPlugin {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::SnsDemo
     }
 
     /// Named like OpenTelemetry's `aws_sqs`.

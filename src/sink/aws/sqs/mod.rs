@@ -22,6 +22,8 @@
 
 pub(crate) mod client;
 pub(crate) mod config;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub(crate) mod exchange;
 
 use crate::config::sink::SinkSectionSpec;
@@ -58,6 +60,11 @@ impl SinkPlugin for SqsPlugin {
 
     fn spec(&self) -> &'static dyn SinkSectionSpec {
         &config::SECTION
+    }
+
+    #[cfg(feature = "demo")]
+    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
+        &demo::SqsDemo
     }
 
     /// OpenTelemetry's messaging conventions name SQS `aws_sqs`.

@@ -1,5 +1,6 @@
-//! The demo's Amazon Kinesis consumer, on a running moto server (`--sink-url`): the run's stream
-//! of [`SHARDS`] shards, made (and ACTIVE) before the relay starts (the relay writes to existing
+//! Amazon Kinesis's half of `outbox-relay demo`, on a running moto server (`--sink-url`,
+//! `aws/demo.rs`): the relay writes to a stream of the run's own. The consumer makes it, of
+//! [`SHARDS`] shards, made (and ACTIVE) before the relay starts (the relay writes to existing
 //! streams only; the demo's config lists none for `setup` to create), every shard read from its
 //! start with `GetRecords`; counts by the `id` of each record's JSON envelope (the relay's
 //! default `format`, docs/sink-kinesis.md), the payload being the envelope's `payload`. A stream
@@ -14,10 +15,11 @@ use aws_sdk_kinesis::error::DisplayErrorContext;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use serde_json::value::RawValue;
 
-use super::consumer::{bounded, parse_id, record_event};
-use super::consumer_sqs::moto_config;
-use super::stats::Stats;
-use super::DemoError;
+use crate::config::sink::SinkSettings;
+use crate::sink::aws::demo::{moto, moto_config, use_test_credentials, REGION};
+use crate::sink::demo::{
+    bounded, container, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+};
 
 const BROKER: &str = "moto (Amazon Kinesis)";
 /// The shards of the demo's stream: more than one, so the demo reads as a Kinesis consumer does
@@ -50,12 +52,11 @@ pub(crate) struct KinesisConsumer {
     client: aws_sdk_kinesis::Client,
     stream: String,
     shards: Vec<Shard>,
-    run_id: String,
 }
 
 impl KinesisConsumer {
     /// Makes the stream `stream` at the moto `endpoint` and waits until it is ACTIVE.
-    pub(crate) async fn new(endpoint: &str, stream: &str, run_id: &str) -> Result<KinesisConsumer, DemoError> {
+    pub(crate) async fn new(endpoint: &str, stream: &str) -> Result<KinesisConsumer, String> {
         let client = aws_sdk_kinesis::Client::new(&moto_config(endpoint));
         bounded(BROKER, "creating the stream", async {
             client
@@ -84,10 +85,10 @@ impl KinesisConsumer {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(e) => {
-                    return Err(DemoError::Sink(format!(
+                    return Err(format!(
                         "{BROKER}, listing the shards of {stream}: {}",
                         DisplayErrorContext(e)
-                    )))
+                    ))
                 }
             }
         };
@@ -104,18 +105,17 @@ impl KinesisConsumer {
             client,
             stream: stream.to_owned(),
             shards,
-            run_id: run_id.to_owned(),
         })
     }
 
     /// Reads until `stop`, then deletes the stream; returns what it cleaned up.
-    pub(crate) async fn run(mut self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
+    pub(crate) async fn run(mut self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let mut reported = false;
         while !stop.load(Ordering::Relaxed) {
             let mut read = 0;
             let mut failed = None;
             for i in 0..self.shards.len() {
-                match self.read(i, &stats).await {
+                match self.read(i, &*tally).await {
                     Ok(n) => read += n,
                     Err(e) => failed = Some(e),
                 }
@@ -154,7 +154,7 @@ impl KinesisConsumer {
 
     /// One `GetRecords` of shard `i` (a fresh iterator first when it has none), its records
     /// counted; returns how many it read.
-    async fn read(&mut self, i: usize, stats: &Stats) -> Result<usize, String> {
+    async fn read(&mut self, i: usize, tally: &dyn Tally) -> Result<usize, String> {
         let shard = &mut self.shards[i];
         let iterator = match shard.iterator.take() {
             Some(it) => it,
@@ -193,10 +193,76 @@ impl KinesisConsumer {
             let envelope = serde_json::from_slice::<Envelope<'_>>(record.data().as_ref()).ok();
             let id = envelope.as_ref().and_then(|e| parse_id(e.id.as_bytes()));
             let payload = envelope.as_ref().and_then(|e| e.payload).map(|p| p.get().as_bytes());
-            record_event(stats, &self.run_id, id, payload);
+            tally.record(id, payload);
             shard.after = Some(record.sequence_number().to_owned());
         }
         shard.iterator = got.next_shard_iterator().map(str::to_owned);
         Ok(got.records().len())
+    }
+}
+
+/// Amazon Kinesis's answers to the demo.
+pub(crate) struct KinesisDemo;
+
+impl SinkDemo for KinesisDemo {
+    fn help(&self) -> Option<&'static str> {
+        Some("Amazon Kinesis Data Streams (a stream of two shards), on a running moto server")
+    }
+
+    fn server(&self) -> Server {
+        moto("moto server (Amazon Kinesis)")
+    }
+
+    fn point_clients_at(&self, _: &str) {
+        use_test_credentials();
+    }
+
+    fn open(&self, endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+        Ok(Box::new(KinesisTarget {
+            endpoint: endpoint.unwrap_or_default(),
+            prefix: container(run),
+        }))
+    }
+}
+
+/// moto and the run's stream names.
+struct KinesisTarget {
+    endpoint: String,
+    prefix: String,
+}
+
+impl DemoTarget for KinesisTarget {
+    /// A stream per run (made by the consumer with its shards); the default envelope format,
+    /// which carries the event id the consumer counts by.
+    fn config(&self) -> String {
+        format!(
+            r#"[sink]
+kind = "kinesis"
+
+[kinesis]
+region = "{REGION}"
+endpoint_url = {endpoint}
+
+[route]
+topic_regex = "(?<routedByValue>.*)"
+topic_replacement = "{prefix}.${{routedByValue}}"
+"#,
+            endpoint = toml_string(&self.endpoint),
+            prefix = self.prefix,
+        )
+    }
+
+    fn describe(&self, _: &SinkSettings) -> String {
+        format!(
+            "moto (Amazon Kinesis) at {} (a stream of {SHARDS} shards)",
+            self.endpoint
+        )
+    }
+
+    fn consume<'a>(&'a self, stream: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
+        Box::pin(async move {
+            let c = KinesisConsumer::new(&self.endpoint, stream).await?;
+            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
+        })
     }
 }

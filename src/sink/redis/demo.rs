@@ -1,5 +1,6 @@
-//! The demo's Redis Streams consumer: reads the run's stream key (the routed topic) from the
-//! start with XRANGE, counting by the `id` field; the stream's length (XLEN) is what the broker
+//! Redis Streams' half of `outbox-relay demo`: the relay publishes to a running server
+//! (`--sink-url`), into a stream key of the run's own (the routed topic). The consumer reads it
+//! from the start with XRANGE, counting by the `id` field; the stream's length (XLEN) is what the broker
 //! reports as published. At the end it deletes the key.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,10 +10,11 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use super::consumer::bounded;
-use super::consumer::{parse_id, record_event};
-use super::stats::Stats;
-use super::DemoError;
+use super::config::RedisSettings;
+use crate::config::sink::SinkSettings;
+use crate::sink::demo::{
+    bounded, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+};
 
 const BROKER: &str = "Redis";
 const IDLE: Duration = Duration::from_millis(10);
@@ -22,22 +24,20 @@ const BATCH: usize = 500;
 pub(crate) struct RedisConsumer {
     connection: MultiplexedConnection,
     key: String,
-    run_id: String,
 }
 
 impl RedisConsumer {
-    pub(crate) async fn new(url: &str, key: &str, run_id: &str) -> Result<RedisConsumer, DemoError> {
-        let client = redis::Client::open(url).map_err(|e| DemoError::Sink(format!("Redis, the URL: {e}")))?;
+    pub(crate) async fn new(url: &str, key: &str) -> Result<RedisConsumer, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("Redis, the URL: {e}"))?;
         let connection = bounded(BROKER, "connecting", client.get_multiplexed_async_connection()).await?;
         Ok(RedisConsumer {
             connection,
             key: key.to_owned(),
-            run_id: run_id.to_owned(),
         })
     }
 
     /// Reads until `stop`, then deletes the stream key; returns what it cleaned up.
-    pub(crate) async fn run(self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
+    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let mut last = "-".to_owned();
         let mut next_refresh = Instant::now();
         loop {
@@ -51,7 +51,7 @@ impl RedisConsumer {
                 )
                 .await
                 {
-                    stats.published.store(n, Ordering::Relaxed);
+                    tally.published(n);
                 }
             }
             if stop.load(Ordering::Relaxed) {
@@ -61,7 +61,7 @@ impl RedisConsumer {
                 Ok(entries) if entries.is_empty() => tokio::time::sleep(IDLE).await,
                 Ok(entries) => {
                     for (entry_id, id, payload) in entries {
-                        record_event(&stats, &self.run_id, id, payload.as_deref());
+                        tally.record(id, payload.as_deref());
                         last = format!("({entry_id}");
                     }
                 }
@@ -86,7 +86,7 @@ impl RedisConsumer {
 
     /// The next entries after `after` (`-` for the first): entry id, `id` field, `payload` field.
     #[allow(clippy::type_complexity)]
-    async fn batch(&self, after: &str) -> Result<Vec<(String, Option<i64>, Option<Vec<u8>>)>, DemoError> {
+    async fn batch(&self, after: &str) -> Result<Vec<(String, Option<i64>, Option<Vec<u8>>)>, String> {
         let mut c = self.connection.clone();
         let v: Value = bounded(
             BROKER,
@@ -128,5 +128,65 @@ impl RedisConsumer {
             out.push((entry_id, id, payload));
         }
         Ok(out)
+    }
+}
+
+/// Redis's answers to the demo.
+pub(crate) struct RedisDemo;
+
+impl SinkDemo for RedisDemo {
+    fn server(&self) -> Server {
+        Server::Running {
+            default_url: "redis://127.0.0.1:6379",
+            local: None,
+        }
+    }
+
+    fn open(&self, url: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+        Ok(Box::new(RedisTarget {
+            url: url.unwrap_or_default(),
+            run_id: run.id.clone(),
+        }))
+    }
+}
+
+/// The server and the run.
+struct RedisTarget {
+    url: String,
+    run_id: String,
+}
+
+impl DemoTarget for RedisTarget {
+    /// The stream key is the routed topic, one per run so nothing older is read.
+    fn config(&self) -> String {
+        format!(
+            r#"[sink]
+kind = "redis"
+
+[redis]
+url = {url}
+
+[route]
+topic_regex = "(?<routedByValue>.*)"
+topic_replacement = "outbox-relay-demo:{run}:${{routedByValue}}"
+"#,
+            url = toml_string(&self.url),
+            run = self.run_id,
+        )
+    }
+
+    /// The URL as the settings print it: any password masked.
+    fn describe(&self, sink: &SinkSettings) -> String {
+        match sink.section::<RedisSettings>() {
+            Some(r) => format!("Redis {}", r.url),
+            None => "Redis".to_owned(),
+        }
+    }
+
+    fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
+        Box::pin(async move {
+            let c = RedisConsumer::new(&self.url, topic).await?;
+            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
+        })
     }
 }

@@ -1,5 +1,6 @@
-//! The demo's RabbitMQ consumer: an exclusive, auto-delete queue bound to the run's exchange
-//! with the demo's routing key, declared before the relay starts (a message no queue is bound
+//! RabbitMQ's half of `outbox-relay demo`: the relay publishes to a running broker
+//! (`--sink-url`), through an exchange of the run's own that `setup` declares. The consumer is
+//! an exclusive, auto-delete queue bound to that exchange with the demo's routing key, declared before the relay starts (a message no queue is bound
 //! for is a bad event to the relay). Counts by `message_id` (or the `id` header). RabbitMQ
 //! reports no count of what was published through an exchange, so `published` is what was read.
 //! At the end it deletes the exchange (the queue goes with its connection).
@@ -12,12 +13,14 @@ use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions, Q
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 
-use super::consumer::bounded;
-use super::consumer::{parse_id, record_event};
-use super::stats::Stats;
-use super::DemoError;
+use super::config::RabbitMqSettings;
+use crate::config::sink::SinkSettings;
+use crate::sink::demo::{
+    bounded, container, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+    BROKER_TIMEOUT,
+};
 
-const TIMEOUT: Duration = super::consumer::BROKER_TIMEOUT;
+const TIMEOUT: Duration = BROKER_TIMEOUT;
 const BROKER: &str = "RabbitMQ";
 const IDLE: Duration = Duration::from_millis(10);
 
@@ -26,17 +29,11 @@ pub(crate) struct RabbitMqConsumer {
     channel: Channel,
     exchange: String,
     queue: String,
-    run_id: String,
 }
 
 impl RabbitMqConsumer {
     /// Connects and binds the queue; call it before the relay publishes.
-    pub(crate) async fn new(
-        url: &str,
-        exchange: &str,
-        routing_key: &str,
-        run_id: &str,
-    ) -> Result<RabbitMqConsumer, DemoError> {
+    pub(crate) async fn new(url: &str, exchange: &str, routing_key: &str) -> Result<RabbitMqConsumer, String> {
         let properties = ConnectionProperties::default()
             .with_connection_name("outbox-relay-demo".into())
             .with_executor(tokio_executor_trait::Tokio::current())
@@ -74,12 +71,11 @@ impl RabbitMqConsumer {
             channel,
             exchange: exchange.to_owned(),
             queue,
-            run_id: run_id.to_owned(),
         })
     }
 
     /// Reads until `stop`, then deletes the exchange; returns what it cleaned up.
-    pub(crate) async fn run(self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
+    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         while !stop.load(Ordering::Relaxed) {
             match bounded(
                 BROKER,
@@ -105,7 +101,7 @@ impl RabbitMqConsumer {
                                     _ => None,
                                 })
                         });
-                    record_event(&stats, &self.run_id, id, Some(&d.data));
+                    tally.record(id, Some(&d.data));
                 }
                 Ok(None) => tokio::time::sleep(IDLE).await,
                 Err(e) => {
@@ -129,5 +125,63 @@ impl RabbitMqConsumer {
             ),
             Err(e) => format!("FAILED: {e}"),
         }]
+    }
+}
+
+/// RabbitMQ's answers to the demo.
+pub(crate) struct RabbitMqDemo;
+
+impl SinkDemo for RabbitMqDemo {
+    fn server(&self) -> Server {
+        Server::Running {
+            default_url: "amqp://guest:guest@127.0.0.1:5672/%2f",
+            local: None,
+        }
+    }
+
+    fn open(&self, url: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+        Ok(Box::new(RabbitMqTarget {
+            url: url.unwrap_or_default(),
+            exchange: container(run),
+        }))
+    }
+}
+
+/// The broker and the run's exchange.
+struct RabbitMqTarget {
+    url: String,
+    exchange: String,
+}
+
+impl DemoTarget for RabbitMqTarget {
+    /// `setup` declares the run's exchange; the demo's queue binds the routed topic to it.
+    fn config(&self) -> String {
+        format!(
+            r#"[sink]
+kind = "rabbitmq"
+
+[rabbitmq]
+url = {url}
+exchange = "{exchange}"
+"#,
+            url = toml_string(&self.url),
+            exchange = self.exchange,
+        )
+    }
+
+    /// The URL as the settings print it: any password masked.
+    fn describe(&self, sink: &SinkSettings) -> String {
+        match sink.section::<RabbitMqSettings>() {
+            Some(r) => format!("RabbitMQ {} (exchange {})", r.url, r.exchange),
+            None => "RabbitMQ".to_owned(),
+        }
+    }
+
+    /// Started before the relay: the queue must be bound before anything is published.
+    fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
+        Box::pin(async move {
+            let c = RabbitMqConsumer::new(&self.url, &self.exchange, topic).await?;
+            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
+        })
     }
 }

@@ -1,9 +1,9 @@
-//! The demo's consumer: reads the demo topic, counts distinct events by their `id` header (so
-//! duplicates show), and measures order-placed-to-consumed latency from the payload's
-//! `placed_at_us`.
+//! Kafka's half of `outbox-relay demo`: the run publishes to the embedded Kafka (librdkafka's
+//! mock cluster, `mock_cluster.rs`) unless `--bootstrap` gives one, and [`KafkaConsumer`] reads
+//! the demo topic, counting distinct events by their `id` header (so duplicates show).
 //!
-//! It assigns partitions itself instead of joining a consumer group (a group join would add
-//! seconds of rebalance delay to a short demo), re-discovering them every second because the
+//! The consumer assigns partitions itself instead of joining a consumer group (a group join would
+//! add seconds of rebalance delay to a short demo), re-discovering them every second because the
 //! topic only appears when the relay first produces to it. Records that predate the demo (a
 //! reused broker with `--bootstrap`) are skipped by starting each partition that existed at the
 //! start at its high watermark then, and by the payload's `run` id.
@@ -11,52 +11,36 @@
 //! The consuming thread makes no other broker calls per second (it used to read four partition
 //! watermarks every second for the `published` count, and each record that arrived meanwhile
 //! waited for them: up to tens of ms at p99). `published` is the relay's own count of
-//! acknowledgements instead (`stats.rs`).
+//! acknowledgements instead (`src/demo/stats.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::stats::Stats;
-use super::DemoError;
+use super::mock_cluster::EmbeddedKafka;
+use crate::config::sink::SinkSettings;
+use crate::sink::demo::{parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally};
 
 const REFRESH: Duration = Duration::from_secs(1);
-/// How long a demo consumer waits for one call to its broker.
-pub(crate) const BROKER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// `f`, bounded by [`BROKER_TIMEOUT`], its error naming the broker and what was being done.
-pub(crate) async fn bounded<T, E: std::fmt::Display>(
-    broker: &str,
-    what: &str,
-    f: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, DemoError> {
-    match tokio::time::timeout(BROKER_TIMEOUT, f).await {
-        Ok(r) => r.map_err(|e| DemoError::Sink(format!("{broker}, {what}: {e}"))),
-        Err(_) => Err(DemoError::Sink(format!(
-            "{broker}, {what}: no answer within {BROKER_TIMEOUT:?}"
-        ))),
-    }
-}
 const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub(crate) struct DemoConsumer {
+pub(crate) struct KafkaConsumer {
     consumer: BaseConsumer,
     topic: String,
-    run_id: String,
     /// Per partition: the high watermark when the demo started (0 for partitions created since).
     baseline: BTreeMap<i32, i64>,
 }
 
-impl DemoConsumer {
+impl KafkaConsumer {
     /// Connects and records where the topic stands before the demo produces anything.
-    pub(crate) fn new(bootstrap: &str, topic: &str, run_id: &str) -> Result<DemoConsumer, DemoError> {
+    pub(crate) fn new(bootstrap: &str, topic: &str, run_id: &str) -> Result<KafkaConsumer, String> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("group.id", format!("outbox-relay-demo-{run_id}"))
@@ -69,31 +53,30 @@ impl DemoConsumer {
             .set("fetch.min.bytes", "1")
             .set("fetch.error.backoff.ms", "10")
             .create()
-            .map_err(|e| DemoError::Kafka(format!("cannot create the demo consumer: {e}")))?;
-        let mut me = DemoConsumer {
+            .map_err(|e| format!("Kafka: cannot create the demo consumer: {e}"))?;
+        let mut me = KafkaConsumer {
             consumer,
             topic: topic.to_owned(),
-            run_id: run_id.to_owned(),
             baseline: BTreeMap::new(),
         };
         for partition in me.partitions() {
             let (_, high) = me
                 .consumer
                 .fetch_watermarks(topic, partition, METADATA_TIMEOUT)
-                .map_err(|e| DemoError::Kafka(format!("reading the offsets of {topic}: {e}")))?;
+                .map_err(|e| format!("Kafka: reading the offsets of {topic}: {e}"))?;
             me.baseline.insert(partition, high);
         }
         Ok(me)
     }
 
     /// Runs on its own thread until `stop`.
-    pub(crate) fn spawn(mut self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+    pub(crate) fn spawn(mut self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
         std::thread::Builder::new()
             .name("demo-consumer".into())
-            .spawn(move || self.run(&stats, &stop))
+            .spawn(move || self.run(&*tally, &stop))
     }
 
-    fn run(&mut self, stats: &Stats, stop: &AtomicBool) {
+    fn run(&mut self, tally: &dyn Tally, stop: &AtomicBool) {
         let mut assigned: Vec<i32> = Vec::new();
         let mut next_refresh = Instant::now();
         while !stop.load(Ordering::Relaxed) {
@@ -108,7 +91,7 @@ impl DemoConsumer {
             }
             // Errors are transient broker trouble that librdkafka retries by itself.
             if let Some(Ok(message)) = self.consumer.poll(Duration::from_millis(100)) {
-                self.record(&message, stats);
+                self.record(&message, tally);
             }
         }
     }
@@ -147,38 +130,71 @@ impl DemoConsumer {
         let _ = self.consumer.assign(&tpl);
     }
 
-    fn record(&self, message: &rdkafka::message::BorrowedMessage<'_>, stats: &Stats) {
+    fn record(&self, message: &rdkafka::message::BorrowedMessage<'_>, tally: &dyn Tally) {
         let id = message
             .headers()
             .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
             .and_then(parse_id);
-        record_event(stats, &self.run_id, id, message.payload());
+        tally.record(id, message.payload());
     }
 }
 
-/// One message read by any of the demo's consumers: counted when it carries an event id and a
-/// payload of this run (`run`), with its latency from the payload's `placed_at_us`. Returns
-/// whether it was counted.
-pub(crate) fn record_event(stats: &Stats, run_id: &str, id: Option<i64>, payload: Option<&[u8]>) -> bool {
-    let payload: Option<serde_json::Value> = payload.and_then(|p| serde_json::from_slice(p).ok());
-    let (Some(id), Some(payload)) = (id, payload) else {
-        return false;
-    };
-    if payload.get("run").and_then(|r| r.as_str()) != Some(run_id) {
-        return false;
+/// Kafka's answers to the demo.
+pub(crate) struct KafkaDemo;
+
+impl SinkDemo for KafkaDemo {
+    fn server(&self) -> Server {
+        Server::Embedded("Kafka")
     }
-    let placed_at_us = payload
-        .get("placed_at_us")
-        .and_then(serde_json::Value::as_i64)
-        .unwrap_or(0);
-    let now_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64);
-    stats.consumed(id, Duration::from_micros((now_us - placed_at_us).max(0) as u64));
-    true
+
+    /// Starts the embedded Kafka, with the demo topic created up front, unless `--bootstrap`
+    /// gave one.
+    fn open(&self, bootstrap: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+        let (embedded, bootstrap) = match bootstrap {
+            Some(servers) => (None, servers),
+            None => {
+                let kafka = EmbeddedKafka::start(run.event_type)?;
+                let servers = kafka.bootstrap_servers().to_owned();
+                (Some(kafka), servers)
+            }
+        };
+        Ok(Box::new(KafkaTarget {
+            embedded,
+            bootstrap,
+            run_id: run.id.clone(),
+        }))
+    }
 }
 
-/// The event id as the brokers carry it: decimal text.
-pub(crate) fn parse_id(bytes: &[u8]) -> Option<i64> {
-    std::str::from_utf8(bytes).ok()?.parse().ok()
+/// Where the run publishes: the embedded Kafka (stopped when this is dropped) or a given one.
+struct KafkaTarget {
+    embedded: Option<EmbeddedKafka>,
+    bootstrap: String,
+    run_id: String,
+}
+
+impl DemoTarget for KafkaTarget {
+    fn config(&self) -> String {
+        format!("[kafka]\n\"bootstrap.servers\" = {}\n", toml_string(&self.bootstrap))
+    }
+
+    fn describe(&self, _: &SinkSettings) -> String {
+        match self.embedded {
+            Some(_) => format!("the embedded Kafka ({})", self.bootstrap),
+            None => self.bootstrap.clone(),
+        }
+    }
+
+    fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
+        Box::pin(async move {
+            let (bootstrap, topic, run_id) = (self.bootstrap.clone(), topic.to_owned(), self.run_id.clone());
+            let consumer = tokio::task::spawn_blocking(move || KafkaConsumer::new(&bootstrap, &topic, &run_id))
+                .await
+                .map_err(|e| format!("Kafka: {e}"))??;
+            let thread = consumer
+                .spawn(tally, stop)
+                .map_err(|e| format!("starting the consumer thread: {e}"))?;
+            Ok(Consuming::Thread(thread))
+        })
+    }
 }

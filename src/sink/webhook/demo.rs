@@ -1,5 +1,5 @@
-//! The demo's webhook receiver (`demo --sink webhook`): an HTTP endpoint on 127.0.0.1 in this
-//! process, the relay's `[webhook] url`, written as a receiver should be — it verifies each
+//! The webhook's half of `outbox-relay demo` (`demo --sink webhook`): the demo runs its own
+//! receiver, an HTTP endpoint on 127.0.0.1 in this process, the relay's `[webhook] url`, written as a receiver should be — it verifies each
 //! request's Standard Webhooks signature (HMAC-SHA256 of `id.timestamp.body` with the run's
 //! secret, the timestamp within five minutes), deduplicates on `webhook-id` (the event id), and
 //! answers `204` for a verified event (a duplicate too), `401` for a bad signature. Verified
@@ -15,9 +15,8 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
 
-use super::consumer::{parse_id, record_event};
-use super::stats::Stats;
-use super::DemoError;
+use crate::config::sink::SinkSettings;
+use crate::sink::demo::{parse_id, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally};
 
 /// The largest clock difference a signature's timestamp may have (the libraries' default).
 const TOLERANCE_S: u64 = 300;
@@ -37,12 +36,12 @@ impl std::fmt::Debug for Endpoint {
 
 impl Endpoint {
     /// Binds a free port of 127.0.0.1 and makes a random 32-byte secret.
-    pub(crate) fn bind() -> Result<Endpoint, DemoError> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")
-            .map_err(|e| DemoError::Io("binding the webhook receiver".into(), e))?;
+    pub(crate) fn bind() -> Result<Endpoint, String> {
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("binding the webhook receiver: {e}"))?;
         let mut secret = vec![0u8; 32];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
-            .map_err(|_| DemoError::Sink("webhook receiver: no randomness for the secret".into()))?;
+            .map_err(|_| "webhook receiver: no randomness for the secret".to_owned())?;
         Ok(Endpoint { listener, secret })
     }
 
@@ -73,41 +72,38 @@ struct Counts {
 pub(crate) struct WebhookConsumer {
     listener: tokio::net::TcpListener,
     key: ring::hmac::Key,
-    run_id: String,
 }
 
 impl WebhookConsumer {
-    pub(crate) fn new(endpoint: &Endpoint, run_id: &str) -> Result<WebhookConsumer, DemoError> {
+    pub(crate) fn new(endpoint: &Endpoint) -> Result<WebhookConsumer, String> {
         let std_listener = endpoint
             .listener
             .try_clone()
-            .map_err(|e| DemoError::Io("the webhook receiver's socket".into(), e))?;
+            .map_err(|e| format!("the webhook receiver's socket: {e}"))?;
         std_listener
             .set_nonblocking(true)
-            .map_err(|e| DemoError::Io("the webhook receiver's socket".into(), e))?;
+            .map_err(|e| format!("the webhook receiver's socket: {e}"))?;
         let listener = tokio::net::TcpListener::from_std(std_listener)
-            .map_err(|e| DemoError::Io("the webhook receiver's socket".into(), e))?;
+            .map_err(|e| format!("the webhook receiver's socket: {e}"))?;
         Ok(WebhookConsumer {
             listener,
             key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &endpoint.secret),
-            run_id: run_id.to_owned(),
         })
     }
 
     /// Serves until `stop`; returns the receiver's summary line.
-    pub(crate) async fn run(self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
+    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let counts = Arc::new(Counts::default());
         let seen = Arc::new(Mutex::new(HashSet::<String>::new()));
-        let (key, run_id) = (Arc::new(self.key), Arc::new(self.run_id));
+        let key = Arc::new(self.key);
         let app = {
-            let (counts, stats) = (Arc::clone(&counts), Arc::clone(&stats));
+            let (counts, tally) = (Arc::clone(&counts), Arc::clone(&tally));
             axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
-                let (counts, stats, seen, key, run_id) = (
+                let (counts, tally, seen, key) = (
                     Arc::clone(&counts),
-                    Arc::clone(&stats),
+                    Arc::clone(&tally),
                     Arc::clone(&seen),
                     Arc::clone(&key),
-                    Arc::clone(&run_id),
                 );
                 async move {
                     counts.requests.fetch_add(1, Ordering::Relaxed);
@@ -119,8 +115,8 @@ impl WebhookConsumer {
                         counts.duplicates.fetch_add(1, Ordering::Relaxed);
                         return StatusCode::NO_CONTENT;
                     }
-                    stats.published.fetch_add(1, Ordering::Relaxed);
-                    record_event(&stats, &run_id, parse_id(id.as_bytes()), Some(&body));
+                    tally.published_one();
+                    tally.record(parse_id(id.as_bytes()), Some(&body));
                     StatusCode::NO_CONTENT
                 }
             })
@@ -142,6 +138,55 @@ impl WebhookConsumer {
             Ok(()) => line,
             Err(e) => format!("FAILED: the webhook receiver: {e}"),
         }]
+    }
+}
+
+/// The webhook's answers to the demo.
+pub(crate) struct WebhookDemo;
+
+impl SinkDemo for WebhookDemo {
+    fn help(&self) -> Option<&'static str> {
+        Some("An HTTP receiver of the demo's own")
+    }
+
+    fn server(&self) -> Server {
+        Server::Own("receiver")
+    }
+
+    /// Binds the receiver and makes the run's secret.
+    fn open(&self, _: Option<String>, _: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+        Ok(Box::new(Endpoint::bind()?))
+    }
+}
+
+impl DemoTarget for Endpoint {
+    /// The demo's own receiver; each event's topic is the last path segment.
+    fn config(&self) -> String {
+        format!(
+            r#"[sink]
+kind = "webhook"
+
+[webhook]
+url = "{address}/hooks/${{topic}}"
+secret = "{secret}"
+"#,
+            address = self.base_url(),
+            secret = self.whsec()
+        )
+    }
+
+    fn describe(&self, _: &SinkSettings) -> String {
+        format!(
+            "the demo's webhook receiver {} (every request's signature verified)",
+            self.base_url()
+        )
+    }
+
+    fn consume<'a>(&'a self, _: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
+        Box::pin(async move {
+            let c = WebhookConsumer::new(self)?;
+            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
+        })
     }
 }
 

@@ -1,5 +1,7 @@
-//! The demo's Google Cloud Pub/Sub consumer, on a running emulator (`--sink-url`, host:port):
-//! a subscription with message ordering on, made on the run's topic (which `setup` created)
+//! Google Cloud Pub/Sub's half of `outbox-relay demo`: the relay publishes to a running emulator
+//! (`--sink-url`, host:port; `PUBSUB_EMULATOR_HOST` is set for this process, so the demo never
+//! reaches a cloud account), to a topic of the run's own that `setup` creates. The consumer is
+//! a subscription with message ordering on, made on the run's topic
 //! before the relay starts — a subscription only gets what is published after it exists. It
 //! pulls over the emulator's REST API (an empty pull returns at once, and the consumer looks
 //! again shortly) and acknowledges what it read; counts by
@@ -14,9 +16,11 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::consumer::{parse_id, record_event};
-use super::stats::Stats;
-use super::DemoError;
+use super::config::{PubSubSettings, EMULATOR_HOST_VAR};
+use crate::config::sink::SinkSettings;
+use crate::sink::demo::{
+    container, parse_id, Consuming, DemoRun, DemoTarget, LocalServer, Server, SinkDemo, Starting, Tally, BROKER_TIMEOUT,
+};
 
 const BROKER: &str = "the Pub/Sub emulator";
 /// How long the consumer waits after an empty pull. Pulls are never cut short: the emulator may
@@ -24,6 +28,8 @@ const BROKER: &str = "the Pub/Sub emulator";
 /// back only after the acknowledgement deadline (so no waiting pulls: `returnImmediately`).
 const IDLE: Duration = Duration::from_millis(10);
 const BATCH: usize = 1_000;
+/// The project of the demo's Pub/Sub topic (the emulator accepts any).
+const PROJECT: &str = "outbox-relay-demo";
 
 pub(crate) struct PubSubConsumer {
     http: reqwest::Client,
@@ -31,23 +37,21 @@ pub(crate) struct PubSubConsumer {
     base: String,
     topic: String,
     subscription: String,
-    run_id: String,
 }
 
 impl PubSubConsumer {
     /// Makes the run's subscription on `topic` (which must exist) at the emulator `host`.
-    pub(crate) async fn new(host: &str, project: &str, topic: &str, run_id: &str) -> Result<PubSubConsumer, DemoError> {
+    pub(crate) async fn new(host: &str, project: &str, topic: &str) -> Result<PubSubConsumer, String> {
         let http = reqwest::Client::builder()
             .no_proxy()
-            .timeout(super::consumer::BROKER_TIMEOUT)
+            .timeout(BROKER_TIMEOUT)
             .build()
-            .map_err(|e| DemoError::Sink(format!("Pub/Sub: building the HTTP client: {e}")))?;
+            .map_err(|e| format!("Pub/Sub: building the HTTP client: {e}"))?;
         let me = PubSubConsumer {
             http,
             base: format!("http://{host}/v1/projects/{project}/"),
             topic: topic.to_owned(),
             subscription: format!("{topic}-sub"),
-            run_id: run_id.to_owned(),
         };
         let body = json!({
             "topic": format!("projects/{project}/topics/{topic}"),
@@ -61,23 +65,23 @@ impl PubSubConsumer {
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| DemoError::Sink(format!("{BROKER} at {host}, creating the subscription: {e}")))?;
+            .map_err(|e| format!("{BROKER} at {host}, creating the subscription: {e}"))?;
         if !r.status().is_success() {
-            return Err(DemoError::Sink(format!(
+            return Err(format!(
                 "{BROKER} at {host}, creating subscription {}: {} {}",
                 me.subscription,
                 r.status(),
                 r.text().await.unwrap_or_default()
-            )));
+            ));
         }
         Ok(me)
     }
 
     /// Reads until `stop`, then deletes the subscription and the topic; returns what it cleaned up.
-    pub(crate) async fn run(self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
+    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let mut reported = false;
         while !stop.load(Ordering::Relaxed) {
-            match self.pull(&stats).await {
+            match self.pull(&*tally).await {
                 Ok(0) => tokio::time::sleep(IDLE).await,
                 Ok(_) => reported = false,
                 Err(e) => {
@@ -106,7 +110,7 @@ impl PubSubConsumer {
     }
 
     /// One pull, its messages counted and acknowledged; returns how many came.
-    async fn pull(&self, stats: &Stats) -> Result<usize, String> {
+    async fn pull(&self, tally: &dyn Tally) -> Result<usize, String> {
         let reply = self
             .http
             .post(format!("{}subscriptions/{}:pull", self.base, self.subscription))
@@ -132,7 +136,7 @@ impl PubSubConsumer {
             let payload = message["data"]
                 .as_str()
                 .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
-            record_event(stats, &self.run_id, id, payload.as_deref());
+            tally.record(id, payload.as_deref());
         }
         let n = ack_ids.len();
         if n == 0 {
@@ -151,5 +155,82 @@ impl PubSubConsumer {
             return Err(format!("acknowledge: {}", acked.status()));
         }
         Ok(n)
+    }
+}
+
+/// Pub/Sub's answers to the demo.
+pub(crate) struct PubSubDemo;
+
+impl SinkDemo for PubSubDemo {
+    fn help(&self) -> Option<&'static str> {
+        Some("Google Cloud Pub/Sub, on a running emulator")
+    }
+
+    fn server(&self) -> Server {
+        Server::Running {
+            default_url: "127.0.0.1:8085",
+            local: Some(LocalServer {
+                name: "Pub/Sub emulator",
+                start: "`gcloud beta emulators pubsub start --host-port=127.0.0.1:8085` (after \
+                        scripts/ensure-pubsub-emulator.sh)",
+            }),
+        }
+    }
+
+    /// The sink has no endpoint key: the client goes to `PUBSUB_EMULATOR_HOST`.
+    fn point_clients_at(&self, host: &str) {
+        std::env::set_var(EMULATOR_HOST_VAR, host);
+    }
+
+    fn open(&self, host: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+        Ok(Box::new(PubSubTarget {
+            host: host.unwrap_or_default(),
+            prefix: container(run),
+            event_type: run.event_type,
+        }))
+    }
+}
+
+/// The emulator and the run's topic names.
+struct PubSubTarget {
+    host: String,
+    /// The run's topics are named `<prefix>.<routed-by value>`.
+    prefix: String,
+    event_type: &'static str,
+}
+
+impl DemoTarget for PubSubTarget {
+    /// A topic per run, which `setup` creates.
+    fn config(&self) -> String {
+        format!(
+            r#"[sink]
+kind = "pubsub"
+
+[pubsub]
+project = "{PROJECT}"
+topics = ["{prefix}.{event_type}"]
+
+[route]
+topic_regex = "(?<routedByValue>.*)"
+topic_replacement = "{prefix}.${{routedByValue}}"
+"#,
+            prefix = self.prefix,
+            event_type = self.event_type,
+        )
+    }
+
+    fn describe(&self, sink: &SinkSettings) -> String {
+        match sink.section::<PubSubSettings>() {
+            Some(p) => format!("the Pub/Sub emulator at {} (project {})", self.host, p.project),
+            None => format!("the Pub/Sub emulator at {}", self.host),
+        }
+    }
+
+    /// The subscription is made before the relay publishes: it only gets what comes after.
+    fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
+        Box::pin(async move {
+            let c = PubSubConsumer::new(&self.host, PROJECT, topic).await?;
+            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
+        })
     }
 }

@@ -1,4 +1,4 @@
-//! An embedded Kafka for the demo: librdkafka's mock cluster, with real TCP listeners on
+//! An embedded Kafka for the demo (`demo.rs`): librdkafka's mock cluster, with real TCP listeners on
 //! 127.0.0.1, so the relay and the consumer use it exactly like a broker.
 //!
 //! `MockCluster` is neither `Send` nor `Sync`, so it lives on a thread of its own until the
@@ -12,8 +12,6 @@ use std::time::Duration;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
-use super::DemoError;
-
 const BROKERS: i32 = 3;
 const PARTITIONS: i32 = 4;
 
@@ -26,7 +24,7 @@ pub(crate) struct EmbeddedKafka {
 impl EmbeddedKafka {
     /// Starts the cluster with `topic` already created, so the first events do not wait for
     /// auto-creation.
-    pub(crate) fn start(topic: &str) -> Result<EmbeddedKafka, DemoError> {
+    pub(crate) fn start(topic: &str) -> Result<EmbeddedKafka, String> {
         let topic = topic.to_owned();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let (boot_tx, boot_rx) = mpsc::channel::<Result<String, String>>();
@@ -46,11 +44,11 @@ impl EmbeddedKafka {
                 let _ = stop_rx.recv();
                 drop(cluster);
             })
-            .map_err(|e| DemoError::Io("starting the embedded Kafka thread".into(), e))?;
+            .map_err(|e| format!("starting the embedded Kafka thread: {e}"))?;
         let bootstrap = boot_rx
             .recv_timeout(Duration::from_secs(30))
-            .map_err(|_| DemoError::Kafka("the embedded Kafka did not start within 30 s".into()))?
-            .map_err(DemoError::Kafka)?;
+            .map_err(|_| "Kafka: the embedded Kafka did not start within 30 s".to_owned())?
+            .map_err(|e| format!("Kafka: {e}"))?;
         Ok(EmbeddedKafka {
             stop: Some(stop_tx),
             thread: Some(thread),

@@ -1,5 +1,6 @@
-//! The demo's Amazon SQS consumer, on a running moto server (`--sink-url`): the run's FIFO queue,
-//! made before the relay starts (the relay sends to existing queues only; `setup` creates none),
+//! Amazon SQS's half of `outbox-relay demo`, on a running moto server (`--sink-url`,
+//! `aws/demo.rs`): the relay sends to a FIFO queue of the run's own, which the consumer makes
+//! before the relay starts (the relay sends to existing queues only; `setup` creates none),
 //! read with long polls of 10 messages, each batch deleted once counted; counts by the `id`
 //! message attribute. The demo speaks to a local server only, with test credentials (moto
 //! accepts any). SQS reports no count of what a queue received once it was deleted, so
@@ -10,29 +11,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::sink::SinkSettings;
+use crate::sink::aws::demo::{moto, moto_config, use_test_credentials, REGION};
+use crate::sink::demo::{
+    bounded, container, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+};
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, QueueAttributeName};
 
-use super::consumer::{bounded, parse_id, record_event};
-use super::stats::Stats;
-use super::DemoError;
-
 const BROKER: &str = "moto (Amazon SQS)";
-/// The region of the demo's client and relay (moto accepts any).
-pub(crate) const REGION: &str = "us-east-1";
-/// The credentials of the demo's client and relay: never real ones (moto accepts any).
-pub(crate) const TEST_KEY: &str = "testing";
 
 pub(crate) struct SqsConsumer {
     client: aws_sdk_sqs::Client,
     queue: String,
     url: String,
-    run_id: String,
 }
 
 impl SqsConsumer {
     /// Makes the FIFO queue `queue` at the moto `endpoint`.
-    pub(crate) async fn new(endpoint: &str, queue: &str, run_id: &str) -> Result<SqsConsumer, DemoError> {
+    pub(crate) async fn new(endpoint: &str, queue: &str) -> Result<SqsConsumer, String> {
         let client = aws_sdk_sqs::Client::new(&moto_config(endpoint));
         let created = bounded(BROKER, "creating the queue", async {
             client
@@ -46,18 +43,17 @@ impl SqsConsumer {
         .await?;
         let url = created
             .queue_url()
-            .ok_or_else(|| DemoError::Sink(format!("{BROKER}: CreateQueue {queue} returned no queue URL")))?
+            .ok_or_else(|| format!("{BROKER}: CreateQueue {queue} returned no queue URL"))?
             .to_owned();
         Ok(SqsConsumer {
             client,
             queue: queue.to_owned(),
             url,
-            run_id: run_id.to_owned(),
         })
     }
 
     /// The queue's ARN (what an SNS subscription names).
-    pub(crate) async fn arn(&self) -> Result<String, DemoError> {
+    pub(crate) async fn arn(&self) -> Result<String, String> {
         let got = bounded(BROKER, "reading the queue's ARN", async {
             self.client
                 .get_queue_attributes()
@@ -70,14 +66,14 @@ impl SqsConsumer {
         .await?;
         got.attributes()
             .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-            .ok_or_else(|| DemoError::Sink(format!("{BROKER}: queue {} has no QueueArn attribute", self.queue)))
+            .ok_or_else(|| format!("{BROKER}: queue {} has no QueueArn attribute", self.queue))
     }
 
     /// Reads until `stop`, then deletes the queue; returns what it cleaned up.
-    pub(crate) async fn run(self, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Vec<String> {
+    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let mut reported = false;
         while !stop.load(Ordering::Relaxed) {
-            match self.receive(&stats).await {
+            match self.receive(&*tally).await {
                 Ok(()) => reported = false,
                 Err(e) => {
                     if !reported {
@@ -104,7 +100,7 @@ impl SqsConsumer {
     }
 
     /// One long poll (up to 1 s, 10 messages), its messages counted and deleted.
-    async fn receive(&self, stats: &Stats) -> Result<(), String> {
+    async fn receive(&self, tally: &dyn Tally) -> Result<(), String> {
         let got = self
             .client
             .receive_message()
@@ -127,7 +123,7 @@ impl SqsConsumer {
                 .and_then(|a| a.get("id"))
                 .and_then(|v| v.string_value())
                 .and_then(|v| parse_id(v.as_bytes()));
-            record_event(stats, &self.run_id, id, m.body().map(str::as_bytes));
+            tally.record(id, m.body().map(str::as_bytes));
             if let Some(handle) = m.receipt_handle() {
                 let entry = DeleteMessageBatchRequestEntry::builder()
                     .id(i.to_string())
@@ -146,22 +142,66 @@ impl SqsConsumer {
     }
 }
 
-/// The AWS SDK configuration of the moto at `endpoint` (its SQS, SNS and Kinesis clients alike):
-/// the test credentials, rustls with ring like the relay.
-pub(crate) fn moto_config(endpoint: &str) -> aws_config::SdkConfig {
-    aws_config::SdkConfig::builder()
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new(REGION))
-        .endpoint_url(endpoint)
-        .credentials_provider(aws_credential_types::provider::SharedCredentialsProvider::new(
-            aws_credential_types::Credentials::new(TEST_KEY, TEST_KEY, None, None, "demo"),
-        ))
-        .http_client(
-            aws_smithy_http_client::Builder::new()
-                .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                    aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-                ))
-                .build_https(),
+/// Amazon SQS's answers to the demo.
+pub(crate) struct SqsDemo;
+
+impl SinkDemo for SqsDemo {
+    fn help(&self) -> Option<&'static str> {
+        Some("Amazon SQS (a FIFO queue), on a running moto server")
+    }
+
+    fn server(&self) -> Server {
+        moto("moto server (Amazon SQS)")
+    }
+
+    fn point_clients_at(&self, _: &str) {
+        use_test_credentials();
+    }
+
+    fn open(&self, endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+        Ok(Box::new(SqsTarget {
+            endpoint: endpoint.unwrap_or_default(),
+            prefix: container(run),
+        }))
+    }
+}
+
+/// moto and the run's queue names.
+struct SqsTarget {
+    endpoint: String,
+    prefix: String,
+}
+
+impl DemoTarget for SqsTarget {
+    /// A FIFO queue per run (made by the consumer: `setup` creates no queues). Queue names allow
+    /// no `.` but the `.fifo` suffix: `order.placed` becomes `order-placed`.
+    fn config(&self) -> String {
+        format!(
+            r#"[sink]
+kind = "sqs"
+
+[sqs]
+region = "{REGION}"
+endpoint_url = {endpoint}
+fifo = true
+
+[route]
+topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
+topic_replacement = "{prefix}-${{head}}-${{tail}}.fifo"
+"#,
+            endpoint = toml_string(&self.endpoint),
+            prefix = self.prefix,
         )
-        .build()
+    }
+
+    fn describe(&self, _: &SinkSettings) -> String {
+        format!("moto (Amazon SQS) at {} (a FIFO queue)", self.endpoint)
+    }
+
+    fn consume<'a>(&'a self, queue: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
+        Box::pin(async move {
+            let c = SqsConsumer::new(&self.endpoint, queue).await?;
+            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
+        })
+    }
 }

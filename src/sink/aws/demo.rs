@@ -1,0 +1,52 @@
+//! What the AWS sinks' halves of `outbox-relay demo` share: they publish to a running moto server
+//! (`--sink-url`, its `http://host:port`), which serves SQS, SNS and Kinesis on one port, with
+//! test credentials set for this process, so the demo never reaches a cloud account; and the
+//! SDK configuration of their consumers' clients.
+
+use crate::sink::demo::{LocalServer, Server};
+
+/// The region of the demo's clients and relay (moto accepts any).
+pub(crate) const REGION: &str = "us-east-1";
+/// The credentials of the demo's clients and relay: never real ones (moto accepts any).
+const TEST_KEY: &str = "testing";
+
+/// The moto server the AWS sinks' demos publish to, `name` saying which service it stands in for
+/// ("moto server (Amazon SQS)").
+pub(crate) const fn moto(name: &'static str) -> Server {
+    Server::Running {
+        default_url: "http://127.0.0.1:5000",
+        local: Some(LocalServer {
+            name,
+            start: "`~/.cache/outbox-relay/venv-moto/bin/moto_server -p 5000` (after scripts/ensure-moto.sh)",
+        }),
+    }
+}
+
+/// The relay runs in the demo's process and its SDK takes credentials from its chain: test ones,
+/// and no session or profile that could name a real account. Set before any thread exists.
+pub(crate) fn use_test_credentials() {
+    std::env::set_var("AWS_ACCESS_KEY_ID", TEST_KEY);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", TEST_KEY);
+    std::env::remove_var("AWS_SESSION_TOKEN");
+    std::env::remove_var("AWS_PROFILE");
+}
+
+/// The AWS SDK configuration of the moto at `endpoint` (the demo consumers' SQS, SNS and Kinesis
+/// clients alike): the test credentials, rustls with ring like the relay.
+pub(crate) fn moto_config(endpoint: &str) -> aws_config::SdkConfig {
+    aws_config::SdkConfig::builder()
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(REGION))
+        .endpoint_url(endpoint)
+        .credentials_provider(aws_credential_types::provider::SharedCredentialsProvider::new(
+            aws_credential_types::Credentials::new(TEST_KEY, TEST_KEY, None, None, "demo"),
+        ))
+        .http_client(
+            aws_smithy_http_client::Builder::new()
+                .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                    aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+                ))
+                .build_https(),
+        )
+        .build()
+}

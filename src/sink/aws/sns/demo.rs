@@ -1,0 +1,159 @@
+//! Amazon SNS's half of `outbox-relay demo`, on a running moto server (`--sink-url`,
+//! `aws/demo.rs`): the relay publishes to a FIFO topic of the run's own; the consumer makes it,
+//! and a FIFO queue of the same name subscribed to it with raw message delivery (the queue's
+//! messages are the published ones, attributes included), both made before the relay starts (the
+//! relay publishes to existing topics only); the queue is read and counted as the SQS demo reads
+//! its own ([`SqsConsumer`]). At the end it deletes the topic and the queue (best effort).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use aws_sdk_sns::error::DisplayErrorContext;
+
+use crate::config::sink::SinkSettings;
+use crate::sink::aws::demo::{moto, moto_config, use_test_credentials, REGION};
+use crate::sink::aws::sqs::demo::SqsConsumer;
+use crate::sink::demo::{
+    bounded, container, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+};
+
+const BROKER: &str = "moto (Amazon SNS)";
+
+pub(crate) struct SnsConsumer {
+    client: aws_sdk_sns::Client,
+    topic: String,
+    arn: String,
+    queue: SqsConsumer,
+}
+
+impl SnsConsumer {
+    /// Makes the FIFO topic `topic` at the moto `endpoint`, and its subscribed queue.
+    pub(crate) async fn new(endpoint: &str, topic: &str) -> Result<SnsConsumer, String> {
+        let client = aws_sdk_sns::Client::new(&moto_config(endpoint));
+        let created = bounded(BROKER, "creating the topic", async {
+            client
+                .create_topic()
+                .name(topic)
+                .attributes("FifoTopic", "true")
+                .send()
+                .await
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        })
+        .await?;
+        let arn = created
+            .topic_arn()
+            .ok_or_else(|| format!("{BROKER}: CreateTopic {topic} returned no topic ARN"))?
+            .to_owned();
+        let consumer = SnsConsumer {
+            client,
+            topic: topic.to_owned(),
+            arn,
+            queue: SqsConsumer::new(endpoint, topic).await?,
+        };
+        let queue_arn = consumer.queue.arn().await?;
+        bounded(BROKER, "subscribing the queue to the topic", async {
+            consumer
+                .client
+                .subscribe()
+                .topic_arn(&consumer.arn)
+                .protocol("sqs")
+                .endpoint(queue_arn)
+                .attributes("RawMessageDelivery", "true")
+                .send()
+                .await
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        })
+        .await?;
+        Ok(consumer)
+    }
+
+    /// Reads the queue until `stop`, then deletes the topic and the queue; returns what it
+    /// cleaned up.
+    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+        let mut lines = self.queue.run(tally, stop).await;
+        let deleted = bounded(BROKER, "deleting the topic", async {
+            self.client
+                .delete_topic()
+                .topic_arn(&self.arn)
+                .send()
+                .await
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        })
+        .await;
+        lines.insert(
+            0,
+            match deleted {
+                Ok(_) => format!("SNS topic {} deleted", self.topic),
+                Err(e) => format!("FAILED: {e}"),
+            },
+        );
+        lines
+    }
+}
+
+/// Amazon SNS's answers to the demo.
+pub(crate) struct SnsDemo;
+
+impl SinkDemo for SnsDemo {
+    fn help(&self) -> Option<&'static str> {
+        Some("Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server")
+    }
+
+    fn server(&self) -> Server {
+        moto("moto server (Amazon SNS)")
+    }
+
+    fn point_clients_at(&self, _: &str) {
+        use_test_credentials();
+    }
+
+    fn open(&self, endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+        Ok(Box::new(SnsTarget {
+            endpoint: endpoint.unwrap_or_default(),
+            prefix: container(run),
+        }))
+    }
+}
+
+/// moto and the run's topic names.
+struct SnsTarget {
+    endpoint: String,
+    prefix: String,
+}
+
+impl DemoTarget for SnsTarget {
+    /// A FIFO topic per run, named as the SQS demo's queue (made by the consumer with its
+    /// subscribed queue: `setup` creates no topics).
+    fn config(&self) -> String {
+        format!(
+            r#"[sink]
+kind = "sns"
+
+[sns]
+region = "{REGION}"
+endpoint_url = {endpoint}
+fifo = true
+
+[route]
+topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
+topic_replacement = "{prefix}-${{head}}-${{tail}}.fifo"
+"#,
+            endpoint = toml_string(&self.endpoint),
+            prefix = self.prefix,
+        )
+    }
+
+    fn describe(&self, _: &SinkSettings) -> String {
+        format!(
+            "moto (Amazon SNS) at {} (a FIFO topic, read through a subscribed FIFO queue)",
+            self.endpoint
+        )
+    }
+
+    fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
+        Box::pin(async move {
+            let c = SnsConsumer::new(&self.endpoint, topic).await?;
+            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
+        })
+    }
+}
