@@ -16,6 +16,7 @@
 //!   producer of its identity when it was created.
 
 use std::borrow::Cow;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,6 +122,39 @@ pub(crate) trait ReadBackReader: Send {
         lane: i32,
         seen: &mut dyn FnMut(&dyn HeaderGet) -> Seen,
     ) -> Result<u64, ReadBackError>;
+}
+
+/// What reading back one lane found.
+#[derive(Debug)]
+pub(crate) struct Tail<P> {
+    /// Every position of the caller's records at or above the floor, from the lane's end back
+    /// to its first record below the floor (or the lane's start).
+    pub(crate) positions: BTreeSet<P>,
+    pub(crate) records_read: u64,
+}
+
+/// The positions `own` finds in `lane` of `destination` at or above `floor`, reading back from
+/// the lane's end until one of the caller's records below `floor`. Blocks.
+pub(crate) fn tail_since<P: Ord>(
+    reader: &dyn ReadBackReader,
+    destination: &str,
+    lane: i32,
+    floor: &P,
+    own: impl Fn(&dyn HeaderGet) -> Option<P>,
+) -> Result<Tail<P>, ReadBackError> {
+    let mut positions = BTreeSet::new();
+    let records_read = reader.scan(destination, lane, &mut |headers| match own(headers) {
+        Some(p) if p >= *floor => {
+            positions.insert(p);
+            Seen::Kept
+        }
+        Some(_) => Seen::Below,
+        None => Seen::Foreign,
+    })?;
+    Ok(Tail {
+        positions,
+        records_read,
+    })
 }
 
 /// Commits a transactional sink's records in units ([`ExactlyOnce::Transactions`]).

@@ -61,7 +61,8 @@ use tokio::sync::mpsc;
 use crate::config::Settings;
 pub use exactly_once::ReadBackError;
 pub(crate) use exactly_once::{
-    ClientQueueExpiry, ExactlyOnce, HeaderGet, ReadBackReader, ReadBackSource, Sealer, Seen, Transactional,
+    tail_since, ClientQueueExpiry, ExactlyOnce, HeaderGet, ReadBackReader, ReadBackSource, Sealer, Seen, Tail,
+    Transactional,
 };
 use plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 pub use refusal::StartRefusal;

@@ -10,6 +10,7 @@
 
 use tracing::info;
 
+use super::window::ReplayWindow;
 use super::{position, Guarantee, Stamp, Start};
 use crate::config::Settings;
 use crate::postgres::lsn::Lsn;
@@ -19,31 +20,26 @@ use crate::relay::quarantine::EventRef;
 pub(super) struct BrokerDedup {
     /// [`position::HEADER_SOURCE`]'s value.
     source: String,
-    replay_start: Lsn,
-    replay_end: Lsn,
-    window_logged: bool,
+    window: ReplayWindow,
 }
 
 impl BrokerDedup {
     pub(super) async fn start(settings: &Settings, at: &Start<'_>) -> Result<BrokerDedup, RelayError> {
-        let replay_end = super::read_back::replay_end(at.control).await?;
-        Ok(BrokerDedup::new(settings, at.system_id, at.slot_start, replay_end))
+        let window = ReplayWindow::start(at.control, at.slot_start).await?;
+        Ok(BrokerDedup::new(settings, at.system_id, window))
     }
 
-    pub(super) fn new(settings: &Settings, system_id: &str, replay_start: Lsn, replay_end: Lsn) -> BrokerDedup {
+    pub(super) fn new(settings: &Settings, system_id: &str, window: ReplayWindow) -> BrokerDedup {
         BrokerDedup {
             source: position::source(settings, system_id),
-            replay_start,
-            replay_end,
-            window_logged: false,
+            window,
         }
     }
 
-    fn log_window(&mut self) {
-        self.window_logged = true;
+    fn log_window(&self) {
         info!(
-            replay_from = %self.replay_start,
-            replay_to = %self.replay_end,
+            replay_from = %self.window.start,
+            replay_to = %self.window.end,
             source = %self.source,
             "exactly-once: the replay window went out with deduplication keys; the broker dropped what it held"
         );
@@ -56,7 +52,7 @@ impl Guarantee for BrokerDedup {
     }
 
     fn reached(&mut self, lsn: Lsn) {
-        if !self.window_logged && lsn >= self.replay_end {
+        if self.window.reached(lsn) {
             self.log_window();
         }
     }
@@ -69,7 +65,7 @@ impl Guarantee for BrokerDedup {
     }
 
     fn finish(mut self: Box<Self>) {
-        if !self.window_logged {
+        if self.window.close() {
             self.log_window();
         }
     }
@@ -83,7 +79,7 @@ mod tests {
     #[test]
     fn every_record_carries_its_position_as_the_deduplication_key() {
         let s = settings("[relay]\ndelivery = \"exactly-once\"\n");
-        let g = BrokerDedup::new(&s, "7000", Lsn(0x100), Lsn(0x1000));
+        let g = BrokerDedup::new(&s, "7000", ReplayWindow::new(Lsn(0x100), Lsn(0x1000)));
         let mut buf = [0u8; 40];
         let at = EventRef {
             commit_lsn: Lsn(0x200),

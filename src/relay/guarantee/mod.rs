@@ -21,6 +21,7 @@ mod broker_dedup;
 mod position;
 mod read_back;
 mod transactions;
+mod window;
 
 use std::time::Instant;
 
@@ -279,11 +280,14 @@ pub(crate) mod test_support {
                 Box::new(handle.sealer()),
                 None,
             )),
-            (Delivery::ExactlyOnce, ExactlyOnce::BrokerDeduplicates) => {
-                Box::new(broker_dedup::BrokerDedup::new(settings, "7000", start, start))
-            }
+            (Delivery::ExactlyOnce, ExactlyOnce::BrokerDeduplicates) => Box::new(broker_dedup::BrokerDedup::new(
+                settings,
+                "7000",
+                window::ReplayWindow::new(start, start),
+            )),
             (Delivery::ExactlyOnce, ExactlyOnce::ReadBack(sink)) => {
-                Box::new(read_back::ReadBack::new(settings, sink, "7000", (start, start), None).0)
+                let window = window::ReplayWindow::new(start, start);
+                Box::new(read_back::ReadBack::new(settings, sink, "7000", window, None).0)
             }
             (Delivery::ExactlyOnce, ExactlyOnce::Unsupported(reason)) => panic!("exactly-once refused: {reason}"),
         }

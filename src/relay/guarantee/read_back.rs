@@ -13,7 +13,7 @@
 //! a record it did not read is sent again (a duplicate at worst).
 //!
 //! **The replay window.** Only events whose transaction committed before the server's WAL
-//! position read right after `START_REPLICATION` ([`replay_end`]; the slot is ours by then, so no
+//! position read right after `START_REPLICATION` (`window.rs`; the slot is ours by then, so no
 //! earlier holder can still be streaming) can have been published before. Later events are sent
 //! without any check: steady state costs nothing. A replay-window event needs its partition's
 //! tail: computed with the sink's partitioner (`sink::ReadBackSpec::partition_for`, or the
@@ -40,6 +40,7 @@ use metrics::{counter, histogram};
 use tokio::sync::mpsc;
 use tracing::info;
 
+use super::window::ReplayWindow;
 use super::{position, Answer, Answers, Bound, Guarantee, HoldNote, Stamp, Start, Verdict};
 use crate::config::Settings;
 use crate::ops::metrics::{PARTITIONS_READ_BACK, READ_BACK_SECONDS};
@@ -48,7 +49,7 @@ use crate::postgres::lsn::Lsn;
 use crate::relay::error::RelayError;
 use crate::relay::quarantine::EventRef;
 use crate::relay::takeover::Fence;
-use crate::sink::{ClientQueueExpiry, ReadBackError, ReadBackReader, ReadBackSource, Seen};
+use crate::sink::{tail_since, ClientQueueExpiry, ReadBackError, ReadBackReader, ReadBackSource, Tail};
 
 /// What this session knows about one record's partition.
 enum Lookup {
@@ -79,17 +80,9 @@ struct Job {
     partitions: Option<Option<i32>>,
 }
 
-/// What reading back one partition found.
-struct Tail {
-    /// Every position of this source's records at or above the replay start, from the
-    /// partition's end back to its first record below it (or the partition's start).
-    positions: BTreeSet<EventRef>,
-    records_read: u64,
-}
-
 /// What a read-back found: the topic's partition count (`None`: no such topic) and, when the
 /// record's partition is computable, that partition with its tail.
-type Found = (Option<i32>, Option<(i32, Tail)>);
+type Found = (Option<i32>, Option<(i32, Tail<EventRef>)>);
 
 pub(super) struct Done {
     reader: Option<Box<dyn ReadBackReader>>,
@@ -102,8 +95,7 @@ pub(super) struct Done {
 pub(super) struct ReadBack {
     /// [`position::HEADER_SOURCE`]'s value.
     source: String,
-    replay_start: Lsn,
-    replay_end: Lsn,
+    window: ReplayWindow,
     /// The sink's read-back: where a key goes, and its readers (the sink's own business).
     sink: Arc<dyn ReadBackSource>,
     timeout: Duration,
@@ -120,7 +112,6 @@ pub(super) struct ReadBack {
     skipped: u64,
     partitions_read: u64,
     read_back_time: Duration,
-    window_logged: bool,
 }
 
 impl ReadBack {
@@ -131,7 +122,7 @@ impl ReadBack {
         at: &Start<'_>,
         sink: Arc<dyn ReadBackSource>,
     ) -> Result<(ReadBack, Answers), RelayError> {
-        let replay_end = replay_end(at.control).await?;
+        let window = ReplayWindow::start(at.control, at.slot_start).await?;
         let fence = at.predecessor.fence(settings, sink.queue_expiry(), Instant::now());
         if let Some(f) = &fence {
             info!(
@@ -142,30 +133,22 @@ impl ReadBack {
                 "exactly-once takeover: the first read-back waits for the previous holder's queued records"
             );
         }
-        Ok(ReadBack::new(
-            settings,
-            sink,
-            at.system_id,
-            (at.slot_start, replay_end),
-            fence,
-        ))
+        Ok(ReadBack::new(settings, sink, at.system_id, window, fence))
     }
 
-    /// `system_id`: the database system identifier; `window`: the slot's confirmed position and
-    /// the server's WAL position once the slot was ours; `fence`: wait until its end before the
+    /// `system_id`: the database system identifier; `fence`: wait until its end before the
     /// first read-back.
     pub(super) fn new(
         settings: &Settings,
         sink: Arc<dyn ReadBackSource>,
         system_id: &str,
-        (replay_start, replay_end): (Lsn, Lsn),
+        window: ReplayWindow,
         fence: Option<Fence>,
     ) -> (ReadBack, Answers) {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let read_back = ReadBack {
             source: position::source(settings, system_id),
-            replay_start,
-            replay_end,
+            window,
             sink,
             timeout: settings.relay.connect_timeout,
             max_records: settings.relay.read_back_max_records,
@@ -178,7 +161,6 @@ impl ReadBack {
             skipped: 0,
             partitions_read: 0,
             read_back_time: Duration::ZERO,
-            window_logged: false,
         };
         (read_back, done_rx)
     }
@@ -231,7 +213,7 @@ impl ReadBack {
     }
 
     fn lookup(&self, at: EventRef, topic: &str, key: &[u8], explicit: Option<i32>) -> Lookup {
-        if at.commit_lsn >= self.replay_end {
+        if !self.window.holds(at.commit_lsn) {
             return Lookup::Unchecked;
         }
         let Some(t) = self.topics.get(topic) else {
@@ -260,7 +242,7 @@ impl ReadBack {
         let (sink, timeout, max) = (Arc::clone(&self.sink), self.timeout, self.max_records);
         let (source, fence, tx) = (self.source.clone(), self.fence_until.take(), self.done_tx.clone());
         let floor = EventRef {
-            commit_lsn: self.replay_start,
+            commit_lsn: self.window.start,
             seq: 0,
         };
         std::thread::spawn(move || {
@@ -286,7 +268,7 @@ impl ReadBack {
                 if !(0..count).contains(&p) {
                     return Ok((Some(count), None));
                 }
-                let tail = own_since(&**r, &job.topic, p, floor, &source)?;
+                let tail = tail_since(&**r, &job.topic, p, &floor, |h| position::of_record(h, &source))?;
                 Ok((Some(count), Some((p, tail))))
             })();
             let _ = tx.send(Answer(Done {
@@ -326,14 +308,13 @@ impl ReadBack {
         Ok(())
     }
 
-    fn log_window(&mut self) {
-        self.window_logged = true;
+    fn log_window(&self) {
         info!(
             skipped_already_in_sink = self.skipped,
             partitions_read_back = self.partitions_read,
             read_back_ms = self.read_back_time.as_millis() as u64,
-            replay_from = %self.replay_start,
-            replay_to = %self.replay_end,
+            replay_from = %self.window.start,
+            replay_to = %self.window.end,
             source = %self.source,
             "exactly-once: replay window checked against the sink"
         );
@@ -347,7 +328,7 @@ impl Guarantee for ReadBack {
 
     /// Once past the replay window, says what the check found (once).
     fn reached(&mut self, lsn: Lsn) {
-        if !self.window_logged && lsn >= self.replay_end {
+        if self.window.reached(lsn) {
             self.log_window();
         }
     }
@@ -378,7 +359,7 @@ impl Guarantee for ReadBack {
     /// is logged once.
     fn hold_note(&mut self, now: Instant) -> Option<HoldNote> {
         let f = self.fence.as_ref()?;
-        if now < f.until && !self.window_logged {
+        if now < f.until && !self.window.is_past() {
             return Some(HoldNote {
                 text: f.describe(now),
                 seconds_left: f.until.duration_since(now).as_secs_f64(),
@@ -395,7 +376,7 @@ impl Guarantee for ReadBack {
 
     /// Says what the check found, if the stream never got past the window.
     fn finish(mut self: Box<Self>) {
-        if !self.window_logged {
+        if self.window.close() {
             self.log_window();
         }
     }
@@ -431,44 +412,6 @@ pub(super) fn warnings(settings: &Settings, sink: &dyn ReadBackSource) -> Vec<St
     )]
 }
 
-/// The positions of `source`'s records at or above `floor` in `topic`'s partition `p`,
-/// reading back from its end until a record of `source`'s below `floor`.
-fn own_since(
-    reader: &dyn ReadBackReader,
-    topic: &str,
-    p: i32,
-    floor: EventRef,
-    source: &str,
-) -> Result<Tail, ReadBackError> {
-    let mut positions = BTreeSet::new();
-    let records_read = reader.scan(topic, p, &mut |headers| match position::of_record(headers, source) {
-        Some(at) if at >= floor => {
-            positions.insert(at);
-            Seen::Kept
-        }
-        Some(_) => Seen::Below,
-        None => Seen::Foreign,
-    })?;
-    Ok(Tail {
-        positions,
-        records_read,
-    })
-}
-
-/// The server's WAL position now: no transaction committing at or after it can have been sent
-/// to an earlier walsender. Read once the slot is this session's.
-pub(super) async fn replay_end(control: &tokio_postgres::Client) -> Result<Lsn, RelayError> {
-    let row = control
-        .query_one(
-            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END)::text",
-            &[],
-        )
-        .await?;
-    let text: Option<String> = row.get(0);
-    text.and_then(|t| t.parse::<Lsn>().ok())
-        .ok_or(RelayError::NoWalPosition)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,7 +435,14 @@ mod tests {
 
     fn resume() -> ReadBack {
         let s = settings("[relay]\ndelivery = \"exactly-once\"\n");
-        ReadBack::new(&s, sink(), "7000000000000000001", (Lsn(0x100), Lsn(0x1000)), None).0
+        ReadBack::new(
+            &s,
+            sink(),
+            "7000000000000000001",
+            ReplayWindow::new(Lsn(0x100), Lsn(0x1000)),
+            None,
+        )
+        .0
     }
 
     /// As if partition `p` of a 3-partition `t` had been read back, finding `found`.
@@ -556,7 +506,13 @@ mod tests {
             until_utc: std::time::SystemTime::now() + Duration::from_secs(5),
             reason: "a test".into(),
         };
-        let (mut r, _answers) = ReadBack::new(&s, sink(), "7000", (Lsn(0x100), Lsn(0x1000)), Some(fence));
+        let (mut r, _answers) = ReadBack::new(
+            &s,
+            sink(),
+            "7000",
+            ReplayWindow::new(Lsn(0x100), Lsn(0x1000)),
+            Some(fence),
+        );
         let note = r.hold_note(now).expect("held");
         assert!(note.text.contains("a test") && note.seconds_left > 4.0, "{note:?}");
         assert_eq!(r.hold_note(now + Duration::from_secs(6)), None);

@@ -447,36 +447,16 @@ mod tests {
 
     const TOPIC: &str = "tail";
 
-    /// What a scan found: the positions `own` recognised at or above the floor.
-    #[derive(Debug)]
-    struct Tail<P> {
-        positions: BTreeSet<P>,
-        records_read: u64,
-    }
-
     impl TailReader {
-        /// The positions `own` finds at or above `floor`, reading back from the partition's end
-        /// until a record of the caller's below `floor` (as the relay's read-back guarantee does).
+        /// The positions `own` finds at or above `floor` (as the relay's read-back does).
         fn own_since<P: Ord>(
             self: &std::sync::Arc<Self>,
             topic: &str,
             partition: i32,
             floor: &P,
             own: impl Fn(&dyn HeaderGet) -> Option<P>,
-        ) -> Result<Tail<P>, ReadBackError> {
-            let mut positions = BTreeSet::new();
-            let records_read = self.scan(topic, partition, &mut |headers| match own(headers) {
-                Some(p) if p >= *floor => {
-                    positions.insert(p);
-                    Seen::Kept
-                }
-                Some(_) => Seen::Below,
-                None => Seen::Foreign,
-            })?;
-            Ok(Tail {
-                positions,
-                records_read,
-            })
+        ) -> Result<crate::sink::Tail<P>, ReadBackError> {
+            crate::sink::tail_since(&**self, topic, partition, floor, own)
         }
     }
 
