@@ -93,11 +93,20 @@ pub(crate) trait SinkSectionSpec: Sync {
     }
 }
 
+/// A validated section as [`Any`], for the downcast to its own type: every `'static` type is one.
+pub(crate) trait AsAny {
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Any> AsAny for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// A sink's section, validated: what the generic configuration reads of it. The adapter
 /// downcasts it to its own type ([`SinkSettings::section`]).
-pub(crate) trait SinkSection: std::fmt::Debug + Send + Sync + 'static {
-    fn as_any(&self) -> &dyn Any;
-
+pub(crate) trait SinkSection: AsAny + std::fmt::Debug + Send + Sync + 'static {
     /// Warnings about this section for the operator, logged when `run` starts.
     fn start_warnings(&self) -> Vec<String> {
         Vec::new()
@@ -145,7 +154,8 @@ impl SinkSettings {
 
     /// The chosen sink's validated section as its own type (`None`: another sink is chosen).
     pub(crate) fn section<T: 'static>(&self) -> Option<&T> {
-        self.section.as_any().downcast_ref::<T>()
+        // Through the section itself, not the `Arc` (which is `Any` too).
+        (*self.section).as_any().downcast_ref::<T>()
     }
 
     /// A setting of the chosen sink's section by its name in the file (see [`SinkSection::get`]).

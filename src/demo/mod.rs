@@ -80,7 +80,7 @@ pub(crate) struct DemoArgs {
 fn kinds() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(sink_demo::sinks().into_iter().map(|(kind, demo)| {
         let value = clap::builder::PossibleValue::new(kind);
-        match demo.help() {
+        match demo.help {
             Some(help) => value.help(help),
             None => value,
         }
@@ -96,7 +96,7 @@ fn default_kind() -> &'static str {
 fn kinds_with(server: impl Fn(Server) -> bool) -> String {
     sink_demo::sinks()
         .into_iter()
-        .filter(|(_, demo)| server(demo.server()))
+        .filter(|(_, demo)| server(demo.server))
         .map(|(kind, _)| kind)
         .collect::<Vec<_>>()
         .join("|")
@@ -118,7 +118,7 @@ fn misused(args: &DemoArgs, server: Server) -> Option<String> {
     let embedders = || {
         sink_demo::sinks()
             .into_iter()
-            .filter_map(|(_, demo)| match demo.server() {
+            .filter_map(|(_, demo)| match demo.server {
                 Server::Embedded(name) => Some(name),
                 _ => None,
             })
@@ -183,7 +183,7 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
         eprintln!("error: --sink {}: no such sink", args.sink);
         return ExitCode::from(2);
     };
-    let server = demo.server();
+    let server = demo.server;
     if let Some(why) = misused(&args, server) {
         eprintln!("error: {why}");
         return ExitCode::from(2);
@@ -191,7 +191,7 @@ pub(crate) fn main(args: DemoArgs) -> ExitCode {
     // The relay runs in this process and its clients read their conventions from the
     // environment: set before the runtime's threads exist.
     if let Some(address) = address(&args, server).filter(|_| matches!(server, Server::Running { .. })) {
-        demo.point_clients_at(&address);
+        (demo.point_clients_at)(&address);
     }
     let runtime = match crate::ops::runtime(2) {
         Ok(rt) => rt,
@@ -243,10 +243,10 @@ async fn check_local_server(local: LocalServer, address: &str) -> Result<(), Dem
 }
 
 /// Everything, with cleanup guaranteed once PostgreSQL started.
-pub(crate) async fn run(args: DemoArgs, demo: &'static dyn SinkDemo) -> Result<Summary, DemoError> {
+pub(crate) async fn run(args: DemoArgs, demo: &'static SinkDemo) -> Result<Summary, DemoError> {
     let mut progress = ProgressLine::new();
     let interrupts = watch_interrupts();
-    let server = demo.server();
+    let server = demo.server;
     let address = address(&args, server);
     if let (Server::Running { local: Some(local), .. }, Some(address)) = (server, &address) {
         check_local_server(local, address).await?;
@@ -272,7 +272,7 @@ pub(crate) async fn run(args: DemoArgs, demo: &'static dyn SinkDemo) -> Result<S
         id: run_id,
         event_type: producer::EVENT_TYPE,
     };
-    let target = match demo.open(address, &run) {
+    let target = match (demo.open)(address, &run) {
         Ok(target) => target,
         Err(e) => {
             let mut pg = pg;
@@ -329,7 +329,7 @@ async fn pipeline(
         .await
         .map_err(DemoError::postgres("creating the seed schema"))?;
 
-    let settings = demo_settings(&pg.url(DATABASE), target)?;
+    let settings = demo_settings(&pg.url(DATABASE), &args.sink, target)?;
     let setup = crate::control::setup(&settings).await?;
     progress.message(&format!("demo: setup done\n{setup}"));
 
@@ -469,8 +469,8 @@ fn relay_window() -> crate::ops::latency::LatencySummary {
 }
 
 /// The relay's configuration for the demo database, as a user would write it.
-fn demo_settings(url: &str, target: &dyn DemoTarget) -> Result<Settings, DemoError> {
-    let sink = target.config();
+fn demo_settings(url: &str, kind: &str, target: &dyn DemoTarget) -> Result<Settings, DemoError> {
+    let sink = target.config().text(kind);
     let text = format!(
         r#"
 [postgres]

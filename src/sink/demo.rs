@@ -1,5 +1,5 @@
 //! A sink's half of `outbox-relay demo` (cargo feature "demo"): what the demo asks of each
-//! sink's plugin ([`SinkPlugin::demo`]), so that `src/demo/` keeps no list of sinks and names
+//! sink's plugin ([`SinkPlugin::DEMO`]), so that `src/demo/` keeps no list of sinks and names
 //! none. Each sink answers in its own `demo.rs`: which server it needs and how to reach or start
 //! one ([`Server`]), what its client reads from the environment ([`SinkDemo::point_clients_at`]),
 //! the run's configuration section ([`DemoTarget::config`]), what the summary says of it
@@ -60,6 +60,16 @@ pub(crate) enum Server {
     },
 }
 
+impl Server {
+    /// A broker running at `default_url` unless `--sink-url` says where.
+    pub(crate) const fn running(default_url: &'static str) -> Server {
+        Server::Running {
+            default_url,
+            local: None,
+        }
+    }
+}
+
 /// What one run of the demo is called by.
 #[derive(Debug, Clone)]
 pub(crate) struct DemoRun {
@@ -69,27 +79,83 @@ pub(crate) struct DemoRun {
     pub(crate) event_type: &'static str,
 }
 
-/// A sink's answers to the demo. Implemented in `src/sink/<name>/demo.rs`.
-pub(crate) trait SinkDemo: Sync {
+/// Opens a run's target: starts what the run needs of the sink itself (an embedded broker, a
+/// receiver) and names what the run makes on the server; the address is the server given
+/// (`--sink-url` or its default, or `--bootstrap`; `None` when none was).
+pub(crate) type Open = fn(Option<String>, &DemoRun) -> Result<Box<dyn DemoTarget>, String>;
+
+/// A sink's answers to the demo: `DEMO` in `src/sink/<name>/demo.rs`, returned by its plugin.
+#[derive(Clone, Copy)]
+pub(crate) struct SinkDemo {
     /// What `demo --help` says of the sink beside its kind.
-    fn help(&self) -> Option<&'static str> {
-        None
-    }
-
+    pub(crate) help: Option<&'static str>,
     /// How the demo reaches the sink's server.
-    fn server(&self) -> Server;
+    pub(crate) server: Server,
+    /// Sets what the sink's client reads from the environment to reach the server at the
+    /// address given (an emulator's host, test credentials): the relay runs in the demo's
+    /// process. Called before the runtime's threads exist.
+    pub(crate) point_clients_at: fn(&str),
+    pub(crate) open: Open,
+}
 
-    /// Sets what the sink's client reads from the environment to reach the server at `address`
-    /// (an emulator's host, test credentials): the relay runs in the demo's process. Called
-    /// before the runtime's threads exist.
-    fn point_clients_at(&self, address: &str) {
-        let _ = address;
+impl SinkDemo {
+    /// The demo half of a sink whose client reads nothing from the environment.
+    pub(crate) const fn new(server: Server, open: Open) -> SinkDemo {
+        SinkDemo {
+            help: None,
+            server,
+            point_clients_at: |_| {},
+            open,
+        }
     }
 
-    /// Starts what the run needs of the sink itself (an embedded broker, a receiver) and names
-    /// what the run makes on the server; `address` is the server given (`--sink-url` or its
-    /// default, or `--bootstrap`; `None` when none was).
-    fn open(&self, address: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String>;
+    /// With `help` in `demo --help`.
+    pub(crate) const fn help(self, help: &'static str) -> SinkDemo {
+        SinkDemo {
+            help: Some(help),
+            ..self
+        }
+    }
+
+    /// With `point` setting what the sink's client reads from the environment.
+    pub(crate) const fn pointing(self, point: fn(&str)) -> SinkDemo {
+        SinkDemo {
+            point_clients_at: point,
+            ..self
+        }
+    }
+}
+
+/// The sink's part of the run's configuration, as a user would write it: the keys of its section
+/// (the demo heads them with `[sink] kind` and the section's name), and those of a `[route]`
+/// where the run needs names of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DemoConfig {
+    pub(crate) keys: String,
+    pub(crate) route: Option<String>,
+}
+
+impl DemoConfig {
+    /// `keys`, with every event routed to `replacement` (`${routedByValue}` standing for the
+    /// routed-by value).
+    pub(crate) fn routed(keys: String, replacement: &str) -> DemoConfig {
+        DemoConfig {
+            keys,
+            route: Some(format!(
+                "topic_regex = \"(?<routedByValue>.*)\"\ntopic_replacement = \"{replacement}\"\n"
+            )),
+        }
+    }
+
+    /// The configuration's text for the sink of `kind`.
+    pub(crate) fn text(&self, kind: &str) -> String {
+        let route = self
+            .route
+            .as_ref()
+            .map(|keys| format!("\n[route]\n{keys}"))
+            .unwrap_or_default();
+        format!("[sink]\nkind = \"{kind}\"\n\n[{kind}]\n{}{route}", self.keys)
+    }
 }
 
 /// The future of a started consumer.
@@ -98,9 +164,8 @@ pub(crate) type Starting<'a> = Pin<Box<dyn Future<Output = Result<Consuming, Str
 /// Where one run publishes, and what it holds of the sink (dropped at the end: an embedded
 /// broker stops with it).
 pub(crate) trait DemoTarget: Send + Sync {
-    /// The sink's part of the run's configuration, as a user would write it: `[sink]`, its
-    /// section, and a `[route]` where the run needs names of its own.
-    fn config(&self) -> String;
+    /// The sink's part of the run's configuration ([`DemoConfig`]).
+    fn config(&self) -> DemoConfig;
 
     /// Where the events went, for the summary (secrets masked as the settings print them).
     fn describe(&self, sink: &SinkSettings) -> String;
@@ -109,6 +174,24 @@ pub(crate) trait DemoTarget: Send + Sync {
     /// called before the relay publishes. It counts into `tally` until `stop`, then removes
     /// what the run made.
     fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a>;
+}
+
+/// A demo consumer that runs as a task: it reads until `stop`, then removes what the run made
+/// and returns what it cleaned up.
+pub(crate) trait DemoConsumer: Send + 'static {
+    fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> impl Future<Output = Vec<String>> + Send;
+}
+
+/// [`DemoTarget::consume`] for a consumer that runs as a task: once `made`, it is started.
+pub(crate) fn start<'a, C: DemoConsumer>(
+    made: impl Future<Output = Result<C, String>> + Send + 'a,
+    tally: Arc<dyn Tally>,
+    stop: Arc<AtomicBool>,
+) -> Starting<'a> {
+    Box::pin(async move {
+        let consumer = made.await?;
+        Ok(Consuming::Task(tokio::spawn(consumer.run(tally, stop))))
+    })
 }
 
 /// A running demo consumer: on a thread of its own, or a task that cleans up what the run made
@@ -140,11 +223,11 @@ impl Consuming {
 
 /// Every registered sink's `[sink] kind` and demo half, in registration order (the first is
 /// the default `[sink] kind`).
-pub(crate) fn sinks() -> Vec<(&'static str, &'static dyn SinkDemo)> {
-    struct Demos(Vec<(&'static str, &'static dyn SinkDemo)>);
+pub(crate) fn sinks() -> Vec<(&'static str, &'static SinkDemo)> {
+    struct Demos(Vec<(&'static str, &'static SinkDemo)>);
     impl Each for Demos {
         fn each<P: SinkPlugin>(&mut self, plugin: &'static P) {
-            self.0.push((plugin.spec().kind(), plugin.demo()));
+            self.0.push((plugin.spec().kind(), P::DEMO));
         }
     }
     let mut demos = Demos(Vec::new());
@@ -153,7 +236,7 @@ pub(crate) fn sinks() -> Vec<(&'static str, &'static dyn SinkDemo)> {
 }
 
 /// The demo half of the sink of `kind`.
-pub(crate) fn find(kind: &str) -> Option<&'static dyn SinkDemo> {
+pub(crate) fn find(kind: &str) -> Option<&'static SinkDemo> {
     sinks().into_iter().find(|(k, _)| *k == kind).map(|(_, demo)| demo)
 }
 

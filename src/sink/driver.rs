@@ -244,12 +244,18 @@ impl<E: Exchange> Connection for Requests<E> {
     }
 }
 
-/// A record taken by the driver.
-struct Item<Request, Tag> {
-    request: Request,
+/// Whom a record's completion goes to, and what its failure names: the caller's tag, the
+/// record's destination and event id.
+struct Named<Tag> {
     tag: Box<Tag>,
     destination: String,
     event_id: String,
+}
+
+/// A record taken by the driver.
+struct Item<Request, Tag> {
+    request: Request,
+    named: Named<Tag>,
     key: KeyHash,
     size: usize,
     queued_at: Instant,
@@ -259,9 +265,7 @@ struct Item<Request, Tag> {
 
 /// A record on the wire, by its sequence number.
 struct OnWire<Tag> {
-    tag: Box<Tag>,
-    destination: String,
-    event_id: String,
+    named: Named<Tag>,
     key: KeyHash,
     size: usize,
     sent_at: Instant,
@@ -361,9 +365,11 @@ impl<P: Protocol, Tag: Send + Sync + 'static> Sink<Tag> for DriverSink<P, Tag> {
         self.queue
             .send(Item {
                 request,
-                tag,
-                destination: record.destination.to_string(),
-                event_id: String::from_utf8_lossy(record.event_id).into_owned(),
+                named: Named {
+                    tag,
+                    destination: record.destination.to_string(),
+                    event_id: String::from_utf8_lossy(record.event_id).into_owned(),
+                },
                 key: KeyHash::of(&record.key),
                 size: record.size(),
                 queued_at: Instant::now(),
@@ -371,7 +377,7 @@ impl<P: Protocol, Tag: Send + Sync + 'static> Sink<Tag> for DriverSink<P, Tag> {
             })
             .map_err(|e| {
                 let cause = format!("the {} sink has stopped", self.protocol.name());
-                Refusal::of(record, e.0.tag, FailureKind::Transient, cause)
+                Refusal::of(record, e.0.named.tag, FailureKind::Transient, cause)
             })
     }
 
@@ -610,21 +616,11 @@ where
     async fn dispatch(&mut self, item: Item<P::Request, Tag>) -> bool {
         if let Some(cause) = &self.failed {
             let cause = format!("not sent: an earlier record failed ({cause})");
-            self.complete(
-                item.tag,
-                item.destination,
-                item.event_id,
-                Err((FailureKind::Transient, cause)),
-            );
+            self.complete(item.named, Err((FailureKind::Transient, cause)));
             return false;
         }
         if self.fence.is_closed(item.key) {
-            self.complete(
-                item.tag,
-                item.destination,
-                item.event_id,
-                Err((FailureKind::Transient, stopped_cause())),
-            );
+            self.complete(item.named, Err((FailureKind::Transient, stopped_cause())));
             return false;
         }
         let waited = item.queued_at.elapsed();
@@ -638,12 +634,7 @@ where
                 waited.as_millis()
             );
             self.fail(&cause);
-            self.complete(
-                item.tag,
-                item.destination,
-                item.event_id,
-                Err((FailureKind::Transient, cause)),
-            );
+            self.complete(item.named, Err((FailureKind::Transient, cause)));
             return false;
         }
         let n = self.next;
@@ -654,9 +645,7 @@ where
                 self.on_wire.insert(
                     n,
                     OnWire {
-                        tag: item.tag,
-                        destination: item.destination,
-                        event_id: item.event_id,
+                        named: item.named,
                         key: item.key,
                         size: item.size,
                         sent_at: Instant::now(),
@@ -667,12 +656,7 @@ where
             Err(e) => {
                 let cause = format!("send failed: {e}");
                 self.fail(&cause);
-                self.complete(
-                    item.tag,
-                    item.destination,
-                    item.event_id,
-                    Err((FailureKind::Transient, cause)),
-                );
+                self.complete(item.named, Err((FailureKind::Transient, cause)));
                 false
             }
         }
@@ -731,12 +715,7 @@ where
         let mut keys = Vec::with_capacity(self.on_wire.len());
         for (_, rec) in std::mem::take(&mut self.on_wire) {
             keys.push(rec.key);
-            self.complete(
-                rec.tag,
-                rec.destination,
-                rec.event_id,
-                Err((FailureKind::Transient, cause.to_owned())),
-            );
+            self.complete(rec.named, Err((FailureKind::Transient, cause.to_owned())));
         }
         keys
     }
@@ -747,15 +726,10 @@ where
         self.wire_bytes = self.wire_bytes.saturating_sub(rec.size);
         let key = rec.key;
         match self.protocol.classify(reply) {
-            Outcome::Acknowledged => self.complete(rec.tag, rec.destination, rec.event_id, Ok(())),
+            Outcome::Acknowledged => self.complete(rec.named, Ok(())),
             Outcome::Transient(cause) => {
                 self.fail(&cause);
-                self.complete(
-                    rec.tag,
-                    rec.destination,
-                    rec.event_id,
-                    Err((FailureKind::Transient, cause)),
-                );
+                self.complete(rec.named, Err((FailureKind::Transient, cause)));
             }
             Outcome::Fatal(cause) => {
                 // The verdict first: a caller that sees the failed record finds it there.
@@ -769,23 +743,13 @@ where
                     .unwrap_or_else(|e| e.into_inner())
                     .get_or_insert(verdict);
                 self.fail(&cause);
-                self.complete(
-                    rec.tag,
-                    rec.destination,
-                    rec.event_id,
-                    Err((FailureKind::Transient, cause)),
-                );
+                self.complete(rec.named, Err((FailureKind::Transient, cause)));
             }
             Outcome::Refused(cause) => {
                 // Later records of the key wait for the caller's decision (`sink/fence.rs`).
                 let fence = Arc::clone(&self.fence);
                 fence.close_then(key, || {
-                    self.complete(
-                        rec.tag,
-                        rec.destination,
-                        rec.event_id,
-                        Err((FailureKind::Refused, cause)),
-                    );
+                    self.complete(rec.named, Err((FailureKind::Refused, cause)));
                 });
             }
         }
@@ -811,23 +775,17 @@ where
                 timeout.as_millis()
             );
             self.fail(&cause);
-            self.complete(
-                rec.tag,
-                rec.destination,
-                rec.event_id,
-                Err((FailureKind::Transient, cause)),
-            );
+            self.complete(rec.named, Err((FailureKind::Transient, cause)));
             self.after_wire_freed(Some(rec.key)).await;
         }
     }
 
-    fn complete(
-        &mut self,
-        tag: Box<Tag>,
-        destination: String,
-        event_id: String,
-        outcome: Result<(), (FailureKind, String)>,
-    ) {
+    fn complete(&mut self, named: Named<Tag>, outcome: Result<(), (FailureKind, String)>) {
+        let Named {
+            tag,
+            destination,
+            event_id,
+        } = named;
         let outcome = outcome.map_err(|(kind, cause)| SinkFailure {
             kind,
             destination,

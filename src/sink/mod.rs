@@ -377,10 +377,10 @@ pub(crate) fn trace_names(settings: &Settings) -> TraceNames {
     struct Names;
     impl<'a> Visit<'a> for Names {
         type Output = TraceNames;
-        fn visit<P: SinkPlugin>(self, plugin: &'static P, _: &'a P::Config) -> TraceNames {
+        fn visit<P: SinkPlugin>(self, _: &'static P, _: &'a P::Config) -> TraceNames {
             TraceNames {
-                messaging_system: plugin.messaging_system(),
-                key_attribute: plugin.key_attribute(),
+                messaging_system: P::MESSAGING_SYSTEM,
+                key_attribute: P::KEY_ATTRIBUTE,
             }
         }
     }
@@ -395,8 +395,8 @@ pub(crate) fn trace_names(settings: &Settings) -> TraceNames {
 pub(crate) fn client_log_targets() -> Vec<ClientLogTarget> {
     struct Targets(Vec<ClientLogTarget>);
     impl registry::Each for Targets {
-        fn each<P: SinkPlugin>(&mut self, plugin: &'static P) {
-            self.0.extend_from_slice(plugin.log_targets());
+        fn each<P: SinkPlugin>(&mut self, _: &'static P) {
+            self.0.extend_from_slice(P::LOG_TARGETS);
         }
     }
     let mut targets = Targets(Vec::new());

@@ -57,6 +57,21 @@ pub(crate) struct ClientLogTarget {
     pub(crate) fixed: Option<&'static str>,
 }
 
+impl ClientLogTarget {
+    /// A target shown only when the relay logs at DEBUG or finer.
+    pub(crate) const fn debug(target: &'static str) -> ClientLogTarget {
+        ClientLogTarget { target, fixed: None }
+    }
+
+    /// A target always shown at `level` ([`ClientLogTarget::fixed`]).
+    pub(crate) const fn at(target: &'static str, level: &'static str) -> ClientLogTarget {
+        ClientLogTarget {
+            target,
+            fixed: Some(level),
+        }
+    }
+}
+
 /// One kind of sink. Implemented by a unit struct in `src/sink/<name>/mod.rs`.
 pub(crate) trait SinkPlugin: Sync + 'static {
     /// The sink's validated section: the type its `config.rs` produces.
@@ -68,18 +83,19 @@ pub(crate) trait SinkPlugin: Sync + 'static {
 
     /// OpenTelemetry's `messaging.system` value for the broker ("kafka", "nats", "rabbitmq",
     /// "redis"; a system the conventions do not name uses its `[sink] kind`).
-    fn messaging_system(&self) -> &'static str;
+    const MESSAGING_SYSTEM: &'static str;
 
     /// The span attribute carrying the record key, where the messaging conventions define one
     /// for the broker (`messaging.kafka.message.key`); `None`: the key is not an attribute.
-    fn key_attribute(&self) -> Option<&'static str> {
-        None
-    }
+    const KEY_ATTRIBUTE: Option<&'static str> = None;
 
     /// The log targets of the sink's client library ([`ClientLogTarget`]).
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[]
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &[];
+
+    /// The sink's half of `outbox-relay demo` (its `demo.rs`): what the demo asks of the sink
+    /// instead of knowing it.
+    #[cfg(feature = "demo")]
+    const DEMO: &'static crate::sink::demo::SinkDemo;
 
     /// What the sink accepts (destination name rule, largest message), known before anything
     /// is sent. Each routed destination and each record is checked against it.
@@ -103,11 +119,6 @@ pub(crate) trait SinkPlugin: Sync + 'static {
         config: &Self::Config,
         cx: &SinkContext,
     ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send;
-
-    /// The sink's half of `outbox-relay demo` (its `demo.rs`): what the demo asks of the sink
-    /// instead of knowing it.
-    #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo;
 
     /// [`ExactlyOnce::BrokerDeduplicates`]: the sink ready to hand its broker the records'
     /// deduplication keys (Redis: with its dedup script loaded); by default the plain one.

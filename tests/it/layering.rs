@@ -466,8 +466,9 @@ fn names_crate(code: &str, name: &str) -> bool {
     })
 }
 
-/// The client crates named in the log targets declared in `dir`'s files (`target: "lapin"`),
-/// by their top-level name.
+/// The client crates named in the log targets declared in `dir`'s files (`target: "lapin"`,
+/// `ClientLogTarget::debug("lapin")`, `ClientLogTarget::at("lapin", …)`), by their top-level
+/// name.
 fn declared_crates(dir: &Path, skip: &[PathBuf]) -> BTreeSet<String> {
     let mut crates = BTreeSet::new();
     let mut files = Vec::new();
@@ -475,13 +476,15 @@ fn declared_crates(dir: &Path, skip: &[PathBuf]) -> BTreeSet<String> {
     for file in files.iter().filter(|f| !skip.iter().any(|s| f.starts_with(s))) {
         let text = std::fs::read_to_string(file).expect("read source");
         for (_, code) in code_lines(&text) {
-            if let Some(rest) = code.split("target: \"").nth(1) {
-                let krate: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if !krate.is_empty() {
-                    crates.insert(krate);
+            for marker in ["target: \"", "ClientLogTarget::debug(\"", "ClientLogTarget::at(\""] {
+                for rest in code.split(marker).skip(1) {
+                    let krate: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if !krate.is_empty() {
+                        crates.insert(krate);
+                    }
                 }
             }
         }

@@ -21,19 +21,8 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
 use crate::sink::aws::config::Endpoint;
+use crate::sink::batch::CallError;
 use crate::sink::SinkError;
-
-/// How an AWS sink connects: its section's endpoint keys (`None`: the SDK's chain decides).
-pub(crate) struct Connect<'a> {
-    /// The sink's name in errors (`"Amazon SQS"`).
-    pub(crate) sink: &'static str,
-    /// The section's name in fixes (`"sqs"`).
-    pub(crate) section: &'static str,
-    pub(crate) endpoint: &'a Endpoint,
-    /// One attempt of one call.
-    pub(crate) attempt_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-}
 
 /// The SDK configuration a service client is built from, and where it sends requests (for
 /// messages: `region …`, or the endpoint and region).
@@ -42,11 +31,19 @@ pub(crate) struct Connected {
     pub(crate) shown: String,
 }
 
-/// The SDK configuration chain with the section on top. Fails (for good) when no region is
+/// The SDK configuration chain with the section's `endpoint` on top, for `sink` (its name in
+/// errors, `"Amazon SQS"`) and `section` (its name in fixes, `"sqs"`); `attempt_timeout` bounds
+/// one attempt of one call, `connect_timeout` a connection. Fails (for good) when no region is
 /// configured anywhere or no credentials are found.
-pub(crate) async fn connect(at: Connect<'_>) -> Result<Connected, SinkError> {
+pub(crate) async fn connect(
+    sink: &'static str,
+    section: &'static str,
+    endpoint: &Endpoint,
+    attempt_timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<Connected, SinkError> {
     let fatal = |cause: String| SinkError {
-        sink: at.sink,
+        sink,
         cause,
         transient: false,
     };
@@ -54,16 +51,16 @@ pub(crate) async fn connect(at: Connect<'_>) -> Result<Connected, SinkError> {
         .tls_provider(Provider::Rustls(CryptoMode::Ring))
         .build_https();
     let timeouts = TimeoutConfig::builder()
-        .connect_timeout(at.connect_timeout)
-        .operation_attempt_timeout(at.attempt_timeout)
+        .connect_timeout(connect_timeout)
+        .operation_attempt_timeout(attempt_timeout)
         .build();
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
         .http_client(http)
         .timeout_config(timeouts);
-    if let Some(region) = &at.endpoint.region {
+    if let Some(region) = &endpoint.region {
         loader = loader.region(aws_config::Region::new(region.to_owned()));
     }
-    if let Some(url) = &at.endpoint.endpoint_url {
+    if let Some(url) = &endpoint.endpoint_url {
         loader = loader.endpoint_url(url.to_owned());
     }
     let config = loader.load().await;
@@ -71,7 +68,7 @@ pub(crate) async fn connect(at: Connect<'_>) -> Result<Connected, SinkError> {
         return Err(fatal(format!(
             "no AWS region: set [{}] region = \"eu-west-1\" (or the AWS_REGION environment variable, or a \
              profile's region)",
-            at.section
+            section
         )));
     };
     let Some(credentials) = config.credentials_provider() else {
@@ -90,6 +87,14 @@ pub(crate) async fn connect(at: Connect<'_>) -> Result<Connected, SinkError> {
         None => format!("region {region}"),
     };
     Ok(Connected { config, shown })
+}
+
+/// The error code of a failed call, when the service answered one (else empty).
+pub(crate) fn code<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> &str {
+    match e {
+        SdkError::ServiceError(s) => s.err().code().unwrap_or_default(),
+        _ => "",
+    }
 }
 
 /// One line for an SDK error: its code and message when the service answered, else the cause
@@ -119,6 +124,18 @@ pub(crate) enum Resolved {
     Missing(String),
     /// The service, the network or the credentials failed: try again.
     Failed(String),
+}
+
+impl Resolved {
+    /// What a batch call takes, else its error: a name that does not resolve refuses the call's
+    /// entries, a lookup that failed is retried.
+    pub(crate) fn found(self) -> Result<String, CallError> {
+        match self {
+            Resolved::Found(found) => Ok(found),
+            Resolved::Missing(cause) => Err(CallError::Missing(cause)),
+            Resolved::Failed(cause) => Err(CallError::Transient(cause)),
+        }
+    }
 }
 
 /// What routed names resolved to (queue URLs, topic ARNs), kept for the client's life.

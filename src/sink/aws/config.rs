@@ -25,14 +25,17 @@
 
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::{optional_number, ConfigError};
+use crate::sink::aws::client::{self, Connected};
 use crate::sink::aws::message::Service;
 use crate::sink::requests::{Count, RequestKeys, Requests};
+use crate::sink::SinkError;
 
 /// `key` (e.g. `"sqs.region"`): `None` leaves the region to the SDK's chain.
 pub(crate) fn region(key: &'static str, value: Option<&str>) -> Result<Option<String>, ConfigError> {
@@ -258,6 +261,19 @@ impl MessagesSection {
 }
 
 impl<S: MessageService> MessagesSettings<S> {
+    /// The SDK configuration chain with this section on top (`client.rs`), for `S`'s client.
+    pub(crate) async fn connect(&self, connect_timeout: Duration) -> Result<Connected, SinkError> {
+        let service = S::SERVICE;
+        client::connect(
+            service.sink,
+            service.section,
+            &self.endpoint,
+            self.requests.timeout,
+            connect_timeout,
+        )
+        .await
+    }
+
     /// The start warning of standard queues or topics (order is not kept).
     pub(crate) fn warnings(&self) -> Vec<String> {
         let service = S::SERVICE;
@@ -326,10 +342,6 @@ impl<S: MessageService> SinkSectionSpec for MessagesSpec<S> {
 }
 
 impl<S: MessageService> SinkSection for MessagesSettings<S> {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
     fn start_warnings(&self) -> Vec<String> {
         self.warnings()
     }
@@ -343,8 +355,79 @@ impl<S: MessageService> SinkSection for MessagesSettings<S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A message service's section checked as its own tests ask: the defaults of an empty
+    /// section, every key read (`max_message_bytes = ok_size`), every key's error naming it
+    /// (`too_large` above the service's limit, `unknown` no key of it), and the words of the
+    /// standard queues' or topics' warning.
+    pub(crate) fn every_key_is_read_and_checked<S: MessageService>(
+        ok_size: u64,
+        too_large: u64,
+        unknown: &str,
+        warning: &str,
+    ) {
+        let section = |toml: &str| -> Result<MessagesSettings<S>, String> {
+            let s: MessagesSection = toml::from_str(toml).map_err(|e| e.to_string())?;
+            s.validate().map_err(|e| e.to_string())
+        };
+        let (keys, name) = (S::KEYS, S::SERVICE.section);
+        let s = section("").unwrap();
+        assert_eq!(s.endpoint, Endpoint::default(), "no section: the SDK's chain");
+        assert!(!s.fifo);
+        assert_eq!(s.headers, HeaderMode::Attributes);
+        assert_eq!(s.max_message_bytes as u64, keys.max_message_bytes.default);
+        let defaults = keys.requests.validate(None, None, None).unwrap();
+        assert_eq!(s.requests, defaults);
+        assert_eq!(s.warnings(), [warning], "standard {}s warn", S::SERVICE.destination);
+        let s = section(&format!(
+            "region = \"eu-west-1\"\nendpoint_url = \"http://127.0.0.1:5000/\"\nfifo = \"true\"\nheaders = \"json\"\n\
+             max_message_bytes = {ok_size}\nmax_concurrency = 8\nmax_requests = \"4\"\ntimeout_ms = 500"
+        ))
+        .unwrap();
+        assert_eq!(s.endpoint.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(s.endpoint.endpoint_url.as_deref(), Some("http://127.0.0.1:5000"));
+        assert!(s.fifo && s.warnings().is_empty());
+        assert_eq!(s.headers, HeaderMode::Json);
+        assert_eq!(
+            (
+                s.max_message_bytes as u64,
+                s.requests.max_concurrency,
+                s.requests.max_requests,
+                s.requests.timeout
+            ),
+            (ok_size, 8, 4, Duration::from_millis(500))
+        );
+        for (toml, says) in [
+            ("region = \"Europe\"".to_owned(), format!("{name}.region")),
+            (
+                "endpoint_url = \"localhost:5000\"".to_owned(),
+                format!("{name}.eu-west-1"),
+            ),
+            (
+                "endpoint_url = \"localhost:5000\"".to_owned(),
+                "not an absolute URL".to_owned(),
+            ),
+            ("endpoint_url = \"ftp://h\"".to_owned(), "not http".to_owned()),
+            (
+                "endpoint_url = \"http://k:s@h\"".to_owned(),
+                "credential chain".to_owned(),
+            ),
+            ("headers = \"xml\"".to_owned(), format!("{name}.headers")),
+            (
+                format!("max_message_bytes = {too_large}"),
+                format!("above {}'s limit", S::SERVICE.name),
+            ),
+            ("max_concurrency = 0".to_owned(), "leave it out".to_owned()),
+            ("max_requests = 5000".to_owned(), format!("{name}.max_requests")),
+            ("fifo = \"yes\"".to_owned(), "not true or false".to_owned()),
+            (format!("{unknown} = \"x\""), unknown.to_owned()),
+        ] {
+            let err = section(&toml).unwrap_err();
+            assert!(err.contains(&says), "{toml}: {err}");
+        }
+    }
 
     #[test]
     fn regions_and_endpoints_are_checked_and_name_their_key() {

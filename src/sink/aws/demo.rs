@@ -3,7 +3,7 @@
 //! test credentials set for this process, so the demo never reaches a cloud account; and the
 //! SDK configuration of their consumers' clients.
 
-use crate::sink::demo::{LocalServer, Server};
+use crate::sink::demo::{toml_string, DemoConfig, LocalServer, Server};
 
 /// The region of the demo's clients and relay (moto accepts any).
 pub(crate) const REGION: &str = "us-east-1";
@@ -49,4 +49,19 @@ pub(crate) fn moto_config(endpoint: &str) -> aws_config::SdkConfig {
                 .build_https(),
         )
         .build()
+}
+
+/// The section of a message service's demo (`[sqs]`, `[sns]`): moto at `endpoint`, FIFO queues or
+/// topics of the run's own (`prefix`), which the consumer makes (`setup` creates none). Their
+/// names allow no `.` but the `.fifo` suffix: `order.placed` becomes `<prefix>-order-placed.fifo`.
+pub(crate) fn fifo_config(endpoint: &str, prefix: &str) -> DemoConfig {
+    DemoConfig {
+        keys: format!(
+            "region = \"{REGION}\"\nendpoint_url = {}\nfifo = true\n",
+            toml_string(endpoint)
+        ),
+        route: Some(format!(
+            "topic_regex = '(?<head>[^.]*)\\.(?<tail>.*)'\ntopic_replacement = \"{prefix}-${{head}}-${{tail}}.fifo\"\n"
+        )),
+    }
 }

@@ -18,7 +18,12 @@ use base64::Engine as _;
 
 use crate::sink::aws::config::HeaderMode;
 use crate::sink::aws::exchange::Encode;
-use crate::sink::batch::{BatchEntry, EntryAnswer};
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use tracing::debug;
+
+use crate::sink::aws::client;
+use crate::sink::batch::{BatchEntry, CallError, EntryAnswer};
 use crate::sink::SinkRecord;
 
 /// What differs between the services that take these messages.
@@ -332,6 +337,35 @@ impl Service {
         )
     }
 
+    /// What a failed batch call to `destination` means for its entries: the destination deleted
+    /// since it was resolved (a `gone` code: `forget` it, and the call is retried, its next
+    /// attempt resolving the name again and refusing the entries if it is really gone), the
+    /// request refused for its content (a `content` code: the batcher splits the batch, each
+    /// entry alone telling which is bad), anything else retried.
+    pub(crate) fn call_error<E, R>(
+        &self,
+        e: &SdkError<E, R>,
+        destination: &str,
+        gone: &[&str],
+        content: &[&str],
+        forget: impl FnOnce(),
+    ) -> CallError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug,
+    {
+        let (code, cause) = (client::code(e), client::words(e));
+        if gone.contains(&code) {
+            debug!(%destination, %cause, "{}: {} gone, resolving it again", self.name, self.destination);
+            forget();
+            CallError::Transient(cause)
+        } else if content.contains(&code) {
+            CallError::Refused(self.refusal(destination, &cause))
+        } else {
+            CallError::Transient(cause)
+        }
+    }
+
     /// Each of `entries` entries' answer in a batch call's result, whose entries are named by
     /// their index: stored, refused when `refused` says the failure is the message's own (with
     /// the service's words), else retried; one the result does not mention is retried.
@@ -435,28 +469,9 @@ mod tests {
         }
     }
 
-    const SQS: Service = Service {
-        name: "SQS",
-        sink: "Amazon SQS",
-        section: "sqs",
-        destination: "queue",
-        verb: "sends to",
-        readers: "consumers",
-        max_name: 80,
-        attribute_limit: "SQS allows 10",
-        size_limit: "the queue's MaximumMessageSize",
-    };
-    const SNS: Service = Service {
-        name: "SNS",
-        sink: "Amazon SNS",
-        section: "sns",
-        destination: "topic",
-        verb: "publishes to",
-        readers: "subscribers",
-        max_name: 256,
-        attribute_limit: "SNS delivers at most 10 to SQS subscribers",
-        size_limit: "SNS's 262144",
-    };
+    // The services as their sinks describe them.
+    use crate::sink::aws::sns::SERVICE as SNS;
+    use crate::sink::aws::sqs::SERVICE as SQS;
 
     const FIFO: Encoder = Encoder {
         service: &SQS,

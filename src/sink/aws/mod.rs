@@ -48,19 +48,10 @@ pub(crate) const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// itself.
 pub(crate) const fn log_targets(sdk: ClientLogTarget) -> [ClientLogTarget; 4] {
     [
-        ClientLogTarget {
-            target: "aws_config",
-            fixed: None,
-        },
+        ClientLogTarget::debug("aws_config"),
         sdk,
-        ClientLogTarget {
-            target: "aws_smithy_runtime",
-            fixed: None,
-        },
-        ClientLogTarget {
-            target: "aws_smithy_http_client",
-            fixed: None,
-        },
+        ClientLogTarget::debug("aws_smithy_runtime"),
+        ClientLogTarget::debug("aws_smithy_http_client"),
     ]
 }
 

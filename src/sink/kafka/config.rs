@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use std::any::Any;
 use std::sync::Arc;
 
 use crate::config::secret::is_secret_key;
@@ -151,10 +150,6 @@ impl KafkaSettings {
 }
 
 impl SinkSection for KafkaSettings {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
     fn get(&self, key: &str) -> Option<String> {
         match key {
             "exactly_once" => Some(

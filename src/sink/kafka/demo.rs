@@ -26,7 +26,9 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::mock_cluster::EmbeddedKafka;
 use crate::config::sink::SinkSettings;
-use crate::sink::demo::{parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally};
+use crate::sink::demo::{
+    parse_id, toml_string, Consuming, DemoConfig, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+};
 
 const REFRESH: Duration = Duration::from_secs(1);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
@@ -140,30 +142,24 @@ impl KafkaConsumer {
 }
 
 /// Kafka's answers to the demo.
-pub(crate) struct KafkaDemo;
+pub(crate) const DEMO: SinkDemo = SinkDemo::new(Server::Embedded("Kafka"), open);
 
-impl SinkDemo for KafkaDemo {
-    fn server(&self) -> Server {
-        Server::Embedded("Kafka")
-    }
-
-    /// Starts the embedded Kafka, with the demo topic created up front, unless `--bootstrap`
-    /// gave one.
-    fn open(&self, bootstrap: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        let (embedded, bootstrap) = match bootstrap {
-            Some(servers) => (None, servers),
-            None => {
-                let kafka = EmbeddedKafka::start(run.event_type)?;
-                let servers = kafka.bootstrap_servers().to_owned();
-                (Some(kafka), servers)
-            }
-        };
-        Ok(Box::new(KafkaTarget {
-            embedded,
-            bootstrap,
-            run_id: run.id.clone(),
-        }))
-    }
+/// Starts the embedded Kafka, with the demo topic created up front, unless `--bootstrap`
+/// gave one.
+fn open(bootstrap: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    let (embedded, bootstrap) = match bootstrap {
+        Some(servers) => (None, servers),
+        None => {
+            let kafka = EmbeddedKafka::start(run.event_type)?;
+            let servers = kafka.bootstrap_servers().to_owned();
+            (Some(kafka), servers)
+        }
+    };
+    Ok(Box::new(KafkaTarget {
+        embedded,
+        bootstrap,
+        run_id: run.id.clone(),
+    }))
 }
 
 /// Where the run publishes: the embedded Kafka (stopped when this is dropped) or a given one.
@@ -174,8 +170,11 @@ struct KafkaTarget {
 }
 
 impl DemoTarget for KafkaTarget {
-    fn config(&self) -> String {
-        format!("[kafka]\n\"bootstrap.servers\" = {}\n", toml_string(&self.bootstrap))
+    fn config(&self) -> DemoConfig {
+        DemoConfig {
+            keys: format!("\"bootstrap.servers\" = {}\n", toml_string(&self.bootstrap)),
+            route: None,
+        }
     }
 
     fn describe(&self, _: &SinkSettings) -> String {

@@ -30,6 +30,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use self::logs::QuietContext;
 use crate::config::sink::SinkSectionSpec;
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{
     boxed, ClientQueueExpiry, ExactlyOnce, HeaderGet, ReadBackError, ReadBackReader, ReadBackSource, Seen, SinkError,
@@ -48,32 +50,18 @@ impl SinkPlugin for Kafka {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::KafkaDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
-    fn messaging_system(&self) -> &'static str {
-        "kafka"
-    }
+    const MESSAGING_SYSTEM: &'static str = "kafka";
 
-    fn key_attribute(&self) -> Option<&'static str> {
-        Some("messaging.kafka.message.key")
-    }
+    const KEY_ATTRIBUTE: Option<&'static str> = Some("messaging.kafka.message.key");
 
     /// librdkafka's lines go through its log callback (`logs.rs`), which routes the chatter
     /// to DEBUG and keeps what it calls critical at WARN.
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[
-            ClientLogTarget {
-                target: "rdkafka",
-                fixed: Some("warn"),
-            },
-            ClientLogTarget {
-                target: "librdkafka",
-                fixed: Some("warn"),
-            },
-        ]
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &[
+        ClientLogTarget::at("rdkafka", "warn"),
+        ClientLogTarget::at("librdkafka", "warn"),
+    ];
 
     fn limits(&self, config: &KafkaSettings) -> SinkLimits {
         limits(&config.properties)

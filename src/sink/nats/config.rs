@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use std::any::Any;
 use std::sync::Arc;
 
 use crate::config::cloudevents::CloudEventsMode;
@@ -255,11 +254,7 @@ impl SinkSectionSpec for NatsSpec {
     }
 }
 
-impl SinkSection for NatsSettings {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
+impl SinkSection for NatsSettings {}
 
 /// JetStream's stream-name rule: printable, no whitespace, `.`, `*`, `>`, path separators.
 pub(crate) fn validate_stream_name(name: &str) -> Result<(), String> {

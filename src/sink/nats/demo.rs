@@ -14,7 +14,8 @@ use futures_util::StreamExt;
 use super::config::NatsSettings;
 use crate::config::sink::SinkSettings;
 use crate::sink::demo::{
-    bounded, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally, BROKER_TIMEOUT,
+    bounded, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo, Starting,
+    Tally, BROKER_TIMEOUT,
 };
 
 const TIMEOUT: Duration = BROKER_TIMEOUT;
@@ -44,18 +45,6 @@ impl NatsConsumer {
             js: jetstream::new(client),
             stream: stream.to_owned(),
         })
-    }
-
-    /// Reads until `stop`, then deletes the stream; returns what it cleaned up.
-    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
-        if let Err(e) = self.read(&*tally, &stop).await {
-            eprintln!("demo: the NATS consumer stopped: {e}");
-        }
-        let deleted = bounded(BROKER, "deleting the stream", self.js.delete_stream(&self.stream)).await;
-        vec![match deleted {
-            Ok(_) => format!("NATS stream {} deleted", self.stream),
-            Err(e) => format!("FAILED: {e}"),
-        }]
     }
 
     async fn read(&self, tally: &dyn Tally, stop: &AtomicBool) -> Result<(), String> {
@@ -99,24 +88,29 @@ impl NatsConsumer {
     }
 }
 
-/// NATS JetStream's answers to the demo.
-pub(crate) struct NatsDemo;
-
-impl SinkDemo for NatsDemo {
-    fn server(&self) -> Server {
-        Server::Running {
-            default_url: "nats://127.0.0.1:4222",
-            local: None,
+impl DemoConsumer for NatsConsumer {
+    /// Reads until `stop`, then deletes the stream; returns what it cleaned up.
+    async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+        if let Err(e) = self.read(&*tally, &stop).await {
+            eprintln!("demo: the NATS consumer stopped: {e}");
         }
+        let deleted = bounded(BROKER, "deleting the stream", self.js.delete_stream(&self.stream)).await;
+        vec![match deleted {
+            Ok(_) => format!("NATS stream {} deleted", self.stream),
+            Err(e) => format!("FAILED: {e}"),
+        }]
     }
+}
 
-    fn open(&self, url: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        Ok(Box::new(NatsTarget {
-            url: url.unwrap_or_default(),
-            stream: format!("OUTBOX_RELAY_DEMO_{}", run.id),
-            run_id: run.id.clone(),
-        }))
-    }
+/// NATS JetStream's answers to the demo.
+pub(crate) const DEMO: SinkDemo = SinkDemo::new(Server::running("nats://127.0.0.1:4222"), open);
+
+fn open(url: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    Ok(Box::new(NatsTarget {
+        url: url.unwrap_or_default(),
+        stream: format!("OUTBOX_RELAY_DEMO_{}", run.id),
+        run_id: run.id.clone(),
+    }))
 }
 
 /// The server and the run's stream.
@@ -128,24 +122,14 @@ struct NatsTarget {
 
 impl DemoTarget for NatsTarget {
     /// A subject per run, which `setup` creates the stream with.
-    fn config(&self) -> String {
-        format!(
-            r#"[sink]
-kind = "nats"
-
-[nats]
-url = {url}
-stream = "{stream}"
-subjects = ["demo.{run}.>"]
-
-[route]
-topic_regex = "(?<routedByValue>.*)"
-topic_replacement = "demo.{run}.${{routedByValue}}"
-"#,
-            url = toml_string(&self.url),
-            stream = self.stream,
-            run = self.run_id,
-        )
+    fn config(&self) -> DemoConfig {
+        let keys = format!(
+            "url = {}\nstream = \"{}\"\nsubjects = [\"demo.{}.>\"]\n",
+            toml_string(&self.url),
+            self.stream,
+            self.run_id
+        );
+        DemoConfig::routed(keys, &format!("demo.{}.${{routedByValue}}", self.run_id))
     }
 
     /// The URL as the settings print it: any password masked.
@@ -157,9 +141,6 @@ topic_replacement = "demo.{run}.${{routedByValue}}"
     }
 
     fn consume<'a>(&'a self, _: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        Box::pin(async move {
-            let c = NatsConsumer::new(&self.url, &self.stream).await?;
-            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
-        })
+        start(NatsConsumer::new(&self.url, &self.stream), tally, stop)
     }
 }

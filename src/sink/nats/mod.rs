@@ -17,6 +17,8 @@ use async_nats::jetstream;
 use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, ServerAddr};
 
 use crate::config::sink::SinkSectionSpec;
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 use config::{filter_covers, validate_subject, NatsSettings};
@@ -44,20 +46,11 @@ impl SinkPlugin for Nats {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::NatsDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
-    fn messaging_system(&self) -> &'static str {
-        "nats"
-    }
+    const MESSAGING_SYSTEM: &'static str = "nats";
 
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[ClientLogTarget {
-            target: "async_nats",
-            fixed: None,
-        }]
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &[ClientLogTarget::debug("async_nats")];
 
     fn limits(&self, config: &NatsSettings) -> SinkLimits {
         limits(config)

@@ -165,10 +165,6 @@ impl SinkSectionSpec for PubSubSpec {
 }
 
 impl SinkSection for PubSubSettings {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
     /// Where the relay publishes when `PUBSUB_EMULATOR_HOST` is set: said once at start, so a
     /// variable left over from a test shell is not missed in production.
     fn start_warnings(&self) -> Vec<String> {

@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 use super::config::{PubSubSettings, EMULATOR_HOST_VAR};
 use crate::config::sink::SinkSettings;
 use crate::sink::demo::{
-    container, parse_id, Consuming, DemoRun, DemoTarget, LocalServer, Server, SinkDemo, Starting, Tally, BROKER_TIMEOUT,
+    container, parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, LocalServer, Server, SinkDemo, Starting,
+    Tally, BROKER_TIMEOUT,
 };
 
 const BROKER: &str = "the Pub/Sub emulator";
@@ -77,38 +78,6 @@ impl PubSubConsumer {
         Ok(me)
     }
 
-    /// Reads until `stop`, then deletes the subscription and the topic; returns what it cleaned up.
-    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
-        let mut reported = false;
-        while !stop.load(Ordering::Relaxed) {
-            match self.pull(&*tally).await {
-                Ok(0) => tokio::time::sleep(IDLE).await,
-                Ok(_) => reported = false,
-                Err(e) => {
-                    // The emulator restarting, or busy: said once, and read on.
-                    if !reported {
-                        eprintln!("demo: Pub/Sub consumer: {e}; reading on");
-                        reported = true;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
-        let mut lines = Vec::new();
-        for (what, path) in [
-            ("subscription", format!("subscriptions/{}", self.subscription)),
-            ("topic", format!("topics/{}", self.topic)),
-        ] {
-            let deleted = self.http.delete(format!("{}{path}", self.base)).send().await;
-            lines.push(match deleted {
-                Ok(r) if r.status().is_success() => format!("Pub/Sub {what} {path} deleted"),
-                Ok(r) => format!("FAILED: deleting Pub/Sub {what} {path}: {}", r.status()),
-                Err(e) => format!("FAILED: deleting Pub/Sub {what} {path}: {e}"),
-            });
-        }
-        lines
-    }
-
     /// One pull, its messages counted and acknowledged; returns how many came.
     async fn pull(&self, tally: &dyn Tally) -> Result<usize, String> {
         let reply = self
@@ -158,37 +127,66 @@ impl PubSubConsumer {
     }
 }
 
-/// Pub/Sub's answers to the demo.
-pub(crate) struct PubSubDemo;
-
-impl SinkDemo for PubSubDemo {
-    fn help(&self) -> Option<&'static str> {
-        Some("Google Cloud Pub/Sub, on a running emulator")
-    }
-
-    fn server(&self) -> Server {
-        Server::Running {
-            default_url: "127.0.0.1:8085",
-            local: Some(LocalServer {
-                name: "Pub/Sub emulator",
-                start: "`gcloud beta emulators pubsub start --host-port=127.0.0.1:8085` (after \
-                        scripts/ensure-pubsub-emulator.sh)",
-            }),
+impl DemoConsumer for PubSubConsumer {
+    /// Reads until `stop`, then deletes the subscription and the topic; returns what it cleaned up.
+    async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+        let mut reported = false;
+        while !stop.load(Ordering::Relaxed) {
+            match self.pull(&*tally).await {
+                Ok(0) => tokio::time::sleep(IDLE).await,
+                Ok(_) => reported = false,
+                Err(e) => {
+                    // The emulator restarting, or busy: said once, and read on.
+                    if !reported {
+                        eprintln!("demo: Pub/Sub consumer: {e}; reading on");
+                        reported = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
         }
+        let mut lines = Vec::new();
+        for (what, path) in [
+            ("subscription", format!("subscriptions/{}", self.subscription)),
+            ("topic", format!("topics/{}", self.topic)),
+        ] {
+            let deleted = self.http.delete(format!("{}{path}", self.base)).send().await;
+            lines.push(match deleted {
+                Ok(r) if r.status().is_success() => format!("Pub/Sub {what} {path} deleted"),
+                Ok(r) => format!("FAILED: deleting Pub/Sub {what} {path}: {}", r.status()),
+                Err(e) => format!("FAILED: deleting Pub/Sub {what} {path}: {e}"),
+            });
+        }
+        lines
     }
+}
 
-    /// The sink has no endpoint key: the client goes to `PUBSUB_EMULATOR_HOST`.
-    fn point_clients_at(&self, host: &str) {
-        std::env::set_var(EMULATOR_HOST_VAR, host);
-    }
+/// Pub/Sub's answers to the demo.
+pub(crate) const DEMO: SinkDemo = SinkDemo::new(
+    Server::Running {
+        default_url: "127.0.0.1:8085",
+        local: Some(LocalServer {
+            name: "Pub/Sub emulator",
+            start: "`gcloud beta emulators pubsub start --host-port=127.0.0.1:8085` (after \
+                        scripts/ensure-pubsub-emulator.sh)",
+        }),
+    },
+    open,
+)
+.help("Google Cloud Pub/Sub, on a running emulator")
+.pointing(point_clients_at);
 
-    fn open(&self, host: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        Ok(Box::new(PubSubTarget {
-            host: host.unwrap_or_default(),
-            prefix: container(run),
-            event_type: run.event_type,
-        }))
-    }
+/// The sink has no endpoint key: the client goes to `PUBSUB_EMULATOR_HOST`.
+fn point_clients_at(host: &str) {
+    std::env::set_var(EMULATOR_HOST_VAR, host);
+}
+
+fn open(host: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    Ok(Box::new(PubSubTarget {
+        host: host.unwrap_or_default(),
+        prefix: container(run),
+        event_type: run.event_type,
+    }))
 }
 
 /// The emulator and the run's topic names.
@@ -201,22 +199,12 @@ struct PubSubTarget {
 
 impl DemoTarget for PubSubTarget {
     /// A topic per run, which `setup` creates.
-    fn config(&self) -> String {
-        format!(
-            r#"[sink]
-kind = "pubsub"
-
-[pubsub]
-project = "{PROJECT}"
-topics = ["{prefix}.{event_type}"]
-
-[route]
-topic_regex = "(?<routedByValue>.*)"
-topic_replacement = "{prefix}.${{routedByValue}}"
-"#,
-            prefix = self.prefix,
-            event_type = self.event_type,
-        )
+    fn config(&self) -> DemoConfig {
+        let keys = format!(
+            "project = \"{PROJECT}\"\ntopics = [\"{}.{}\"]\n",
+            self.prefix, self.event_type
+        );
+        DemoConfig::routed(keys, &format!("{}.${{routedByValue}}", self.prefix))
     }
 
     fn describe(&self, sink: &SinkSettings) -> String {
@@ -228,9 +216,6 @@ topic_replacement = "{prefix}.${{routedByValue}}"
 
     /// The subscription is made before the relay publishes: it only gets what comes after.
     fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        Box::pin(async move {
-            let c = PubSubConsumer::new(&self.host, PROJECT, topic).await?;
-            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
-        })
+        start(PubSubConsumer::new(&self.host, PROJECT, topic), tally, stop)
     }
 }

@@ -35,6 +35,8 @@ use google_cloud_pubsub::client::{BasePublisher, TopicAdmin};
 use google_cloud_pubsub::retry_policy::RetryableErrors;
 
 use crate::config::sink::SinkSectionSpec;
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::driver::{self, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
@@ -54,37 +56,19 @@ impl SinkPlugin for PubSub {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::PubSubDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
     /// OpenTelemetry's messaging conventions name it `gcp_pubsub`.
-    fn messaging_system(&self) -> &'static str {
-        "gcp_pubsub"
-    }
+    const MESSAGING_SYSTEM: &'static str = "gcp_pubsub";
 
     /// The client and its transport log retries and connection churn; the relay reports
     /// failures itself.
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[
-            ClientLogTarget {
-                target: "google_cloud_pubsub",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "google_cloud_gax",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "google_cloud_gax_internal",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "google_cloud_auth",
-                fixed: None,
-            },
-        ]
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &[
+        ClientLogTarget::debug("google_cloud_pubsub"),
+        ClientLogTarget::debug("google_cloud_gax"),
+        ClientLogTarget::debug("google_cloud_gax_internal"),
+        ClientLogTarget::debug("google_cloud_auth"),
+    ];
 
     fn limits(&self, _: &PubSubSettings) -> SinkLimits {
         SinkLimits {

@@ -127,11 +127,7 @@ impl SinkSectionSpec for RabbitMqSpec {
     }
 }
 
-impl SinkSection for RabbitMqSettings {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
+impl SinkSection for RabbitMqSettings {}
 
 /// An AMQP routing key: at most 255 bytes (any bytes; a topic exchange matches dot-separated words).
 pub(crate) fn validate_routing_key(key: &str) -> Result<(), String> {

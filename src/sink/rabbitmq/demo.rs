@@ -16,8 +16,8 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use super::config::RabbitMqSettings;
 use crate::config::sink::SinkSettings;
 use crate::sink::demo::{
-    bounded, container, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
-    BROKER_TIMEOUT,
+    bounded, container, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo,
+    Starting, Tally, BROKER_TIMEOUT,
 };
 
 const TIMEOUT: Duration = BROKER_TIMEOUT;
@@ -73,9 +73,11 @@ impl RabbitMqConsumer {
             queue,
         })
     }
+}
 
+impl DemoConsumer for RabbitMqConsumer {
     /// Reads until `stop`, then deletes the exchange; returns what it cleaned up.
-    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+    async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         while !stop.load(Ordering::Relaxed) {
             match bounded(
                 BROKER,
@@ -129,22 +131,13 @@ impl RabbitMqConsumer {
 }
 
 /// RabbitMQ's answers to the demo.
-pub(crate) struct RabbitMqDemo;
+pub(crate) const DEMO: SinkDemo = SinkDemo::new(Server::running("amqp://guest:guest@127.0.0.1:5672/%2f"), open);
 
-impl SinkDemo for RabbitMqDemo {
-    fn server(&self) -> Server {
-        Server::Running {
-            default_url: "amqp://guest:guest@127.0.0.1:5672/%2f",
-            local: None,
-        }
-    }
-
-    fn open(&self, url: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        Ok(Box::new(RabbitMqTarget {
-            url: url.unwrap_or_default(),
-            exchange: container(run),
-        }))
-    }
+fn open(url: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    Ok(Box::new(RabbitMqTarget {
+        url: url.unwrap_or_default(),
+        exchange: container(run),
+    }))
 }
 
 /// The broker and the run's exchange.
@@ -155,18 +148,11 @@ struct RabbitMqTarget {
 
 impl DemoTarget for RabbitMqTarget {
     /// `setup` declares the run's exchange; the demo's queue binds the routed topic to it.
-    fn config(&self) -> String {
-        format!(
-            r#"[sink]
-kind = "rabbitmq"
-
-[rabbitmq]
-url = {url}
-exchange = "{exchange}"
-"#,
-            url = toml_string(&self.url),
-            exchange = self.exchange,
-        )
+    fn config(&self) -> DemoConfig {
+        DemoConfig {
+            keys: format!("url = {}\nexchange = \"{}\"\n", toml_string(&self.url), self.exchange),
+            route: None,
+        }
     }
 
     /// The URL as the settings print it: any password masked.
@@ -179,9 +165,6 @@ exchange = "{exchange}"
 
     /// Started before the relay: the queue must be bound before anything is published.
     fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        Box::pin(async move {
-            let c = RabbitMqConsumer::new(&self.url, &self.exchange, topic).await?;
-            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
-        })
+        start(RabbitMqConsumer::new(&self.url, &self.exchange, topic), tally, stop)
     }
 }

@@ -24,6 +24,8 @@ use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
 use crate::config::secret::redact_connection_string;
 use crate::config::sink::SinkSectionSpec;
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 use config::{validate_routing_key, RabbitMqSettings};
@@ -56,28 +58,16 @@ impl SinkPlugin for RabbitMq {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::RabbitMqDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
-    fn messaging_system(&self) -> &'static str {
-        "rabbitmq"
-    }
+    const MESSAGING_SYSTEM: &'static str = "rabbitmq";
 
     /// lapin logs every message RabbitMQ returns (unroutable), body included: the relay
     /// reports those as bad events itself, without the payload — never shown, even at DEBUG.
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[
-            ClientLogTarget {
-                target: "lapin",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "lapin::returned_messages",
-                fixed: Some("error"),
-            },
-        ]
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &[
+        ClientLogTarget::debug("lapin"),
+        ClientLogTarget::at("lapin::returned_messages", "error"),
+    ];
 
     fn limits(&self, _: &RabbitMqSettings) -> SinkLimits {
         limits()

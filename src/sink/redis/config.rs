@@ -176,11 +176,7 @@ impl SinkSectionSpec for RedisSpec {
     }
 }
 
-impl SinkSection for RedisSettings {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
+impl SinkSection for RedisSettings {}
 
 #[cfg(test)]
 mod tests {

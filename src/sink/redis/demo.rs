@@ -13,7 +13,8 @@ use redis::Value;
 use super::config::RedisSettings;
 use crate::config::sink::SinkSettings;
 use crate::sink::demo::{
-    bounded, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+    bounded, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo, Starting,
+    Tally,
 };
 
 const BROKER: &str = "Redis";
@@ -34,54 +35,6 @@ impl RedisConsumer {
             connection,
             key: key.to_owned(),
         })
-    }
-
-    /// Reads until `stop`, then deletes the stream key; returns what it cleaned up.
-    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
-        let mut last = "-".to_owned();
-        let mut next_refresh = Instant::now();
-        loop {
-            if Instant::now() >= next_refresh || stop.load(Ordering::Relaxed) {
-                next_refresh = Instant::now() + REFRESH;
-                let mut c = self.connection.clone();
-                if let Ok(n) = bounded(
-                    BROKER,
-                    "XLEN",
-                    redis::cmd("XLEN").arg(&self.key).query_async::<u64>(&mut c),
-                )
-                .await
-                {
-                    tally.published(n);
-                }
-            }
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            match self.batch(&last).await {
-                Ok(entries) if entries.is_empty() => tokio::time::sleep(IDLE).await,
-                Ok(entries) => {
-                    for (entry_id, id, payload) in entries {
-                        tally.record(id, payload.as_deref());
-                        last = format!("({entry_id}");
-                    }
-                }
-                Err(e) => {
-                    eprintln!("demo: the Redis consumer stopped: {e}");
-                    break;
-                }
-            }
-        }
-        let mut c = self.connection.clone();
-        let deleted = bounded(
-            BROKER,
-            "DEL",
-            redis::cmd("DEL").arg(&self.key).query_async::<u64>(&mut c),
-        )
-        .await;
-        vec![match deleted {
-            Ok(_) => format!("Redis stream {} deleted", self.key),
-            Err(e) => format!("FAILED: {e}"),
-        }]
     }
 
     /// The next entries after `after` (`-` for the first): entry id, `id` field, `payload` field.
@@ -131,23 +84,64 @@ impl RedisConsumer {
     }
 }
 
-/// Redis's answers to the demo.
-pub(crate) struct RedisDemo;
-
-impl SinkDemo for RedisDemo {
-    fn server(&self) -> Server {
-        Server::Running {
-            default_url: "redis://127.0.0.1:6379",
-            local: None,
+impl DemoConsumer for RedisConsumer {
+    /// Reads until `stop`, then deletes the stream key; returns what it cleaned up.
+    async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+        let mut last = "-".to_owned();
+        let mut next_refresh = Instant::now();
+        loop {
+            if Instant::now() >= next_refresh || stop.load(Ordering::Relaxed) {
+                next_refresh = Instant::now() + REFRESH;
+                let mut c = self.connection.clone();
+                if let Ok(n) = bounded(
+                    BROKER,
+                    "XLEN",
+                    redis::cmd("XLEN").arg(&self.key).query_async::<u64>(&mut c),
+                )
+                .await
+                {
+                    tally.published(n);
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            match self.batch(&last).await {
+                Ok(entries) if entries.is_empty() => tokio::time::sleep(IDLE).await,
+                Ok(entries) => {
+                    for (entry_id, id, payload) in entries {
+                        tally.record(id, payload.as_deref());
+                        last = format!("({entry_id}");
+                    }
+                }
+                Err(e) => {
+                    eprintln!("demo: the Redis consumer stopped: {e}");
+                    break;
+                }
+            }
         }
+        let mut c = self.connection.clone();
+        let deleted = bounded(
+            BROKER,
+            "DEL",
+            redis::cmd("DEL").arg(&self.key).query_async::<u64>(&mut c),
+        )
+        .await;
+        vec![match deleted {
+            Ok(_) => format!("Redis stream {} deleted", self.key),
+            Err(e) => format!("FAILED: {e}"),
+        }]
     }
+}
 
-    fn open(&self, url: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        Ok(Box::new(RedisTarget {
-            url: url.unwrap_or_default(),
-            run_id: run.id.clone(),
-        }))
-    }
+/// Redis's answers to the demo.
+pub(crate) const DEMO: SinkDemo = SinkDemo::new(Server::running("redis://127.0.0.1:6379"), open);
+
+fn open(url: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    Ok(Box::new(RedisTarget {
+        url: url.unwrap_or_default(),
+        run_id: run.id.clone(),
+    }))
 }
 
 /// The server and the run.
@@ -158,21 +152,9 @@ struct RedisTarget {
 
 impl DemoTarget for RedisTarget {
     /// The stream key is the routed topic, one per run so nothing older is read.
-    fn config(&self) -> String {
-        format!(
-            r#"[sink]
-kind = "redis"
-
-[redis]
-url = {url}
-
-[route]
-topic_regex = "(?<routedByValue>.*)"
-topic_replacement = "outbox-relay-demo:{run}:${{routedByValue}}"
-"#,
-            url = toml_string(&self.url),
-            run = self.run_id,
-        )
+    fn config(&self) -> DemoConfig {
+        let keys = format!("url = {}\n", toml_string(&self.url));
+        DemoConfig::routed(keys, &format!("outbox-relay-demo:{}:${{routedByValue}}", self.run_id))
     }
 
     /// The URL as the settings print it: any password masked.
@@ -184,9 +166,6 @@ topic_replacement = "outbox-relay-demo:{run}:${{routedByValue}}"
     }
 
     fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        Box::pin(async move {
-            let c = RedisConsumer::new(&self.url, topic).await?;
-            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
-        })
+        start(RedisConsumer::new(&self.url, topic), tally, stop)
     }
 }

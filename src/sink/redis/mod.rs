@@ -20,6 +20,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
 
 use crate::config::sink::SinkSectionSpec;
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 use config::RedisSettings;
@@ -103,20 +105,11 @@ impl SinkPlugin for Redis {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::RedisDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
-    fn messaging_system(&self) -> &'static str {
-        "redis"
-    }
+    const MESSAGING_SYSTEM: &'static str = "redis";
 
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[ClientLogTarget {
-            target: "redis",
-            fixed: None,
-        }]
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &[ClientLogTarget::debug("redis")];
 
     fn limits(&self, config: &RedisSettings) -> SinkLimits {
         limits(config)

@@ -480,10 +480,6 @@ impl SinkSectionSpec for WebhookSpec {
 }
 
 impl SinkSection for WebhookSettings {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
     /// The settings reports may show (none of them secret; the URL's query masked).
     fn get(&self, key: &str) -> Option<String> {
         match key {

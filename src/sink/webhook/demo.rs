@@ -16,7 +16,9 @@ use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::demo::{parse_id, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally};
+use crate::sink::demo::{
+    parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+};
 
 /// The largest clock difference a signature's timestamp may have (the libraries' default).
 const TOLERANCE_S: u64 = 300;
@@ -90,9 +92,11 @@ impl WebhookConsumer {
             key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &endpoint.secret),
         })
     }
+}
 
+impl DemoConsumer for WebhookConsumer {
     /// Serves until `stop`; returns the receiver's summary line.
-    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+    async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let counts = Arc::new(Counts::default());
         let seen = Arc::new(Mutex::new(HashSet::<String>::new()));
         let key = Arc::new(self.key);
@@ -142,37 +146,25 @@ impl WebhookConsumer {
 }
 
 /// The webhook's answers to the demo.
-pub(crate) struct WebhookDemo;
+pub(crate) const DEMO: SinkDemo =
+    SinkDemo::new(Server::Own("receiver"), open).help("An HTTP receiver of the demo's own");
 
-impl SinkDemo for WebhookDemo {
-    fn help(&self) -> Option<&'static str> {
-        Some("An HTTP receiver of the demo's own")
-    }
-
-    fn server(&self) -> Server {
-        Server::Own("receiver")
-    }
-
-    /// Binds the receiver and makes the run's secret.
-    fn open(&self, _: Option<String>, _: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        Ok(Box::new(Endpoint::bind()?))
-    }
+/// Binds the receiver and makes the run's secret.
+fn open(_: Option<String>, _: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    Ok(Box::new(Endpoint::bind()?))
 }
 
 impl DemoTarget for Endpoint {
     /// The demo's own receiver; each event's topic is the last path segment.
-    fn config(&self) -> String {
-        format!(
-            r#"[sink]
-kind = "webhook"
-
-[webhook]
-url = "{address}/hooks/${{topic}}"
-secret = "{secret}"
-"#,
-            address = self.base_url(),
-            secret = self.whsec()
-        )
+    fn config(&self) -> DemoConfig {
+        DemoConfig {
+            keys: format!(
+                "url = \"{}/hooks/${{topic}}\"\nsecret = \"{}\"\n",
+                self.base_url(),
+                self.whsec()
+            ),
+            route: None,
+        }
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
@@ -183,10 +175,7 @@ secret = "{secret}"
     }
 
     fn consume<'a>(&'a self, _: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        Box::pin(async move {
-            let c = WebhookConsumer::new(self)?;
-            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
-        })
+        start(async { WebhookConsumer::new(self) }, tally, stop)
     }
 }
 

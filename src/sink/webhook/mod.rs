@@ -31,6 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::sink::SinkSectionSpec;
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::driver;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
@@ -50,28 +52,14 @@ impl SinkPlugin for Webhook {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::WebhookDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
     /// OpenTelemetry has no `messaging.system` for plain HTTP: the sink's kind names it.
-    fn messaging_system(&self) -> &'static str {
-        "webhook"
-    }
+    const MESSAGING_SYSTEM: &'static str = "webhook";
 
     /// reqwest and hyper's client pool log connection churn; the relay reports failures itself.
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        &[
-            ClientLogTarget {
-                target: "reqwest",
-                fixed: None,
-            },
-            ClientLogTarget {
-                target: "hyper_util",
-                fixed: None,
-            },
-        ]
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] =
+        &[ClientLogTarget::debug("reqwest"), ClientLogTarget::debug("hyper_util")];
 
     fn limits(&self, config: &WebhookSettings) -> SinkLimits {
         limits(config)

@@ -45,13 +45,13 @@ impl Kinesis {
     /// bounds a connection. Fails (for good) when no region is configured anywhere or no
     /// credentials are found.
     pub(crate) async fn connect(settings: &KinesisSettings, connect_timeout: Duration) -> Result<Kinesis, SinkError> {
-        let client::Connected { config, shown } = client::connect(client::Connect {
-            sink: SINK,
-            section: "kinesis",
-            endpoint: &settings.endpoint,
-            attempt_timeout: settings.requests.timeout,
+        let client::Connected { config, shown } = client::connect(
+            SINK,
+            "kinesis",
+            &settings.endpoint,
+            settings.requests.timeout,
             connect_timeout,
-        })
+        )
         .await?;
         Ok(Kinesis {
             client: aws_sdk_kinesis::Client::new(&config),

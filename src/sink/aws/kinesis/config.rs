@@ -244,10 +244,6 @@ impl SinkSectionSpec for KinesisSpec {
 }
 
 impl SinkSection for KinesisSettings {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
     fn get(&self, key: &str) -> Option<String> {
         match key {
             "format" => Some(

@@ -18,7 +18,8 @@ use serde_json::value::RawValue;
 use crate::config::sink::SinkSettings;
 use crate::sink::aws::demo::{moto, moto_config, use_test_credentials, REGION};
 use crate::sink::demo::{
-    bounded, container, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+    bounded, container, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo,
+    Starting, Tally,
 };
 
 const BROKER: &str = "moto (Amazon Kinesis)";
@@ -108,50 +109,6 @@ impl KinesisConsumer {
         })
     }
 
-    /// Reads until `stop`, then deletes the stream; returns what it cleaned up.
-    pub(crate) async fn run(mut self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
-        let mut reported = false;
-        while !stop.load(Ordering::Relaxed) {
-            let mut read = 0;
-            let mut failed = None;
-            for i in 0..self.shards.len() {
-                match self.read(i, &*tally).await {
-                    Ok(n) => read += n,
-                    Err(e) => failed = Some(e),
-                }
-            }
-            match failed {
-                Some(e) => {
-                    if !reported {
-                        eprintln!("demo: Kinesis consumer: {e}; reading on");
-                        reported = true;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                None => {
-                    reported = false;
-                    if read == 0 {
-                        tokio::time::sleep(IDLE).await;
-                    }
-                }
-            }
-        }
-        let deleted = bounded(BROKER, "deleting the stream", async {
-            self.client
-                .delete_stream()
-                .stream_name(&self.stream)
-                .enforce_consumer_deletion(true)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
-        .await;
-        vec![match deleted {
-            Ok(_) => format!("Kinesis stream {} deleted", self.stream),
-            Err(e) => format!("FAILED: {e}"),
-        }]
-    }
-
     /// One `GetRecords` of shard `i` (a fresh iterator first when it has none), its records
     /// counted; returns how many it read.
     async fn read(&mut self, i: usize, tally: &dyn Tally) -> Result<usize, String> {
@@ -201,28 +158,62 @@ impl KinesisConsumer {
     }
 }
 
+impl DemoConsumer for KinesisConsumer {
+    /// Reads until `stop`, then deletes the stream; returns what it cleaned up.
+    async fn run(mut self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+        let mut reported = false;
+        while !stop.load(Ordering::Relaxed) {
+            let mut read = 0;
+            let mut failed = None;
+            for i in 0..self.shards.len() {
+                match self.read(i, &*tally).await {
+                    Ok(n) => read += n,
+                    Err(e) => failed = Some(e),
+                }
+            }
+            match failed {
+                Some(e) => {
+                    if !reported {
+                        eprintln!("demo: Kinesis consumer: {e}; reading on");
+                        reported = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                None => {
+                    reported = false;
+                    if read == 0 {
+                        tokio::time::sleep(IDLE).await;
+                    }
+                }
+            }
+        }
+        let deleted = bounded(BROKER, "deleting the stream", async {
+            self.client
+                .delete_stream()
+                .stream_name(&self.stream)
+                .enforce_consumer_deletion(true)
+                .send()
+                .await
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        })
+        .await;
+        vec![match deleted {
+            Ok(_) => format!("Kinesis stream {} deleted", self.stream),
+            Err(e) => format!("FAILED: {e}"),
+        }]
+    }
+}
+
 /// Amazon Kinesis's answers to the demo.
-pub(crate) struct KinesisDemo;
+pub(crate) const DEMO: SinkDemo = SinkDemo::new(moto("moto server (Amazon Kinesis)"), open)
+    .help("Amazon Kinesis Data Streams (a stream of two shards), on a running moto server")
+    .pointing(|_| use_test_credentials());
 
-impl SinkDemo for KinesisDemo {
-    fn help(&self) -> Option<&'static str> {
-        Some("Amazon Kinesis Data Streams (a stream of two shards), on a running moto server")
-    }
-
-    fn server(&self) -> Server {
-        moto("moto server (Amazon Kinesis)")
-    }
-
-    fn point_clients_at(&self, _: &str) {
-        use_test_credentials();
-    }
-
-    fn open(&self, endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        Ok(Box::new(KinesisTarget {
-            endpoint: endpoint.unwrap_or_default(),
-            prefix: container(run),
-        }))
-    }
+fn open(endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    Ok(Box::new(KinesisTarget {
+        endpoint: endpoint.unwrap_or_default(),
+        prefix: container(run),
+    }))
 }
 
 /// moto and the run's stream names.
@@ -234,22 +225,12 @@ struct KinesisTarget {
 impl DemoTarget for KinesisTarget {
     /// A stream per run (made by the consumer with its shards); the default envelope format,
     /// which carries the event id the consumer counts by.
-    fn config(&self) -> String {
-        format!(
-            r#"[sink]
-kind = "kinesis"
-
-[kinesis]
-region = "{REGION}"
-endpoint_url = {endpoint}
-
-[route]
-topic_regex = "(?<routedByValue>.*)"
-topic_replacement = "{prefix}.${{routedByValue}}"
-"#,
-            endpoint = toml_string(&self.endpoint),
-            prefix = self.prefix,
-        )
+    fn config(&self) -> DemoConfig {
+        let keys = format!(
+            "region = \"{REGION}\"\nendpoint_url = {}\n",
+            toml_string(&self.endpoint)
+        );
+        DemoConfig::routed(keys, &format!("{}.${{routedByValue}}", self.prefix))
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
@@ -260,9 +241,6 @@ topic_replacement = "{prefix}.${{routedByValue}}"
     }
 
     fn consume<'a>(&'a self, stream: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        Box::pin(async move {
-            let c = KinesisConsumer::new(&self.endpoint, stream).await?;
-            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
-        })
+        start(KinesisConsumer::new(&self.endpoint, stream), tally, stop)
     }
 }

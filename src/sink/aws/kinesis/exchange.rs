@@ -35,7 +35,7 @@ use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use super::client::Kinesis;
 use super::record::{Encoder, Record};
 use super::SINK;
-use crate::sink::aws::client::words;
+use crate::sink::aws::client::{self, words};
 use crate::sink::aws::exchange::{Batched, Encode};
 use crate::sink::batch::{BatchEntry, BatchLimits, BatchSend, CallError, EntryAnswer};
 use crate::sink::SinkRecord;
@@ -146,10 +146,7 @@ pub(crate) fn call_error<E: ProvideErrorMetadata + std::error::Error + 'static, 
     stream: &str,
     shown: &str,
 ) -> CallError {
-    let code = match e {
-        SdkError::ServiceError(s) => s.err().code().unwrap_or_default(),
-        _ => "",
-    };
+    let code = client::code(e);
     if code == "ResourceNotFoundException" {
         CallError::Missing(format!(
             "stream {stream:?} does not exist in {shown} (or the relay's credentials may not see it): {}; create it \

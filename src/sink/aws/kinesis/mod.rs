@@ -36,6 +36,8 @@ use std::sync::Arc;
 
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::driver;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
@@ -58,22 +60,12 @@ impl SinkPlugin for KinesisPlugin {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::KinesisDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
     /// OpenTelemetry's messaging conventions have no Kinesis value: the `[sink] kind`.
-    fn messaging_system(&self) -> &'static str {
-        "kinesis"
-    }
+    const MESSAGING_SYSTEM: &'static str = "kinesis";
 
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        static TARGETS: [ClientLogTarget; 4] = aws::log_targets(ClientLogTarget {
-            target: "aws_sdk_kinesis",
-            fixed: None,
-        });
-        &TARGETS
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &aws::log_targets(ClientLogTarget::debug("aws_sdk_kinesis"));
 
     fn limits(&self, config: &KinesisSettings) -> SinkLimits {
         SinkLimits {

@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::SnsSettings;
-use super::SERVICE;
-use crate::sink::aws::client::{self, words, Names, Resolved};
+use crate::sink::aws::client::{words, Connected, Names, Resolved};
 use crate::sink::SinkError;
 
 /// An SNS client and the topic ARNs it resolved.
@@ -39,14 +38,7 @@ impl SnsClient {
     /// The SDK configuration chain with `[sns]` on top; `connect_timeout` bounds a connection.
     /// Fails (for good) when no region is configured anywhere or no credentials are found.
     pub(crate) async fn connect(settings: &SnsSettings, connect_timeout: Duration) -> Result<SnsClient, SinkError> {
-        let client::Connected { config, shown } = client::connect(client::Connect {
-            sink: SERVICE.sink,
-            section: SERVICE.section,
-            endpoint: &settings.endpoint,
-            attempt_timeout: settings.requests.timeout,
-            connect_timeout,
-        })
-        .await?;
+        let Connected { config, shown } = settings.connect(connect_timeout).await?;
         Ok(SnsClient {
             client: aws_sdk_sns::Client::new(&config),
             arns: Arc::default(),

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use aws_sdk_sns::error::DisplayErrorContext;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{moto, moto_config, use_test_credentials, REGION};
+use crate::sink::aws::demo::{fifo_config, moto, moto_config, use_test_credentials};
 use crate::sink::aws::sqs::demo::SqsConsumer;
 use crate::sink::demo::{
-    bounded, container, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+    bounded, container, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
 };
 
 const BROKER: &str = "moto (Amazon SNS)";
@@ -66,10 +66,12 @@ impl SnsConsumer {
         .await?;
         Ok(consumer)
     }
+}
 
+impl DemoConsumer for SnsConsumer {
     /// Reads the queue until `stop`, then deletes the topic and the queue; returns what it
     /// cleaned up.
-    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+    async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let mut lines = self.queue.run(tally, stop).await;
         let deleted = bounded(BROKER, "deleting the topic", async {
             self.client
@@ -92,27 +94,15 @@ impl SnsConsumer {
 }
 
 /// Amazon SNS's answers to the demo.
-pub(crate) struct SnsDemo;
+pub(crate) const DEMO: SinkDemo = SinkDemo::new(moto("moto server (Amazon SNS)"), open)
+    .help("Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server")
+    .pointing(|_| use_test_credentials());
 
-impl SinkDemo for SnsDemo {
-    fn help(&self) -> Option<&'static str> {
-        Some("Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server")
-    }
-
-    fn server(&self) -> Server {
-        moto("moto server (Amazon SNS)")
-    }
-
-    fn point_clients_at(&self, _: &str) {
-        use_test_credentials();
-    }
-
-    fn open(&self, endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        Ok(Box::new(SnsTarget {
-            endpoint: endpoint.unwrap_or_default(),
-            prefix: container(run),
-        }))
-    }
+fn open(endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    Ok(Box::new(SnsTarget {
+        endpoint: endpoint.unwrap_or_default(),
+        prefix: container(run),
+    }))
 }
 
 /// moto and the run's topic names.
@@ -124,23 +114,8 @@ struct SnsTarget {
 impl DemoTarget for SnsTarget {
     /// A FIFO topic per run, named as the SQS demo's queue (made by the consumer with its
     /// subscribed queue: `setup` creates no topics).
-    fn config(&self) -> String {
-        format!(
-            r#"[sink]
-kind = "sns"
-
-[sns]
-region = "{REGION}"
-endpoint_url = {endpoint}
-fifo = true
-
-[route]
-topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
-topic_replacement = "{prefix}-${{head}}-${{tail}}.fifo"
-"#,
-            endpoint = toml_string(&self.endpoint),
-            prefix = self.prefix,
-        )
+    fn config(&self) -> DemoConfig {
+        fifo_config(&self.endpoint, &self.prefix)
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
@@ -151,9 +126,6 @@ topic_replacement = "{prefix}-${{head}}-${{tail}}.fifo"
     }
 
     fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        Box::pin(async move {
-            let c = SnsConsumer::new(&self.endpoint, topic).await?;
-            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
-        })
+        start(SnsConsumer::new(&self.endpoint, topic), tally, stop)
     }
 }

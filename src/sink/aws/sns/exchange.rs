@@ -15,14 +15,11 @@
 //! **Order.** The driver keeps at most one message per key on the wire, so a batch holds one
 //! entry per key and nothing of a key is published past a failed entry.
 
-use aws_sdk_sns::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sns::primitives::Blob;
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
-use tracing::debug;
 
 use super::client::SnsClient;
 use super::{SERVICE, SINK};
-use crate::sink::aws::client::{words, Resolved};
 use crate::sink::aws::message::{FailedEntry, Message, Value};
 use crate::sink::batch::{BatchSend, CallError, EntryAnswer};
 
@@ -80,13 +77,9 @@ impl BatchSend for SnsBatches {
     }
 
     async fn send_batch(&self, topic: &str, messages: &[&Message]) -> Result<Vec<EntryAnswer>, CallError> {
-        let arn = match self.sns.topic_arn(topic).await {
-            Resolved::Missing(cause) => return Err(CallError::Missing(cause)),
-            Resolved::Failed(cause) => return Err(CallError::Transient(cause)),
-            Resolved::Found(arn) => arn,
-        };
+        let arn = self.sns.topic_arn(topic).await.found()?;
         let entries = messages.iter().enumerate().map(|(i, m)| entry(i, m)).collect();
-        let out = match self
+        let out = self
             .sns
             .client
             .publish_batch()
@@ -94,27 +87,7 @@ impl BatchSend for SnsBatches {
             .set_publish_batch_request_entries(Some(entries))
             .send()
             .await
-        {
-            Ok(out) => out,
-            Err(e) => {
-                let code = match &e {
-                    SdkError::ServiceError(s) => s.err().code().unwrap_or_default(),
-                    _ => "",
-                };
-                let cause = words(&e);
-                return Err(if code == "NotFound" {
-                    // Deleted since its ARN was cached: the next attempt looks it up again (and
-                    // refuses the entries if it is really gone).
-                    debug!(topic = %topic, %cause, "SNS: topic gone, looking its ARN up again");
-                    self.sns.forget(topic);
-                    CallError::Transient(cause)
-                } else if CONTENT_CODES.contains(&code) {
-                    CallError::Refused(SERVICE.refusal(topic, &cause))
-                } else {
-                    CallError::Transient(cause)
-                });
-            }
-        };
+            .map_err(|e| SERVICE.call_error(&e, topic, &["NotFound"], CONTENT_CODES, || self.sns.forget(topic)))?;
         let failed = out.failed().iter().map(|f| FailedEntry {
             id: f.id(),
             sender_fault: f.sender_fault(),

@@ -28,6 +28,8 @@ pub(crate) mod exchange;
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::aws::message::Service;
 use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 
@@ -62,22 +64,12 @@ impl SinkPlugin for SnsPlugin {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::SnsDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
     /// Named like OpenTelemetry's `aws_sqs`.
-    fn messaging_system(&self) -> &'static str {
-        "aws_sns"
-    }
+    const MESSAGING_SYSTEM: &'static str = "aws_sns";
 
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        static TARGETS: [ClientLogTarget; 4] = aws::log_targets(ClientLogTarget {
-            target: "aws_sdk_sns",
-            fixed: None,
-        });
-        &TARGETS
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &aws::log_targets(ClientLogTarget::debug("aws_sdk_sns"));
 
     fn limits(&self, config: &SnsSettings) -> SinkLimits {
         aws::message_limits(config)

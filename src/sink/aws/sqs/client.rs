@@ -12,8 +12,7 @@ use aws_sdk_sqs::error::SdkError;
 use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
 
 use super::config::SqsSettings;
-use super::SERVICE;
-use crate::sink::aws::client::{self, words, Names, Resolved};
+use crate::sink::aws::client::{words, Connected, Names, Resolved};
 use crate::sink::SinkError;
 
 /// An SQS client and the queue URLs it resolved.
@@ -29,14 +28,7 @@ impl SqsClient {
     /// The SDK configuration chain with `[sqs]` on top; `connect_timeout` bounds a connection.
     /// Fails (for good) when no region is configured anywhere or no credentials are found.
     pub(crate) async fn connect(settings: &SqsSettings, connect_timeout: Duration) -> Result<SqsClient, SinkError> {
-        let client::Connected { config, shown } = client::connect(client::Connect {
-            sink: SERVICE.sink,
-            section: SERVICE.section,
-            endpoint: &settings.endpoint,
-            attempt_timeout: settings.requests.timeout,
-            connect_timeout,
-        })
-        .await?;
+        let Connected { config, shown } = settings.connect(connect_timeout).await?;
         Ok(SqsClient {
             client: aws_sdk_sqs::Client::new(&config),
             urls: Arc::default(),

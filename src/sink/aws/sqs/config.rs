@@ -94,79 +94,17 @@ pub(crate) const SECTION: MessagesSpec<Sqs> = MessagesSpec::new();
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::sink::aws::config::{HeaderMode, MessagesSection};
-
-    fn section(toml: &str) -> Result<SqsSettings, String> {
-        let s: MessagesSection = toml::from_str(toml).map_err(|e| e.to_string())?;
-        s.validate().map_err(|e| e.to_string())
-    }
 
     #[test]
-    fn an_empty_section_takes_the_sdk_chain_and_the_defaults() {
-        let s = section("").unwrap();
-        assert_eq!(
-            (s.endpoint.region.as_deref(), s.endpoint.endpoint_url.as_deref()),
-            (None, None)
-        );
-        assert!(!s.fifo);
-        assert_eq!(s.headers, HeaderMode::Attributes);
-        assert_eq!(s.max_message_bytes as u64, DEFAULT_MAX_MESSAGE_BYTES);
-        assert_eq!(s.requests.max_concurrency as u64, DEFAULT_MAX_CONCURRENCY);
-        assert_eq!(s.requests.max_requests as u64, DEFAULT_MAX_REQUESTS);
-        assert_eq!(s.requests.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
-        assert!(!s.warnings().is_empty(), "standard queues warn");
-    }
-
-    #[test]
-    fn every_key_is_read_and_checked() {
-        let s = section(
-            "region = \"eu-west-1\"\nendpoint_url = \"http://127.0.0.1:5000/\"\nfifo = \"true\"\nheaders = \"json\"\n\
-             max_message_bytes = 1048576\nmax_concurrency = 8\nmax_requests = \"4\"\ntimeout_ms = 500",
-        )
-        .unwrap();
-        assert_eq!(s.endpoint.region.as_deref(), Some("eu-west-1"));
-        assert_eq!(s.endpoint.endpoint_url.as_deref(), Some("http://127.0.0.1:5000"));
-        assert!(s.fifo && s.warnings().is_empty());
-        assert_eq!(s.headers, HeaderMode::Json);
-        assert_eq!(
-            (
-                s.max_message_bytes,
-                s.requests.max_concurrency,
-                s.requests.max_requests,
-                s.requests.timeout
-            ),
-            (1 << 20, 8, 4, Duration::from_millis(500))
-        );
-        for (toml, says) in [
-            ("region = \"Europe\"", "sqs.region"),
-            ("endpoint_url = \"localhost:5000\"", "not an absolute URL"),
-            ("endpoint_url = \"ftp://h\"", "not http"),
-            ("endpoint_url = \"http://k:s@h\"", "credential chain"),
-            ("headers = \"xml\"", "sqs.headers"),
-            ("max_message_bytes = 2000000", "above SQS's limit"),
-            ("max_concurrency = 0", "leave it out"),
-            ("max_requests = 5000", "sqs.max_requests"),
-            ("fifo = \"yes\"", "not true or false"),
-            ("queue_url = \"x\"", "queue_url"),
-        ] {
-            let err = section(toml).unwrap_err();
-            assert!(err.contains(says), "{toml}: {err}");
-        }
-    }
-
-    #[test]
-    fn the_standard_queues_warning_names_the_fix() {
-        let s = section("").unwrap();
-        assert_eq!(
-            s.warnings(),
-            [
-                "[sqs] fifo = false: standard SQS queues do not keep order (nor deliver only once), so the events of \
-              one aggregate may reach consumers out of commit order. Route to FIFO queues (names ending in .fifo) \
-              with fifo = true to keep per-aggregate order (docs/sink-sqs.md)"
-            ]
+    fn the_defaults_every_key_and_the_warning() {
+        crate::sink::aws::config::tests::every_key_is_read_and_checked::<Sqs>(
+            1048576,
+            2000000,
+            "queue_url",
+            "[sqs] fifo = false: standard SQS queues do not keep order (nor deliver only once), so the events of \
+             one aggregate may reach consumers out of commit order. Route to FIFO queues (names ending in .fifo) \
+             with fifo = true to keep per-aggregate order (docs/sink-sqs.md)",
         );
     }
 }

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{moto, moto_config, use_test_credentials, REGION};
+use crate::sink::aws::demo::{fifo_config, moto, moto_config, use_test_credentials};
 use crate::sink::demo::{
-    bounded, container, parse_id, toml_string, Consuming, DemoRun, DemoTarget, Server, SinkDemo, Starting, Tally,
+    bounded, container, parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
 };
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, QueueAttributeName};
@@ -69,36 +69,6 @@ impl SqsConsumer {
             .ok_or_else(|| format!("{BROKER}: queue {} has no QueueArn attribute", self.queue))
     }
 
-    /// Reads until `stop`, then deletes the queue; returns what it cleaned up.
-    pub(crate) async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
-        let mut reported = false;
-        while !stop.load(Ordering::Relaxed) {
-            match self.receive(&*tally).await {
-                Ok(()) => reported = false,
-                Err(e) => {
-                    if !reported {
-                        eprintln!("demo: SQS consumer: {e}; reading on");
-                        reported = true;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
-        let deleted = bounded(BROKER, "deleting the queue", async {
-            self.client
-                .delete_queue()
-                .queue_url(&self.url)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
-        .await;
-        vec![match deleted {
-            Ok(_) => format!("SQS queue {} deleted", self.queue),
-            Err(e) => format!("FAILED: {e}"),
-        }]
-    }
-
     /// One long poll (up to 1 s, 10 messages), its messages counted and deleted.
     async fn receive(&self, tally: &dyn Tally) -> Result<(), String> {
         let got = self
@@ -142,28 +112,48 @@ impl SqsConsumer {
     }
 }
 
+impl DemoConsumer for SqsConsumer {
+    /// Reads until `stop`, then deletes the queue; returns what it cleaned up.
+    async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
+        let mut reported = false;
+        while !stop.load(Ordering::Relaxed) {
+            match self.receive(&*tally).await {
+                Ok(()) => reported = false,
+                Err(e) => {
+                    if !reported {
+                        eprintln!("demo: SQS consumer: {e}; reading on");
+                        reported = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        let deleted = bounded(BROKER, "deleting the queue", async {
+            self.client
+                .delete_queue()
+                .queue_url(&self.url)
+                .send()
+                .await
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        })
+        .await;
+        vec![match deleted {
+            Ok(_) => format!("SQS queue {} deleted", self.queue),
+            Err(e) => format!("FAILED: {e}"),
+        }]
+    }
+}
+
 /// Amazon SQS's answers to the demo.
-pub(crate) struct SqsDemo;
+pub(crate) const DEMO: SinkDemo = SinkDemo::new(moto("moto server (Amazon SQS)"), open)
+    .help("Amazon SQS (a FIFO queue), on a running moto server")
+    .pointing(|_| use_test_credentials());
 
-impl SinkDemo for SqsDemo {
-    fn help(&self) -> Option<&'static str> {
-        Some("Amazon SQS (a FIFO queue), on a running moto server")
-    }
-
-    fn server(&self) -> Server {
-        moto("moto server (Amazon SQS)")
-    }
-
-    fn point_clients_at(&self, _: &str) {
-        use_test_credentials();
-    }
-
-    fn open(&self, endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-        Ok(Box::new(SqsTarget {
-            endpoint: endpoint.unwrap_or_default(),
-            prefix: container(run),
-        }))
-    }
+fn open(endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
+    Ok(Box::new(SqsTarget {
+        endpoint: endpoint.unwrap_or_default(),
+        prefix: container(run),
+    }))
 }
 
 /// moto and the run's queue names.
@@ -175,23 +165,8 @@ struct SqsTarget {
 impl DemoTarget for SqsTarget {
     /// A FIFO queue per run (made by the consumer: `setup` creates no queues). Queue names allow
     /// no `.` but the `.fifo` suffix: `order.placed` becomes `order-placed`.
-    fn config(&self) -> String {
-        format!(
-            r#"[sink]
-kind = "sqs"
-
-[sqs]
-region = "{REGION}"
-endpoint_url = {endpoint}
-fifo = true
-
-[route]
-topic_regex = '(?<head>[^.]*)\.(?<tail>.*)'
-topic_replacement = "{prefix}-${{head}}-${{tail}}.fifo"
-"#,
-            endpoint = toml_string(&self.endpoint),
-            prefix = self.prefix,
-        )
+    fn config(&self) -> DemoConfig {
+        fifo_config(&self.endpoint, &self.prefix)
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
@@ -199,9 +174,6 @@ topic_replacement = "{prefix}-${{head}}-${{tail}}.fifo"
     }
 
     fn consume<'a>(&'a self, queue: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        Box::pin(async move {
-            let c = SqsConsumer::new(&self.endpoint, queue).await?;
-            Ok(Consuming::Task(tokio::spawn(c.run(tally, stop))))
-        })
+        start(SqsConsumer::new(&self.endpoint, queue), tally, stop)
     }
 }

@@ -19,14 +19,11 @@
 //! entry per key and nothing of a key is sent past a failed entry: the next message of the key
 //! is handed over only once this one was stored, or after the relay decided about its refusal.
 
-use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
-use tracing::debug;
 
 use super::client::SqsClient;
 use super::{SERVICE, SINK};
-use crate::sink::aws::client::{words, Resolved};
 use crate::sink::aws::message::{FailedEntry, Message, Value};
 use crate::sink::batch::{BatchSend, CallError, EntryAnswer};
 
@@ -43,13 +40,9 @@ impl BatchSend for SqsBatches {
     }
 
     async fn send_batch(&self, queue: &str, messages: &[&Message]) -> Result<Vec<EntryAnswer>, CallError> {
-        let url = match self.sqs.queue_url(queue).await {
-            Resolved::Missing(cause) => return Err(CallError::Missing(cause)),
-            Resolved::Failed(cause) => return Err(CallError::Transient(cause)),
-            Resolved::Found(url) => url,
-        };
+        let url = self.sqs.queue_url(queue).await.found()?;
         let entries = messages.iter().enumerate().map(|(i, m)| entry(i, m)).collect();
-        let out = match self
+        let out = self
             .sqs
             .client
             .send_message_batch()
@@ -57,22 +50,7 @@ impl BatchSend for SqsBatches {
             .set_entries(Some(entries))
             .send()
             .await
-        {
-            Ok(out) => out,
-            Err(e) => {
-                return Err(match call_failure(&e) {
-                    CallFailure::NoQueue(cause) => {
-                        // Deleted since its URL was cached: the next attempt resolves it again
-                        // (and refuses the entries if it is really gone).
-                        debug!(queue = %queue, %cause, "SQS: queue gone, resolving its URL again");
-                        self.sqs.forget(queue);
-                        CallError::Transient(cause)
-                    }
-                    CallFailure::Content(cause) => CallError::Refused(SERVICE.refusal(queue, &cause)),
-                    CallFailure::Transient(cause) => CallError::Transient(cause),
-                });
-            }
-        };
+            .map_err(|e| SERVICE.call_error(&e, queue, GONE_CODES, CONTENT_CODES, || self.sqs.forget(queue)))?;
         let failed = out.failed().iter().map(|f| FailedEntry {
             id: f.id(),
             sender_fault: f.sender_fault(),
@@ -89,15 +67,9 @@ impl BatchSend for SqsBatches {
     }
 }
 
-/// What a failed call means for its entries.
-enum CallFailure {
-    /// The queue is gone: resolve its URL again.
-    NoQueue(String),
-    /// SQS refused the request for its content: each entry alone tells which is bad.
-    Content(String),
-    /// Anything else: retry.
-    Transient(String),
-}
+/// The error codes SQS answers a batch with when the queue is gone (deleted since its URL was
+/// cached).
+const GONE_CODES: &[&str] = &["AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"];
 
 /// The error codes SQS answers a batch with when an entry's content is wrong.
 const CONTENT_CODES: &[&str] = &[
@@ -108,22 +80,6 @@ const CONTENT_CODES: &[&str] = &[
     "InvalidAttributeValue",
     "MessageTooLong",
 ];
-
-fn call_failure<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
-    e: &SdkError<E, R>,
-) -> CallFailure {
-    let code = match e {
-        SdkError::ServiceError(s) => s.err().code().unwrap_or_default(),
-        _ => "",
-    };
-    if code == "AWS.SimpleQueueService.NonExistentQueue" || code == "QueueDoesNotExist" {
-        CallFailure::NoQueue(words(e))
-    } else if CONTENT_CODES.contains(&code) {
-        CallFailure::Content(words(e))
-    } else {
-        CallFailure::Transient(words(e))
-    }
-}
 
 /// Whether a failed entry's code is about the message (a refusal) rather than SQS or the
 /// relay's permissions (which retrying or an operator fixes).

@@ -29,6 +29,8 @@ pub(crate) mod exchange;
 use crate::config::sink::SinkSectionSpec;
 use crate::sink::aws::message::Service;
 use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
+#[cfg(feature = "demo")]
+use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
 
@@ -63,22 +65,12 @@ impl SinkPlugin for SqsPlugin {
     }
 
     #[cfg(feature = "demo")]
-    fn demo(&self) -> &'static dyn crate::sink::demo::SinkDemo {
-        &demo::SqsDemo
-    }
+    const DEMO: &'static SinkDemo = &demo::DEMO;
 
     /// OpenTelemetry's messaging conventions name SQS `aws_sqs`.
-    fn messaging_system(&self) -> &'static str {
-        "aws_sqs"
-    }
+    const MESSAGING_SYSTEM: &'static str = "aws_sqs";
 
-    fn log_targets(&self) -> &'static [ClientLogTarget] {
-        static TARGETS: [ClientLogTarget; 4] = aws::log_targets(ClientLogTarget {
-            target: "aws_sdk_sqs",
-            fixed: None,
-        });
-        &TARGETS
-    }
+    const LOG_TARGETS: &'static [ClientLogTarget] = &aws::log_targets(ClientLogTarget::debug("aws_sdk_sqs"));
 
     fn limits(&self, config: &SqsSettings) -> SinkLimits {
         aws::message_limits(config)
