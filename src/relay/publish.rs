@@ -1108,10 +1108,7 @@ mod tests {
             sink.fail_next(FailureKind::Refused, "record too large");
             let err = apply_all(state, completions).unwrap_err();
             assert!(matches!(err, RelayError::RecordRejected { .. }), "{err}");
-            let suspect = EventRef {
-                commit_lsn: Lsn(0x500),
-                seq: 0,
-            };
+            let suspect = EventRef::at(0x500, 0);
             assert_eq!(state.suspects().get(suspect), Some("record too large"));
         });
     }
@@ -1119,10 +1116,7 @@ mod tests {
     #[test]
     fn a_suspect_refused_again_releases_its_key_before_its_dead_letter() {
         let mut suspects = Suspects::default();
-        let suspect = EventRef {
-            commit_lsn: Lsn(0x500),
-            seq: 0,
-        };
+        let suspect = EventRef::at(0x500, 0);
         suspects.insert(suspect, "batch refused".into());
         let dead_letter = "[relay]\non_bad_event = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n";
         run_with(
@@ -1150,10 +1144,7 @@ mod tests {
 
     #[test]
     fn with_kafka_transactions_a_suspect_refused_again_is_condemned_and_settled_on_the_replay() {
-        let suspect = EventRef {
-            commit_lsn: Lsn(0x500),
-            seq: 0,
-        };
+        let suspect = EventRef::at(0x500, 0);
         let config = format!("{TRANSACTIONS}on_bad_event = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n");
         let mut suspects = Suspects::default();
         suspects.insert(suspect, "batch refused".into());

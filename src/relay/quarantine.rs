@@ -35,6 +35,17 @@ pub(crate) struct EventRef {
     pub(crate) seq: u32,
 }
 
+#[cfg(test)]
+impl EventRef {
+    /// The event at position `seq` of the transaction committed at `lsn` (unit tests).
+    pub(crate) fn at(lsn: u64, seq: u32) -> EventRef {
+        EventRef {
+            commit_lsn: Lsn(lsn),
+            seq,
+        }
+    }
+}
+
 /// What an earlier session learnt of a refused event, with the broker's refusal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Standing {

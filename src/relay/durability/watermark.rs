@@ -266,6 +266,16 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A transaction with `events` one-byte events handed over and its Commit at `end`.
+    fn committed(w: &mut AckWatermark, events: usize, end: u64) -> TxnTicket {
+        let t = w.begin().unwrap();
+        for _ in 0..events {
+            w.event_sent(t, 1).unwrap();
+        }
+        w.commit(t, Lsn(end)).unwrap();
+        t
+    }
+
     #[test]
     fn confirms_only_after_every_event_of_the_transaction() {
         let mut w = AckWatermark::new(Lsn(100));
@@ -285,12 +295,8 @@ mod tests {
     #[test]
     fn later_transaction_acked_first_waits_for_the_earlier_one() {
         let mut w = AckWatermark::new(Lsn(0));
-        let a = w.begin().unwrap();
-        w.event_sent(a, 1).unwrap();
-        w.commit(a, Lsn(10)).unwrap();
-        let b = w.begin().unwrap();
-        w.event_sent(b, 1).unwrap();
-        w.commit(b, Lsn(20)).unwrap();
+        let a = committed(&mut w, 1, 10);
+        let b = committed(&mut w, 1, 20);
         w.acked(b, 1).unwrap();
         assert_eq!(w.confirmed(), Lsn(0));
         w.acked(a, 1).unwrap();
@@ -300,13 +306,8 @@ mod tests {
     #[test]
     fn out_of_order_acks_stay_counted_until_confirmed() {
         let mut w = AckWatermark::new(Lsn(0));
-        let a = w.begin().unwrap();
-        w.event_sent(a, 1).unwrap();
-        w.commit(a, Lsn(10)).unwrap();
-        let b = w.begin().unwrap();
-        w.event_sent(b, 1).unwrap();
-        w.event_sent(b, 1).unwrap();
-        w.commit(b, Lsn(20)).unwrap();
+        let a = committed(&mut w, 1, 10);
+        let b = committed(&mut w, 2, 20);
         let open = w.begin().unwrap();
         w.event_sent(open, 1).unwrap();
         // The open transaction's events never count (it cannot be confirmed before its commit).
@@ -346,9 +347,7 @@ mod tests {
         let mut w = AckWatermark::new(Lsn(5));
         w.keepalive(Lsn(50));
         assert_eq!(w.confirmed(), Lsn(50));
-        let a = w.begin().unwrap();
-        w.event_sent(a, 1).unwrap();
-        w.commit(a, Lsn(60)).unwrap();
+        let a = committed(&mut w, 1, 60);
         w.keepalive(Lsn(70));
         w.keepalive(Lsn(80));
         assert_eq!(w.confirmed(), Lsn(50));
@@ -360,12 +359,8 @@ mod tests {
     #[test]
     fn failure_poisons_everything_after_it() {
         let mut w = AckWatermark::new(Lsn(0));
-        let a = w.begin().unwrap();
-        w.event_sent(a, 1).unwrap();
-        w.commit(a, Lsn(10)).unwrap();
-        let b = w.begin().unwrap();
-        w.event_sent(b, 1).unwrap();
-        w.commit(b, Lsn(20)).unwrap();
+        let a = committed(&mut w, 1, 10);
+        let b = committed(&mut w, 1, 20);
         w.failed(a, 1).unwrap();
         w.acked(b, 1).unwrap();
         w.keepalive(Lsn(99));

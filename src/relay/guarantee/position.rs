@@ -63,18 +63,11 @@ pub(super) fn of_record(h: &dyn HeaderGet, source: &str) -> Option<EventRef> {
 mod tests {
     use super::*;
 
-    fn at(lsn: u64, seq: u32) -> EventRef {
-        EventRef {
-            commit_lsn: Lsn(lsn),
-            seq,
-        }
-    }
-
     #[test]
     fn headers_round_trip_and_name_the_source() {
         let mut buf = [0u8; 40];
         let source = "7000000000000000001/outbox_relay";
-        let headers = headers(source, at(0x16_B374_D848, 42), &mut buf);
+        let headers = headers(source, EventRef::at(0x16_B374_D848, 42), &mut buf);
         let owned: Vec<(String, Vec<u8>)> = headers.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect();
         assert_eq!(
             owned,
@@ -100,7 +93,7 @@ mod tests {
             (HEADER_COMMIT_LSN, b"0/200"),
             (HEADER_INDEX, b"3"),
         ];
-        assert_eq!(position(&good), Some(at(0x200, 3)));
+        assert_eq!(position(&good), Some(EventRef::at(0x200, 3)));
         let other: [(&str, &[u8]); 3] = [
             (HEADER_SOURCE, b"2/s"),
             (HEADER_COMMIT_LSN, b"0/200"),

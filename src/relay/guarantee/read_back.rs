@@ -417,13 +417,6 @@ mod tests {
     use super::*;
     use crate::config::test_support::settings;
 
-    fn at(lsn: u64, seq: u32) -> EventRef {
-        EventRef {
-            commit_lsn: Lsn(lsn),
-            seq,
-        }
-    }
-
     /// The default sink's read-back (Kafka's partitioner).
     fn sink() -> Arc<dyn ReadBackSource> {
         let s = settings("[relay]\ndelivery = \"exactly-once\"\n");
@@ -464,7 +457,7 @@ mod tests {
     #[test]
     fn outside_the_replay_window_nothing_is_checked() {
         let mut r = resume();
-        assert_eq!(r.verdict(at(0x1000, 0), "t", b"k", None, true), Verdict::Send);
+        assert_eq!(r.verdict(EventRef::at(0x1000, 0), "t", b"k", None, true), Verdict::Send);
         assert!(!r.is_waiting());
     }
 
@@ -473,27 +466,36 @@ mod tests {
         let mut r = resume();
         // 0x180#0 is missing from the partition (a failed delivery): it is sent, though later
         // positions of the partition are in the sink.
-        known(&mut r, 0, &[at(0x200, 0), at(0x200, 1)]);
+        known(&mut r, 0, &[EventRef::at(0x200, 0), EventRef::at(0x200, 1)]);
         known(&mut r, 1, &[]);
         let k0 = key_in(0);
-        assert_eq!(r.verdict(at(0x180, 0), "t", &k0, None, true), Verdict::Send);
-        assert_eq!(r.verdict(at(0x200, 0), "t", &k0, None, true), Verdict::Skip);
-        assert_eq!(r.verdict(at(0x200, 1), "t", &k0, None, true), Verdict::Skip);
-        assert_eq!(r.verdict(at(0x200, 2), "t", &k0, None, true), Verdict::Send);
-        assert_eq!(r.verdict(at(0x300, 0), "t", &k0, None, true), Verdict::Send);
-        assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(1), None, true), Verdict::Send);
+        assert_eq!(r.verdict(EventRef::at(0x180, 0), "t", &k0, None, true), Verdict::Send);
+        assert_eq!(r.verdict(EventRef::at(0x200, 0), "t", &k0, None, true), Verdict::Skip);
+        assert_eq!(r.verdict(EventRef::at(0x200, 1), "t", &k0, None, true), Verdict::Skip);
+        assert_eq!(r.verdict(EventRef::at(0x200, 2), "t", &k0, None, true), Verdict::Send);
+        assert_eq!(r.verdict(EventRef::at(0x300, 0), "t", &k0, None, true), Verdict::Send);
+        assert_eq!(
+            r.verdict(EventRef::at(0x200, 0), "t", &key_in(1), None, true),
+            Verdict::Send
+        );
         // An explicit partition wins over the key's.
-        assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(1), Some(0), true), Verdict::Skip);
+        assert_eq!(
+            r.verdict(EventRef::at(0x200, 0), "t", &key_in(1), Some(0), true),
+            Verdict::Skip
+        );
         // Without a key the sink's client picks at random: never skipped.
-        assert_eq!(r.verdict(at(0x200, 0), "t", b"", None, true), Verdict::Send);
+        assert_eq!(r.verdict(EventRef::at(0x200, 0), "t", b"", None, true), Verdict::Send);
         assert_eq!(r.skipped(), 3);
     }
 
     #[test]
     fn an_unknown_partition_waits_unless_waiting_is_impossible() {
         let mut r = resume();
-        known(&mut r, 0, &[at(0x200, 1)]);
-        assert_eq!(r.verdict(at(0x200, 0), "t", &key_in(2), None, false), Verdict::Send);
+        known(&mut r, 0, &[EventRef::at(0x200, 1)]);
+        assert_eq!(
+            r.verdict(EventRef::at(0x200, 0), "t", &key_in(2), None, false),
+            Verdict::Send
+        );
         assert!(!r.is_waiting());
     }
 

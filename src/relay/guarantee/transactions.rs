@@ -252,10 +252,7 @@ mod tests {
     use crate::sink::memory::{memory, MemoryHandle};
 
     fn at(lsn: u64) -> EventRef {
-        EventRef {
-            commit_lsn: Lsn(lsn),
-            seq: 0,
-        }
+        EventRef::at(lsn, 0)
     }
 
     fn to() -> Bound<'static> {
