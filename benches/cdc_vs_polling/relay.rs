@@ -12,7 +12,14 @@ pub use super::debezium::Tuning;
 use super::sinks::SinkTarget;
 
 /// Built by cargo for this bench (the bench profile inherits `release`).
-pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+
+/// The relay binary under test: [`RELAY_BIN`], or another build named by
+/// `OUTBOX_RELAY_BENCH_BIN` (`scripts/profile/compare_builds.sh` runs the benchmark with two
+/// builds in turn, to compare them in one session on one machine).
+pub fn relay_bin() -> std::ffi::OsString {
+    std::env::var_os("OUTBOX_RELAY_BENCH_BIN").unwrap_or_else(|| RELAY_BIN.into())
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mode {
@@ -188,7 +195,7 @@ impl RelayConf<'_> {
 
 /// `outbox-relay setup` (or `setup --poll`), bounded.
 pub fn setup(config: &Path, poll: bool) -> Result<()> {
-    let mut cmd = Command::new(RELAY_BIN);
+    let mut cmd = Command::new(relay_bin());
     cmd.arg("setup").arg("--config").arg(config);
     if poll {
         cmd.arg("--poll");
@@ -225,10 +232,10 @@ impl RelayChild {
         let mut command = match words.next() {
             Some(program) => {
                 let mut c = Command::new(program);
-                c.args(words).arg(RELAY_BIN);
+                c.args(words).arg(relay_bin());
                 c
             }
-            None => Command::new(RELAY_BIN),
+            None => Command::new(relay_bin()),
         };
         let child = command
             .arg(subcommand)

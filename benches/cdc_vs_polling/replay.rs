@@ -421,7 +421,9 @@ async fn replay_process(
     let mut cmd = Command::new("/usr/bin/time");
     cmd.arg("-o")
         .arg(&time_out)
-        .args(["-f", "%U %S %M", relay::RELAY_BIN, "replay", "--config"])
+        .args(["-f", "%U %S %M"])
+        .arg(relay::relay_bin())
+        .args(["replay", "--config"])
         .arg(config)
         .args([
             "--since",
