@@ -229,7 +229,7 @@ fn check_extension_name(name: &str) -> Result<(), ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::test_support::{load, settings};
+    use crate::config::test_support::{load, refusal, settings};
 
     use super::*;
 
@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn invalid_names_are_refused_naming_the_key_and_the_fix() {
-        let err = |extra: &str| load(extra, &[]).unwrap_err().to_string();
+        let err = |extra: &str| refusal(extra, &[]);
         let e = err("[cloudevents]\nextensions = { Tenant_Id = \"t\" }\n");
         assert!(
             e.contains("cloudevents.extensions") && e.contains("\"Tenant_Id\"") && e.contains("\"tenantid\""),
@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn refused_with_debezium_and_where_the_sink_has_no_such_mode() {
-        let e = load("[cloudevents]\n[debezium]\n", &[]).unwrap_err().to_string();
+        let e = refusal("[cloudevents]\n[debezium]\n", &[]);
         assert!(e.contains("[debezium]") && e.contains("Remove one"), "{e}");
         let with_sink = |sink: &str, mode: &str| {
             let text = format!(
@@ -336,35 +336,27 @@ mod tests {
 
     #[test]
     fn header_columns_may_not_take_the_names_the_relay_writes() {
-        let e = load(
+        let e = refusal(
             "[outbox]\nheader_columns = { kind = \"ce_type\" }\n[cloudevents]\n",
             &[],
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("outbox.header_columns") && e.contains("extensions"), "{e}");
-        let e = load(
+        let e = refusal(
             "[outbox]\nheader_columns = { ct = \"Content-Type\" }\n[cloudevents]\n",
             &[],
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("\"Content-Type\""), "{e}");
         assert!(load("[outbox]\nheader_columns = { kind = \"ce_type\" }\n", &[]).is_ok());
-        let e = load(
+        let e = refusal(
             "[outbox]\ntrace_column = \"tp\"\nheader_columns = { tp2 = \"traceparent\" }\n",
             &[],
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("outbox.trace_column writes"), "{e}");
     }
 
     #[test]
     fn a_tracestate_column_needs_a_trace_column() {
-        let e = load("[outbox]\ntracestate_column = \"ts\"\n", &[])
-            .unwrap_err()
-            .to_string();
+        let e = refusal("[outbox]\ntracestate_column = \"ts\"\n", &[]);
         assert!(
             e.contains("outbox.tracestate_column") && e.contains("trace_column too"),
             "{e}"

@@ -60,7 +60,7 @@ mod tests {
 
     use std::time::Duration;
 
-    use crate::config::test_support::load;
+    use crate::config::test_support::{load, refusal};
 
     #[test]
     fn defaults_serve_nothing_and_allow_a_minute_of_lag() {
@@ -93,7 +93,7 @@ mod tests {
             ("[http]\nready_max_lag_seconds = 0\n", "http.ready_max_lag_seconds"),
             ("[http]\nport = 9187\n", "port"),
         ] {
-            let err = load(extra, &[]).unwrap_err().to_string();
+            let err = refusal(extra, &[]);
             assert!(err.contains(key), "{extra:?}: {err}");
         }
     }

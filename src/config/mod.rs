@@ -378,22 +378,14 @@ fn apply_env_overrides(
         };
         // `outbox.table` takes a TOML array for several tables: `["a.outbox", "b.outbox"]`.
         let parsed = if section == "outbox" && key == "table" && value.trim_start().starts_with('[') {
-            let doc: toml::Table = format!("v = {value}")
-                .parse()
-                .map_err(|e: toml::de::Error| ConfigError::Env {
-                    var: var.clone(),
-                    message: format!("expected a TOML array of table names such as [\"a.outbox\", \"b.outbox\"]: {e}"),
-                })?;
-            doc.get("v").cloned().unwrap_or(toml::Value::String(value))
+            toml_value(
+                &var,
+                value,
+                "a TOML array of table names such as [\"a.outbox\", \"b.outbox\"]",
+            )?
         } else if (section == "outbox" && key == "header_columns") || (section == "cloudevents" && key == "extensions")
         {
-            let doc: toml::Table = format!("v = {value}")
-                .parse()
-                .map_err(|e: toml::de::Error| ConfigError::Env {
-                    var: var.clone(),
-                    message: format!("expected a TOML inline table such as {{ tenant_id = \"x-tenant\" }}: {e}"),
-                })?;
-            doc.get("v").cloned().unwrap_or(toml::Value::String(value))
+            toml_value(&var, value, "a TOML inline table such as { tenant_id = \"x-tenant\" }")?
         } else {
             toml::Value::String(value)
         };
@@ -413,6 +405,18 @@ fn apply_env_overrides(
         }
     }
     Ok(())
+}
+
+/// The value of `var` read as TOML (`v = <value>`), for the keys that take an array or an inline
+/// table; `expected` says which in the error.
+fn toml_value(var: &str, value: String, expected: &str) -> Result<toml::Value, ConfigError> {
+    let doc: toml::Table = format!("v = {value}")
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::Env {
+            var: var.to_owned(),
+            message: format!("expected {expected}: {e}"),
+        })?;
+    Ok(doc.get("v").cloned().unwrap_or(toml::Value::String(value)))
 }
 
 #[cfg(test)]
@@ -441,5 +445,11 @@ pub(crate) mod test_support {
     /// [`MINIMAL`] followed by `extra`, which must be valid.
     pub(crate) fn settings(extra: &str) -> Settings {
         load(extra, &[]).expect("valid test settings")
+    }
+
+    /// What [`load`] refuses [`MINIMAL`] followed by `extra` (with `env`) with: the error's text,
+    /// for the tests that check it names the key and the fix.
+    pub(crate) fn refusal(extra: &str, env: &[(&str, &str)]) -> String {
+        load(extra, env).unwrap_err().to_string()
     }
 }

@@ -99,15 +99,20 @@ impl PollSection {
 #[cfg(test)]
 mod tests {
 
-    use crate::config::test_support::load;
+    use std::time::Duration;
+
+    use super::PollSettings;
+    use crate::config::test_support::{load, refusal};
+
+    /// The keys the tests below set: interval, batch size, workers, dispatched column.
+    fn knobs(p: &PollSettings) -> (Duration, usize, usize, &str) {
+        (p.interval, p.batch_size, p.workers, p.dispatched.as_str())
+    }
 
     #[test]
     fn defaults_without_a_poll_section() {
         let p = load("", &[]).unwrap().poll;
-        assert_eq!(p.interval, std::time::Duration::from_millis(100));
-        assert_eq!(p.batch_size, 100);
-        assert_eq!(p.workers, 1);
-        assert_eq!(p.dispatched.as_str(), "dispatched_at");
+        assert_eq!(knobs(&p), (Duration::from_millis(100), 100, 1, "dispatched_at"));
     }
 
     #[test]
@@ -118,10 +123,7 @@ mod tests {
         )
         .unwrap()
         .poll;
-        assert_eq!(p.interval, std::time::Duration::from_millis(10));
-        assert_eq!(p.batch_size, 500);
-        assert_eq!(p.workers, 3);
-        assert_eq!(p.dispatched.as_str(), "processed_at");
+        assert_eq!(knobs(&p), (Duration::from_millis(10), 500, 3, "processed_at"));
     }
 
     #[test]
@@ -139,18 +141,16 @@ mod tests {
             ("[poll]\nworkers = 0\n", "poll.workers"),
             ("[poll]\ninterval_ms = 0\n", "poll.interval_ms"),
         ] {
-            let err = load(extra, &[]).unwrap_err().to_string();
+            let err = refusal(extra, &[]);
             assert!(err.contains(key) && err.contains("between 1 and"), "{extra}: {err}");
         }
-        let err = load("[poll]\nbatchsize = 5\n", &[]).unwrap_err().to_string();
+        let err = refusal("[poll]\nbatchsize = 5\n", &[]);
         assert!(err.contains("batchsize"), "{err}");
     }
 
     #[test]
     fn dispatched_column_must_be_an_identifier() {
-        let err = load("[poll]\ndispatched_column = \"sent at; drop table x\"\n", &[])
-            .unwrap_err()
-            .to_string();
+        let err = refusal("[poll]\ndispatched_column = \"sent at; drop table x\"\n", &[]);
         assert!(err.contains("poll.dispatched_column"), "{err}");
         assert!(err.contains("double-quoted"), "{err}");
     }

@@ -338,7 +338,7 @@ mod tests {
 
     use super::*;
 
-    use crate::config::test_support::load;
+    use crate::config::test_support::{load, refusal};
 
     #[test]
     fn defaults_keep_takeover_within_five_seconds_and_terminate_nobody() {
@@ -363,16 +363,12 @@ mod tests {
             .unwrap()
             .relay;
         assert_eq!(r.delivery, Delivery::ExactlyOnce);
-        let err = load("[relay]\ndelivery = \"exactly_once\"\n", &[])
-            .unwrap_err()
-            .to_string();
+        let err = refusal("[relay]\ndelivery = \"exactly_once\"\n", &[]);
         assert!(
             err.contains("relay.delivery") && err.contains("\"exactly-once\""),
             "{err}"
         );
-        let err = load("[relay]\nread_back_max_records = 0\n", &[])
-            .unwrap_err()
-            .to_string();
+        let err = refusal("[relay]\nread_back_max_records = 0\n", &[]);
         assert!(err.contains("relay.read_back_max_records"), "{err}");
     }
 
@@ -397,25 +393,21 @@ mod tests {
             ("[relay]\nslot_check_interval_ms = 0\n", "relay.slot_check_interval_ms"),
             ("[relay]\nreceive_timeout_ms = 1500\n", "relay.receive_timeout_ms"),
         ] {
-            let err = load(extra, &[]).unwrap_err().to_string();
+            let err = refusal(extra, &[]);
             assert!(err.contains(key), "{extra:?}: {err}");
         }
     }
 
     #[test]
     fn reconnect_backoff_max_below_initial_is_refused_naming_both_keys() {
-        let err = load(
+        let err = refusal(
             "[relay]\nreconnect_backoff_initial_ms = 2000\nreconnect_backoff_max_ms = 1000\n",
             &[],
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(err.contains("relay.reconnect_backoff_max_ms"), "{err}");
         assert!(err.contains("relay.reconnect_backoff_initial_ms"), "{err}");
         assert!(err.contains("1000 ms") && err.contains("at least 2000"), "{err}");
-        let env = load("", &[("OUTBOX_RELAY__RELAY__RECONNECT_BACKOFF_MAX_MS", "499")])
-            .unwrap_err()
-            .to_string();
+        let env = refusal("", &[("OUTBOX_RELAY__RELAY__RECONNECT_BACKOFF_MAX_MS", "499")]);
         assert!(env.contains("relay.reconnect_backoff_max_ms"), "{env}");
         let equal = load(
             "[relay]\nreconnect_backoff_initial_ms = 1000\nreconnect_backoff_max_ms = 1000\n",

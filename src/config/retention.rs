@@ -298,7 +298,7 @@ mod tests {
     use std::time::Duration;
 
     use super::{parse_duration, RetentionMode};
-    use crate::config::test_support::load;
+    use crate::config::test_support::{load, refusal};
 
     #[test]
     fn retention_durations_parse_with_units() {
@@ -392,7 +392,7 @@ mod tests {
                 "unknown field",
             ),
         ] {
-            let err = load(&format!("[retention]\n{extra}"), &[]).unwrap_err().to_string();
+            let err = refusal(&format!("[retention]\n{extra}"), &[]);
             assert!(err.contains(key) && err.contains(says), "{extra}: {err}");
         }
     }

@@ -13,6 +13,11 @@ fn load(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     )
 }
 
+/// What [`load`] refuses `text` (with `env`) with: the error's text.
+fn refusal(text: &str, env: &[(&str, &str)]) -> String {
+    load(text, env).unwrap_err().to_string()
+}
+
 use super::test_support::MINIMAL;
 
 #[test]
@@ -32,13 +37,9 @@ fn minimal_config_gets_documented_defaults() {
 
 #[test]
 fn unknown_keys_are_errors() {
-    let err = load(&format!("{MINIMAL}\n[relay]\nmax_inflight = 5\n"), &[])
-        .unwrap_err()
-        .to_string();
+    let err = refusal(&format!("{MINIMAL}\n[relay]\nmax_inflight = 5\n"), &[]);
     assert!(err.contains("unknown field `max_inflight`"), "{err}");
-    let err = load(&format!("{MINIMAL}\n[extra]\na = 1\n"), &[])
-        .unwrap_err()
-        .to_string();
+    let err = refusal(&format!("{MINIMAL}\n[extra]\na = 1\n"), &[]);
     assert!(err.contains("unknown field `extra`"), "{err}");
 }
 
@@ -63,36 +64,34 @@ fn env_overrides_apply_and_kafka_keys_get_dots() {
 
 #[test]
 fn unknown_env_keys_are_errors_too() {
-    let err = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__MAX_INFLIGHT", "1")])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("max_inflight"), "{err}");
-    let err = load(MINIMAL, &[("OUTBOX_RELAY__NOSECTIONKEY", "1")])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("OUTBOX_RELAY__<SECTION>__<KEY>"), "{err}");
+    for (var, named) in [
+        ("OUTBOX_RELAY__RELAY__MAX_INFLIGHT", "max_inflight"),
+        ("OUTBOX_RELAY__NOSECTIONKEY", "OUTBOX_RELAY__<SECTION>__<KEY>"),
+    ] {
+        let err = refusal(MINIMAL, &[(var, "1")]);
+        assert!(err.contains(named), "{err}");
+    }
 }
 
 #[test]
 fn durability_properties_cannot_be_weakened() {
     let text = format!("{MINIMAL}\"acks\" = \"1\"\n");
-    assert!(load(&text, &[]).unwrap_err().to_string().contains("acks"));
+    assert!(refusal(&text, &[]).contains("acks"));
     let text = format!("{MINIMAL}\"enable.idempotence\" = false\n");
-    assert!(load(&text, &[]).unwrap_err().to_string().contains("enable.idempotence"));
+    assert!(refusal(&text, &[]).contains("enable.idempotence"));
     let text = format!("{MINIMAL}\"acks\" = -1\n");
     assert!(load(&text, &[]).is_ok());
 }
 
 #[test]
 fn names_are_validated() {
-    let bad_slot = load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__SLOT", "Bad-Slot")])
-        .unwrap_err()
-        .to_string();
-    assert!(bad_slot.contains("postgres.slot"), "{bad_slot}");
-    let bad_table = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "x; drop table y")])
-        .unwrap_err()
-        .to_string();
-    assert!(bad_table.contains("outbox.table"), "{bad_table}");
+    for (var, value, key) in [
+        ("OUTBOX_RELAY__POSTGRES__SLOT", "Bad-Slot", "postgres.slot"),
+        ("OUTBOX_RELAY__OUTBOX__TABLE", "x; drop table y", "outbox.table"),
+    ] {
+        let err = refusal(MINIMAL, &[(var, value)]);
+        assert!(err.contains(key), "{err}");
+    }
     let quoted = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "\"Sales\".\"OutBox\"")]).unwrap();
     assert_eq!(quoted.outbox.tables[0].name.as_str(), "OutBox");
 }
@@ -136,21 +135,17 @@ fn outbox_table_takes_a_string_or_a_list() {
 
 #[test]
 fn outbox_table_lists_are_checked() {
-    let empty = load(&format!("{MINIMAL}[outbox]\ntable = []\n"), &[])
-        .unwrap_err()
-        .to_string();
+    let empty = refusal(&format!("{MINIMAL}[outbox]\ntable = []\n"), &[]);
     assert!(
         empty.contains("outbox.table") && empty.contains("empty list"),
         "{empty}"
     );
 
     // `outbox` and `public.OUTBOX` fold to the same table.
-    let twice = load(
+    let twice = refusal(
         &format!("{MINIMAL}[outbox]\ntable = [\"public.outbox\", \"sales.outbox\", \"OUTBOX\"]\n"),
         &[],
-    )
-    .unwrap_err()
-    .to_string();
+    );
     assert!(
         twice.contains("outbox.table")
             && twice.contains(r#"lists "public"."outbox" twice"#)
@@ -158,22 +153,16 @@ fn outbox_table_lists_are_checked() {
         "{twice}"
     );
 
-    let bad = load(
+    let bad = refusal(
         &format!("{MINIMAL}[outbox]\ntable = [\"sales.outbox\", \"x; drop table y\"]\n"),
         &[],
-    )
-    .unwrap_err()
-    .to_string();
+    );
     assert!(bad.contains("outbox.table"), "{bad}");
 
-    let number = load(&format!("{MINIMAL}[outbox]\ntable = 5\n"), &[])
-        .unwrap_err()
-        .to_string();
+    let number = refusal(&format!("{MINIMAL}[outbox]\ntable = 5\n"), &[]);
     assert!(number.contains("a table name") && number.contains("list"), "{number}");
 
-    let bad_env = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "[\"a.outbox\",")])
-        .unwrap_err()
-        .to_string();
+    let bad_env = refusal(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__TABLE", "[\"a.outbox\",")]);
     assert!(
         bad_env.contains("OUTBOX_RELAY__OUTBOX__TABLE") && bad_env.contains("TOML array"),
         "{bad_env}"
@@ -182,9 +171,7 @@ fn outbox_table_lists_are_checked() {
 
 #[test]
 fn missing_bootstrap_servers_is_explained() {
-    let err = load("[postgres]\nurl = \"postgres://u@h/db\"\n", &[])
-        .unwrap_err()
-        .to_string();
+    let err = refusal("[postgres]\nurl = \"postgres://u@h/db\"\n", &[]);
     assert!(err.contains("bootstrap.servers"), "{err}");
 }
 
@@ -220,26 +207,20 @@ fn bad_event_policy_defaults_to_fail_and_dead_letter_needs_a_valid_topic() {
             topic: "outbox.dlq".into()
         }
     );
-    let missing = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "dead-letter")])
-        .unwrap_err()
-        .to_string();
+    let missing = refusal(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "dead-letter")]);
     assert!(
         missing.contains("relay.on_bad_event") && missing.contains("dead_letter_topic"),
         "{missing}"
     );
-    let bad_topic = load(
+    let bad_topic = refusal(
         MINIMAL,
         &[
             ("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "dead-letter"),
             ("OUTBOX_RELAY__RELAY__DEAD_LETTER_TOPIC", "dead letters"),
         ],
-    )
-    .unwrap_err()
-    .to_string();
+    );
     assert!(bad_topic.contains("contains ' '"), "{bad_topic}");
-    let typo = load(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "deadletter")])
-        .unwrap_err()
-        .to_string();
+    let typo = refusal(MINIMAL, &[("OUTBOX_RELAY__RELAY__ON_BAD_EVENT", "deadletter")]);
     assert!(typo.contains("\"deadletter\" is not a policy"), "{typo}");
 }
 
@@ -248,9 +229,7 @@ fn message_prefix_is_optional_but_never_empty() {
     assert_eq!(load(MINIMAL, &[]).unwrap().outbox.message_prefix, None);
     let set = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__MESSAGE_PREFIX", "outbox")]).unwrap();
     assert_eq!(set.outbox.message_prefix.as_deref(), Some("outbox"));
-    let empty = load(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__MESSAGE_PREFIX", "")])
-        .unwrap_err()
-        .to_string();
+    let empty = refusal(MINIMAL, &[("OUTBOX_RELAY__OUTBOX__MESSAGE_PREFIX", "")]);
     assert!(empty.contains("outbox.message_prefix"), "{empty}");
 }
 
@@ -366,16 +345,12 @@ fn route_templates_read_their_columns_and_exclude_the_regex_rule() {
     let keys: Vec<&str> = s.outbox.columns().iter().map(|(k, _)| *k).collect();
     assert!(keys.ends_with(&["route.topic", "route.topic", "route.key"]), "{keys:?}");
 
-    let err = super::test_support::load(
+    let err = super::test_support::refusal(
         "[route]\ntopic = \"${tenant}\"\ntopic_regex = \"(?<routedByValue>[^.]+)\\\\..*\"\n",
         &[],
-    )
-    .unwrap_err()
-    .to_string();
+    );
     assert!(err.contains("route.topic") && err.contains("topic_regex"), "{err}");
-    let err = super::test_support::load("[route]\nkey = \"${tenant}\"\n[debezium]\n", &[])
-        .unwrap_err()
-        .to_string();
+    let err = super::test_support::refusal("[route]\nkey = \"${tenant}\"\n[debezium]\n", &[]);
     assert!(err.contains("route.key") && err.contains("[debezium]"), "{err}");
     // Without templates the Debezium rule is what it was.
     let s = super::test_support::settings("[route]\ntopic_replacement = \"outbox.event.${routedByValue}\"\n");
@@ -389,9 +364,7 @@ fn the_exactly_once_keys_that_moved_to_kafka_are_refused_naming_their_new_place(
         ("exactly_once", "\"kafka-transactions\""),
         ("checkpoint_topic", "\"cp\""),
     ] {
-        let err = load(&format!("{MINIMAL}[relay]\n{key} = {value}\n"), &[])
-            .unwrap_err()
-            .to_string();
+        let err = refusal(&format!("{MINIMAL}[relay]\n{key} = {value}\n"), &[]);
         assert!(
             err.contains(&format!("relay.{key}"))
                 && err.contains("moved to the Kafka section")

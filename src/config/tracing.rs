@@ -200,8 +200,21 @@ fn float_or_numeric_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64
 mod tests {
     use std::time::Duration;
 
-    use super::OtlpProtocol;
-    use crate::config::test_support::load;
+    use super::{OtlpProtocol, TracingSettings};
+    use crate::config::test_support::{load, refusal};
+
+    /// The batch knobs the tests below set: sampling ratio, service name, queue and batch sizes,
+    /// scheduled delay, export timeout.
+    fn knobs(t: &TracingSettings) -> (f64, &str, usize, usize, Duration, Duration) {
+        (
+            t.sampling_ratio,
+            &t.service_name,
+            t.max_queue_size,
+            t.max_export_batch_size,
+            t.scheduled_delay,
+            t.export_timeout,
+        )
+    }
 
     #[test]
     fn absent_section_or_endpoint_exports_nothing() {
@@ -218,11 +231,17 @@ mod tests {
         assert_eq!(t.endpoint, "http://127.0.0.1:4318");
         assert_eq!(t.export_url(), "http://127.0.0.1:4318/v1/traces");
         assert_eq!(t.protocol, OtlpProtocol::HttpProtobuf);
-        assert_eq!(t.sampling_ratio, 1.0);
-        assert_eq!(t.service_name, "outbox-relay");
-        assert_eq!((t.max_queue_size, t.max_export_batch_size), (2048, 512));
-        assert_eq!(t.scheduled_delay, Duration::from_secs(1));
-        assert_eq!(t.export_timeout, Duration::from_secs(10));
+        assert_eq!(
+            knobs(&t),
+            (
+                1.0,
+                "outbox-relay",
+                2048,
+                512,
+                Duration::from_secs(1),
+                Duration::from_secs(10)
+            )
+        );
     }
 
     #[test]
@@ -244,20 +263,22 @@ mod tests {
         .unwrap();
         assert_eq!(t.protocol, OtlpProtocol::Grpc);
         assert_eq!(t.export_url(), "https://collector:4317");
-        assert_eq!(t.sampling_ratio, 0.25);
-        assert_eq!(t.service_name, "orders-relay");
-        assert_eq!((t.max_queue_size, t.max_export_batch_size), (100, 10));
-        assert_eq!(t.scheduled_delay, Duration::from_millis(50));
-        assert_eq!(t.export_timeout, Duration::from_millis(700));
+        assert_eq!(
+            knobs(&t),
+            (
+                0.25,
+                "orders-relay",
+                100,
+                10,
+                Duration::from_millis(50),
+                Duration::from_millis(700)
+            )
+        );
     }
 
     #[test]
     fn each_mistake_names_its_key_and_the_fix() {
-        let err = |extra: &str| {
-            load(&format!("[tracing]\notlp_endpoint = \"http://c:4318\"\n{extra}"), &[])
-                .unwrap_err()
-                .to_string()
-        };
+        let err = |extra: &str| refusal(&format!("[tracing]\notlp_endpoint = \"http://c:4318\"\n{extra}"), &[]);
         let e = err("sampling_ratio = 1.5\n");
         assert!(e.contains("tracing.sampling_ratio") && e.contains("0.0..=1.0"), "{e}");
         let e = err("sampling_ratio = -0.1\n");
@@ -278,16 +299,12 @@ mod tests {
         assert!(e.contains("tracing.service_name"), "{e}");
         let e = err("endpoint = \"x\"\n");
         assert!(e.contains("unknown field `endpoint`"), "{e}");
-        let e = load("[tracing]\notlp_endpoint = \"127.0.0.1:4318\"\n", &[])
-            .unwrap_err()
-            .to_string();
+        let e = refusal("[tracing]\notlp_endpoint = \"127.0.0.1:4318\"\n", &[]);
         assert!(
             e.contains("tracing.otlp_endpoint") && e.contains("http://127.0.0.1:4318"),
             "{e}"
         );
-        let e = load("[tracing]\notlp_endpoint = \"grpc://c:4317\"\n", &[])
-            .unwrap_err()
-            .to_string();
+        let e = refusal("[tracing]\notlp_endpoint = \"grpc://c:4317\"\n", &[]);
         assert!(e.contains("is not an http:// or https:// URL"), "{e}");
     }
 }

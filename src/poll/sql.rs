@@ -119,16 +119,22 @@ mod tests {
 
     use crate::config::test_support::settings;
 
+    /// The statements for the first outbox table of `s`, its id of type `id_type`, rows ordered
+    /// by `created_at`, in the default row format.
+    fn statements(s: &Settings, id_type: &str) -> PollSql {
+        PollSql::new(
+            s,
+            &s.outbox.tables[0],
+            id_type,
+            &Ident::parse("t", "created_at").unwrap(),
+            RowFormat::default(),
+        )
+    }
+
     #[test]
     fn claim_selects_mapped_columns_as_output_text_in_index_order() {
         let s = settings("[outbox]\ntimestamp_column = \"created_at\"\nheader_columns = { tenant = \"x-tenant\" }\n");
-        let sql = PollSql::new(
-            &s,
-            &s.outbox.tables[0],
-            "bigint",
-            &Ident::parse("t", "created_at").unwrap(),
-            RowFormat::default(),
-        );
+        let sql = statements(&s, "bigint");
         assert_eq!(
             sql.claim,
             "SELECT CASE WHEN \"id\" IS NULL THEN NULL ELSE format('%s', \"id\") END, \
@@ -151,13 +157,7 @@ mod tests {
         let s = settings(
             "[outbox]\ntable = 'public.\"Out\"\"box\"'\nid_column = \"event_id\"\n[poll]\ndispatched_column = \"processed_at\"\n",
         );
-        let sql = PollSql::new(
-            &s,
-            &s.outbox.tables[0],
-            "uuid",
-            &Ident::parse("t", "created_at").unwrap(),
-            RowFormat::default(),
-        );
+        let sql = statements(&s, "uuid");
         assert!(
             sql.claim
                 .contains("FROM \"public\".\"Out\"\"box\" WHERE \"processed_at\" IS NULL"),

@@ -136,6 +136,13 @@ mod tests {
     use super::*;
     use crate::config::test_support::settings;
 
+    fn pending(rows: i64, oldest_age_seconds: f64) -> Pending {
+        Pending {
+            rows,
+            oldest_age_seconds,
+        }
+    }
+
     #[test]
     fn the_statement_reads_the_pending_rows_through_the_claims_predicate() {
         let s = settings("[poll]\ndispatched_column = \"processed_at\"\n");
@@ -151,36 +158,10 @@ mod tests {
     fn stuck_is_said_once_and_its_end_once() {
         let s = settings("[poll]\nstuck_after_ms = 60000\n");
         let mut said = Said::default();
-        report(
-            &s,
-            &s.outbox.tables[0],
-            &Pending {
-                rows: 3,
-                oldest_age_seconds: 10.0,
-            },
-            &mut said,
-        );
-        assert!(!said.stuck);
-        report(
-            &s,
-            &s.outbox.tables[0],
-            &Pending {
-                rows: 3,
-                oldest_age_seconds: 61.0,
-            },
-            &mut said,
-        );
-        assert!(said.stuck);
-        report(
-            &s,
-            &s.outbox.tables[0],
-            &Pending {
-                rows: 0,
-                oldest_age_seconds: 0.0,
-            },
-            &mut said,
-        );
-        assert!(!said.stuck);
+        for (rows, oldest_age_seconds, stuck) in [(3, 10.0, false), (3, 61.0, true), (0, 0.0, false)] {
+            report(&s, &s.outbox.tables[0], &pending(rows, oldest_age_seconds), &mut said);
+            assert_eq!(said.stuck, stuck, "{rows} rows, the oldest {oldest_age_seconds} s old");
+        }
     }
 
     #[test]
@@ -190,10 +171,6 @@ mod tests {
         let handle = recorder.handle();
         ::metrics::with_local_recorder(&recorder, || {
             let (mut sales, mut billing) = (Said::default(), Said::default());
-            let pending = |rows, oldest_age_seconds| Pending {
-                rows,
-                oldest_age_seconds,
-            };
             report(&s, &s.outbox.tables[0], &pending(3, 12.5), &mut sales);
             report(&s, &s.outbox.tables[1], &pending(0, 0.0), &mut billing);
         });

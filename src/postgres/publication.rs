@@ -144,19 +144,7 @@ pub(crate) async fn unpublished(
     name: &str,
     tables: &[TableName],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    let (schemas, names) = columns(tables);
-    let rows = client
-        .query(
-            "SELECT format('%I.%I', o.schema_name, o.table_name) \
-             FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS o(schema_name, table_name, n) \
-             WHERE to_regclass(format('%I.%I', o.schema_name, o.table_name)) IS NOT NULL \
-               AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p \
-                   WHERE p.pubname = $1 AND p.schemaname = o.schema_name AND p.tablename = o.table_name) \
-             ORDER BY o.n",
-            &[&name, &schemas, &names],
-        )
-        .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    table_names(client, UNPUBLISHED, name, tables).await
 }
 
 /// `schema.table` of every table `pg_publication_tables` lists for the publication, but `tables`.
@@ -165,17 +153,34 @@ pub(crate) async fn other_tables(
     name: &str,
     tables: &[TableName],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
+    table_names(client, OTHER_TABLES, name, tables).await
+}
+
+/// [`unpublished`]'s query.
+const UNPUBLISHED: &str = "SELECT format('%I.%I', o.schema_name, o.table_name) \
+     FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS o(schema_name, table_name, n) \
+     WHERE to_regclass(format('%I.%I', o.schema_name, o.table_name)) IS NOT NULL \
+       AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p \
+           WHERE p.pubname = $1 AND p.schemaname = o.schema_name AND p.tablename = o.table_name) \
+     ORDER BY o.n";
+
+/// [`other_tables`]'s query.
+const OTHER_TABLES: &str = "SELECT format('%I.%I', p.schemaname, p.tablename) FROM pg_publication_tables p \
+     WHERE p.pubname = $1 AND NOT EXISTS ( \
+         SELECT 1 FROM unnest($2::text[], $3::text[]) AS o(schema_name, table_name) \
+         WHERE o.schema_name = p.schemaname AND o.table_name = p.tablename) \
+     ORDER BY 1";
+
+/// The first column of `sql`'s rows, run with the publication's name as `$1` and `tables` as
+/// `$2` (schemas) and `$3` (names).
+async fn table_names(
+    client: &Client,
+    sql: &str,
+    name: &str,
+    tables: &[TableName],
+) -> Result<Vec<String>, tokio_postgres::Error> {
     let (schemas, names) = columns(tables);
-    let rows = client
-        .query(
-            "SELECT format('%I.%I', p.schemaname, p.tablename) FROM pg_publication_tables p \
-             WHERE p.pubname = $1 AND NOT EXISTS ( \
-                 SELECT 1 FROM unnest($2::text[], $3::text[]) AS o(schema_name, table_name) \
-                 WHERE o.schema_name = p.schemaname AND o.table_name = p.tablename) \
-             ORDER BY 1",
-            &[&name, &schemas, &names],
-        )
-        .await?;
+    let rows = client.query(sql, &[&name, &schemas, &names]).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 

@@ -119,14 +119,7 @@ pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSectio
             let vhost = get("rabbitmq.connection.virtual.host").unwrap_or_else(|| "/".into());
             let password = get("rabbitmq.connection.password");
             let vhost = vhost.replace('/', "%2f");
-            let mut lines = Vec::new();
-            if password.is_some() {
-                lines.push(Line::Comment(
-                    "The password is not written here: put the whole URL, password included, in\n\
-                     OUTBOX_RELAY__RABBITMQ__URL."
-                        .into(),
-                ));
-            }
+            let mut lines = password_note(password.is_some(), "OUTBOX_RELAY__RABBITMQ__URL");
             lines.push(Line::Set(
                 "url".into(),
                 s(&format!("amqp://{user}@{host}:{port}/{vhost}")),
@@ -140,14 +133,7 @@ pub(crate) fn map_sink(server: &ServerConfig, source: &str) -> Result<SinkSectio
             let user = get("redis.user");
             let password = get("redis.password");
             let ssl = get("redis.ssl.enabled").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-            let mut lines = Vec::new();
-            if password.is_some() {
-                lines.push(Line::Comment(
-                    "The password is not written here: put the whole URL, password included, in\n\
-                     OUTBOX_RELAY__REDIS__URL."
-                        .into(),
-                ));
-            }
+            let mut lines = password_note(password.is_some(), "OUTBOX_RELAY__REDIS__URL");
             let scheme = if ssl { "rediss" } else { "redis" };
             let auth = user.map(|u| format!("{u}@")).unwrap_or_default();
             lines.push(Line::Set("url".into(), s(&format!("{scheme}://{auth}{address}"))));
@@ -292,6 +278,13 @@ fn aws_lines(get: &mut impl FnMut(&str) -> Option<String>, sink: &str) -> Vec<Li
         )));
     }
     lines
+}
+
+/// The first lines of a sink whose URL is written without the password Debezium Server's file
+/// has (`has_password`): where to put it instead (`var`, the sink's URL variable).
+fn password_note(has_password: bool, var: &str) -> Vec<Line> {
+    let note = format!("The password is not written here: put the whole URL, password included, in\n{var}.");
+    has_password.then(|| Line::Comment(note)).into_iter().collect()
 }
 
 /// Why a Debezium Server sink option has no counterpart.

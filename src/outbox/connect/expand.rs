@@ -152,6 +152,23 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// After a member or an item: whitespace, then `,` (more follow: `false`) or `close` (the
+    /// object or array ends: `true`), consumed; anything else is malformed.
+    fn closes(&mut self, close: u8) -> Parsed<bool> {
+        self.ws();
+        match self.peek() {
+            Some(b',') => {
+                self.pos += 1;
+                Ok(false)
+            }
+            Some(b) if b == close => {
+                self.pos += 1;
+                Ok(true)
+            }
+            _ => Err(()),
+        }
+    }
+
     fn value(&mut self, depth: usize) -> Parsed<Node<'a>> {
         if depth > MAX_DEPTH {
             return Err(());
@@ -176,14 +193,8 @@ impl<'a> Parser<'a> {
                         Some(slot) => slot.1 = v,
                         None => members.push((key, v)),
                     }
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.pos += 1,
-                        Some(b'}') => {
-                            self.pos += 1;
-                            return Ok(Node::Object(members));
-                        }
-                        _ => return Err(()),
+                    if self.closes(b'}')? {
+                        return Ok(Node::Object(members));
                     }
                 }
             }
@@ -197,14 +208,8 @@ impl<'a> Parser<'a> {
                 }
                 loop {
                     items.push(self.value(depth + 1)?);
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.pos += 1,
-                        Some(b']') => {
-                            self.pos += 1;
-                            return Ok(Node::Array(items));
-                        }
-                        _ => return Err(()),
+                    if self.closes(b']')? {
+                        return Ok(Node::Array(items));
                     }
                 }
             }

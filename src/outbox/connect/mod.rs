@@ -485,37 +485,36 @@ mod tests {
 
     #[test]
     fn converters_that_cannot_write_a_column_are_refused_naming_it() {
-        let string_bytes = layout(
-            "\"value.converter\" = \"org.apache.kafka.connect.storage.StringConverter\"",
-            BYTEA,
-        )
-        .unwrap_err();
-        assert!(
-            string_bytes.to_string().contains("BinaryDataConverter"),
-            "{string_bytes}"
-        );
-        let binary_text = layout(
-            "\"value.converter\" = \"io.debezium.converters.BinaryDataConverter\"",
-            JSONB,
-        )
-        .unwrap_err();
-        assert!(
-            binary_text.to_string().contains("fails on a non-bytea column"),
-            "{binary_text}"
-        );
-        let partition_text = layout(
-            "\"table.fields.additional.placement\" = \"aggregatetype:partition\"",
-            JSONB,
-        )
-        .unwrap_err();
-        assert!(
-            partition_text.to_string().contains("integer (int4)"),
-            "{partition_text}"
-        );
-        let timestamp = layout("\"table.fields.additional.placement\" = \"created_at:header\"", JSONB).unwrap_err();
-        assert!(timestamp.to_string().contains("OID 1184"), "{timestamp}");
-        let missing = layout("\"table.fields.additional.placement\" = \"nope:header\"", JSONB).unwrap_err();
-        assert!(missing.to_string().contains("not in the table"), "{missing}");
+        for (section, payload_type, named) in [
+            (
+                "\"value.converter\" = \"org.apache.kafka.connect.storage.StringConverter\"",
+                BYTEA,
+                "BinaryDataConverter",
+            ),
+            (
+                "\"value.converter\" = \"io.debezium.converters.BinaryDataConverter\"",
+                JSONB,
+                "fails on a non-bytea column",
+            ),
+            (
+                "\"table.fields.additional.placement\" = \"aggregatetype:partition\"",
+                JSONB,
+                "integer (int4)",
+            ),
+            (
+                "\"table.fields.additional.placement\" = \"created_at:header\"",
+                JSONB,
+                "OID 1184",
+            ),
+            (
+                "\"table.fields.additional.placement\" = \"nope:header\"",
+                JSONB,
+                "not in the table",
+            ),
+        ] {
+            let err = layout(section, payload_type).unwrap_err();
+            assert!(err.to_string().contains(named), "{section}: {err}");
+        }
         let other = layout_of(
             "billing.outbox",
             "\"table.fields.additional.placement\" = \"nope:header\"",

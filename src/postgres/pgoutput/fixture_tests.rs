@@ -128,18 +128,8 @@ fn full_identity_relation_marks_every_column_as_key() {
     assert_eq!(
         rel.columns,
         vec![
-            RelationColumn {
-                flags: 1,
-                name: "id".into(),
-                type_oid: INT4_OID,
-                type_modifier: -1
-            },
-            RelationColumn {
-                flags: 1,
-                name: "note".into(),
-                type_oid: TEXT_OID,
-                type_modifier: -1
-            },
+            RelationColumn::new(1, "id", INT4_OID, -1),
+            RelationColumn::new(1, "note", TEXT_OID, -1),
         ]
     );
 }

@@ -197,15 +197,20 @@ impl Relation {
             namespace: namespace.into(),
             name: name.into(),
             replica_identity: b'd',
-            columns: columns
-                .iter()
-                .map(|n| RelationColumn {
-                    flags: 0,
-                    name: (*n).into(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
+            columns: columns.iter().map(|n| RelationColumn::new(0, n, 25, -1)).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl RelationColumn {
+    /// A column as tests write one: flags, name, type OID, type modifier.
+    pub(crate) fn new(flags: u8, name: &str, type_oid: u32, type_modifier: i32) -> RelationColumn {
+        RelationColumn {
+            flags,
+            name: name.into(),
+            type_oid,
+            type_modifier,
         }
     }
 }

@@ -18,25 +18,20 @@ impl Msg {
         self.0.push(v);
         self
     }
-    fn i16(mut self, v: i16) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
+    fn i16(self, v: i16) -> Self {
+        self.raw(&v.to_be_bytes())
     }
-    fn i32(mut self, v: i32) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
+    fn i32(self, v: i32) -> Self {
+        self.raw(&v.to_be_bytes())
     }
-    fn u32(mut self, v: u32) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
+    fn u32(self, v: u32) -> Self {
+        self.raw(&v.to_be_bytes())
     }
-    fn i64(mut self, v: i64) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
+    fn i64(self, v: i64) -> Self {
+        self.raw(&v.to_be_bytes())
     }
-    fn u64(mut self, v: u64) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
+    fn u64(self, v: u64) -> Self {
+        self.raw(&v.to_be_bytes())
     }
     fn raw(mut self, v: &[u8]) -> Self {
         self.0.extend_from_slice(v);
@@ -140,18 +135,8 @@ fn decodes_relation() {
     assert_eq!(
         rel.columns,
         vec![
-            RelationColumn {
-                flags: 1,
-                name: "id".into(),
-                type_oid: 20,
-                type_modifier: -1
-            },
-            RelationColumn {
-                flags: 0,
-                name: "topic".into(),
-                type_oid: 1043,
-                type_modifier: 68
-            },
+            RelationColumn::new(1, "id", 20, -1),
+            RelationColumn::new(0, "topic", 1043, 68),
         ]
     );
     assert!(rel.columns[0].is_key() && !rel.columns[1].is_key());

@@ -97,6 +97,35 @@ impl SessionRole {
     }
 }
 
+/// The one row a replication command (`IDENTIFY_SYSTEM`, `CREATE_REPLICATION_SLOT`) answers
+/// with, its fields read by position.
+struct Answer<'r> {
+    command: &'static str,
+    row: &'r [Option<String>],
+}
+
+impl<'r> Answer<'r> {
+    /// The first of `rows`; none is a protocol error naming `command`.
+    fn first(command: &'static str, rows: &'r [Vec<Option<String>>]) -> Result<Self, ReplicationError> {
+        let row = rows
+            .first()
+            .ok_or_else(|| ReplicationError::Protocol(format!("{command} returned no row")))?;
+        Ok(Answer { command, row })
+    }
+
+    /// Field `i`; `None` when it is NULL or missing.
+    fn field(&self, i: usize) -> Option<String> {
+        self.row.get(i).cloned().flatten()
+    }
+
+    /// Field `i` as an LSN; a NULL, missing or malformed one is a protocol error naming `what`.
+    fn lsn(&self, i: usize, what: &str) -> Result<Lsn, ReplicationError> {
+        self.field(i)
+            .and_then(|s| s.parse::<Lsn>().ok())
+            .ok_or_else(|| ReplicationError::Protocol(format!("{} returned no {what}", self.command)))
+    }
+}
+
 fn host_name(host: &Host, port: u16) -> String {
     match host {
         Host::Tcp(name) if name.contains(':') => format!("[{name}]:{port}"),
@@ -405,16 +434,11 @@ impl ReplicationConnection {
 
     pub(crate) async fn identify_system(&mut self) -> Result<SystemIdentity, ReplicationError> {
         let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| ReplicationError::Protocol("IDENTIFY_SYSTEM returned no row".into()))?;
-        let field = |i: usize| row.get(i).cloned().flatten();
-        let xlogpos = field(2)
-            .and_then(|s| s.parse::<Lsn>().ok())
-            .ok_or_else(|| ReplicationError::Protocol("IDENTIFY_SYSTEM returned no xlogpos".into()))?;
+        let row = Answer::first("IDENTIFY_SYSTEM", &rows)?;
+        let xlogpos = row.lsn(2, "xlogpos")?;
         Ok(SystemIdentity {
-            system_id: field(0).unwrap_or_default(),
-            timeline: field(1).and_then(|s| s.parse().ok()).unwrap_or(0),
+            system_id: row.field(0).unwrap_or_default(),
+            timeline: row.field(1).and_then(|s| s.parse().ok()).unwrap_or(0),
             xlogpos,
         })
     }
@@ -446,14 +470,10 @@ impl ReplicationConnection {
         };
         let rows = self.simple_query(&sql).await?;
         // Columns: slot_name, consistent_point, snapshot_name, output_plugin.
-        let row = rows
-            .first()
-            .ok_or_else(|| ReplicationError::Protocol("CREATE_REPLICATION_SLOT returned no row".into()))?;
-        let field = |i: usize| row.get(i).cloned().flatten();
-        let consistent_point = field(1)
-            .and_then(|s| s.parse::<Lsn>().ok())
-            .ok_or_else(|| ReplicationError::Protocol("CREATE_REPLICATION_SLOT returned no consistent_point".into()))?;
-        let snapshot = field(2)
+        let row = Answer::first("CREATE_REPLICATION_SLOT", &rows)?;
+        let consistent_point = row.lsn(1, "consistent_point")?;
+        let snapshot = row
+            .field(2)
             .ok_or_else(|| ReplicationError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
         Ok((consistent_point, snapshot))
     }
