@@ -46,7 +46,7 @@ impl SinkContext {
     }
 }
 
-/// A sink's config half as a value (its plugin's `spec`, registered in `src/sink/registry.rs`):
+/// A sink's config half as a value (its plugin's `SPEC`, registered in `src/sink/registry.rs`):
 /// what [`SinkSectionSpec`] asks, for a section whose validation needs nothing but the section.
 /// Each such sink declares one, `SECTION`, in its `config.rs`; `R` is the section's serde type,
 /// `S` its validated settings.
@@ -136,7 +136,7 @@ pub(crate) trait SinkPlugin: Sync + 'static {
 
     /// Its config half, handed to the config loader by the registry: the `[sink] kind` word
     /// ([`SinkSectionSpec::kind`]) and the name for people ([`SinkSectionSpec::name`]).
-    fn spec(&self) -> &'static dyn SinkSectionSpec;
+    const SPEC: &'static dyn SinkSectionSpec;
 
     /// OpenTelemetry's `messaging.system` value for the broker ("kafka", "nats", "rabbitmq",
     /// "redis"; a system the conventions do not name uses its `[sink] kind`).
@@ -207,7 +207,7 @@ pub(crate) trait SinkPlugin: Sync + 'static {
         cx: &SinkContext,
     ) -> impl Future<Output = Result<Transactional<Tag>, SinkError>> + Send {
         let _ = (config, cx);
-        let sink = self.spec().name();
+        let sink = Self::SPEC.name();
         async move {
             Err(SinkError {
                 sink,
