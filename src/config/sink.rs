@@ -231,16 +231,6 @@ impl SinkTable {
     }
 }
 
-/// The chosen sink's section, or the error `missing` words (what a minimal section looks like)
-/// when the file has none: for a sink whose section is required.
-pub(crate) fn present(
-    kind: &'static str,
-    section: Option<toml::Value>,
-    missing: &'static str,
-) -> Result<toml::Value, ConfigError> {
-    section.ok_or_else(|| ConfigError::invalid(kind, missing))
-}
-
 /// The section `raw` as the spec's own serde type, with the parse error worded as today's
 /// (`unknown field`, …) and keyed by the section.
 pub(crate) fn parse_section<T: serde::de::DeserializeOwned>(

@@ -226,8 +226,8 @@ impl Consuming {
 pub(crate) fn sinks() -> Vec<(&'static str, &'static SinkDemo)> {
     struct Demos(Vec<(&'static str, &'static SinkDemo)>);
     impl Each for Demos {
-        fn each<P: SinkPlugin>(&mut self, plugin: &'static P) {
-            self.0.push((plugin.spec().kind(), P::DEMO));
+        fn each<P: SinkPlugin>(&mut self, _: &'static P) {
+            self.0.push((P::SPEC.kind(), P::DEMO));
         }
     }
     let mut demos = Demos(Vec::new());

@@ -9,11 +9,12 @@
 //! can do for exactly-once delivery ([`SinkPlugin::exactly_once`]) and the relay chooses.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::cloudevents::CloudEventsMode;
-use crate::config::sink::{SinkSection, SinkSectionSpec};
-use crate::config::Settings;
+use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::{ConfigError, Settings};
 use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions, Transactional};
 
 /// What a sink may know of the rest of the configuration.
@@ -41,6 +42,62 @@ impl SinkContext {
             max_in_flight_bytes: settings.relay.max_in_flight_bytes,
             cloudevents: settings.cloudevents.as_ref().map(|ce| ce.mode),
             connect_timeout: settings.relay.connect_timeout,
+        }
+    }
+}
+
+/// A sink's config half as a value (its plugin's `SPEC`, registered in `src/sink/registry.rs`):
+/// what [`SinkSectionSpec`] asks, for a section whose validation needs nothing but the section.
+/// Each such sink declares one, `SECTION`, in its `config.rs`; `R` is the section's serde type,
+/// `S` its validated settings.
+pub(crate) struct SectionSpec<R, S> {
+    /// The `[sink] kind` word, which is also the section's name ([`SinkSectionSpec::kind`]).
+    pub(crate) kind: &'static str,
+    /// The broker's name for people ([`SinkSectionSpec::name`]).
+    pub(crate) name: &'static str,
+    /// What a file without the section means.
+    pub(crate) absent: Absent<R>,
+    /// The parsed section, validated.
+    pub(crate) validate: fn(R) -> Result<S, ConfigError>,
+    /// `Some(why)`: the broker's CloudEvents binding (or its lack of one) leaves the structured
+    /// content mode only, and `why` refuses `[cloudevents] mode = "binary"`; `None`: both modes.
+    pub(crate) binary_refused: Option<&'static str>,
+}
+
+/// What a file without a sink's section means ([`SectionSpec::absent`]).
+pub(crate) enum Absent<R> {
+    /// The section is required: the error, which says what a minimal section looks like.
+    Refused(&'static str),
+    /// The section as if written empty.
+    Empty(fn() -> R),
+}
+
+impl<R: serde::de::DeserializeOwned, S: SinkSection> SinkSectionSpec for SectionSpec<R, S> {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn validate(
+        &self,
+        section: Option<toml::Value>,
+        _: &SectionContext<'_>,
+    ) -> Result<Arc<dyn SinkSection>, ConfigError> {
+        let raw = match (section, &self.absent) {
+            (Some(section), _) => parse_section(self.kind, section)?,
+            (None, Absent::Refused(missing)) => return Err(ConfigError::invalid(self.kind, *missing)),
+            (None, Absent::Empty(empty)) => empty(),
+        };
+        Ok(Arc::new((self.validate)(raw)?))
+    }
+
+    fn cloudevents_mode(&self, mode: CloudEventsMode) -> Result<(), String> {
+        match (mode, self.binary_refused) {
+            (CloudEventsMode::Binary, Some(why)) => Err(why.into()),
+            _ => Ok(()),
         }
     }
 }
@@ -79,7 +136,7 @@ pub(crate) trait SinkPlugin: Sync + 'static {
 
     /// Its config half, handed to the config loader by the registry: the `[sink] kind` word
     /// ([`SinkSectionSpec::kind`]) and the name for people ([`SinkSectionSpec::name`]).
-    fn spec(&self) -> &'static dyn SinkSectionSpec;
+    const SPEC: &'static dyn SinkSectionSpec;
 
     /// OpenTelemetry's `messaging.system` value for the broker ("kafka", "nats", "rabbitmq",
     /// "redis"; a system the conventions do not name uses its `[sink] kind`).
@@ -150,7 +207,7 @@ pub(crate) trait SinkPlugin: Sync + 'static {
         cx: &SinkContext,
     ) -> impl Future<Output = Result<Transactional<Tag>, SinkError>> + Send {
         let _ = (config, cx);
-        let sink = self.spec().name();
+        let sink = Self::SPEC.name();
         async move {
             Err(SinkError {
                 sink,

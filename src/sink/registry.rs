@@ -5,13 +5,12 @@
 //! `Settings::load_with_env`, `Settings::from_toml_str`: they live here, above both layers,
 //! because `config` cannot name the sinks).
 //!
-//! Adding a sink: its folder `src/sink/<name>/` with a [`SinkPlugin`] (whose `spec` is its
+//! Adding a sink: its folder `src/sink/<name>/` with a [`SinkPlugin`] (whose `SPEC` is its
 //! section in `src/sink/<name>/config.rs`) and one line here (docs/architecture.md, "Adding a sink").
 
 use std::path::Path;
-use std::sync::LazyLock;
 
-use crate::config::sink::{SinkSectionSpec, SinkSettings, SinkSpecs};
+use crate::config::sink::{SinkSettings, SinkSpecs};
 use crate::config::{ConfigError, Settings};
 use crate::sink::plugin::SinkPlugin;
 
@@ -44,12 +43,10 @@ macro_rules! sinks {
             $( each.each(&$plugin); )+
         }
 
-        /// The config halves of the registered plugins ([`SinkPlugin::spec`]), in
+        /// The config halves of the registered plugins ([`SinkPlugin::SPEC`]), in
         /// registration order: what `[sink] kind` and the sink sections are validated against.
         pub(crate) fn sections() -> SinkSpecs {
-            static SECTIONS: LazyLock<Vec<&'static dyn SinkSectionSpec>> =
-                LazyLock::new(|| vec![$( SinkPlugin::spec(&$plugin) ),+]);
-            SECTIONS.as_slice()
+            &[$( <$plugin as SinkPlugin>::SPEC ),+]
         }
     };
 }

@@ -292,7 +292,7 @@ impl<S: MessageService> MessagesSettings<S> {
     }
 }
 
-/// The config half of a message service's sink (its plugin's `spec`, registered in
+/// The config half of a message service's sink (its plugin's `SPEC`, registered in
 /// `src/sink/registry.rs`).
 pub(crate) struct MessagesSpec<S>(PhantomData<fn() -> S>);
 

@@ -21,7 +21,7 @@ use crate::config::ConfigError;
 /// `[sink] kind = "kafka"` (the default) and its `[kafka]` section of librdkafka properties.
 pub(crate) struct KafkaSection;
 
-/// The config half of `[kafka]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
+/// The config half of `[kafka]` (its plugin's `SPEC`, registered in `src/sink/registry.rs`).
 pub(crate) const SECTION: KafkaSection = KafkaSection;
 
 /// The relay's own keys in `[kafka]`: not librdkafka properties (those are dotted), never passed

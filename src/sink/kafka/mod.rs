@@ -45,9 +45,7 @@ pub(crate) struct Kafka;
 impl SinkPlugin for Kafka {
     type Config = KafkaSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;

@@ -9,11 +9,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use std::sync::Arc;
-
-use crate::config::cloudevents::CloudEventsMode;
-use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::sink::SinkSection;
 use crate::config::{optional_number, ConfigError};
+use crate::sink::plugin::{Absent, SectionSpec};
 use crate::sink::requests::{Millis, RequestKeys, Requests};
 
 /// NATS's default `max_payload` (1 MiB): the largest message (headers and payload) a server
@@ -214,45 +212,20 @@ const REQUESTS: RequestKeys = RequestKeys {
     },
 };
 
-/// `[sink] kind = "nats"` and its `[nats]` section (required).
-pub(crate) struct NatsSpec;
-
-/// The config half of `[nats]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
-pub(crate) const SECTION: NatsSpec = NatsSpec;
-
-impl SinkSectionSpec for NatsSpec {
-    fn kind(&self) -> &'static str {
-        "nats"
-    }
-
-    fn name(&self) -> &'static str {
-        "NATS JetStream"
-    }
-
-    fn validate(
-        &self,
-        section: Option<toml::Value>,
-        _: &SectionContext<'_>,
-    ) -> Result<Arc<dyn SinkSection>, ConfigError> {
-        let section = present(
-            "nats",
-            section,
-            "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
-             stream = \"OUTBOX\" (docs/sink-nats.md)",
-        )?;
-        let section: NatsSection = parse_section("nats", section)?;
-        Ok(Arc::new(section.validate()?))
-    }
-
-    fn cloudevents_mode(&self, mode: CloudEventsMode) -> Result<(), String> {
-        match mode {
-            CloudEventsMode::Structured => Ok(()),
-            CloudEventsMode::Binary => Err("is \"binary\" with [sink] kind = \"nats\": the CloudEvents NATS protocol binding \
-                                            (1.0.2) defines the structured content mode only. Set mode = \"structured\""
-                .into()),
-        }
-    }
-}
+/// The config half of `[nats]`, `[sink] kind = "nats"` (required).
+pub(crate) const SECTION: SectionSpec<NatsSection, NatsSettings> = SectionSpec {
+    kind: "nats",
+    name: "NATS JetStream",
+    absent: Absent::Refused(
+        "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
+         stream = \"OUTBOX\" (docs/sink-nats.md)",
+    ),
+    validate: NatsSection::validate,
+    binary_refused: Some(
+        "is \"binary\" with [sink] kind = \"nats\": the CloudEvents NATS protocol binding (1.0.2) defines the \
+         structured content mode only. Set mode = \"structured\"",
+    ),
+};
 
 impl SinkSection for NatsSettings {}
 

@@ -26,24 +26,13 @@ use config::{filter_covers, validate_subject, NatsSettings};
 /// The broker's name in errors.
 pub(crate) const SINK: &str = "NATS JetStream";
 
-/// NATS's subject rule (no wildcards, no empty tokens, no whitespace) and `[nats] max_payload`
-/// (the server's real `max_payload` is also checked on sight, per record, once connected).
-pub(crate) fn limits(settings: &NatsSettings) -> SinkLimits {
-    SinkLimits {
-        check_name: check_subject,
-        max_message_bytes: settings.max_payload,
-    }
-}
-
 /// The NATS JetStream sink (`[sink] kind = "nats"`).
 pub(crate) struct Nats;
 
 impl SinkPlugin for Nats {
     type Config = NatsSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;
@@ -52,8 +41,13 @@ impl SinkPlugin for Nats {
 
     const LOG_TARGETS: &'static [ClientLogTarget] = &[ClientLogTarget::debug("async_nats")];
 
-    fn limits(&self, config: &NatsSettings) -> SinkLimits {
-        limits(config)
+    /// NATS's subject rule (no wildcards, no empty tokens, no whitespace) and `[nats] max_payload`
+    /// (the server's real `max_payload` is also checked on sight, per record, once connected).
+    fn limits(&self, settings: &NatsSettings) -> SinkLimits {
+        SinkLimits {
+            check_name: check_subject,
+            max_message_bytes: settings.max_payload,
+        }
     }
 
     /// `Nats-Msg-Id`: JetStream drops a message whose id it stored within the stream's
@@ -62,12 +56,74 @@ impl SinkPlugin for Nats {
         ExactlyOnce::BrokerDeduplicates
     }
 
-    async fn prepare(&self, config: &NatsSettings) -> Result<Vec<String>, SinkError> {
-        prepare_stream(config).await
+    /// `setup`: creates the stream (file storage, `[nats] subjects`, the server's defaults
+    /// otherwise: 2-minute duplicate window) when missing; accepts an existing one that covers the
+    /// subjects; refuses one that does not, and a missing one when `[nats] subjects` is not set
+    /// (a stream on `>` would also store every reply, PubAcks included). Returns what it did.
+    async fn prepare(&self, settings: &NatsSettings) -> Result<Vec<String>, SinkError> {
+        let client = connect(settings, None, None).await?;
+        let js = context(client, settings);
+        let mut done = Vec::new();
+        match checked_stream(&js, settings).await {
+            Ok(info) => done.push(format!(
+                "NATS stream {:?} exists with subjects {:?} ({} messages)",
+                settings.stream, info.config.subjects, info.state.messages
+            )),
+            Err(e) if e.cause.contains("does not exist") => {
+                let Some(subjects) = settings.subjects.clone() else {
+                    return Err(error(
+                        format!(
+                            "stream {:?} does not exist, and [nats] subjects is not set: set it to the subjects the \
+                             [route] produces (e.g. subjects = [\"outbox.>\"]) so setup can create the stream",
+                            settings.stream
+                        ),
+                        false,
+                    ));
+                };
+                js.create_stream(jetstream::stream::Config {
+                    name: settings.stream.clone(),
+                    subjects: subjects.clone(),
+                    storage: jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| {
+                    error(
+                        format!(
+                            "cannot create stream {:?} with subjects {:?}: {e}; another stream may already hold some \
+                             of these subjects (streams may not overlap): set [nats] subjects to a free subject space",
+                            settings.stream, subjects
+                        ),
+                        false,
+                    )
+                })?;
+                done.push(format!(
+                    "created NATS stream {:?} with subjects {subjects:?}",
+                    settings.stream
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(done)
     }
 
-    async fn probe(&self, config: &NatsSettings) -> Result<String, SinkError> {
-        probe_stream(config).await
+    /// `status`: the server reachable, the stream present and covering the subjects, its size.
+    async fn probe(&self, settings: &NatsSettings) -> Result<String, SinkError> {
+        let client = connect(settings, None, None).await?;
+        let server = client.server_info();
+        let js = context(client, settings);
+        let info = checked_stream(&js, settings).await?;
+        Ok(format!(
+            "NATS {} at {} (max_payload {} bytes): stream {:?} subjects {:?}, {} messages, {} bytes, duplicate window {} s",
+            server.version,
+            settings.url,
+            server.max_payload,
+            settings.stream,
+            info.config.subjects,
+            info.state.messages,
+            info.state.bytes,
+            info.config.duplicate_window.as_secs()
+        ))
     }
 
     async fn create<Tag: Send + Sync + 'static>(
@@ -225,76 +281,6 @@ fn uncovered(stream_subjects: &[String], wanted: &[String]) -> Option<Vec<String
         .cloned()
         .collect();
     (!missing.is_empty()).then_some(missing)
-}
-
-/// `setup`: creates the stream (file storage, `[nats] subjects`, the server's defaults
-/// otherwise: 2-minute duplicate window) when missing; accepts an existing one that covers the
-/// subjects; refuses one that does not, and a missing one when `[nats] subjects` is not set
-/// (a stream on `>` would also store every reply, PubAcks included). Returns what it did.
-pub(crate) async fn prepare_stream(settings: &NatsSettings) -> Result<Vec<String>, SinkError> {
-    let client = connect(settings, None, None).await?;
-    let js = context(client, settings);
-    let mut done = Vec::new();
-    match checked_stream(&js, settings).await {
-        Ok(info) => done.push(format!(
-            "NATS stream {:?} exists with subjects {:?} ({} messages)",
-            settings.stream, info.config.subjects, info.state.messages
-        )),
-        Err(e) if e.cause.contains("does not exist") => {
-            let Some(subjects) = settings.subjects.clone() else {
-                return Err(error(
-                    format!(
-                        "stream {:?} does not exist, and [nats] subjects is not set: set it to the subjects the \
-                         [route] produces (e.g. subjects = [\"outbox.>\"]) so setup can create the stream",
-                        settings.stream
-                    ),
-                    false,
-                ));
-            };
-            js.create_stream(jetstream::stream::Config {
-                name: settings.stream.clone(),
-                subjects: subjects.clone(),
-                storage: jetstream::stream::StorageType::File,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| {
-                error(
-                    format!(
-                        "cannot create stream {:?} with subjects {:?}: {e}; another stream may already hold some \
-                         of these subjects (streams may not overlap): set [nats] subjects to a free subject space",
-                        settings.stream, subjects
-                    ),
-                    false,
-                )
-            })?;
-            done.push(format!(
-                "created NATS stream {:?} with subjects {subjects:?}",
-                settings.stream
-            ));
-        }
-        Err(e) => return Err(e),
-    }
-    Ok(done)
-}
-
-/// `status`: the server reachable, the stream present and covering the subjects, its size.
-pub(crate) async fn probe_stream(settings: &NatsSettings) -> Result<String, SinkError> {
-    let client = connect(settings, None, None).await?;
-    let server = client.server_info();
-    let js = context(client, settings);
-    let info = checked_stream(&js, settings).await?;
-    Ok(format!(
-        "NATS {} at {} (max_payload {} bytes): stream {:?} subjects {:?}, {} messages, {} bytes, duplicate window {} s",
-        server.version,
-        settings.url,
-        server.max_payload,
-        settings.stream,
-        info.config.subjects,
-        info.state.messages,
-        info.state.bytes,
-        info.config.duplicate_window.as_secs()
-    ))
 }
 
 #[cfg(test)]

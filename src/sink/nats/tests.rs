@@ -40,7 +40,7 @@ fn nats_settings(url: &str, stream: &str, subjects: &[&str], extra: &str) -> Nat
 async fn fresh(url: &str) -> (NatsSettings, String) {
     let prefix = unique("t");
     let s = nats_settings(url, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 3000");
-    let done = tokio::time::timeout(WAIT, prepare_stream(&s)).await.unwrap().unwrap();
+    let done = tokio::time::timeout(WAIT, Nats.prepare(&s)).await.unwrap().unwrap();
     assert!(done[0].starts_with("created"), "{done:?}");
     (s, prefix)
 }
@@ -88,20 +88,21 @@ fn abandon(sink: Box<dyn Sink<u64>>) -> tokio::task::JoinHandle<()> {
 #[tokio::test(flavor = "current_thread")]
 async fn prepare_creates_accepts_and_refuses_and_probe_reports() {
     let (s, prefix) = fresh(SHARED).await;
-    let again = prepare_stream(&s).await.unwrap();
+    let again = Nats.prepare(&s).await.unwrap();
     assert!(again[0].contains("exists"), "{again:?}");
-    let status = probe_stream(&s).await.unwrap();
+    let status = Nats.probe(&s).await.unwrap();
     assert!(status.contains("0 messages") && status.contains(&s.stream), "{status}");
     // Asking for more subjects than the stream holds: setup and run refuse, naming the fix.
     let wider = nats_settings(SHARED, &s.stream, &[&format!("{prefix}.>"), "elsewhere.>"], "");
-    let e = prepare_stream(&wider).await.unwrap_err();
+    let e = Nats.prepare(&wider).await.unwrap_err();
     assert!(e.cause.contains("do not cover") && !e.transient, "{e}");
     let e = Publisher::<u64>::create(&wider, 10).await.err().unwrap();
     assert!(e.cause.contains("do not cover"), "{e}");
     // The stream as it is when [nats] subjects is left out.
     let as_is = nats_settings(SHARED, &s.stream, &[], "");
     assert!(Publisher::<u64>::create(&as_is, 10).await.is_ok());
-    let e = prepare_stream(&nats_settings(SHARED, &unique("NOSUBJ"), &[], ""))
+    let e = Nats
+        .prepare(&nats_settings(SHARED, &unique("NOSUBJ"), &[], ""))
         .await
         .unwrap_err();
     assert!(e.cause.contains("subjects is not set"), "{e}");
@@ -109,7 +110,7 @@ async fn prepare_creates_accepts_and_refuses_and_probe_reports() {
     let missing = nats_settings(SHARED, &unique("NOPE"), &["nope.>"], "");
     let e = Publisher::<u64>::create(&missing, 10).await.err().unwrap();
     assert!(e.cause.contains("run `outbox-relay setup`") && !e.transient, "{e}");
-    let e = probe_stream(&missing).await.unwrap_err();
+    let e = Nats.probe(&missing).await.unwrap_err();
     assert!(e.cause.contains("does not exist"), "{e}");
     delete(&s).await;
 }
@@ -386,7 +387,7 @@ async fn abandon_drops_the_queue_and_returns_in_time() {
 async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
     let prefix = unique("t");
     let s = nats_settings(SHARED, &unique("T"), &[&format!("{prefix}.>")], "ack_timeout_ms = 300");
-    prepare_stream(&s).await.unwrap();
+    Nats.prepare(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     let subject = format!("{prefix}.orders");
     for i in 0..3u64 {
@@ -544,7 +545,7 @@ async fn no_puback_case(extra: &str, timeout: Duration, within: Duration) {
     let prefix = unique("t");
     let s = nats_settings(&url, &unique("T"), &[&format!("{prefix}.>")], extra);
     assert_eq!(s.requests.timeout, timeout);
-    prepare_stream(&s).await.unwrap();
+    Nats.prepare(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 100).await.unwrap();
     let subject = format!("{prefix}.orders");
     sink.send(&record(&subject, "k", b"id-0", b"{}"), &[], None, Box::new(0))

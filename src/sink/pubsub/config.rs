@@ -16,8 +16,9 @@
 
 use serde::Deserialize;
 
-use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::sink::SinkSection;
 use crate::config::{optional_number, ConfigError};
+use crate::sink::plugin::{Absent, SectionSpec};
 use crate::sink::requests::{Count, Millis, RequestKeys, Requests};
 
 /// Ordering keys with a publish in flight at once unless `max_concurrency` says otherwise.
@@ -133,36 +134,17 @@ impl PubSubSection {
     }
 }
 
-/// The config half of the Pub/Sub sink (its plugin's `spec`, registered in `src/sink/registry.rs`).
-pub(crate) struct PubSubSpec;
-
-/// The registration of `[pubsub]`.
-pub(crate) const SECTION: PubSubSpec = PubSubSpec;
-
-impl SinkSectionSpec for PubSubSpec {
-    fn kind(&self) -> &'static str {
-        "pubsub"
-    }
-
-    fn name(&self) -> &'static str {
-        "Google Cloud Pub/Sub"
-    }
-
-    fn validate(
-        &self,
-        section: Option<toml::Value>,
-        _: &SectionContext<'_>,
-    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let section = present(
-            "pubsub",
-            section,
-            "[sink] kind = \"pubsub\" needs a [pubsub] section: add `[pubsub]` with project = \"my-project\" \
-             (docs/sink-pubsub.md)",
-        )?;
-        let section: PubSubSection = parse_section("pubsub", section)?;
-        Ok(std::sync::Arc::new(section.validate()?))
-    }
-}
+/// The config half of the Pub/Sub sink, `[pubsub]` (required).
+pub(crate) const SECTION: SectionSpec<PubSubSection, PubSubSettings> = SectionSpec {
+    kind: "pubsub",
+    name: "Google Cloud Pub/Sub",
+    absent: Absent::Refused(
+        "[sink] kind = \"pubsub\" needs a [pubsub] section: add `[pubsub]` with project = \"my-project\" \
+         (docs/sink-pubsub.md)",
+    ),
+    validate: PubSubSection::validate,
+    binary_refused: None,
+};
 
 impl SinkSection for PubSubSettings {
     /// Where the relay publishes when `PUBSUB_EMULATOR_HOST` is set: said once at start, so a

@@ -51,9 +51,7 @@ pub(crate) struct PubSub;
 impl SinkPlugin for PubSub {
     type Config = PubSubSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;
@@ -81,12 +79,84 @@ impl SinkPlugin for PubSub {
         ExactlyOnce::Unsupported(NO_EXACTLY_ONCE.into())
     }
 
-    async fn prepare(&self, config: &PubSubSettings) -> Result<Vec<String>, SinkError> {
-        prepare(config).await
+    /// `setup`: creates each topic of `[pubsub] topics` that does not exist yet.
+    async fn prepare(&self, settings: &PubSubSettings) -> Result<Vec<String>, SinkError> {
+        if settings.topics.is_empty() {
+            return Ok(vec![format!(
+                "Pub/Sub project {}: no topics created ([pubsub] topics is empty); every routed topic must exist \
+                 (list them in [pubsub] topics, or `gcloud pubsub topics create <id>`)",
+                settings.project
+            )]);
+        }
+        let (admin, endpoint) = admin(settings).await?;
+        let mut done = Vec::new();
+        for topic in &settings.topics {
+            let name = settings.topic_name(topic);
+            match admin.get_topic().set_topic(&name).send().await {
+                Ok(_) => done.push(format!("Pub/Sub topic {name} exists")),
+                Err(e) if e.status().is_some_and(|s| s.code == Code::NotFound) => {
+                    match admin.create_topic().set_name(&name).send().await {
+                        Ok(_) => done.push(format!("Pub/Sub topic {name} created")),
+                        // Created by another `setup` meanwhile.
+                        Err(e) if e.status().is_some_and(|s| s.code == Code::AlreadyExists) => {
+                            done.push(format!("Pub/Sub topic {name} exists"))
+                        }
+                        Err(e) => return Err(admin_error(&format!("creating topic {name}"), &endpoint, &e)),
+                    }
+                }
+                Err(e) => return Err(admin_error(&format!("looking up topic {name}"), &endpoint, &e)),
+            }
+        }
+        Ok(done)
     }
 
-    async fn probe(&self, config: &PubSubSettings) -> Result<String, SinkError> {
-        probe(config).await
+    /// `status`: the service answers, and the `[pubsub] topics` exist.
+    async fn probe(&self, settings: &PubSubSettings) -> Result<String, SinkError> {
+        let (admin, endpoint) = admin(settings).await?;
+        let started = std::time::Instant::now();
+        let mut missing = Vec::new();
+        let check = async {
+            if settings.topics.is_empty() {
+                // Any answer about the project shows the service is reachable and the identity valid.
+                admin
+                    .list_topics()
+                    .set_project(format!("projects/{}", settings.project))
+                    .set_page_size(1)
+                    .send()
+                    .await
+                    .map(|_| ())
+            } else {
+                for topic in &settings.topics {
+                    let name = settings.topic_name(topic);
+                    match admin.get_topic().set_topic(&name).send().await {
+                        Ok(_) => {}
+                        Err(e) if e.status().is_some_and(|s| s.code == Code::NotFound) => missing.push(name),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(30), check).await {
+            Ok(Ok(())) if missing.is_empty() => Ok(format!(
+                "{} answers ({} ms); project {}, {} topic(s) checked, up to {} ordering keys at once",
+                endpoint.shown(),
+                started.elapsed().as_millis(),
+                settings.project,
+                settings.topics.len(),
+                settings.requests.max_concurrency
+            )),
+            Ok(Ok(())) => Err(error(
+                format!(
+                    "{} answers, but these topics do not exist: {}; run `outbox-relay setup` to create them",
+                    endpoint.shown(),
+                    missing.join(", ")
+                ),
+                false,
+            )),
+            Ok(Err(e)) => Err(admin_error("checking the topics", &endpoint, &e)),
+            Err(_) => Err(error(format!("{} did not answer within 30 s", endpoint.shown()), true)),
+        }
     }
 
     async fn create<Tag: Send + Sync + 'static>(
@@ -238,86 +308,6 @@ fn admin_error(what: &str, endpoint: &Endpoint, e: &google_cloud_pubsub::Error) 
         Some(Code::PermissionDenied | Code::Unauthenticated | Code::InvalidArgument)
     );
     error(format!("{what} on {}: {e}", endpoint.shown()), transient)
-}
-
-/// `setup`: creates each topic of `[pubsub] topics` that does not exist yet.
-pub(crate) async fn prepare(settings: &PubSubSettings) -> Result<Vec<String>, SinkError> {
-    if settings.topics.is_empty() {
-        return Ok(vec![format!(
-            "Pub/Sub project {}: no topics created ([pubsub] topics is empty); every routed topic must exist \
-             (list them in [pubsub] topics, or `gcloud pubsub topics create <id>`)",
-            settings.project
-        )]);
-    }
-    let (admin, endpoint) = admin(settings).await?;
-    let mut done = Vec::new();
-    for topic in &settings.topics {
-        let name = settings.topic_name(topic);
-        match admin.get_topic().set_topic(&name).send().await {
-            Ok(_) => done.push(format!("Pub/Sub topic {name} exists")),
-            Err(e) if e.status().is_some_and(|s| s.code == Code::NotFound) => {
-                match admin.create_topic().set_name(&name).send().await {
-                    Ok(_) => done.push(format!("Pub/Sub topic {name} created")),
-                    // Created by another `setup` meanwhile.
-                    Err(e) if e.status().is_some_and(|s| s.code == Code::AlreadyExists) => {
-                        done.push(format!("Pub/Sub topic {name} exists"))
-                    }
-                    Err(e) => return Err(admin_error(&format!("creating topic {name}"), &endpoint, &e)),
-                }
-            }
-            Err(e) => return Err(admin_error(&format!("looking up topic {name}"), &endpoint, &e)),
-        }
-    }
-    Ok(done)
-}
-
-/// `status`: the service answers, and the `[pubsub] topics` exist.
-pub(crate) async fn probe(settings: &PubSubSettings) -> Result<String, SinkError> {
-    let (admin, endpoint) = admin(settings).await?;
-    let started = std::time::Instant::now();
-    let mut missing = Vec::new();
-    let check = async {
-        if settings.topics.is_empty() {
-            // Any answer about the project shows the service is reachable and the identity valid.
-            admin
-                .list_topics()
-                .set_project(format!("projects/{}", settings.project))
-                .set_page_size(1)
-                .send()
-                .await
-                .map(|_| ())
-        } else {
-            for topic in &settings.topics {
-                let name = settings.topic_name(topic);
-                match admin.get_topic().set_topic(&name).send().await {
-                    Ok(_) => {}
-                    Err(e) if e.status().is_some_and(|s| s.code == Code::NotFound) => missing.push(name),
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(())
-        }
-    };
-    match tokio::time::timeout(Duration::from_secs(30), check).await {
-        Ok(Ok(())) if missing.is_empty() => Ok(format!(
-            "{} answers ({} ms); project {}, {} topic(s) checked, up to {} ordering keys at once",
-            endpoint.shown(),
-            started.elapsed().as_millis(),
-            settings.project,
-            settings.topics.len(),
-            settings.requests.max_concurrency
-        )),
-        Ok(Ok(())) => Err(error(
-            format!(
-                "{} answers, but these topics do not exist: {}; run `outbox-relay setup` to create them",
-                endpoint.shown(),
-                missing.join(", ")
-            ),
-            false,
-        )),
-        Ok(Err(e)) => Err(admin_error("checking the topics", &endpoint, &e)),
-        Err(_) => Err(error(format!("{} did not answer within 30 s", endpoint.shown()), true)),
-    }
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@
 use serde::Deserialize;
 
 use crate::config::secret::Secret;
-use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::sink::SinkSection;
 use crate::config::ConfigError;
+use crate::sink::plugin::{Absent, SectionSpec};
 
 /// Longest AMQP short string: exchange names and routing keys.
 pub(crate) const MAX_SHORT_STRING: usize = 255;
@@ -96,36 +97,17 @@ impl RabbitMqSection {
     }
 }
 
-/// `[sink] kind = "rabbitmq"` and its `[rabbitmq]` section (required).
-pub(crate) struct RabbitMqSpec;
-
-/// The config half of `[rabbitmq]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
-pub(crate) const SECTION: RabbitMqSpec = RabbitMqSpec;
-
-impl SinkSectionSpec for RabbitMqSpec {
-    fn kind(&self) -> &'static str {
-        "rabbitmq"
-    }
-
-    fn name(&self) -> &'static str {
-        "RabbitMQ"
-    }
-
-    fn validate(
-        &self,
-        section: Option<toml::Value>,
-        _: &SectionContext<'_>,
-    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let section = present(
-            "rabbitmq",
-            section,
-            "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
-             \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\"",
-        )?;
-        let section: RabbitMqSection = parse_section("rabbitmq", section)?;
-        Ok(std::sync::Arc::new(section.validate()?))
-    }
-}
+/// The config half of `[rabbitmq]`, `[sink] kind = "rabbitmq"` (required).
+pub(crate) const SECTION: SectionSpec<RabbitMqSection, RabbitMqSettings> = SectionSpec {
+    kind: "rabbitmq",
+    name: "RabbitMQ",
+    absent: Absent::Refused(
+        "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
+         \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\"",
+    ),
+    validate: RabbitMqSection::validate,
+    binary_refused: None,
+};
 
 impl SinkSection for RabbitMqSettings {}
 

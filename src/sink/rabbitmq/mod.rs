@@ -39,23 +39,13 @@ pub(crate) const MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
 /// How long connecting (TCP, TLS, AMQP handshake) may take before it counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// AMQP's routing-key rule (a short string) and the broker's default largest message.
-pub(crate) fn limits() -> SinkLimits {
-    SinkLimits {
-        check_name: validate_routing_key,
-        max_message_bytes: MAX_MESSAGE_BYTES,
-    }
-}
-
 /// The RabbitMQ sink (`[sink] kind = "rabbitmq"`).
 pub(crate) struct RabbitMq;
 
 impl SinkPlugin for RabbitMq {
     type Config = RabbitMqSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;
@@ -69,20 +59,91 @@ impl SinkPlugin for RabbitMq {
         ClientLogTarget::at("lapin::returned_messages", "error"),
     ];
 
+    /// AMQP's routing-key rule (a short string) and the broker's default largest message.
     fn limits(&self, _: &RabbitMqSettings) -> SinkLimits {
-        limits()
+        SinkLimits {
+            check_name: validate_routing_key,
+            max_message_bytes: MAX_MESSAGE_BYTES,
+        }
     }
 
     fn exactly_once(&self, _: &RabbitMqSettings) -> ExactlyOnce {
         ExactlyOnce::Unsupported(NO_EXACTLY_ONCE.into())
     }
 
-    async fn prepare(&self, config: &RabbitMqSettings) -> Result<Vec<String>, SinkError> {
-        prepare(config).await
+    /// What `outbox-relay setup` does for RabbitMQ: declares `[rabbitmq] exchange` as a durable topic
+    /// exchange (idempotent). An exchange of that name with another type or durability is refused
+    /// with the fix, never changed. Queues and bindings are the consumers' (docs/sink-rabbitmq.md).
+    async fn prepare(&self, settings: &RabbitMqSettings) -> Result<Vec<String>, SinkError> {
+        let (connection, channel) = connect(settings).await?;
+        let existed = check_exchange(&channel, settings).await.is_ok();
+        // A failed passive declare closed that channel.
+        let channel = if existed {
+            channel
+        } else {
+            connection
+                .create_channel()
+                .await
+                .map_err(|e| err(format!("cannot open a channel: {}", words(&e)), true))?
+        };
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        let declared = channel
+            .exchange_declare(&settings.exchange, ExchangeKind::Topic, durable, FieldTable::default())
+            .await
+            .map_err(|e| match amqp_error(&e).map(|p| p.kind()) {
+                Some(AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)) => err(
+                    format!(
+                        "exchange {:?} already exists with another type or settings ({}): the relay needs a durable \
+                         topic exchange; delete it (rabbitmqctl delete_exchange / rabbitmqadmin delete exchange \
+                         name={}) if nothing else uses it, or choose another rabbitmq.exchange",
+                        settings.exchange,
+                        words(&e),
+                        settings.exchange
+                    ),
+                    false,
+                ),
+                Some(AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)) => err(
+                    format!(
+                        "the user in rabbitmq.url may not declare exchange {:?} ({}): grant it configure permission, \
+                         or have an administrator declare a durable topic exchange of that name",
+                        settings.exchange,
+                        words(&e)
+                    ),
+                    false,
+                ),
+                _ => err(
+                    format!("cannot declare exchange {:?}: {}", settings.exchange, words(&e)),
+                    true,
+                ),
+            });
+        close(connection).await;
+        declared?;
+        Ok(vec![if existed {
+            format!(
+                "exchange {:?} on {} exists as a durable topic exchange",
+                settings.exchange, settings.url
+            )
+        } else {
+            format!(
+                "exchange {:?} on {} declared (durable, topic); bind queues to it (docs/sink-rabbitmq.md)",
+                settings.exchange, settings.url
+            )
+        }])
     }
 
-    async fn probe(&self, config: &RabbitMqSettings) -> Result<String, SinkError> {
-        probe(config).await
+    /// What `outbox-relay status` shows for RabbitMQ: the broker answers, and the exchange exists.
+    async fn probe(&self, settings: &RabbitMqSettings) -> Result<String, SinkError> {
+        let (connection, channel) = connect(settings).await?;
+        let checked = check_exchange(&channel, settings).await;
+        close(connection).await;
+        checked?;
+        Ok(format!(
+            "{} reachable, exchange {:?} present",
+            settings.url, settings.exchange
+        ))
     }
 
     async fn create<Tag: Send + Sync + 'static>(
@@ -215,81 +276,6 @@ pub(crate) async fn check_exchange(channel: &Channel, settings: &RabbitMqSetting
 
 async fn close(connection: Connection) {
     let _ = tokio::time::timeout(Duration::from_secs(2), connection.close(200, "outbox-relay done")).await;
-}
-
-/// What `outbox-relay setup` does for RabbitMQ: declares `[rabbitmq] exchange` as a durable topic
-/// exchange (idempotent). An exchange of that name with another type or durability is refused
-/// with the fix, never changed. Queues and bindings are the consumers' (docs/sink-rabbitmq.md).
-pub(crate) async fn prepare(settings: &RabbitMqSettings) -> Result<Vec<String>, SinkError> {
-    let (connection, channel) = connect(settings).await?;
-    let existed = check_exchange(&channel, settings).await.is_ok();
-    // A failed passive declare closed that channel.
-    let channel = if existed {
-        channel
-    } else {
-        connection
-            .create_channel()
-            .await
-            .map_err(|e| err(format!("cannot open a channel: {}", words(&e)), true))?
-    };
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..ExchangeDeclareOptions::default()
-    };
-    let declared = channel
-        .exchange_declare(&settings.exchange, ExchangeKind::Topic, durable, FieldTable::default())
-        .await
-        .map_err(|e| match amqp_error(&e).map(|p| p.kind()) {
-            Some(AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)) => err(
-                format!(
-                    "exchange {:?} already exists with another type or settings ({}): the relay needs a durable \
-                     topic exchange; delete it (rabbitmqctl delete_exchange / rabbitmqadmin delete exchange \
-                     name={}) if nothing else uses it, or choose another rabbitmq.exchange",
-                    settings.exchange,
-                    words(&e),
-                    settings.exchange
-                ),
-                false,
-            ),
-            Some(AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)) => err(
-                format!(
-                    "the user in rabbitmq.url may not declare exchange {:?} ({}): grant it configure permission, \
-                     or have an administrator declare a durable topic exchange of that name",
-                    settings.exchange,
-                    words(&e)
-                ),
-                false,
-            ),
-            _ => err(
-                format!("cannot declare exchange {:?}: {}", settings.exchange, words(&e)),
-                true,
-            ),
-        });
-    close(connection).await;
-    declared?;
-    Ok(vec![if existed {
-        format!(
-            "exchange {:?} on {} exists as a durable topic exchange",
-            settings.exchange, settings.url
-        )
-    } else {
-        format!(
-            "exchange {:?} on {} declared (durable, topic); bind queues to it (docs/sink-rabbitmq.md)",
-            settings.exchange, settings.url
-        )
-    }])
-}
-
-/// What `outbox-relay status` shows for RabbitMQ: the broker answers, and the exchange exists.
-pub(crate) async fn probe(settings: &RabbitMqSettings) -> Result<String, SinkError> {
-    let (connection, channel) = connect(settings).await?;
-    let checked = check_exchange(&channel, settings).await;
-    close(connection).await;
-    checked?;
-    Ok(format!(
-        "{} reachable, exchange {:?} present",
-        settings.url, settings.exchange
-    ))
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ struct Fixture {
 impl Fixture {
     async fn new(pattern: &str) -> Fixture {
         let settings = settings(&unique("t-rmq"));
-        prepare(&settings).await.expect("prepare");
+        RabbitMq.prepare(&settings).await.expect("prepare");
         let (connection, channel) = connect(&settings).await.expect("connect");
         let queue = unique("t-rmq-q");
         channel
@@ -277,8 +277,8 @@ async fn long_routing_keys_and_oversized_messages_are_refused_on_sight() {
         "{}",
         refusal.failure
     );
-    assert!((limits().check_name)(&long).is_err());
-    assert_eq!(limits().max_message_bytes, MAX_MESSAGE_BYTES);
+    assert!((RabbitMq.limits(&fx.settings).check_name)(&long).is_err());
+    assert_eq!(RabbitMq.limits(&fx.settings).max_message_bytes, MAX_MESSAGE_BYTES);
     Box::new(sink).abandon(Duration::from_secs(1));
     fx.clean().await;
 }
@@ -373,18 +373,18 @@ async fn create_classifies_what_is_wrong() {
         .err()
         .expect("missing exchange");
     assert!(!e.transient && e.to_string().contains("setup"), "{e}");
-    let e = probe(&s).await.unwrap_err();
+    let e = RabbitMq.probe(&s).await.unwrap_err();
     assert!(e.to_string().contains("setup"), "{e}");
 }
 
 #[tokio::test]
 async fn prepare_is_idempotent_and_refuses_an_exchange_of_another_type() {
     let s = settings(&unique("t-rmq-prep"));
-    let first = prepare(&s).await.unwrap();
+    let first = RabbitMq.prepare(&s).await.unwrap();
     assert!(first[0].contains("declared"), "{first:?}");
-    let again = prepare(&s).await.unwrap();
+    let again = RabbitMq.prepare(&s).await.unwrap();
     assert!(again[0].contains("exists"), "{again:?}");
-    let shown = probe(&s).await.unwrap();
+    let shown = RabbitMq.probe(&s).await.unwrap();
     assert!(shown.contains(&s.exchange) && !shown.contains("guest:guest"), "{shown}");
     let (connection, channel) = connect(&s).await.unwrap();
     channel
@@ -403,7 +403,7 @@ async fn prepare_is_idempotent_and_refuses_an_exchange_of_another_type() {
         )
         .await
         .unwrap();
-    let e = prepare(&s).await.unwrap_err();
+    let e = RabbitMq.prepare(&s).await.unwrap_err();
     assert!(!e.transient && e.to_string().contains("another type"), "{e}");
     channel
         .exchange_delete(&s.exchange, ExchangeDeleteOptions::default())
@@ -446,7 +446,7 @@ async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
 async fn a_nack_breaks_the_sink_and_nothing_of_its_key_is_stored_past_it() {
     // A queue that takes 5 messages and then makes the broker nack publishes (reject-publish).
     let settings = settings(&unique("t-rmq-nack"));
-    prepare(&settings).await.expect("prepare");
+    RabbitMq.prepare(&settings).await.expect("prepare");
     let (connection, channel) = connect(&settings).await.unwrap();
     let queue = unique("t-rmq-nack-q");
     let mut args = FieldTable::default();

@@ -16,8 +16,9 @@ use serde::Deserialize;
 
 use crate::config::number_or_numeric_string;
 use crate::config::secret::Secret;
-use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::sink::SinkSection;
 use crate::config::ConfigError;
+use crate::sink::plugin::{Absent, SectionSpec};
 use crate::sink::requests::{Millis, RequestKeys, Requests};
 
 /// Redis' own `proto-max-bulk-len` default (512 MiB): the largest single value it accepts.
@@ -145,36 +146,17 @@ impl RedisSection {
     }
 }
 
-/// `[sink] kind = "redis"` and its `[redis]` section (required).
-pub(crate) struct RedisSpec;
-
-/// The config half of `[redis]` (its plugin's `spec`, registered in `src/sink/registry.rs`).
-pub(crate) const SECTION: RedisSpec = RedisSpec;
-
-impl SinkSectionSpec for RedisSpec {
-    fn kind(&self) -> &'static str {
-        "redis"
-    }
-
-    fn name(&self) -> &'static str {
-        "Redis"
-    }
-
-    fn validate(
-        &self,
-        section: Option<toml::Value>,
-        _: &SectionContext<'_>,
-    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let section = present(
-            "redis",
-            section,
-            "[sink] kind = \"redis\" needs a [redis] section with url = \"redis://host:6379\"; add it \
-             (docs/sink-redis.md)",
-        )?;
-        let section: RedisSection = parse_section("redis", section)?;
-        Ok(std::sync::Arc::new(section.validate()?))
-    }
-}
+/// The config half of `[redis]`, `[sink] kind = "redis"` (required).
+pub(crate) const SECTION: SectionSpec<RedisSection, RedisSettings> = SectionSpec {
+    kind: "redis",
+    name: "Redis",
+    absent: Absent::Refused(
+        "[sink] kind = \"redis\" needs a [redis] section with url = \"redis://host:6379\"; add it \
+         (docs/sink-redis.md)",
+    ),
+    validate: RedisSection::validate,
+    binary_refused: None,
+};
 
 impl SinkSection for RedisSettings {}
 

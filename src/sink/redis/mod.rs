@@ -87,22 +87,13 @@ pub(crate) fn check_stream_key(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn limits(settings: &RedisSettings) -> SinkLimits {
-    SinkLimits {
-        check_name: check_stream_key,
-        max_message_bytes: settings.max_message_bytes,
-    }
-}
-
 /// The Redis Streams sink (`[sink] kind = "redis"`).
 pub(crate) struct Redis;
 
 impl SinkPlugin for Redis {
     type Config = RedisSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;
@@ -111,8 +102,11 @@ impl SinkPlugin for Redis {
 
     const LOG_TARGETS: &'static [ClientLogTarget] = &[ClientLogTarget::debug("redis")];
 
-    fn limits(&self, config: &RedisSettings) -> SinkLimits {
-        limits(config)
+    fn limits(&self, settings: &RedisSettings) -> SinkLimits {
+        SinkLimits {
+            check_name: check_stream_key,
+            max_message_bytes: settings.max_message_bytes,
+        }
     }
 
     /// A dedup set per stream, checked by a script before each `XADD`.
@@ -120,12 +114,38 @@ impl SinkPlugin for Redis {
         ExactlyOnce::BrokerDeduplicates
     }
 
-    async fn prepare(&self, config: &RedisSettings) -> Result<Vec<String>, SinkError> {
-        prepare(config).await
+    /// What `setup` does for Redis: checks the server is reachable and new enough; the returned
+    /// lines are for the operator (a warning when persistence is off). Streams are created by
+    /// their first `XADD`, so there is nothing to create.
+    async fn prepare(&self, settings: &RedisSettings) -> Result<Vec<String>, SinkError> {
+        let mut conn = connect(settings).await?;
+        let (version, aof) = server_facts(&mut conn, settings).await?;
+        if !version_ok(&version) {
+            return Err(SinkError {
+                sink: SINK,
+                cause: format!("{} runs Redis {version}; streams need Redis 5.0 or later", settings.url),
+                transient: false,
+            });
+        }
+        let mut lines = vec![format!(
+            "Redis {version} at {}: reachable; streams are created by their first event",
+            settings.url
+        )];
+        if !aof {
+            lines.push(format!("WARNING: {NO_AOF}"));
+        }
+        Ok(lines)
     }
 
-    async fn probe(&self, config: &RedisSettings) -> Result<String, SinkError> {
-        probe(config).await
+    /// What `status` shows for Redis: one line, version and persistence.
+    async fn probe(&self, settings: &RedisSettings) -> Result<String, SinkError> {
+        let mut conn = connect(settings).await?;
+        let (version, aof) = server_facts(&mut conn, settings).await?;
+        Ok(format!(
+            "Redis {version} at {}, persistence {}",
+            settings.url,
+            if aof { "AOF on" } else { "off (a reply means in memory)" }
+        ))
     }
 
     async fn create<Tag: Send + Sync + 'static>(
@@ -235,40 +255,6 @@ fn version_ok(version: &str) -> bool {
 const NO_AOF: &str = "persistence (AOF) is off on this Redis: a reply means \"in memory\", and a restart loses \
      every stream entry (and every dedup set) it had. Set appendonly yes and appendfsync always for replies that \
      mean \"on disk\"";
-
-/// What `setup` does for Redis: checks the server is reachable and new enough; the returned
-/// lines are for the operator (a warning when persistence is off). Streams are created by
-/// their first `XADD`, so there is nothing to create.
-pub(crate) async fn prepare(settings: &RedisSettings) -> Result<Vec<String>, SinkError> {
-    let mut conn = connect(settings).await?;
-    let (version, aof) = server_facts(&mut conn, settings).await?;
-    if !version_ok(&version) {
-        return Err(SinkError {
-            sink: SINK,
-            cause: format!("{} runs Redis {version}; streams need Redis 5.0 or later", settings.url),
-            transient: false,
-        });
-    }
-    let mut lines = vec![format!(
-        "Redis {version} at {}: reachable; streams are created by their first event",
-        settings.url
-    )];
-    if !aof {
-        lines.push(format!("WARNING: {NO_AOF}"));
-    }
-    Ok(lines)
-}
-
-/// What `status` shows for Redis: one line, version and persistence.
-pub(crate) async fn probe(settings: &RedisSettings) -> Result<String, SinkError> {
-    let mut conn = connect(settings).await?;
-    let (version, aof) = server_facts(&mut conn, settings).await?;
-    Ok(format!(
-        "Redis {version} at {}, persistence {}",
-        settings.url,
-        if aof { "AOF on" } else { "off (a reply means in memory)" }
-    ))
-}
 
 #[cfg(test)]
 pub(crate) mod tests;

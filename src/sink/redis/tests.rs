@@ -324,7 +324,7 @@ fn stream_key_rule() {
     assert!(check_stream_key(&"x".repeat(MAX_STREAM_KEY_LEN + 1)).is_err());
     assert!(check_stream_key("orders:outbox-relay-dedup").is_err());
     let settings = settings_for(SHARED, "max_message_bytes = 1000");
-    assert_eq!(limits(redis_of(&settings)).max_message_bytes, 1000);
+    assert_eq!(Redis.limits(redis_of(&settings)).max_message_bytes, 1000);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -344,7 +344,7 @@ fn stream_key_rule() {
         Box::new(sink).abandon(Duration::from_secs(1));
     });
     assert_eq!(
-        limits(redis_of(&settings_for(SHARED, ""))).max_message_bytes,
+        Redis.limits(redis_of(&settings_for(SHARED, ""))).max_message_bytes,
         512 * 1024 * 1024
     );
 }
@@ -479,32 +479,32 @@ async fn connection_errors_say_whether_to_retry() {
 #[tokio::test]
 async fn prepare_and_probe_tell_version_and_persistence() {
     let settings = settings_for(SHARED, "");
-    let lines = prepare(redis_of(&settings)).await.unwrap();
+    let lines = Redis.prepare(redis_of(&settings)).await.unwrap();
     assert!(
         lines[0].starts_with("Redis ") && lines[0].contains("reachable"),
         "{lines:?}"
     );
-    let status = probe(redis_of(&settings)).await.unwrap();
+    let status = Redis.probe(redis_of(&settings)).await.unwrap();
     assert!(status.contains("persistence"), "{status}");
     let dir = tempfile::tempdir().unwrap();
     let aof = PrivateRedis::start(&["--appendonly", "yes", "--dir", dir.path().to_str().unwrap()]);
     let settings = settings_for(&aof.url(), "");
-    let lines = prepare(redis_of(&settings)).await.unwrap();
+    let lines = Redis.prepare(redis_of(&settings)).await.unwrap();
     assert_eq!(lines.len(), 1, "no warning with AOF on: {lines:?}");
-    assert!(probe(redis_of(&settings)).await.unwrap().contains("AOF on"));
+    assert!(Redis.probe(redis_of(&settings)).await.unwrap().contains("AOF on"));
     let plain = PrivateRedis::start(&[]);
     let settings = settings_for(&plain.url(), "");
-    let lines = prepare(redis_of(&settings)).await.unwrap();
+    let lines = Redis.prepare(redis_of(&settings)).await.unwrap();
     assert!(lines.iter().any(|l| l.contains("in memory")), "{lines:?}");
-    assert!(probe(redis_of(&settings)).await.unwrap().contains("in memory"));
+    assert!(Redis.probe(redis_of(&settings)).await.unwrap().contains("in memory"));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let down = settings_for(&format!("redis://127.0.0.1:{port}"), "timeout_ms = 500");
-    assert!(prepare(redis_of(&down)).await.unwrap_err().transient);
-    assert!(probe(redis_of(&down)).await.unwrap_err().transient);
+    assert!(Redis.prepare(redis_of(&down)).await.unwrap_err().transient);
+    assert!(Redis.probe(redis_of(&down)).await.unwrap_err().transient);
 }
 
 #[tokio::test]

@@ -23,8 +23,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde::Deserialize;
 
-use crate::config::sink::{parse_section, present, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::sink::SinkSection;
 use crate::config::{optional_number, ConfigError};
+use crate::sink::plugin::{Absent, SectionSpec};
 use crate::sink::requests::{Count, Millis, RequestKeys, Requests};
 
 /// The placeholder for the routed name in `url`.
@@ -448,36 +449,17 @@ pub(crate) const NO_EXACTLY_ONCE: &str = "HTTP has no deduplication on the wire:
      sent again, and only the receiver can tell. Use relay.delivery = \"at-least-once\" and deduplicate on the \
      Idempotency-Key (or webhook-id) header, the event id (docs/sink-webhook.md)";
 
-/// The config half of the webhook sink (its plugin's `spec`, registered in `src/sink/registry.rs`).
-pub(crate) struct WebhookSpec;
-
-/// The registration of `[webhook]`.
-pub(crate) const SECTION: WebhookSpec = WebhookSpec;
-
-impl SinkSectionSpec for WebhookSpec {
-    fn kind(&self) -> &'static str {
-        "webhook"
-    }
-
-    fn name(&self) -> &'static str {
-        "HTTP webhook"
-    }
-
-    fn validate(
-        &self,
-        section: Option<toml::Value>,
-        _: &SectionContext<'_>,
-    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let section = present(
-            "webhook",
-            section,
-            "[sink] kind = \"webhook\" needs a [webhook] section: add `[webhook]` with url = \
-             \"https://host/path/${topic}\" (docs/sink-webhook.md)",
-        )?;
-        let section: WebhookSection = parse_section("webhook", section)?;
-        Ok(std::sync::Arc::new(section.validate(|var| std::env::var(var).ok())?))
-    }
-}
+/// The config half of the webhook sink, `[webhook]` (required).
+pub(crate) const SECTION: SectionSpec<WebhookSection, WebhookSettings> = SectionSpec {
+    kind: "webhook",
+    name: "HTTP webhook",
+    absent: Absent::Refused(
+        "[sink] kind = \"webhook\" needs a [webhook] section: add `[webhook]` with url = \
+         \"https://host/path/${topic}\" (docs/sink-webhook.md)",
+    ),
+    validate: |section| section.validate(|var| std::env::var(var).ok()),
+    binary_refused: None,
+};
 
 impl SinkSection for WebhookSettings {
     /// The settings reports may show (none of them secret; the URL's query masked).

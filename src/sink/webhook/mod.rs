@@ -47,9 +47,7 @@ pub(crate) struct Webhook;
 impl SinkPlugin for Webhook {
     type Config = WebhookSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;
@@ -61,20 +59,64 @@ impl SinkPlugin for Webhook {
     const LOG_TARGETS: &'static [ClientLogTarget] =
         &[ClientLogTarget::debug("reqwest"), ClientLogTarget::debug("hyper_util")];
 
-    fn limits(&self, config: &WebhookSettings) -> SinkLimits {
-        limits(config)
+    /// The routed-name rule (`${topic}` takes URL-safe names only; without it any name) and
+    /// `[webhook] max_body_bytes`.
+    fn limits(&self, settings: &WebhookSettings) -> SinkLimits {
+        SinkLimits {
+            check_name: if settings.url.is_templated() {
+                request::check_templated_name
+            } else {
+                request::check_any_name
+            },
+            max_message_bytes: settings.max_body_bytes,
+        }
     }
 
     fn exactly_once(&self, _: &WebhookSettings) -> ExactlyOnce {
         ExactlyOnce::Unsupported(NO_EXACTLY_ONCE.into())
     }
 
-    async fn prepare(&self, config: &WebhookSettings) -> Result<Vec<String>, SinkError> {
-        Ok(prepare(config))
+    /// `setup`: a webhook has nothing to create.
+    async fn prepare(&self, settings: &WebhookSettings) -> Result<Vec<String>, SinkError> {
+        Ok(vec![format!(
+            "HTTP webhook {}: nothing to create (events are POSTed as they come)",
+            settings.url
+        )])
     }
 
-    async fn probe(&self, config: &WebhookSettings) -> Result<String, SinkError> {
-        probe(config).await
+    /// `status`: the endpoint answers HTTP (any status: an `OPTIONS` request only shows it is up).
+    async fn probe(&self, settings: &WebhookSettings) -> Result<String, SinkError> {
+        let http = client::Client::new(settings)?;
+        let url = settings.url.for_topic("status");
+        let shown = settings.url.shown_for("status");
+        let started = std::time::Instant::now();
+        match tokio::time::timeout(
+            settings.requests.timeout + Duration::from_millis(500),
+            http.options(&url),
+        )
+        .await
+        {
+            Ok(Ok(status)) => Ok(format!(
+                "HTTP webhook {shown} answers (OPTIONS: HTTP {status} in {} ms); {} signing key(s), up to {} aggregates \
+                 at once",
+                started.elapsed().as_millis(),
+                settings.keys.len(),
+                settings.requests.max_concurrency
+            )),
+            Ok(Err(cause)) => Err(SinkError {
+                sink: SINK,
+                cause: format!("{shown}: {cause}; is the receiver up and [webhook] url right?"),
+                transient: true,
+            }),
+            Err(_) => Err(SinkError {
+                sink: SINK,
+                cause: format!(
+                    "{shown} did not answer within {} ms",
+                    settings.requests.timeout.as_millis()
+                ),
+                transient: true,
+            }),
+        }
     }
 
     async fn create<Tag: Send + Sync + 'static>(
@@ -88,62 +130,6 @@ impl SinkPlugin for Webhook {
         // down, and its records are not stale for that (the receiver deduplicates a replay).
         let options = config.requests.per_key(cx);
         Ok(boxed(driver::start(Arc::new(exchange), options)))
-    }
-}
-
-/// The routed-name rule (`${topic}` takes URL-safe names only; without it any name) and
-/// `[webhook] max_body_bytes`.
-pub(crate) fn limits(settings: &WebhookSettings) -> SinkLimits {
-    SinkLimits {
-        check_name: if settings.url.is_templated() {
-            request::check_templated_name
-        } else {
-            request::check_any_name
-        },
-        max_message_bytes: settings.max_body_bytes,
-    }
-}
-
-/// `setup`: a webhook has nothing to create.
-pub(crate) fn prepare(settings: &WebhookSettings) -> Vec<String> {
-    vec![format!(
-        "HTTP webhook {}: nothing to create (events are POSTed as they come)",
-        settings.url
-    )]
-}
-
-/// `status`: the endpoint answers HTTP (any status: an `OPTIONS` request only shows it is up).
-pub(crate) async fn probe(settings: &WebhookSettings) -> Result<String, SinkError> {
-    let http = client::Client::new(settings)?;
-    let url = settings.url.for_topic("status");
-    let shown = settings.url.shown_for("status");
-    let started = std::time::Instant::now();
-    match tokio::time::timeout(
-        settings.requests.timeout + Duration::from_millis(500),
-        http.options(&url),
-    )
-    .await
-    {
-        Ok(Ok(status)) => Ok(format!(
-            "HTTP webhook {shown} answers (OPTIONS: HTTP {status} in {} ms); {} signing key(s), up to {} aggregates \
-             at once",
-            started.elapsed().as_millis(),
-            settings.keys.len(),
-            settings.requests.max_concurrency
-        )),
-        Ok(Err(cause)) => Err(SinkError {
-            sink: SINK,
-            cause: format!("{shown}: {cause}; is the receiver up and [webhook] url right?"),
-            transient: true,
-        }),
-        Err(_) => Err(SinkError {
-            sink: SINK,
-            cause: format!(
-                "{shown} did not answer within {} ms",
-                settings.requests.timeout.as_millis()
-            ),
-            transient: true,
-        }),
     }
 }
 

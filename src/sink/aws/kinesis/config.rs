@@ -23,10 +23,10 @@
 
 use serde::Deserialize;
 
-use crate::config::cloudevents::CloudEventsMode;
-use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
+use crate::config::sink::SinkSection;
 use crate::config::{optional_number, ConfigError};
 use crate::sink::aws::config::{Endpoint, EndpointKeys};
+use crate::sink::plugin::{Absent, SectionSpec};
 use crate::sink::requests::{Count, Millis, RequestKeys, Requests};
 
 /// The largest record Kinesis accepts: its data and its partition key together.
@@ -199,49 +199,21 @@ pub(crate) const NO_EXACTLY_ONCE: &str = "Kinesis Data Streams has no deduplicat
      and the relay cannot tell which records a shard already holds without reading every shard back. Use \
      relay.delivery = \"at-least-once\" and deduplicate on the envelope's `id` (docs/sink-kinesis.md)";
 
-/// The config half of the Kinesis sink (its plugin's `spec`, registered in
-/// `src/sink/registry.rs`).
-pub(crate) struct KinesisSpec;
-
-/// The registration of `[kinesis]`.
-pub(crate) const SECTION: KinesisSpec = KinesisSpec;
-
-impl SinkSectionSpec for KinesisSpec {
-    fn kind(&self) -> &'static str {
-        "kinesis"
-    }
-
-    fn name(&self) -> &'static str {
-        "Amazon Kinesis Data Streams"
-    }
-
-    /// An empty (or missing) `[kinesis]` is valid: region, endpoint and credentials then come
-    /// from the AWS SDK's own chain.
-    fn validate(
-        &self,
-        section: Option<toml::Value>,
-        _: &SectionContext<'_>,
-    ) -> Result<std::sync::Arc<dyn SinkSection>, ConfigError> {
-        let raw: KinesisSection = match section {
-            Some(section) => parse_section("kinesis", section)?,
-            None => KinesisSection::default(),
-        };
-        Ok(std::sync::Arc::new(raw.validate()?))
-    }
-
-    /// Kinesis has no CloudEvents binding and its records no attributes for the binary mode's
-    /// `ce_*` headers.
-    fn cloudevents_mode(&self, mode: CloudEventsMode) -> Result<(), String> {
-        match mode {
-            CloudEventsMode::Structured => Ok(()),
-            CloudEventsMode::Binary => Err(
-                "Kinesis has no CloudEvents binding and its records have no attributes; use mode = \"structured\" \
-                 (the event as a JSON envelope in the record's data)"
-                    .into(),
-            ),
-        }
-    }
-}
+/// The config half of the Kinesis sink, `[kinesis]`.
+pub(crate) const SECTION: SectionSpec<KinesisSection, KinesisSettings> = SectionSpec {
+    kind: "kinesis",
+    name: "Amazon Kinesis Data Streams",
+    // An empty (or missing) `[kinesis]` is valid: region, endpoint and credentials then come
+    // from the AWS SDK's own chain.
+    absent: Absent::Empty(KinesisSection::default),
+    validate: KinesisSection::validate,
+    // Kinesis has no CloudEvents binding and its records no attributes for the binary mode's
+    // `ce_*` headers.
+    binary_refused: Some(
+        "Kinesis has no CloudEvents binding and its records have no attributes; use mode = \"structured\" (the \
+         event as a JSON envelope in the record's data)",
+    ),
+};
 
 impl SinkSection for KinesisSettings {
     fn get(&self, key: &str) -> Option<String> {

@@ -55,9 +55,7 @@ pub(crate) struct KinesisPlugin;
 impl SinkPlugin for KinesisPlugin {
     type Config = KinesisSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;

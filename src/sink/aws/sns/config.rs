@@ -84,7 +84,7 @@ impl MessageService for Sns {
 /// `[sns]`, validated.
 pub(crate) type SnsSettings = MessagesSettings<Sns>;
 
-/// The config half of the SNS sink (its plugin's `spec`, registered in `src/sink/registry.rs`).
+/// The config half of the SNS sink (its plugin's `SPEC`, registered in `src/sink/registry.rs`).
 pub(crate) const SECTION: MessagesSpec<Sns> = MessagesSpec::new();
 
 #[cfg(test)]

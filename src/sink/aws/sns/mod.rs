@@ -59,9 +59,7 @@ pub(crate) struct SnsPlugin;
 impl SinkPlugin for SnsPlugin {
     type Config = SnsSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;
@@ -80,7 +78,7 @@ impl SinkPlugin for SnsPlugin {
     }
 
     async fn prepare(&self, config: &SnsSettings) -> Result<Vec<String>, SinkError> {
-        let line = probe(config).await?;
+        let line = self.probe(config).await?;
         Ok(vec![
             line,
             "SNS topics are not created by setup: create each routed topic (with fifo = true, FIFO topics whose \
@@ -90,8 +88,30 @@ impl SinkPlugin for SnsPlugin {
         ])
     }
 
-    async fn probe(&self, config: &SnsSettings) -> Result<String, SinkError> {
-        probe(config).await
+    /// `status`: credentials found, and SNS lists the topics the relay publishes to (`ListTopics`,
+    /// the call the sink resolves topic ARNs with: the relay needs `sns:ListTopics` and
+    /// `sns:Publish`).
+    async fn probe(&self, settings: &SnsSettings) -> Result<String, SinkError> {
+        let sns = SnsClient::connect(settings, PROBE_CONNECT_TIMEOUT).await?;
+        let started = std::time::Instant::now();
+        let kind = if settings.fifo { "FIFO" } else { "standard" };
+        match sns.list().await {
+            Ok(topics) => Ok(format!(
+                "Amazon SNS at {} answers (ListTopics in {} ms: {} topic(s) visible); publishing to {kind} topics",
+                sns.shown,
+                started.elapsed().as_millis(),
+                topics.len()
+            )),
+            Err(cause) => Err(SinkError {
+                sink: SINK,
+                cause: format!(
+                    "{}: {cause}; is [sns] endpoint_url / AWS_ENDPOINT_URL right, and may the credentials call \
+                     sns:ListTopics (the relay finds topic ARNs with it)?",
+                    sns.shown
+                ),
+                transient: !cause.contains("AuthorizationError") && !cause.contains("AccessDenied"),
+            }),
+        }
     }
 
     async fn create<Tag: Send + Sync + 'static>(
@@ -106,31 +126,5 @@ impl SinkPlugin for SnsPlugin {
             cx,
             "PublishBatch answer",
         ))
-    }
-}
-
-/// `status`: credentials found, and SNS lists the topics the relay publishes to (`ListTopics`,
-/// the call the sink resolves topic ARNs with: the relay needs `sns:ListTopics` and
-/// `sns:Publish`).
-pub(crate) async fn probe(settings: &SnsSettings) -> Result<String, SinkError> {
-    let sns = SnsClient::connect(settings, PROBE_CONNECT_TIMEOUT).await?;
-    let started = std::time::Instant::now();
-    let kind = if settings.fifo { "FIFO" } else { "standard" };
-    match sns.list().await {
-        Ok(topics) => Ok(format!(
-            "Amazon SNS at {} answers (ListTopics in {} ms: {} topic(s) visible); publishing to {kind} topics",
-            sns.shown,
-            started.elapsed().as_millis(),
-            topics.len()
-        )),
-        Err(cause) => Err(SinkError {
-            sink: SINK,
-            cause: format!(
-                "{}: {cause}; is [sns] endpoint_url / AWS_ENDPOINT_URL right, and may the credentials call \
-                 sns:ListTopics (the relay finds topic ARNs with it)?",
-                sns.shown
-            ),
-            transient: !cause.contains("AuthorizationError") && !cause.contains("AccessDenied"),
-        }),
     }
 }

@@ -89,7 +89,7 @@ impl MessageService for Sqs {
 /// `[sqs]`, validated.
 pub(crate) type SqsSettings = MessagesSettings<Sqs>;
 
-/// The config half of the SQS sink (its plugin's `spec`, registered in `src/sink/registry.rs`).
+/// The config half of the SQS sink (its plugin's `SPEC`, registered in `src/sink/registry.rs`).
 pub(crate) const SECTION: MessagesSpec<Sqs> = MessagesSpec::new();
 
 #[cfg(test)]

@@ -60,9 +60,7 @@ pub(crate) struct SqsPlugin;
 impl SinkPlugin for SqsPlugin {
     type Config = SqsSettings;
 
-    fn spec(&self) -> &'static dyn SinkSectionSpec {
-        &config::SECTION
-    }
+    const SPEC: &'static dyn SinkSectionSpec = &config::SECTION;
 
     #[cfg(feature = "demo")]
     const DEMO: &'static SinkDemo = &demo::DEMO;
@@ -81,7 +79,7 @@ impl SinkPlugin for SqsPlugin {
     }
 
     async fn prepare(&self, config: &SqsSettings) -> Result<Vec<String>, SinkError> {
-        let line = probe(config).await?;
+        let line = self.probe(config).await?;
         Ok(vec![
             line,
             "SQS queues are not created by setup: create each routed queue (with fifo = true, FIFO queues whose \
@@ -91,8 +89,39 @@ impl SinkPlugin for SqsPlugin {
         ])
     }
 
-    async fn probe(&self, config: &SqsSettings) -> Result<String, SinkError> {
-        probe(config).await
+    /// `status`: credentials found, and SQS answers (`ListQueues`; a principal not allowed to list
+    /// is fine — sending needs only `sqs:GetQueueUrl` and `sqs:SendMessage`).
+    async fn probe(&self, settings: &SqsSettings) -> Result<String, SinkError> {
+        let sqs = SqsClient::connect(settings, PROBE_CONNECT_TIMEOUT).await?;
+        let started = std::time::Instant::now();
+        let kind = if settings.fifo { "FIFO" } else { "standard" };
+        match sqs.client.list_queues().max_results(1000).send().await {
+            Ok(out) => Ok(format!(
+                "Amazon SQS at {} answers (ListQueues in {} ms: {} queue(s) visible); sending to {kind} queues",
+                sqs.shown,
+                started.elapsed().as_millis(),
+                out.queue_urls().len()
+            )),
+            Err(e) => {
+                let cause = aws::client::words(&e);
+                if cause.contains("AccessDenied") {
+                    Ok(format!(
+                        "Amazon SQS at {} answers (credentials found; ListQueues not permitted, which sending does not \
+                         need); sending to {kind} queues",
+                        sqs.shown
+                    ))
+                } else {
+                    Err(SinkError {
+                        sink: SINK,
+                        cause: format!(
+                            "{}: {cause}; is [sqs] endpoint_url / AWS_ENDPOINT_URL right?",
+                            sqs.shown
+                        ),
+                        transient: true,
+                    })
+                }
+            }
+        }
     }
 
     async fn create<Tag: Send + Sync + 'static>(
@@ -107,40 +136,5 @@ impl SinkPlugin for SqsPlugin {
             cx,
             "SendMessageBatch answer",
         ))
-    }
-}
-
-/// `status`: credentials found, and SQS answers (`ListQueues`; a principal not allowed to list
-/// is fine — sending needs only `sqs:GetQueueUrl` and `sqs:SendMessage`).
-pub(crate) async fn probe(settings: &SqsSettings) -> Result<String, SinkError> {
-    let sqs = SqsClient::connect(settings, PROBE_CONNECT_TIMEOUT).await?;
-    let started = std::time::Instant::now();
-    let kind = if settings.fifo { "FIFO" } else { "standard" };
-    match sqs.client.list_queues().max_results(1000).send().await {
-        Ok(out) => Ok(format!(
-            "Amazon SQS at {} answers (ListQueues in {} ms: {} queue(s) visible); sending to {kind} queues",
-            sqs.shown,
-            started.elapsed().as_millis(),
-            out.queue_urls().len()
-        )),
-        Err(e) => {
-            let cause = aws::client::words(&e);
-            if cause.contains("AccessDenied") {
-                Ok(format!(
-                    "Amazon SQS at {} answers (credentials found; ListQueues not permitted, which sending does not \
-                     need); sending to {kind} queues",
-                    sqs.shown
-                ))
-            } else {
-                Err(SinkError {
-                    sink: SINK,
-                    cause: format!(
-                        "{}: {cause}; is [sqs] endpoint_url / AWS_ENDPOINT_URL right?",
-                        sqs.shown
-                    ),
-                    transient: true,
-                })
-            }
-        }
     }
 }
