@@ -644,10 +644,13 @@ fn sdk_python() -> Option<PathBuf> {
     if usable() {
         Some(python)
     } else {
-        eprintln!(
-            "SKIPPING the CloudEvents SDK read-back: {} cannot import cloudevents (scripts/install-cloudevents-sdk.sh \
-             needs python3 with venv and pip, and PyPI); the records were checked without the SDK only",
-            python.display()
+        crate::harness::needs::missing(
+            crate::harness::needs::CLOUDEVENTS_SDK,
+            "the CloudEvents SDK read-back",
+            &format!(
+                "{} cannot import cloudevents; the records were checked without the SDK only",
+                python.display()
+            ),
         );
         None
     }

@@ -287,7 +287,11 @@ async fn idle_outbox_does_not_pin_wal_while_other_tables_are_busy() {
 async fn tls_and_scram_with_tight_backpressure() {
     let pg = shared_cluster().await;
     let (Some(_), Some(ca)) = (pg.scram_url("postgres"), pg.ca_cert_path()) else {
-        eprintln!("SKIPPING tls_and_scram_with_tight_backpressure: the external server has no TLS/SCRAM user");
+        crate::harness::needs::missing(
+            crate::harness::needs::LOCAL_POSTGRES,
+            "tls_and_scram_with_tight_backpressure",
+            "the external server has no TLS/SCRAM user",
+        );
         return;
     };
     let Some(kafka) = shared_kafka().await else { return };

@@ -489,10 +489,10 @@ fn standardwebhooks_python() -> Option<PathBuf> {
     if usable() {
         Some(python)
     } else {
-        eprintln!(
-            "SKIPPING the Standard Webhooks library check: {} cannot import standardwebhooks \
-             (scripts/install-standardwebhooks.sh needs python3 with venv and pip, and PyPI)",
-            python.display()
+        crate::harness::needs::missing(
+            crate::harness::needs::STANDARD_WEBHOOKS,
+            "the Standard Webhooks library check",
+            &format!("{} cannot import standardwebhooks", python.display()),
         );
         None
     }

@@ -46,11 +46,9 @@ pub struct DebeziumRecord {
     pub error: Option<String>,
 }
 
+/// [`super::needs::missing`]: a loud SKIPPING line; a failure under CI.
 fn skip(why: &str) -> Option<Debezium> {
-    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-    eprintln!("SKIPPING Debezium side-by-side test: {why}");
-    eprintln!("(run scripts/install-debezium.sh; .ci/run does)");
-    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+    super::needs::missing(super::needs::DEBEZIUM, "", why);
     None
 }
 

@@ -109,6 +109,7 @@ pub mod moto;
 pub mod moto_kinesis;
 pub mod moto_sns;
 pub mod nats;
+pub mod needs;
 pub mod nemesis;
 pub mod net_fault;
 pub mod otlp;

@@ -49,14 +49,11 @@ pub struct Moto {
 }
 
 impl Moto {
-    /// Starts moto on a free port and waits until it answers; `None` (after a loud SKIPPING
-    /// line) where moto is not installed.
+    /// Starts moto on a free port and waits until it answers; `None` where moto is not
+    /// installed (after [`super::needs::missing`]: a loud SKIPPING line, a failure under CI).
     pub async fn start(test: &str) -> Option<Moto> {
         let Some(bin) = moto_binary() else {
-            eprintln!(
-                "SKIPPING {test}: moto is not installed (run scripts/ensure-moto.sh: it installs moto[server] into \
-                 ~/.cache/outbox-relay/venv-moto)"
-            );
+            super::needs::missing(super::needs::MOTO, test, "");
             return None;
         };
         // Another process may take the port between free_port and moto's bind: try again.

@@ -54,14 +54,11 @@ pub struct PubSubEmulator {
 }
 
 impl PubSubEmulator {
-    /// Starts an emulator on a free loopback port; `None` (after a SKIPPING line) when it is not
-    /// installed.
+    /// Starts an emulator on a free loopback port; `None` when it is not installed (after
+    /// [`super::needs::missing`]: a loud SKIPPING line, a failure under CI).
     pub async fn start(test: &str) -> Option<PubSubEmulator> {
         if emulator_bin().is_none() {
-            eprintln!(
-                "SKIPPING {test}: the Pub/Sub emulator is not installed ({EMULATOR_BIN}; run \
-                 scripts/ensure-pubsub-emulator.sh)"
-            );
+            super::needs::missing(super::needs::PUBSUB_EMULATOR, test, EMULATOR_BIN);
             return None;
         }
         let mut e = PubSubEmulator {

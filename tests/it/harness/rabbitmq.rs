@@ -294,7 +294,7 @@ impl PrivateRabbit {
     /// where the broker is not installed.
     pub async fn start() -> Option<PrivateRabbit> {
         if !std::path::Path::new(RABBITMQ_SERVER).exists() {
-            eprintln!("SKIPPING: {RABBITMQ_SERVER} not installed, no private RabbitMQ node");
+            super::needs::missing(super::needs::RABBITMQ_SERVER, "", "no RabbitMQ node of the test's own");
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
