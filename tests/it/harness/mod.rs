@@ -100,6 +100,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod checks;
+pub mod conformance;
 pub mod consumer;
 pub mod debezium;
 pub mod fault_support;

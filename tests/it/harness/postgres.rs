@@ -174,7 +174,11 @@ pub fn skip_missing_major(major: u32, what: &str) {
     } else {
         super::needs::POSTGRES_MAJORS
     };
-    super::needs::missing(need, "", &format!("{what} on PostgreSQL {major}: its binaries are not installed"));
+    super::needs::missing(
+        need,
+        "",
+        &format!("{what} on PostgreSQL {major}: its binaries are not installed"),
+    );
 }
 
 impl PgCluster {

@@ -332,19 +332,23 @@ fn received(topic: &str, m: &Value) -> Received {
 }
 
 /// Pulls `subs` (subscription, topic) continuously in a task of its own, keeping what arrived in
-/// pull order; pulls that fail (the emulator down) are retried.
+/// pull order; pulls that fail (the emulator down) are retried. [`Puller::add`] pulls one more.
 pub struct Puller {
     records: Arc<Mutex<Vec<Received>>>,
+    subs: Arc<Mutex<Vec<(String, String)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Puller {
     pub fn start(emulator: Arc<tokio::sync::RwLock<PubSubEmulator>>, subs: Vec<(String, String)>) -> Puller {
         let records = Arc::new(Mutex::new(Vec::new()));
+        let subs = Arc::new(Mutex::new(subs));
         let out = Arc::clone(&records);
+        let pulled_subs = Arc::clone(&subs);
         let task = tokio::spawn(async move {
             loop {
                 let mut got_any = false;
+                let subs = pulled_subs.lock().unwrap().clone();
                 for (sub, topic) in &subs {
                     let pulled = emulator.read().await.pull_once(sub, topic).await;
                     if let Ok(batch) = pulled {
@@ -361,7 +365,12 @@ impl Puller {
                 }
             }
         });
-        Puller { records, task }
+        Puller { records, subs, task }
+    }
+
+    /// Pulls subscription `sub` (of `topic`) too from now on.
+    pub fn add(&self, sub: String, topic: String) {
+        self.subs.lock().unwrap().push((sub, topic));
     }
 
     pub fn records(&self) -> Vec<Received> {
