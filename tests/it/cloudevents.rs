@@ -553,7 +553,8 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Reads every record with the SDK (`from_binary` or `from_structured`): per record its
 /// attributes, its data (`{"json": …}` or `{"bytes_hex": …}`) and `time` in Unix ms. `None`,
-/// with a loud SKIPPING line, when the SDK cannot be installed.
+/// after `needs::missing` (a loud SKIPPING line; a failure under CI), when the SDK cannot be
+/// installed.
 const READER: &str = r#"
 import json, sys
 from datetime import datetime, timedelta, timezone

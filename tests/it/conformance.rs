@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `workload` | a workload routed over four destinations: every event once, key, payload, destination, per-aggregate order, the sink's own fields; a clean SIGTERM | all |
 //! | `kill_9_under_load` | 5 SIGKILLs under load (20 long): 0 lost, first deliveries in order, duplicates within kills × `max_in_flight` | all |
-//! | `server_away_30_seconds` | the server away 30 s under load (frozen, stopped, cut or not listening: the harness says which), with a short backoff, with the shipped defaults and (where it can) exactly-once, all three at once on one server: 0 lost, nothing confirmed past the outage, the relay keeps running and says so in its log | all |
+//! | `server_away_30_seconds` | the server away 30 s under load (frozen, stopped, cut or not listening: the harness says which), with a short backoff, with the shipped defaults and (where it can) exactly-once, all at once (on one server, or one each against moto): 0 lost, nothing confirmed past the outage, the relay keeps running and says so in its log | all |
 //! | `bad_events_fail` / `_skip` / `_dead_letter` | each bad kind of the sink under each `relay.on_bad_event` | all |
 //! | `exactly_once_kills` | SIGKILLs under load and a crash between an acknowledgement and its confirmation (failpoints): 0 duplicates, the source position on every record | sinks with exactly-once |
 //! | `exactly_once_kills_with_shipped_defaults` | 5 SIGKILLs, every default: 0 duplicates | sinks with exactly-once |
@@ -15,9 +15,9 @@
 //!
 //! What is a sink's own (its broker's special behaviour, its own settings) stays in
 //! `sink_<name>.rs`; Kafka's core crash, failpoint and bad-row suites stay in `failures.rs` and
-//! `exactly_once.rs`. The 30 s outages run their arms concurrently on one server, and the
-//! bad-event kinds under `fail` concurrently, to keep the suite's time down;
-//! `OUTBOX_RELAY_LONG_TESTS=1` runs the long variants (more kills).
+//! `exactly_once.rs`. The 30 s outages run their arms concurrently, and the bad-event kinds under
+//! `fail` concurrently, to keep the suite's time down; `OUTBOX_RELAY_LONG_TESTS=1` runs the long
+//! variants (more kills).
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -645,7 +645,7 @@ async fn bad_events_fail<S: SinkHarness>(test: &str) {
 }
 
 /// `skip`: every bad kind between good events of one aggregate; the good ones arrive, first
-/// deliveries in commit order, no bad one; each skip is a WARN line naming the event; the slot
+/// deliveries in commit order (once each where every kind is refused on sight), no bad one; each skip is a WARN line naming the event; the slot
 /// confirms the last good event.
 async fn bad_events_skip<S: SinkHarness>(test: &str) {
     let Some(setup) = bad_setup::<S>(test, Policy::Skip).await else {
@@ -669,6 +669,16 @@ async fn bad_events_skip<S: SinkHarness>(test: &str) {
         S::NAME,
         relay.log_text()
     );
+    if kinds.iter().all(|k| k.on_sight) {
+        // Nothing was refused after it went out: no session ended, nothing was replayed.
+        let all = setup.sink.read(&["good"], goods.len(), Duration::from_secs(5)).await;
+        assert_eq!(
+            all.len(),
+            goods.len(),
+            "{}: the good events once each: {all:?}",
+            S::NAME
+        );
+    }
     let log = relay.log_text();
     for (kind, bad) in kinds.iter().zip(&bads) {
         assert!(
@@ -686,8 +696,9 @@ async fn bad_events_skip<S: SinkHarness>(test: &str) {
 }
 
 /// `dead-letter`: every bad kind whose raw row fits a dead letter, between good events of one
-/// aggregate; the good ones arrive in commit order; a dead letter per bad event (in commit
-/// order where no kind can be overtaken: [`BadKind::nothing_after`]), its error naming the cause.
+/// aggregate; the good ones arrive in commit order; a dead letter per bad event (once each and
+/// in commit order where every kind is refused on sight: [`BadKind::on_sight`]), its error
+/// naming the cause.
 async fn bad_events_dead_letter<S: SinkHarness>(test: &str) {
     let Some(setup) = bad_setup::<S>(test, Policy::DeadLetter).await else {
         return;
@@ -707,9 +718,15 @@ async fn bad_events_dead_letter<S: SinkHarness>(test: &str) {
     let mut seen = HashSet::new();
     let letters: Vec<String> = dead.iter().map(id_of).filter(|id| seen.insert(id.clone())).collect();
     // A dead letter made on sight can come before that of an earlier event the broker refused
-    // (its refusal ends the session; the replay repeats what followed): in commit order only
-    // where no kind can be overtaken.
-    if kinds.iter().all(|k| k.nothing_after) {
+    // (its refusal ends the session; the replay repeats what followed): in commit order, and
+    // once each, only where every kind is refused on sight.
+    if kinds.iter().all(|k| k.on_sight) {
+        assert_eq!(
+            dead.len(),
+            letters.len(),
+            "{}: each dead letter once: {dead:?}",
+            S::NAME
+        );
         assert_eq!(
             letters,
             ids(&bads),
@@ -802,6 +819,12 @@ async fn exactly_once_kills<S: SinkHarness>(test: &str) {
         );
         logs.push(crashed.log_text());
         merge(&mut committed, load.await.expect("workload"));
+    } else {
+        crate::harness::needs::missing(
+            crate::harness::needs::FAILPOINTS,
+            test,
+            "the crash between an acknowledgement and its confirmation",
+        );
     }
     let relay = sink.run(&config);
     let records = read_settled(&sink, "order", committed.len()).await;

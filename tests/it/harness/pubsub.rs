@@ -13,7 +13,7 @@
 //! the topics and subscriptions the test made (what was published before the stop and not yet
 //! pulled is gone with it — the tests that stop it pull continuously and say what that cost).
 //! Without the emulator (no Java, package missing) [`PubSubEmulator::start`] returns `None`
-//! after a loud SKIPPING line.
+//! after `needs::missing` (a loud SKIPPING line; a failure under CI).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

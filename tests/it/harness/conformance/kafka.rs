@@ -4,6 +4,12 @@
 //! `all_brokers_down_for_30_seconds`). Topics are made up front with 3 partitions (every
 //! partition's log exists before a relay publishes: docs/reliability.md, defect 5) and read back
 //! from the beginning, every partition to its end, so a read-back sees duplicates too.
+//!
+//! Exactly-once here is the read-back: a restarted session reads the topics' tails for its
+//! source positions and skips what the broker holds. (On tansu the kill scenario caught a
+//! read-back that trusted the high watermark: tansu reports one below its end and answers a
+//! fetch inside a batch from the next batch. `kafka::tail` reads each window to the end of the
+//! partition.)
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -110,12 +116,17 @@ impl SinkHarness for Kafka {
         config.kafka("message.timeout.ms", "5000")
     }
 
+    /// With the shipped 300 s message timeout the records wait in librdkafka: the relay's outage
+    /// summary. With 5 s they expire: failed deliveries, sessions replaying (in exactly-once
+    /// mode each new session's read-back fails too until the broker answers, so no events wait
+    /// long enough for the summary).
     fn check_outage_log(&self, log: &str, variant: Variant) {
-        assert!(
-            log.contains("has acknowledged nothing for") && log.contains("acknowledges again"),
-            "Kafka: the outage should show in the log:\n{log}"
-        );
-        if variant != Variant::ShippedDefaults {
+        if variant == Variant::ShippedDefaults {
+            assert!(
+                log.contains("has acknowledged nothing for") && log.contains("acknowledges again"),
+                "Kafka: the outage should show in the log:\n{log}"
+            );
+        } else {
             assert!(
                 log.contains("Kafka delivery failed"),
                 "Kafka: the outage should have failed deliveries (5 s message timeout):\n{log}"

@@ -134,10 +134,14 @@ pub struct BadKind {
     /// Tested under `fail` (where it does not race another refusal to stop the relay).
     pub under_fail: bool,
     /// Refused before a later event of its aggregate goes out (on sight, or by a sink that has
-    /// one event per key on the wire): under `fail` nothing after it is published, and dead
-    /// letters of such kinds come in commit order. A refusal the broker answers later may be
-    /// overtaken by the next event (at least once: published, then replayed).
+    /// one event per key on the wire): under `fail` nothing after it is published. A refusal
+    /// the broker answers later may be overtaken by the next event (at least once: published,
+    /// then replayed).
     pub nothing_after: bool,
+    /// Refused by the relay before anything is sent (implies `nothing_after`): no session
+    /// ends over it, so under `skip` and `dead-letter` nothing is replayed (the good events
+    /// arrive once each) and dead letters of such kinds come in commit order.
+    pub on_sight: bool,
 }
 
 impl BadKind {
@@ -149,7 +153,15 @@ impl BadKind {
             dead_letter: true,
             under_fail: true,
             nothing_after: false,
+            on_sight: false,
         }
+    }
+
+    /// See [`BadKind::on_sight`].
+    pub fn on_sight(mut self) -> BadKind {
+        self.on_sight = true;
+        self.nothing_after = true;
+        self
     }
 
     /// See [`BadKind::nothing_after`].

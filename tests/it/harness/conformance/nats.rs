@@ -115,7 +115,7 @@ impl SinkHarness for Nats {
                 BadRow::Route("bad subject".into()),
                 "may not contain whitespace",
             )
-            .nothing_after(),
+            .on_sight(),
             // Not `<prefix>.…` (a dot keeps the route from prefixing it): no subject of the
             // stream covers it.
             BadKind::new(
@@ -123,8 +123,8 @@ impl SinkHarness for Nats {
                 BadRow::Route("elsewhere.order.x".into()),
                 "covers",
             )
-            .nothing_after(),
-            BadKind::new("too large", BadRow::Payload(1024 * 1024 + 10), "max_payload").nothing_after(),
+            .on_sight(),
+            BadKind::new("too large", BadRow::Payload(1024 * 1024 + 10), "max_payload").on_sight(),
         ]
     }
 

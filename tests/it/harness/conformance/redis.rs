@@ -148,6 +148,19 @@ impl SinkHarness for Redis {
         );
     }
 
+    /// The fields, in the documented order; the timestamp is the row's `created_at`.
+    fn check_workload(&self, records: &[Received], _log: &str) {
+        let r = &records[0];
+        let names: Vec<&str> = r.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["id", "key", "timestamp", "payload"], "{r:?}");
+        let ts = r.timestamp_ms.expect("created_at as the timestamp");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        assert!((now - ts).abs() < 600_000, "timestamp {ts} is the row's created_at");
+    }
+
     fn exactly_once_refusal(&self, _config: RelayConfig) -> Option<(RelayConfig, &'static [&'static str])> {
         None
     }
