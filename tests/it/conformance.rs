@@ -747,7 +747,19 @@ async fn bad_events_dead_letter<S: SinkHarness>(test: &str) {
             relay.log_text()
         );
     }
+    let log = relay.log_text();
     for (kind, bad) in kinds.iter().zip(&bads) {
+        assert!(
+            log.lines().any(|l| l.contains("WARN")
+                && l.contains("dead-lettering a bad outbox event")
+                && l.contains(&format!("id={} ", bad.id))
+                && l.contains(kind.cause)),
+            "{} {}: no WARN line naming the dead-lettered event {} and the cause {:?}; log:\n{log}",
+            S::NAME,
+            kind.name,
+            bad.id,
+            kind.cause
+        );
         for letter in dead.iter().filter(|r| id_of(r) == bad.id) {
             let error =
                 String::from_utf8_lossy(letter.header("outbox-relay-error").expect("the error header")).into_owned();

@@ -82,7 +82,7 @@ impl SinkHarness for Webhook {
     /// One request per aggregate on the wire: a refused event holds its aggregate's next one.
     fn bad_kinds() -> Vec<BadKind> {
         vec![
-            BadKind::new("refused by the receiver (422)", BadRow::Marked(REFUSE), "422").nothing_after(),
+            BadKind::new("refused by the receiver (422)", BadRow::Marked(REFUSE), "HTTP 422").nothing_after(),
             // Refused on sight: under `fail` it would race the 422 to stop the relay.
             BadKind::new(
                 "a name that cannot stand in the URL",
