@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # moto in server mode (`moto[server]` 5.1.4, from PyPI) in ~/.cache/outbox-relay/venv-moto, for
-# the AWS sink suites (tests/it/sink_sqs.rs, sink_sns.rs, sink_kinesis.rs) and the benchmark's and
+# the AWS sink suites (tests/it/conformance.rs, sink_sqs.rs, sink_sns.rs, sink_kinesis.rs) and the benchmark's and
 # demo's cloud sinks. moto emulates SQS (standard and FIFO queues, SendMessageBatch, FIFO
 # deduplication), SNS (topics, PublishBatch, SQS subscriptions with raw message delivery) and
 # Kinesis Data Streams (streams, shards, PutRecords, GetRecords) in memory; the tests start their own `moto_server` on a free

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure Google's Pub/Sub emulator is installed for the Pub/Sub sink's tests
-# (tests/it/sink_pubsub.rs): the Debian package google-cloud-cli-pubsub-emulator, which puts it
+# (tests/it/conformance.rs, sink_pubsub.rs): the Debian package google-cloud-cli-pubsub-emulator, which puts it
 # under /usr/lib/google-cloud-sdk/platform/pubsub-emulator, and a Java runtime (17 or later) to
 # run it. Nothing is started here: each test runs an emulator of its own on a free loopback port
-# (tests/it/harness/pubsub.rs). Without it those tests SKIP loudly.
+# (tests/it/harness/pubsub.rs). Without it those tests SKIP loudly (and fail under CI).
 set -euo pipefail
 
 EMULATOR=/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator

@@ -9,8 +9,9 @@
 # is kept (the marker file `.complete` says the unpacking finished). The tarball's integrity is
 # checked against the registry's sha512 when npm is there to report it.
 #
-# It never fails the caller: the tests skip a missing major with a loud SKIPPING line, so a
-# download that is impossible here (no network, no npm/curl) must not break CI.
+# Where a major cannot be installed (no network, no npm/curl) it exits 0, so a developer's run
+# goes on (the tests skip a missing major with a loud SKIPPING line) — but 1 under CI (`CI`
+# set, as .ci/run sets it), where those tests must run.
 #
 #   OUTBOX_RELAY_PG_MAJORS   which majors to install (default "14 16 17 18")
 set -u
@@ -31,6 +32,15 @@ version_of() {
     esac
 }
 
+failed=0
+# Gives up: exit 1 under CI, 0 elsewhere.
+give_up() {
+    case "${CI:-}" in
+        "" | 0 | false | False | FALSE) exit 0 ;;
+        *) loud "CI is set: failing the run"; exit 1 ;;
+    esac
+}
+
 loud() {
     echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2
     echo "install-postgres-majors: $*" >&2
@@ -39,7 +49,7 @@ loud() {
 
 if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
     loud "only linux-x64 builds exist; nothing installed (tests for majors other than 15 will SKIP)"
-    exit 0
+    give_up
 fi
 
 install_one() {
@@ -104,9 +114,15 @@ install_one() {
 
 if ! command -v curl >/dev/null 2>&1; then
     loud "curl not found; nothing installed (tests for majors other than 15 will SKIP)"
-    exit 0
+    give_up
 fi
 for major in $MAJORS; do
     install_one "$major"
+    if [ "$major" != 15 ] && [ ! -f "$CACHE/postgres-$(version_of "$major")/.complete" ]; then
+        failed=$((failed + 1))
+    fi
 done
+if [ "$failed" -gt 0 ]; then
+    give_up
+fi
 exit 0

@@ -6,8 +6,9 @@
 #
 # NAME: the venv's suffix; IMPORT_CHECK: Python code that succeeds once the packages are there
 # (the venv is then left alone); SKIPPED_WHAT: the test that skips without them, for the
-# messages. Idempotent. Exits 0 even when something is missing, so CI goes on: the test then
-# prints a loud SKIPPING line naming what is missing.
+# messages. Idempotent. Where something cannot be installed it exits 0, so a developer's run
+# goes on (the test then prints a loud SKIPPING line naming what is missing) — but 1 under CI
+# (`CI` set, as .ci/run sets it), where a missing dependency must fail the run, not skip tests.
 set -u
 
 NAME=$1
@@ -17,6 +18,13 @@ shift 3
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay"
 VENV="$CACHE/venv-$NAME"
 say() { echo "install-$NAME: $*" >&2; }
+# Gives up: exit 1 under CI, 0 elsewhere.
+give_up() {
+    case "${CI:-}" in
+        "" | 0 | false | False | FALSE) exit 0 ;;
+        *) say "CI is set: failing the run"; exit 1 ;;
+    esac
+}
 
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$CHECK" >/dev/null 2>&1; then
     exit 0
@@ -34,11 +42,15 @@ rm -rf "$VENV"
 if ! python3 -m venv "$VENV"; then
     say "python3 -m venv failed; $SKIPPED will be SKIPPED"
     rm -rf "$VENV"
-    exit 0
+    give_up
 fi
 if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; then
     say "pip could not install $*; $SKIPPED will be SKIPPED"
     rm -rf "$VENV"
-    exit 0
+    give_up
+fi
+if ! "$VENV/bin/python" -c "$CHECK" >/dev/null 2>&1; then
+    say "$* installed but the check failed; $SKIPPED will be SKIPPED"
+    give_up
 fi
 say "$* in $VENV"

@@ -278,7 +278,11 @@ async fn switch_over_from_debezium_by_adopting_its_slot_loses_nothing() {
     };
     let pg = shared_cluster().await;
     if !pg.is_local() {
-        eprintln!("SKIPPING switch_over_from_debezium…: needs the local cluster (Debezium connects as postgres)");
+        crate::harness::needs::missing(
+            crate::harness::needs::LOCAL_POSTGRES,
+            "switch_over_from_debezium…",
+            "Debezium connects as postgres",
+        );
         return;
     }
     let db = unique_name("dbz_switch");

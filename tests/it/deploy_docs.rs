@@ -312,9 +312,10 @@ fn docker_compose_runs_the_pipeline_with_logical_postgres_and_kraft_kafka() {
                 argv.join(" ")
             );
         }
-        None => eprintln!(
-            "\n!!!!! neither `docker compose` nor `docker-compose` is installed: docker-compose.yml was checked \
-             structurally only !!!!!\n"
+        None => crate::harness::needs::missing(
+            crate::harness::needs::DOCKER_COMPOSE,
+            "the compose implementation's check of docker-compose.yml",
+            "docker-compose.yml was checked structurally only",
         ),
     }
 }

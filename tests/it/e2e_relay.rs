@@ -162,7 +162,9 @@ async fn restart_after_sigterm_and_after_sigkill_loses_nothing() {
 pub(crate) async fn commit_end_lsn(client: &Client, xid: u32, from: u64, to: u64) -> u64 {
     let row = client
         .query_one(
-            "SELECT end_lsn::text FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+            // `to` capped at the flushed WAL, as in `fault_support::commit_lsns`.
+            "SELECT end_lsn::text
+               FROM pg_get_wal_records_info($1::text::pg_lsn, LEAST($2::text::pg_lsn, pg_current_wal_flush_lsn()))
               WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT' AND xid::text = $3",
             &[&format_lsn(from), &format_lsn(to), &xid.to_string()],
         )
@@ -287,7 +289,11 @@ async fn idle_outbox_does_not_pin_wal_while_other_tables_are_busy() {
 async fn tls_and_scram_with_tight_backpressure() {
     let pg = shared_cluster().await;
     let (Some(_), Some(ca)) = (pg.scram_url("postgres"), pg.ca_cert_path()) else {
-        eprintln!("SKIPPING tls_and_scram_with_tight_backpressure: the external server has no TLS/SCRAM user");
+        crate::harness::needs::missing(
+            crate::harness::needs::LOCAL_POSTGRES,
+            "tls_and_scram_with_tight_backpressure",
+            "the external server has no TLS/SCRAM user",
+        );
         return;
     };
     let Some(kafka) = shared_kafka().await else { return };

@@ -3,9 +3,12 @@
 //! first deliveries in per-aggregate order, across crashes, walsender terminations, takeovers
 //! and several relays writing the same topics (docs/reliability.md, "Exactly-once delivery").
 //!
-//! The crash and broker-fault suites run in both modes in `failures.rs`; these are the
-//! scenarios specific to the mode, on a real Apache Kafka broker (the mock cluster only where
-//! the fault is a broker round-trip time, which nothing else here injects). `OUTBOX_RELAY_LONG_TESTS=1` runs the long variants.
+//! The crash and broker-fault suites run in both modes in `failures.rs`; SIGKILLs under load, the
+//! broker frozen 30 s and two relays writing one topic, in exactly-once mode, are the
+//! conformance suite's (`tests/it/conformance.rs`, `harness/conformance/kafka.rs`), as for every
+//! sink that deduplicates. These are the scenarios specific to Kafka's read-back, on a real
+//! Apache Kafka broker (the mock cluster only where the fault is a broker round-trip time,
+//! which nothing else here injects). `OUTBOX_RELAY_LONG_TESTS=1` runs the long variants.
 
 use std::time::{Duration, Instant};
 
@@ -235,41 +238,6 @@ async fn standby_takeovers(kafka: &KafkaNs) {
     drop(a);
 }
 
-on_kafka!(two_relays_killed_repeatedly: two_relays_on_two_databases_writing_the_same_topic_killed_repeatedly);
-
-async fn two_relays_killed_repeatedly(kafka: &KafkaNs) {
-    let kills_wanted: usize = if long_tests() { 30 } else { 6 };
-    let mut configs = Vec::new();
-    let mut loads = Vec::new();
-    for _ in 0..2 {
-        let (db, _client, config) = prepared_ns(OutboxSchema::B, kafka).await;
-        configs.push(exactly_once(config).max_in_flight(30));
-        let url = shared_cluster().await.url(&db);
-        let mut w = Workload::new(OutboxSchema::B, kills_wanted * 150, 30, 3);
-        w.pause = Duration::from_millis(5);
-        loads.push(tokio::spawn(async move { run_workload(&url, &w).await }));
-    }
-    let mut relays: Vec<RelayProcess> = configs.iter().map(RelayProcess::run).collect();
-    let mut kills = 0;
-    while kills < kills_wanted {
-        tokio::time::sleep(Duration::from_millis(300 + random_below(1200))).await;
-        let i = kills % 2;
-        assert!(relays[i].sigkill(), "{}", relays[i].log_text());
-        relays[i] = RelayProcess::run(&configs[i]);
-        kills += 1;
-    }
-    let mut committed = Committed::default();
-    for load in loads {
-        committed
-            .by_aggregate
-            .extend(load.await.expect("workload").by_aggregate);
-    }
-    let records = collect_all(kafka, &committed).await;
-    let sources: std::collections::HashSet<&[u8]> = records.iter().filter_map(|r| r.header(SOURCE)).collect();
-    assert_eq!(sources.len(), 2, "two sources in one topic");
-    check_exactly_once(&committed, &records, &format!("two relays, {kills} SIGKILLs"));
-}
-
 /// A holder frozen (SIGSTOP) mid-flight while a standby takes its slot over, thawed after the
 /// standby read back: whatever it still sends is a duplicate. Reports how many (the documented
 /// bound: what it had handed to librdkafka, at most `max_in_flight`; expected 0 once its queue
@@ -341,62 +309,6 @@ async fn a_frozen_holder_thawed_after_the_takeover_duplicates_within_the_bound()
         "{dups} duplicates exceed the bound; holder log:\n{}",
         a.log_text()
     );
-}
-
-/// Continuous load on the real broker, the relay SIGKILLed and restarted: each restart reads
-/// back what the broker holds and skips it.
-///
-/// (On tansu this caught a read-back that trusted the high watermark: tansu reports one
-/// below its end and answers a fetch inside a batch from the next batch. `kafka::tail` reads
-/// each window to the end of the partition.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigkill_under_load_publishes_each_event_once() {
-    let Some(kafka) = shared_kafka().await else {
-        return;
-    };
-    kafka.create_topic("order", 3).await;
-    let kills_wanted: usize = if long_tests() { 50 } else { 5 };
-    let (db, _client, config) = prepared_ns(OutboxSchema::B, &kafka).await;
-    let config = exactly_once(config).max_in_flight(20);
-    let url = shared_cluster().await.url(&db);
-    let mut w = Workload::new(OutboxSchema::B, kills_wanted * 200, 30, 4);
-    w.pause = Duration::from_millis(10);
-    let committed = sigkills_under_load(&url, w, kills_wanted, (300, 1500), || RelayProcess::run(&config)).await;
-    let _relay = RelayProcess::run(&config);
-    let records = collect_all(&kafka, &committed).await;
-    check_exactly_once(&committed, &records, &format!("real broker, {kills_wanted} SIGKILLs"));
-}
-
-/// The only broker unresponsive for 30 s under load (SIGSTOPped: connections stay open and
-/// silent), deliveries timing out and sessions replaying meanwhile. A broker of its own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn broker_down_30_seconds_publishes_each_event_once() {
-    let Some(cluster) = KafkaCluster::start(ClusterSpec::single()).await else {
-        return;
-    };
-    let kafka = cluster.own_ns();
-    kafka.create_topic("order", 3).await;
-    let (db, _client, config) = prepared_ns(OutboxSchema::B, &kafka).await;
-    let config = exactly_once(config)
-        .max_in_flight(50)
-        .kafka("message.timeout.ms", "5000");
-    let relay = RelayProcess::run_streaming(&config).await;
-    let url = shared_cluster().await.url(&db);
-    let mut w = Workload::new(OutboxSchema::B, 600, 30, 4);
-    w.pause = Duration::from_millis(50);
-    let load = tokio::spawn(async move { run_workload(&url, &w).await });
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(cluster.pause(1), "SIGSTOP the broker");
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    assert!(cluster.resume(1), "SIGCONT the broker");
-    let committed = load.await.expect("workload");
-    let records = collect_all(&kafka, &committed).await;
-    assert!(
-        relay.log_text().contains("Kafka delivery failed"),
-        "the outage should have failed deliveries; log:\n{}",
-        relay.log_text()
-    );
-    check_exactly_once(&committed, &records, "the broker stopped for 30 s");
 }
 
 /// What happens to the holder in [`takeover_with_kafka_defaults`].

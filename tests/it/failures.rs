@@ -121,10 +121,7 @@ async fn crashes_at_failpoints_exactly_once() {
 
 async fn failpoint_suite(mode: Mode) {
     if !cfg!(feature = "failpoints") {
-        eprintln!(
-            "SKIPPING crashes_at_failpoints_lose_nothing: the relay was built without the `failpoints` feature \
-             (run `cargo test --features failpoints`, the README's test command)"
-        );
+        crate::harness::needs::missing(crate::harness::needs::FAILPOINTS, "", "");
         return;
     }
     let crashes_wanted: usize = if long_tests() { 30 } else { 6 };

@@ -401,7 +401,11 @@ async fn a_silent_walsender_is_detected_and_replaced() {
     wait_log(&relay, "streaming started", Duration::from_secs(30)).await;
     let walsender = wait_holder(&client, &config.slot, None).await;
     if !send_signal(walsender as u32, "STOP") {
-        eprintln!("SKIPPING a_silent_walsender_is_detected_and_replaced: cannot signal the server's processes");
+        crate::harness::needs::missing(
+            crate::harness::needs::SIGNALS_TO_POSTGRES,
+            "a_silent_walsender_is_detected_and_replaced",
+            "SIGSTOP to the walsender failed",
+        );
         return;
     }
     let detected = relay
@@ -675,7 +679,11 @@ async fn metrics_counters_match_the_events_sent() {
 async fn the_password_appears_in_no_log_line_status_output_or_metric() {
     let pg = shared_cluster().await;
     let (Some(_), Some(ca)) = (pg.scram_url("postgres"), pg.ca_cert_path()) else {
-        eprintln!("SKIPPING the_password_appears_in_no_log_line_status_output_or_metric: no SCRAM user");
+        crate::harness::needs::missing(
+            crate::harness::needs::LOCAL_POSTGRES,
+            "the_password_appears_in_no_log_line_status_output_or_metric",
+            "no SCRAM user",
+        );
         return;
     };
     let kafka = MockKafka::new(1);

@@ -31,7 +31,11 @@ async fn harness_shared_cluster_accepts_queries() {
 async fn harness_scram_tls_user_connects_and_plain_is_rejected() {
     let pg = shared_cluster().await;
     let (Some(url), Some(ca)) = (pg.scram_url("postgres"), pg.ca_cert_path()) else {
-        eprintln!("SKIPPING TLS smoke test: external server has no TLS test user");
+        crate::harness::needs::missing(
+            crate::harness::needs::LOCAL_POSTGRES,
+            "harness_scram_tls_user_connects_and_plain_is_rejected",
+            "the external server has no TLS test user",
+        );
         return;
     };
     let (client, conn) = tokio_postgres::connect(&url, pg_connector(&ca))

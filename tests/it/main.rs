@@ -7,6 +7,7 @@
 
 mod backfill;
 mod cloudevents;
+mod conformance;
 mod control_plane;
 mod debezium;
 mod debezium_slot;

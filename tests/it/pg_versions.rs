@@ -3,7 +3,8 @@
 //! was confirmed (nothing lost, nothing skipped), `status`, `teardown`.
 //!
 //! Majors other than Debian's 15 come from `scripts/install-postgres-majors.sh` (`.ci/run`
-//! calls it); a major whose binaries are missing is skipped with a loud SKIPPING line. The
+//! calls it); a major whose binaries are missing is skipped with a loud SKIPPING line (a failure
+//! under CI: `harness/needs.rs`). The
 //! whole suite can also run on one major: `OUTBOX_RELAY_TEST_PG_MAJOR=17 cargo test …`.
 
 use std::time::Duration;

@@ -1,6 +1,11 @@
-//! End to end with the HTTP webhook sink: real PostgreSQL → `outbox-relay run` (a child
+//! What is the HTTP webhook sink's own, end to end: real PostgreSQL → `outbox-relay run` (a child
 //! process, `[sink] kind = "webhook"`) → the harness's HTTP receiver in the test process
-//! (`harness/webhook.rs`), which records what it accepted and answers as each test scripts it.
+//! (`harness/webhook.rs`), which records what it accepted and answers as each test scripts it:
+//! `max_concurrency`, 5xx and 429 with `Retry-After`, slow endpoints (timeouts, and the shipped
+//! defaults), an untrusted TLS certificate, Standard Webhooks signatures. The endpoint down for
+//! 30 s, kill -9 under load, refusals (4xx) under each `relay.on_bad_event`, the exactly-once
+//! refusal and two relays on one endpoint are the conformance suite's (`tests/it/conformance.rs`,
+//! `harness/conformance/webhook.rs`).
 //!
 //! Every test has its own database and receiver; every wait is bounded.
 
@@ -11,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use crate::harness::fault_support::{assert_never_confirmed_past, TxnProbe};
 use crate::harness::tls::generate_server_tls;
 use crate::harness::webhook::{Behaviour, WebhookReceiver};
 use crate::harness::workload::{insert_event, new_uuid, Committed, ExpectedEvent, OutboxSchema, Workload};
@@ -56,20 +60,6 @@ async fn streaming(config: &RelayConfig) -> RelayProcess {
         relay.log_text()
     );
     relay
-}
-
-/// Writes `n` transactions from 4 tasks over 40 aggregates, spread over about `spread`.
-fn background_workload(url: String, n: usize, spread: Duration) -> tokio::task::JoinHandle<Committed> {
-    let mut w = Workload::new(OutboxSchema::A, n, 40, 4);
-    w.pause = spread / (n as u32 / 4).max(1);
-    tokio::spawn(async move { run_workload(&url, &w).await })
-}
-
-async fn finished(writer: tokio::task::JoinHandle<Committed>) -> Committed {
-    tokio::time::timeout(Duration::from_secs(180), writer)
-        .await
-        .expect("workload in time")
-        .expect("workload task")
 }
 
 /// 5,000 events over 50 aggregates at `max_concurrency = 16`: every event arrives once, each
@@ -214,221 +204,6 @@ async fn sink_webhook_slow_endpoint_with_shipped_defaults() {
     assert!(relay.sigterm());
 }
 
-/// The endpoint down for 30 s (not listening, every connection dropped) while events keep
-/// coming: nothing is confirmed past what it acknowledged meanwhile, and once it is back every
-/// event arrives, in order per aggregate.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_webhook_endpoint_down_30s_holds_the_wal_and_loses_nothing() {
-    let receiver = WebhookReceiver::start().await;
-    let (db, client, config) = webhook_db(&receiver, &[]).await;
-    let relay = streaming(&config).await;
-    let url = shared_cluster().await.url(&db);
-    let writer = background_workload(url, 1_500, Duration::from_secs(20));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let outage = {
-        let down = receiver.down_for(Duration::from_secs(30));
-        let held = async {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            // An event committed while the endpoint is down: its transaction must stay
-            // unconfirmed until the endpoint is back.
-            let mut c = shared_cluster().await.client(&db).await;
-            let tx = c.transaction().await.unwrap();
-            let probe = TxnProbe::start(&tx).await;
-            let ev = insert_event(&tx, OutboxSchema::A, &new_uuid(), 0).await;
-            tx.commit().await.unwrap();
-            let point = probe.finish(&c).await;
-            assert_never_confirmed_past(
-                &client,
-                &config.slot,
-                point.end_lsn,
-                Duration::from_secs(20),
-                "endpoint down",
-            )
-            .await;
-            ev
-        };
-        let ((), ev) = tokio::join!(down, held);
-        ev
-    };
-    let mut committed = finished(writer).await;
-    committed
-        .by_aggregate
-        .entry(outage.aggregate_id.clone())
-        .or_default()
-        .push(outage);
-    let expected = all(&committed);
-    let records = receiver.collect(expected.len(), Duration::from_secs(120)).await;
-    let dups = check_delivered(&expected, &records, order_topic);
-    check_order(&committed, &records);
-    eprintln!("webhook outage: {} events, 0 lost, {dups} duplicates", expected.len());
-    assert!(relay.sigterm());
-}
-
-/// SIGKILL of the relay under load, five times: after a last relay drains, every event has
-/// arrived (duplicates allowed: the receiver deduplicates on Idempotency-Key), in order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_webhook_kill_9_under_load_loses_nothing() {
-    let receiver = WebhookReceiver::start().await;
-    let (db, _client, config) = webhook_db(&receiver, &[]).await;
-    let url = shared_cluster().await.url(&db);
-    let writer = background_workload(url, 4_000, Duration::from_secs(8));
-    let mut kills = 0;
-    while !writer.is_finished() && kills < 5 {
-        let mut relay = streaming(&config).await;
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
-        assert!(relay.sigkill());
-        relay
-            .wait_exit(Duration::from_secs(10))
-            .await
-            .expect("killed relay exits");
-        kills += 1;
-    }
-    let committed = finished(writer).await;
-    let relay = streaming(&config).await;
-    let expected = all(&committed);
-    let records = receiver.collect(expected.len(), Duration::from_secs(120)).await;
-    let dups = check_delivered(&expected, &records, order_topic);
-    check_order(&committed, &records);
-    eprintln!(
-        "webhook kill -9: {} events, {kills} SIGKILLs, 0 lost, {dups} duplicates",
-        expected.len()
-    );
-    assert!(relay.sigterm());
-}
-
-/// Inserts one row of aggregate `agg` into events_outbox with the given type and payload;
-/// returns its id.
-async fn insert_raw(client: &Client, agg: &str, ty: &str, payload: &str) -> String {
-    let row = client
-        .query_one(
-            "INSERT INTO events_outbox (aggregate_id, type, payload) VALUES ($1::text::uuid, $2, $3::text::jsonb)
-             RETURNING id::text",
-            &[&agg, &ty, &payload],
-        )
-        .await
-        .unwrap();
-    row.get(0)
-}
-
-/// An aggregate's good event, its event the receiver refuses with 422 (the body is marked), an
-/// event whose routed name cannot stand in the URL (another aggregate; not under "fail"), then
-/// the first aggregate's next event, under `policy`.
-async fn refused_case(policy: &str) {
-    let receiver = WebhookReceiver::start().await;
-    receiver.refuse_marked("REFUSE-ME", 422);
-    let (_db, client, config) = webhook_db(&receiver, FAST_RETRIES).await;
-    let mut config =
-        config
-            .route(r"^(?<routedByValue>[^.]+)\..*$", "${routedByValue}")
-            .set("relay", "on_bad_event", policy);
-    if policy == "dead-letter" {
-        config = config.set("relay", "dead_letter_topic", "dead-letters");
-    }
-    let mut relay = streaming(&config).await;
-    // One aggregate: nothing of it may pass the refused event until the policy was applied.
-    let agg = new_uuid();
-    let first = insert_raw(&client, &agg, "order.placed", "{\"n\": 1}").await;
-    let refused = insert_raw(&client, &agg, "order.placed", "{\"n\": \"REFUSE-ME\"}").await;
-    // Refused on sight (it cannot stand in the URL): under "fail" it would race the 422 to stop
-    // the relay, so only the other policies get it.
-    let bad_name = if policy == "fail" {
-        String::new()
-    } else {
-        insert_raw(&client, &new_uuid(), "bad name!.placed", "{\"n\": 3}").await
-    };
-    let last = insert_raw(&client, &agg, "order.placed", "{\"n\": 2}").await;
-    // First deliveries per topic, in arrival order: a replay after the refusal may send an
-    // event of another aggregate again (at-least-once), never one that was refused.
-    let ids = |records: &[Received], topic: &str| -> Vec<String> {
-        let mut seen = std::collections::HashSet::new();
-        records
-            .iter()
-            .filter(|r| r.topic == topic)
-            .map(|r| String::from_utf8_lossy(r.header("id").unwrap()).into_owned())
-            .filter(|id| seen.insert(id.clone()))
-            .collect()
-    };
-    match policy {
-        "fail" => {
-            let status = relay.wait_exit(Duration::from_secs(60)).await;
-            let log = relay.log_text();
-            assert_eq!(status.and_then(|s| s.code()), Some(1), "log:\n{log}");
-            assert!(log.contains(&format!("id={refused}")), "log:\n{log}");
-            assert!(log.contains("HTTP 422"), "the receiver's answer is logged:\n{log}");
-            let records = receiver.collect(1, Duration::from_secs(5)).await;
-            assert_eq!(ids(&records, "order"), vec![first], "nothing after the refused event");
-        }
-        "skip" => {
-            let records = receiver.collect(2, Duration::from_secs(60)).await;
-            assert_eq!(
-                ids(&records, "order"),
-                vec![first, last],
-                "refused events are not delivered"
-            );
-            let refusals = receiver.hits().iter().filter(|h| h.status == 422).count();
-            // Sent once, and once more alone before it is called bad (relay/quarantine.rs); never
-            // retried as a transient failure would be.
-            assert!((1..=2).contains(&refusals), "a 4xx is not retried: {refusals} refusals");
-        }
-        _ => {
-            let records = receiver.collect(4, Duration::from_secs(60)).await;
-            assert_eq!(ids(&records, "order"), vec![first, last]);
-            let dead: Vec<_> = records.iter().filter(|r| r.topic == "dead-letters").collect();
-            // Each of its own aggregate: no order between them.
-            let mut dead_ids = ids(&records, "dead-letters");
-            dead_ids.sort();
-            let mut want = vec![refused.clone(), bad_name];
-            want.sort();
-            assert_eq!(dead_ids, want, "each refused event dead-lettered");
-            let letter = dead
-                .iter()
-                .find(|r| r.header("id") == Some(refused.as_bytes()))
-                .expect("the refused event's dead letter");
-            let error = String::from_utf8_lossy(letter.header("outbox-relay-error").unwrap()).into_owned();
-            assert!(error.contains("422"), "the dead letter says why: {error}");
-            assert!(
-                letter.payload_str().unwrap().contains("REFUSE-ME"),
-                "the raw event is the body"
-            );
-        }
-    }
-    if policy != "fail" {
-        assert!(relay.sigterm());
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_webhook_4xx_fail() {
-    refused_case("fail").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_webhook_4xx_skip() {
-    refused_case("skip").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_webhook_4xx_dead_letter() {
-    refused_case("dead-letter").await;
-}
-
-/// `relay.delivery = "exactly-once"` is refused at start, with the reason.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_webhook_exactly_once_is_refused_at_start() {
-    let receiver = WebhookReceiver::start().await;
-    let (_db, _client, config) = webhook_db(&receiver, &[]).await;
-    let config = config.set("relay", "delivery", "exactly-once");
-    let mut relay = RelayProcess::run(&config);
-    let status = relay.wait_exit(Duration::from_secs(30)).await;
-    let log = relay.log_text();
-    assert!(status.is_some_and(|s| !s.success()), "log:\n{log}");
-    assert!(
-        log.contains("HTTP has no deduplication on the wire") && log.contains("Idempotency-Key"),
-        "log:\n{log}"
-    );
-    assert!(receiver.hits().is_empty());
-}
-
 /// An HTTPS receiver whose certificate the relay does not trust (a throwaway CA, no
 /// `tls_ca`): the relay stops at the first event with an error naming the problem and the fix
 /// (not retrying for ever with the WAL held), confirms nothing past it; with `tls_ca` naming
@@ -489,10 +264,10 @@ fn standardwebhooks_python() -> Option<PathBuf> {
     if usable() {
         Some(python)
     } else {
-        eprintln!(
-            "SKIPPING the Standard Webhooks library check: {} cannot import standardwebhooks \
-             (scripts/install-standardwebhooks.sh needs python3 with venv and pip, and PyPI)",
-            python.display()
+        crate::harness::needs::missing(
+            crate::harness::needs::STANDARD_WEBHOOKS,
+            "the Standard Webhooks library check",
+            &format!("{} cannot import standardwebhooks", python.display()),
         );
         None
     }

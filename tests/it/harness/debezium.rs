@@ -2,8 +2,8 @@
 //! and Kafka Connect's converters (`tests/debezium/DebeziumOutbox.java`), run as a child JVM.
 //!
 //! [`Debezium::get()`] finds Java, javac and the jars of `scripts/install-debezium.sh`, compiles
-//! the harness once per test binary, and returns `None` after a loud SKIPPING line when anything
-//! is missing. [`Debezium::start`] runs the engine with a spec (connector options, variants of
+//! the harness once per test binary, and returns `None` after `needs::missing` (a loud SKIPPING
+//! line; a failure under CI) when anything is missing. [`Debezium::start`] runs the engine with a spec (connector options, variants of
 //! EventRouter options and converters) and returns once its task runs (its slot exists, so every
 //! row committed afterwards is captured); [`DebeziumRun::finish`] waits for the expected number
 //! of change events and returns, per event and variant, the record Connect would produce.
@@ -46,11 +46,9 @@ pub struct DebeziumRecord {
     pub error: Option<String>,
 }
 
+/// [`super::needs::missing`]: a loud SKIPPING line; a failure under CI.
 fn skip(why: &str) -> Option<Debezium> {
-    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-    eprintln!("SKIPPING Debezium side-by-side test: {why}");
-    eprintln!("(run scripts/install-debezium.sh; .ci/run does)");
-    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+    super::needs::missing(super::needs::DEBEZIUM, "", why);
     None
 }
 

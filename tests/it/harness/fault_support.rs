@@ -44,10 +44,14 @@ pub fn random_below(n: u64) -> u64 {
 
 /// Start and end LSN of the commit record of `xid` (pg_walinspect), searched in `from..to`.
 /// The start is what the relay calls the transaction's commit LSN; the end is what it confirms.
+/// `to` is capped at the flushed WAL: pg_walinspect refuses an end past it ("cannot accept
+/// future end LSN"), and `pg_current_wal_lsn()` (the write position) can be ahead of it for a
+/// moment while other sessions write; the commit record itself is flushed once it committed.
 pub async fn commit_lsns(client: &Client, xid: i64, from: u64, to: u64) -> (u64, u64) {
     let row = client
         .query_one(
-            "SELECT start_lsn::text, end_lsn::text FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+            "SELECT start_lsn::text, end_lsn::text
+               FROM pg_get_wal_records_info($1::text::pg_lsn, LEAST($2::text::pg_lsn, pg_current_wal_flush_lsn()))
               WHERE resource_manager = 'Transaction' AND record_type IN ('COMMIT', 'COMMIT_PREPARED')
                 AND xid::text = $3",
             &[&format_lsn(from), &format_lsn(to), &(xid as u32).to_string()],

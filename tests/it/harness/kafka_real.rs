@@ -14,7 +14,8 @@
 //!
 //! Where the broker is: `$KAFKA_HOME` (a directory with `libs/*.jar`), else
 //! `~/.cache/outbox-relay/kafka-<KAFKA_VERSION>`. When it is missing the functions return
-//! `None` after a loud SKIPPING line; CI installs it first (`.ci/run`), so there it never is.
+//! `None` after a loud SKIPPING line ([`super::needs::missing`]); under CI (which installs it
+//! first, `.ci/run`) a missing broker fails the test instead.
 //!
 //! Every broker is a `java` child process tied to the test binary by a [`Watchdog`], with
 //! its data in a temp dir removed on drop; every wait here is bounded.
@@ -59,12 +60,12 @@ pub fn kafka_home() -> Option<PathBuf> {
     (broker_jar.is_file() || std::env::var_os(KAFKA_HOME_ENV).is_some()).then_some(dir)
 }
 
+/// The broker's directory, or [`super::needs::missing`] (a loud SKIPPING line; a failure under CI).
 fn skip_message() -> Option<PathBuf> {
     let home = kafka_home();
     if home.is_none() {
-        eprintln!(
-            "\n!!!!! SKIPPING real-Kafka test: Apache Kafka {KAFKA_VERSION} is not installed; run scripts/install-kafka.sh !!!!!\n"
-        );
+        let detail = format!("Apache Kafka {KAFKA_VERSION} is not installed");
+        super::needs::missing(super::needs::KAFKA, "", &detail);
     }
     home
 }

@@ -64,7 +64,7 @@
 //!
 //! # Debezium
 //! [`Debezium::get`] (`debezium.rs`): Debezium 3.6's embedded engine with the EventRouter and
-//! Connect's converters (`tests/debezium/DebeziumOutbox.java`), `None` with a loud SKIPPING line
+//! Connect's converters (`tests/debezium/DebeziumOutbox.java`), `None` after [`needs::missing`]
 //! where Java or the jars (`scripts/install-debezium.sh`) are missing.
 //!
 //! # Webhooks
@@ -75,10 +75,10 @@
 //!
 //! # AWS (moto)
 //! [`moto::Moto`]: a `moto_server` of a test's own (from `scripts/ensure-moto.sh`'s venv; `None`
-//! with a loud SKIPPING line where it is missing), queues created with the AWS SDK, read back as
+//! after [`needs::missing`] where it is missing), queues created with the AWS SDK, read back as
 //! [`Received`] records once everything arrived (moto deduplicates FIFO messages only against
 //! those still queued), and frozen / thawed (SIGSTOP / SIGCONT) for outages with state kept;
-//! [`moto::run_relay`] / [`moto::run_relay_streaming`] start the relay with the test credentials.
+//! [`moto::aws_run`] / [`moto::aws_run_streaming`] start the relay with the test credentials.
 //! [`moto_kinesis`]: Kinesis streams on the same moto, every shard read back from the start.
 //!
 //! # Faults
@@ -95,11 +95,24 @@
 //! a steady load, the checker (lost, order of first deliveries, duplicates) and time to resume.
 //! Relays run in a namespace through [`relay_process::NETNS`].
 //!
+//! # The conformance suite's sinks
+//! [`conformance::SinkHarness`] (`conformance/`): one implementation per sink of what differs
+//! per broker — its server and how to take it away, its config section, destinations made and
+//! read back, what it promises (exactly-once or not, and how) and what it refuses (its bad
+//! events). `tests/it/conformance.rs` runs every scenario through it for every sink.
+//!
+//! # Missing dependencies
+//! [`needs::missing`] is the one place a test finds out that what it needs is not there (moto,
+//! the emulator, a real Kafka, a PostgreSQL major, Debezium, …): locally a loud SKIPPING line
+//! and the test returns; under CI (`CI` set, as `.ci/run` sets it) a failure naming what is
+//! missing and the script that provides it.
+//!
 //! # Waiting
 //! [`wait_until`] polls an async condition with a deadline; use it instead of sleeps.
 #![allow(dead_code, unused_imports)]
 
 pub mod checks;
+pub mod conformance;
 pub mod consumer;
 pub mod debezium;
 pub mod fault_support;
@@ -109,6 +122,7 @@ pub mod moto;
 pub mod moto_kinesis;
 pub mod moto_sns;
 pub mod nats;
+pub mod needs;
 pub mod nemesis;
 pub mod net_fault;
 pub mod otlp;

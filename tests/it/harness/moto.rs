@@ -1,6 +1,6 @@
 //! moto in server mode for the AWS sink tests (`scripts/ensure-moto.sh` installs it into
 //! `~/.cache/outbox-relay/venv-moto`): each test starts a `moto_server` of its own on a free
-//! loopback port ([`Moto::start`], `None` with a loud SKIPPING line where moto is missing),
+//! loopback port ([`Moto::start`], `None` after `needs::missing` where moto is missing),
 //! creates its queues with the AWS SDK, and reads them back as [`Received`] records so the
 //! Kafka checks (`check_delivered`, `check_order`) apply: topic = the queue name, key = the
 //! `key` attribute, payload = the body, headers = every message attribute (`id` first),
@@ -49,14 +49,11 @@ pub struct Moto {
 }
 
 impl Moto {
-    /// Starts moto on a free port and waits until it answers; `None` (after a loud SKIPPING
-    /// line) where moto is not installed.
+    /// Starts moto on a free port and waits until it answers; `None` where moto is not
+    /// installed (after [`super::needs::missing`]: a loud SKIPPING line, a failure under CI).
     pub async fn start(test: &str) -> Option<Moto> {
         let Some(bin) = moto_binary() else {
-            eprintln!(
-                "SKIPPING {test}: moto is not installed (run scripts/ensure-moto.sh: it installs moto[server] into \
-                 ~/.cache/outbox-relay/venv-moto)"
-            );
+            super::needs::missing(super::needs::MOTO, test, "");
             return None;
         };
         // Another process may take the port between free_port and moto's bind: try again.
@@ -306,13 +303,6 @@ pub fn client(endpoint: &str) -> aws_sdk_sqs::Client {
 
 // ---- Shared by the AWS sink suites (sink_sqs.rs, sink_sns.rs, sink_kinesis.rs) ----
 
-/// Shorter restart backoff for the tests that kill or stop things (100 ms to 500 ms).
-pub fn fast_restarts(config: super::RelayConfig) -> super::RelayConfig {
-    config
-        .set("relay", "reconnect_backoff_initial_ms", 100)
-        .set("relay", "reconnect_backoff_max_ms", 500)
-}
-
 /// `outbox-relay run` with the test credentials ([`AWS_ENV`]).
 pub fn aws_run(config: &super::RelayConfig) -> super::RelayProcess {
     super::RelayProcess::run_with(config, &[], &AWS_ENV)
@@ -327,14 +317,4 @@ pub async fn aws_run_streaming(config: &super::RelayConfig) -> super::RelayProce
         relay.log_text()
     );
     relay
-}
-
-/// Every committed event at least once in `queue` (key, payload), first deliveries in commit
-/// order per aggregate; returns the duplicates.
-pub fn check_all(committed: &super::workload::Committed, records: &[Received], queue: &str, what: &str) -> usize {
-    let all: Vec<super::workload::ExpectedEvent> = committed.all().cloned().collect();
-    let dups = super::check_delivered(&all, records, |_| queue.to_owned());
-    super::check_order(committed, records);
-    eprintln!("{what}: {} events, 0 lost, {dups} duplicates", all.len());
-    dups
 }

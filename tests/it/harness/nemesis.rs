@@ -70,7 +70,8 @@ pub struct Rig {
 pub const TIMESTAMP_BOUND_MS: &str = "15000";
 
 impl Rig {
-    /// `None` (after a SKIPPING line) when Kafka is not installed or namespaces are unavailable.
+    /// `None` (after `needs::missing`: a loud SKIPPING line, a failure under CI) when Kafka is not
+    /// installed or namespaces are unavailable.
     pub async fn new(kind: SinkKind, delivery: Delivery) -> Option<Rig> {
         if !super::net_fault::available() {
             return None;

@@ -55,8 +55,8 @@ fn sh_quiet(prog: &str, args: &[&str]) {
 }
 
 /// Whether the fault harness can run here: root, `ip netns` and the `blackhole` qdisc.
-/// Prints a loud SKIPPING line when it cannot. (A veth pair probes it: this kernel has no
-/// dummy links.)
+/// When it cannot: [`super::needs::missing`] (a loud SKIPPING line; a failure under CI). (A veth
+/// pair probes it: this kernel has no dummy links.)
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let ok = *AVAILABLE.get_or_init(|| {
@@ -82,7 +82,7 @@ pub fn available() -> bool {
         ok
     });
     if !ok {
-        eprintln!("\n!!!!! SKIPPING nemesis test: needs root, `ip` and tc's blackhole qdisc !!!!!\n");
+        super::needs::missing(super::needs::NETWORK_NAMESPACES, "", "");
     }
     ok
 }

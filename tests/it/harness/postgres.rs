@@ -74,6 +74,11 @@ enum Inner {
 
 static SHARED: OnceCell<PgCluster> = OnceCell::const_new();
 
+/// Whether the tests are pointed at an external server ([`EXTERNAL_PG_ENV`] set).
+pub fn external_server() -> bool {
+    std::env::var(EXTERNAL_PG_ENV).is_ok_and(|v| !v.trim().is_empty())
+}
+
 /// The process-wide cluster, started on first use (or the external server).
 /// Tests sharing it must create their own database ([`unique_name`](super::unique_name)).
 pub async fn shared_cluster() -> &'static PgCluster {
@@ -161,24 +166,29 @@ fn running_as_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
-/// Prints the loud line a test prints when it skips a major whose binaries are missing.
+/// A test of `what` cannot run on PostgreSQL `major`, whose binaries are missing:
+/// [`super::needs::missing`] (a loud SKIPPING line; a failure under CI).
 pub fn skip_missing_major(major: u32, what: &str) {
-    eprintln!(
-        "\n!!!!! SKIPPING {what} on PostgreSQL {major}: its binaries are not installed \
-         (run scripts/install-postgres-majors.sh; .ci/run does) !!!!!\n"
+    let need = if major == 15 {
+        super::needs::POSTGRES_15
+    } else {
+        super::needs::POSTGRES_MAJORS
+    };
+    super::needs::missing(
+        need,
+        "",
+        &format!("{what} on PostgreSQL {major}: its binaries are not installed"),
     );
 }
 
 impl PgCluster {
     /// Starts a private cluster with `settings` appended to the defaults (later wins),
-    /// e.g. `&[("wal_level", "replica")]`. Returns `None` (loudly) when the tests are
-    /// pointed at an external server, where no local cluster may be started.
+    /// e.g. `&[("wal_level", "replica")]`. Returns `None` when the tests are pointed at an
+    /// external server, where no local cluster may be started (after [`super::needs::missing`]:
+    /// a loud SKIPPING line; a failure under CI).
     pub async fn start_dedicated(settings: &[(&str, &str)]) -> Option<PgCluster> {
-        if std::env::var(EXTERNAL_PG_ENV).is_ok_and(|v| !v.trim().is_empty()) {
-            eprintln!(
-                "\n!!!!! SKIPPING: this test needs a dedicated local PostgreSQL cluster, but \
-                 {EXTERNAL_PG_ENV} is set. !!!!!\n"
-            );
+        if external_server() {
+            super::needs::missing(super::needs::LOCAL_POSTGRES, "", &format!("{EXTERNAL_PG_ENV} is set"));
             return None;
         }
         Some(PgCluster::start_local(Path::new(PG_BIN), settings).await)
@@ -187,11 +197,8 @@ impl PgCluster {
     /// Like [`start_dedicated`](Self::start_dedicated), running the binaries in `bin` (see
     /// [`pg_bin_for_major`]).
     pub async fn start_dedicated_with(bin: &Path, settings: &[(&str, &str)]) -> Option<PgCluster> {
-        if std::env::var(EXTERNAL_PG_ENV).is_ok_and(|v| !v.trim().is_empty()) {
-            eprintln!(
-                "\n!!!!! SKIPPING: this test needs a dedicated local PostgreSQL cluster, but \
-                 {EXTERNAL_PG_ENV} is set. !!!!!\n"
-            );
+        if external_server() {
+            super::needs::missing(super::needs::LOCAL_POSTGRES, "", &format!("{EXTERNAL_PG_ENV} is set"));
             return None;
         }
         Some(PgCluster::start_local(bin, settings).await)

@@ -13,7 +13,7 @@
 //! the topics and subscriptions the test made (what was published before the stop and not yet
 //! pulled is gone with it — the tests that stop it pull continuously and say what that cost).
 //! Without the emulator (no Java, package missing) [`PubSubEmulator::start`] returns `None`
-//! after a loud SKIPPING line.
+//! after `needs::missing` (a loud SKIPPING line; a failure under CI).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,14 +54,11 @@ pub struct PubSubEmulator {
 }
 
 impl PubSubEmulator {
-    /// Starts an emulator on a free loopback port; `None` (after a SKIPPING line) when it is not
-    /// installed.
+    /// Starts an emulator on a free loopback port; `None` when it is not installed (after
+    /// [`super::needs::missing`]: a loud SKIPPING line, a failure under CI).
     pub async fn start(test: &str) -> Option<PubSubEmulator> {
         if emulator_bin().is_none() {
-            eprintln!(
-                "SKIPPING {test}: the Pub/Sub emulator is not installed ({EMULATOR_BIN}; run \
-                 scripts/ensure-pubsub-emulator.sh)"
-            );
+            super::needs::missing(super::needs::PUBSUB_EMULATOR, test, EMULATOR_BIN);
             return None;
         }
         let mut e = PubSubEmulator {
@@ -335,19 +332,23 @@ fn received(topic: &str, m: &Value) -> Received {
 }
 
 /// Pulls `subs` (subscription, topic) continuously in a task of its own, keeping what arrived in
-/// pull order; pulls that fail (the emulator down) are retried.
+/// pull order; pulls that fail (the emulator down) are retried. [`Puller::add`] pulls one more.
 pub struct Puller {
     records: Arc<Mutex<Vec<Received>>>,
+    subs: Arc<Mutex<Vec<(String, String)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Puller {
     pub fn start(emulator: Arc<tokio::sync::RwLock<PubSubEmulator>>, subs: Vec<(String, String)>) -> Puller {
         let records = Arc::new(Mutex::new(Vec::new()));
+        let subs = Arc::new(Mutex::new(subs));
         let out = Arc::clone(&records);
+        let pulled_subs = Arc::clone(&subs);
         let task = tokio::spawn(async move {
             loop {
                 let mut got_any = false;
+                let subs = pulled_subs.lock().unwrap().clone();
                 for (sub, topic) in &subs {
                     let pulled = emulator.read().await.pull_once(sub, topic).await;
                     if let Ok(batch) = pulled {
@@ -364,7 +365,12 @@ impl Puller {
                 }
             }
         });
-        Puller { records, task }
+        Puller { records, subs, task }
+    }
+
+    /// Pulls subscription `sub` (of `topic`) too from now on.
+    pub fn add(&self, sub: String, topic: String) {
+        self.subs.lock().unwrap().push((sub, topic));
     }
 
     pub fn records(&self) -> Vec<Received> {

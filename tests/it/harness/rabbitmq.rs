@@ -102,6 +102,35 @@ impl RabbitFixture {
         }
     }
 
+    /// Binds the queue to the exchange by `pattern` too.
+    pub async fn bind(&self, pattern: &str) {
+        self.channel
+            .queue_bind(
+                &self.queue,
+                &self.exchange,
+                pattern,
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind queue");
+    }
+
+    /// Reads whatever the queue holds now; every record read so far.
+    pub async fn drain(&self) -> Vec<Received> {
+        while let Some(m) = self
+            .channel
+            .basic_get(&self.queue, BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get")
+        {
+            let mut received = self.received.lock().unwrap();
+            let offset = received.len() as i64;
+            received.push(to_received(&m.delivery, offset));
+        }
+        self.received.lock().unwrap().clone()
+    }
+
     /// Connects again (after the broker restarted).
     pub async fn reconnect(&mut self, url: &str) {
         let (connection, channel) = amqp_connect(url).await;
@@ -294,7 +323,7 @@ impl PrivateRabbit {
     /// where the broker is not installed.
     pub async fn start() -> Option<PrivateRabbit> {
         if !std::path::Path::new(RABBITMQ_SERVER).exists() {
-            eprintln!("SKIPPING: {RABBITMQ_SERVER} not installed, no private RabbitMQ node");
+            super::needs::missing(super::needs::RABBITMQ_SERVER, "", "no RabbitMQ node of the test's own");
             return None;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -202,10 +202,20 @@ impl WebhookReceiver {
     /// Stops listening and drops every open connection (a request being answered gets no
     /// reply); after `down`, binds the same port again and serves on. Returns when it is back.
     pub async fn down_for(&self, down: Duration) {
+        self.down();
+        tokio::time::sleep(down).await;
+        self.up().await;
+    }
+
+    /// Stops listening and drops every open connection (a request being answered gets no reply).
+    pub fn down(&self) {
         if let Some(server) = self.server.lock().unwrap().take() {
             server.abort();
         }
-        tokio::time::sleep(down).await;
+    }
+
+    /// After [`WebhookReceiver::down`]: binds the same port again and serves on.
+    pub async fn up(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let listener = loop {
             match TcpListener::bind(self.addr).await {
