@@ -15,6 +15,18 @@ pub(crate) struct Short {
     pub(crate) remaining: usize,
 }
 
+/// The fixed-size big-endian reads, one per type: `u16()` reads a `u16` with `Bytes::get_u16`
+/// once [`Reader::number`] found its width left.
+macro_rules! numbers {
+    ($($ty:ident => $get:ident),* $(,)?) => {
+        $(
+            pub(crate) fn $ty(&mut self) -> Result<$ty, Short> {
+                self.number(Bytes::$get)
+            }
+        )*
+    };
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Reader {
     buf: Bytes,
@@ -37,34 +49,19 @@ impl Reader {
         Ok(())
     }
 
-    pub(crate) fn u8(&mut self) -> Result<u8, Short> {
-        self.ensure(1)?;
-        Ok(self.buf.get_u8())
+    /// A fixed-size big-endian number: checks its width is left, then reads it with `get`.
+    fn number<T>(&mut self, get: fn(&mut Bytes) -> T) -> Result<T, Short> {
+        self.ensure(std::mem::size_of::<T>())?;
+        Ok(get(&mut self.buf))
     }
 
-    pub(crate) fn u16(&mut self) -> Result<u16, Short> {
-        self.ensure(2)?;
-        Ok(self.buf.get_u16())
-    }
-
-    pub(crate) fn u32(&mut self) -> Result<u32, Short> {
-        self.ensure(4)?;
-        Ok(self.buf.get_u32())
-    }
-
-    pub(crate) fn i32(&mut self) -> Result<i32, Short> {
-        self.ensure(4)?;
-        Ok(self.buf.get_i32())
-    }
-
-    pub(crate) fn u64(&mut self) -> Result<u64, Short> {
-        self.ensure(8)?;
-        Ok(self.buf.get_u64())
-    }
-
-    pub(crate) fn i64(&mut self) -> Result<i64, Short> {
-        self.ensure(8)?;
-        Ok(self.buf.get_i64())
+    numbers! {
+        u8 => get_u8,
+        u16 => get_u16,
+        u32 => get_u32,
+        i32 => get_i32,
+        u64 => get_u64,
+        i64 => get_i64,
     }
 
     /// The next `n` bytes, sharing the input's allocation.

@@ -60,6 +60,21 @@ pub(crate) struct SlotRow {
     pub(crate) holder: Option<SlotHolder>,
 }
 
+#[cfg(test)]
+impl SlotRow {
+    /// A test's usable slot: logical, pgoutput, `reserved` WAL, confirmed at `confirmed`; a test
+    /// sets what it is about over it.
+    pub(crate) fn healthy(confirmed: Lsn) -> SlotRow {
+        SlotRow {
+            slot_type: "logical".into(),
+            plugin: Some("pgoutput".into()),
+            confirmed_flush_lsn: Some(confirmed),
+            wal_status: Some("reserved".into()),
+            ..SlotRow::default()
+        }
+    }
+}
+
 impl SlotRow {
     /// Why the slot can no longer be used, if it cannot: an explicit `invalidation_reason`
     /// (17+), or `wal_status = 'lost'` (13+).

@@ -798,18 +798,26 @@ mod tests {
 
     const OUTBOX: u32 = 16_384;
 
-    /// One transaction inserting `types.len()` outbox rows (ids 1, 2, …; aggregate `agg-<id>`),
-    /// committed at 0x500 and ending at 0x510, fed to a session over an in-memory sink.
-    fn run(
-        extra_config: &str,
-        types: &[&str],
-        test: impl FnOnce(
+    /// What a test does with the session [`run_with`] fed: its state, the sink, the completions
+    /// and the outcome of feeding it.
+    trait SessionTest:
+        FnOnce(&mut StreamState<'_>, &MemoryHandle<DeliveryTag>, &mut Completions<DeliveryTag>, Result<(), RelayError>)
+    {
+    }
+
+    impl<F> SessionTest for F where
+        F: FnOnce(
             &mut StreamState<'_>,
             &MemoryHandle<DeliveryTag>,
             &mut Completions<DeliveryTag>,
             Result<(), RelayError>,
-        ),
-    ) {
+        )
+    {
+    }
+
+    /// One transaction inserting `types.len()` outbox rows (ids 1, 2, …; aggregate `agg-<id>`),
+    /// committed at 0x500 and ending at 0x510, fed to a session over an in-memory sink.
+    fn run(extra_config: &str, types: &[&str], test: impl SessionTest) {
         run_with(extra_config, types, Suspects::default(), None, test)
     }
 
@@ -819,12 +827,7 @@ mod tests {
         types: &[&str],
         mut suspects: Suspects,
         tracer: Option<crate::ops::tracing_export::Tracer>,
-        test: impl FnOnce(
-            &mut StreamState<'_>,
-            &MemoryHandle<DeliveryTag>,
-            &mut Completions<DeliveryTag>,
-            Result<(), RelayError>,
-        ),
+        test: impl SessionTest,
     ) {
         let settings = settings(extra_config);
         let (mut state, handle, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, tracer);
@@ -849,6 +852,12 @@ mod tests {
             Ok(())
         })();
         test(&mut state, &handle, &mut completions, outcome);
+    }
+
+    /// [`run_with`] of one `order.placed` row (`EventRef::at(0x500, 0)`) that an earlier session
+    /// left in `suspects`.
+    fn replay_one(extra_config: &str, suspects: Suspects, test: impl SessionTest) {
+        run_with(extra_config, &["order.placed"], suspects, None, test)
     }
 
     fn apply_all(state: &mut StreamState<'_>, completions: &mut Completions<DeliveryTag>) -> Result<(), RelayError> {
@@ -1119,27 +1128,21 @@ mod tests {
         let suspect = EventRef::at(0x500, 0);
         suspects.insert(suspect, "batch refused".into());
         let dead_letter = "[relay]\non_bad_event = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n";
-        run_with(
-            dead_letter,
-            &["order.placed"],
-            suspects,
-            None,
-            |state, sink, completions, outcome| {
-                outcome.unwrap();
-                assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
-                assert!(sink.released().is_empty(), "nothing decided yet");
-                sink.fail_next(FailureKind::Refused, "record too large");
-                apply_all(state, completions).unwrap();
-                // The sink fenced agg-1 when it reported the refusal; the relay decided (dead
-                // letter) and released the key before handing over the dead letter.
-                assert_eq!(sink.released(), vec![(b"agg-1".to_vec(), 1)]);
-                let stored = sink.stored();
-                assert_eq!((stored.len(), stored[1].destination.as_str()), (2, "dlq"));
-                sink.deliver(1);
-                apply_all(state, completions).unwrap();
-                assert_eq!(state.confirmed(), Lsn(0x510));
-            },
-        );
+        replay_one(dead_letter, suspects, |state, sink, completions, outcome| {
+            outcome.unwrap();
+            assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
+            assert!(sink.released().is_empty(), "nothing decided yet");
+            sink.fail_next(FailureKind::Refused, "record too large");
+            apply_all(state, completions).unwrap();
+            // The sink fenced agg-1 when it reported the refusal; the relay decided (dead
+            // letter) and released the key before handing over the dead letter.
+            assert_eq!(sink.released(), vec![(b"agg-1".to_vec(), 1)]);
+            let stored = sink.stored();
+            assert_eq!((stored.len(), stored[1].destination.as_str()), (2, "dlq"));
+            sink.deliver(1);
+            apply_all(state, completions).unwrap();
+            assert_eq!(state.confirmed(), Lsn(0x510));
+        });
     }
 
     #[test]
@@ -1150,47 +1153,35 @@ mod tests {
         suspects.insert(suspect, "batch refused".into());
         // The session that sends it alone: refused again, its broker transaction can no longer
         // commit, so no dead letter goes into it; the session ends and nothing is confirmed.
-        run_with(
-            &config,
-            &["order.placed"],
-            suspects,
-            None,
-            |state, sink, completions, outcome| {
-                outcome.unwrap();
-                assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
-                sink.fail_next(FailureKind::Refused, "record too large");
-                let err = apply_all(state, completions).unwrap_err();
-                assert!(matches!(err, RelayError::RecordCondemned { .. }), "{err}");
-                assert!(err.is_transient(), "the replay settles it: {err}");
-                assert_eq!(sink.stored().len(), 1, "no dead letter inside the doomed transaction");
-                assert_eq!(state.confirmed(), Lsn(0x10));
-            },
-        );
+        replay_one(&config, suspects, |state, sink, completions, outcome| {
+            outcome.unwrap();
+            assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
+            sink.fail_next(FailureKind::Refused, "record too large");
+            let err = apply_all(state, completions).unwrap_err();
+            assert!(matches!(err, RelayError::RecordCondemned { .. }), "{err}");
+            assert!(err.is_transient(), "the replay settles it: {err}");
+            assert_eq!(sink.stored().len(), 1, "no dead letter inside the doomed transaction");
+            assert_eq!(state.confirmed(), Lsn(0x10));
+        });
         // The replay: the condemned event is dead-lettered without being sent, the unit sealed
         // and the source transaction confirmed.
         let mut suspects = Suspects::default();
         suspects.condemn(suspect, "record too large".into());
-        run_with(
-            &config,
-            &["order.placed"],
-            suspects,
-            None,
-            |state, sink, completions, outcome| {
-                outcome.unwrap();
-                let stored = sink.stored();
-                assert_eq!(
-                    (stored.len(), stored[0].destination.as_str()),
-                    (1, "dlq"),
-                    "only its dead letter"
-                );
-                sink.deliver(1);
-                apply_all(state, completions).unwrap();
-                state.seal_if_due(true).unwrap();
-                sink.deliver(1);
-                apply_all(state, completions).unwrap();
-                assert_eq!(state.confirmed(), Lsn(0x510));
-            },
-        );
+        replay_one(&config, suspects, |state, sink, completions, outcome| {
+            outcome.unwrap();
+            let stored = sink.stored();
+            assert_eq!(
+                (stored.len(), stored[0].destination.as_str()),
+                (1, "dlq"),
+                "only its dead letter"
+            );
+            sink.deliver(1);
+            apply_all(state, completions).unwrap();
+            state.seal_if_due(true).unwrap();
+            sink.deliver(1);
+            apply_all(state, completions).unwrap();
+            assert_eq!(state.confirmed(), Lsn(0x510));
+        });
     }
 
     #[test]

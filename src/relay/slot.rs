@@ -122,12 +122,8 @@ mod tests {
 
     fn row() -> SlotRow {
         SlotRow {
-            slot_type: "logical".into(),
-            plugin: Some("pgoutput".into()),
-            confirmed_flush_lsn: Some(Lsn(0x1000)),
             restart_lsn: Some(Lsn(0x800)),
-            wal_status: Some("reserved".into()),
-            ..SlotRow::default()
+            ..SlotRow::healthy(Lsn(0x1000))
         }
     }
 

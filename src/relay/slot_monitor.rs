@@ -245,12 +245,8 @@ mod tests {
 
     fn row() -> SlotRow {
         SlotRow {
-            slot_type: "logical".into(),
-            plugin: Some("pgoutput".into()),
-            confirmed_flush_lsn: Some(Lsn(0x5000)),
-            wal_status: Some("reserved".into()),
             retained_wal_bytes: Some(4096),
-            ..SlotRow::default()
+            ..SlotRow::healthy(Lsn(0x5000))
         }
     }
 

@@ -65,11 +65,8 @@ mod tests {
     #[test]
     fn retention_gate_closes_for_a_missing_invalidated_or_unheld_slot() {
         let healthy = SlotRow {
-            slot_type: "logical".into(),
             active: true,
-            confirmed_flush_lsn: Some(Lsn(0x1000)),
-            wal_status: Some("reserved".into()),
-            ..SlotRow::default()
+            ..SlotRow::healthy(Lsn(0x1000))
         };
         assert_eq!(verdict("s", Some(&healthy)), Gate::Open(Lsn(0x1000)));
         let closed = |row: Option<&SlotRow>| match verdict("s", row) {
