@@ -47,24 +47,20 @@ pub(crate) struct Standbys {
 }
 
 pub(crate) async fn standbys(client: &Client, server: &ServerInfo) -> Result<Standbys, ControlError> {
-    let rows = client
-        .query(
-            // Physical walsenders are the ones not connected to a database.
-            "SELECT COALESCE(r.application_name, '')::text FROM pg_stat_replication r \
-             JOIN pg_stat_activity a ON a.pid = r.pid WHERE a.datname IS NULL ORDER BY 1",
-            &[],
-        )
-        .await
-        .map_err(ControlError::query("listing the connected standbys"))?;
-    let connected = rows.iter().map(|r| r.get(0)).collect();
-    let rows = client
-        .query(
-            "SELECT slot_name::text FROM pg_replication_slots WHERE slot_type = 'physical' ORDER BY 1",
-            &[],
-        )
-        .await
-        .map_err(ControlError::query("listing the physical slots"))?;
-    let physical_slots = rows.iter().map(|r| r.get(0)).collect();
+    // Physical walsenders are the ones not connected to a database.
+    let connected = text_column(
+        client,
+        "SELECT COALESCE(r.application_name, '')::text FROM pg_stat_replication r \
+         JOIN pg_stat_activity a ON a.pid = r.pid WHERE a.datname IS NULL ORDER BY 1",
+        "listing the connected standbys",
+    )
+    .await?;
+    let physical_slots = text_column(
+        client,
+        "SELECT slot_name::text FROM pg_replication_slots WHERE slot_type = 'physical' ORDER BY 1",
+        "listing the physical slots",
+    )
+    .await?;
     let synchronized_standby_slots = if server.version_num >= FAILOVER_VERSION_NUM {
         let row = client
             .query_one(
@@ -82,6 +78,12 @@ pub(crate) async fn standbys(client: &Client, server: &ServerInfo) -> Result<Sta
         physical_slots,
         synchronized_standby_slots,
     })
+}
+
+/// The one text column of every row `sql` returns; `doing` names the query in its error.
+async fn text_column(client: &Client, sql: &str, doing: &'static str) -> Result<Vec<String>, ControlError> {
+    let rows = client.query(sql, &[]).await.map_err(ControlError::query(doing))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 fn split_list(text: &str) -> Vec<String> {

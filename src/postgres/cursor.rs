@@ -103,6 +103,52 @@ pub(crate) fn show_byte(b: u8) -> String {
     s
 }
 
+/// The property every decoder built on [`Reader`] has: whatever it is given, it returns an error
+/// rather than panicking.
+#[cfg(test)]
+pub(crate) mod fuzz {
+    use bytes::Bytes;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    /// Fewer than `max_len` arbitrary bytes.
+    fn noise(max_len: usize) -> impl Strategy<Value = Bytes> {
+        proptest::collection::vec(any::<u8>(), 0..max_len).prop_map(Bytes::from)
+    }
+
+    /// One of `tags`, then fewer than `max_len` arbitrary bytes: input that gets past the
+    /// decoder's first `match`.
+    fn after_tag(tags: &[u8], max_len: usize) -> impl Strategy<Value = Bytes> {
+        (prop::sample::select(tags.to_vec()), noise(max_len)).prop_map(|(tag, rest)| {
+            let mut v = vec![tag];
+            v.extend_from_slice(&rest);
+            Bytes::from(v)
+        })
+    }
+
+    /// Feeds `decode` fewer than `noise_len` arbitrary bytes, then one of `tags` followed by
+    /// fewer than `rest_len` of them; a panic fails the test with the input that caused it.
+    pub(crate) fn never_panics<T, E>(
+        decode: fn(Bytes) -> Result<T, E>,
+        tags: &[u8],
+        noise_len: usize,
+        rest_len: usize,
+    ) {
+        let config = Config {
+            failure_persistence: None,
+            ..Config::default()
+        };
+        for input in [noise(noise_len).boxed(), after_tag(tags, rest_len).boxed()] {
+            TestRunner::new(config.clone())
+                .run(&input, |bytes| {
+                    let _ = decode(bytes);
+                    Ok(())
+                })
+                .unwrap();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

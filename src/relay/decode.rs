@@ -293,19 +293,17 @@ fn shape_change(old: &Relation, new: &Relation) -> Option<String> {
         return None;
     }
     let find = |cols: &[pgoutput::RelationColumn], name: &str| cols.iter().position(|c| c.name == name);
+    /// The names of `of`'s columns that `other` does not have.
+    fn missing<'a>(of: &'a Relation, other: &Relation) -> Vec<&'a str> {
+        of.columns
+            .iter()
+            .filter(|c| other.columns.iter().all(|o| o.name != c.name))
+            .map(|c| c.name.as_str())
+            .collect()
+    }
     let mut parts = Vec::new();
-    let added: Vec<&str> = new
-        .columns
-        .iter()
-        .filter(|c| find(&old.columns, &c.name).is_none())
-        .map(|c| c.name.as_str())
-        .collect();
-    let removed: Vec<&str> = old
-        .columns
-        .iter()
-        .filter(|c| find(&new.columns, &c.name).is_none())
-        .map(|c| c.name.as_str())
-        .collect();
+    let added = missing(new, old);
+    let removed = missing(old, new);
     let retyped: Vec<String> = new
         .columns
         .iter()

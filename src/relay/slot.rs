@@ -120,6 +120,13 @@ pub(crate) async fn terminate_holder(
 mod tests {
     use super::*;
 
+    /// `msg` names every one of `needles`.
+    fn assert_names(msg: &str, needles: &[&str]) {
+        for needle in needles {
+            assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+        }
+    }
+
     fn row() -> SlotRow {
         SlotRow {
             restart_lsn: Some(Lsn(0x800)),
@@ -151,16 +158,17 @@ mod tests {
         .unwrap_err();
         assert!(!lost.is_transient());
         let msg = lost.to_string();
-        for needle in [
-            "invalidated",
-            "wal_status = lost",
-            "0/1000",
-            "teardown",
-            "setup",
-            "never recreates",
-        ] {
-            assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
-        }
+        assert_names(
+            &msg,
+            &[
+                "invalidated",
+                "wal_status = lost",
+                "0/1000",
+                "teardown",
+                "setup",
+                "never recreates",
+            ],
+        );
         let pg17 = SlotRow {
             invalidation_reason: Some("wal_removed".into()),
             ..row()
@@ -183,16 +191,17 @@ mod tests {
             "{err}"
         );
         let msg = err.to_string();
-        for needle in [
-            "uses output plugin decoderbufs",
-            "needs pgoutput",
-            "postgres.slot",
-            "outbox-relay setup",
-            "docs/migrating-from-debezium.md",
-            "pg_drop_replication_slot('debezium')",
-        ] {
-            assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
-        }
+        assert_names(
+            &msg,
+            &[
+                "uses output plugin decoderbufs",
+                "needs pgoutput",
+                "postgres.slot",
+                "outbox-relay setup",
+                "docs/migrating-from-debezium.md",
+                "pg_drop_replication_slot('debezium')",
+            ],
+        );
         let physical = SlotRow {
             slot_type: "physical".into(),
             plugin: None,

@@ -100,23 +100,28 @@ fn place(what: &str, column: Option<u16>) -> String {
     }
 }
 
+/// An Insert whose column 3 value is cut short (the decoder's tests meet it too).
+#[cfg(test)]
+pub(super) const SHORT_INSERT_VALUE: DecodeError = DecodeError::UnexpectedEof {
+    message: "Insert",
+    reading: "value",
+    column: Some(3),
+    needed: 12,
+    remaining: 4,
+};
+
+/// How [`SHORT_INSERT_VALUE`] reads.
+#[cfg(test)]
+pub(super) const SHORT_INSERT_VALUE_TEXT: &str =
+    "pgoutput Insert message ends early while reading column 3 value: need 12 bytes, 4 left";
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn messages_read_as_sentences() {
-        let eof = DecodeError::UnexpectedEof {
-            message: "Insert",
-            reading: "value",
-            column: Some(3),
-            needed: 12,
-            remaining: 4,
-        };
-        assert_eq!(
-            eof.to_string(),
-            "pgoutput Insert message ends early while reading column 3 value: need 12 bytes, 4 left"
-        );
+        assert_eq!(SHORT_INSERT_VALUE.to_string(), SHORT_INSERT_VALUE_TEXT);
         let tag = DecodeError::UnexpectedEof {
             message: "",
             reading: "message tag",
