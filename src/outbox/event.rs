@@ -439,6 +439,16 @@ mod tests {
         Relation::text_columns("public", "outbox", names)
     }
 
+    /// The layout of `table` as the first configured outbox table, no `bytea` types known.
+    fn layout_of(s: &Settings, table: &Relation) -> OutboxLayout {
+        OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], table, &ByteaTypes::default(), None).unwrap()
+    }
+
+    /// The event of `values` (mapped columns, text payload) read from the first outbox table.
+    fn from_text_columns<'a>(s: &'a Settings, values: &[Option<&'a str>]) -> Result<OutboxEvent<'a>, BadEvent> {
+        OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], values, &RowFormat::default())
+    }
+
     fn tuple(values: &[Option<&str>]) -> TupleData {
         TupleData {
             columns: values
@@ -517,7 +527,7 @@ mod tests {
     fn maps_columns_like_the_streaming_path() {
         let s = settings(FULL);
         let values = ROW.columns();
-        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+        let event = from_text_columns(&s, &values).unwrap();
         let record = event.record(&s, &LIMITS).unwrap();
         assert_eq!(record.destination, "order");
         assert_eq!(record.event_id, b"42");
@@ -577,24 +587,15 @@ mod tests {
     #[test]
     fn every_source_gives_the_same_record_for_the_same_content() {
         let s = settings(FULL);
-        let layout = OutboxLayout::resolve(
-            &s.outbox,
-            &s.outbox.tables[0],
-            &relation(&TABLE),
-            &ByteaTypes::default(),
-            None,
-        )
-        .unwrap();
+        let layout = layout_of(&s, &relation(&TABLE));
         let streamed = ROW.streamed();
         let from_wal = layout.extract(&relation(&TABLE), &streamed).unwrap();
         // The poller's claim borrows from the query's row; the backfill reads owned strings.
         let polled_values = ROW.columns();
-        let polled =
-            OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &polled_values, &RowFormat::default()).unwrap();
+        let polled = from_text_columns(&s, &polled_values).unwrap();
         let pending: Vec<Option<String>> = ROW.columns().iter().map(|v| v.map(str::to_owned)).collect();
         let pending_values: Vec<Option<&str>> = pending.iter().map(Option::as_deref).collect();
-        let backfilled =
-            OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &pending_values, &RowFormat::default()).unwrap();
+        let backfilled = from_text_columns(&s, &pending_values).unwrap();
         assert_eq!(from_wal, polled);
         assert_eq!(from_wal, backfilled);
         let record = from_wal.record(&s, &LIMITS).unwrap();
@@ -609,18 +610,10 @@ mod tests {
                 .unwrap();
         let table = relation(&["id", "aggregate_id", "type", "payload"]);
         let row = tuple(&[Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")]);
-        let plain_layout = OutboxLayout::resolve(
-            &plain.outbox,
-            &plain.outbox.tables[0],
-            &table,
-            &ByteaTypes::default(),
-            None,
-        )
-        .unwrap();
+        let plain_layout = layout_of(&plain, &table);
         let from_wal = plain_layout.extract(&table, &row).unwrap();
         let values = [Some("42"), Some("agg-1"), Some("order.placed"), Some("{\"a\": 1}")];
-        let polled =
-            OutboxEvent::from_columns(&plain.outbox, &plain.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+        let polled = from_text_columns(&plain, &values).unwrap();
         let record = message.record(&plain, &LIMITS).unwrap();
         assert_eq!(record.destination, "order");
         assert_eq!(record, from_wal.record(&plain, &LIMITS).unwrap());
@@ -660,12 +653,10 @@ mod tests {
                 polled.push(Some("acme"));
             }
             let table = relation(&names);
-            let layout =
-                OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+            let layout = layout_of(&s, &table);
             let row = tuple(&streamed);
             let from_wal = layout.extract(&table, &row).unwrap();
-            let from_sql =
-                OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &polled, &RowFormat::default()).unwrap();
+            let from_sql = from_text_columns(&s, &polled).unwrap();
             assert_eq!(from_wal, from_sql);
             assert_eq!(from_wal.traceparent.as_deref(), Some(TP.as_bytes()));
             assert_eq!(from_wal.tracestate.as_deref(), Some(&b"st=1"[..]));
@@ -689,11 +680,11 @@ mod tests {
         // A NULL trace column gives no header; a malformed one is kept as it is, and flagged.
         let s = settings("[outbox]\ntrace_column = \"tp\"\n");
         let null = [Some("1"), Some("k"), Some("t"), Some("{}"), None];
-        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &null, &RowFormat::default()).unwrap();
+        let event = from_text_columns(&s, &null).unwrap();
         assert!(matches!(event.record(&s, &LIMITS).unwrap().headers, Cow::Borrowed([])));
         assert!(!event.has_invalid_traceparent());
         let bad = [Some("1"), Some("k"), Some("t"), Some("{}"), Some("00-zz")];
-        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &bad, &RowFormat::default()).unwrap();
+        let event = from_text_columns(&s, &bad).unwrap();
         assert!(event.has_invalid_traceparent());
         assert_eq!(
             event.record(&s, &LIMITS).unwrap().headers.as_ref(),
@@ -705,8 +696,7 @@ mod tests {
     fn a_streamed_row_is_borrowed_not_copied() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout =
-            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout = layout_of(&s, &table);
         let streamed = ROW.streamed();
         let event = layout.extract(&table, &streamed).unwrap();
         let borrowed = |c: &Cow<'_, [u8]>| matches!(c, Cow::Borrowed(_));
@@ -735,8 +725,7 @@ mod tests {
     fn null_required_columns_and_bad_topics_are_bad_events() {
         let s = settings("");
         let values = [Some("7"), None, Some("t"), Some("{}")];
-        let err =
-            OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap_err();
+        let err = from_text_columns(&s, &values).unwrap_err();
         assert_eq!(OutboxEvent::id_of_columns(&values), "7");
         assert_eq!(
             err,
@@ -746,10 +735,10 @@ mod tests {
             }
         );
         let values = [None, Some("k"), Some("t"), Some("{}")];
-        assert!(OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).is_err());
+        assert!(from_text_columns(&s, &values).is_err());
         assert_eq!(OutboxEvent::id_of_columns(&values), "?");
         let values = [Some("8"), Some("k"), Some("has space"), Some("{}")];
-        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+        let event = from_text_columns(&s, &values).unwrap();
         assert_eq!(OutboxEvent::id_of_columns(&values), "8");
         assert!(matches!(event.record(&s, &LIMITS).unwrap_err(), BadEvent::Topic(_)));
     }
@@ -758,7 +747,7 @@ mod tests {
     fn unparseable_timestamps_leave_the_record_timestamp_to_the_producer() {
         let s = settings("[outbox]\ntimestamp_column = \"created_at\"\n");
         let values = [Some("1"), Some("k"), Some("t"), Some("{}"), Some("infinity")];
-        let event = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+        let event = from_text_columns(&s, &values).unwrap();
         assert_eq!(event.timestamp_ms, None);
     }
 
@@ -766,8 +755,7 @@ mod tests {
     fn streamed_rows_that_are_no_event_name_the_column() {
         let s = settings(FULL);
         let table = relation(&TABLE);
-        let layout =
-            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout = layout_of(&s, &table);
         let with = |i: usize, value: ColumnValue| {
             let mut t = ROW.streamed();
             t.columns[i] = value;
@@ -835,12 +823,11 @@ mod tests {
         }
         // A domain the session does not know of, and text types, pass the text unchanged.
         let table = typed_payload(DOMAIN_OID);
-        let layout =
-            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout = layout_of(&s, &table);
         let event = layout.extract(&table, &row).unwrap();
         assert!(matches!(event.payload, Some(Cow::Borrowed(p)) if p == hex.as_bytes()));
         let values = [Some("9"), Some("k"), Some("t"), Some(hex)];
-        let text = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+        let text = from_text_columns(&s, &values).unwrap();
         assert!(matches!(text.payload, Some(Cow::Borrowed(p)) if p == hex.as_bytes()));
     }
 
@@ -848,8 +835,7 @@ mod tests {
     fn a_malformed_bytea_payload_is_a_bad_event_naming_the_column() {
         let s = settings("");
         let table = typed_payload(crate::outbox::payload::BYTEA_OID);
-        let layout =
-            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout = layout_of(&s, &table);
         for bad in [r"\x0", r"\xzz", "00ff"] {
             let row = tuple(&[Some("9"), Some("k"), Some("t"), Some(bad)]);
             let err = layout.extract(&table, &row).unwrap_err();
@@ -875,8 +861,7 @@ mod tests {
         let s = settings("[route]\ntopic = \"${tenant}.${type}\"\nkey = \"${tenant}:${aggregate_id}\"\n");
         // pgoutput's order: the tenant column first, unmapped otherwise.
         let table = relation(&["tenant", "id", "aggregate_id", "type", "payload"]);
-        let layout =
-            OutboxLayout::resolve(&s.outbox, &s.outbox.tables[0], &table, &ByteaTypes::default(), None).unwrap();
+        let layout = layout_of(&s, &table);
         let row = tuple(&[Some("acme"), Some("1"), Some("agg"), Some("order.placed"), Some("{}")]);
         let from_wal = layout.extract(&table, &row).unwrap();
         // SQL reads select the mapped columns, then the routing_columns ones (tenant, type, aggregate_id).
@@ -889,7 +874,7 @@ mod tests {
             Some("order.placed"),
             Some("agg"),
         ];
-        let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+        let polled = from_text_columns(&s, &values).unwrap();
         let record = from_wal.record(&s, &LIMITS).unwrap();
         assert_eq!(record.destination, "acme.order.placed");
         assert_eq!(&*record.key, b"acme:agg");
@@ -971,7 +956,7 @@ mod tests {
             let streamed = row.streamed();
             let from_wal = layout.extract(&table, &streamed).unwrap();
             let values = row.columns();
-            let polled = OutboxEvent::from_columns(&s.outbox, &s.outbox.tables[0], &values, &RowFormat::default()).unwrap();
+            let polled = from_text_columns(&s, &values).unwrap();
             prop_assert_eq!(from_wal.record(&s, &LIMITS).unwrap(), polled.record(&s, &LIMITS).unwrap());
             prop_assert_eq!(from_wal.timestamp_ms.is_some(), created_at.is_some());
         }
