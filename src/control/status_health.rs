@@ -343,6 +343,13 @@ mod tests {
         Thresholds::new(Duration::from_secs(60), Some(1 << 30))
     }
 
+    /// The verdict on [`healthy`] facts as `change` leaves them, under [`thresholds`].
+    fn assessed(change: impl FnOnce(&mut Facts)) -> HealthStatus {
+        let mut facts = healthy();
+        change(&mut facts);
+        assess(&facts, thresholds())
+    }
+
     #[test]
     fn a_streaming_relay_with_little_wal_is_ok() {
         let h = assess(&healthy(), thresholds());
@@ -352,54 +359,24 @@ mod tests {
 
     #[test]
     fn retained_wal_warns_then_turns_critical() {
-        let warn = assess(
-            &Facts {
-                retained_wal_bytes: Some(2 << 30),
-                ..healthy()
-            },
-            thresholds(),
-        );
+        let warn = assessed(|f| f.retained_wal_bytes = Some(2 << 30));
         assert_eq!(warn.verdict, Verdict::Warn);
         assert!(
             warn.reasons[0].contains("2.0 GiB") && warn.reasons[0].contains("1.0 GiB"),
             "{:?}",
             warn.reasons
         );
-        let crit = assess(
-            &Facts {
-                retained_wal_bytes: Some(5 << 30),
-                ..healthy()
-            },
-            thresholds(),
-        );
+        let crit = assessed(|f| f.retained_wal_bytes = Some(5 << 30));
         assert_eq!(crit.verdict, Verdict::Critical);
         assert!(crit.reasons[0].contains("4.0 GiB"), "{:?}", crit.reasons);
     }
 
     #[test]
     fn lag_thresholds_follow_the_readiness_threshold() {
-        let warn = assess(
-            &Facts {
-                lag: WalsenderLag {
-                    flush_lag_seconds: Some(75.0),
-                    ..healthy().lag
-                },
-                ..healthy()
-            },
-            thresholds(),
-        );
+        let warn = assessed(|f| f.lag.flush_lag_seconds = Some(75.0));
         assert_eq!(warn.verdict, Verdict::Warn);
         assert!(warn.reasons[0].contains("1 min 15 s"), "{:?}", warn.reasons);
-        let crit = assess(
-            &Facts {
-                lag: WalsenderLag {
-                    flush_lag_seconds: Some(601.0),
-                    ..healthy().lag
-                },
-                ..healthy()
-            },
-            thresholds(),
-        );
+        let crit = assessed(|f| f.lag.flush_lag_seconds = Some(601.0));
         assert_eq!(crit.verdict, Verdict::Critical);
     }
 
@@ -418,14 +395,10 @@ mod tests {
             h.reasons.last().unwrap().contains("no relay is streaming"),
             "warnings after criticals"
         );
-        let lost = assess(
-            &Facts {
-                wal_status: Some("lost".into()),
-                slot_active: false,
-                ..healthy()
-            },
-            thresholds(),
-        );
+        let lost = assessed(|f| {
+            f.wal_status = Some("lost".into());
+            f.slot_active = false;
+        });
         assert_eq!(lost.verdict, Verdict::Critical);
         assert_eq!(
             lost.reasons.len(),
@@ -433,27 +406,19 @@ mod tests {
             "a lost slot is not also 'not streaming': {:?}",
             lost.reasons
         );
-        let missing = assess(
-            &Facts {
-                slot_exists: false,
-                slot_active: false,
-                ..healthy()
-            },
-            thresholds(),
-        );
+        let missing = assessed(|f| {
+            f.slot_exists = false;
+            f.slot_active = false;
+        });
         assert!(missing.reasons[0].contains("does not exist"));
     }
 
     #[test]
     fn an_idle_slot_without_a_relay_warns() {
-        let h = assess(
-            &Facts {
-                slot_active: false,
-                lag: WalsenderLag::default(),
-                ..healthy()
-            },
-            thresholds(),
-        );
+        let h = assessed(|f| {
+            f.slot_active = false;
+            f.lag = WalsenderLag::default();
+        });
         assert_eq!(h.verdict, Verdict::Warn);
         assert_eq!(h.lag_seconds, None);
     }

@@ -219,17 +219,13 @@ pub(crate) async fn detach_oldest(
             return Ok(None);
         }
     }
-    client
-        .batch_execute(&format!(
-            "ALTER TABLE {} DETACH PARTITION {}",
-            target.table.quoted(),
-            oldest.name
-        ))
-        .await
-        .map_err(RetentionError::query(
-            &target.table,
-            "detaching an expired partition (an insert into it may still be running)",
-        ))?;
+    alter_outbox(
+        client,
+        target,
+        &format!("DETACH PARTITION {}", oldest.name),
+        "detaching an expired partition (an insert into it may still be running)",
+    )
+    .await?;
     let lsn: String = client
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
         .await
@@ -251,20 +247,28 @@ pub(crate) async fn detach_oldest(
     Ok(Some(detached))
 }
 
+/// `ALTER TABLE <the outbox table> <change>`; `doing` names it in the error.
+async fn alter_outbox(
+    client: &Client,
+    target: &Target,
+    change: &str,
+    doing: &'static str,
+) -> Result<(), RetentionError> {
+    client
+        .batch_execute(&format!("ALTER TABLE {} {change}", target.table.quoted()))
+        .await
+        .map_err(RetentionError::query(&target.table, doing))
+}
+
 /// Attaches a detached partition again (it holds, or may hold, an unpublished row).
 pub(crate) async fn reattach(client: &Client, target: &Target, detached: &Detached) -> Result<(), RetentionError> {
-    client
-        .batch_execute(&format!(
-            "ALTER TABLE {} ATTACH PARTITION {} {}",
-            target.table.quoted(),
-            detached.partition,
-            detached.bound
-        ))
-        .await
-        .map_err(RetentionError::query(
-            &target.table,
-            "attaching a detached partition again",
-        ))?;
+    alter_outbox(
+        client,
+        target,
+        &format!("ATTACH PARTITION {} {}", detached.partition, detached.bound),
+        "attaching a detached partition again",
+    )
+    .await?;
     record::set_detached(client, &target.table, None).await.ok();
     warn!(table = %target.table, partition = %detached.partition, "retention attached the partition again: it may hold an unpublished row");
     Ok(())
