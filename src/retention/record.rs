@@ -8,6 +8,7 @@
 //! confirmed position says nothing about them ([`slot_created_at`]). The record is bookkeeping: if it cannot be created (no `CREATE` on the
 //! schema) retention still works, `status` just cannot say what it removed.
 
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
 use crate::config::ident::{quote_ident, TableName};
@@ -81,11 +82,14 @@ pub(crate) async fn note_slot_created(
             slot_backfilled = EXCLUDED.slot_backfilled",
         t = record_table(table)
     );
-    client
-        .execute(&sql, &[&key(table), &slot, &backfilled])
-        .await
-        .map(drop)
-        .map_err(RetentionError::query(table, "recording the slot setup created"))
+    write(
+        client,
+        table,
+        &sql,
+        &[&slot, &backfilled],
+        "recording the slot setup created",
+    )
+    .await
 }
 
 /// When `setup` created `slot` without a backfill (Unix seconds): rows of `table` older than
@@ -129,6 +133,26 @@ pub(crate) struct Removed {
     pub(crate) through_unix: Option<f64>,
 }
 
+/// Runs `sql`, a write of `table`'s record row: `$1` is the row's key, `params` the rest;
+/// `doing` names it in the error.
+async fn write(
+    client: &Client,
+    table: &TableName,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    doing: &'static str,
+) -> Result<(), RetentionError> {
+    let key = key(table);
+    let params: Vec<&(dyn ToSql + Sync)> = std::iter::once(&key as &(dyn ToSql + Sync))
+        .chain(params.iter().copied())
+        .collect();
+    client
+        .execute(sql, &params)
+        .await
+        .map(drop)
+        .map_err(RetentionError::query(table, doing))
+}
+
 /// Notes a finished run (and what it removed, if anything).
 pub(crate) async fn note_run(client: &Client, table: &TableName, removed: &Removed) -> Result<(), RetentionError> {
     // Parameters cast once in a CTE: each is used both as a value and in comparisons.
@@ -149,19 +173,18 @@ pub(crate) async fn note_run(client: &Client, table: &TableName, removed: &Remov
             total_removed_rows = r.total_removed_rows + EXCLUDED.last_removed_rows",
         t = record_table(table)
     );
-    client
-        .execute(
-            &sql,
-            &[
-                &key(table),
-                &(removed.rows as i64),
-                &(removed.partitions as i64),
-                &removed.through_unix,
-            ],
-        )
-        .await
-        .map(drop)
-        .map_err(RetentionError::query(table, "recording what retention removed"))
+    write(
+        client,
+        table,
+        &sql,
+        &[
+            &(removed.rows as i64),
+            &(removed.partitions as i64),
+            &removed.through_unix,
+        ],
+        "recording what retention removed",
+    )
+    .await
 }
 
 /// Remembers (`Some`) or forgets (`None`) the partition waiting to be dropped.
@@ -185,11 +208,14 @@ pub(crate) async fn set_detached(
         ),
         None => (None, None, None),
     };
-    client
-        .execute(&sql, &[&key(table), &partition, &bound, &lsn])
-        .await
-        .map(drop)
-        .map_err(RetentionError::query(table, "recording the detached partition"))
+    write(
+        client,
+        table,
+        &sql,
+        &[&partition, &bound, &lsn],
+        "recording the detached partition",
+    )
+    .await
 }
 
 /// The partition a previous run detached and did not drop, if any (and if it still exists).
