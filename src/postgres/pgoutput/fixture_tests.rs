@@ -5,6 +5,7 @@
 //! these expectations with them.
 
 use bytes::Bytes;
+use tokio_postgres::types::Type;
 
 use super::*;
 use crate::postgres::lsn::Lsn;
@@ -12,9 +13,6 @@ use crate::postgres::lsn::Lsn;
 const OUTBOX_OID: u32 = 16_391;
 const AUDIT_FULL_OID: u32 = 16_398;
 const MOOD_OID: u32 = 16_386;
-const INT8_OID: u32 = 20;
-const INT4_OID: u32 = 23;
-const TEXT_OID: u32 = 25;
 
 /// Messages (not frames) in the fixture folder.
 const MESSAGE_FIXTURES: &[&str] = &[
@@ -108,11 +106,11 @@ fn relation_describes_the_outbox_table() {
     assert_eq!(
         shape,
         vec![
-            ("id", INT8_OID, -1, true),
-            ("topic", TEXT_OID, -1, false),
+            ("id", Type::INT8.oid(), -1, true),
+            ("topic", Type::TEXT.oid(), -1, false),
             ("mood", MOOD_OID, -1, false),
-            ("payload", TEXT_OID, -1, false),
-            ("big", TEXT_OID, -1, false),
+            ("payload", Type::TEXT.oid(), -1, false),
+            ("big", Type::TEXT.oid(), -1, false),
         ]
     );
 }
@@ -128,8 +126,8 @@ fn full_identity_relation_marks_every_column_as_key() {
     assert_eq!(
         rel.columns,
         vec![
-            RelationColumn::new(1, "id", INT4_OID, -1),
-            RelationColumn::new(1, "note", TEXT_OID, -1),
+            RelationColumn::new(1, "id", Type::INT4.oid(), -1),
+            RelationColumn::new(1, "note", Type::TEXT.oid(), -1),
         ]
     );
 }
