@@ -6,7 +6,7 @@
 //! ([`crate::postgres::slot`]), the same the relay uses.
 
 use serde::Deserialize;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 use super::ControlError;
 use crate::config::ident::TableName;
@@ -24,15 +24,19 @@ pub(crate) struct ServerInfo {
     pub(crate) role: String,
 }
 
+/// The one row `sql` (without parameters) returns; `doing` names the query in its error.
+pub(crate) async fn one_row(client: &Client, sql: &str, doing: &'static str) -> Result<Row, ControlError> {
+    client.query_one(sql, &[]).await.map_err(ControlError::query(doing))
+}
+
 pub(crate) async fn server_info(client: &Client) -> Result<ServerInfo, ControlError> {
-    let row = client
-        .query_one(
-            "SELECT current_setting('server_version_num')::int4, current_setting('server_version'), \
+    let row = one_row(
+        client,
+        "SELECT current_setting('server_version_num')::int4, current_setting('server_version'), \
                     current_setting('wal_level'), pg_is_in_recovery(), current_database()::text, current_user::text",
-            &[],
-        )
-        .await
-        .map_err(ControlError::query("reading the server version and settings"))?;
+        "reading the server version and settings",
+    )
+    .await?;
     let full: String = row.get(1);
     Ok(ServerInfo {
         version_num: row.get(0),

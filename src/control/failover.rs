@@ -15,7 +15,7 @@
 
 use tokio_postgres::Client;
 
-use super::catalog::ServerInfo;
+use super::catalog::{self, ServerInfo};
 use super::ControlError;
 use crate::config::postgres::FailoverSlot;
 
@@ -62,13 +62,12 @@ pub(crate) async fn standbys(client: &Client, server: &ServerInfo) -> Result<Sta
     )
     .await?;
     let synchronized_standby_slots = if server.version_num >= FAILOVER_VERSION_NUM {
-        let row = client
-            .query_one(
-                "SELECT COALESCE(current_setting('synchronized_standby_slots', true), '')",
-                &[],
-            )
-            .await
-            .map_err(ControlError::query("reading synchronized_standby_slots"))?;
+        let row = catalog::one_row(
+            client,
+            "SELECT COALESCE(current_setting('synchronized_standby_slots', true), '')",
+            "reading synchronized_standby_slots",
+        )
+        .await?;
         split_list(row.get(0))
     } else {
         Vec::new()

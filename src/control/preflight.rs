@@ -311,15 +311,14 @@ fn check_server(server: &ServerInfo) -> Result<(), ControlError> {
 /// Returns whether the role is a superuser. Membership in RDS's `rds_replication` counts as
 /// REPLICATION there (the managed service grants it instead of the attribute).
 async fn check_role(client: &Client, server: &ServerInfo) -> Result<bool, ControlError> {
-    let row = client
-        .query_one(
-            "SELECT r.rolsuper, r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
+    let row = catalog::one_row(
+        client,
+        "SELECT r.rolsuper, r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
                  WHERE g.rolname = 'rds_replication' AND pg_has_role(r.oid, g.oid, 'MEMBER')) \
              FROM pg_roles r WHERE r.rolname = current_user",
-            &[],
-        )
-        .await
-        .map_err(ControlError::query("reading the role's privileges"))?;
+        "reading the role's privileges",
+    )
+    .await?;
     let (superuser, replication): (bool, bool) = (row.get(0), row.get(1));
     if !superuser && !replication {
         return Err(ControlError::NoReplicationPrivilege {
@@ -588,13 +587,12 @@ async fn check_capacity(client: &Client, slot_name: &str, slot: Option<&SlotInfo
     }
     let streaming = slot.is_some_and(|s| s.active_pid.is_some());
     if !streaming {
-        let row = client
-            .query_one(
-                "SELECT (SELECT count(*) FROM pg_stat_replication), current_setting('max_wal_senders')::int8",
-                &[],
-            )
-            .await
-            .map_err(ControlError::query("counting WAL senders"))?;
+        let row = catalog::one_row(
+            client,
+            "SELECT (SELECT count(*) FROM pg_stat_replication), current_setting('max_wal_senders')::int8",
+            "counting WAL senders",
+        )
+        .await?;
         let (used, max): (i64, i64) = (row.get(0), row.get(1));
         if used >= max {
             return Err(ControlError::NoFreeWalSender { used, max });
@@ -605,12 +603,11 @@ async fn check_capacity(client: &Client, slot_name: &str, slot: Option<&SlotInfo
 
 /// (slots in use, max_replication_slots).
 pub(crate) async fn slot_usage(client: &Client) -> Result<(i64, i64), ControlError> {
-    let row = client
-        .query_one(
-            "SELECT (SELECT count(*) FROM pg_replication_slots), current_setting('max_replication_slots')::int8",
-            &[],
-        )
-        .await
-        .map_err(ControlError::query("counting replication slots"))?;
+    let row = catalog::one_row(
+        client,
+        "SELECT (SELECT count(*) FROM pg_replication_slots), current_setting('max_replication_slots')::int8",
+        "counting replication slots",
+    )
+    .await?;
     Ok((row.get(0), row.get(1)))
 }
