@@ -67,23 +67,10 @@ pub struct PreflightReport {
 /// usable type, and the role may read it.
 #[derive(Debug, Clone)]
 pub(crate) struct CheckedTable {
-    pub(crate) name: TableName,
-    pub(crate) oid: u32,
-    pub(crate) owner: String,
-    pub(crate) partitioned: bool,
+    /// The table as the catalogs know it.
+    pub(crate) facts: TableFacts,
     /// The mapped columns in [`crate::config::outbox::OutboxMapping::columns`] order.
     pub(crate) columns: Vec<MappedColumn>,
-}
-
-impl CheckedTable {
-    fn facts(&self) -> TableFacts {
-        TableFacts {
-            name: self.name.clone(),
-            oid: self.oid,
-            owner: self.owner.clone(),
-            partitioned: self.partitioned,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,7 +165,7 @@ impl PreflightReport {
             writeln!(
                 f,
                 "preflight: outbox table {}: {}",
-                table.name,
+                table.facts.name,
                 column_list(&table.columns)
             )?;
         }
@@ -204,7 +191,7 @@ pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<Pr
     let slot_name = settings.postgres.slot.as_str();
     let slot = check_slot(client, slot_name, &server.database).await?;
     let mut notes = Vec::new();
-    let facts: Vec<TableFacts> = tables.iter().map(CheckedTable::facts).collect();
+    let facts: Vec<TableFacts> = tables.iter().map(|t| t.facts.clone()).collect();
     let publication = super::publication::check_publication(client, settings, &facts, &server, &mut notes).await?;
     check_capacity(client, slot_name, slot.as_ref()).await?;
 
@@ -263,10 +250,10 @@ pub(crate) async fn check_outbox_table(
         server_version: server.version,
         database: server.database,
         role: server.role,
-        table: checked.name,
-        table_oid: checked.oid,
-        table_owner: checked.owner,
-        partitioned: checked.partitioned,
+        table: checked.facts.name,
+        table_oid: checked.facts.oid,
+        table_owner: checked.facts.owner,
+        partitioned: checked.facts.partitioned,
         columns: checked.columns,
     })
 }
@@ -282,13 +269,7 @@ async fn check_table(
     let table = find_table(client, name, server).await?;
     let columns = check_columns(client, settings, &table).await?;
     check_select(client, &table, server).await?;
-    Ok(CheckedTable {
-        name: table.name,
-        oid: table.oid,
-        owner: table.owner,
-        partitioned: table.partitioned,
-        columns,
-    })
+    Ok(CheckedTable { facts: table, columns })
 }
 
 fn check_server(server: &ServerInfo) -> Result<(), ControlError> {

@@ -89,7 +89,7 @@ impl SetupReport {
         use fmt::Write as _;
         writeln!(f, "{}", self.preflight)?;
         let publication = &self.preflight.publication_name;
-        let tables = table_list(self.preflight.tables.iter().map(|t| &t.name));
+        let tables = table_list(self.preflight.tables.iter().map(|t| &t.facts.name));
         match self.publication {
             PublicationOutcome::Created => writeln!(
                 f,
@@ -275,12 +275,12 @@ pub(super) async fn ensure_publication(
             })
         }
         None => {
-            let via_root = if pre.tables.iter().any(|t| t.partitioned) {
+            let via_root = if pre.tables.iter().any(|t| t.facts.partitioned) {
                 ", publish_via_partition_root = true"
             } else {
                 ""
             };
-            let tables: Vec<String> = pre.tables.iter().map(|t| t.name.quoted()).collect();
+            let tables: Vec<String> = pre.tables.iter().map(|t| t.facts.name.quoted()).collect();
             let sql = format!(
                 "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
                 quote_ident(name),
@@ -351,8 +351,8 @@ fn table_list<'t>(tables: impl Iterator<Item = &'t TableName>) -> String {
 fn table_owners(pre: &PreflightReport) -> String {
     let mut owners: Vec<&str> = Vec::new();
     for t in &pre.tables {
-        if !owners.contains(&t.owner.as_str()) {
-            owners.push(&t.owner);
+        if !owners.contains(&t.facts.owner.as_str()) {
+            owners.push(&t.facts.owner);
         }
     }
     owners.join(", ")

@@ -146,7 +146,7 @@ pub(crate) async fn setup_with_backfill(
                 return Err(BackfillError::Unsupported(format!(
                     "--since-id needs an integer id column (a sequence), but {} of {} is {}; use --since TIMESTAMP",
                     settings.outbox.id,
-                    table.name,
+                    table.facts.name,
                     table.columns.first().map_or("unknown", |c| c.type_name.as_str())
                 )))
             }
@@ -157,7 +157,7 @@ pub(crate) async fn setup_with_backfill(
             }
             _ => {}
         }
-        sources.push(Source::of(settings, &table.name, &table.columns)?);
+        sources.push(Source::of(settings, &table.facts.name, &table.columns)?);
     }
     refuse_retention_shorter_than_window(&client, settings, &selection).await?;
     let mut notices = Vec::new();
@@ -244,7 +244,7 @@ async fn check_dispatched_column(
         .query(
             "SELECT attname::text FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped \
              ORDER BY attnum",
-            &[&table.oid],
+            &[&table.facts.oid],
         )
         .await
         .map_err(BackfillError::query("listing the outbox table's columns"))?;
@@ -255,7 +255,7 @@ async fn check_dispatched_column(
     Err(BackfillError::DispatchedColumnMissing {
         key: DISPATCHED_KEY,
         column: dispatched.clone(),
-        table: table.name.clone(),
+        table: table.facts.name.clone(),
         columns,
     })
 }
