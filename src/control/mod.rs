@@ -72,6 +72,11 @@ async fn connect(settings: &Settings) -> Result<tokio_postgres::Client, ControlE
     Ok(crate::postgres::client::connect(&settings.postgres, settings.relay.connect_timeout).await?)
 }
 
+/// A report's `label: line` rows, one per line (what setup found of the sink, of `[retention]`…).
+pub(crate) fn write_rows(out: &mut impl std::fmt::Write, label: &str, lines: &[String]) -> std::fmt::Result {
+    lines.iter().try_for_each(|line| writeln!(out, "{label}: {line}"))
+}
+
 /// Writes a multi-line report rendered by `render`, without a trailing newline (callers
 /// `println!` reports).
 fn display_lines(

@@ -114,16 +114,9 @@ impl SetupReport {
                 confirmed_flush_lsn: None,
             } => writeln!(f, "slot {slot}: already exists")?,
         }
-        for line in &self.sink {
-            writeln!(f, "sink: {line}")?;
-        }
-        for line in &self.retention {
-            writeln!(f, "retention: {line}")?;
-        }
-        for notice in &self.notices {
-            writeln!(f, "notice: {notice}")?;
-        }
-        Ok(())
+        super::write_rows(f, "sink", &self.sink)?;
+        super::write_rows(f, "retention", &self.retention)?;
+        super::write_rows(f, "notice", &self.notices)
     }
 }
 
@@ -204,9 +197,7 @@ impl fmt::Display for CheckReport {
                 },
             }
             writeln!(f, "sink: {}", self.sink)?;
-            for line in &self.retention {
-                writeln!(f, "retention: {line}")?;
-            }
+            super::write_rows(f, "retention", &self.retention)?;
             writeln!(f, "check passed: nothing was created or changed")
         })
     }

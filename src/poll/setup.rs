@@ -21,6 +21,7 @@ use crate::config::ident::{Ident, TableName};
 use crate::config::Settings;
 use crate::control::describe;
 use crate::control::preflight::column_list;
+use crate::control::write_rows;
 
 #[derive(Debug, Clone)]
 pub(crate) struct PollSetupReport {
@@ -78,12 +79,8 @@ impl fmt::Display for PollSetupReport {
                 IndexOutcome::AlreadyExists { name } => writeln!(f, "pending index {name}: already exists ({shape})")?,
             }
         }
-        for line in &self.sink {
-            writeln!(f, "sink: {line}")?;
-        }
-        for line in &self.retention {
-            writeln!(f, "retention: {line}")?;
-        }
+        write_rows(f, "sink", &self.sink)?;
+        write_rows(f, "retention", &self.retention)?;
         write!(
             f,
             "poll mode needs no replication slot or publication; start it with `outbox-relay poll`"
