@@ -276,6 +276,14 @@ mod tests {
         t
     }
 
+    /// From `Lsn(0)`: `a`, one event committed at 10, then `b`, `b_events` committed at 20.
+    fn two_committed(b_events: usize) -> (AckWatermark, TxnTicket, TxnTicket) {
+        let mut w = AckWatermark::new(Lsn(0));
+        let a = committed(&mut w, 1, 10);
+        let b = committed(&mut w, b_events, 20);
+        (w, a, b)
+    }
+
     #[test]
     fn confirms_only_after_every_event_of_the_transaction() {
         let mut w = AckWatermark::new(Lsn(100));
@@ -294,9 +302,7 @@ mod tests {
 
     #[test]
     fn later_transaction_acked_first_waits_for_the_earlier_one() {
-        let mut w = AckWatermark::new(Lsn(0));
-        let a = committed(&mut w, 1, 10);
-        let b = committed(&mut w, 1, 20);
+        let (mut w, a, b) = two_committed(1);
         w.acked(b, 1).unwrap();
         assert_eq!(w.confirmed(), Lsn(0));
         w.acked(a, 1).unwrap();
@@ -305,9 +311,7 @@ mod tests {
 
     #[test]
     fn out_of_order_acks_stay_counted_until_confirmed() {
-        let mut w = AckWatermark::new(Lsn(0));
-        let a = committed(&mut w, 1, 10);
-        let b = committed(&mut w, 2, 20);
+        let (mut w, a, b) = two_committed(2);
         let open = w.begin().unwrap();
         w.event_sent(open, 1).unwrap();
         // The open transaction's events never count (it cannot be confirmed before its commit).
@@ -358,9 +362,7 @@ mod tests {
 
     #[test]
     fn failure_poisons_everything_after_it() {
-        let mut w = AckWatermark::new(Lsn(0));
-        let a = committed(&mut w, 1, 10);
-        let b = committed(&mut w, 1, 20);
+        let (mut w, a, b) = two_committed(1);
         w.failed(a, 1).unwrap();
         w.acked(b, 1).unwrap();
         w.keepalive(Lsn(99));
