@@ -284,7 +284,7 @@ fn aws_lines(get: &mut impl FnMut(&str) -> Option<String>, sink: &str) -> Vec<Li
 /// has (`has_password`): where to put it instead (`var`, the sink's URL variable).
 fn password_note(has_password: bool, var: &str) -> Vec<Line> {
     let note = format!("The password is not written here: put the whole URL, password included, in\n{var}.");
-    has_password.then(|| Line::Comment(note)).into_iter().collect()
+    has_password.then_some(Line::Comment(note)).into_iter().collect()
 }
 
 /// Why a Debezium Server sink option has no counterpart.
