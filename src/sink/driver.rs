@@ -47,7 +47,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
-use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
+use crate::sink::{Completion, Completions, FailureKind, Handover, Refusal, Sink, SinkError, SinkFailure};
 
 /// What a reply means, in the driver's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,15 +79,10 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     /// The broker's name for people, in causes ("RabbitMQ").
     fn name(&self) -> &'static str;
 
-    /// The record as a request; `Err` says why the record can never be sent (it is refused on
-    /// sight, nothing queued). `extra` headers follow the record's own; `dedup_key` is the
-    /// exactly-once deduplication key, for a broker that deduplicates.
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Self::Request, String>;
+    /// The handed-over record as a request; `Err` says why the record can never be sent (it is
+    /// refused on sight, nothing queued). Its `extra` headers follow the record's own; its
+    /// `dedup_key` is the exactly-once deduplication key, for a broker that deduplicates.
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Self::Request, String>;
 
     /// What `reply` means for its record.
     fn classify(&self, reply: Self::Reply) -> Outcome;
@@ -351,14 +346,9 @@ where
 }
 
 impl<P: Protocol, Tag: Send + Sync + 'static> Sink<Tag> for DriverSink<P, Tag> {
-    fn send(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>> {
-        let request = match self.protocol.encode(record, extra, dedup_key) {
+    fn send(&self, handover: Handover<'_, '_>, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let Handover { record, dedup_key, .. } = handover;
+        let request = match self.protocol.encode(handover) {
             Ok(request) => request,
             Err(cause) => return Err(Refusal::of(record, tag, FailureKind::Refused, cause)),
         };
@@ -808,6 +798,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::sink::SinkRecord;
 
     /// What the test exchange answers for a record, by its value.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -870,7 +861,8 @@ mod tests {
             "test"
         }
 
-        fn encode(&self, record: &SinkRecord<'_>, _: &[(&str, &[u8])], _: Option<&str>) -> Result<Request, String> {
+        fn encode(&self, handover: Handover<'_, '_>) -> Result<Request, String> {
+            let record = handover.record;
             let text = std::str::from_utf8(record.value.as_deref().unwrap_or_default()).unwrap();
             if text == "bad" {
                 return Err("refused on sight".into());
@@ -977,7 +969,7 @@ mod tests {
             headers: Cow::Borrowed(&[]),
             partition: None,
         };
-        sink.send(&record, &[], None, Box::new(tag))
+        sink.send(Handover::of(&record), Box::new(tag))
     }
 
     /// The next `n` completions as (tag, outcome kind), bounded in time.

@@ -43,7 +43,7 @@ use super::late::{self, Handed};
 use super::logs::ClientLog;
 use super::ready::ReadyTopics;
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
-use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
+use crate::sink::{Completion, Completions, FailureKind, Handover, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
 /// Whether Kafka (librdkafka locally, or the broker in a delivery report) refused a record for
 /// what it *is* — its size, shape, timestamp or topic — so that sending it again can never
@@ -403,13 +403,8 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
 
 impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
     /// Kafka does not deduplicate by key: exactly-once reads back instead (`dedup_key` unused).
-    fn send(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        _dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>> {
+    fn send(&self, handover: Handover<'_, '_>, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let Handover { record, extra, .. } = handover;
         let context = self.producer.context();
         // Before the lock below (the delivery-report callback's halt takes it): the first
         // record to a topic waits, bounded, until its partitions' logs exist (`ready.rs`).
@@ -568,7 +563,7 @@ mod tests {
     /// Hands over the record keyed `key` whose id and tag are `n`.
     fn send(sink: &Publisher<u32>, key: &[u8], n: u32) {
         let id = n.to_string();
-        sink.send(&record(key, id.as_bytes()), &[], None, Box::new(n))
+        sink.send(Handover::of(&record(key, id.as_bytes())), Box::new(n))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -691,7 +686,7 @@ mod tests {
         );
         let mut own_time = record(b"k", b"2");
         own_time.timestamp_ms = Some(1_000);
-        sink.send(&own_time, &[], None, Box::new(2))
+        sink.send(Handover::of(&own_time), Box::new(2))
             .map_err(|r| r.failure)
             .unwrap();
         let refused = next(&mut rx).1.expect_err("refused");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::config::NatsSection;
 use super::publisher::{Publisher, KEY_HEADER, TIMESTAMP_HEADER};
 use super::*;
-use crate::sink::{Completions, FailureKind, Sink, SinkRecord};
+use crate::sink::{Completions, FailureKind, Handover, Sink, SinkRecord};
 
 const SHARED: &str = "nats://127.0.0.1:4222";
 const WAIT: Duration = Duration::from_secs(20);
@@ -127,7 +127,7 @@ async fn delivered_in_order_with_headers_and_unchanged_value() {
         let key = format!("k{}", i % 7);
         let rec = record(&subjects[(i % 2) as usize], &key, id.as_bytes(), value.as_bytes());
         let pos = i.to_string();
-        sink.send(&rec, &[("x-pos", pos.as_bytes())], None, Box::new(i))
+        sink.send(Handover::of(&rec).with_extra(&[("x-pos", pos.as_bytes())]), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -174,7 +174,7 @@ async fn bad_records_are_refused_on_sight() {
     ];
     for (i, (subject, value, why)) in cases.iter().enumerate() {
         let r = sink
-            .send(&record(subject, "k", b"id", value), &[], None, Box::new(i as u64))
+            .send(Handover::of(&record(subject, "k", b"id", value)), Box::new(i as u64))
             .unwrap_err();
         assert_eq!(r.failure.kind, FailureKind::Refused, "{why}: {}", r.failure);
         assert!(r.failure.cause.contains(why), "{why}: {}", r.failure);
@@ -183,10 +183,10 @@ async fn bad_records_are_refused_on_sight() {
     // A header value NATS cannot carry (a line break).
     let mut rec = record(&ok, "k", b"id", b"{}");
     rec.headers = Cow::Owned(vec![(Cow::Borrowed("h"), Some(Cow::Borrowed(&b"a\r\nb"[..])))]);
-    let r = sink.send(&rec, &[], None, Box::new(99)).unwrap_err();
+    let r = sink.send(Handover::of(&rec), Box::new(99)).unwrap_err();
     assert_eq!(r.failure.kind, FailureKind::Refused, "{}", r.failure);
     // The sink still works: nothing above reached the server.
-    sink.send(&record(&ok, "k", b"id", b"{}"), &[], None, Box::new(7))
+    sink.send(Handover::of(&record(&ok, "k", b"id", b"{}")), Box::new(7))
         .map_err(|r| r.failure)
         .unwrap();
     let done = take(&mut rx, 1).await;
@@ -203,18 +203,14 @@ async fn a_duplicate_msg_id_is_delivered_and_stored_once() {
     let subject = format!("{prefix}.orders");
     for i in 0..3u64 {
         sink.send(
-            &record(&subject, "k", b"id-1", b"{}"),
-            &[],
-            Some("src/0/0"),
+            Handover::of(&record(&subject, "k", b"id-1", b"{}")).with_dedup_key(Some("src/0/0")),
             Box::new(i),
         )
         .map_err(|r| r.failure)
         .unwrap();
     }
     sink.send(
-        &record(&subject, "k", b"id-2", b"{}"),
-        &[],
-        Some("src/0/1"),
+        Handover::of(&record(&subject, "k", b"id-2", b"{}")).with_dedup_key(Some("src/0/1")),
         Box::new(3),
     )
     .map_err(|r| r.failure)
@@ -337,7 +333,7 @@ async fn a_lost_connection_fails_everything_after_it() {
     let (sink, mut rx) = Publisher::<u64>::create(&s, 1000).await.unwrap();
     let subject = format!("{prefix}.orders");
     for i in 0..100u64 {
-        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -348,7 +344,7 @@ async fn a_lost_connection_fails_everything_after_it() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut taken = 0u64;
     for i in 100..200u64 {
-        match sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i)) {
+        match sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i)) {
             Ok(()) => taken += 1,
             Err(r) => assert_eq!(r.failure.kind, FailureKind::Transient),
         }
@@ -370,7 +366,7 @@ async fn abandon_drops_the_queue_and_returns_in_time() {
     let (sink, rx) = Publisher::<u64>::create(&s, 10_000).await.unwrap();
     let subject = format!("{prefix}.orders");
     for i in 0..5_000u64 {
-        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -391,7 +387,7 @@ async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     let subject = format!("{prefix}.orders");
     for i in 0..3u64 {
-        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -439,9 +435,7 @@ async fn several_servers_one_of_them_down() {
     let several = nats_settings(&url, &s.stream, &[], "connect_timeout_ms = 500");
     let (sink, mut rx) = Publisher::<u64>::create(&several, 10).await.unwrap();
     sink.send(
-        &record(&format!("{prefix}.a"), "k", b"id", b"{}"),
-        &[],
-        None,
+        Handover::of(&record(&format!("{prefix}.a"), "k", b"id", b"{}")),
         Box::new(1),
     )
     .map_err(|r| r.failure)
@@ -465,15 +459,15 @@ async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     let subject = format!("{prefix}.orders");
     let big = vec![b'x'; 2048];
-    sink.send(&record(&subject, "k", b"id-1", &big), &[], None, Box::new(1))
+    sink.send(Handover::of(&record(&subject, "k", b"id-1", &big)), Box::new(1))
         .map_err(|r| r.failure)
         .unwrap();
     let refused = take(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert_eq!(refused.kind, FailureKind::Refused, "{refused}");
-    sink.send(&record(&subject, "k", b"id-2", b"{}"), &[], None, Box::new(2))
+    sink.send(Handover::of(&record(&subject, "k", b"id-2", b"{}")), Box::new(2))
         .map_err(|r| r.failure)
         .unwrap();
-    sink.send(&record(&subject, "other", b"id-3", b"{}"), &[], None, Box::new(3))
+    sink.send(Handover::of(&record(&subject, "other", b"id-3", b"{}")), Box::new(3))
         .map_err(|r| r.failure)
         .unwrap();
     let mut done = take(&mut rx, 2).await;
@@ -483,7 +477,7 @@ async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     assert!(stopped.cause.contains("refused"), "{stopped}");
     assert!(done[1].1.is_ok(), "another key passes: {:?}", done[1]);
     sink.release(b"k");
-    sink.send(&record(&subject, "k", b"id-4", b"{}"), &[], None, Box::new(4))
+    sink.send(Handover::of(&record(&subject, "k", b"id-4", b"{}")), Box::new(4))
         .map_err(|r| r.failure)
         .unwrap();
     assert!(take(&mut rx, 1).await[0].1.is_ok());
@@ -501,7 +495,7 @@ async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     delete(&s).await;
     let subject = format!("{prefix}.orders");
-    sink.send(&record(&subject, "k", b"id-1", b"{}"), &[], None, Box::new(1))
+    sink.send(Handover::of(&record(&subject, "k", b"id-1", b"{}")), Box::new(1))
         .map_err(|r| r.failure)
         .unwrap();
     let failed = take(&mut rx, 1).await.remove(0).1.unwrap_err();
@@ -511,7 +505,7 @@ async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
         "{failed}"
     );
     // Nothing more is sent after a failure.
-    sink.send(&record(&subject, "k", b"id-2", b"{}"), &[], None, Box::new(2))
+    sink.send(Handover::of(&record(&subject, "k", b"id-2", b"{}")), Box::new(2))
         .map_err(|r| r.failure)
         .unwrap();
     let after = take(&mut rx, 1).await.remove(0).1.unwrap_err();
@@ -548,7 +542,7 @@ async fn no_puback_case(extra: &str, timeout: Duration, within: Duration) {
     Nats.prepare(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 100).await.unwrap();
     let subject = format!("{prefix}.orders");
-    sink.send(&record(&subject, "k", b"id-0", b"{}"), &[], None, Box::new(0))
+    sink.send(Handover::of(&record(&subject, "k", b"id-0", b"{}")), Box::new(0))
         .map_err(|r| r.failure)
         .unwrap();
     assert!(take(&mut rx, 1).await[0].1.is_ok());
@@ -556,7 +550,7 @@ async fn no_puback_case(extra: &str, timeout: Duration, within: Duration) {
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
     let sent = Instant::now();
     for i in 1..=5u64 {
-        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }

@@ -13,6 +13,7 @@ use super::exchange::PubSubExchange;
 use super::*;
 use crate::sink::driver::{Exchange, Outcome, Protocol};
 use crate::sink::requests::Requests;
+use crate::sink::Handover;
 
 fn settings() -> PubSubSettings {
     PubSubSettings {
@@ -103,7 +104,7 @@ async fn a_publish_to_an_unreachable_service_fails_transient_within_the_retry_wi
         headers: Vec::new().into(),
         partition: None,
     };
-    let out = ex.encode(&record, &[], None).unwrap();
+    let out = ex.encode(Handover::of(&record)).unwrap();
     let reply = ex.send(out).await.expect("handed over");
     let reply = tokio::time::timeout(Duration::from_secs(20), reply)
         .await
@@ -116,7 +117,7 @@ async fn a_publish_to_an_unreachable_service_fails_transient_within_the_retry_wi
     // fence holds the key from there): the key's next publish is attempted again, not refused
     // as "paused".
     let again = ex
-        .send(ex.encode(&record, &[], None).unwrap())
+        .send(ex.encode(Handover::of(&record)).unwrap())
         .await
         .expect("handed over");
     let again = tokio::time::timeout(Duration::from_secs(20), again)

@@ -16,7 +16,7 @@ use super::publisher::Publisher;
 use super::*;
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::secret::Secret;
-use crate::sink::{Completions, FailureKind, Sink, SinkRecord};
+use crate::sink::{Completions, FailureKind, Handover, Sink, SinkRecord};
 
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const LIMIT: Duration = Duration::from_secs(20);
@@ -157,7 +157,9 @@ async fn every_record_is_confirmed_and_arrives_with_its_properties_in_key_order(
         let value = format!("{{\"seq\":{i},\"key\":\"{key}\"}}");
         let r = record("orders.created", &key, value.as_bytes(), ids[i as usize].as_bytes());
         let extra: &[(&str, &[u8])] = &[("x-extra", b"e")];
-        sink.send(&r, extra, None, Box::new(i)).map_err(|r| r.failure).unwrap();
+        sink.send(Handover::of(&r).with_extra(extra), Box::new(i))
+            .map_err(|r| r.failure)
+            .unwrap();
     }
     let done = completions(&mut rx, n as usize).await;
     assert!(
@@ -200,18 +202,18 @@ async fn every_record_is_confirmed_and_arrives_with_its_properties_in_key_order(
 async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_published() {
     let fx = Fixture::new("orders.#").await;
     let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, None).await.expect("create");
-    sink.send(&record("orders.a", "k", b"1", b"i1"), &[], None, Box::new(1))
+    sink.send(Handover::of(&record("orders.a", "k", b"1", b"i1")), Box::new(1))
         .map_err(|r| r.failure)
         .unwrap();
-    sink.send(&record("nowhere.a", "k", b"2", b"i2"), &[], None, Box::new(2))
+    sink.send(Handover::of(&record("nowhere.a", "k", b"2", b"i2")), Box::new(2))
         .map_err(|r| r.failure)
         .unwrap();
     // Same key: waits behind the unroutable one, so it is not published but fails (replayed).
-    sink.send(&record("orders.b", "k", b"3", b"i3"), &[], None, Box::new(3))
+    sink.send(Handover::of(&record("orders.b", "k", b"3", b"i3")), Box::new(3))
         .map_err(|r| r.failure)
         .unwrap();
     // Another key: unaffected.
-    sink.send(&record("orders.c", "other", b"4", b"i4"), &[], None, Box::new(4))
+    sink.send(Handover::of(&record("orders.c", "other", b"4", b"i4")), Box::new(4))
         .map_err(|r| r.failure)
         .unwrap();
     let mut done = completions(&mut rx, 4).await;
@@ -234,20 +236,20 @@ async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_publis
     );
     // A record of the key handed over after the refusal is not published either: stored now,
     // it would land ahead of record 3, which the caller replays after deciding about record 2.
-    sink.send(&record("orders.d", "k", b"5", b"i5"), &[], None, Box::new(5))
+    sink.send(Handover::of(&record("orders.d", "k", b"5", b"i5")), Box::new(5))
         .map_err(|r| r.failure)
         .unwrap();
     let stopped = completions(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert_eq!(stopped.kind, FailureKind::Transient, "{stopped}");
     assert!(stopped.cause.contains("refused"), "{stopped}");
     // Other keys pass meanwhile.
-    sink.send(&record("orders.e", "other", b"6", b"i6"), &[], None, Box::new(6))
+    sink.send(Handover::of(&record("orders.e", "other", b"6", b"i6")), Box::new(6))
         .map_err(|r| r.failure)
         .unwrap();
     assert!(completions(&mut rx, 1).await[0].1.is_ok());
     // Once the caller has decided, the key's records are published again.
     sink.release(b"k");
-    sink.send(&record("orders.d", "k", b"7", b"i7"), &[], None, Box::new(7))
+    sink.send(Handover::of(&record("orders.d", "k", b"7", b"i7")), Box::new(7))
         .map_err(|r| r.failure)
         .unwrap();
     assert!(completions(&mut rx, 1).await[0].1.is_ok());
@@ -263,13 +265,13 @@ async fn long_routing_keys_and_oversized_messages_are_refused_on_sight() {
     let (sink, _rx) = Publisher::<u32>::create(&fx.settings, 10, None).await.expect("create");
     let long = "r".repeat(256);
     let refusal = sink
-        .send(&record(&long, "k", b"v", b"i"), &[], None, Box::new(1))
+        .send(Handover::of(&record(&long, "k", b"v", b"i")), Box::new(1))
         .unwrap_err();
     assert_eq!(refusal.failure.kind, FailureKind::Refused);
     assert!(refusal.failure.cause.contains("255"), "{}", refusal.failure);
     let big = vec![b'x'; MAX_MESSAGE_BYTES + 1];
     let refusal = sink
-        .send(&record("orders", "k", &big, b"i"), &[], None, Box::new(2))
+        .send(Handover::of(&record("orders", "k", &big, b"i")), Box::new(2))
         .unwrap_err();
     assert_eq!(refusal.failure.kind, FailureKind::Refused);
     assert!(
@@ -297,7 +299,7 @@ async fn a_lost_channel_fails_everything_in_flight_and_later_as_transient() {
         .unwrap();
     for i in 0..50u32 {
         let key = format!("k{}", i % 3);
-        sink.send(&record("orders", &key, b"v", b"i"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record("orders", &key, b"v", b"i")), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -308,7 +310,7 @@ async fn a_lost_channel_fails_everything_in_flight_and_later_as_transient() {
         "{done:?}"
     );
     // Records sent to a broken sink still get their completion.
-    sink.send(&record("orders", "k", b"v", b"i"), &[], None, Box::new(99))
+    sink.send(Handover::of(&record("orders", "k", b"v", b"i")), Box::new(99))
         .map_err(|r| r.failure)
         .unwrap();
     let late = completions(&mut rx, 1).await;
@@ -328,7 +330,7 @@ async fn abandon_drops_what_is_queued_and_returns_in_bounded_time() {
         .expect("create");
     // One key: each waits for the previous one's confirm, so most are still queued.
     for i in 0..2000u32 {
-        sink.send(&record("orders", "hot", b"v", b"i"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record("orders", "hot", b"v", b"i")), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -420,7 +422,7 @@ async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
         .expect("create");
     let started = std::time::Instant::now();
     for i in 0..500u32 {
-        sink.send(&record("orders", "hot", b"{}", b"i"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record("orders", "hot", b"{}", b"i")), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -430,7 +432,7 @@ async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
     let started = std::time::Instant::now();
     for i in 0..500u32 {
         let key = format!("k{i}");
-        sink.send(&record("orders", &key, b"{}", b"i"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record("orders", &key, b"{}", b"i")), Box::new(i))
             .map_err(|r| r.failure)
             .unwrap();
     }
@@ -470,9 +472,7 @@ async fn a_nack_breaks_the_sink_and_nothing_of_its_key_is_stored_past_it() {
     let values: Vec<String> = (0..20).map(|i| i.to_string()).collect();
     for (i, v) in values.iter().enumerate() {
         sink.send(
-            &record("orders", "k", v.as_bytes(), b"i"),
-            &[],
-            None,
+            Handover::of(&record("orders", "k", v.as_bytes(), b"i")),
             Box::new(i as u32),
         )
         .map_err(|r| r.failure)
@@ -548,7 +548,7 @@ async fn cloudevents_binary_mode_writes_the_amqp_bindings_application_properties
     let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, Some(CloudEventsMode::Binary))
         .await
         .expect("create");
-    sink.send(&binary_ce_record("orders.created", b"ev-1"), &[], None, Box::new(1))
+    sink.send(Handover::of(&binary_ce_record("orders.created", b"ev-1")), Box::new(1))
         .map_err(|r| r.failure)
         .unwrap();
     let done = completions(&mut rx, 1).await;
@@ -644,7 +644,7 @@ async fn cloudevents_structured_mode_sets_the_event_formats_content_type() {
         ]),
         partition: None,
     };
-    sink.send(&record, &[], None, Box::new(2))
+    sink.send(Handover::of(&record), Box::new(2))
         .map_err(|r| r.failure)
         .unwrap();
     let done = completions(&mut rx, 1).await;

@@ -14,7 +14,7 @@ use super::client::{Client, Undeliverable};
 use super::config::{WebhookSection, WebhookSettings};
 use super::request::{check_templated_name, Encoder};
 use crate::config::cloudevents::CloudEventsMode;
-use crate::sink::SinkRecord;
+use crate::sink::{Handover, SinkRecord};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -445,7 +445,7 @@ async fn a_rejected_certificate_becomes_the_sinks_verdict() {
         };
         let (sink, mut completions) = driver::start::<_, u32>(Arc::new(exchange), options);
         assert!(sink.verdict().is_none());
-        sink.send(&record("t", b"1", b"{}"), &[], None, Box::new(1)).unwrap();
+        sink.send(Handover::of(&record("t", b"1", b"{}")), Box::new(1)).unwrap();
         let done = completions.recv().await.unwrap();
         assert_eq!(done.outcome.unwrap_err().kind, FailureKind::Transient);
         let verdict = sink.verdict().expect("a verdict");

@@ -38,7 +38,7 @@ use super::SINK;
 use crate::sink::aws::client::{self, words};
 use crate::sink::aws::exchange::{Batched, Encode};
 use crate::sink::batch::{BatchEntry, BatchLimits, BatchSend, CallError, EntryAnswer};
-use crate::sink::SinkRecord;
+use crate::sink::Handover;
 
 /// Kinesis's limit of records per `PutRecords`.
 pub(crate) const MAX_BATCH: usize = 500;
@@ -63,8 +63,8 @@ pub(crate) fn start(kinesis: Kinesis, encoder: Encoder, max_requests: usize) -> 
 impl Encode for Encoder {
     type Entry = Record;
 
-    fn encode(&self, record: &SinkRecord<'_>, extra: &[(&str, &[u8])], _: Option<&str>) -> Result<Record, String> {
-        Encoder::encode(self, record, extra)
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Record, String> {
+        Encoder::encode(self, handover.record, handover.extra)
     }
 }
 
@@ -177,6 +177,7 @@ mod tests {
     use aws_smithy_types::error::ErrorMetadata;
 
     use super::*;
+    use crate::sink::SinkRecord;
 
     fn stored(n: u32) -> PutRecordsResultEntry {
         PutRecordsResultEntry::builder()
@@ -451,7 +452,7 @@ mod tests {
                 headers: Cow::Borrowed(&[]),
                 partition: None,
             };
-            sink.send(&record, &[], None, Box::new(id.clone())).unwrap();
+            sink.send(Handover::of(&record), Box::new(id.clone())).unwrap();
             sent.push(id);
         }
         let mut outcomes = std::collections::HashMap::new();
@@ -584,7 +585,7 @@ mod tests {
                             headers: Cow::Borrowed(&[]),
                             partition: None,
                         };
-                        sink.send(&record, &[], None, Box::new(i)).unwrap();
+                        sink.send(Handover::of(&record), Box::new(i)).unwrap();
                     }
                     for _ in 0..n {
                         let c = tokio::time::timeout(Duration::from_secs(300), completions.recv())
