@@ -11,11 +11,9 @@ use std::sync::Arc;
 use aws_sdk_sns::error::DisplayErrorContext;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{fifo_config, moto, moto_config, use_test_credentials};
+use crate::sink::aws::demo::{moto_config, moto_demo, MotoRun};
 use crate::sink::aws::sqs::demo::SqsConsumer;
-use crate::sink::demo::{
-    bounded, container, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
-};
+use crate::sink::demo::{bounded, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally};
 
 const BROKER: &str = "moto (Amazon SNS)";
 
@@ -94,38 +92,34 @@ impl DemoConsumer for SnsConsumer {
 }
 
 /// Amazon SNS's answers to the demo.
-pub(crate) const DEMO: SinkDemo = SinkDemo::new(moto("moto server (Amazon SNS)"), open)
-    .help("Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server")
-    .pointing(|_| use_test_credentials());
+pub(crate) const DEMO: SinkDemo = moto_demo(
+    "moto server (Amazon SNS)",
+    "Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server",
+    open,
+);
 
 fn open(endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-    Ok(Box::new(SnsTarget {
-        endpoint: endpoint.unwrap_or_default(),
-        prefix: container(run),
-    }))
+    Ok(Box::new(SnsTarget(MotoRun::of(endpoint, run))))
 }
 
 /// moto and the run's topic names.
-struct SnsTarget {
-    endpoint: String,
-    prefix: String,
-}
+struct SnsTarget(MotoRun);
 
 impl DemoTarget for SnsTarget {
     /// A FIFO topic per run, named as the SQS demo's queue (made by the consumer with its
     /// subscribed queue: `setup` creates no topics).
     fn config(&self) -> DemoConfig {
-        fifo_config(&self.endpoint, &self.prefix)
+        self.0.fifo_config()
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
         format!(
             "moto (Amazon SNS) at {} (a FIFO topic, read through a subscribed FIFO queue)",
-            self.endpoint
+            self.0.endpoint
         )
     }
 
     fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        start(SnsConsumer::new(&self.endpoint, topic), tally, stop)
+        start(SnsConsumer::new(&self.0.endpoint, topic), tally, stop)
     }
 }

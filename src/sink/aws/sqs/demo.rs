@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{fifo_config, moto, moto_config, use_test_credentials};
+use crate::sink::aws::demo::{moto_config, moto_demo, MotoRun};
 use crate::sink::demo::{
-    bounded, container, parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
+    bounded, parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
 };
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, QueueAttributeName};
@@ -145,35 +145,31 @@ impl DemoConsumer for SqsConsumer {
 }
 
 /// Amazon SQS's answers to the demo.
-pub(crate) const DEMO: SinkDemo = SinkDemo::new(moto("moto server (Amazon SQS)"), open)
-    .help("Amazon SQS (a FIFO queue), on a running moto server")
-    .pointing(|_| use_test_credentials());
+pub(crate) const DEMO: SinkDemo = moto_demo(
+    "moto server (Amazon SQS)",
+    "Amazon SQS (a FIFO queue), on a running moto server",
+    open,
+);
 
 fn open(endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-    Ok(Box::new(SqsTarget {
-        endpoint: endpoint.unwrap_or_default(),
-        prefix: container(run),
-    }))
+    Ok(Box::new(SqsTarget(MotoRun::of(endpoint, run))))
 }
 
 /// moto and the run's queue names.
-struct SqsTarget {
-    endpoint: String,
-    prefix: String,
-}
+struct SqsTarget(MotoRun);
 
 impl DemoTarget for SqsTarget {
     /// A FIFO queue per run (made by the consumer: `setup` creates no queues). Queue names allow
     /// no `.` but the `.fifo` suffix: `order.placed` becomes `order-placed`.
     fn config(&self) -> DemoConfig {
-        fifo_config(&self.endpoint, &self.prefix)
+        self.0.fifo_config()
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
-        format!("moto (Amazon SQS) at {} (a FIFO queue)", self.endpoint)
+        format!("moto (Amazon SQS) at {} (a FIFO queue)", self.0.endpoint)
     }
 
     fn consume<'a>(&'a self, queue: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        start(SqsConsumer::new(&self.endpoint, queue), tally, stop)
+        start(SqsConsumer::new(&self.0.endpoint, queue), tally, stop)
     }
 }
