@@ -560,6 +560,11 @@ mod tests {
         (cluster, sink, rx)
     }
 
+    /// The cluster's next Produce request fails with `error`.
+    fn fail_next_produce(cluster: &MockCluster<'static, DefaultProducerContext>, error: RDKafkaRespErr) {
+        cluster.request_errors(RDKafkaApiKey::Produce, &[error]);
+    }
+
     /// Hands over the record keyed `key` whose id and tag are `n`.
     fn send(sink: &Publisher<u32>, key: &[u8], n: u32) {
         let id = n.to_string();
@@ -581,10 +586,7 @@ mod tests {
             ("enable.gapless.guarantee", "true"),
         ]);
         // Permanent for librdkafka, and not a refusal of the record: the relay would replay it.
-        cluster.request_errors(
-            RDKafkaApiKey::Produce,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION],
-        );
+        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION);
         // Long enough that 2..6 are queued before record 1's failure comes back, even on a
         // loaded machine.
         cluster
@@ -669,10 +671,7 @@ mod tests {
     #[test]
     fn a_timestamp_refusal_is_lateness_for_hand_over_stamps_and_the_record_s_fault_otherwise() {
         let (cluster, sink, mut rx) = warmed_sink(&[]);
-        cluster.request_errors(
-            RDKafkaApiKey::Produce,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP],
-        );
+        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP);
         send(&sink, b"k", 1);
         let late = next(&mut rx).1.expect_err("refused");
         assert_eq!(late.kind, FailureKind::Transient, "{late}");
@@ -680,10 +679,7 @@ mod tests {
         Box::new(sink).abandon(Duration::from_secs(1));
 
         let (cluster, sink, mut rx) = warmed_sink(&[]);
-        cluster.request_errors(
-            RDKafkaApiKey::Produce,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP],
-        );
+        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP);
         let mut own_time = record(b"k", b"2");
         own_time.timestamp_ms = Some(1_000);
         sink.send(Handover::of(&own_time), Box::new(2))
@@ -730,10 +726,7 @@ mod tests {
     #[test]
     fn a_refused_record_fences_its_key_until_released() {
         let (cluster, sink, mut rx) = warmed_sink(&[]);
-        cluster.request_errors(
-            RDKafkaApiKey::Produce,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
-        );
+        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
         send(&sink, b"k", 1);
         let (tag, outcome) = next(&mut rx);
         let refused = outcome.unwrap_err();

@@ -212,39 +212,17 @@ mod tests {
         let big = vec![b'x'; MAX_MESSAGE_BYTES];
         let err = encode(&record(b"k", &big, vec![]), &[], None).unwrap_err();
         assert!(err.contains("at most 10000000"), "{err}");
+        /// Why a record whose one header is `name = value` is refused.
+        fn refusal_with_header(name: &str, value: &[u8]) -> String {
+            let header = (Cow::Borrowed(name), Some(Cow::Borrowed(value)));
+            encode(&record(b"k", b"x", vec![header]), &[], None).unwrap_err()
+        }
         let long_value = vec![b'v'; MAX_ATTRIBUTE_VALUE + 1];
-        let err = encode(
-            &record(
-                b"k",
-                b"x",
-                vec![(Cow::Borrowed("h"), Some(Cow::Borrowed(&long_value[..])))],
-            ),
-            &[],
-            None,
-        )
-        .unwrap_err();
+        let err = refusal_with_header("h", &long_value);
         assert!(err.contains("\"h\" is 1025 bytes"), "{err}");
-        let err = encode(
-            &record(
-                b"k",
-                b"x",
-                vec![(Cow::Borrowed("googx"), Some(Cow::Borrowed(&b"v"[..])))],
-            ),
-            &[],
-            None,
-        )
-        .unwrap_err();
+        let err = refusal_with_header("googx", b"v");
         assert!(err.contains("reserves"), "{err}");
-        let err = encode(
-            &record(
-                b"k",
-                b"x",
-                vec![(Cow::Borrowed("bin"), Some(Cow::Borrowed(&[0xffu8][..])))],
-            ),
-            &[],
-            None,
-        )
-        .unwrap_err();
+        let err = refusal_with_header("bin", &[0xff]);
         assert!(err.contains("not UTF-8"), "{err}");
     }
 

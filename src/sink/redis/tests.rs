@@ -13,7 +13,8 @@ use redis::Value;
 use super::publisher::RedisSink;
 use super::*;
 use crate::config::Settings;
-use crate::sink::{Completion, Completions, FailureKind, Handover, Sink, SinkRecord};
+use crate::sink::memory::record;
+use crate::sink::{Completion, Completions, FailureKind, Handover, Sink};
 
 const SHARED: &str = "redis://127.0.0.1:6379";
 /// Appended after `[redis]`: the relay in exactly-once mode (the sink loads its dedup script).
@@ -62,18 +63,6 @@ async fn conn(url: &str) -> MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .expect("the test Redis is up")
-}
-
-fn record<'a>(stream: &'a str, key: &'a [u8], value: &'a [u8], id: &'a [u8]) -> SinkRecord<'a> {
-    SinkRecord {
-        destination: Cow::Borrowed(stream),
-        key: Cow::Borrowed(key),
-        value: Some(Cow::Borrowed(value)),
-        event_id: id,
-        timestamp_ms: None,
-        headers: Cow::Borrowed(&[]),
-        partition: None,
-    }
 }
 
 async fn next(completions: &mut Completions<u32>) -> Completion<u32> {
