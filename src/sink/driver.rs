@@ -210,6 +210,23 @@ pub(crate) struct DriverOptions {
     pub(crate) drop_wait: Duration,
 }
 
+#[cfg(test)]
+impl DriverOptions {
+    /// What an adapter's tests run the driver with: `concurrency`, 100 requests or 1 MiB on the
+    /// wire, no timeouts, a second's wait when dropped.
+    pub(crate) fn for_tests(concurrency: Concurrency) -> DriverOptions {
+        DriverOptions {
+            concurrency,
+            max_in_flight: 100,
+            max_in_flight_bytes: 1 << 20,
+            reply_timeout: None,
+            max_queue_wait: None,
+            dedup_queue_wait: None,
+            drop_wait: Duration::from_secs(1),
+        }
+    }
+}
+
 /// An [`Exchange`]'s wire: its reply futures, awaited together.
 struct Requests<E: Exchange> {
     exchange: Arc<E>,

@@ -45,6 +45,13 @@ async fn fresh(url: &str) -> (NatsSettings, String) {
     (s, prefix)
 }
 
+/// [`fresh`] on the shared server, and a publisher to it whose in-flight budget is `max_in_flight`.
+async fn fresh_publisher(max_in_flight: usize) -> (NatsSettings, String, Publisher<u64>, Completions<u64>) {
+    let (s, prefix) = fresh(SHARED).await;
+    let (sink, rx) = Publisher::<u64>::create(&s, max_in_flight).await.unwrap();
+    (s, prefix, sink, rx)
+}
+
 async fn stream_handle(s: &NatsSettings) -> jetstream::stream::Stream {
     let client = connect(s, None, None).await.unwrap();
     let js = jetstream::new(client);
@@ -81,8 +88,23 @@ async fn take(rx: &mut Completions<u64>, n: usize) -> Vec<(u64, Result<(), crate
     out
 }
 
+/// Hands over one record (key `k`, id `id`) to `subject` for each tag in `tags`; each is taken.
+fn send_each(sink: &Publisher<u64>, subject: &str, tags: impl Iterator<Item = u64>) {
+    for i in tags {
+        sink.send(Handover::of(&record(subject, "k", b"id", b"{}")), Box::new(i))
+            .map_err(|r| r.failure)
+            .unwrap();
+    }
+}
+
 fn abandon(sink: Box<dyn Sink<u64>>) -> tokio::task::JoinHandle<()> {
     tokio::task::spawn_blocking(move || sink.abandon(Duration::from_secs(2)))
+}
+
+/// Ends a test's sink and deletes its stream.
+async fn finish(sink: Publisher<u64>, s: &NatsSettings) {
+    abandon(Box::new(sink)).await.unwrap();
+    delete(s).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -117,8 +139,7 @@ async fn prepare_creates_accepts_and_refuses_and_probe_reports() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn delivered_in_order_with_headers_and_unchanged_value() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, mut rx) = Publisher::<u64>::create(&s, 1000).await.unwrap();
+    let (s, prefix, sink, mut rx) = fresh_publisher(1000).await;
     let n = 600u64;
     let subjects = [format!("{prefix}.orders"), format!("{prefix}.users.x")];
     for i in 0..n {
@@ -154,14 +175,12 @@ async fn delivered_in_order_with_headers_and_unchanged_value() {
         assert_eq!(h("x-pos").as_deref(), Some(i.to_string().as_str()));
         assert_eq!(m.headers.get(async_nats::header::NATS_MESSAGE_ID), None);
     }
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn bad_records_are_refused_on_sight() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let (s, prefix, sink, mut rx) = fresh_publisher(10).await;
     let ok = format!("{prefix}.ok");
     let big = vec![b'x'; 1024 * 1024];
     let outside = format!("{}.other", unique("u"));
@@ -192,14 +211,12 @@ async fn bad_records_are_refused_on_sight() {
     let done = take(&mut rx, 1).await;
     assert!(done[0].1.is_ok() && done[0].0 == 7);
     assert_eq!(stream_handle(&s).await.cached_info().state.messages, 1);
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_duplicate_msg_id_is_delivered_and_stored_once() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let (s, prefix, sink, mut rx) = fresh_publisher(10).await;
     let subject = format!("{prefix}.orders");
     for i in 0..3u64 {
         sink.send(
@@ -229,8 +246,7 @@ async fn a_duplicate_msg_id_is_delivered_and_stored_once() {
         "{:?}",
         first.headers
     );
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 /// A port free now and never handed out before in this process: the kernel may give the same
@@ -332,11 +348,7 @@ async fn a_lost_connection_fails_everything_after_it() {
     let (s, prefix) = fresh(&format!("nats://127.0.0.1:{}", server.port)).await;
     let (sink, mut rx) = Publisher::<u64>::create(&s, 1000).await.unwrap();
     let subject = format!("{prefix}.orders");
-    for i in 0..100u64 {
-        sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
-    }
+    send_each(&sink, &subject, 0..100);
     let first = take(&mut rx, 100).await;
     assert!(first.iter().all(|(_, o)| o.is_ok()));
     server.child.kill().unwrap();
@@ -362,14 +374,9 @@ async fn a_lost_connection_fails_everything_after_it() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn abandon_drops_the_queue_and_returns_in_time() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, rx) = Publisher::<u64>::create(&s, 10_000).await.unwrap();
+    let (s, prefix, sink, rx) = fresh_publisher(10_000).await;
     let subject = format!("{prefix}.orders");
-    for i in 0..5_000u64 {
-        sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
-    }
+    send_each(&sink, &subject, 0..5_000);
     let started = Instant::now();
     abandon(Box::new(sink)).await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
@@ -386,11 +393,7 @@ async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
     Nats.prepare(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     let subject = format!("{prefix}.orders");
-    for i in 0..3u64 {
-        sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
-    }
+    send_each(&sink, &subject, 0..3);
     // A frozen process: the runtime's only thread blocked, so the publishing task cannot run.
     std::thread::sleep(Duration::from_millis(500));
     let done = take(&mut rx, 3).await;
@@ -403,8 +406,7 @@ async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
         );
     }
     assert_eq!(stream_handle(&s).await.cached_info().state.messages, 0);
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -441,8 +443,7 @@ async fn several_servers_one_of_them_down() {
     .map_err(|r| r.failure)
     .unwrap();
     assert!(take(&mut rx, 1).await[0].1.is_ok());
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 /// A record the stream refuses in its PubAck (larger than the stream's `max_msg_size`, within
@@ -483,16 +484,14 @@ async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     assert!(take(&mut rx, 1).await[0].1.is_ok());
     let stream = stream_handle(&s).await;
     assert_eq!(stream.cached_info().state.messages, 2, "id-3 and id-4 only");
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 /// The stream gone after the sink connected: the server answers the record's reply subject with
 /// 503 no responders, which fails it (and the sink) as transient, naming the stream.
 #[tokio::test(flavor = "current_thread")]
 async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let (s, prefix, sink, mut rx) = fresh_publisher(10).await;
     delete(&s).await;
     let subject = format!("{prefix}.orders");
     sink.send(Handover::of(&record(&subject, "k", b"id-1", b"{}")), Box::new(1))
@@ -549,11 +548,7 @@ async fn no_puback_case(extra: &str, timeout: Duration, within: Duration) {
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
     let sent = Instant::now();
-    for i in 1..=5u64 {
-        sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
-    }
+    send_each(&sink, &subject, 1..=5);
     let done = take(&mut rx, 5).await;
     let waited = sent.elapsed();
     assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());

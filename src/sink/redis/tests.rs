@@ -351,13 +351,18 @@ pub(crate) struct PrivateRedis {
     pub(crate) port: u16,
 }
 
+/// A loopback port nothing listens on (bound, then let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 impl PrivateRedis {
     pub(crate) fn start(extra: &[&str]) -> PrivateRedis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -451,11 +456,7 @@ async fn abandon_drops_what_is_queued() {
 
 #[tokio::test]
 async fn connection_errors_say_whether_to_retry() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let down = settings_for(&format!("redis://127.0.0.1:{port}"), "timeout_ms = 1000");
     let err = create_sink(&down).await.err().unwrap();
     assert!(err.transient, "{err}");
@@ -493,11 +494,7 @@ async fn prepare_and_probe_tell_version_and_persistence() {
     let lines = Redis.prepare(redis_of(&settings)).await.unwrap();
     assert!(lines.iter().any(|l| l.contains("in memory")), "{lines:?}");
     assert!(Redis.probe(redis_of(&settings)).await.unwrap().contains("in memory"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let down = settings_for(&format!("redis://127.0.0.1:{port}"), "timeout_ms = 500");
     assert!(Redis.prepare(redis_of(&down)).await.unwrap_err().transient);
     assert!(Redis.probe(redis_of(&down)).await.unwrap_err().transient);

@@ -434,15 +434,7 @@ async fn a_rejected_certificate_becomes_the_sinks_verdict() {
         let receiver = https_receiver(&["127.0.0.1"]).await;
         let s = settings(&format!("url = \"https://{}/hooks\"", receiver.addr));
         let exchange = super::exchange::HttpExchange::new(&s, None).unwrap();
-        let options = DriverOptions {
-            concurrency: Concurrency::PerKey { max_keys: 4 },
-            max_in_flight: 100,
-            max_in_flight_bytes: 1 << 20,
-            reply_timeout: None,
-            max_queue_wait: None,
-            dedup_queue_wait: None,
-            drop_wait: Duration::from_secs(1),
-        };
+        let options = DriverOptions::for_tests(Concurrency::PerKey { max_keys: 4 });
         let (sink, mut completions) = driver::start::<_, u32>(Arc::new(exchange), options);
         assert!(sink.verdict().is_none());
         sink.send(Handover::of(&record("t", b"1", b"{}")), Box::new(1)).unwrap();

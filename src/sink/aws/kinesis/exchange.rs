@@ -428,15 +428,7 @@ mod tests {
         let exchange = start(kinesis_at(&endpoint), encoder, 4);
         let (sink, mut completions) = driver::start::<_, String>(
             Arc::new(exchange),
-            DriverOptions {
-                concurrency: Concurrency::PerKey { max_keys: 16 },
-                max_in_flight: 100,
-                max_in_flight_bytes: 1 << 20,
-                reply_timeout: None,
-                max_queue_wait: None,
-                dedup_queue_wait: None,
-                drop_wait: Duration::from_secs(1),
-            },
+            DriverOptions::for_tests(Concurrency::PerKey { max_keys: 16 }),
         );
         let mut sent = Vec::new();
         for i in 0..12 {
@@ -563,13 +555,9 @@ mod tests {
                     let (sink, mut completions) = driver::start::<_, usize>(
                         Arc::new(exchange),
                         DriverOptions {
-                            concurrency: *concurrency,
                             max_in_flight: 10_000,
                             max_in_flight_bytes: 64 << 20,
-                            reply_timeout: None,
-                            max_queue_wait: None,
-                            dedup_queue_wait: None,
-                            drop_wait: Duration::from_secs(1),
+                            ..DriverOptions::for_tests(*concurrency)
                         },
                     );
                     let started = Instant::now();
