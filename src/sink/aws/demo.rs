@@ -3,7 +3,11 @@
 //! test credentials set for this process, so the demo never reaches a cloud account; and the
 //! SDK configuration of their consumers' clients.
 
-use crate::sink::demo::{container, toml_string, DemoConfig, DemoRun, LocalServer, Open, Server, SinkDemo};
+use std::future::Future;
+
+use aws_smithy_types::error::display::DisplayErrorContext;
+
+use crate::sink::demo::{bounded, container, toml_string, DemoConfig, DemoRun, LocalServer, Open, Server, SinkDemo};
 
 /// The region of the demo's clients and relay (moto accepts any).
 pub(crate) const REGION: &str = "us-east-1";
@@ -57,6 +61,19 @@ pub(crate) fn moto_config(endpoint: &str) -> aws_config::SdkConfig {
                 .build_https(),
         )
         .build()
+}
+
+/// One SDK call of a demo consumer's (`send`: the request's `send()`), bounded as every step of
+/// the demo is ([`bounded`], `broker` and `what` naming it), its error in the SDK's full words.
+pub(crate) async fn sdk_call<T, E: std::error::Error>(
+    broker: &str,
+    what: &str,
+    send: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    bounded(broker, what, async {
+        send.await.map_err(|e| DisplayErrorContext(e).to_string())
+    })
+    .await
 }
 
 /// What an AWS sink's demo target knows: the moto server (`--sink-url`) and the run's prefix of

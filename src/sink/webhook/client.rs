@@ -349,11 +349,16 @@ mod tests {
         h
     }
 
+    /// The verdict on an empty reply of `status` with the headers `pairs`.
+    fn verdict(status: StatusCode, pairs: &[(&'static str, &str)], now: SystemTime) -> Verdict {
+        classify(status, &headers(pairs), b"", now)
+    }
+
     #[test]
     fn statuses_are_classified_as_the_issue_says() {
         let now = SystemTime::now();
         let none = HeaderMap::new();
-        let plain = |code: u16| classify(StatusCode::from_u16(code).unwrap(), &none, b"", now);
+        let plain = |code: u16| verdict(StatusCode::from_u16(code).unwrap(), &[], now);
         for code in [200, 201, 202, 204, 299] {
             assert_eq!(plain(code), Verdict::Delivered);
         }
@@ -368,10 +373,9 @@ mod tests {
             panic!("422 is a refusal")
         };
         assert_eq!(cause, "HTTP 422 Unprocessable Entity: bad total");
-        let Verdict::Retry { cause, .. } = classify(
+        let Verdict::Retry { cause, .. } = verdict(
             StatusCode::MOVED_PERMANENTLY,
-            &headers(&[("location", "https://new/x?sig=abc")]),
-            b"",
+            &[("location", "https://new/x?sig=abc")],
             now,
         ) else {
             panic!("3xx is transient")
@@ -401,12 +405,9 @@ mod tests {
         );
         assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
-        let Verdict::Retry { retry_after: after, .. } = classify(
-            StatusCode::TOO_MANY_REQUESTS,
-            &headers(&[("retry-after", "2")]),
-            b"",
-            now,
-        ) else {
+        let Verdict::Retry { retry_after: after, .. } =
+            verdict(StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "2")], now)
+        else {
             panic!("429 is transient")
         };
         assert_eq!(after, Some(Duration::from_secs(2)));

@@ -16,7 +16,7 @@ use aws_sdk_kinesis::types::ShardIteratorType;
 use serde_json::value::RawValue;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{moto_config, moto_demo, MotoRun, REGION};
+use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun, REGION};
 use crate::sink::demo::{
     bounded, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
 };
@@ -58,15 +58,11 @@ impl KinesisConsumer {
     /// Makes the stream `stream` at the moto `endpoint` and waits until it is ACTIVE.
     pub(crate) async fn new(endpoint: &str, stream: &str) -> Result<KinesisConsumer, String> {
         let client = aws_sdk_kinesis::Client::new(&moto_config(endpoint));
-        bounded(BROKER, "creating the stream", async {
-            client
-                .create_stream()
-                .stream_name(stream)
-                .shard_count(SHARDS)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+        sdk_call(
+            BROKER,
+            "creating the stream",
+            client.create_stream().stream_name(stream).shard_count(SHARDS).send(),
+        )
         .await?;
         // ListShards answers ResourceInUseException until the stream is ACTIVE (as the sink
         // tells; moto's DescribeStreamSummary timestamps are not RFC 3339, which the SDK refuses).
@@ -186,15 +182,15 @@ impl DemoConsumer for KinesisConsumer {
                 }
             }
         }
-        let deleted = bounded(BROKER, "deleting the stream", async {
+        let deleted = sdk_call(
+            BROKER,
+            "deleting the stream",
             self.client
                 .delete_stream()
                 .stream_name(&self.stream)
                 .enforce_consumer_deletion(true)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+                .send(),
+        )
         .await;
         vec![match deleted {
             Ok(_) => format!("Kinesis stream {} deleted", self.stream),

@@ -8,12 +8,10 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use aws_sdk_sns::error::DisplayErrorContext;
-
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{moto_config, moto_demo, MotoRun};
+use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun};
 use crate::sink::aws::sqs::demo::SqsConsumer;
-use crate::sink::demo::{bounded, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally};
+use crate::sink::demo::{start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally};
 
 const BROKER: &str = "moto (Amazon SNS)";
 
@@ -28,15 +26,11 @@ impl SnsConsumer {
     /// Makes the FIFO topic `topic` at the moto `endpoint`, and its subscribed queue.
     pub(crate) async fn new(endpoint: &str, topic: &str) -> Result<SnsConsumer, String> {
         let client = aws_sdk_sns::Client::new(&moto_config(endpoint));
-        let created = bounded(BROKER, "creating the topic", async {
-            client
-                .create_topic()
-                .name(topic)
-                .attributes("FifoTopic", "true")
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+        let created = sdk_call(
+            BROKER,
+            "creating the topic",
+            client.create_topic().name(topic).attributes("FifoTopic", "true").send(),
+        )
         .await?;
         let arn = created
             .topic_arn()
@@ -49,7 +43,9 @@ impl SnsConsumer {
             queue: SqsConsumer::new(endpoint, topic).await?,
         };
         let queue_arn = consumer.queue.arn().await?;
-        bounded(BROKER, "subscribing the queue to the topic", async {
+        sdk_call(
+            BROKER,
+            "subscribing the queue to the topic",
             consumer
                 .client
                 .subscribe()
@@ -57,10 +53,8 @@ impl SnsConsumer {
                 .protocol("sqs")
                 .endpoint(queue_arn)
                 .attributes("RawMessageDelivery", "true")
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+                .send(),
+        )
         .await?;
         Ok(consumer)
     }
@@ -71,14 +65,11 @@ impl DemoConsumer for SnsConsumer {
     /// cleaned up.
     async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let mut lines = self.queue.run(tally, stop).await;
-        let deleted = bounded(BROKER, "deleting the topic", async {
-            self.client
-                .delete_topic()
-                .topic_arn(&self.arn)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+        let deleted = sdk_call(
+            BROKER,
+            "deleting the topic",
+            self.client.delete_topic().topic_arn(&self.arn).send(),
+        )
         .await;
         lines.insert(
             0,

@@ -12,10 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{moto_config, moto_demo, MotoRun};
-use crate::sink::demo::{
-    bounded, parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
-};
+use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun};
+use crate::sink::demo::{parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally};
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, QueueAttributeName};
 
@@ -31,15 +29,15 @@ impl SqsConsumer {
     /// Makes the FIFO queue `queue` at the moto `endpoint`.
     pub(crate) async fn new(endpoint: &str, queue: &str) -> Result<SqsConsumer, String> {
         let client = aws_sdk_sqs::Client::new(&moto_config(endpoint));
-        let created = bounded(BROKER, "creating the queue", async {
+        let created = sdk_call(
+            BROKER,
+            "creating the queue",
             client
                 .create_queue()
                 .queue_name(queue)
                 .attributes(QueueAttributeName::FifoQueue, "true")
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+                .send(),
+        )
         .await?;
         let url = created
             .queue_url()
@@ -54,15 +52,15 @@ impl SqsConsumer {
 
     /// The queue's ARN (what an SNS subscription names).
     pub(crate) async fn arn(&self) -> Result<String, String> {
-        let got = bounded(BROKER, "reading the queue's ARN", async {
+        let got = sdk_call(
+            BROKER,
+            "reading the queue's ARN",
             self.client
                 .get_queue_attributes()
                 .queue_url(&self.url)
                 .attribute_names(QueueAttributeName::QueueArn)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+                .send(),
+        )
         .await?;
         got.attributes()
             .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
@@ -128,14 +126,11 @@ impl DemoConsumer for SqsConsumer {
                 }
             }
         }
-        let deleted = bounded(BROKER, "deleting the queue", async {
-            self.client
-                .delete_queue()
-                .queue_url(&self.url)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+        let deleted = sdk_call(
+            BROKER,
+            "deleting the queue",
+            self.client.delete_queue().queue_url(&self.url).send(),
+        )
         .await;
         vec![match deleted {
             Ok(_) => format!("SQS queue {} deleted", self.queue),
