@@ -442,11 +442,18 @@ impl Service {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::borrow::Cow;
 
     use super::*;
     use crate::sink::{RecordHeader, SinkRecord};
+
+    /// The headers the AWS sinks' encoder tests give a record: text, null and binary.
+    pub(crate) const HEADERS: [RecordHeader<'static>; 3] = [
+        (Cow::Borrowed("tenant"), Some(Cow::Borrowed(b"t1"))),
+        (Cow::Borrowed("none"), None),
+        (Cow::Borrowed("raw"), Some(Cow::Borrowed(&[0xff, 0x00]))),
+    ];
 
     fn record<'a>(headers: &'a [RecordHeader<'a>], value: Option<&'a [u8]>) -> SinkRecord<'a> {
         SinkRecord {
@@ -519,14 +526,9 @@ mod tests {
 
     #[test]
     fn body_attributes_group_and_dedup() {
-        let headers = [
-            (Cow::Borrowed("tenant"), Some(Cow::Borrowed(&b"t1"[..]))),
-            (Cow::Borrowed("none"), None),
-            (Cow::Borrowed("raw"), Some(Cow::Borrowed(&[0xff, 0x00][..]))),
-        ];
         let m = FIFO
             .encode(
-                Handover::of(&record(&headers, Some(b"{\"a\":1}")))
+                Handover::of(&record(&HEADERS, Some(b"{\"a\":1}")))
                     .with_extra(&[("pos", b"0/1")])
                     .with_dedup_key(Some("src/0/16B/2")),
             )
