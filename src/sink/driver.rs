@@ -809,13 +809,11 @@ mod tests {
     //! The driver against an in-process exchange whose replies the test scripts: order, the
     //! per-key limit, the fence, the stop after a transient failure, timeouts and abandon.
 
-    use std::borrow::Cow;
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
     use super::*;
-    use crate::sink::SinkRecord;
 
     /// What the test exchange answers for a record, by its value.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -977,15 +975,7 @@ mod tests {
     }
 
     fn send(sink: &Driven<TestExchange, u32>, key: &str, value: &str, tag: u32) -> Result<(), Refusal<u32>> {
-        let record = SinkRecord {
-            destination: Cow::Borrowed("d"),
-            key: Cow::Owned(key.as_bytes().to_vec()),
-            value: Some(Cow::Owned(value.as_bytes().to_vec())),
-            event_id: b"id",
-            timestamp_ms: None,
-            headers: Cow::Borrowed(&[]),
-            partition: None,
-        };
+        let record = crate::sink::memory::record("d", key.as_bytes(), value.as_bytes(), b"id");
         sink.send(Handover::of(&record), Box::new(tag))
     }
 

@@ -218,6 +218,13 @@ pub(crate) fn record<'a>(destination: &'a str, key: &'a [u8], value: &'a [u8], i
     }
 }
 
+/// Hands `handover` to `sink` with `tag`, in a test that expects the sink to take it (it panics
+/// with the refusal's failure otherwise).
+#[cfg(test)]
+pub(crate) fn send_taken<Tag, S: Sink<Tag> + ?Sized>(sink: &S, handover: Handover<'_, '_>, tag: Tag) {
+    sink.send(handover, Box::new(tag)).map_err(|r| r.failure).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

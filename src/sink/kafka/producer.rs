@@ -505,7 +505,6 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
 mod tests {
     //! The key fence against librdkafka's mock cluster (`sink/fence.rs`).
 
-    use std::borrow::Cow;
     use std::collections::BTreeMap;
     use std::time::Instant;
 
@@ -514,17 +513,10 @@ mod tests {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
     use super::*;
+    use crate::sink::memory::send_taken;
 
     fn record<'a>(key: &'a [u8], id: &'a [u8]) -> SinkRecord<'a> {
-        SinkRecord {
-            destination: Cow::Borrowed("fenced"),
-            key: Cow::Borrowed(key),
-            value: Some(Cow::Borrowed(&b"{}"[..])),
-            event_id: id,
-            timestamp_ms: None,
-            headers: Cow::Owned(Vec::new()),
-            partition: None,
-        }
+        crate::sink::memory::record("fenced", key, b"{}", id)
     }
 
     fn next(rx: &mut Completions<u32>) -> (u32, Result<(), SinkFailure>) {
@@ -568,9 +560,7 @@ mod tests {
     /// Hands over the record keyed `key` whose id and tag are `n`.
     fn send(sink: &Publisher<u32>, key: &[u8], n: u32) {
         let id = n.to_string();
-        sink.send(Handover::of(&record(key, id.as_bytes())), Box::new(n))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(sink, Handover::of(&record(key, id.as_bytes())), n);
     }
 
     /// Why `linger.ms` stays 5 and docs/reliability.md calls first-delivery order across a
@@ -682,9 +672,7 @@ mod tests {
         fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP);
         let mut own_time = record(b"k", b"2");
         own_time.timestamp_ms = Some(1_000);
-        sink.send(Handover::of(&own_time), Box::new(2))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(&sink, Handover::of(&own_time), 2);
         let refused = next(&mut rx).1.expect_err("refused");
         assert_eq!(refused.kind, FailureKind::Refused, "{refused}");
         Box::new(sink).abandon(Duration::from_secs(1));

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::config::NatsSection;
 use super::publisher::{Publisher, KEY_HEADER, TIMESTAMP_HEADER};
 use super::*;
+use crate::sink::memory::send_taken;
 use crate::sink::{Completions, FailureKind, Handover, Sink, SinkRecord};
 
 const SHARED: &str = "nats://127.0.0.1:4222";
@@ -65,13 +66,9 @@ async fn delete(s: &NatsSettings) {
 
 fn record<'a>(subject: &'a str, key: &'a str, id: &'a [u8], value: &'a [u8]) -> SinkRecord<'a> {
     SinkRecord {
-        destination: Cow::Borrowed(subject),
-        key: Cow::Borrowed(key.as_bytes()),
-        value: Some(Cow::Borrowed(value)),
-        event_id: id,
         timestamp_ms: Some(1_700_000_000_123),
         headers: Cow::Owned(vec![(Cow::Borrowed("tenant"), Some(Cow::Borrowed(&b"acme"[..])))]),
-        partition: None,
+        ..crate::sink::memory::record(subject, key.as_bytes(), value, id)
     }
 }
 
@@ -91,9 +88,7 @@ async fn take(rx: &mut Completions<u64>, n: usize) -> Vec<(u64, Result<(), crate
 /// Hands over one record (key `k`, id `id`) to `subject` for each tag in `tags`; each is taken.
 fn send_each(sink: &Publisher<u64>, subject: &str, tags: impl Iterator<Item = u64>) {
     for i in tags {
-        sink.send(Handover::of(&record(subject, "k", b"id", b"{}")), Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(sink, Handover::of(&record(subject, "k", b"id", b"{}")), i);
     }
 }
 
@@ -148,9 +143,7 @@ async fn delivered_in_order_with_headers_and_unchanged_value() {
         let key = format!("k{}", i % 7);
         let rec = record(&subjects[(i % 2) as usize], &key, id.as_bytes(), value.as_bytes());
         let pos = i.to_string();
-        sink.send(Handover::of(&rec).with_extra(&[("x-pos", pos.as_bytes())]), Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(&sink, Handover::of(&rec).with_extra(&[("x-pos", pos.as_bytes())]), i);
     }
     let done = take(&mut rx, n as usize).await;
     assert!(
@@ -205,9 +198,7 @@ async fn bad_records_are_refused_on_sight() {
     let r = sink.send(Handover::of(&rec), Box::new(99)).unwrap_err();
     assert_eq!(r.failure.kind, FailureKind::Refused, "{}", r.failure);
     // The sink still works: nothing above reached the server.
-    sink.send(Handover::of(&record(&ok, "k", b"id", b"{}")), Box::new(7))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&ok, "k", b"id", b"{}")), 7);
     let done = take(&mut rx, 1).await;
     assert!(done[0].1.is_ok() && done[0].0 == 7);
     assert_eq!(stream_handle(&s).await.cached_info().state.messages, 1);
@@ -219,19 +210,17 @@ async fn a_duplicate_msg_id_is_delivered_and_stored_once() {
     let (s, prefix, sink, mut rx) = fresh_publisher(10).await;
     let subject = format!("{prefix}.orders");
     for i in 0..3u64 {
-        sink.send(
+        send_taken(
+            &sink,
             Handover::of(&record(&subject, "k", b"id-1", b"{}")).with_dedup_key(Some("src/0/0")),
-            Box::new(i),
-        )
-        .map_err(|r| r.failure)
-        .unwrap();
+            i,
+        );
     }
-    sink.send(
+    send_taken(
+        &sink,
         Handover::of(&record(&subject, "k", b"id-2", b"{}")).with_dedup_key(Some("src/0/1")),
-        Box::new(3),
-    )
-    .map_err(|r| r.failure)
-    .unwrap();
+        3,
+    );
     let done = take(&mut rx, 4).await;
     assert!(done.iter().all(|(_, o)| o.is_ok()), "{done:?}");
     let stream = stream_handle(&s).await;
@@ -436,12 +425,11 @@ async fn several_servers_one_of_them_down() {
     let url = format!("nats://127.0.0.1:{dead}, {SHARED}");
     let several = nats_settings(&url, &s.stream, &[], "connect_timeout_ms = 500");
     let (sink, mut rx) = Publisher::<u64>::create(&several, 10).await.unwrap();
-    sink.send(
+    send_taken(
+        &sink,
         Handover::of(&record(&format!("{prefix}.a"), "k", b"id", b"{}")),
-        Box::new(1),
-    )
-    .map_err(|r| r.failure)
-    .unwrap();
+        1,
+    );
     assert!(take(&mut rx, 1).await[0].1.is_ok());
     finish(sink, &s).await;
 }
@@ -460,17 +448,11 @@ async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     let subject = format!("{prefix}.orders");
     let big = vec![b'x'; 2048];
-    sink.send(Handover::of(&record(&subject, "k", b"id-1", &big)), Box::new(1))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-1", &big)), 1);
     let refused = take(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert_eq!(refused.kind, FailureKind::Refused, "{refused}");
-    sink.send(Handover::of(&record(&subject, "k", b"id-2", b"{}")), Box::new(2))
-        .map_err(|r| r.failure)
-        .unwrap();
-    sink.send(Handover::of(&record(&subject, "other", b"id-3", b"{}")), Box::new(3))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-2", b"{}")), 2);
+    send_taken(&sink, Handover::of(&record(&subject, "other", b"id-3", b"{}")), 3);
     let mut done = take(&mut rx, 2).await;
     done.sort_by_key(|(tag, _)| *tag);
     let stopped = done[0].1.as_ref().unwrap_err();
@@ -478,9 +460,7 @@ async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     assert!(stopped.cause.contains("refused"), "{stopped}");
     assert!(done[1].1.is_ok(), "another key passes: {:?}", done[1]);
     sink.release(b"k");
-    sink.send(Handover::of(&record(&subject, "k", b"id-4", b"{}")), Box::new(4))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-4", b"{}")), 4);
     assert!(take(&mut rx, 1).await[0].1.is_ok());
     let stream = stream_handle(&s).await;
     assert_eq!(stream.cached_info().state.messages, 2, "id-3 and id-4 only");
@@ -494,9 +474,7 @@ async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
     let (s, prefix, sink, mut rx) = fresh_publisher(10).await;
     delete(&s).await;
     let subject = format!("{prefix}.orders");
-    sink.send(Handover::of(&record(&subject, "k", b"id-1", b"{}")), Box::new(1))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-1", b"{}")), 1);
     let failed = take(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert_eq!(failed.kind, FailureKind::Transient, "{failed}");
     assert!(
@@ -504,9 +482,7 @@ async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
         "{failed}"
     );
     // Nothing more is sent after a failure.
-    sink.send(Handover::of(&record(&subject, "k", b"id-2", b"{}")), Box::new(2))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-2", b"{}")), 2);
     let after = take(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert!(after.cause.contains("earlier record failed"), "{after}");
     abandon(Box::new(sink)).await.unwrap();
@@ -541,9 +517,7 @@ async fn no_puback_case(extra: &str, timeout: Duration, within: Duration) {
     Nats.prepare(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 100).await.unwrap();
     let subject = format!("{prefix}.orders");
-    sink.send(Handover::of(&record(&subject, "k", b"id-0", b"{}")), Box::new(0))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-0", b"{}")), 0);
     assert!(take(&mut rx, 1).await[0].1.is_ok());
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());

@@ -95,15 +95,7 @@ async fn a_publish_to_an_unreachable_service_fails_transient_within_the_retry_wi
     // Port 9 on loopback: nothing listens. The client retries the connection failure until the
     // retry window (500 ms here) ends, then the record fails transient.
     let ex = exchange().await;
-    let record = crate::sink::SinkRecord {
-        destination: "orders".into(),
-        key: b"agg".as_slice().into(),
-        value: Some(b"{}".as_slice().into()),
-        event_id: b"e1",
-        timestamp_ms: None,
-        headers: Vec::new().into(),
-        partition: None,
-    };
+    let record = crate::sink::memory::record("orders", b"agg", b"{}", b"e1");
     let out = ex.encode(Handover::of(&record)).unwrap();
     let reply = ex.send(out).await.expect("handed over");
     let reply = tokio::time::timeout(Duration::from_secs(20), reply)

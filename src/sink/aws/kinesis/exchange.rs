@@ -177,7 +177,6 @@ mod tests {
     use aws_smithy_types::error::ErrorMetadata;
 
     use super::*;
-    use crate::sink::SinkRecord;
 
     fn stored(n: u32) -> PutRecordsResultEntry {
         PutRecordsResultEntry::builder()
@@ -411,7 +410,6 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn throttled_records_are_retried_and_nothing_of_a_key_is_sent_past_an_unstored_one() {
-        use std::borrow::Cow;
         use std::sync::Arc;
         use std::time::Duration;
 
@@ -435,15 +433,7 @@ mod tests {
             let key = ["a", "b", "c"][i % 3];
             let stream = if i == 11 { "gone" } else { "orders" };
             let id = format!("{key}{}", i / 3);
-            let record = SinkRecord {
-                destination: Cow::Borrowed(stream),
-                key: Cow::Borrowed(key.as_bytes()),
-                value: Some(Cow::Borrowed(b"{}")),
-                event_id: id.as_bytes(),
-                timestamp_ms: None,
-                headers: Cow::Borrowed(&[]),
-                partition: None,
-            };
+            let record = crate::sink::memory::record(stream, key.as_bytes(), b"{}", id.as_bytes());
             sink.send(Handover::of(&record), Box::new(id.clone())).unwrap();
             sent.push(id);
         }
@@ -493,7 +483,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "a measurement against a running moto (KINESIS_MEASURE_ENDPOINT), reported in docs/sink-kinesis.md"]
     async fn measure_one_record_per_key_against_several_per_call() {
-        use std::borrow::Cow;
         use std::collections::HashMap;
         use std::sync::Arc;
         use std::time::{Duration, Instant};
@@ -564,15 +553,8 @@ mod tests {
                     for i in 0..n {
                         let key = format!("agg-{}", i % aggregates);
                         let id = i.to_string();
-                        let record = SinkRecord {
-                            destination: Cow::Borrowed(&stream),
-                            key: Cow::Borrowed(key.as_bytes()),
-                            value: Some(Cow::Borrowed(payload.as_bytes())),
-                            event_id: id.as_bytes(),
-                            timestamp_ms: None,
-                            headers: Cow::Borrowed(&[]),
-                            partition: None,
-                        };
+                        let record =
+                            crate::sink::memory::record(&stream, key.as_bytes(), payload.as_bytes(), id.as_bytes());
                         sink.send(Handover::of(&record), Box::new(i)).unwrap();
                     }
                     for _ in 0..n {
