@@ -18,7 +18,8 @@ use serde_json::value::RawValue;
 use crate::config::sink::SinkSettings;
 use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun, REGION};
 use crate::sink::demo::{
-    bounded, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
+    bounded, cleaned_up, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo,
+    Starting, Tally,
 };
 
 const BROKER: &str = "moto (Amazon Kinesis)";
@@ -192,10 +193,7 @@ impl DemoConsumer for KinesisConsumer {
                 .send(),
         )
         .await;
-        vec![match deleted {
-            Ok(_) => format!("Kinesis stream {} deleted", self.stream),
-            Err(e) => format!("FAILED: {e}"),
-        }]
+        vec![cleaned_up(deleted, format!("Kinesis stream {} deleted", self.stream))]
     }
 }
 

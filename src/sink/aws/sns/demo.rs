@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::config::sink::SinkSettings;
 use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun};
 use crate::sink::aws::sqs::demo::SqsConsumer;
-use crate::sink::demo::{start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally};
+use crate::sink::demo::{cleaned_up, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally};
 
 const BROKER: &str = "moto (Amazon SNS)";
 
@@ -71,13 +71,7 @@ impl DemoConsumer for SnsConsumer {
             self.client.delete_topic().topic_arn(&self.arn).send(),
         )
         .await;
-        lines.insert(
-            0,
-            match deleted {
-                Ok(_) => format!("SNS topic {} deleted", self.topic),
-                Err(e) => format!("FAILED: {e}"),
-            },
-        );
+        lines.insert(0, cleaned_up(deleted, format!("SNS topic {} deleted", self.topic)));
         lines
     }
 }

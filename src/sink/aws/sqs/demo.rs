@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use crate::config::sink::SinkSettings;
 use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun};
-use crate::sink::demo::{parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally};
+use crate::sink::demo::{
+    cleaned_up, parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
+};
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, QueueAttributeName};
 
@@ -132,10 +134,7 @@ impl DemoConsumer for SqsConsumer {
             self.client.delete_queue().queue_url(&self.url).send(),
         )
         .await;
-        vec![match deleted {
-            Ok(_) => format!("SQS queue {} deleted", self.queue),
-            Err(e) => format!("FAILED: {e}"),
-        }]
+        vec![cleaned_up(deleted, format!("SQS queue {} deleted", self.queue))]
     }
 }
 
