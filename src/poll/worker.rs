@@ -36,7 +36,7 @@ use crate::ops::metrics::now_unix_us;
 use crate::ops::retry::wait_or_shutdown;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
-use crate::sink::{Completions, Sink, SinkLimits};
+use crate::sink::{Completions, Handover, Sink, SinkLimits};
 use std::borrow::Cow;
 
 use crate::ops::tracing_export::{ProducerSpan, SpanFields, Tracer};
@@ -346,9 +346,7 @@ async fn publish_and_await(
             crate::ops::metrics::count_invalid_traceparent();
         }
         if let Err(mut refusal) = out.publisher.send(
-            &record,
-            &[],
-            None,
+            Handover::of(&record),
             Box::new(BatchTag {
                 batch,
                 created_unix_us: event.timestamp_ms.map(|ms| ms.saturating_mul(1000)),

@@ -38,7 +38,7 @@ use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
 use crate::relay::quarantine::{EventRef, Held, Suspects, TxnEvent};
 use crate::relay::transaction_meta::{Marker, OpenTxn, TxnMeta};
-use crate::sink::{SinkError, SinkFailure, SinkLimits, SinkRecord};
+use crate::sink::{Handover, SinkError, SinkFailure, SinkLimits, SinkRecord};
 use std::borrow::Cow;
 
 use crate::ops::tracing_export::{ProducerSpan, SpanFields, Tracer};
@@ -531,7 +531,10 @@ impl<'s> Publish<'s> {
         let mut buf = [0u8; 40];
         let stamp = a.guarantee.stamp(txn.event, &mut buf);
         let extra = stamp.headers.as_ref().map_or(&[][..], |h| &h[..]);
-        let sent = self.sink.send(record, extra, stamp.dedup_key.as_deref(), tag);
+        let handover = Handover::of(record)
+            .with_extra(extra)
+            .with_dedup_key(stamp.dedup_key.as_deref());
+        let sent = self.sink.send(handover, tag);
         if let Err(mut refusal) = sent {
             a.progress.delivered(&refusal.tag, false);
             self.end_span(&mut refusal.tag, Some(&refusal.failure));

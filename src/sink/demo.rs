@@ -252,6 +252,15 @@ pub(crate) async fn bounded<T, E: std::fmt::Display>(
     }
 }
 
+/// The line of a consumer's clean-up (deleting the run's stream, queue, topic or exchange):
+/// `done` when `outcome` went well, `FAILED:` and why otherwise.
+pub(crate) fn cleaned_up<T, E: std::fmt::Display>(outcome: Result<T, E>, done: String) -> String {
+    match outcome {
+        Ok(_) => done,
+        Err(e) => format!("FAILED: {e}"),
+    }
+}
+
 /// The event id as the brokers carry it: decimal text.
 pub(crate) fn parse_id(bytes: &[u8]) -> Option<i64> {
     std::str::from_utf8(bytes).ok()?.parse().ok()

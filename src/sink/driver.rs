@@ -47,7 +47,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
-use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
+use crate::sink::{Completion, Completions, FailureKind, Handover, Refusal, Sink, SinkError, SinkFailure};
 
 /// What a reply means, in the driver's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,15 +79,10 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     /// The broker's name for people, in causes ("RabbitMQ").
     fn name(&self) -> &'static str;
 
-    /// The record as a request; `Err` says why the record can never be sent (it is refused on
-    /// sight, nothing queued). `extra` headers follow the record's own; `dedup_key` is the
-    /// exactly-once deduplication key, for a broker that deduplicates.
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Self::Request, String>;
+    /// The handed-over record as a request; `Err` says why the record can never be sent (it is
+    /// refused on sight, nothing queued). Its `extra` headers follow the record's own; its
+    /// `dedup_key` is the exactly-once deduplication key, for a broker that deduplicates.
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Self::Request, String>;
 
     /// What `reply` means for its record.
     fn classify(&self, reply: Self::Reply) -> Outcome;
@@ -213,6 +208,23 @@ pub(crate) struct DriverOptions {
     pub(crate) dedup_queue_wait: Option<Duration>,
     /// How long a driver dropped without [`Sink::abandon`] waits for replies on the wire.
     pub(crate) drop_wait: Duration,
+}
+
+#[cfg(test)]
+impl DriverOptions {
+    /// What an adapter's tests run the driver with: `concurrency`, 100 requests or 1 MiB on the
+    /// wire, no timeouts, a second's wait when dropped.
+    pub(crate) fn for_tests(concurrency: Concurrency) -> DriverOptions {
+        DriverOptions {
+            concurrency,
+            max_in_flight: 100,
+            max_in_flight_bytes: 1 << 20,
+            reply_timeout: None,
+            max_queue_wait: None,
+            dedup_queue_wait: None,
+            drop_wait: Duration::from_secs(1),
+        }
+    }
 }
 
 /// An [`Exchange`]'s wire: its reply futures, awaited together.
@@ -351,14 +363,9 @@ where
 }
 
 impl<P: Protocol, Tag: Send + Sync + 'static> Sink<Tag> for DriverSink<P, Tag> {
-    fn send(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>> {
-        let request = match self.protocol.encode(record, extra, dedup_key) {
+    fn send(&self, handover: Handover<'_, '_>, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let Handover { record, dedup_key, .. } = handover;
+        let request = match self.protocol.encode(handover) {
             Ok(request) => request,
             Err(cause) => return Err(Refusal::of(record, tag, FailureKind::Refused, cause)),
         };
@@ -802,7 +809,6 @@ mod tests {
     //! The driver against an in-process exchange whose replies the test scripts: order, the
     //! per-key limit, the fence, the stop after a transient failure, timeouts and abandon.
 
-    use std::borrow::Cow;
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
@@ -870,7 +876,8 @@ mod tests {
             "test"
         }
 
-        fn encode(&self, record: &SinkRecord<'_>, _: &[(&str, &[u8])], _: Option<&str>) -> Result<Request, String> {
+        fn encode(&self, handover: Handover<'_, '_>) -> Result<Request, String> {
+            let record = handover.record;
             let text = std::str::from_utf8(record.value.as_deref().unwrap_or_default()).unwrap();
             if text == "bad" {
                 return Err("refused on sight".into());
@@ -968,16 +975,8 @@ mod tests {
     }
 
     fn send(sink: &Driven<TestExchange, u32>, key: &str, value: &str, tag: u32) -> Result<(), Refusal<u32>> {
-        let record = SinkRecord {
-            destination: Cow::Borrowed("d"),
-            key: Cow::Owned(key.as_bytes().to_vec()),
-            value: Some(Cow::Owned(value.as_bytes().to_vec())),
-            event_id: b"id",
-            timestamp_ms: None,
-            headers: Cow::Borrowed(&[]),
-            partition: None,
-        };
-        sink.send(&record, &[], None, Box::new(tag))
+        let record = crate::sink::memory::record("d", key.as_bytes(), value.as_bytes(), b"id");
+        sink.send(Handover::of(&record), Box::new(tag))
     }
 
     /// The next `n` completions as (tag, outcome kind), bounded in time.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{Completion, Completions, FailureKind, Refusal, Sealer, Sink, SinkFailure, SinkRecord};
+use super::{Completion, Completions, FailureKind, Handover, Refusal, Sealer, Sink, SinkFailure, SinkRecord};
 
 /// A record as the sink received it, owning its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,13 +83,8 @@ pub(crate) fn memory<Tag: Send + 'static>() -> (MemorySink<Tag>, MemoryHandle<Ta
 }
 
 impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
-    fn send(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>> {
+    fn send(&self, handover: Handover<'_, '_>, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let record = handover.record;
         let mut state = self.state.lock().unwrap();
         if state.refuse.as_deref() == Some(&*record.destination) {
             return Err(Refusal::of(
@@ -102,7 +97,7 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
         let mut headers = vec![("id".to_owned(), Some(record.event_id.to_vec()))];
         headers.extend(
             record
-                .headers_with(extra)
+                .headers_with(handover.extra)
                 .map(|(n, v)| (n.to_owned(), v.map(<[u8]>::to_vec))),
         );
         state.stored.push(Stored {
@@ -110,7 +105,7 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
             key: record.key.to_vec(),
             value: record.value.as_deref().map(<[u8]>::to_vec),
             headers,
-            dedup_key: dedup_key.map(str::to_owned),
+            dedup_key: handover.dedup_key.map(str::to_owned),
             timestamp_ms: record.timestamp_ms,
         });
         state.pending.push_back(tag);
@@ -223,6 +218,13 @@ pub(crate) fn record<'a>(destination: &'a str, key: &'a [u8], value: &'a [u8], i
     }
 }
 
+/// Hands `handover` to `sink` with `tag`, in a test that expects the sink to take it (it panics
+/// with the refusal's failure otherwise).
+#[cfg(test)]
+pub(crate) fn send_taken<Tag, S: Sink<Tag> + ?Sized>(sink: &S, handover: Handover<'_, '_>, tag: Tag) {
+    sink.send(handover, Box::new(tag)).map_err(|r| r.failure).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,15 +232,18 @@ mod tests {
     #[test]
     fn keeps_order_and_completes_once_per_record_taken() {
         let (sink, handle, mut completions) = memory::<u32>();
-        sink.send(&record("a", b"k", b"1", b"id1"), &[("x", b"y")], None, Box::new(1))
-            .unwrap();
+        sink.send(
+            Handover::of(&record("a", b"k", b"1", b"id1")).with_extra(&[("x", b"y")]),
+            Box::new(1),
+        )
+        .unwrap();
         handle.refuse("bad");
         let refused = sink
-            .send(&record("bad", b"k", b"2", b"id2"), &[], None, Box::new(2))
+            .send(Handover::of(&record("bad", b"k", b"2", b"id2")), Box::new(2))
             .unwrap_err();
         assert_eq!(*refused.tag, 2);
         assert!(refused.failure.is_refusal());
-        sink.send(&record("a", b"k", b"3", b"id3"), &[], None, Box::new(3))
+        sink.send(Handover::of(&record("a", b"k", b"3", b"id3")), Box::new(3))
             .unwrap();
         let stored = handle.stored();
         assert_eq!(stored.len(), 2);

@@ -125,6 +125,40 @@ impl<'a> SinkRecord<'a> {
     }
 }
 
+/// What a sink is handed for one record: the record, the caller's `extra` headers (they follow
+/// the record's own: the caller's source position, where its delivery guarantee writes one) and
+/// `dedup_key`, which, when the caller gives one, names the record's source position uniquely
+/// (a sink whose broker deduplicates, [`ExactlyOnce::BrokerDeduplicates`], gives it to the
+/// broker; the others ignore it). One value from the caller through [`Sink::send`] to the
+/// adapter's encoder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Handover<'a, 'r> {
+    pub(crate) record: &'a SinkRecord<'r>,
+    pub(crate) extra: &'a [(&'a str, &'a [u8])],
+    pub(crate) dedup_key: Option<&'a str>,
+}
+
+impl<'a, 'r> Handover<'a, 'r> {
+    /// `record` alone: no extra headers, no deduplication key.
+    pub(crate) fn of(record: &'a SinkRecord<'r>) -> Self {
+        Handover {
+            record,
+            extra: &[],
+            dedup_key: None,
+        }
+    }
+
+    /// With the caller's `extra` headers, written after the record's own.
+    pub(crate) fn with_extra(self, extra: &'a [(&'a str, &'a [u8])]) -> Self {
+        Handover { extra, ..self }
+    }
+
+    /// With the caller's deduplication key (`None`: none).
+    pub(crate) fn with_dedup_key(self, dedup_key: Option<&'a str>) -> Self {
+        Handover { dedup_key, ..self }
+    }
+}
+
 /// What a sink accepts, known from the configuration before anything is sent.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SinkLimits {
@@ -252,17 +286,8 @@ pub struct SinkError {
 /// One publish interface for every broker. `send` never blocks: the sink queues the record
 /// and reports its outcome later as a [`Completion`].
 pub(crate) trait Sink<Tag>: Send + Sync {
-    /// Hands over one record; `extra` headers follow the record's own (the caller's source
-    /// position, where its delivery guarantee writes one). `dedup_key`, when the caller gives
-    /// one, names the record's source position uniquely; a sink whose broker deduplicates
-    /// ([`ExactlyOnce::BrokerDeduplicates`]) gives it to the broker, the others ignore it.
-    fn send(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>>;
+    /// Hands over one record ([`Handover`]: with the caller's extra headers and deduplication key).
+    fn send(&self, handover: Handover<'_, '_>, tag: Box<Tag>) -> Result<(), Refusal<Tag>>;
 
     /// Gives up on this sink: drops what is still queued and waits, at most `wait`, for what is
     /// on the wire, so a replay by the next sink cannot be overtaken by stragglers. Blocks.

@@ -21,7 +21,7 @@ use crate::config::Settings;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::outbox::event::RowFormat;
-use crate::sink::{Completion, Completions, Sink, SinkLimits};
+use crate::sink::{Completion, Completions, Handover, Sink, SinkLimits};
 
 /// What rides with each backfilled record: its size, returned to the byte budget on delivery.
 #[derive(Debug)]
@@ -164,10 +164,10 @@ impl<'s> BackfillPublisher<'s> {
         let bytes = record.size();
         let header: Option<(&str, &[u8])> = self.replayed.header.as_ref().map(|(n, v)| (n.as_str(), v.as_slice()));
         let extra = header.as_slice();
-        if let Err(refusal) = self
-            .publisher
-            .send(&record, extra, None, Box::new(BackfillTag { bytes, seq }))
-        {
+        if let Err(refusal) = self.publisher.send(
+            Handover::of(&record).with_extra(extra),
+            Box::new(BackfillTag { bytes, seq }),
+        ) {
             if refusal.failure.is_refusal() {
                 return Err(bad(BadEvent::refused_by(
                     self.settings.sink.broker_name(),

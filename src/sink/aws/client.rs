@@ -9,7 +9,7 @@
 //! not resolve is a fact about the routed name, never cached (it may be created any time).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_config::timeout::TimeoutConfig;
@@ -20,7 +20,7 @@ use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::display::DisplayErrorContext;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
-use crate::sink::aws::config::Endpoint;
+use crate::sink::aws::config::{Endpoint, MessageService, MessagesSettings};
 use crate::sink::batch::CallError;
 use crate::sink::SinkError;
 
@@ -135,6 +135,42 @@ impl Resolved {
             Resolved::Missing(cause) => Err(CallError::Missing(cause)),
             Resolved::Failed(cause) => Err(CallError::Transient(cause)),
         }
+    }
+}
+
+/// A service's SDK client, made of the configuration chain's answer.
+pub(crate) trait SdkClient: Clone {
+    fn of(config: &SdkConfig) -> Self;
+}
+
+/// A message service's client: its SDK client (`C`), what the routed names resolved to (queue
+/// URLs, topic ARNs), and where it sends requests.
+#[derive(Clone)]
+pub(crate) struct ServiceClient<C> {
+    pub(crate) client: C,
+    pub(crate) names: Arc<Names>,
+    /// Where the client sends requests, for messages (`region`, or the endpoint).
+    pub(crate) shown: String,
+}
+
+impl<C: SdkClient> ServiceClient<C> {
+    /// The SDK configuration chain with `settings` on top; `connect_timeout` bounds a connection.
+    /// Fails (for good) when no region is configured anywhere or no credentials are found.
+    pub(crate) async fn connect<S: MessageService>(
+        settings: &MessagesSettings<S>,
+        connect_timeout: Duration,
+    ) -> Result<ServiceClient<C>, SinkError> {
+        let Connected { config, shown } = settings.connect(connect_timeout).await?;
+        Ok(ServiceClient {
+            client: C::of(&config),
+            names: Arc::default(),
+            shown,
+        })
+    }
+
+    /// Forgets what `name` resolved to (deleted since: the next call resolves it again).
+    pub(crate) fn forget(&self, name: &str) {
+        self.names.forget(name);
     }
 }
 

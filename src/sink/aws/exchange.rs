@@ -9,7 +9,7 @@
 
 use crate::sink::batch::{Answer, BatchEntry, BatchLimits, BatchSend, Batcher};
 use crate::sink::driver::{Exchange, Outcome, Protocol, ReplyFuture};
-use crate::sink::SinkRecord;
+use crate::sink::Handover;
 
 /// How records become a service's batch entries.
 pub(crate) trait Encode: Send + Sync + 'static {
@@ -17,12 +17,7 @@ pub(crate) trait Encode: Send + Sync + 'static {
 
     /// The entry of `record`; `Err`: why the service would refuse it (a bad event). `dedup_key`
     /// (exactly-once) is for a service that deduplicates.
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Self::Entry, String>;
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Self::Entry, String>;
 }
 
 /// What the driver runs for an AWS sink: `encoder`'s entries through a batcher of `B`'s calls.
@@ -58,13 +53,8 @@ impl<B: BatchSend, E: Encode<Entry = B::Entry>> Protocol for Batched<B, E> {
         self.reply_name
     }
 
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<B::Entry, String> {
-        self.encoder.encode(record, extra, dedup_key)
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<B::Entry, String> {
+        self.encoder.encode(handover)
     }
 
     fn classify(&self, answer: Answer) -> Outcome {

@@ -24,7 +24,7 @@ use tracing::debug;
 
 use crate::sink::aws::client;
 use crate::sink::batch::{BatchEntry, CallError, EntryAnswer};
-use crate::sink::SinkRecord;
+use crate::sink::Handover;
 
 /// What differs between the services that take these messages.
 #[derive(Debug)]
@@ -135,13 +135,8 @@ impl Encode for Encoder {
     type Entry = Message;
 
     /// `dedup_key` (exactly-once) becomes a FIFO message's `MessageDeduplicationId`.
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Message, String> {
-        Encoder::encode(self, record, extra, dedup_key)
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Message, String> {
+        Encoder::encode(self, handover)
     }
 }
 
@@ -203,12 +198,8 @@ fn check_attribute_name(service: &Service, name: &str) -> Result<(), String> {
 
 impl Encoder {
     /// The message of `record`; `Err`: why the service would refuse it (a bad event).
-    pub(crate) fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Message, String> {
+    pub(crate) fn encode(&self, handover: Handover<'_, '_>) -> Result<Message, String> {
+        let record = handover.record;
         let service = self.service;
         let name = service.name;
         let body = match record.value.as_deref() {
@@ -237,7 +228,7 @@ impl Encoder {
         let mut attributes = BTreeMap::new();
         match self.headers {
             HeaderMode::Attributes => {
-                for (name, value) in record.headers_with(extra) {
+                for (name, value) in record.headers_with(handover.extra) {
                     // No empty attribute values: a null or empty header is left out.
                     let Some(value) = value.filter(|v| !v.is_empty()) else {
                         continue;
@@ -248,7 +239,7 @@ impl Encoder {
             }
             HeaderMode::Json => {
                 let mut object = serde_json::Map::new();
-                for (name, value) in record.headers_with(extra) {
+                for (name, value) in record.headers_with(handover.extra) {
                     let value = match value {
                         None => serde_json::Value::Null,
                         Some(v) => match std::str::from_utf8(v) {
@@ -300,7 +291,7 @@ impl Encoder {
             ));
         }
         let (group, dedup) = if self.fifo {
-            let dedup = match dedup_key {
+            let dedup = match handover.dedup_key {
                 Some(position) => aws_id(position.as_bytes()),
                 None => aws_id(record.event_id),
             };
@@ -451,11 +442,18 @@ impl Service {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::borrow::Cow;
 
     use super::*;
-    use crate::sink::RecordHeader;
+    use crate::sink::{RecordHeader, SinkRecord};
+
+    /// The headers the AWS sinks' encoder tests give a record: text, null and binary.
+    pub(crate) const HEADERS: [RecordHeader<'static>; 3] = [
+        (Cow::Borrowed("tenant"), Some(Cow::Borrowed(b"t1"))),
+        (Cow::Borrowed("none"), None),
+        (Cow::Borrowed("raw"), Some(Cow::Borrowed(&[0xff, 0x00]))),
+    ];
 
     fn record<'a>(headers: &'a [RecordHeader<'a>], value: Option<&'a [u8]>) -> SinkRecord<'a> {
         SinkRecord {
@@ -528,16 +526,11 @@ mod tests {
 
     #[test]
     fn body_attributes_group_and_dedup() {
-        let headers = [
-            (Cow::Borrowed("tenant"), Some(Cow::Borrowed(&b"t1"[..]))),
-            (Cow::Borrowed("none"), None),
-            (Cow::Borrowed("raw"), Some(Cow::Borrowed(&[0xff, 0x00][..]))),
-        ];
         let m = FIFO
             .encode(
-                &record(&headers, Some(b"{\"a\":1}")),
-                &[("pos", b"0/1")],
-                Some("src/0/16B/2"),
+                Handover::of(&record(&HEADERS, Some(b"{\"a\":1}")))
+                    .with_extra(&[("pos", b"0/1")])
+                    .with_dedup_key(Some("src/0/16B/2")),
             )
             .unwrap();
         assert_eq!(m.body, "{\"a\":1}");
@@ -556,10 +549,10 @@ mod tests {
             7 + (2 + 6 + 2) + (3 + 6 + 5) + (3 + 6 + 3) + (3 + 6 + 2) + (6 + 6 + 2)
         );
         // At-least-once: the event id deduplicates; a NULL payload is JSON null.
-        let m = FIFO.encode(&record(&[], None), &[], None).unwrap();
+        let m = FIFO.encode(Handover::of(&record(&[], None))).unwrap();
         assert_eq!((m.body.as_str(), m.dedup.as_deref()), ("null", Some("42")));
         let standard = Encoder { fifo: false, ..FIFO };
-        let m = standard.encode(&record(&[], Some(b"1")), &[], None).unwrap();
+        let m = standard.encode(Handover::of(&record(&[], Some(b"1")))).unwrap();
         assert_eq!((m.group, m.dedup), (None, None));
     }
 
@@ -578,7 +571,7 @@ mod tests {
         let eleven: Vec<RecordHeader> = (0..9)
             .map(|i| (Cow::Owned(format!("h{i}")), Some(Cow::Borrowed(&b"v"[..]))))
             .collect();
-        let err = FIFO.encode(&record(&eleven, Some(b"{}")), &[], None).unwrap_err();
+        let err = FIFO.encode(Handover::of(&record(&eleven, Some(b"{}")))).unwrap_err();
         assert!(
             err.contains("11 attributes") && err.contains("headers = \"json\""),
             "{err}"
@@ -587,7 +580,7 @@ mod tests {
             headers: HeaderMode::Json,
             ..FIFO
         };
-        let m = json.encode(&record(&eleven, Some(b"{}")), &[], None).unwrap();
+        let m = json.encode(Handover::of(&record(&eleven, Some(b"{}")))).unwrap();
         assert_eq!(m.attributes.len(), 3);
         let Value::Text(text) = &m.attributes["headers"] else {
             panic!()
@@ -595,14 +588,14 @@ mod tests {
         let parsed: serde_json::Value = serde_json::from_str(text).unwrap();
         assert_eq!(parsed["h8"], "v");
         let big = vec![b'x'; 1000];
-        let err = FIFO.encode(&record(&[], Some(&big)), &[], None).unwrap_err();
+        let err = FIFO.encode(Handover::of(&record(&[], Some(&big)))).unwrap_err();
         assert!(err.contains("max_message_bytes"), "{err}");
-        let err = FIFO.encode(&record(&[], Some(b"\xff")), &[], None).unwrap_err();
+        let err = FIFO.encode(Handover::of(&record(&[], Some(b"\xff")))).unwrap_err();
         assert!(err.contains("not UTF-8"), "{err}");
-        let err = FIFO.encode(&record(&[], Some(b"a\x01b")), &[], None).unwrap_err();
+        let err = FIFO.encode(Handover::of(&record(&[], Some(b"a\x01b")))).unwrap_err();
         assert!(err.contains("control characters"), "{err}");
         let bad_name = [(Cow::Borrowed("AWS.trace"), Some(Cow::Borrowed(&b"v"[..])))];
-        let err = FIFO.encode(&record(&bad_name, Some(b"{}")), &[], None).unwrap_err();
+        let err = FIFO.encode(Handover::of(&record(&bad_name, Some(b"{}")))).unwrap_err();
         assert!(err.contains("attribute name"), "{err}");
     }
 
@@ -610,9 +603,9 @@ mod tests {
     fn the_service_is_named_in_the_fix() {
         let sns = Encoder { service: &SNS, ..FIFO };
         let bad_name = [(Cow::Borrowed("AWS.trace"), Some(Cow::Borrowed(&b"v"[..])))];
-        let err = sns.encode(&record(&bad_name, Some(b"{}")), &[], None).unwrap_err();
+        let err = sns.encode(Handover::of(&record(&bad_name, Some(b"{}")))).unwrap_err();
         assert!(err.contains("SNS") && err.contains("[sns]"), "{err}");
-        let err = sns.encode(&record(&[], Some(b"")), &[], None).unwrap_err();
+        let err = sns.encode(Handover::of(&record(&[], Some(b"")))).unwrap_err();
         assert!(err.contains("SNS"), "{err}");
     }
 

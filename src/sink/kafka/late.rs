@@ -206,6 +206,15 @@ mod tests {
         move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v)
     }
 
+    /// A producer of `cluster` handed one record at each of `stamps` (stamped at hand-over).
+    fn handed_at(cluster: &str, stamps: &[i64]) -> Handed {
+        let h = Handed::new(cluster);
+        for &stamp in stamps {
+            h.handed(stamp, stamp, false);
+        }
+        h
+    }
+
     #[test]
     fn the_bound_is_the_smaller_finite_one_and_only_for_create_time() {
         assert_eq!(
@@ -246,10 +255,7 @@ mod tests {
     #[test]
     fn a_producer_that_knows_everything_stored_leaves_nothing_to_fence() {
         let cluster = "late-test-all-stored:9092";
-        let h = Handed::new(cluster);
-        h.handed(1_000, 1_000, false);
-        h.handed(2_000, 2_000, false);
-        h.handed(3_000, 3_000, false);
+        let h = handed_at(cluster, &[1_000, 2_000, 3_000]);
         h.stored();
         h.stored();
         // Failed in librdkafka's queue: never sent, nothing to fence.
@@ -275,9 +281,7 @@ mod tests {
         later.retire();
         assert_eq!(unsettled_since(cluster), Some(9_000));
         // An older producer retiring late never moves it back.
-        let older = Handed::new(cluster);
-        older.handed(3_000, 3_000, false);
-        older.retire();
+        handed_at(cluster, &[3_000]).retire();
         assert_eq!(unsettled_since(cluster), Some(9_000));
         assert_eq!(unsettled_since("late-test-other:9092"), None);
     }
@@ -285,10 +289,7 @@ mod tests {
     #[test]
     fn a_failed_record_whose_request_was_sent_is_fenced_from_its_own_stamp() {
         let cluster = "late-test-possibly:9092";
-        let h = Handed::new(cluster);
-        h.handed(1_000, 1_000, false);
-        h.handed(2_000, 2_000, false);
-        h.handed(8_000, 8_000, false);
+        let h = handed_at(cluster, &[1_000, 2_000, 8_000]);
         // The first two were on the wire when they failed; the third expired in the queue.
         h.failed(Some(1_000), true);
         h.failed(Some(2_000), true);

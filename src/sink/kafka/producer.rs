@@ -43,7 +43,7 @@ use super::late::{self, Handed};
 use super::logs::ClientLog;
 use super::ready::ReadyTopics;
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
-use crate::sink::{Completion, Completions, FailureKind, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
+use crate::sink::{Completion, Completions, FailureKind, Handover, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
 /// Whether Kafka (librdkafka locally, or the broker in a delivery report) refused a record for
 /// what it *is* — its size, shape, timestamp or topic — so that sending it again can never
@@ -403,13 +403,8 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
 
 impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
     /// Kafka does not deduplicate by key: exactly-once reads back instead (`dedup_key` unused).
-    fn send(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        _dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>> {
+    fn send(&self, handover: Handover<'_, '_>, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let Handover { record, extra, .. } = handover;
         let context = self.producer.context();
         // Before the lock below (the delivery-report callback's halt takes it): the first
         // record to a topic waits, bounded, until its partitions' logs exist (`ready.rs`).
@@ -510,7 +505,6 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
 mod tests {
     //! The key fence against librdkafka's mock cluster (`sink/fence.rs`).
 
-    use std::borrow::Cow;
     use std::collections::BTreeMap;
     use std::time::Instant;
 
@@ -519,17 +513,10 @@ mod tests {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
     use super::*;
+    use crate::sink::memory::send_taken;
 
     fn record<'a>(key: &'a [u8], id: &'a [u8]) -> SinkRecord<'a> {
-        SinkRecord {
-            destination: Cow::Borrowed("fenced"),
-            key: Cow::Borrowed(key),
-            value: Some(Cow::Borrowed(&b"{}"[..])),
-            event_id: id,
-            timestamp_ms: None,
-            headers: Cow::Owned(Vec::new()),
-            partition: None,
-        }
+        crate::sink::memory::record("fenced", key, b"{}", id)
     }
 
     fn next(rx: &mut Completions<u32>) -> (u32, Result<(), SinkFailure>) {
@@ -565,12 +552,15 @@ mod tests {
         (cluster, sink, rx)
     }
 
+    /// The cluster's next Produce request fails with `error`.
+    fn fail_next_produce(cluster: &MockCluster<'static, DefaultProducerContext>, error: RDKafkaRespErr) {
+        cluster.request_errors(RDKafkaApiKey::Produce, &[error]);
+    }
+
     /// Hands over the record keyed `key` whose id and tag are `n`.
     fn send(sink: &Publisher<u32>, key: &[u8], n: u32) {
         let id = n.to_string();
-        sink.send(&record(key, id.as_bytes()), &[], None, Box::new(n))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(sink, Handover::of(&record(key, id.as_bytes())), n);
     }
 
     /// Why `linger.ms` stays 5 and docs/reliability.md calls first-delivery order across a
@@ -586,10 +576,7 @@ mod tests {
             ("enable.gapless.guarantee", "true"),
         ]);
         // Permanent for librdkafka, and not a refusal of the record: the relay would replay it.
-        cluster.request_errors(
-            RDKafkaApiKey::Produce,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION],
-        );
+        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION);
         // Long enough that 2..6 are queued before record 1's failure comes back, even on a
         // loaded machine.
         cluster
@@ -674,10 +661,7 @@ mod tests {
     #[test]
     fn a_timestamp_refusal_is_lateness_for_hand_over_stamps_and_the_record_s_fault_otherwise() {
         let (cluster, sink, mut rx) = warmed_sink(&[]);
-        cluster.request_errors(
-            RDKafkaApiKey::Produce,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP],
-        );
+        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP);
         send(&sink, b"k", 1);
         let late = next(&mut rx).1.expect_err("refused");
         assert_eq!(late.kind, FailureKind::Transient, "{late}");
@@ -685,15 +669,10 @@ mod tests {
         Box::new(sink).abandon(Duration::from_secs(1));
 
         let (cluster, sink, mut rx) = warmed_sink(&[]);
-        cluster.request_errors(
-            RDKafkaApiKey::Produce,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP],
-        );
+        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP);
         let mut own_time = record(b"k", b"2");
         own_time.timestamp_ms = Some(1_000);
-        sink.send(&own_time, &[], None, Box::new(2))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(&sink, Handover::of(&own_time), 2);
         let refused = next(&mut rx).1.expect_err("refused");
         assert_eq!(refused.kind, FailureKind::Refused, "{refused}");
         Box::new(sink).abandon(Duration::from_secs(1));
@@ -735,10 +714,7 @@ mod tests {
     #[test]
     fn a_refused_record_fences_its_key_until_released() {
         let (cluster, sink, mut rx) = warmed_sink(&[]);
-        cluster.request_errors(
-            RDKafkaApiKey::Produce,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
-        );
+        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
         send(&sink, b"k", 1);
         let (tag, outcome) = next(&mut rx);
         let refused = outcome.unwrap_err();

@@ -47,7 +47,7 @@ use tracing::{info, warn};
 use super::config::KafkaProperties;
 use super::logs::QuietContext;
 use super::producer::{DeliveryReports, Publisher};
-use crate::sink::{Completion, FailureKind, Refusal, Sealer, Sink, SinkError, SinkFailure, SinkRecord, Transactional};
+use crate::sink::{Completion, FailureKind, Handover, Refusal, Sealer, Sink, SinkError, SinkFailure, Transactional};
 
 /// One seal asked for: the checkpoint to store and the caller's tag for the outcome.
 struct SealJob<Tag> {
@@ -316,14 +316,8 @@ async fn ensure_checkpoint_topic(props: &KafkaProperties, topic: &str, timeout: 
 }
 
 impl<Tag: Send + Sync + 'static> Sink<Tag> for TransactionalPublisher<Tag> {
-    fn send(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-        tag: Box<Tag>,
-    ) -> Result<(), Refusal<Tag>> {
-        self.inner.send(record, extra, dedup_key, tag)
+    fn send(&self, handover: Handover<'_, '_>, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        self.inner.send(handover, tag)
     }
 
     /// Aborts the open transaction (bounded by `wait`) so that `read_committed` consumers are

@@ -14,8 +14,8 @@ use futures_util::StreamExt;
 use super::config::NatsSettings;
 use crate::config::sink::SinkSettings;
 use crate::sink::demo::{
-    bounded, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo, Starting,
-    Tally, BROKER_TIMEOUT,
+    bounded, cleaned_up, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo,
+    Starting, Tally, BROKER_TIMEOUT,
 };
 
 const TIMEOUT: Duration = BROKER_TIMEOUT;
@@ -95,10 +95,7 @@ impl DemoConsumer for NatsConsumer {
             eprintln!("demo: the NATS consumer stopped: {e}");
         }
         let deleted = bounded(BROKER, "deleting the stream", self.js.delete_stream(&self.stream)).await;
-        vec![match deleted {
-            Ok(_) => format!("NATS stream {} deleted", self.stream),
-            Err(e) => format!("FAILED: {e}"),
-        }]
+        vec![cleaned_up(deleted, format!("NATS stream {} deleted", self.stream))]
     }
 }
 

@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 use super::config::{filter_covers, validate_subject, NatsSettings};
 use super::{checked_stream, connect, context};
 use crate::sink::driver::{self, Arrival, Connection, DriverOptions, DriverSink, Outcome, Protocol};
-use crate::sink::{Completions, FailureKind, SinkError, SinkRecord};
+use crate::sink::{Completions, FailureKind, Handover, SinkError};
 
 /// The header the record's key travels in (NATS messages have no key of their own).
 pub(crate) const KEY_HEADER: &str = "key";
@@ -130,12 +130,8 @@ impl<Tag: Send + Sync + 'static> DriverSink<JetStream, Tag> {
 
 impl JetStream {
     /// The record as a NATS message, or why it can never be published.
-    fn message(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Outgoing, String> {
+    fn message(&self, handover: Handover<'_, '_>) -> Result<Outgoing, String> {
+        let record = handover.record;
         let subject = &*record.destination;
         validate_subject(subject, false).map_err(|m| format!("subject {subject:?} {m}"))?;
         if !self.subjects.iter().any(|f| filter_covers(f, subject)) {
@@ -144,11 +140,11 @@ impl JetStream {
                 self.stream, self.subjects
             ));
         }
-        let mut pairs: Vec<(&str, &[u8])> = Vec::with_capacity(4 + record.headers.len() + extra.len());
+        let mut pairs: Vec<(&str, &[u8])> = Vec::with_capacity(4 + record.headers.len() + handover.extra.len());
         pairs.push(("id", record.event_id));
         pairs.extend(
             record
-                .headers_with(extra)
+                .headers_with(handover.extra)
                 .map(|(name, value)| (name, value.unwrap_or_default())),
         );
         pairs.push((KEY_HEADER, &record.key));
@@ -160,7 +156,7 @@ impl JetStream {
         if let Some(ts) = &timestamp {
             pairs.push((TIMESTAMP_HEADER, ts.as_bytes()));
         }
-        if let Some(id) = dedup_key {
+        if let Some(id) = handover.dedup_key {
             pairs.push((MSG_ID_HEADER, id.as_bytes()));
         }
         let payload = record.value.as_deref().unwrap_or_default();
@@ -260,13 +256,8 @@ impl Protocol for JetStream {
 
     /// `dedup_key` becomes the `Nats-Msg-Id` header: JetStream drops a message whose id it
     /// stored within the stream's duplicate window, and acks it as a duplicate.
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Outgoing, String> {
-        self.message(record, extra, dedup_key)
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Outgoing, String> {
+        self.message(handover)
     }
 
     fn classify(&self, reply: Message) -> Outcome {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use super::config::NatsSection;
 use super::publisher::{Publisher, KEY_HEADER, TIMESTAMP_HEADER};
 use super::*;
-use crate::sink::{Completions, FailureKind, Sink, SinkRecord};
+use crate::sink::memory::send_taken;
+use crate::sink::{Completions, FailureKind, Handover, Sink, SinkRecord};
 
 const SHARED: &str = "nats://127.0.0.1:4222";
 const WAIT: Duration = Duration::from_secs(20);
@@ -45,6 +46,13 @@ async fn fresh(url: &str) -> (NatsSettings, String) {
     (s, prefix)
 }
 
+/// [`fresh`] on the shared server, and a publisher to it whose in-flight budget is `max_in_flight`.
+async fn fresh_publisher(max_in_flight: usize) -> (NatsSettings, String, Publisher<u64>, Completions<u64>) {
+    let (s, prefix) = fresh(SHARED).await;
+    let (sink, rx) = Publisher::<u64>::create(&s, max_in_flight).await.unwrap();
+    (s, prefix, sink, rx)
+}
+
 async fn stream_handle(s: &NatsSettings) -> jetstream::stream::Stream {
     let client = connect(s, None, None).await.unwrap();
     let js = jetstream::new(client);
@@ -58,13 +66,9 @@ async fn delete(s: &NatsSettings) {
 
 fn record<'a>(subject: &'a str, key: &'a str, id: &'a [u8], value: &'a [u8]) -> SinkRecord<'a> {
     SinkRecord {
-        destination: Cow::Borrowed(subject),
-        key: Cow::Borrowed(key.as_bytes()),
-        value: Some(Cow::Borrowed(value)),
-        event_id: id,
         timestamp_ms: Some(1_700_000_000_123),
         headers: Cow::Owned(vec![(Cow::Borrowed("tenant"), Some(Cow::Borrowed(&b"acme"[..])))]),
-        partition: None,
+        ..crate::sink::memory::record(subject, key.as_bytes(), value, id)
     }
 }
 
@@ -81,8 +85,21 @@ async fn take(rx: &mut Completions<u64>, n: usize) -> Vec<(u64, Result<(), crate
     out
 }
 
+/// Hands over one record (key `k`, id `id`) to `subject` for each tag in `tags`; each is taken.
+fn send_each(sink: &Publisher<u64>, subject: &str, tags: impl Iterator<Item = u64>) {
+    for i in tags {
+        send_taken(sink, Handover::of(&record(subject, "k", b"id", b"{}")), i);
+    }
+}
+
 fn abandon(sink: Box<dyn Sink<u64>>) -> tokio::task::JoinHandle<()> {
     tokio::task::spawn_blocking(move || sink.abandon(Duration::from_secs(2)))
+}
+
+/// Ends a test's sink and deletes its stream.
+async fn finish(sink: Publisher<u64>, s: &NatsSettings) {
+    abandon(Box::new(sink)).await.unwrap();
+    delete(s).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -117,8 +134,7 @@ async fn prepare_creates_accepts_and_refuses_and_probe_reports() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn delivered_in_order_with_headers_and_unchanged_value() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, mut rx) = Publisher::<u64>::create(&s, 1000).await.unwrap();
+    let (s, prefix, sink, mut rx) = fresh_publisher(1000).await;
     let n = 600u64;
     let subjects = [format!("{prefix}.orders"), format!("{prefix}.users.x")];
     for i in 0..n {
@@ -127,9 +143,7 @@ async fn delivered_in_order_with_headers_and_unchanged_value() {
         let key = format!("k{}", i % 7);
         let rec = record(&subjects[(i % 2) as usize], &key, id.as_bytes(), value.as_bytes());
         let pos = i.to_string();
-        sink.send(&rec, &[("x-pos", pos.as_bytes())], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(&sink, Handover::of(&rec).with_extra(&[("x-pos", pos.as_bytes())]), i);
     }
     let done = take(&mut rx, n as usize).await;
     assert!(
@@ -154,14 +168,12 @@ async fn delivered_in_order_with_headers_and_unchanged_value() {
         assert_eq!(h("x-pos").as_deref(), Some(i.to_string().as_str()));
         assert_eq!(m.headers.get(async_nats::header::NATS_MESSAGE_ID), None);
     }
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn bad_records_are_refused_on_sight() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let (s, prefix, sink, mut rx) = fresh_publisher(10).await;
     let ok = format!("{prefix}.ok");
     let big = vec![b'x'; 1024 * 1024];
     let outside = format!("{}.other", unique("u"));
@@ -174,7 +186,7 @@ async fn bad_records_are_refused_on_sight() {
     ];
     for (i, (subject, value, why)) in cases.iter().enumerate() {
         let r = sink
-            .send(&record(subject, "k", b"id", value), &[], None, Box::new(i as u64))
+            .send(Handover::of(&record(subject, "k", b"id", value)), Box::new(i as u64))
             .unwrap_err();
         assert_eq!(r.failure.kind, FailureKind::Refused, "{why}: {}", r.failure);
         assert!(r.failure.cause.contains(why), "{why}: {}", r.failure);
@@ -183,42 +195,32 @@ async fn bad_records_are_refused_on_sight() {
     // A header value NATS cannot carry (a line break).
     let mut rec = record(&ok, "k", b"id", b"{}");
     rec.headers = Cow::Owned(vec![(Cow::Borrowed("h"), Some(Cow::Borrowed(&b"a\r\nb"[..])))]);
-    let r = sink.send(&rec, &[], None, Box::new(99)).unwrap_err();
+    let r = sink.send(Handover::of(&rec), Box::new(99)).unwrap_err();
     assert_eq!(r.failure.kind, FailureKind::Refused, "{}", r.failure);
     // The sink still works: nothing above reached the server.
-    sink.send(&record(&ok, "k", b"id", b"{}"), &[], None, Box::new(7))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&ok, "k", b"id", b"{}")), 7);
     let done = take(&mut rx, 1).await;
     assert!(done[0].1.is_ok() && done[0].0 == 7);
     assert_eq!(stream_handle(&s).await.cached_info().state.messages, 1);
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_duplicate_msg_id_is_delivered_and_stored_once() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let (s, prefix, sink, mut rx) = fresh_publisher(10).await;
     let subject = format!("{prefix}.orders");
     for i in 0..3u64 {
-        sink.send(
-            &record(&subject, "k", b"id-1", b"{}"),
-            &[],
-            Some("src/0/0"),
-            Box::new(i),
-        )
-        .map_err(|r| r.failure)
-        .unwrap();
+        send_taken(
+            &sink,
+            Handover::of(&record(&subject, "k", b"id-1", b"{}")).with_dedup_key(Some("src/0/0")),
+            i,
+        );
     }
-    sink.send(
-        &record(&subject, "k", b"id-2", b"{}"),
-        &[],
-        Some("src/0/1"),
-        Box::new(3),
-    )
-    .map_err(|r| r.failure)
-    .unwrap();
+    send_taken(
+        &sink,
+        Handover::of(&record(&subject, "k", b"id-2", b"{}")).with_dedup_key(Some("src/0/1")),
+        3,
+    );
     let done = take(&mut rx, 4).await;
     assert!(done.iter().all(|(_, o)| o.is_ok()), "{done:?}");
     let stream = stream_handle(&s).await;
@@ -233,8 +235,7 @@ async fn a_duplicate_msg_id_is_delivered_and_stored_once() {
         "{:?}",
         first.headers
     );
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 /// A port free now and never handed out before in this process: the kernel may give the same
@@ -336,11 +337,7 @@ async fn a_lost_connection_fails_everything_after_it() {
     let (s, prefix) = fresh(&format!("nats://127.0.0.1:{}", server.port)).await;
     let (sink, mut rx) = Publisher::<u64>::create(&s, 1000).await.unwrap();
     let subject = format!("{prefix}.orders");
-    for i in 0..100u64 {
-        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
-    }
+    send_each(&sink, &subject, 0..100);
     let first = take(&mut rx, 100).await;
     assert!(first.iter().all(|(_, o)| o.is_ok()));
     server.child.kill().unwrap();
@@ -348,7 +345,7 @@ async fn a_lost_connection_fails_everything_after_it() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut taken = 0u64;
     for i in 100..200u64 {
-        match sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i)) {
+        match sink.send(Handover::of(&record(&subject, "k", b"id", b"{}")), Box::new(i)) {
             Ok(()) => taken += 1,
             Err(r) => assert_eq!(r.failure.kind, FailureKind::Transient),
         }
@@ -366,14 +363,9 @@ async fn a_lost_connection_fails_everything_after_it() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn abandon_drops_the_queue_and_returns_in_time() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, rx) = Publisher::<u64>::create(&s, 10_000).await.unwrap();
+    let (s, prefix, sink, rx) = fresh_publisher(10_000).await;
     let subject = format!("{prefix}.orders");
-    for i in 0..5_000u64 {
-        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
-    }
+    send_each(&sink, &subject, 0..5_000);
     let started = Instant::now();
     abandon(Box::new(sink)).await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
@@ -390,11 +382,7 @@ async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
     Nats.prepare(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     let subject = format!("{prefix}.orders");
-    for i in 0..3u64 {
-        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
-    }
+    send_each(&sink, &subject, 0..3);
     // A frozen process: the runtime's only thread blocked, so the publishing task cannot run.
     std::thread::sleep(Duration::from_millis(500));
     let done = take(&mut rx, 3).await;
@@ -407,8 +395,7 @@ async fn records_that_waited_past_the_ack_timeout_are_not_sent_late() {
         );
     }
     assert_eq!(stream_handle(&s).await.cached_info().state.messages, 0);
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -438,17 +425,13 @@ async fn several_servers_one_of_them_down() {
     let url = format!("nats://127.0.0.1:{dead}, {SHARED}");
     let several = nats_settings(&url, &s.stream, &[], "connect_timeout_ms = 500");
     let (sink, mut rx) = Publisher::<u64>::create(&several, 10).await.unwrap();
-    sink.send(
-        &record(&format!("{prefix}.a"), "k", b"id", b"{}"),
-        &[],
-        None,
-        Box::new(1),
-    )
-    .map_err(|r| r.failure)
-    .unwrap();
+    send_taken(
+        &sink,
+        Handover::of(&record(&format!("{prefix}.a"), "k", b"id", b"{}")),
+        1,
+    );
     assert!(take(&mut rx, 1).await[0].1.is_ok());
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 /// A record the stream refuses in its PubAck (larger than the stream's `max_msg_size`, within
@@ -465,17 +448,11 @@ async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
     let subject = format!("{prefix}.orders");
     let big = vec![b'x'; 2048];
-    sink.send(&record(&subject, "k", b"id-1", &big), &[], None, Box::new(1))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-1", &big)), 1);
     let refused = take(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert_eq!(refused.kind, FailureKind::Refused, "{refused}");
-    sink.send(&record(&subject, "k", b"id-2", b"{}"), &[], None, Box::new(2))
-        .map_err(|r| r.failure)
-        .unwrap();
-    sink.send(&record(&subject, "other", b"id-3", b"{}"), &[], None, Box::new(3))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-2", b"{}")), 2);
+    send_taken(&sink, Handover::of(&record(&subject, "other", b"id-3", b"{}")), 3);
     let mut done = take(&mut rx, 2).await;
     done.sort_by_key(|(tag, _)| *tag);
     let stopped = done[0].1.as_ref().unwrap_err();
@@ -483,27 +460,21 @@ async fn a_refusal_in_a_puback_fences_its_key_until_released() {
     assert!(stopped.cause.contains("refused"), "{stopped}");
     assert!(done[1].1.is_ok(), "another key passes: {:?}", done[1]);
     sink.release(b"k");
-    sink.send(&record(&subject, "k", b"id-4", b"{}"), &[], None, Box::new(4))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-4", b"{}")), 4);
     assert!(take(&mut rx, 1).await[0].1.is_ok());
     let stream = stream_handle(&s).await;
     assert_eq!(stream.cached_info().state.messages, 2, "id-3 and id-4 only");
-    abandon(Box::new(sink)).await.unwrap();
-    delete(&s).await;
+    finish(sink, &s).await;
 }
 
 /// The stream gone after the sink connected: the server answers the record's reply subject with
 /// 503 no responders, which fails it (and the sink) as transient, naming the stream.
 #[tokio::test(flavor = "current_thread")]
 async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
-    let (s, prefix) = fresh(SHARED).await;
-    let (sink, mut rx) = Publisher::<u64>::create(&s, 10).await.unwrap();
+    let (s, prefix, sink, mut rx) = fresh_publisher(10).await;
     delete(&s).await;
     let subject = format!("{prefix}.orders");
-    sink.send(&record(&subject, "k", b"id-1", b"{}"), &[], None, Box::new(1))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-1", b"{}")), 1);
     let failed = take(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert_eq!(failed.kind, FailureKind::Transient, "{failed}");
     assert!(
@@ -511,9 +482,7 @@ async fn no_stream_for_the_subject_fails_transient_naming_the_stream() {
         "{failed}"
     );
     // Nothing more is sent after a failure.
-    sink.send(&record(&subject, "k", b"id-2", b"{}"), &[], None, Box::new(2))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-2", b"{}")), 2);
     let after = take(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert!(after.cause.contains("earlier record failed"), "{after}");
     abandon(Box::new(sink)).await.unwrap();
@@ -548,18 +517,12 @@ async fn no_puback_case(extra: &str, timeout: Duration, within: Duration) {
     Nats.prepare(&s).await.unwrap();
     let (sink, mut rx) = Publisher::<u64>::create(&s, 100).await.unwrap();
     let subject = format!("{prefix}.orders");
-    sink.send(&record(&subject, "k", b"id-0", b"{}"), &[], None, Box::new(0))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record(&subject, "k", b"id-0", b"{}")), 0);
     assert!(take(&mut rx, 1).await[0].1.is_ok());
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
     let sent = Instant::now();
-    for i in 1..=5u64 {
-        sink.send(&record(&subject, "k", b"id", b"{}"), &[], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
-    }
+    send_each(&sink, &subject, 1..=5);
     let done = take(&mut rx, 5).await;
     let waited = sent.elapsed();
     assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());

@@ -39,7 +39,7 @@ use super::message::{self, Outgoing};
 use super::SINK;
 use crate::config::cloudevents::CloudEventsMode;
 use crate::sink::driver::{Exchange, Outcome, Protocol, ReplyFuture};
-use crate::sink::SinkRecord;
+use crate::sink::Handover;
 
 /// How long a publisher waits to batch messages of different ordering keys into one request.
 /// One message per key is in flight at a time (the driver), so a batch gathers keys; the
@@ -105,13 +105,8 @@ impl Protocol for PubSubExchange {
 
     /// Pub/Sub does not deduplicate publishes: `dedup_key` is unused (exactly-once is refused
     /// by the config).
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        _dedup_key: Option<&str>,
-    ) -> Result<Outgoing, String> {
-        message::encode(record, extra, self.cloudevents)
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Outgoing, String> {
+        message::encode(handover.record, handover.extra, self.cloudevents)
     }
 
     fn classify(&self, reply: Reply) -> Outcome {

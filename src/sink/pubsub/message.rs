@@ -155,17 +155,19 @@ mod tests {
         }
     }
 
+    /// The header `name = value`.
+    fn header<'a>(name: &'a str, value: &'a [u8]) -> crate::sink::RecordHeader<'a> {
+        (Cow::Borrowed(name), Some(Cow::Borrowed(value)))
+    }
+
     #[test]
     fn id_key_and_headers_become_attributes_and_the_key_orders() {
-        let r = record(
-            b"agg-1",
-            b"{\"a\":1}",
-            vec![
-                (Cow::Borrowed("type"), Some(Cow::Borrowed(&b"OrderCreated"[..]))),
-                (Cow::Borrowed("id"), Some(Cow::Borrowed(&b"spoofed"[..]))),
-                (Cow::Borrowed("empty"), None),
-            ],
-        );
+        let headers = vec![
+            header("type", b"OrderCreated"),
+            header("id", b"spoofed"),
+            (Cow::Borrowed("empty"), None),
+        ];
+        let r = record(b"agg-1", b"{\"a\":1}", headers);
         let m = encode(&r, &[("extra", b"x")], None).unwrap();
         assert_eq!(m.topic, "orders");
         assert_eq!(m.ordering_key, "agg-1");
@@ -203,64 +205,32 @@ mod tests {
     #[test]
     fn what_pubsub_refuses_is_refused_on_sight() {
         let names: Vec<String> = (0..MAX_ATTRIBUTES - 1).map(|i| format!("h{i}")).collect();
-        let headers = names
-            .iter()
-            .map(|n| (Cow::Borrowed(n.as_str()), Some(Cow::Borrowed(&b"v"[..]))))
-            .collect();
+        let headers = names.iter().map(|n| header(n, b"v")).collect();
         let err = encode(&record(b"k", b"x", headers), &[], None).unwrap_err();
         assert!(err.contains("101 attributes") && err.contains("at most 100"), "{err}");
         let big = vec![b'x'; MAX_MESSAGE_BYTES];
         let err = encode(&record(b"k", &big, vec![]), &[], None).unwrap_err();
         assert!(err.contains("at most 10000000"), "{err}");
+        /// Why a record whose one header is `name = value` is refused.
+        fn refusal_with_header(name: &str, value: &[u8]) -> String {
+            encode(&record(b"k", b"x", vec![header(name, value)]), &[], None).unwrap_err()
+        }
         let long_value = vec![b'v'; MAX_ATTRIBUTE_VALUE + 1];
-        let err = encode(
-            &record(
-                b"k",
-                b"x",
-                vec![(Cow::Borrowed("h"), Some(Cow::Borrowed(&long_value[..])))],
-            ),
-            &[],
-            None,
-        )
-        .unwrap_err();
+        let err = refusal_with_header("h", &long_value);
         assert!(err.contains("\"h\" is 1025 bytes"), "{err}");
-        let err = encode(
-            &record(
-                b"k",
-                b"x",
-                vec![(Cow::Borrowed("googx"), Some(Cow::Borrowed(&b"v"[..])))],
-            ),
-            &[],
-            None,
-        )
-        .unwrap_err();
+        let err = refusal_with_header("googx", b"v");
         assert!(err.contains("reserves"), "{err}");
-        let err = encode(
-            &record(
-                b"k",
-                b"x",
-                vec![(Cow::Borrowed("bin"), Some(Cow::Borrowed(&[0xffu8][..])))],
-            ),
-            &[],
-            None,
-        )
-        .unwrap_err();
+        let err = refusal_with_header("bin", &[0xff]);
         assert!(err.contains("not UTF-8"), "{err}");
     }
 
     #[test]
     fn cloudevents_binary_attributes_follow_the_pubsub_binding() {
-        let r = record(
-            b"k",
-            b"{}",
-            vec![
-                (Cow::Borrowed("ce_type"), Some(Cow::Borrowed(&b"OrderCreated"[..]))),
-                (
-                    Cow::Borrowed("content-type"),
-                    Some(Cow::Borrowed(&b"application/json"[..])),
-                ),
-            ],
-        );
+        let headers = vec![
+            header("ce_type", b"OrderCreated"),
+            header("content-type", b"application/json"),
+        ];
+        let r = record(b"k", b"{}", headers);
         let m = encode(&r, &[], Some(CloudEventsMode::Binary)).unwrap();
         assert_eq!(m.attributes["ce-type"], "OrderCreated");
         assert_eq!(m.attributes["content-type"], "application/json");

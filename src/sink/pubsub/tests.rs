@@ -13,6 +13,7 @@ use super::exchange::PubSubExchange;
 use super::*;
 use crate::sink::driver::{Exchange, Outcome, Protocol};
 use crate::sink::requests::Requests;
+use crate::sink::Handover;
 
 fn settings() -> PubSubSettings {
     PubSubSettings {
@@ -94,16 +95,8 @@ async fn a_publish_to_an_unreachable_service_fails_transient_within_the_retry_wi
     // Port 9 on loopback: nothing listens. The client retries the connection failure until the
     // retry window (500 ms here) ends, then the record fails transient.
     let ex = exchange().await;
-    let record = crate::sink::SinkRecord {
-        destination: "orders".into(),
-        key: b"agg".as_slice().into(),
-        value: Some(b"{}".as_slice().into()),
-        event_id: b"e1",
-        timestamp_ms: None,
-        headers: Vec::new().into(),
-        partition: None,
-    };
-    let out = ex.encode(&record, &[], None).unwrap();
+    let record = crate::sink::memory::record("orders", b"agg", b"{}", b"e1");
+    let out = ex.encode(Handover::of(&record)).unwrap();
     let reply = ex.send(out).await.expect("handed over");
     let reply = tokio::time::timeout(Duration::from_secs(20), reply)
         .await
@@ -116,7 +109,7 @@ async fn a_publish_to_an_unreachable_service_fails_transient_within_the_retry_wi
     // fence holds the key from there): the key's next publish is attempted again, not refused
     // as "paused".
     let again = ex
-        .send(ex.encode(&record, &[], None).unwrap())
+        .send(ex.encode(Handover::of(&record)).unwrap())
         .await
         .expect("handed over");
     let again = tokio::time::timeout(Duration::from_secs(20), again)

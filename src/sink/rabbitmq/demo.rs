@@ -16,8 +16,8 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use super::config::RabbitMqSettings;
 use crate::config::sink::SinkSettings;
 use crate::sink::demo::{
-    bounded, container, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo,
-    Starting, Tally, BROKER_TIMEOUT,
+    bounded, cleaned_up, container, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget,
+    Server, SinkDemo, Starting, Tally, BROKER_TIMEOUT,
 };
 
 const TIMEOUT: Duration = BROKER_TIMEOUT;
@@ -120,13 +120,13 @@ impl DemoConsumer for RabbitMqConsumer {
         )
         .await;
         let _ = tokio::time::timeout(TIMEOUT, self.connection.close(200, "demo done")).await;
-        vec![match deleted {
-            Ok(()) => format!(
+        vec![cleaned_up(
+            deleted,
+            format!(
                 "RabbitMQ exchange {} deleted (queue {} went with the connection)",
                 self.exchange, self.queue
             ),
-            Err(e) => format!("FAILED: {e}"),
-        }]
+        )]
     }
 }
 

@@ -44,7 +44,7 @@ use super::config::{validate_routing_key, RabbitMqSettings, MAX_SHORT_STRING};
 use super::{check_exchange, connect, words, MAX_MESSAGE_BYTES, SINK};
 use crate::config::cloudevents::CloudEventsMode;
 use crate::sink::driver::{self, Concurrency, Driven, DriverOptions, Exchange, Outcome, Protocol, ReplyFuture};
-use crate::sink::{Completions, SinkError, SinkRecord};
+use crate::sink::{Completions, Handover, SinkError, SinkRecord};
 
 /// Header holding the event id (also the `message_id` property).
 pub(crate) const ID_HEADER: &str = "id";
@@ -230,12 +230,8 @@ impl Protocol for AmqpExchange {
     }
 
     /// AMQP 0-9-1 does not deduplicate: `dedup_key` is unused (exactly-once is refused at start).
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        _dedup_key: Option<&str>,
-    ) -> Result<Outgoing, String> {
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Outgoing, String> {
+        let Handover { record, extra, .. } = handover;
         validate_routing_key(&record.destination)?;
         if record.size() > MAX_MESSAGE_BYTES {
             return Err(format!(

@@ -16,7 +16,8 @@ use super::publisher::Publisher;
 use super::*;
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::secret::Secret;
-use crate::sink::{Completions, FailureKind, Sink, SinkRecord};
+use crate::sink::memory::send_taken;
+use crate::sink::{Completions, FailureKind, Handover, Sink, SinkRecord};
 
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const LIMIT: Duration = Duration::from_secs(20);
@@ -104,16 +105,12 @@ impl Fixture {
 
 fn record<'a>(destination: &'a str, key: &'a str, value: &'a [u8], id: &'a [u8]) -> SinkRecord<'a> {
     SinkRecord {
-        destination: Cow::Borrowed(destination),
-        key: Cow::Borrowed(key.as_bytes()),
-        value: Some(Cow::Borrowed(value)),
-        event_id: id,
         timestamp_ms: Some(1_700_000_000_123),
         headers: Cow::Owned(vec![
             (Cow::Borrowed("tenant"), Some(Cow::Borrowed(&b"acme"[..]))),
             (Cow::Borrowed("nothing"), None),
         ]),
-        partition: None,
+        ..crate::sink::memory::record(destination, key.as_bytes(), value, id)
     }
 }
 
@@ -157,7 +154,7 @@ async fn every_record_is_confirmed_and_arrives_with_its_properties_in_key_order(
         let value = format!("{{\"seq\":{i},\"key\":\"{key}\"}}");
         let r = record("orders.created", &key, value.as_bytes(), ids[i as usize].as_bytes());
         let extra: &[(&str, &[u8])] = &[("x-extra", b"e")];
-        sink.send(&r, extra, None, Box::new(i)).map_err(|r| r.failure).unwrap();
+        send_taken(&sink, Handover::of(&r).with_extra(extra), i);
     }
     let done = completions(&mut rx, n as usize).await;
     assert!(
@@ -200,20 +197,12 @@ async fn every_record_is_confirmed_and_arrives_with_its_properties_in_key_order(
 async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_published() {
     let fx = Fixture::new("orders.#").await;
     let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, None).await.expect("create");
-    sink.send(&record("orders.a", "k", b"1", b"i1"), &[], None, Box::new(1))
-        .map_err(|r| r.failure)
-        .unwrap();
-    sink.send(&record("nowhere.a", "k", b"2", b"i2"), &[], None, Box::new(2))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record("orders.a", "k", b"1", b"i1")), 1);
+    send_taken(&sink, Handover::of(&record("nowhere.a", "k", b"2", b"i2")), 2);
     // Same key: waits behind the unroutable one, so it is not published but fails (replayed).
-    sink.send(&record("orders.b", "k", b"3", b"i3"), &[], None, Box::new(3))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record("orders.b", "k", b"3", b"i3")), 3);
     // Another key: unaffected.
-    sink.send(&record("orders.c", "other", b"4", b"i4"), &[], None, Box::new(4))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record("orders.c", "other", b"4", b"i4")), 4);
     let mut done = completions(&mut rx, 4).await;
     done.sort_by_key(|(t, _)| *t);
     assert!(done[0].1.is_ok() && done[3].1.is_ok(), "{done:?}");
@@ -234,22 +223,16 @@ async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_publis
     );
     // A record of the key handed over after the refusal is not published either: stored now,
     // it would land ahead of record 3, which the caller replays after deciding about record 2.
-    sink.send(&record("orders.d", "k", b"5", b"i5"), &[], None, Box::new(5))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record("orders.d", "k", b"5", b"i5")), 5);
     let stopped = completions(&mut rx, 1).await.remove(0).1.unwrap_err();
     assert_eq!(stopped.kind, FailureKind::Transient, "{stopped}");
     assert!(stopped.cause.contains("refused"), "{stopped}");
     // Other keys pass meanwhile.
-    sink.send(&record("orders.e", "other", b"6", b"i6"), &[], None, Box::new(6))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record("orders.e", "other", b"6", b"i6")), 6);
     assert!(completions(&mut rx, 1).await[0].1.is_ok());
     // Once the caller has decided, the key's records are published again.
     sink.release(b"k");
-    sink.send(&record("orders.d", "k", b"7", b"i7"), &[], None, Box::new(7))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record("orders.d", "k", b"7", b"i7")), 7);
     assert!(completions(&mut rx, 1).await[0].1.is_ok());
     let bodies: Vec<Vec<u8>> = fx.drain().await.into_iter().map(|m| m.delivery.data).collect();
     assert_eq!(bodies, vec![b"6".to_vec(), b"7".to_vec()], "5 was never published");
@@ -263,13 +246,13 @@ async fn long_routing_keys_and_oversized_messages_are_refused_on_sight() {
     let (sink, _rx) = Publisher::<u32>::create(&fx.settings, 10, None).await.expect("create");
     let long = "r".repeat(256);
     let refusal = sink
-        .send(&record(&long, "k", b"v", b"i"), &[], None, Box::new(1))
+        .send(Handover::of(&record(&long, "k", b"v", b"i")), Box::new(1))
         .unwrap_err();
     assert_eq!(refusal.failure.kind, FailureKind::Refused);
     assert!(refusal.failure.cause.contains("255"), "{}", refusal.failure);
     let big = vec![b'x'; MAX_MESSAGE_BYTES + 1];
     let refusal = sink
-        .send(&record("orders", "k", &big, b"i"), &[], None, Box::new(2))
+        .send(Handover::of(&record("orders", "k", &big, b"i")), Box::new(2))
         .unwrap_err();
     assert_eq!(refusal.failure.kind, FailureKind::Refused);
     assert!(
@@ -297,9 +280,7 @@ async fn a_lost_channel_fails_everything_in_flight_and_later_as_transient() {
         .unwrap();
     for i in 0..50u32 {
         let key = format!("k{}", i % 3);
-        sink.send(&record("orders", &key, b"v", b"i"), &[], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(&sink, Handover::of(&record("orders", &key, b"v", b"i")), i);
     }
     let done = completions(&mut rx, 50).await;
     assert!(
@@ -308,9 +289,7 @@ async fn a_lost_channel_fails_everything_in_flight_and_later_as_transient() {
         "{done:?}"
     );
     // Records sent to a broken sink still get their completion.
-    sink.send(&record("orders", "k", b"v", b"i"), &[], None, Box::new(99))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record("orders", "k", b"v", b"i")), 99);
     let late = completions(&mut rx, 1).await;
     assert_eq!(late[0].0, 99);
     assert_eq!(late[0].1.as_ref().unwrap_err().kind, FailureKind::Transient);
@@ -328,9 +307,7 @@ async fn abandon_drops_what_is_queued_and_returns_in_bounded_time() {
         .expect("create");
     // One key: each waits for the previous one's confirm, so most are still queued.
     for i in 0..2000u32 {
-        sink.send(&record("orders", "hot", b"v", b"i"), &[], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(&sink, Handover::of(&record("orders", "hot", b"v", b"i")), i);
     }
     let started = std::time::Instant::now();
     tokio::task::spawn_blocking(move || Box::new(sink).abandon(Duration::from_secs(2)))
@@ -420,9 +397,7 @@ async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
         .expect("create");
     let started = std::time::Instant::now();
     for i in 0..500u32 {
-        sink.send(&record("orders", "hot", b"{}", b"i"), &[], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(&sink, Handover::of(&record("orders", "hot", b"{}", b"i")), i);
     }
     let done = completions(&mut rx, 500).await;
     let hot = started.elapsed();
@@ -430,9 +405,7 @@ async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
     let started = std::time::Instant::now();
     for i in 0..500u32 {
         let key = format!("k{i}");
-        sink.send(&record("orders", &key, b"{}", b"i"), &[], None, Box::new(i))
-            .map_err(|r| r.failure)
-            .unwrap();
+        send_taken(&sink, Handover::of(&record("orders", &key, b"{}", b"i")), i);
     }
     let done = completions(&mut rx, 500).await;
     let spread = started.elapsed();
@@ -469,14 +442,11 @@ async fn a_nack_breaks_the_sink_and_nothing_of_its_key_is_stored_past_it() {
     let (sink, mut rx) = Publisher::<u32>::create(&settings, 100, None).await.expect("create");
     let values: Vec<String> = (0..20).map(|i| i.to_string()).collect();
     for (i, v) in values.iter().enumerate() {
-        sink.send(
-            &record("orders", "k", v.as_bytes(), b"i"),
-            &[],
-            None,
-            Box::new(i as u32),
-        )
-        .map_err(|r| r.failure)
-        .unwrap();
+        send_taken(
+            &sink,
+            Handover::of(&record("orders", "k", v.as_bytes(), b"i")),
+            i as u32,
+        );
     }
     let mut done = completions(&mut rx, 20).await;
     done.sort_by_key(|(t, _)| *t);
@@ -548,9 +518,7 @@ async fn cloudevents_binary_mode_writes_the_amqp_bindings_application_properties
     let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, Some(CloudEventsMode::Binary))
         .await
         .expect("create");
-    sink.send(&binary_ce_record("orders.created", b"ev-1"), &[], None, Box::new(1))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&binary_ce_record("orders.created", b"ev-1")), 1);
     let done = completions(&mut rx, 1).await;
     assert!(done[0].1.is_ok(), "{done:?}");
     let messages = fx.drain().await;
@@ -644,9 +612,7 @@ async fn cloudevents_structured_mode_sets_the_event_formats_content_type() {
         ]),
         partition: None,
     };
-    sink.send(&record, &[], None, Box::new(2))
-        .map_err(|r| r.failure)
-        .unwrap();
+    send_taken(&sink, Handover::of(&record), 2);
     let done = completions(&mut rx, 1).await;
     assert!(done[0].1.is_ok(), "{done:?}");
     let messages = fx.drain().await;

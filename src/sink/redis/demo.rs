@@ -13,8 +13,8 @@ use redis::Value;
 use super::config::RedisSettings;
 use crate::config::sink::SinkSettings;
 use crate::sink::demo::{
-    bounded, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo, Starting,
-    Tally,
+    bounded, cleaned_up, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, Server, SinkDemo,
+    Starting, Tally,
 };
 
 const BROKER: &str = "Redis";
@@ -127,10 +127,7 @@ impl DemoConsumer for RedisConsumer {
             redis::cmd("DEL").arg(&self.key).query_async::<u64>(&mut c),
         )
         .await;
-        vec![match deleted {
-            Ok(_) => format!("Redis stream {} deleted", self.key),
-            Err(e) => format!("FAILED: {e}"),
-        }]
+        vec![cleaned_up(deleted, format!("Redis stream {} deleted", self.key))]
     }
 }
 

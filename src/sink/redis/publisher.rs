@@ -24,7 +24,7 @@ use tracing::info;
 use super::config::RedisSettings;
 use super::{connect, DEDUP_SCRIPT, DEDUP_SUFFIX, FIELD_ID, FIELD_KEY, FIELD_PAYLOAD, FIELD_TIMESTAMP, SINK};
 use crate::sink::driver::{self, Arrival, Connection, DriverSink, Outcome, Protocol};
-use crate::sink::{Completions, SinkError, SinkRecord};
+use crate::sink::{Completions, Handover, SinkError};
 
 /// Records per pipeline, and bytes: enough to keep the connection busy, small enough that a
 /// failure fails few records.
@@ -116,20 +116,16 @@ impl Protocol for RedisStreams {
         SINK
     }
 
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        dedup_key: Option<&str>,
-    ) -> Result<Entry, String> {
-        let mut fields: Vec<Vec<u8>> = Vec::with_capacity(2 * (4 + record.headers.len() + extra.len()));
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Entry, String> {
+        let record = handover.record;
+        let mut fields: Vec<Vec<u8>> = Vec::with_capacity(2 * (4 + record.headers.len() + handover.extra.len()));
         let mut push = |name: &str, value: &[u8]| {
             fields.push(name.as_bytes().to_vec());
             fields.push(value.to_vec());
         };
         push(FIELD_ID, record.event_id);
         push(FIELD_KEY, &record.key);
-        for (name, value) in record.headers_with(extra) {
+        for (name, value) in record.headers_with(handover.extra) {
             // Stream values cannot be null: a null header is an empty value.
             push(name, value.unwrap_or_default());
         }
@@ -149,7 +145,7 @@ impl Protocol for RedisStreams {
         Ok(Entry {
             stream: record.destination.clone().into_owned(),
             fields,
-            dedup_key: dedup_key.map(str::to_owned),
+            dedup_key: handover.dedup_key.map(str::to_owned),
             bytes,
         })
     }

@@ -13,7 +13,8 @@ use redis::Value;
 use super::publisher::RedisSink;
 use super::*;
 use crate::config::Settings;
-use crate::sink::{Completion, Completions, FailureKind, Sink, SinkRecord};
+use crate::sink::memory::record;
+use crate::sink::{Completion, Completions, FailureKind, Handover, Sink};
 
 const SHARED: &str = "redis://127.0.0.1:6379";
 /// Appended after `[redis]`: the relay in exactly-once mode (the sink loads its dedup script).
@@ -62,18 +63,6 @@ async fn conn(url: &str) -> MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .expect("the test Redis is up")
-}
-
-fn record<'a>(stream: &'a str, key: &'a [u8], value: &'a [u8], id: &'a [u8]) -> SinkRecord<'a> {
-    SinkRecord {
-        destination: Cow::Borrowed(stream),
-        key: Cow::Borrowed(key),
-        value: Some(Cow::Borrowed(value)),
-        event_id: id,
-        timestamp_ms: None,
-        headers: Cow::Borrowed(&[]),
-        partition: None,
-    }
 }
 
 async fn next(completions: &mut Completions<u32>) -> Completion<u32> {
@@ -140,16 +129,17 @@ async fn delivers_every_field_in_order_binary_safe() {
     let mut first = record(&stream, b"agg-1", &binary, b"id-0");
     first.headers = Cow::Borrowed(&headers);
     first.timestamp_ms = Some(1_700_000_000_123);
-    sink.send(&first, &[("outbox-relay-index", b"7")], None, Box::new(0))
-        .unwrap();
+    sink.send(
+        Handover::of(&first).with_extra(&[("outbox-relay-index", b"7")]),
+        Box::new(0),
+    )
+    .unwrap();
     let values: Vec<String> = (1..500).map(|i| format!("v{i}")).collect();
     let ids: Vec<String> = (1..500).map(|i| format!("id-{i}")).collect();
     for i in 1..500usize {
         let key: &[u8] = if i % 2 == 0 { b"agg-1" } else { b"agg-2" };
         sink.send(
-            &record(&stream, key, values[i - 1].as_bytes(), ids[i - 1].as_bytes()),
-            &[],
-            None,
+            Handover::of(&record(&stream, key, values[i - 1].as_bytes(), ids[i - 1].as_bytes())),
             Box::new(i as u32),
         )
         .unwrap();
@@ -209,15 +199,18 @@ async fn a_key_of_another_type_refuses_its_record_only() {
         .await
         .unwrap();
     // Other keys than the refused records' (those of the refused key are fenced: below).
-    sink.send(&record(&good, b"g", b"1", b"a"), &[], None, Box::new(1))
+    sink.send(Handover::of(&record(&good, b"g", b"1", b"a")), Box::new(1))
         .unwrap();
-    sink.send(&record(&bad, b"k", b"2", b"b"), &[], None, Box::new(2))
+    sink.send(Handover::of(&record(&bad, b"k", b"2", b"b")), Box::new(2))
         .unwrap();
-    sink.send(&record(&good, b"h", b"3", b"c"), &[], None, Box::new(3))
+    sink.send(Handover::of(&record(&good, b"h", b"3", b"c")), Box::new(3))
         .unwrap();
     // Exactly-once goes through the script: the refusal must keep its kind.
-    sink.send(&record(&bad, b"k", b"4", b"d"), &[], Some("src/0/1"), Box::new(4))
-        .unwrap();
+    sink.send(
+        Handover::of(&record(&bad, b"k", b"4", b"d")).with_dedup_key(Some("src/0/1")),
+        Box::new(4),
+    )
+    .unwrap();
     let outcomes: Vec<_> = [
         next(&mut completions).await,
         next(&mut completions).await,
@@ -237,13 +230,13 @@ async fn a_key_of_another_type_refuses_its_record_only() {
     assert_eq!(xrange(&mut c, &good).await.len(), 2);
     // The refused key is fenced: a later record of it is not written before the caller decided
     // about the refused one, even to a stream that would take it; released, it is written.
-    sink.send(&record(&good, b"k", b"5", b"e"), &[], None, Box::new(5))
+    sink.send(Handover::of(&record(&good, b"k", b"5", b"e")), Box::new(5))
         .unwrap();
     let stopped = next(&mut completions).await.outcome.unwrap_err();
     assert_eq!(stopped.kind, FailureKind::Transient, "{stopped}");
     assert!(stopped.cause.contains("refused"), "{stopped}");
     sink.release(b"k");
-    sink.send(&record(&good, b"k", b"6", b"f"), &[], None, Box::new(6))
+    sink.send(Handover::of(&record(&good, b"k", b"6", b"f")), Box::new(6))
         .unwrap();
     assert!(next(&mut completions).await.outcome.is_ok());
     assert_eq!(xrange(&mut c, &good).await.len(), 3, "5 was never written");
@@ -265,8 +258,11 @@ async fn exactly_once_drops_replays_atomically_within_the_window() {
             // A new instance each time, as after a crash.
             let (sink, mut completions) = create_sink(settings).await.unwrap();
             for (i, key) in keys.iter().enumerate() {
-                sink.send(&record(stream, b"k", b"v", b"id"), &[], Some(key), Box::new(i as u32))
-                    .unwrap();
+                sink.send(
+                    Handover::of(&record(stream, b"k", b"v", b"id")).with_dedup_key(Some(key)),
+                    Box::new(i as u32),
+                )
+                .unwrap();
             }
             for _ in 0..keys.len() {
                 next(&mut completions)
@@ -333,7 +329,7 @@ fn stream_key_rule() {
         let (sink, _completions) = create_sink(&settings).await.unwrap();
         let big = vec![b'x'; 1000];
         let refusal = sink
-            .send(&record("never-written", b"k", &big, b"id"), &[], None, Box::new(7))
+            .send(Handover::of(&record("never-written", b"k", &big, b"id")), Box::new(7))
             .unwrap_err();
         assert_eq!((*refusal.tag, refusal.failure.kind), (7, FailureKind::Refused));
         assert!(
@@ -355,13 +351,18 @@ pub(crate) struct PrivateRedis {
     pub(crate) port: u16,
 }
 
+/// A loopback port nothing listens on (bound, then let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 impl PrivateRedis {
     pub(crate) fn start(extra: &[&str]) -> PrivateRedis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -407,12 +408,12 @@ async fn a_lost_connection_fails_everything_after_it_and_nothing_is_written_late
     let mut server = PrivateRedis::start(&[]);
     let settings = settings_for(&server.url(), "timeout_ms = 2000");
     let (sink, mut completions) = create_sink(&settings).await.unwrap();
-    sink.send(&record("s", b"k", b"1", b"a"), &[], None, Box::new(0))
+    sink.send(Handover::of(&record("s", b"k", b"1", b"a")), Box::new(0))
         .unwrap();
     next(&mut completions).await.outcome.unwrap();
     server.kill();
     for i in 1..=50u32 {
-        sink.send(&record("s", b"k", b"2", b"b"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record("s", b"k", b"2", b"b")), Box::new(i))
             .unwrap();
     }
     for i in 1..=50u32 {
@@ -434,7 +435,7 @@ async fn abandon_drops_what_is_queued() {
     let (sink, completions) = create_sink(&settings).await.unwrap();
     let stream = unique("abandon");
     for i in 0..20_000u32 {
-        sink.send(&record(&stream, b"k", b"v", b"id"), &[], None, Box::new(i))
+        sink.send(Handover::of(&record(&stream, b"k", b"v", b"id")), Box::new(i))
             .unwrap();
     }
     let started = Instant::now();
@@ -455,11 +456,7 @@ async fn abandon_drops_what_is_queued() {
 
 #[tokio::test]
 async fn connection_errors_say_whether_to_retry() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let down = settings_for(&format!("redis://127.0.0.1:{port}"), "timeout_ms = 1000");
     let err = create_sink(&down).await.err().unwrap();
     assert!(err.transient, "{err}");
@@ -470,7 +467,7 @@ async fn connection_errors_say_whether_to_retry() {
     assert!(!err.to_string().contains("wrong-s3cret"), "{err}");
     let right = settings_for(&format!("redis://:right@127.0.0.1:{}", server.port), "");
     let (sink, mut completions) = create_sink(&right).await.unwrap();
-    sink.send(&record("s", b"k", b"v", b"id"), &[], None, Box::new(1))
+    sink.send(Handover::of(&record("s", b"k", b"v", b"id")), Box::new(1))
         .unwrap();
     next(&mut completions).await.outcome.unwrap();
     Box::new(sink).abandon(Duration::from_secs(1));
@@ -497,11 +494,7 @@ async fn prepare_and_probe_tell_version_and_persistence() {
     let lines = Redis.prepare(redis_of(&settings)).await.unwrap();
     assert!(lines.iter().any(|l| l.contains("in memory")), "{lines:?}");
     assert!(Redis.probe(redis_of(&settings)).await.unwrap().contains("in memory"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let down = settings_for(&format!("redis://127.0.0.1:{port}"), "timeout_ms = 500");
     assert!(Redis.prepare(redis_of(&down)).await.unwrap_err().transient);
     assert!(Redis.probe(redis_of(&down)).await.unwrap_err().transient);
@@ -512,8 +505,11 @@ async fn at_least_once_loads_no_script_and_fails_a_dedup_key_instead_of_writing_
     let settings = settings_for(SHARED, "");
     let (sink, mut completions) = create_sink(&settings).await.unwrap();
     let stream = unique("no-script");
-    sink.send(&record(&stream, b"k", b"v", b"id"), &[], Some("src/0/1"), Box::new(1))
-        .unwrap();
+    sink.send(
+        Handover::of(&record(&stream, b"k", b"v", b"id")).with_dedup_key(Some("src/0/1")),
+        Box::new(1),
+    )
+    .unwrap();
     let c = next(&mut completions).await;
     assert_eq!(c.outcome.unwrap_err().kind, FailureKind::Transient);
     let mut c = conn(SHARED).await;

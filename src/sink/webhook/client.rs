@@ -349,43 +349,33 @@ mod tests {
         h
     }
 
+    /// The verdict on an empty reply of `status` with the headers `pairs`.
+    fn verdict(status: StatusCode, pairs: &[(&'static str, &str)], now: SystemTime) -> Verdict {
+        classify(status, &headers(pairs), b"", now)
+    }
+
     #[test]
     fn statuses_are_classified_as_the_issue_says() {
         let now = SystemTime::now();
         let none = HeaderMap::new();
+        let plain = |code: u16| verdict(StatusCode::from_u16(code).unwrap(), &[], now);
         for code in [200, 201, 202, 204, 299] {
-            assert_eq!(
-                classify(StatusCode::from_u16(code).unwrap(), &none, b"", now),
-                Verdict::Delivered
-            );
+            assert_eq!(plain(code), Verdict::Delivered);
         }
         for code in [408, 429, 500, 502, 503, 504, 599, 301, 307] {
-            assert!(
-                matches!(
-                    classify(StatusCode::from_u16(code).unwrap(), &none, b"", now),
-                    Verdict::Retry { .. }
-                ),
-                "{code}"
-            );
+            assert!(matches!(plain(code), Verdict::Retry { .. }), "{code}");
         }
         for code in [400, 401, 403, 404, 409, 410, 413, 422, 451] {
-            assert!(
-                matches!(
-                    classify(StatusCode::from_u16(code).unwrap(), &none, b"", now),
-                    Verdict::Refused { .. }
-                ),
-                "{code}"
-            );
+            assert!(matches!(plain(code), Verdict::Refused { .. }), "{code}");
         }
         let Verdict::Refused { cause } = classify(StatusCode::UNPROCESSABLE_ENTITY, &none, b"  bad total\n", now)
         else {
             panic!("422 is a refusal")
         };
         assert_eq!(cause, "HTTP 422 Unprocessable Entity: bad total");
-        let Verdict::Retry { cause, .. } = classify(
+        let Verdict::Retry { cause, .. } = verdict(
             StatusCode::MOVED_PERMANENTLY,
-            &headers(&[("location", "https://new/x?sig=abc")]),
-            b"",
+            &[("location", "https://new/x?sig=abc")],
             now,
         ) else {
             panic!("3xx is transient")
@@ -415,12 +405,9 @@ mod tests {
         );
         assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
-        let Verdict::Retry { retry_after: after, .. } = classify(
-            StatusCode::TOO_MANY_REQUESTS,
-            &headers(&[("retry-after", "2")]),
-            b"",
-            now,
-        ) else {
+        let Verdict::Retry { retry_after: after, .. } =
+            verdict(StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "2")], now)
+        else {
             panic!("429 is transient")
         };
         assert_eq!(after, Some(Duration::from_secs(2)));

@@ -12,8 +12,8 @@
 use super::config::{WebhookSettings, WebhookUrl};
 use crate::config::cloudevents::CloudEventsMode;
 use crate::sink::driver::{Exchange, Outcome, Protocol, ReplyFuture};
+use crate::sink::Handover;
 use crate::sink::SinkError;
-use crate::sink::SinkRecord;
 
 use super::client::{Client, Undeliverable};
 use super::request::{Encoder, Request};
@@ -55,12 +55,8 @@ impl Protocol for HttpExchange {
     }
 
     /// HTTP does not deduplicate: `dedup_key` is unused (exactly-once is refused by the config).
-    fn encode(
-        &self,
-        record: &SinkRecord<'_>,
-        extra: &[(&str, &[u8])],
-        _dedup_key: Option<&str>,
-    ) -> Result<Outgoing, String> {
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Outgoing, String> {
+        let Handover { record, extra, .. } = handover;
         Ok(Outgoing {
             request: self.encoder.encode(record, extra)?,
             shown_url: self.url.shown_for(&record.destination),

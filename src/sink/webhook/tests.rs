@@ -14,7 +14,7 @@ use super::client::{Client, Undeliverable};
 use super::config::{WebhookSection, WebhookSettings};
 use super::request::{check_templated_name, Encoder};
 use crate::config::cloudevents::CloudEventsMode;
-use crate::sink::SinkRecord;
+use crate::sink::{Handover, SinkRecord};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -49,6 +49,13 @@ fn header<'m>(headers: &'m reqwest::header::HeaderMap, name: &str) -> Vec<&'m st
     headers.get_all(name).iter().map(|v| v.to_str().unwrap()).collect()
 }
 
+/// `test`, failed if it takes more than 20 s.
+async fn bounded<T>(test: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), test)
+        .await
+        .expect("bounded")
+}
+
 #[test]
 fn a_plain_record_becomes_one_post_with_its_headers() {
     let s = settings(
@@ -65,16 +72,17 @@ fn a_plain_record_becomes_one_post_with_its_headers() {
     assert_eq!(&req.body[..], br#"{"total":3}"#);
     assert_eq!(req.event_id, "42");
     let h = &req.headers;
-    assert_eq!(header(h, "content-type"), ["application/json"]);
-    assert_eq!(header(h, "id"), ["42"]);
-    assert_eq!(header(h, "idempotency-key"), ["42"]);
-    assert_eq!(header(h, "key"), ["order-7"]);
-    assert_eq!(header(h, "x-tenant"), ["acme"]);
-    assert_eq!(header(h, "x-extra"), ["1"]);
-    assert_eq!(
-        header(h, "traceparent"),
-        ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]
-    );
+    for (name, value) in [
+        ("content-type", "application/json"),
+        ("id", "42"),
+        ("idempotency-key", "42"),
+        ("key", "order-7"),
+        ("x-tenant", "acme"),
+        ("x-extra", "1"),
+        ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    ] {
+        assert_eq!(header(h, name), [value], "{name}");
+    }
     assert_eq!(header(h, "authorization"), ["Bearer s3cret"]);
     assert!(h.get("authorization").unwrap().is_sensitive());
     // Not JSON: raw bytes.
@@ -190,7 +198,7 @@ async fn serve(receiver: Receiver) -> String {
 
 #[tokio::test]
 async fn transient_replies_are_retried_then_delivered_and_a_4xx_refuses() {
-    tokio::time::timeout(Duration::from_secs(20), async {
+    bounded(async {
         let receiver = Receiver::default();
         receiver
             .script
@@ -238,13 +246,12 @@ async fn transient_replies_are_retried_then_delivered_and_a_4xx_refuses() {
         };
         assert_eq!(cause, "HTTP 422 Unprocessable Entity: answer");
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 #[tokio::test]
 async fn a_receiver_that_is_down_is_retried_until_it_is_back() {
-    tokio::time::timeout(Duration::from_secs(20), async {
+    bounded(async {
         // A port nobody listens on yet.
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
@@ -280,8 +287,7 @@ async fn a_receiver_that_is_down_is_retried_until_it_is_back() {
         delivery.await.unwrap().unwrap();
         assert_eq!(receiver.seen.lock().unwrap().len(), 1);
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// An HTTPS receiver on 127.0.0.1 whose certificate, for `names`, a throwaway CA signed; the
@@ -357,7 +363,7 @@ async fn https_receiver(names: &[&str]) -> HttpsReceiver {
 /// rejected at the first attempt — fatal, not retried: the cause names the problem and the fix.
 #[tokio::test]
 async fn https_with_the_tls_ca_file_and_not_without() {
-    tokio::time::timeout(Duration::from_secs(20), async {
+    bounded(async {
         let receiver = https_receiver(&["127.0.0.1"]).await;
         let addr = receiver.addr;
         let trusted = settings(&format!(
@@ -394,14 +400,13 @@ async fn https_with_the_tls_ca_file_and_not_without() {
             "nothing reached the receiver"
         );
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// A certificate from the trusted CA that does not name the URL's host: fatal, naming the fix.
 #[tokio::test]
 async fn a_certificate_for_another_host_is_fatal() {
-    tokio::time::timeout(Duration::from_secs(20), async {
+    bounded(async {
         let receiver = https_receiver(&["receiver.test"]).await;
         let s = settings(&format!(
             "url = \"https://{}/hooks\"\ntls_ca = {:?}",
@@ -419,8 +424,7 @@ async fn a_certificate_for_another_host_is_fatal() {
         assert!(cause.contains("does not name the URL's host"), "{cause}");
         assert_eq!(receiver.hits.load(std::sync::atomic::Ordering::SeqCst), 0);
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// Through the driver: the record fails transient (the WAL position is held), nothing more is
@@ -430,22 +434,14 @@ async fn a_rejected_certificate_becomes_the_sinks_verdict() {
     use crate::sink::driver::{self, Concurrency, DriverOptions};
     use crate::sink::{FailureKind, Sink};
 
-    tokio::time::timeout(Duration::from_secs(20), async {
+    bounded(async {
         let receiver = https_receiver(&["127.0.0.1"]).await;
         let s = settings(&format!("url = \"https://{}/hooks\"", receiver.addr));
         let exchange = super::exchange::HttpExchange::new(&s, None).unwrap();
-        let options = DriverOptions {
-            concurrency: Concurrency::PerKey { max_keys: 4 },
-            max_in_flight: 100,
-            max_in_flight_bytes: 1 << 20,
-            reply_timeout: None,
-            max_queue_wait: None,
-            dedup_queue_wait: None,
-            drop_wait: Duration::from_secs(1),
-        };
+        let options = DriverOptions::for_tests(Concurrency::PerKey { max_keys: 4 });
         let (sink, mut completions) = driver::start::<_, u32>(Arc::new(exchange), options);
         assert!(sink.verdict().is_none());
-        sink.send(&record("t", b"1", b"{}"), &[], None, Box::new(1)).unwrap();
+        sink.send(Handover::of(&record("t", b"1", b"{}")), Box::new(1)).unwrap();
         let done = completions.recv().await.unwrap();
         assert_eq!(done.outcome.unwrap_err().kind, FailureKind::Transient);
         let verdict = sink.verdict().expect("a verdict");
@@ -456,6 +452,5 @@ async fn a_rejected_certificate_becomes_the_sinks_verdict() {
             .await
             .unwrap();
     })
-    .await
-    .expect("bounded");
+    .await;
 }

@@ -16,9 +16,9 @@ use aws_sdk_kinesis::types::ShardIteratorType;
 use serde_json::value::RawValue;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{moto, moto_config, use_test_credentials, REGION};
+use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun, REGION};
 use crate::sink::demo::{
-    bounded, container, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo,
+    bounded, cleaned_up, parse_id, start, toml_string, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo,
     Starting, Tally,
 };
 
@@ -59,15 +59,11 @@ impl KinesisConsumer {
     /// Makes the stream `stream` at the moto `endpoint` and waits until it is ACTIVE.
     pub(crate) async fn new(endpoint: &str, stream: &str) -> Result<KinesisConsumer, String> {
         let client = aws_sdk_kinesis::Client::new(&moto_config(endpoint));
-        bounded(BROKER, "creating the stream", async {
-            client
-                .create_stream()
-                .stream_name(stream)
-                .shard_count(SHARDS)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+        sdk_call(
+            BROKER,
+            "creating the stream",
+            client.create_stream().stream_name(stream).shard_count(SHARDS).send(),
+        )
         .await?;
         // ListShards answers ResourceInUseException until the stream is ACTIVE (as the sink
         // tells; moto's DescribeStreamSummary timestamps are not RFC 3339, which the SDK refuses).
@@ -187,40 +183,33 @@ impl DemoConsumer for KinesisConsumer {
                 }
             }
         }
-        let deleted = bounded(BROKER, "deleting the stream", async {
+        let deleted = sdk_call(
+            BROKER,
+            "deleting the stream",
             self.client
                 .delete_stream()
                 .stream_name(&self.stream)
                 .enforce_consumer_deletion(true)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+                .send(),
+        )
         .await;
-        vec![match deleted {
-            Ok(_) => format!("Kinesis stream {} deleted", self.stream),
-            Err(e) => format!("FAILED: {e}"),
-        }]
+        vec![cleaned_up(deleted, format!("Kinesis stream {} deleted", self.stream))]
     }
 }
 
 /// Amazon Kinesis's answers to the demo.
-pub(crate) const DEMO: SinkDemo = SinkDemo::new(moto("moto server (Amazon Kinesis)"), open)
-    .help("Amazon Kinesis Data Streams (a stream of two shards), on a running moto server")
-    .pointing(|_| use_test_credentials());
+pub(crate) const DEMO: SinkDemo = moto_demo(
+    "moto server (Amazon Kinesis)",
+    "Amazon Kinesis Data Streams (a stream of two shards), on a running moto server",
+    open,
+);
 
 fn open(endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-    Ok(Box::new(KinesisTarget {
-        endpoint: endpoint.unwrap_or_default(),
-        prefix: container(run),
-    }))
+    Ok(Box::new(KinesisTarget(MotoRun::of(endpoint, run))))
 }
 
 /// moto and the run's stream names.
-struct KinesisTarget {
-    endpoint: String,
-    prefix: String,
-}
+struct KinesisTarget(MotoRun);
 
 impl DemoTarget for KinesisTarget {
     /// A stream per run (made by the consumer with its shards); the default envelope format,
@@ -228,19 +217,19 @@ impl DemoTarget for KinesisTarget {
     fn config(&self) -> DemoConfig {
         let keys = format!(
             "region = \"{REGION}\"\nendpoint_url = {}\n",
-            toml_string(&self.endpoint)
+            toml_string(&self.0.endpoint)
         );
-        DemoConfig::routed(keys, &format!("{}.${{routedByValue}}", self.prefix))
+        DemoConfig::routed(keys, &format!("{}.${{routedByValue}}", self.0.prefix))
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
         format!(
             "moto (Amazon Kinesis) at {} (a stream of {SHARDS} shards)",
-            self.endpoint
+            self.0.endpoint
         )
     }
 
     fn consume<'a>(&'a self, stream: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        start(KinesisConsumer::new(&self.endpoint, stream), tally, stop)
+        start(KinesisConsumer::new(&self.0.endpoint, stream), tally, stop)
     }
 }

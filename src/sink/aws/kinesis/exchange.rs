@@ -38,7 +38,7 @@ use super::SINK;
 use crate::sink::aws::client::{self, words};
 use crate::sink::aws::exchange::{Batched, Encode};
 use crate::sink::batch::{BatchEntry, BatchLimits, BatchSend, CallError, EntryAnswer};
-use crate::sink::SinkRecord;
+use crate::sink::Handover;
 
 /// Kinesis's limit of records per `PutRecords`.
 pub(crate) const MAX_BATCH: usize = 500;
@@ -63,8 +63,8 @@ pub(crate) fn start(kinesis: Kinesis, encoder: Encoder, max_requests: usize) -> 
 impl Encode for Encoder {
     type Entry = Record;
 
-    fn encode(&self, record: &SinkRecord<'_>, extra: &[(&str, &[u8])], _: Option<&str>) -> Result<Record, String> {
-        Encoder::encode(self, record, extra)
+    fn encode(&self, handover: Handover<'_, '_>) -> Result<Record, String> {
+        Encoder::encode(self, handover.record, handover.extra)
     }
 }
 
@@ -410,7 +410,6 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn throttled_records_are_retried_and_nothing_of_a_key_is_sent_past_an_unstored_one() {
-        use std::borrow::Cow;
         use std::sync::Arc;
         use std::time::Duration;
 
@@ -427,31 +426,15 @@ mod tests {
         let exchange = start(kinesis_at(&endpoint), encoder, 4);
         let (sink, mut completions) = driver::start::<_, String>(
             Arc::new(exchange),
-            DriverOptions {
-                concurrency: Concurrency::PerKey { max_keys: 16 },
-                max_in_flight: 100,
-                max_in_flight_bytes: 1 << 20,
-                reply_timeout: None,
-                max_queue_wait: None,
-                dedup_queue_wait: None,
-                drop_wait: Duration::from_secs(1),
-            },
+            DriverOptions::for_tests(Concurrency::PerKey { max_keys: 16 }),
         );
         let mut sent = Vec::new();
         for i in 0..12 {
             let key = ["a", "b", "c"][i % 3];
             let stream = if i == 11 { "gone" } else { "orders" };
             let id = format!("{key}{}", i / 3);
-            let record = SinkRecord {
-                destination: Cow::Borrowed(stream),
-                key: Cow::Borrowed(key.as_bytes()),
-                value: Some(Cow::Borrowed(b"{}")),
-                event_id: id.as_bytes(),
-                timestamp_ms: None,
-                headers: Cow::Borrowed(&[]),
-                partition: None,
-            };
-            sink.send(&record, &[], None, Box::new(id.clone())).unwrap();
+            let record = crate::sink::memory::record(stream, key.as_bytes(), b"{}", id.as_bytes());
+            sink.send(Handover::of(&record), Box::new(id.clone())).unwrap();
             sent.push(id);
         }
         let mut outcomes = std::collections::HashMap::new();
@@ -500,7 +483,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "a measurement against a running moto (KINESIS_MEASURE_ENDPOINT), reported in docs/sink-kinesis.md"]
     async fn measure_one_record_per_key_against_several_per_call() {
-        use std::borrow::Cow;
         use std::collections::HashMap;
         use std::sync::Arc;
         use std::time::{Duration, Instant};
@@ -562,29 +544,18 @@ mod tests {
                     let (sink, mut completions) = driver::start::<_, usize>(
                         Arc::new(exchange),
                         DriverOptions {
-                            concurrency: *concurrency,
                             max_in_flight: 10_000,
                             max_in_flight_bytes: 64 << 20,
-                            reply_timeout: None,
-                            max_queue_wait: None,
-                            dedup_queue_wait: None,
-                            drop_wait: Duration::from_secs(1),
+                            ..DriverOptions::for_tests(*concurrency)
                         },
                     );
                     let started = Instant::now();
                     for i in 0..n {
                         let key = format!("agg-{}", i % aggregates);
                         let id = i.to_string();
-                        let record = SinkRecord {
-                            destination: Cow::Borrowed(&stream),
-                            key: Cow::Borrowed(key.as_bytes()),
-                            value: Some(Cow::Borrowed(payload.as_bytes())),
-                            event_id: id.as_bytes(),
-                            timestamp_ms: None,
-                            headers: Cow::Borrowed(&[]),
-                            partition: None,
-                        };
-                        sink.send(&record, &[], None, Box::new(i)).unwrap();
+                        let record =
+                            crate::sink::memory::record(&stream, key.as_bytes(), payload.as_bytes(), id.as_bytes());
+                        sink.send(Handover::of(&record), Box::new(i)).unwrap();
                     }
                     for _ in 0..n {
                         let c = tokio::time::timeout(Duration::from_secs(300), completions.recv())

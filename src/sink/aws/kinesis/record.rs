@@ -167,6 +167,7 @@ mod tests {
     use std::borrow::Cow;
 
     use super::*;
+    use crate::sink::aws::message::tests::HEADERS;
     use crate::sink::RecordHeader;
 
     fn record<'a>(key: &'a [u8], headers: &'a [RecordHeader<'a>], value: Option<&'a [u8]>) -> SinkRecord<'a> {
@@ -188,14 +189,9 @@ mod tests {
 
     #[test]
     fn the_envelope_carries_id_key_headers_and_the_payload_as_it_is() {
-        let headers = [
-            (Cow::Borrowed("tenant"), Some(Cow::Borrowed(&b"t1"[..]))),
-            (Cow::Borrowed("none"), None),
-            (Cow::Borrowed("raw"), Some(Cow::Borrowed(&[0xff, 0x00][..]))),
-        ];
         let payload = b"{\"b\": 1,  \"a\": [1.50, \"\\u00e9\"]}";
         let r = ENVELOPE
-            .encode(&record(b"agg-1", &headers, Some(payload)), &[("pos", b"0/1")])
+            .encode(&record(b"agg-1", &HEADERS, Some(payload)), &[("pos", b"0/1")])
             .unwrap();
         assert_eq!((r.stream.as_str(), r.partition_key.as_str()), ("orders", "agg-1"));
         let text = std::str::from_utf8(&r.data).unwrap();

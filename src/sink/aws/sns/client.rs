@@ -13,20 +13,18 @@
 //! time: the next event for it lists again), like SQS's missing queue.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
 
-use super::config::SnsSettings;
-use crate::sink::aws::client::{words, Connected, Names, Resolved};
-use crate::sink::SinkError;
+use aws_config::SdkConfig;
 
-/// An SNS client and the topic ARNs it resolved.
-#[derive(Clone)]
-pub(crate) struct SnsClient {
-    pub(crate) client: aws_sdk_sns::Client,
-    arns: Arc<Names>,
-    /// Where the client sends requests, for messages (`region`, or the endpoint).
-    pub(crate) shown: String,
+use crate::sink::aws::client::{words, Resolved, SdkClient, ServiceClient};
+
+/// An SNS client and the topic ARNs it resolved (`[sns]` on the SDK's chain).
+pub(crate) type SnsClient = ServiceClient<aws_sdk_sns::Client>;
+
+impl SdkClient for aws_sdk_sns::Client {
+    fn of(config: &SdkConfig) -> Self {
+        aws_sdk_sns::Client::new(config)
+    }
 }
 
 /// The topic name of an ARN (`arn:aws:sns:eu-west-1:123456789012:orders.fifo` → `orders.fifo`).
@@ -35,17 +33,6 @@ pub(crate) fn topic_name(arn: &str) -> &str {
 }
 
 impl SnsClient {
-    /// The SDK configuration chain with `[sns]` on top; `connect_timeout` bounds a connection.
-    /// Fails (for good) when no region is configured anywhere or no credentials are found.
-    pub(crate) async fn connect(settings: &SnsSettings, connect_timeout: Duration) -> Result<SnsClient, SinkError> {
-        let Connected { config, shown } = settings.connect(connect_timeout).await?;
-        Ok(SnsClient {
-            client: aws_sdk_sns::Client::new(&config),
-            arns: Arc::default(),
-            shown,
-        })
-    }
-
     /// Every topic visible to the credentials (`ListTopics`, all pages), by name.
     pub(crate) async fn list(&self) -> Result<HashMap<String, String>, String> {
         let mut found = HashMap::new();
@@ -72,14 +59,14 @@ impl SnsClient {
 
     /// The ARN of topic `name`: from the cache, else `ListTopics` (every name found is cached).
     pub(crate) async fn topic_arn(&self, name: &str) -> Resolved {
-        if let Some(arn) = self.arns.get(name) {
+        if let Some(arn) = self.names.get(name) {
             return Resolved::Found(arn);
         }
         match self.list().await {
             Err(cause) => Resolved::Failed(cause),
             Ok(found) => {
                 let arn = found.get(name).cloned();
-                self.arns.extend(found);
+                self.names.extend(found);
                 match arn {
                     Some(arn) => Resolved::Found(arn),
                     None => Resolved::Missing(format!(
@@ -91,11 +78,6 @@ impl SnsClient {
                 }
             }
         }
-    }
-
-    /// Forgets `name`'s ARN (the topic was deleted: the next send looks it up again).
-    pub(crate) fn forget(&self, name: &str) {
-        self.arns.forget(name);
     }
 }
 

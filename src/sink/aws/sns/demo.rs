@@ -8,14 +8,10 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use aws_sdk_sns::error::DisplayErrorContext;
-
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{fifo_config, moto, moto_config, use_test_credentials};
+use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun};
 use crate::sink::aws::sqs::demo::SqsConsumer;
-use crate::sink::demo::{
-    bounded, container, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
-};
+use crate::sink::demo::{cleaned_up, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally};
 
 const BROKER: &str = "moto (Amazon SNS)";
 
@@ -30,15 +26,11 @@ impl SnsConsumer {
     /// Makes the FIFO topic `topic` at the moto `endpoint`, and its subscribed queue.
     pub(crate) async fn new(endpoint: &str, topic: &str) -> Result<SnsConsumer, String> {
         let client = aws_sdk_sns::Client::new(&moto_config(endpoint));
-        let created = bounded(BROKER, "creating the topic", async {
-            client
-                .create_topic()
-                .name(topic)
-                .attributes("FifoTopic", "true")
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+        let created = sdk_call(
+            BROKER,
+            "creating the topic",
+            client.create_topic().name(topic).attributes("FifoTopic", "true").send(),
+        )
         .await?;
         let arn = created
             .topic_arn()
@@ -51,7 +43,9 @@ impl SnsConsumer {
             queue: SqsConsumer::new(endpoint, topic).await?,
         };
         let queue_arn = consumer.queue.arn().await?;
-        bounded(BROKER, "subscribing the queue to the topic", async {
+        sdk_call(
+            BROKER,
+            "subscribing the queue to the topic",
             consumer
                 .client
                 .subscribe()
@@ -59,10 +53,8 @@ impl SnsConsumer {
                 .protocol("sqs")
                 .endpoint(queue_arn)
                 .attributes("RawMessageDelivery", "true")
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+                .send(),
+        )
         .await?;
         Ok(consumer)
     }
@@ -73,59 +65,46 @@ impl DemoConsumer for SnsConsumer {
     /// cleaned up.
     async fn run(self, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Vec<String> {
         let mut lines = self.queue.run(tally, stop).await;
-        let deleted = bounded(BROKER, "deleting the topic", async {
-            self.client
-                .delete_topic()
-                .topic_arn(&self.arn)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+        let deleted = sdk_call(
+            BROKER,
+            "deleting the topic",
+            self.client.delete_topic().topic_arn(&self.arn).send(),
+        )
         .await;
-        lines.insert(
-            0,
-            match deleted {
-                Ok(_) => format!("SNS topic {} deleted", self.topic),
-                Err(e) => format!("FAILED: {e}"),
-            },
-        );
+        lines.insert(0, cleaned_up(deleted, format!("SNS topic {} deleted", self.topic)));
         lines
     }
 }
 
 /// Amazon SNS's answers to the demo.
-pub(crate) const DEMO: SinkDemo = SinkDemo::new(moto("moto server (Amazon SNS)"), open)
-    .help("Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server")
-    .pointing(|_| use_test_credentials());
+pub(crate) const DEMO: SinkDemo = moto_demo(
+    "moto server (Amazon SNS)",
+    "Amazon SNS (a FIFO topic, read through a subscribed FIFO queue), on a running moto server",
+    open,
+);
 
 fn open(endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-    Ok(Box::new(SnsTarget {
-        endpoint: endpoint.unwrap_or_default(),
-        prefix: container(run),
-    }))
+    Ok(Box::new(SnsTarget(MotoRun::of(endpoint, run))))
 }
 
 /// moto and the run's topic names.
-struct SnsTarget {
-    endpoint: String,
-    prefix: String,
-}
+struct SnsTarget(MotoRun);
 
 impl DemoTarget for SnsTarget {
     /// A FIFO topic per run, named as the SQS demo's queue (made by the consumer with its
     /// subscribed queue: `setup` creates no topics).
     fn config(&self) -> DemoConfig {
-        fifo_config(&self.endpoint, &self.prefix)
+        self.0.fifo_config()
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
         format!(
             "moto (Amazon SNS) at {} (a FIFO topic, read through a subscribed FIFO queue)",
-            self.endpoint
+            self.0.endpoint
         )
     }
 
     fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        start(SnsConsumer::new(&self.endpoint, topic), tally, stop)
+        start(SnsConsumer::new(&self.0.endpoint, topic), tally, stop)
     }
 }

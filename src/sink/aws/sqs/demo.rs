@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::sink::SinkSettings;
-use crate::sink::aws::demo::{fifo_config, moto, moto_config, use_test_credentials};
+use crate::sink::aws::demo::{moto_config, moto_demo, sdk_call, MotoRun};
 use crate::sink::demo::{
-    bounded, container, parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
+    cleaned_up, parse_id, start, DemoConfig, DemoConsumer, DemoRun, DemoTarget, SinkDemo, Starting, Tally,
 };
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, QueueAttributeName};
@@ -31,15 +31,15 @@ impl SqsConsumer {
     /// Makes the FIFO queue `queue` at the moto `endpoint`.
     pub(crate) async fn new(endpoint: &str, queue: &str) -> Result<SqsConsumer, String> {
         let client = aws_sdk_sqs::Client::new(&moto_config(endpoint));
-        let created = bounded(BROKER, "creating the queue", async {
+        let created = sdk_call(
+            BROKER,
+            "creating the queue",
             client
                 .create_queue()
                 .queue_name(queue)
                 .attributes(QueueAttributeName::FifoQueue, "true")
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+                .send(),
+        )
         .await?;
         let url = created
             .queue_url()
@@ -54,15 +54,15 @@ impl SqsConsumer {
 
     /// The queue's ARN (what an SNS subscription names).
     pub(crate) async fn arn(&self) -> Result<String, String> {
-        let got = bounded(BROKER, "reading the queue's ARN", async {
+        let got = sdk_call(
+            BROKER,
+            "reading the queue's ARN",
             self.client
                 .get_queue_attributes()
                 .queue_url(&self.url)
                 .attribute_names(QueueAttributeName::QueueArn)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+                .send(),
+        )
         .await?;
         got.attributes()
             .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
@@ -128,52 +128,42 @@ impl DemoConsumer for SqsConsumer {
                 }
             }
         }
-        let deleted = bounded(BROKER, "deleting the queue", async {
-            self.client
-                .delete_queue()
-                .queue_url(&self.url)
-                .send()
-                .await
-                .map_err(|e| DisplayErrorContext(e).to_string())
-        })
+        let deleted = sdk_call(
+            BROKER,
+            "deleting the queue",
+            self.client.delete_queue().queue_url(&self.url).send(),
+        )
         .await;
-        vec![match deleted {
-            Ok(_) => format!("SQS queue {} deleted", self.queue),
-            Err(e) => format!("FAILED: {e}"),
-        }]
+        vec![cleaned_up(deleted, format!("SQS queue {} deleted", self.queue))]
     }
 }
 
 /// Amazon SQS's answers to the demo.
-pub(crate) const DEMO: SinkDemo = SinkDemo::new(moto("moto server (Amazon SQS)"), open)
-    .help("Amazon SQS (a FIFO queue), on a running moto server")
-    .pointing(|_| use_test_credentials());
+pub(crate) const DEMO: SinkDemo = moto_demo(
+    "moto server (Amazon SQS)",
+    "Amazon SQS (a FIFO queue), on a running moto server",
+    open,
+);
 
 fn open(endpoint: Option<String>, run: &DemoRun) -> Result<Box<dyn DemoTarget>, String> {
-    Ok(Box::new(SqsTarget {
-        endpoint: endpoint.unwrap_or_default(),
-        prefix: container(run),
-    }))
+    Ok(Box::new(SqsTarget(MotoRun::of(endpoint, run))))
 }
 
 /// moto and the run's queue names.
-struct SqsTarget {
-    endpoint: String,
-    prefix: String,
-}
+struct SqsTarget(MotoRun);
 
 impl DemoTarget for SqsTarget {
     /// A FIFO queue per run (made by the consumer: `setup` creates no queues). Queue names allow
     /// no `.` but the `.fifo` suffix: `order.placed` becomes `order-placed`.
     fn config(&self) -> DemoConfig {
-        fifo_config(&self.endpoint, &self.prefix)
+        self.0.fifo_config()
     }
 
     fn describe(&self, _: &SinkSettings) -> String {
-        format!("moto (Amazon SQS) at {} (a FIFO queue)", self.endpoint)
+        format!("moto (Amazon SQS) at {} (a FIFO queue)", self.0.endpoint)
     }
 
     fn consume<'a>(&'a self, queue: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
-        start(SqsConsumer::new(&self.endpoint, queue), tally, stop)
+        start(SqsConsumer::new(&self.0.endpoint, queue), tally, stop)
     }
 }
