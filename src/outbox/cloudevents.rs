@@ -23,6 +23,7 @@ use std::borrow::Cow;
 
 use crate::config::cloudevents::{CloudEventsMode, CloudEventsSettings};
 use crate::config::ident::TableName;
+use crate::ops::units::civil_from_days;
 use crate::outbox::payload::PayloadFormat;
 use crate::sink::RecordHeader;
 
@@ -264,20 +265,6 @@ pub(crate) fn rfc3339(unix_us: i64) -> Option<String> {
         format!(".{micros:06}")
     };
     Some(format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}{fraction}Z"))
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]

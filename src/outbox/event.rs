@@ -29,6 +29,7 @@ use std::sync::Arc;
 use crate::config::ident::TableName;
 use crate::config::outbox::{ColumnTemplate, OutboxMapping};
 use crate::config::Settings;
+use crate::ops::tracing_export::{ProducerSpan, SpanFields, Tracer};
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::cloudevents;
 use crate::outbox::connect::ConnectLayout;
@@ -256,6 +257,41 @@ impl<'a> OutboxEvent<'a> {
     pub(crate) fn with_commit_time(mut self, unix_us: i64) -> Self {
         self.commit_time_us = Some(unix_us);
         self
+    }
+
+    /// `[tracing]`: the event's PRODUCER span, started at `start_unix_us`, and the event as it is
+    /// then sent, its `traceparent` naming the span (same trace, the span's id, its sampled flag;
+    /// `tracestate` as read). The rule every source follows (the stream's publish step, the
+    /// poller): a valid parent is followed; a row's invalid `traceparent` is kept untouched and
+    /// the span is a root. `None`: an unsampled root (sent as read), or the destination is bad
+    /// (the record's routing reports it).
+    pub(crate) fn traced(
+        &self,
+        tracer: &Tracer,
+        settings: &Settings,
+        limits: &SinkLimits,
+        start_unix_us: i64,
+    ) -> Option<(Box<ProducerSpan>, OutboxEvent<'a>)> {
+        let destination = self.destination(settings, limits).ok()?;
+        let valid = self
+            .traceparent
+            .as_deref()
+            .filter(|tp| trace_context::check_traceparent(tp).is_ok());
+        let names = crate::sink::trace_names(settings);
+        let fields = SpanFields {
+            system: names.messaging_system,
+            destination: &destination,
+            message_id: &self.id,
+            key: names.key_attribute.map(|attribute| (attribute, &self.key[..])),
+            partition: None,
+            tracestate: self.tracestate.as_deref(),
+        };
+        let span = tracer.start(valid, start_unix_us, &fields)?;
+        let mut traced = self.clone();
+        if valid.is_some() || self.traceparent.is_none() {
+            traced.traceparent = Some(Cow::Owned(span.traceparent().into_bytes()));
+        }
+        Some((Box::new(span), traced))
     }
 
     /// Whether the trace column holds a value that is no W3C `traceparent`: it is published

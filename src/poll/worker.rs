@@ -37,9 +37,8 @@ use crate::ops::retry::wait_or_shutdown;
 use crate::outbox::bad_event::BadEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::sink::{Completions, Handover, Sink, SinkLimits};
-use std::borrow::Cow;
 
-use crate::ops::tracing_export::{ProducerSpan, SpanFields, Tracer};
+use crate::ops::tracing_export::{ProducerSpan, Tracer};
 
 /// Rides with each record: which batch it belongs to. Reports of an earlier batch can only reach
 /// a producer that is already abandoned, but the check keeps the count honest regardless.
@@ -165,9 +164,13 @@ impl Worker {
             self.connection = Some(connect(&self.settings, &self.sql).await?);
         }
         if self.producer.is_none() {
-            let producer = crate::sink::create(&self.settings, self.settings.poll.batch_size)
-                .await
-                .map_err(PollError::Sink)?;
+            let producer = crate::sink::create(
+                &self.settings,
+                self.settings.poll.batch_size,
+                crate::sink::Purpose::Plain,
+            )
+            .await
+            .map_err(PollError::Sink)?;
             self.producer = Some(producer);
         }
         let Some(conn) = self.connection.as_mut() else {
@@ -275,41 +278,6 @@ struct Outlet<'a> {
     tracer: Option<&'a Tracer>,
 }
 
-/// `[tracing]`: the row's PRODUCER span, started at its timestamp column (else `claimed_us`, the
-/// claim), and the event as it is then sent, its `traceparent` naming the span. The stream's
-/// rule (`relay::publish`): a valid parent is followed, an invalid value kept untouched (its
-/// span a root), an unsampled root is sent as read (`None`).
-fn start_span<'e>(
-    settings: &Settings,
-    limits: &SinkLimits,
-    tracer: Option<&Tracer>,
-    event: &OutboxEvent<'e>,
-    claimed_us: i64,
-) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
-    let tracer = tracer?;
-    let destination = event.destination(settings, limits).ok()?;
-    let valid = event
-        .traceparent
-        .as_deref()
-        .filter(|tp| crate::outbox::trace_context::check_traceparent(tp).is_ok());
-    let names = crate::sink::trace_names(settings);
-    let fields = SpanFields {
-        system: names.messaging_system,
-        destination: &destination,
-        message_id: &event.id,
-        key: names.key_attribute.map(|attribute| (attribute, &event.key[..])),
-        partition: None,
-        tracestate: event.tracestate.as_deref(),
-    };
-    let start = event.timestamp_ms.map_or(claimed_us, |ms| ms.saturating_mul(1000));
-    let span = tracer.start(valid, start, &fields)?;
-    let mut traced = event.clone();
-    if valid.is_some() || event.traceparent.is_none() {
-        traced.traceparent = Some(Cow::Owned(span.traceparent().into_bytes()));
-    }
-    Some((Box::new(span), traced))
-}
-
 /// Produces every claimed row and waits for all acknowledgements. `Ok(Some(ids))`: all
 /// acknowledged; `Ok(None)`: shutdown outlasted its timeout first.
 async fn publish_and_await(
@@ -339,7 +307,12 @@ async fn publish_and_await(
             ids.push(id.to_owned());
             continue;
         }
-        let (span, traced) = start_span(settings, &limits, out.tracer, &event, claimed_us).unzip();
+        // `[tracing]`: the span starts at the row's timestamp column, else at the claim.
+        let start_us = event.timestamp_ms.map_or(claimed_us, |ms| ms.saturating_mul(1000));
+        let (span, traced) = out
+            .tracer
+            .and_then(|tracer| event.traced(tracer, settings, &limits, start_us))
+            .unzip();
         let sent = traced.as_ref().unwrap_or(&event);
         let record = sent.record(settings, &limits).map_err(bad)?;
         if event.has_invalid_traceparent() {

@@ -41,7 +41,7 @@ use crate::relay::transaction_meta::{Marker, OpenTxn, TxnMeta};
 use crate::sink::{Handover, SinkError, SinkFailure, SinkLimits, SinkRecord};
 use std::borrow::Cow;
 
-use crate::ops::tracing_export::{ProducerSpan, SpanFields, Tracer};
+use crate::ops::tracing_export::{ProducerSpan, Tracer};
 
 /// Rides along with each record and comes back in its delivery report.
 #[derive(Debug)]
@@ -394,32 +394,10 @@ impl<'s> Publish<'s> {
     }
 
     /// `[tracing]`: the PRODUCER span of `event`, started at its commit, and the event as it is
-    /// then sent: its `traceparent` names the span (same trace, the span's id, its sampled flag;
-    /// `tracestate` as read). A row's invalid `traceparent` is kept untouched and the span is a
-    /// root. `None`: tracing is off, the event is an unsampled root (sent as read), or its
-    /// destination is bad (the record's routing reports it).
+    /// then sent ([`OutboxEvent::traced`]). `None`: tracing is off, or the event goes as read.
     fn start_span<'e>(&self, txn: &TxnEvent, event: &OutboxEvent<'e>) -> Option<(Box<ProducerSpan>, OutboxEvent<'e>)> {
         let tracer = self.tracer.as_ref()?;
-        let destination = event.destination(self.settings, &self.limits).ok()?;
-        let valid = event
-            .traceparent
-            .as_deref()
-            .filter(|tp| crate::outbox::trace_context::check_traceparent(tp).is_ok());
-        let names = crate::sink::trace_names(self.settings);
-        let fields = SpanFields {
-            system: names.messaging_system,
-            destination: &destination,
-            message_id: &event.id,
-            key: names.key_attribute.map(|attribute| (attribute, &event.key[..])),
-            partition: None,
-            tracestate: event.tracestate.as_deref(),
-        };
-        let span = tracer.start(valid, txn.commit_time_unix_us, &fields)?;
-        let mut traced = event.clone();
-        if valid.is_some() || event.traceparent.is_none() {
-            traced.traceparent = Some(Cow::Owned(span.traceparent().into_bytes()));
-        }
-        Some((Box::new(span), traced))
+        event.traced(tracer, self.settings, &self.limits, txn.commit_time_unix_us)
     }
 
     /// `[tracing]`: ends the span a tag carried, with the failure's cause if it failed.

@@ -331,16 +331,26 @@ fn unregistered(settings: &Settings) -> SinkError {
     }
 }
 
+/// One question to the configured sink's plugin: `$body`, with `$plugin` (the plugin, type `P`)
+/// and `$config` (its validated section) bound, as a [`Visit`] — a generic method, which a
+/// closure cannot be. `None`: no plugin is registered for the configured kind.
+macro_rules! ask_plugin {
+    ($settings:expr, $output:ty, |$plugin:ident, $config:ident| $body:expr) => {{
+        struct Ask;
+        impl<'a> Visit<'a> for Ask {
+            type Output = $output;
+            #[allow(unused_variables)]
+            fn visit<P: SinkPlugin>(self, $plugin: &'static P, $config: &'a P::Config) -> $output {
+                $body
+            }
+        }
+        registry::visit(&$settings.sink, Ask)
+    }};
+}
+
 /// The configured sink's limits (the same whatever instance [`create`] makes).
 pub(crate) fn limits(settings: &Settings) -> SinkLimits {
-    struct Limits;
-    impl<'a> Visit<'a> for Limits {
-        type Output = SinkLimits;
-        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> SinkLimits {
-            plugin.limits(config)
-        }
-    }
-    registry::visit(&settings.sink, Limits).unwrap_or(SinkLimits {
+    ask_plugin!(settings, SinkLimits, |plugin, config| plugin.limits(config)).unwrap_or(SinkLimits {
         check_name: |_| Err("no sink plugin is registered for the configured kind".into()),
         max_message_bytes: 0,
     })
@@ -349,44 +359,27 @@ pub(crate) fn limits(settings: &Settings) -> SinkLimits {
 /// What `setup` does for the configured sink (create or check what it needs: a stream, an
 /// exchange); one line per thing done or found, for the report.
 pub(crate) async fn prepare(settings: &Settings) -> Result<Vec<String>, SinkError> {
-    struct Prepare;
-    impl<'a> Visit<'a> for Prepare {
-        type Output = Pending<'a, Result<Vec<String>, SinkError>>;
-        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
-            Box::pin(plugin.prepare(config))
-        }
-    }
-    registry::visit(&settings.sink, Prepare)
-        .ok_or_else(|| unregistered(settings))?
-        .await
+    let pending = ask_plugin!(
+        settings,
+        Pending<'a, Result<Vec<String>, SinkError>>,
+        |plugin, config| Box::pin(plugin.prepare(config))
+    );
+    pending.ok_or_else(|| unregistered(settings))?.await
 }
 
 /// What `status` says of the configured sink: reachable, and how it looks (`Err`: why not).
 pub(crate) async fn probe(settings: &Settings) -> Result<String, SinkError> {
-    struct Probe;
-    impl<'a> Visit<'a> for Probe {
-        type Output = Pending<'a, Result<String, SinkError>>;
-        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
-            Box::pin(plugin.probe(config))
-        }
-    }
-    registry::visit(&settings.sink, Probe)
-        .ok_or_else(|| unregistered(settings))?
-        .await
+    let pending = ask_plugin!(settings, Pending<'a, Result<String, SinkError>>, |plugin, config| {
+        Box::pin(plugin.probe(config))
+    });
+    pending.ok_or_else(|| unregistered(settings))?.await
 }
 
 /// What the configured sink can do for exactly-once delivery (its plugin's answer).
 pub(crate) fn exactly_once(settings: &Settings) -> ExactlyOnce {
-    struct Capability;
-    impl<'a> Visit<'a> for Capability {
-        type Output = ExactlyOnce;
-        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> ExactlyOnce {
-            plugin.exactly_once(config)
-        }
-    }
-    registry::visit(&settings.sink, Capability).unwrap_or(ExactlyOnce::Unsupported(
-        "no sink plugin is registered for the configured kind".into(),
-    ))
+    ask_plugin!(settings, ExactlyOnce, |plugin, config| plugin.exactly_once(config)).unwrap_or(
+        ExactlyOnce::Unsupported("no sink plugin is registered for the configured kind".into()),
+    )
 }
 
 /// What a trace says of the configured sink: OpenTelemetry's `messaging.system`, and the
@@ -399,17 +392,11 @@ pub(crate) struct TraceNames {
 
 /// [`TraceNames`] of the configured sink.
 pub(crate) fn trace_names(settings: &Settings) -> TraceNames {
-    struct Names;
-    impl<'a> Visit<'a> for Names {
-        type Output = TraceNames;
-        fn visit<P: SinkPlugin>(self, _: &'static P, _: &'a P::Config) -> TraceNames {
-            TraceNames {
-                messaging_system: P::MESSAGING_SYSTEM,
-                key_attribute: P::KEY_ATTRIBUTE,
-            }
-        }
-    }
-    registry::visit(&settings.sink, Names).unwrap_or(TraceNames {
+    let names = ask_plugin!(settings, TraceNames, |plugin, config| TraceNames {
+        messaging_system: P::MESSAGING_SYSTEM,
+        key_attribute: P::KEY_ATTRIBUTE,
+    });
+    names.unwrap_or(TraceNames {
         messaging_system: settings.sink.label(),
         key_attribute: None,
     })
@@ -429,70 +416,10 @@ pub(crate) fn client_log_targets() -> Vec<ClientLogTarget> {
     targets.0
 }
 
-/// Creates the configured sink (connecting, where the broker needs a connection); `max_in_flight`
-/// is the caller's budget, which the sink's own queue must never refuse. Called inside a tokio
-/// runtime, whose tasks an adapter may use for its I/O.
+/// Creates the configured sink (connecting, where the broker needs a connection) as `purpose`
+/// asks; `max_in_flight` is the caller's budget, which the sink's own queue must never refuse.
+/// Called inside a tokio runtime, whose tasks an adapter may use for its I/O.
 pub(crate) async fn create<Tag: Send + Sync + 'static>(
-    settings: &Settings,
-    max_in_flight: usize,
-) -> Result<SinkWithCompletions<Tag>, SinkError> {
-    create_with(settings, max_in_flight, Purpose::Plain).await
-}
-
-/// [`create`] for a guarantee that hands the broker deduplication keys: the sink as its
-/// [`ExactlyOnce::BrokerDeduplicates`] answer promised it.
-pub(crate) async fn create_deduplicating<Tag: Send + Sync + 'static>(
-    settings: &Settings,
-    max_in_flight: usize,
-) -> Result<SinkWithCompletions<Tag>, SinkError> {
-    create_with(settings, max_in_flight, Purpose::Deduplicating).await
-}
-
-/// [`create`] for a read-back guarantee: the sink as its [`ExactlyOnce::ReadBack`] answer
-/// promised it (Kafka: a producer whose queued records expire in the time its read-back source
-/// names).
-pub(crate) async fn create_read_back<Tag: Send + Sync + 'static>(
-    settings: &Settings,
-    max_in_flight: usize,
-) -> Result<SinkWithCompletions<Tag>, SinkError> {
-    create_with(settings, max_in_flight, Purpose::ReadBack).await
-}
-
-/// The transactional sink of [`ExactlyOnce::Transactions`], which fences earlier producers of
-/// its identity and reads the checkpoint before it returns: create it only once the caller is
-/// the one that may write (a holder must never fence the one that holds the slot).
-pub(crate) async fn create_transactional<Tag: Send + Sync + 'static>(
-    settings: &Settings,
-    max_in_flight: usize,
-) -> Result<Transactional<Tag>, SinkError> {
-    struct Create<Tag> {
-        cx: SinkContext,
-        tag: std::marker::PhantomData<fn() -> Tag>,
-    }
-    impl<'a, Tag: Send + Sync + 'static> Visit<'a> for Create<Tag> {
-        type Output = Pending<'a, Result<Transactional<Tag>, SinkError>>;
-        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
-            Box::pin(async move { plugin.create_transactional(config, &self.cx).await })
-        }
-    }
-    let visitor = Create {
-        cx: SinkContext::of(settings, max_in_flight),
-        tag: std::marker::PhantomData,
-    };
-    registry::visit(&settings.sink, visitor)
-        .ok_or_else(|| unregistered(settings))?
-        .await
-}
-
-/// Which of a plugin's constructors [`create_with`] calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Purpose {
-    Plain,
-    Deduplicating,
-    ReadBack,
-}
-
-async fn create_with<Tag: Send + Sync + 'static>(
     settings: &Settings,
     max_in_flight: usize,
     purpose: Purpose,
@@ -517,6 +444,46 @@ async fn create_with<Tag: Send + Sync + 'static>(
     let visitor = Create {
         cx: SinkContext::of(settings, max_in_flight),
         purpose,
+        tag: std::marker::PhantomData,
+    };
+    registry::visit(&settings.sink, visitor)
+        .ok_or_else(|| unregistered(settings))?
+        .await
+}
+
+/// Which of a plugin's constructors [`create`] calls: what the caller will hand the sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// Records only ([`SinkPlugin::create`]).
+    Plain,
+    /// Records with deduplication keys, as the [`ExactlyOnce::BrokerDeduplicates`] answer
+    /// promised ([`SinkPlugin::create_deduplicating`]).
+    Deduplicating,
+    /// Records whose replay the caller checks against the sink's own read-back source, as the
+    /// [`ExactlyOnce::ReadBack`] answer promised (Kafka: a producer whose queued records expire
+    /// in the time that source names; [`SinkPlugin::create_read_back`]).
+    ReadBack,
+}
+
+/// The transactional sink of [`ExactlyOnce::Transactions`], which fences earlier producers of
+/// its identity and reads the checkpoint before it returns: create it only once the caller is
+/// the one that may write (a holder must never fence the one that holds the slot).
+pub(crate) async fn create_transactional<Tag: Send + Sync + 'static>(
+    settings: &Settings,
+    max_in_flight: usize,
+) -> Result<Transactional<Tag>, SinkError> {
+    struct Create<Tag> {
+        cx: SinkContext,
+        tag: std::marker::PhantomData<fn() -> Tag>,
+    }
+    impl<'a, Tag: Send + Sync + 'static> Visit<'a> for Create<Tag> {
+        type Output = Pending<'a, Result<Transactional<Tag>, SinkError>>;
+        fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
+            Box::pin(async move { plugin.create_transactional(config, &self.cx).await })
+        }
+    }
+    let visitor = Create {
+        cx: SinkContext::of(settings, max_in_flight),
         tag: std::marker::PhantomData,
     };
     registry::visit(&settings.sink, visitor)

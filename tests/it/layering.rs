@@ -17,7 +17,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("postgres", &["config", "failpoints"]),
     ("sink", &["config", "failpoints", "backoff"]),
     ("ops", &["config", "failpoints"]),
-    ("outbox", &["config", "failpoints", "postgres", "sink"]),
+    ("outbox", &["config", "failpoints", "postgres", "sink", "ops"]),
     (
         "relay",
         &[

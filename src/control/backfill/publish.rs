@@ -100,9 +100,10 @@ impl AckedPrefix {
 
 impl<'s> BackfillPublisher<'s> {
     pub(crate) async fn new(settings: &'s Settings) -> Result<Self, BackfillError> {
-        let (publisher, deliveries) = crate::sink::create(settings, settings.relay.max_in_flight)
-            .await
-            .map_err(BackfillError::Producer)?;
+        let (publisher, deliveries) =
+            crate::sink::create(settings, settings.relay.max_in_flight, crate::sink::Purpose::Plain)
+                .await
+                .map_err(BackfillError::Producer)?;
         Ok(BackfillPublisher {
             settings,
             publisher,

@@ -193,19 +193,22 @@ pub(crate) async fn start(settings: &Settings, at: &Start<'_>) -> Result<Chosen,
     let max = settings.relay.max_in_flight;
     match (settings.relay.delivery, crate::sink::exactly_once(settings)) {
         (Delivery::AtLeastOnce, _) => {
-            let sink = crate::sink::create(settings, max).await;
+            let sink = crate::sink::create(settings, max, crate::sink::Purpose::Plain).await;
             chosen(Box::new(at_least_once::AtLeastOnce), sink)
         }
         (Delivery::ExactlyOnce, ExactlyOnce::BrokerDeduplicates) => {
             let guarantee = broker_dedup::BrokerDedup::start(settings, at).await?;
             chosen(
                 Box::new(guarantee),
-                crate::sink::create_deduplicating(settings, max).await,
+                crate::sink::create(settings, max, crate::sink::Purpose::Deduplicating).await,
             )
         }
         (Delivery::ExactlyOnce, ExactlyOnce::ReadBack(source)) => {
             let (guarantee, answers) = read_back::ReadBack::start(settings, at, source).await?;
-            let mut chosen = chosen(Box::new(guarantee), crate::sink::create_read_back(settings, max).await)?;
+            let mut chosen = chosen(
+                Box::new(guarantee),
+                crate::sink::create(settings, max, crate::sink::Purpose::ReadBack).await,
+            )?;
             chosen.answers = Some(answers);
             Ok(chosen)
         }
