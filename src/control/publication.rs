@@ -18,7 +18,7 @@ use super::catalog::{self, PublicationRow, ServerInfo, TableFacts};
 use super::ControlError;
 use crate::config::ident::TableName;
 use crate::config::Settings;
-use crate::postgres::publication::PublicationScope;
+use crate::postgres::publication::{Listed, PublicationScope};
 
 /// What preflight found of the configured publication.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +89,7 @@ pub(crate) async fn check_publication(
         let other_tables = if publication.puballtables {
             Vec::new()
         } else {
-            crate::postgres::publication::other_tables(client, name, &names)
+            crate::postgres::publication::tables(client, name, &names, Listed::Others)
                 .await
                 .map_err(ControlError::query(format!("listing the tables of publication {name}")))?
         };

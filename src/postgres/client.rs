@@ -131,34 +131,27 @@ pub(crate) async fn bytea_domain_oids(client: &Client) -> Result<Vec<u32>, tokio
     Ok(rows.iter().map(|r| r.get::<_, u32>(0)).collect())
 }
 
-/// The NOT NULL columns of `schema.table` (`[debezium]` writes optional schemas for the others,
-/// as Debezium does). Empty when the table does not exist: preflight reports that.
-pub(crate) async fn not_null_columns(
-    client: &Client,
-    schema: &str,
-    table: &str,
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    columns_where(client, schema, table, "AND a.attnotnull").await
+/// Which columns of a table [`table_columns`] lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Columns {
+    /// Every live column.
+    All,
+    /// The NOT NULL ones (`[debezium]` writes optional schemas for the others, as Debezium does).
+    NotNull,
 }
 
-/// Every column of `schema.table`, in the table's order. Empty when the table does not exist:
-/// preflight reports that.
+/// The live columns of `schema.table` that `which` names, in the table's order. Empty when the
+/// table does not exist: preflight reports that.
 pub(crate) async fn table_columns(
     client: &Client,
     schema: &str,
     table: &str,
+    which: Columns,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    columns_where(client, schema, table, "").await
-}
-
-/// The live columns of `schema.table` that satisfy `condition` (a fixed SQL fragment over
-/// `pg_attribute a`), in the table's order.
-async fn columns_where(
-    client: &Client,
-    schema: &str,
-    table: &str,
-    condition: &'static str,
-) -> Result<Vec<String>, tokio_postgres::Error> {
+    let condition = match which {
+        Columns::All => "",
+        Columns::NotNull => "AND a.attnotnull",
+    };
     let sql = format!(
         "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
            JOIN pg_namespace n ON n.oid = c.relnamespace \

@@ -118,7 +118,7 @@ pub(crate) async fn read_scope(
     let other_tables = if all_tables {
         Vec::new()
     } else {
-        other_tables(client, name, tables).await?
+        self::tables(client, name, tables, Listed::Others).await?
     };
     Ok(Some(PublicationScope {
         name: name.to_owned(),
@@ -133,30 +133,36 @@ fn columns(tables: &[TableName]) -> (Vec<&str>, Vec<&str>) {
     tables.iter().map(|t| (t.schema.as_str(), t.name.as_str())).unzip()
 }
 
-/// The tables of `tables` that exist and that the publication does not publish
-/// (`schema.table`, quoted as PostgreSQL prints them): their inserts never reach a walsender of
-/// this publication. A table that does not exist has no rows to miss (events may come from
-/// logical decoding messages alone).
+/// Which tables [`tables`] lists (`schema.table`, quoted as PostgreSQL prints them).
 /// `pg_publication_tables` lists what `FOR ALL TABLES`, `FOR TABLES IN SCHEMA` and partition
 /// roots (`publish_via_partition_root`) make published, so one query answers for every form.
-pub(crate) async fn unpublished(
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Listed {
+    /// The tables of `tables` that exist and that the publication does not publish: their
+    /// inserts never reach a walsender of this publication. A table that does not exist has no
+    /// rows to miss (events may come from logical decoding messages alone).
+    Unpublished,
+    /// Every table the publication publishes, but `tables`.
+    Others,
+}
+
+/// The tables `which` names, for the publication `name` and the configured `tables`.
+pub(crate) async fn tables(
     client: &Client,
     name: &str,
     tables: &[TableName],
+    which: Listed,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    table_names(client, UNPUBLISHED, name, tables).await
+    let sql = match which {
+        Listed::Unpublished => UNPUBLISHED,
+        Listed::Others => OTHER_TABLES,
+    };
+    let (schemas, names) = columns(tables);
+    let rows = client.query(sql, &[&name, &schemas, &names]).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// `schema.table` of every table `pg_publication_tables` lists for the publication, but `tables`.
-pub(crate) async fn other_tables(
-    client: &Client,
-    name: &str,
-    tables: &[TableName],
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    table_names(client, OTHER_TABLES, name, tables).await
-}
-
-/// [`unpublished`]'s query.
+/// [`Listed::Unpublished`]'s query.
 const UNPUBLISHED: &str = "SELECT format('%I.%I', o.schema_name, o.table_name) \
      FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS o(schema_name, table_name, n) \
      WHERE to_regclass(format('%I.%I', o.schema_name, o.table_name)) IS NOT NULL \
@@ -164,25 +170,12 @@ const UNPUBLISHED: &str = "SELECT format('%I.%I', o.schema_name, o.table_name) \
            WHERE p.pubname = $1 AND p.schemaname = o.schema_name AND p.tablename = o.table_name) \
      ORDER BY o.n";
 
-/// [`other_tables`]'s query.
+/// [`Listed::Others`]'s query.
 const OTHER_TABLES: &str = "SELECT format('%I.%I', p.schemaname, p.tablename) FROM pg_publication_tables p \
      WHERE p.pubname = $1 AND NOT EXISTS ( \
          SELECT 1 FROM unnest($2::text[], $3::text[]) AS o(schema_name, table_name) \
          WHERE o.schema_name = p.schemaname AND o.table_name = p.tablename) \
      ORDER BY 1";
-
-/// The first column of `sql`'s rows, run with the publication's name as `$1` and `tables` as
-/// `$2` (schemas) and `$3` (names).
-async fn table_names(
-    client: &Client,
-    sql: &str,
-    name: &str,
-    tables: &[TableName],
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    let (schemas, names) = columns(tables);
-    let rows = client.query(sql, &[&name, &schemas, &names]).await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
-}
 
 #[cfg(test)]
 mod tests {

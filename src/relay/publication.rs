@@ -11,7 +11,7 @@ use tracing::info;
 
 use super::error::RelayError;
 use crate::config::Settings;
-use crate::postgres::publication::{read_scope, unpublished};
+use crate::postgres::publication::{self, read_scope, Listed};
 
 /// Fails when the publication exists without inserts; returns the note about what it publishes
 /// beyond the outbox tables' inserts, if anything.
@@ -39,7 +39,7 @@ pub(crate) async fn check(client: &tokio_postgres::Client, settings: &Settings) 
     // A configured outbox table the publication leaves out would be streamed past in silence:
     // its rows never arrive, the slot is confirmed beyond them, and retention would take them
     // for published.
-    let missing = unpublished(client, name, tables).await?;
+    let missing = publication::tables(client, name, tables, Listed::Unpublished).await?;
     if !missing.is_empty() {
         return Err(RelayError::PublicationMissesTables {
             publication: name.to_owned(),

@@ -36,7 +36,7 @@ use crate::outbox::bad_event::RawEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
-use crate::relay::quarantine::{EventRef, Held, Suspects, TxnEvent};
+use crate::relay::quarantine::{EventRef, Held, Standing, Suspects, TxnEvent};
 use crate::relay::transaction_meta::{Marker, OpenTxn, TxnMeta};
 use crate::sink::{Handover, SinkError, SinkFailure, SinkLimits, SinkRecord};
 use std::borrow::Cow;
@@ -355,23 +355,26 @@ impl<'s> Publish<'s> {
         if event.has_invalid_traceparent() {
             crate::ops::metrics::count_invalid_traceparent();
         }
-        if let Some(refusal) = self.suspects.condemned(txn.event).map(str::to_owned) {
-            // Refused alone in an earlier session, whose sink unit had to abort.
-            let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &refusal);
-            return self.bad_event(txn, &event.id, cause, &raw(), false, a);
-        }
-        if let Some(earlier) = self.suspects.get(txn.event) {
-            // Kept as read: its release starts a span of its own.
-            self.phase = Phase::Holding(Held {
-                txn: *txn,
-                event: original.clone().into_owned(),
-                raw: raw(),
-                earlier: earlier.to_owned(),
-                sent: false,
-                txn_index,
-            });
-            self.release_held(a)?;
-            return Ok(Published::Done);
+        match self.suspects.standing(txn.event).cloned() {
+            Some(Standing::Condemned(refusal)) => {
+                // Refused alone in an earlier session, whose sink unit had to abort.
+                let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &refusal);
+                return self.bad_event(txn, &event.id, cause, &raw(), false, a);
+            }
+            Some(Standing::Suspect(earlier)) => {
+                // Kept as read: its release starts a span of its own.
+                self.phase = Phase::Holding(Held {
+                    txn: *txn,
+                    event: original.clone().into_owned(),
+                    raw: raw(),
+                    earlier,
+                    sent: false,
+                    txn_index,
+                });
+                self.release_held(a)?;
+                return Ok(Published::Done);
+            }
+            None => {}
         }
         let record = self.with_transaction_meta(txn, txn_index, record, a)?;
         let span = span.map(|s| with_partition(s, record.partition));
@@ -1099,7 +1102,10 @@ mod tests {
             let err = apply_all(state, completions).unwrap_err();
             assert!(matches!(err, RelayError::RecordRejected { .. }), "{err}");
             let suspect = EventRef::at(0x500, 0);
-            assert_eq!(state.suspects().get(suspect), Some("record too large"));
+            assert_eq!(
+                state.suspects().standing(suspect),
+                Some(&Standing::Suspect("record too large".into()))
+            );
         });
     }
 

@@ -48,7 +48,7 @@ impl EventRef {
 
 /// What an earlier session learnt of a refused event, with the broker's refusal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Standing {
+pub(crate) enum Standing {
     /// Refused, perhaps only with its batch: the replay sends it alone.
     Suspect(String),
     /// Refused again alone inside a broker transaction, which had to abort: the replay applies
@@ -67,25 +67,14 @@ impl Suspects {
         self.events.insert(event, Standing::Suspect(cause));
     }
 
-    /// The earlier refusal of a suspect still to be sent alone.
-    pub(crate) fn get(&self, event: EventRef) -> Option<&str> {
-        match self.events.get(&event) {
-            Some(Standing::Suspect(cause)) => Some(cause),
-            _ => None,
-        }
-    }
-
     /// It was refused again alone inside a broker transaction: a bad event, decided.
     pub(crate) fn condemn(&mut self, event: EventRef, cause: String) {
         self.events.insert(event, Standing::Condemned(cause));
     }
 
-    /// The refusal of a condemned event, whose policy the replay applies without sending it.
-    pub(crate) fn condemned(&self, event: EventRef) -> Option<&str> {
-        match self.events.get(&event) {
-            Some(Standing::Condemned(cause)) => Some(cause),
-            _ => None,
-        }
+    /// What an earlier session learnt of `event` (`None`: nothing; it goes as any other).
+    pub(crate) fn standing(&self, event: EventRef) -> Option<&Standing> {
+        self.events.get(&event)
     }
 
     /// The event was accepted on its own: it was innocent.
@@ -158,16 +147,16 @@ mod tests {
         };
         s.insert(a, "too large".into());
         s.insert(b, "invalid record".into());
-        assert_eq!(s.get(b), Some("invalid record"));
+        assert_eq!(s.standing(b), Some(&Standing::Suspect("invalid record".into())));
         assert_eq!(
-            s.get(EventRef {
+            s.standing(EventRef {
                 commit_lsn: Lsn(200),
                 seq: 2
             }),
             None
         );
         s.forget_before(Lsn(150));
-        assert_eq!((s.get(a), s.len()), (None, 1));
+        assert_eq!((s.standing(a), s.len()), (None, 1));
         s.clear(b);
         assert!(s.is_empty());
     }

@@ -54,7 +54,7 @@ use crate::ops::metrics::{now_unix_us, StreamGauges};
 use crate::ops::units::utc_from_unix_us;
 use crate::outbox::layout::DebeziumColumns;
 use crate::outbox::payload::ByteaTypes;
-use crate::postgres::client as pg_client;
+use crate::postgres::client::{self as pg_client, Columns};
 use crate::postgres::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
 use crate::postgres::replication::error::ReplicationError;
 use crate::sink::Completions;
@@ -199,7 +199,9 @@ async fn before_streaming(
     if !settings.outbox.routing_columns.is_empty() {
         let mut columns = Vec::with_capacity(settings.outbox.tables.len());
         for table in &settings.outbox.tables {
-            columns.push(pg_client::table_columns(control, table.schema.as_str(), table.name.as_str()).await?);
+            columns.push(
+                pg_client::table_columns(control, table.schema.as_str(), table.name.as_str(), Columns::All).await?,
+            );
         }
         crate::outbox::layout::check_template_columns(&settings.outbox, &columns)?;
     }
@@ -208,7 +210,9 @@ async fn before_streaming(
         Some(format) => {
             let mut not_null = Vec::with_capacity(settings.outbox.tables.len());
             for table in &settings.outbox.tables {
-                let columns = pg_client::not_null_columns(control, table.schema.as_str(), table.name.as_str()).await?;
+                let columns =
+                    pg_client::table_columns(control, table.schema.as_str(), table.name.as_str(), Columns::NotNull)
+                        .await?;
                 not_null.push((table.clone(), columns));
             }
             Some(DebeziumColumns {

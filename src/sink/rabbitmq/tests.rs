@@ -47,33 +47,36 @@ impl Fixture {
         RabbitMq.prepare(&settings).await.expect("prepare");
         let (connection, channel) = connect(&settings).await.expect("connect");
         let queue = unique("t-rmq-q");
-        channel
-            .queue_declare(
-                &queue,
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                &queue,
-                &settings.exchange,
-                pattern,
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        bound_queue(
+            &channel,
+            &settings.exchange,
+            &queue,
+            pattern,
+            durable,
+            FieldTable::default(),
+        )
+        .await;
         Fixture {
             settings,
             queue,
             connection,
             channel,
         }
+    }
+
+    /// A publisher to the fixture's exchange with a queue of `max_in_flight`.
+    async fn publisher(
+        &self,
+        max_in_flight: usize,
+        cloudevents: Option<CloudEventsMode>,
+    ) -> (Publisher<u32>, Completions<u32>) {
+        Publisher::create(&self.settings, max_in_flight, cloudevents)
+            .await
+            .expect("create")
     }
 
     /// Every message in the queue, in queue order.
@@ -90,6 +93,12 @@ impl Fixture {
         out
     }
 
+    /// Abandons `sink` (a second for what is on the wire), then [`Fixture::clean`].
+    async fn finish(self, sink: Publisher<u32>) {
+        Box::new(sink).abandon(Duration::from_secs(1));
+        self.clean().await;
+    }
+
     async fn clean(self) {
         let _ = self
             .channel
@@ -101,6 +110,28 @@ impl Fixture {
             .await;
         let _ = self.connection.close(200, "").await;
     }
+}
+
+/// Declares `queue` (`options`, `args`) and binds it to `exchange` with `pattern`.
+async fn bound_queue(
+    channel: &Channel,
+    exchange: &str,
+    queue: &str,
+    pattern: &str,
+    options: QueueDeclareOptions,
+    args: FieldTable,
+) {
+    channel.queue_declare(queue, options, args).await.unwrap();
+    channel
+        .queue_bind(
+            queue,
+            exchange,
+            pattern,
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
 }
 
 fn record<'a>(destination: &'a str, key: &'a str, value: &'a [u8], id: &'a [u8]) -> SinkRecord<'a> {
@@ -144,9 +175,7 @@ fn bytes(v: Option<&AMQPValue>) -> Vec<u8> {
 #[tokio::test]
 async fn every_record_is_confirmed_and_arrives_with_its_properties_in_key_order() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000, None)
-        .await
-        .expect("create");
+    let (sink, mut rx) = fx.publisher(1000, None).await;
     let n = 300u32;
     let ids: Vec<String> = (0..n).map(|i| format!("id-{i}")).collect();
     for i in 0..n {
@@ -189,14 +218,13 @@ async fn every_record_is_confirmed_and_arrives_with_its_properties_in_key_order(
         let last = last_seq.insert(key, seq);
         assert!(last.is_none_or(|l| l < seq), "order of one key broken at {seq}");
     }
-    Box::new(sink).abandon(Duration::from_secs(1));
-    fx.clean().await;
+    fx.finish(sink).await;
 }
 
 #[tokio::test]
 async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_published() {
     let fx = Fixture::new("orders.#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, None).await.expect("create");
+    let (sink, mut rx) = fx.publisher(10, None).await;
     send_taken(&sink, Handover::of(&record("orders.a", "k", b"1", b"i1")), 1);
     send_taken(&sink, Handover::of(&record("nowhere.a", "k", b"2", b"i2")), 2);
     // Same key: waits behind the unroutable one, so it is not published but fails (replayed).
@@ -236,14 +264,13 @@ async fn unroutable_records_are_refused_and_what_waits_behind_them_is_not_publis
     assert!(completions(&mut rx, 1).await[0].1.is_ok());
     let bodies: Vec<Vec<u8>> = fx.drain().await.into_iter().map(|m| m.delivery.data).collect();
     assert_eq!(bodies, vec![b"6".to_vec(), b"7".to_vec()], "5 was never published");
-    Box::new(sink).abandon(Duration::from_secs(1));
-    fx.clean().await;
+    fx.finish(sink).await;
 }
 
 #[tokio::test]
 async fn long_routing_keys_and_oversized_messages_are_refused_on_sight() {
     let fx = Fixture::new("#").await;
-    let (sink, _rx) = Publisher::<u32>::create(&fx.settings, 10, None).await.expect("create");
+    let (sink, _rx) = fx.publisher(10, None).await;
     let long = "r".repeat(256);
     let refusal = sink
         .send(Handover::of(&record(&long, "k", b"v", b"i")), Box::new(1))
@@ -262,16 +289,13 @@ async fn long_routing_keys_and_oversized_messages_are_refused_on_sight() {
     );
     assert!((RabbitMq.limits(&fx.settings).check_name)(&long).is_err());
     assert_eq!(RabbitMq.limits(&fx.settings).max_message_bytes, MAX_MESSAGE_BYTES);
-    Box::new(sink).abandon(Duration::from_secs(1));
-    fx.clean().await;
+    fx.finish(sink).await;
 }
 
 #[tokio::test]
 async fn a_lost_channel_fails_everything_in_flight_and_later_as_transient() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000, None)
-        .await
-        .expect("create");
+    let (sink, mut rx) = fx.publisher(1000, None).await;
     // Deleting the exchange makes the broker close the publishing channel (404) at the next
     // publish: every record from then on must fail as transient, none be lost silently.
     fx.channel
@@ -302,9 +326,7 @@ async fn a_lost_channel_fails_everything_in_flight_and_later_as_transient() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandon_drops_what_is_queued_and_returns_in_bounded_time() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10_000, None)
-        .await
-        .expect("create");
+    let (sink, mut rx) = fx.publisher(10_000, None).await;
     // One key: each waits for the previous one's confirm, so most are still queued.
     for i in 0..2000u32 {
         send_taken(&sink, Handover::of(&record("orders", "hot", b"v", b"i")), i);
@@ -392,9 +414,7 @@ async fn prepare_is_idempotent_and_refuses_an_exchange_of_another_type() {
 #[tokio::test]
 async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 1000, None)
-        .await
-        .expect("create");
+    let (sink, mut rx) = fx.publisher(1000, None).await;
     let started = std::time::Instant::now();
     for i in 0..500u32 {
         send_taken(&sink, Handover::of(&record("orders", "hot", b"{}", b"i")), i);
@@ -411,8 +431,7 @@ async fn one_hot_key_gets_one_message_per_confirm_round_trip() {
     let spread = started.elapsed();
     assert!(done.iter().all(|(_, o)| o.is_ok()));
     eprintln!("500 persistent messages: one key {hot:?}, 500 keys {spread:?}");
-    Box::new(sink).abandon(Duration::from_secs(1));
-    fx.clean().await;
+    fx.finish(sink).await;
 }
 
 #[tokio::test]
@@ -425,20 +444,15 @@ async fn a_nack_breaks_the_sink_and_nothing_of_its_key_is_stored_past_it() {
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongLongInt(5));
     args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
-    channel
-        .queue_declare(&queue, QueueDeclareOptions::default(), args)
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            &queue,
-            &settings.exchange,
-            "#",
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    bound_queue(
+        &channel,
+        &settings.exchange,
+        &queue,
+        "#",
+        QueueDeclareOptions::default(),
+        args,
+    )
+    .await;
     let (sink, mut rx) = Publisher::<u32>::create(&settings, 100, None).await.expect("create");
     let values: Vec<String> = (0..20).map(|i| i.to_string()).collect();
     for (i, v) in values.iter().enumerate() {
@@ -515,9 +529,7 @@ fn binary_ce_record<'a>(destination: &'a str, id: &'a [u8]) -> SinkRecord<'a> {
 #[tokio::test]
 async fn cloudevents_binary_mode_writes_the_amqp_bindings_application_properties() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, Some(CloudEventsMode::Binary))
-        .await
-        .expect("create");
+    let (sink, mut rx) = fx.publisher(10, Some(CloudEventsMode::Binary)).await;
     send_taken(&sink, Handover::of(&binary_ce_record("orders.created", b"ev-1")), 1);
     let done = completions(&mut rx, 1).await;
     assert!(done[0].1.is_ok(), "{done:?}");
@@ -579,16 +591,13 @@ async fn cloudevents_binary_mode_writes_the_amqp_bindings_application_properties
         assert_eq!(bytes(header(m, name)), value, "{name}");
     }
     assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some("ev-1"));
-    Box::new(sink).abandon(Duration::from_secs(1));
-    fx.clean().await;
+    fx.finish(sink).await;
 }
 
 #[tokio::test]
 async fn cloudevents_structured_mode_sets_the_event_formats_content_type() {
     let fx = Fixture::new("#").await;
-    let (sink, mut rx) = Publisher::<u32>::create(&fx.settings, 10, Some(CloudEventsMode::Structured))
-        .await
-        .expect("create");
+    let (sink, mut rx) = fx.publisher(10, Some(CloudEventsMode::Structured)).await;
     let envelope = br#"{"specversion":"1.0","id":"ev-2","source":"/s","type":"t","data":{"a":1}}"#;
     let record = SinkRecord {
         destination: Cow::Borrowed("orders.created"),
@@ -634,6 +643,5 @@ async fn cloudevents_structured_mode_sets_the_event_formats_content_type() {
     );
     assert_eq!(bytes(header(m, "id")), b"ev-2");
     assert_eq!(bytes(header(m, "key")), b"order-7");
-    Box::new(sink).abandon(Duration::from_secs(1));
-    fx.clean().await;
+    fx.finish(sink).await;
 }
