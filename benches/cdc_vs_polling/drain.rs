@@ -184,6 +184,9 @@ pub struct DrainSpec<'a> {
     /// 1: one order and one event per transaction; more: that many per transaction.
     pub events_per_txn: u64,
     pub with_poll: bool,
+    /// The exactly-once strategies' drains too (read-back; Kafka transactions where the broker
+    /// has them).
+    pub exactly_once: bool,
     pub debezium: Option<&'a Install>,
 }
 
@@ -252,8 +255,11 @@ async fn drain(
         relay::setup(&path, false)?;
         sink_paths.push(path);
     }
-    let mut eo_strategies = vec![Strategy::READ_BACK];
-    if ctx.broker.has_transactions() {
+    let mut eo_strategies = Vec::new();
+    if spec.exactly_once {
+        eo_strategies.push(Strategy::READ_BACK);
+    }
+    if spec.exactly_once && ctx.broker.has_transactions() {
         eo_strategies.push(Strategy::TRANSACTIONS);
     }
     let mut eo_paths = Vec::new();

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo bench --bench cdc_vs_polling -- [--quick] [--broker mock|kafka|tansu|HOST:PORT]
-//!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--batched-drain] [--out-dir DIR]
+//!     [--measure-secs N] [--drain-rows N] [--no-drain] [--drain-poll] [--at-least-once-drain] [--batched-drain] [--out-dir DIR]
 //!     [--only TEXT] [--kafka KEY=VALUE]… [--with-debezium]
 //!     [--sinks kafka,nats,rabbitmq,redis,webhook,pubsub,sqs,sns,kinesis] [--idle-secs N] [--no-tracing] [--report-from results.json]
 //! cargo bench --bench cdc_vs_polling -- --replay [--quick] [--broker kafka] [--replay-rows N]
@@ -126,6 +126,9 @@ struct Options {
     drain_rows: u64,
     drain: bool,
     drain_poll: bool,
+    /// `--at-least-once-drain`: the drains without their exactly-once strategies (read-back and
+    /// Kafka transactions), e.g. to compare builds whose exactly-once keys differ.
+    drain_exactly_once: bool,
     /// The drain with 1,000 events per transaction too, without Debezium (it always runs with it).
     batched_drain: bool,
     out_dir: PathBuf,
@@ -196,6 +199,7 @@ fn options() -> Result<Option<Options>> {
         drain_rows: if quick { 100_000 } else { 1_000_000 },
         drain: true,
         drain_poll: false,
+        drain_exactly_once: true,
         batched_drain: false,
         out_dir: if quick {
             root.join("target/cdc_vs_polling")
@@ -224,6 +228,7 @@ fn options() -> Result<Option<Options>> {
             "--drain-rows" => o.drain_rows = value()?.replace('_', "").parse()?,
             "--no-drain" => o.drain = false,
             "--drain-poll" => o.drain_poll = true,
+            "--at-least-once-drain" => o.drain_exactly_once = false,
             "--batched-drain" => o.batched_drain = true,
             "--with-debezium" => o.with_debezium = true,
             "--report-from" => o.report_from = Some(PathBuf::from(value()?)),
@@ -472,6 +477,7 @@ async fn run(o: Options) -> Result<()> {
             events_per_txn: per_txn,
             // The polling relayer's drain is one row per claim either way: single-event shape only.
             with_poll: o.drain_poll && per_txn == 1,
+            exactly_once: o.drain_exactly_once,
             debezium: debezium.as_ref(),
         };
         let result = drain::run(&ctx, &spec, &phase).await;

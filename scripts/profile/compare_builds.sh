@@ -21,7 +21,7 @@ run() { # BUILD_NAME BIN ROUND
   local dir="$OUT/$1.$3"
   mkdir -p "$dir"
   OUTBOX_RELAY_BENCH_BIN=$2 cargo bench --bench cdc_vs_polling -- --broker kafka --sinks kafka,redis \
-    --batched-drain --drain-rows "$DRAIN_ROWS" --measure-secs "$MEASURE_SECS" --only "CDC at 1000/s,CDC → " \
+    --batched-drain --at-least-once-drain --drain-rows "$DRAIN_ROWS" --measure-secs "$MEASURE_SECS" --only "CDC at 1000/s,CDC → " \
     --no-tracing --idle-secs 0 --out-dir "$dir" >"$dir/bench.log" 2>&1
   cp target/cdc_vs_polling/results.json "$dir/results.json"
   echo "round $3 $1 done"
