@@ -200,8 +200,8 @@ impl TailReader {
                  the topic has no timestamp bound, so a produce request a stalled broker or a middlebox still \
                  holds can land after this read-back and publish its events twice. Set one of about \
                  message.timeout.ms + 5 s (kafka-configs.sh --alter --entity-type topics --entity-name <topic> \
-                 --add-config message.timestamp.before.max.ms=15000), or use relay.exactly_once = \
-                 \"kafka-transactions\" (docs/reliability.md, section 10, defect 6)"
+                 --add-config message.timestamp.before.max.ms=15000), or use [kafka] exactly_once = \
+                 \"transactions\" (docs/reliability.md, section 10, defect 6)"
             ),
             Bound::Refuses(bound) => {
                 let safe = late::shortest_safe_bound(self.message_timeout);
