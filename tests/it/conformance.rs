@@ -838,12 +838,8 @@ async fn exactly_once_kills<S: SinkHarness>(test: &str) {
             "the crash between an acknowledgement and its confirmation",
         );
     }
-    let relay = sink.run(&config);
-    let records = read_settled(&sink, "order", committed.len()).await;
-    logs.push(relay.log_text());
     let what = format!("exactly-once ({}), {kills} SIGKILLs", eo.how);
-    check_exactly_once(&sink, &committed, &records, &sink.destination("order"), &logs, &what);
-    sink.finish().await;
+    settle_exactly_once(sink, &config, &committed, logs, &what).await;
 }
 
 /// Exactly-once SIGKILLs with every `[relay]` and sink default: each event once.
@@ -858,13 +854,25 @@ async fn exactly_once_kills_with_shipped_defaults<S: SinkHarness>(test: &str) {
     let url = shared_cluster().await.url(&db);
     let mut w = Workload::new(OutboxSchema::B, 10 * eo.per_kill, 30, 4);
     w.pause = Duration::from_millis(10);
-    let mut logs = Vec::new();
     let committed = sigkills_under_load(&url, w, 5, (500, 1000), || sink.run(&config)).await;
-    let relay = sink.run(&config);
+    let what = format!("exactly-once ({}), 5 SIGKILLs, shipped defaults", eo.how);
+    settle_exactly_once(sink, &config, &committed, Vec::new(), &what).await;
+}
+
+/// After the kills: one more relay runs until `order` holds every committed event, then each
+/// event is checked delivered once ([`check_exactly_once`], with that relay's log added to
+/// `logs`) and the sink is finished.
+async fn settle_exactly_once<S: SinkHarness>(
+    sink: S,
+    config: &RelayConfig,
+    committed: &Committed,
+    mut logs: Vec<String>,
+    what: &str,
+) {
+    let relay = sink.run(config);
     let records = read_settled(&sink, "order", committed.len()).await;
     logs.push(relay.log_text());
-    let what = format!("exactly-once ({}), 5 SIGKILLs, shipped defaults", eo.how);
-    check_exactly_once(&sink, &committed, &records, &sink.destination("order"), &logs, &what);
+    check_exactly_once(&sink, committed, &records, &sink.destination("order"), &logs, what);
     sink.finish().await;
 }
 
