@@ -11,7 +11,7 @@
 //! | `exactly_once_kills` | SIGKILLs under load and a crash between an acknowledgement and its confirmation (failpoints): 0 duplicates, the source position on every record | sinks with exactly-once |
 //! | `exactly_once_kills_with_shipped_defaults` | 5 SIGKILLs, every default: 0 duplicates | sinks with exactly-once |
 //! | `exactly_once_refused_at_start` | `run` and `setup --check` refuse exactly-once with the reason, nothing published | sinks (or configurations) without it |
-//! | `two_relays_one_destination` | two relays on two databases writing one destination: each database's events, in order (exactly-once with SIGKILLs where the sink can, 0 duplicates) | all but Kinesis (moto loses records when two writers put to one shard at once: docs/sink-kinesis.md) |
+//! | `two_relays_one_destination` | two relays on two databases writing one destination: each database's events, in order (exactly-once with SIGKILLs where the sink can, 0 duplicates) | all |
 //!
 //! What is a sink's own (its broker's special behaviour, its own settings) stays in
 //! `sink_<name>.rs`; Kafka's core crash, failpoint and bad-row suites stay in `failures.rs` and
@@ -88,7 +88,7 @@ conformance!(sns: Sns, exactly_once, refuses_exactly_once, two_writers);
 conformance!(rabbitmq: RabbitMq, refuses_exactly_once, two_writers);
 conformance!(webhook: Webhook, refuses_exactly_once, two_writers);
 conformance!(pubsub: PubSub, refuses_exactly_once, two_writers);
-conformance!(kinesis: Kinesis, refuses_exactly_once);
+conformance!(kinesis: Kinesis, refuses_exactly_once, two_writers);
 
 // ---- Shared steps ----
 
