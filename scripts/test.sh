@@ -13,11 +13,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI="${CI:-true}"
 
-echo "== PostgreSQL 15 binaries (tests start their own throwaway clusters)"
-if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
+# Debian packages: a failed install fails the run.
+apt_install() {
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq postgresql-15 >/dev/null
+  apt-get install -y -qq "$@" >/dev/null
+}
+
+echo "== PostgreSQL 15 binaries (tests start their own throwaway clusters)"
+if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
+  apt_install postgresql-15
 fi
 /usr/lib/postgresql/15/bin/postgres --version
 
@@ -43,9 +48,7 @@ bash scripts/install-standardwebhooks.sh
 
 echo "== network namespaces for the nemesis (tests/it/nemesis.rs: root, iproute2's ip and tc, the blackhole qdisc)"
 if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq iproute2 >/dev/null
+  apt_install iproute2
 fi
 probe="ci$$"
 ip link add "$probe" type veth peer name "${probe}p"
@@ -55,9 +58,7 @@ echo "ip netns, veth and the blackhole qdisc work"
 
 echo "== docker-compose (tests/it/deploy_docs.rs validates docker-compose.yml with it; no daemon needed)"
 if ! docker compose version >/dev/null 2>&1 && ! docker-compose version >/dev/null 2>&1; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq docker-compose >/dev/null
+  apt_install docker-compose
 fi
 docker-compose version --short 2>/dev/null || docker compose version --short
 
