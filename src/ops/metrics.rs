@@ -23,7 +23,7 @@
 //! | `outbox_relay_reconnects_total` | counter | sessions restarted after a transient error |
 //! | `outbox_relay_active` | gauge | 1 while this instance streams, 0 while it stands by or reconnects |
 //! | `outbox_relay_last_confirmed_commit_timestamp_seconds` | gauge | commit time (Unix seconds) of the latest transaction with events confirmed to the server: every event committed up to then is in the sink (the recovery point after losing the slot) |
-//! | `outbox_relay_slot_failover_ready` | gauge | 1 when the slot would survive a promotion: a failover slot (17+), `synchronized_standby_slots` set and each slot it names streaming; else 0 |
+//! | `outbox_relay_slot_failover_ready` | gauge | 1 when the slot would survive a promotion: a failover slot, `synchronized_standby_slots` set and each slot it names streaming; else 0. PostgreSQL 17+ only: not exported where the server has no failover slots (14–16) |
 //! | `outbox_relay_bad_events_total{policy,cause}` | counter | events `relay.on_bad_event` handled (`policy`: fail, skip, dead-letter; `cause`: see `BadEvent::label`) |
 //! | `outbox_relay_events_skipped_in_sink_total` | counter | exactly-once: replayed events not sent because the sink already held them (the old name, `outbox_relay_events_skipped_in_kafka_total`, is exported beside it until the next release) |
 //! | `outbox_relay_partitions_read_back_total` | counter | exactly-once: partition tails read back (once per partition and streaming session, replay window only) |
@@ -169,7 +169,7 @@ pub(crate) fn describe() {
     );
     describe_gauge!(
         SLOT_FAILOVER_READY,
-        "1 when the slot is a failover slot and every standby in synchronized_standby_slots streams; else 0."
+        "PostgreSQL 17+: 1 when the slot is a failover slot and every standby in synchronized_standby_slots streams; else 0."
     );
     describe_counter!(
         BAD_EVENTS,

@@ -189,21 +189,23 @@ impl Monitor {
 
     /// Whether the slot would survive a promotion, as far as the primary can tell: a failover
     /// slot (17+), `synchronized_standby_slots` set, and every slot it names streaming. `None`
-    /// when the question failed (the slot check reports connection trouble).
+    /// when the question failed (the slot check reports connection trouble) or has no answer:
+    /// before 17 there are no failover slots, and a gauge stuck at 0 there would only keep the
+    /// not-failover-ready alert firing forever, so the gauge is not exported at all.
     async fn failover_ready(&self) -> Option<bool> {
         let client = self.client.as_ref()?;
         let slot = self.settings.postgres.slot.as_str();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
         let ready = client.query_one(
-            "SELECT current_setting('server_version_num')::int >= 170000
-                AND COALESCE((SELECT (to_jsonb(s) ->> 'failover')::bool FROM pg_replication_slots s
-                              WHERE s.slot_name = $1), false)
+            "SELECT CASE WHEN current_setting('server_version_num')::int < 170000 THEN NULL ELSE
+                COALESCE((SELECT (to_jsonb(s) ->> 'failover')::bool FROM pg_replication_slots s
+                          WHERE s.slot_name = $1), false)
                 AND COALESCE(current_setting('synchronized_standby_slots', true), '') <> ''
                 AND NOT EXISTS (
                     SELECT 1 FROM unnest(string_to_array(
                         replace(current_setting('synchronized_standby_slots', true), ' ', ''), ',')) AS n(name)
                     WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots p
-                                      WHERE p.slot_name = n.name AND p.active))",
+                                      WHERE p.slot_name = n.name AND p.active)) END",
             &params,
         );
         let limit = self.settings.relay.connect_timeout;

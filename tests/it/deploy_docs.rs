@@ -127,17 +127,95 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
+/// Every file under `dir`, recursively (symbolic links included as files).
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+    {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Panics naming the metric when `exprs` (PromQL, as `what` uses them) select one the relay does
+/// not export; returns the metrics they select.
+fn check_metrics_exist(what: &str, exprs: &[(String, String)]) -> BTreeSet<String> {
+    let exported = exported_metrics();
+    let mut used = BTreeSet::new();
+    for (name, expr) in exprs {
+        for metric in metrics_in(expr) {
+            let base = ["_bucket", "_sum", "_count"].iter().fold(metric.clone(), |m, s| {
+                m.strip_suffix(s)
+                    .filter(|b| exported.contains(*b))
+                    .map_or(m.clone(), str::to_owned)
+            });
+            assert!(
+                exported.contains(&base),
+                "{what} {name:?} uses {metric}, which src/ops/metrics.rs does not define"
+            );
+            used.insert(base);
+        }
+    }
+    assert!(!used.is_empty(), "{what}: no outbox_relay_* metric found in {exprs:?}");
+    used
+}
+
+/// (alert name, expr) of every rule of a PrometheusRule.
+fn alert_exprs(rules: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for group in rules["spec"]["groups"].as_sequence().expect("rule groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let name = rule["alert"].as_str().expect("alert name").to_owned();
+            out.push((name, rule["expr"].as_str().expect("expr").to_owned()));
+        }
+    }
+    out
+}
+
 #[test]
 fn kubernetes_manifests_wire_probes_config_and_alerts_to_what_the_relay_serves() {
-    let dir = repo("deploy/kubernetes");
-    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
-    for f in &files {
-        let text = std::fs::read_to_string(f).unwrap();
+    for f in files_under(&repo("deploy/kubernetes")) {
+        let text = std::fs::read_to_string(&f).unwrap();
         serde_yaml::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", f.display()));
     }
 
+    // `kubectl apply -k deploy/kubernetes` is the base, and the base applies on a cluster
+    // without the Prometheus Operator: no custom resources in it.
+    let top = yaml("deploy/kubernetes/kustomization.yaml");
+    assert_eq!(top["resources"].as_sequence().map(Vec::len), Some(1), "{top:?}");
+    assert_eq!(top["resources"][0].as_str(), Some("base"));
+    let base = yaml("deploy/kubernetes/base/kustomization.yaml");
+    for resource in base["resources"].as_sequence().expect("base resources") {
+        let file = format!("deploy/kubernetes/base/{}", resource.as_str().unwrap());
+        let api = yaml(&file)["apiVersion"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            api == "v1" || api.starts_with("apps/") || api.starts_with("batch/"),
+            "{file}: {api} is not built into Kubernetes: the base must apply on a vanilla cluster"
+        );
+    }
+    let image = base["images"][0]["name"].as_str().expect("the base names its image");
+    assert!(
+        image.contains(".invalid/"),
+        "the placeholder image must be obviously one: {image}"
+    );
+    let monitoring = yaml("deploy/kubernetes/overlays/monitoring/kustomization.yaml");
+    let resources: Vec<&str> = monitoring["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(resources, ["../../base", "servicemonitor.yaml", "prometheusrule.yaml"]);
+
     // The config the pods run with is a valid relay config with the HTTP endpoints on.
-    let configmap = yaml("deploy/kubernetes/configmap.yaml");
+    let configmap = yaml("deploy/kubernetes/base/configmap.yaml");
     let toml_text = configmap["data"]["outbox-relay.toml"]
         .as_str()
         .expect("config file in the ConfigMap");
@@ -145,7 +223,7 @@ fn kubernetes_manifests_wire_probes_config_and_alerts_to_what_the_relay_serves()
         .unwrap_or_else(|e| panic!("the ConfigMap's config is invalid: {e}"));
     let listen = settings.http.listen.expect("[http] listen is set");
 
-    let deployment = yaml("deploy/kubernetes/deployment.yaml");
+    let deployment = yaml("deploy/kubernetes/base/deployment.yaml");
     let spec = &deployment["spec"];
     assert_eq!(spec["replicas"].as_i64(), Some(2), "one active, one standby");
     assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"].as_i64(), Some(0));
@@ -156,6 +234,7 @@ fn kubernetes_manifests_wire_probes_config_and_alerts_to_what_the_relay_serves()
         "a draining relay must not be killed: grace {grace} s ≤ shutdown_timeout"
     );
     let relay = &pod["containers"][0];
+    assert!(relay["image"].as_str().unwrap().starts_with(image), "{relay:?}");
     let port = relay["ports"][0]["containerPort"].as_u64().expect("container port");
     assert_eq!(port, u64::from(listen.port()), "probes must hit [http] listen");
     assert_eq!(relay["livenessProbe"]["httpGet"]["path"].as_str(), Some("/healthz"));
@@ -166,7 +245,7 @@ fn kubernetes_manifests_wire_probes_config_and_alerts_to_what_the_relay_serves()
     let volume_cm = pod["volumes"][0]["configMap"]["name"].as_str().expect("config volume");
     assert_eq!(volume_cm, configmap["metadata"]["name"].as_str().unwrap());
 
-    let secret = yaml("deploy/kubernetes/secret.yaml");
+    let secret = yaml("deploy/kubernetes/base/secret.yaml");
     assert_eq!(secret["metadata"]["name"].as_str(), Some(from_secret));
     let secret_keys: Vec<&str> = secret["stringData"]
         .as_mapping()
@@ -180,17 +259,17 @@ fn kubernetes_manifests_wire_probes_config_and_alerts_to_what_the_relay_serves()
         "{secret_keys:?}"
     );
 
-    let service = yaml("deploy/kubernetes/service.yaml");
-    let monitor = yaml("deploy/kubernetes/servicemonitor.yaml");
+    let service = yaml("deploy/kubernetes/base/service.yaml");
+    let monitor = yaml("deploy/kubernetes/overlays/monitoring/servicemonitor.yaml");
     assert_eq!(
         monitor["spec"]["endpoints"][0]["port"],
         service["spec"]["ports"][0]["name"]
     );
     assert_eq!(monitor["spec"]["endpoints"][0]["path"].as_str(), Some("/metrics"));
 
-    // Alerts use only metrics the relay exports, and cover the four the issue names.
-    let exported = exported_metrics();
-    let rules = yaml("deploy/kubernetes/prometheusrule.yaml");
+    // Alerts use only metrics the relay exports, link their runbook, and cover the four the
+    // issue names.
+    let rules = yaml("deploy/kubernetes/overlays/monitoring/prometheusrule.yaml");
     let operations = read("docs/operations.md");
     let anchors: BTreeSet<String> = operations
         .lines()
@@ -201,22 +280,8 @@ fn kubernetes_manifests_wire_probes_config_and_alerts_to_what_the_relay_serves()
         })
         .map(anchor)
         .collect();
-    let mut exprs = Vec::new();
     for group in rules["spec"]["groups"].as_sequence().expect("rule groups") {
         for rule in group["rules"].as_sequence().expect("rules") {
-            let expr = rule["expr"].as_str().expect("expr").to_owned();
-            for metric in metrics_in(&expr) {
-                let base = ["_bucket", "_sum", "_count"].iter().fold(metric.clone(), |m, s| {
-                    m.strip_suffix(s)
-                        .filter(|b| exported.contains(*b))
-                        .map_or(m.clone(), str::to_owned)
-                });
-                assert!(
-                    exported.contains(&base),
-                    "alert {:?} uses unknown metric {metric}",
-                    rule["alert"]
-                );
-            }
             let runbook = rule["annotations"]["runbook"]
                 .as_str()
                 .expect("every alert links its runbook");
@@ -225,15 +290,114 @@ fn kubernetes_manifests_wire_probes_config_and_alerts_to_what_the_relay_serves()
                 anchors.contains(section),
                 "docs/operations.md has no section #{section} ({runbook})"
             );
-            exprs.push(expr);
         }
     }
+    let exprs: Vec<String> = alert_exprs(&rules).into_iter().map(|(_, e)| e).collect();
+    check_metrics_exist("alert", &alert_exprs(&rules));
     let has = |needle: &str| exprs.iter().any(|e| e.contains(needle));
     assert!(has("outbox_relay_seconds_behind_source"), "lag alert");
     assert!(has("outbox_relay_slot_retained_wal_bytes"), "retained WAL alert");
     assert!(has("outbox_relay_events_failed_total"), "failed events alert");
     // "No standby" must fire when no series is 0 at all, hence the `or vector(0)`.
     assert!(has("count(outbox_relay_active == 0) or vector(0)"), "no-standby alert");
+}
+
+#[test]
+fn the_helm_chart_renders_the_kustomize_config_and_alerts() {
+    // The chart's default config is the kustomize base's, so the two cannot drift apart; the
+    // port the chart's probes and Service use is [http] listen's.
+    let values = yaml("deploy/helm/outbox-relay/values.yaml");
+    let configmap = yaml("deploy/kubernetes/base/configmap.yaml");
+    let chart_config = values["config"].as_str().expect("values: config");
+    assert_eq!(
+        Some(chart_config),
+        configmap["data"]["outbox-relay.toml"].as_str(),
+        "values.yaml `config` and deploy/kubernetes/base/configmap.yaml differ"
+    );
+    let settings = Settings::from_toml_str(chart_config, Path::new("values.yaml"), std::iter::empty())
+        .unwrap_or_else(|e| panic!("the chart's default config is invalid: {e}"));
+    let listen = settings.http.listen.expect("[http] listen is set");
+    assert_eq!(values["service"]["port"].as_u64(), Some(u64::from(listen.port())));
+    assert_eq!(values["livenessProbe"]["httpGet"]["path"].as_str(), Some("/healthz"));
+    assert_eq!(values["readinessProbe"]["httpGet"]["path"].as_str(), Some("/readyz"));
+    let grace = values["terminationGracePeriodSeconds"].as_u64().expect("grace period");
+    assert!(grace > settings.relay.shutdown_timeout.as_secs());
+    assert!(
+        values["image"]["repository"].as_str().unwrap().contains(".invalid/"),
+        "the placeholder image must be obviously one"
+    );
+    // Off by default: the chart installs on a vanilla cluster.
+    assert_eq!(values["serviceMonitor"]["enabled"].as_bool(), Some(false));
+    assert_eq!(values["prometheusRule"]["enabled"].as_bool(), Some(false));
+
+    // One set of alert rules for both: the chart reads the overlay's file through a link.
+    let link = repo("deploy/helm/outbox-relay/files/prometheusrule.yaml");
+    let target = std::fs::read_link(&link).unwrap_or_else(|e| panic!("{} is no link: {e}", link.display()));
+    assert_eq!(
+        link.parent().unwrap().join(target).canonicalize().unwrap(),
+        repo("deploy/kubernetes/overlays/monitoring/prometheusrule.yaml")
+            .canonicalize()
+            .unwrap()
+    );
+    let rules = yaml("deploy/helm/outbox-relay/files/prometheusrule.yaml");
+    check_metrics_exist("the chart's alert", &alert_exprs(&rules));
+}
+
+/// (panel title, query) of every panel of the Grafana dashboard.
+fn dashboard_exprs() -> Vec<(String, String)> {
+    let text = read("deploy/grafana/outbox-relay.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().unwrap_or_default().to_owned();
+        if panel["type"] == "row" {
+            continue;
+        }
+        let targets = panel["targets"].as_array().map(Vec::as_slice).unwrap_or_default();
+        assert!(!targets.is_empty(), "panel {title:?} queries nothing");
+        for target in targets {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap_or_else(|| panic!("panel {title:?}: no expr"));
+            exprs.push((title.clone(), expr.to_owned()));
+        }
+    }
+    exprs
+}
+
+/// Every metric the Grafana dashboard and the alert rules query, each checked to be one
+/// src/ops/metrics.rs defines (histograms by their base name). `ha_and_metrics` also finds them
+/// in a running relay's /metrics.
+pub(crate) fn queried_metrics() -> BTreeSet<String> {
+    let rules = yaml("deploy/kubernetes/overlays/monitoring/prometheusrule.yaml");
+    let mut used = check_metrics_exist("dashboard panel", &dashboard_exprs());
+    used.extend(check_metrics_exist("alert", &alert_exprs(&rules)));
+    used
+}
+
+#[test]
+fn the_grafana_dashboard_queries_only_exported_metrics_and_shows_the_essentials() {
+    let exprs = dashboard_exprs();
+    let used = check_metrics_exist("dashboard panel", &exprs);
+    for essential in [
+        "outbox_relay_seconds_behind_source",
+        "outbox_relay_slot_retained_wal_bytes",
+        "outbox_relay_in_flight_events",
+        "outbox_relay_in_flight_bytes",
+        "outbox_relay_reconnects_total",
+        "outbox_relay_events_failed_total",
+        "outbox_relay_events_published_total",
+        "outbox_relay_active",
+    ] {
+        assert!(used.contains(essential), "the dashboard does not show {essential}");
+    }
+    // Per topic (the sink's destination).
+    assert!(
+        exprs
+            .iter()
+            .any(|(_, e)| e.contains("sum by (topic)") && e.contains("events_published_total")),
+        "no per-topic throughput panel"
+    );
 }
 
 #[test]

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use crate::harness::scrape::{with_http, Metrics};
 use crate::harness::workload::{create_schema, OutboxSchema, Workload};
 use crate::harness::*;
 
@@ -36,7 +37,9 @@ async fn core_path(major: u32) {
     create_schema(&client, OutboxSchema::A).await;
     let kafka = MockKafka::new(1);
     let config = RelayConfig::for_schema(OutboxSchema::A, &pg.url(&db), &kafka.bootstrap_servers())
-        .route(PREFIX_REGEX, "${routedByValue}");
+        .route(PREFIX_REGEX, "${routedByValue}")
+        .set("relay", "slot_check_interval_ms", 300);
+    let (config, addr) = with_http(&config);
     let out = run_cmd(&["setup"], &config).await;
     let setup_text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -70,6 +73,7 @@ async fn core_path(major: u32) {
     let all: Vec<_> = first.all().cloned().collect();
     check_delivered(&all, &records, |_| "order".to_owned());
     check_order(&first, &records);
+    check_failover_gauge(major, &addr).await;
     assert!(relay.sigterm());
     let exit = relay.wait_exit(Duration::from_secs(30)).await.expect("relay exits");
     assert!(exit.success(), "{version}: {exit:?}\n{}", relay.log_text());
@@ -102,6 +106,41 @@ async fn core_path(major: u32) {
         "version matrix: PostgreSQL {version}: core path OK ({} events)",
         all.len()
     );
+}
+
+/// `outbox_relay_slot_failover_ready` (src/ops/metrics.rs) exists only where failover slots do:
+/// on 17+ it is exported (0 here: no standby, `synchronized_standby_slots` unset); on 14–16 it is
+/// absent, so the not-failover-ready alert (`max(…) < 1`) has no series and cannot fire forever.
+async fn check_failover_gauge(major: u32, addr: &str) {
+    const FAILOVER_READY: &str = "outbox_relay_slot_failover_ready";
+    const RETAINED: &str = "outbox_relay_slot_retained_wal_bytes";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut checked_at = None;
+    loop {
+        let m = Metrics::scrape(addr).await;
+        let gauge = m.as_ref().and_then(|m| m.get(FAILOVER_READY, &[]));
+        // The slot check sets the retained-WAL gauge just before it asks about failover: once it
+        // shows, a few more 300 ms checks have surely asked.
+        if checked_at.is_none() && m.as_ref().is_some_and(|m| m.get(RETAINED, &[]).is_some()) {
+            checked_at = Some(tokio::time::Instant::now());
+        }
+        let settled = checked_at.is_some_and(|t| t.elapsed() > Duration::from_millis(1500));
+        if major >= 17 && gauge.is_some() || major < 17 && settled {
+            let expected = (major >= 17).then_some(0.0);
+            assert_eq!(
+                gauge,
+                expected,
+                "PostgreSQL {major}: {FAILOVER_READY}\n{}",
+                m.map(|m| m.text).unwrap_or_default()
+            );
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "PostgreSQL {major}: no slot check within 20 s, or {FAILOVER_READY} never exported"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
