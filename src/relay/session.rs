@@ -13,8 +13,11 @@
 //! 4. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
 //! 5. **the guarantee's answers** (exactly-once by read-back) — a partition's tail arrived from
 //!    its thread; the event that waited for it is published (`guarantee/read_back.rs`);
-//! 6. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
-//!    TCP then pushes back on the walsender, which keeps answering our status updates).
+//! 6. **room in the sink** — the sink's own queue was full ([`FULL_RETRY`] after it said so,
+//!    unless a delivery report freed room first): what it did not take is handed over again;
+//! 7. **replication frames** — disabled while the in-flight budget is exhausted or the sink has
+//!    no room (backpressure: TCP then pushes back on the walsender, which keeps answering our
+//!    status updates).
 //!
 //! Reading a backlog, the loop also rests after a read emptied the socket, so frames and reports
 //! come in large batches (`receive.rs`).
@@ -60,6 +63,10 @@ use crate::postgres::replication::error::ReplicationError;
 use crate::sink::Completions;
 
 const DELIVERY_BATCH: usize = 4096;
+/// After the sink said its queue is full and no delivery report came since: when to try again.
+/// The client frees room as it serves reports, on its own clock, so a report alone is not a
+/// reliable signal (Kafka: a report's records are freed only after its last completion).
+const FULL_RETRY: Duration = Duration::from_millis(5);
 
 /// How a session ended without error.
 #[derive(Debug, PartialEq, Eq)]
@@ -249,6 +256,7 @@ async fn stream(
         // new frame is read.
         state.work_backlog()?;
         let paused = state.is_full();
+        let no_room = state.waiting_for_room();
         if paused {
             // Not reading is deliberate: silence now says nothing about the server.
             silence.heard(Instant::now());
@@ -277,6 +285,7 @@ async fn stream(
                 on_deliveries(state, writer, &mut batch, ctx, sink_name).await?;
             }
             Some(answer) = next_answer(answers) => state.on_answer(answer)?,
+            _ = tokio::time::sleep(FULL_RETRY), if no_room => state.retry_room()?,
             frame = reader.next_frame(), if !paused => {
                 let Some(frame) = frame? else { return Err(ReplicationError::Closed.into()) };
                 silence.heard(Instant::now());
