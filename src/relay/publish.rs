@@ -227,6 +227,11 @@ impl<'s> Publish<'s> {
         self.sink.complaint()
     }
 
+    /// The sink's word that it has reached no broker yet (`Sink::unreachable`).
+    pub(super) fn sink_unreachable(&self) -> Option<String> {
+        self.sink.unreachable()
+    }
+
     /// The sink's word that waiting cannot help (`Sink::verdict`).
     pub(super) fn sink_verdict(&self) -> Option<SinkError> {
         self.sink.verdict()
@@ -769,7 +774,9 @@ impl<'s> Publish<'s> {
         let settled = |published: Published| published != Published::Full;
         let sent = match event.record(settings, &self.limits) {
             // It was routed before it was held, and routing depends on nothing else.
-            Err(cause) => settled(self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a)?).then_some(false),
+            Err(cause) => {
+                settled(self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a)?).then_some(false)
+            }
             Ok(record) => match self.with_transaction_meta(&held.txn, held.txn_index, record, a)? {
                 None => None,
                 Some(record) => {
@@ -965,6 +972,61 @@ mod tests {
                 assert_eq!(sink.pending(), 0);
             },
         );
+    }
+
+    /// Issue 44: a sink whose queue is full takes nothing, and nothing fails: the event it did
+    /// not take is first in line, reading pauses, and once a report freed room (or the retry
+    /// pause passed) the same event goes out — once, in order; the transaction's END marker
+    /// waits the same way, and the Commit with it.
+    #[test]
+    fn a_full_sink_queue_makes_the_stream_wait_and_hand_the_same_event_over_again() {
+        let settings = settings("[transactions]\ntopic = \"txns\"\n");
+        let mut suspects = Suspects::default();
+        let (mut state, sink, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+        let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
+        let row = |id: &'static str| [Some(id), Some("agg"), Some("order.placed"), Some("{}"), None, None];
+        sink.capacity(Some(2));
+        state.on_frame(xlog(COMMITTED, &begin(0x500))).unwrap();
+        state
+            .on_frame(xlog(COMMITTED, &relation(OUTBOX, "public", "events_outbox", &columns)))
+            .unwrap();
+        // BEGIN marker and event 1 fill the queue; event 2 is not taken.
+        state.on_frame(xlog(COMMITTED, &insert(OUTBOX, &row("1")))).unwrap();
+        state.on_frame(xlog(COMMITTED, &insert(OUTBOX, &row("2")))).unwrap();
+        assert_eq!(sink.stored().len(), 2);
+        assert!(
+            state.is_full() && state.waiting_for_room(),
+            "reading pauses while the sink has no room"
+        );
+        state.work_backlog().unwrap();
+        assert_eq!(sink.stored().len(), 2, "nothing is retried before room frees");
+        // A report frees room: the same event goes out.
+        sink.deliver(1);
+        apply_all(&mut state, &mut completions).unwrap();
+        state.work_backlog().unwrap();
+        assert!(!state.is_full());
+        state.on_frame(xlog(COMMITTED, &commit(0x500, 0x510))).unwrap();
+        // The END marker finds no room: the Commit waits with it, nothing is confirmed.
+        assert!(state.waiting_for_room() && state.is_full());
+        state.retry_room().unwrap();
+        state.work_backlog().unwrap();
+        assert!(state.is_full(), "still no room after the pause");
+        sink.capacity(None);
+        state.retry_room().unwrap();
+        state.work_backlog().unwrap();
+        assert!(!state.is_full());
+        let ids: Vec<String> = sink
+            .stored()
+            .iter()
+            .map(|r| format!("{}:{}", r.destination, String::from_utf8_lossy(r.header("id").unwrap())))
+            .collect();
+        assert_eq!(ids.len(), 4, "BEGIN, 1, 2, END — each once: {ids:?}");
+        assert!(ids[1].ends_with(":1") && ids[2].ends_with(":2"), "{ids:?}");
+        assert!(ids[0].starts_with("txns:") && ids[3].starts_with("txns:"), "{ids:?}");
+        sink.deliver(3);
+        apply_all(&mut state, &mut completions).unwrap();
+        assert_eq!(state.confirmed(), Lsn(0x510));
+        assert_eq!(state.counts().events_sent, 4);
     }
 
     /// `[transactions] headers`: the frames of one transaction with an outbox row per type

@@ -69,9 +69,14 @@ const DELIVERY_BATCH: usize = 4096;
 const FULL_RETRY: Duration = Duration::from_millis(5);
 
 /// How a session ended without error.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum SessionEnd {
+    /// Shutdown, with everything handed over acknowledged.
     Shutdown,
+    /// Shutdown, the drain cut short by `relay.shutdown_timeout` ([`RelayError::Undrained`]):
+    /// nothing is lost (the slot was not confirmed past what was acknowledged), but the
+    /// process exits non-zero.
+    Undrained(RelayError),
 }
 
 pub(crate) async fn run_session(
@@ -176,14 +181,23 @@ pub(crate) async fn run_session(
     ctx.health.set_fence(None, 0.0);
     // Only a clean stop seals what is whole: after a failure the producer may be unusable.
     let seal_last = outcome.is_ok();
-    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut completions, wait, seal_last).await;
-    if last_confirmed.is_some() {
-        ctx.carried.last_confirmed_commit_unix_us = last_confirmed;
+    let wound = wind_down(state, &mut reader, &mut writer, &mut completions, wait, seal_last).await;
+    if wound.last_confirmed.is_some() {
+        ctx.carried.last_confirmed_commit_unix_us = wound.last_confirmed;
     }
     // Whatever was still in flight belongs to the abandoned producer and will be replayed.
     StreamGauges::default().set_idle();
     ctx.carried.suspects = suspects;
-    outcome
+    match outcome {
+        Ok(SessionEnd::Shutdown) if wound.unacknowledged > 0 => Ok(SessionEnd::Undrained(RelayError::Undrained {
+            sink: settings.sink.broker_name(),
+            slot: slot_name.to_owned(),
+            in_flight: wound.unacknowledged,
+            confirmed: wound.confirmed,
+            timeout_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        })),
+        other => other,
+    }
 }
 
 /// What a session checks and reads on its control connection before it streams: the slot
@@ -326,6 +340,7 @@ fn tick(
             .then(|| now_unix_us() - (progress.seconds_behind * 1e6) as i64),
         retained_wal_bytes: ctx.health.retained_wal_bytes(),
     };
+    ctx.broker.unheard_at_start(sink_name, || state.sink_unreachable());
     ctx.broker
         .tick(std::time::Instant::now(), &waiting, sink_name, state.sink_complaint());
     if let Some(fatal) = state.sink_verdict() {
@@ -401,8 +416,17 @@ async fn next_answer(answers: &mut Option<Answers>) -> Option<Answer> {
     }
 }
 
-/// Returns the commit time of the latest confirmed transaction with events (`None`: none this
-/// session).
+/// What a session's wind-down left.
+struct WoundDown {
+    /// Commit time of the latest confirmed transaction with events (`None`: none this session).
+    last_confirmed: Option<i64>,
+    /// Records handed over and never acknowledged: the wait ran out (replayed by the next
+    /// session or start).
+    unacknowledged: usize,
+    /// What the slot was confirmed to.
+    confirmed: crate::postgres::lsn::Lsn,
+}
+
 async fn wind_down(
     mut state: StreamState<'_>,
     reader: &mut FrameReader,
@@ -410,7 +434,7 @@ async fn wind_down(
     deliveries: &mut Completions<DeliveryTag>,
     wait: Duration,
     seal_last: bool,
-) -> Option<i64> {
+) -> WoundDown {
     let deadline = Instant::now() + wait;
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     // Sink transactions: a clean stop seals what is whole (a no-op otherwise), so the next start
@@ -433,6 +457,7 @@ async fn wind_down(
             }
         }
     }
+    let unacknowledged = state.in_flight();
     state.fold_latency();
     let sent = send_status(&mut state, writer, false).await;
     let counts = state.counts();
@@ -451,6 +476,7 @@ async fn wind_down(
         final_status_sent = sent.is_ok(),
         "stream stopped"
     );
+    let confirmed = state.confirmed();
     let sink = state.finish();
     // Awaited: the next session's sink must not start replaying while this one's requests
     // are still on the wire. Before the replication connection closes: once its walsender is
@@ -461,5 +487,9 @@ async fn wind_down(
         reader.finish(Duration::from_secs(2)).await;
     }
     writer.terminate().await;
-    last_confirmed
+    WoundDown {
+        last_confirmed,
+        unacknowledged,
+        confirmed,
+    }
 }

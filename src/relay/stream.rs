@@ -257,6 +257,11 @@ impl<'s> StreamState<'s> {
         self.publish.sink_complaint()
     }
 
+    /// The sink's word that it has reached no broker yet.
+    pub(crate) fn sink_unreachable(&self) -> Option<String> {
+        self.publish.sink_unreachable()
+    }
+
     /// The sink's word that waiting cannot help.
     pub(crate) fn sink_verdict(&self) -> Option<SinkError> {
         self.publish.sink_verdict()

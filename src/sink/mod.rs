@@ -322,6 +322,15 @@ pub(crate) trait Sink<Tag>: Send + Sync {
         None
     }
 
+    /// The client's word that it has reached no broker yet — every address it was given
+    /// refused or did not answer — in words that name the addresses, for the relay's first
+    /// line about an unreachable sink (`relay/outage.rs`). `None` once a broker answered, and
+    /// where the client cannot tell (a sink that connects in [`create`] fails its session
+    /// instead, which is logged with its cause).
+    fn unreachable(&self) -> Option<String> {
+        None
+    }
+
     /// The client's own word that waiting cannot help: the broker refused the credentials, its
     /// TLS certificate is not trusted, a bootstrap host does not resolve. The session then ends
     /// with this error (not transient: an operator must fix the configuration), nothing

@@ -69,8 +69,16 @@ async fn one_large_transaction(events: i64, tune: impl FnOnce(RelayConfig) -> Re
         log_tail(&log)
     );
     let metrics = Metrics::scrape(&addr).await.expect("/metrics");
-    assert_eq!(metrics.sum("outbox_relay_reconnects_total"), 0.0, "no session restarted");
-    assert_eq!(metrics.sum("outbox_relay_events_failed_total"), 0.0, "no delivery failed");
+    assert_eq!(
+        metrics.sum("outbox_relay_reconnects_total"),
+        0.0,
+        "no session restarted"
+    );
+    assert_eq!(
+        metrics.sum("outbox_relay_events_failed_total"),
+        0.0,
+        "no delivery failed"
+    );
     assert_eq!(
         metrics.sum("outbox_relay_events_received_total"),
         events as f64,
@@ -95,8 +103,7 @@ fn log_tail(log: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_transaction_larger_than_the_producer_queue_is_delivered_once_without_a_replay() {
     one_large_transaction(30_000, |c| {
-        c.max_in_flight(1_000)
-            .kafka("queue.buffering.max.messages", "1001")
+        c.max_in_flight(1_000).kafka("queue.buffering.max.messages", "1001")
     })
     .await;
 }

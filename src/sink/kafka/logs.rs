@@ -106,6 +106,15 @@ impl ClientLog {
         Some(fatal)
     }
 
+    /// librdkafka said every broker is down and none ever acknowledged a record of this
+    /// client: the latest global error (for `Sink::unreachable`).
+    pub(crate) fn unreachable(&self) -> Option<String> {
+        if self.acknowledged.load(Ordering::Relaxed) || !self.all_down.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.last_error()
+    }
+
     /// The latest global error (for `Sink::complaint`).
     pub(crate) fn last_error(&self) -> Option<String> {
         self.last_error.lock().ok().and_then(|l| l.clone())
@@ -183,11 +192,14 @@ mod tests {
         let log = ClientLog::default();
         log.error(&global(RDKafkaErrorCode::Resolve), "Failed to resolve 'nohost:9092'");
         assert!(log.verdict().is_none(), "one unresolvable host while others may answer");
+        assert!(log.unreachable().is_none(), "not every broker is down yet");
         log.error(&global(RDKafkaErrorCode::AllBrokersDown), "1/1 brokers are down");
+        assert!(log.unreachable().is_some_and(|u| u.contains("1/1 brokers are down")));
         let v = log.verdict().expect("nothing answers and the host does not resolve");
         assert!(!v.transient && v.cause.contains("bootstrap.servers"), "{}", v.cause);
         log.acknowledged();
         assert!(log.verdict().is_none(), "a broker answered: a DNS hiccup, not a typo");
+        assert!(log.unreachable().is_none(), "a broker answered");
         // A refusal after it replaces it, and counts whatever answered before.
         log.error(&global(RDKafkaErrorCode::Authentication), "SASL authentication error");
         let v = log.verdict().expect("credentials refused");

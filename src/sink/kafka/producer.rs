@@ -294,6 +294,8 @@ pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
     stop: Arc<AtomicBool>,
     /// Topics whose partitions' logs exist (`ready.rs`: checked before the first record).
     ready: ReadyTopics,
+    /// `bootstrap.servers`, for [`Sink::unreachable`].
+    bootstrap: String,
 }
 
 impl<Tag: Send + Sync + 'static> Drop for Publisher<Tag> {
@@ -372,6 +374,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 producer,
                 stop,
                 ready: ReadyTopics::default(),
+                bootstrap: props.0.get("bootstrap.servers").cloned().unwrap_or_default(),
             },
             rx,
         ))
@@ -448,13 +451,22 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         self.producer.context().log.last_error()
     }
 
+    fn unreachable(&self) -> Option<String> {
+        let cause = self.producer.context().log.unreachable()?;
+        Some(format!(
+            "no broker of bootstrap.servers = {:?} answers ({cause})",
+            self.bootstrap
+        ))
+    }
+
     fn verdict(&self) -> Option<SinkError> {
         self.producer.context().log.verdict()
     }
 }
 
 /// What a record librdkafka's full queue did not take waits for.
-const QUEUE_FULL: &str = "librdkafka's local queue is full (queue.buffering.max.messages, queue.buffering.max.kbytes); \
+const QUEUE_FULL: &str =
+    "librdkafka's local queue is full (queue.buffering.max.messages, queue.buffering.max.kbytes); \
                           the record is handed over again once delivery reports free room";
 
 /// The caller's in-flight budget: what it may have handed over and not yet seen completed.
@@ -485,11 +497,18 @@ fn queue_limits(props: &KafkaProperties, budget: Budget) -> Vec<(&'static str, S
     let mut limits = Vec::new();
     if !props.0.contains_key("queue.buffering.max.messages") {
         let batch = get("batch.num.messages").unwrap_or(DEFAULT_BATCH_NUM_MESSAGES);
-        limits.push(("queue.buffering.max.messages", budget.events.saturating_add(batch).to_string()));
+        limits.push((
+            "queue.buffering.max.messages",
+            budget.events.saturating_add(batch).to_string(),
+        ));
     }
     if !props.0.contains_key("queue.buffering.max.kbytes") {
         let batch = get("batch.size").unwrap_or(DEFAULT_BATCH_SIZE);
-        let kbytes = budget.bytes.saturating_add(batch).div_ceil(1024).max(DEFAULT_QUEUE_KBYTES);
+        let kbytes = budget
+            .bytes
+            .saturating_add(batch)
+            .div_ceil(1024)
+            .max(DEFAULT_QUEUE_KBYTES);
         // librdkafka's upper bound for the property.
         limits.push(("queue.buffering.max.kbytes", kbytes.min(i32::MAX as usize).to_string()));
     }
@@ -595,7 +614,10 @@ mod tests {
         let mut raw = BTreeMap::from([("bootstrap.servers".to_owned(), value(&cluster.bootstrap_servers()))]);
         raw.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), value(v))));
         let props = KafkaProperties::validate(raw).expect("properties");
-        let budget = Budget { events: 100, bytes: 1 << 20 };
+        let budget = Budget {
+            events: 100,
+            bytes: 1 << 20,
+        };
         let (sink, mut rx) = Publisher::<u32>::create(&props, budget).expect("producer");
         send(&sink, b"warm", 0);
         assert!(next(&mut rx).1.is_ok());
@@ -778,7 +800,10 @@ mod tests {
         };
         let limits = queue_limits(&props(&[]), budget);
         assert_eq!(limits[0], ("queue.buffering.max.messages", "20000".to_owned()));
-        assert_eq!(limits[1], ("queue.buffering.max.kbytes", DEFAULT_QUEUE_KBYTES.to_string()));
+        assert_eq!(
+            limits[1],
+            ("queue.buffering.max.kbytes", DEFAULT_QUEUE_KBYTES.to_string())
+        );
         let big = Budget {
             events: 10,
             bytes: 2 << 30,
@@ -786,7 +811,10 @@ mod tests {
         let limits = queue_limits(&props(&[("batch.num.messages", "500"), ("batch.size", "1024")]), big);
         assert_eq!(limits[0], ("queue.buffering.max.messages", "510".to_owned()));
         assert_eq!(limits[1], ("queue.buffering.max.kbytes", ((2 << 20) + 1).to_string()));
-        let user = props(&[("queue.buffering.max.messages", "7"), ("queue.buffering.max.kbytes", "9")]);
+        let user = props(&[
+            ("queue.buffering.max.messages", "7"),
+            ("queue.buffering.max.kbytes", "9"),
+        ]);
         assert!(queue_limits(&user, budget).is_empty());
     }
 
@@ -804,8 +832,17 @@ mod tests {
         let refusal = sink
             .send(Handover::of(&record(b"k", b"4")), Box::new(4))
             .expect_err("the queue holds three");
-        assert_eq!((*refusal.tag, refusal.failure.kind), (4, FailureKind::Full), "{}", refusal.failure);
-        assert!(refusal.failure.cause.contains("queue.buffering.max.messages"), "{}", refusal.failure);
+        assert_eq!(
+            (*refusal.tag, refusal.failure.kind),
+            (4, FailureKind::Full),
+            "{}",
+            refusal.failure
+        );
+        assert!(
+            refusal.failure.cause.contains("queue.buffering.max.messages"),
+            "{}",
+            refusal.failure
+        );
         let mut tag = refusal.tag;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {

@@ -341,6 +341,10 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for TransactionalPublisher<Tag> {
         self.inner.complaint()
     }
 
+    fn unreachable(&self) -> Option<String> {
+        self.inner.unreachable()
+    }
+
     fn verdict(&self) -> Option<SinkError> {
         self.inner.verdict()
     }
