@@ -496,10 +496,9 @@ fn queue_limits(props: &KafkaProperties, budget: Budget) -> Vec<(&'static str, S
     let get = |key: &str| props.0.get(key).and_then(|v| v.trim().parse::<usize>().ok());
     let mut limits = Vec::new();
     if !props.0.contains_key("queue.buffering.max.messages") {
-        let batch = get("batch.num.messages").unwrap_or(DEFAULT_BATCH_NUM_MESSAGES);
         limits.push((
             "queue.buffering.max.messages",
-            budget.events.saturating_add(batch).to_string(),
+            queue_messages(props, budget.events).to_string(),
         ));
     }
     if !props.0.contains_key("queue.buffering.max.kbytes") {
@@ -513,6 +512,35 @@ fn queue_limits(props: &KafkaProperties, budget: Budget) -> Vec<(&'static str, S
         limits.push(("queue.buffering.max.kbytes", kbytes.min(i32::MAX as usize).to_string()));
     }
     limits
+}
+
+/// The queue's message limit for a budget of `events` ([`queue_limits`]).
+fn queue_messages(props: &KafkaProperties, events: usize) -> usize {
+    let batch = props
+        .0
+        .get("batch.num.messages")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(DEFAULT_BATCH_NUM_MESSAGES);
+    events.saturating_add(batch)
+}
+
+/// `run`'s start warning when the user's `queue.buffering.max.messages` holds less than
+/// `relay.max_in_flight` and one produce batch: not wrong, but the relay then waits on it.
+pub(super) fn small_queue_note(props: &KafkaProperties, max_in_flight: usize) -> Option<String> {
+    let set = props
+        .0
+        .get("queue.buffering.max.messages")?
+        .trim()
+        .parse::<usize>()
+        .ok()?;
+    let needed = queue_messages(props, max_in_flight);
+    (set < needed).then(|| {
+        format!(
+            "[kafka] queue.buffering.max.messages = {set} holds less than relay.max_in_flight + batch.num.messages \
+             ({needed}): when it fills, the relay waits for room (nothing fails, nothing is replayed), so throughput \
+             may be lower. Remove the key and the relay sizes the queue itself"
+        )
+    })
 }
 
 /// The cause a record handed over after a failed delivery fails with.
