@@ -340,12 +340,13 @@ fn tick(
             .then(|| now_unix_us() - (progress.seconds_behind * 1e6) as i64),
         retained_wal_bytes: ctx.health.retained_wal_bytes(),
     };
-    ctx.broker.unheard_at_start(sink_name, || state.sink_unreachable());
     ctx.broker
         .tick(std::time::Instant::now(), &waiting, sink_name, state.sink_complaint());
     if let Some(fatal) = state.sink_verdict() {
         return Err(RelayError::Sink(fatal));
     }
+    // After the verdict: a sink that waiting cannot mend is not said to be retried.
+    ctx.broker.unheard_at_start(sink_name, || state.sink_unreachable());
     show_hold(state, ctx);
     // Sink transactions: a unit that reached its age is sealed even if reads go on.
     state.seal_if_due(false)
