@@ -45,6 +45,8 @@ pub(crate) struct SectionContext<'a> {
     pub(crate) dead_letter_topic: Option<&'a str>,
     /// `relay.status_interval_ms`: what a sink's client timeouts must leave room for.
     pub(crate) status_interval: Duration,
+    /// `relay.max_in_flight`: what a sink's own queue should hold.
+    pub(crate) max_in_flight: usize,
 }
 
 impl<'a> SectionContext<'a> {
@@ -56,6 +58,7 @@ impl<'a> SectionContext<'a> {
                 _ => None,
             },
             status_interval: relay.status_interval,
+            max_in_flight: relay.max_in_flight,
         }
     }
 }

@@ -273,11 +273,14 @@ impl Default for SessionMetrics {
 }
 
 impl SessionMetrics {
-    /// An event was routed to `topic`: counts it and returns the id its delivery tag carries.
-    pub(crate) fn received(&mut self, topic: &str) -> TopicId {
-        let id = self.topics.id(topic);
+    /// The id a delivery tag of an event routed to `topic` carries.
+    pub(crate) fn topic(&mut self, topic: &str) -> TopicId {
+        self.topics.id(topic)
+    }
+
+    /// An event routed to the topic `id` was handed to the sink: counts it.
+    pub(crate) fn received(&self, id: TopicId) {
         self.topics.received(id);
-        id
     }
 
     /// Kafka acknowledged an event of a transaction committed at `commit_unix_us`.

@@ -318,14 +318,13 @@ async fn publish_and_await(
         if event.has_invalid_traceparent() {
             crate::ops::metrics::count_invalid_traceparent();
         }
-        if let Err(mut refusal) = out.publisher.send(
-            Handover::of(&record),
-            Box::new(BatchTag {
-                batch,
-                created_unix_us: event.timestamp_ms.map(|ms| ms.saturating_mul(1000)),
-                span,
-            }),
-        ) {
+        let tag = Box::new(BatchTag {
+            batch,
+            created_unix_us: event.timestamp_ms.map(|ms| ms.saturating_mul(1000)),
+            span,
+        });
+        // A full sink queue is waited out (backpressure), never a failed batch.
+        if let Err(mut refusal) = crate::sink::send_waiting(out.publisher, Handover::of(&record), tag).await {
             if let (Some(span), Some(tracer)) = (refusal.tag.span.take(), out.tracer) {
                 tracer.end(*span, Some(refusal.failure.cause.clone()));
             }

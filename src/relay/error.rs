@@ -119,6 +119,21 @@ pub enum RelayError {
     },
     #[error("{0}")]
     Sink(#[source] SinkError),
+    /// A shutdown's drain ran out of `relay.shutdown_timeout_ms` with records unacknowledged.
+    #[error(
+        "shutdown incomplete: {in_flight} event(s) handed to {sink} were not acknowledged within \
+         relay.shutdown_timeout_ms ({timeout_ms} ms). Nothing is lost: slot {slot:?} was confirmed only up to \
+         {confirmed}, and everything before it is in {sink}; the next start replays from there (consumers \
+         deduplicate on the id header). If {sink} was reachable, raise relay.shutdown_timeout_ms to let a drain \
+         finish"
+    )]
+    Undrained {
+        sink: &'static str,
+        slot: String,
+        in_flight: usize,
+        confirmed: Lsn,
+        timeout_ms: u64,
+    },
     /// The configuration asks for what the sink cannot do (`setup` refuses it too).
     #[error(transparent)]
     Refused(#[from] crate::sink::StartRefusal),
@@ -228,7 +243,8 @@ impl RelayError {
             | RelayError::Stream(_)
             | RelayError::Internal(_)
             | RelayError::StreamThread(_)
-            | RelayError::Tracing(_) => false,
+            | RelayError::Tracing(_)
+            | RelayError::Undrained { .. } => false,
         }
     }
 

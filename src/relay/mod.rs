@@ -199,6 +199,8 @@ async fn supervise(
                 info!(slot = %settings.postgres.slot, "relay stopped");
                 return Ok(());
             }
+            // Not "fatal": the caller says it once, and exits non-zero.
+            Ok(SessionEnd::Undrained(e)) => return Err(e),
             Err(e) if e.is_slot_busy() => {
                 let holder = e.slot_holder().unwrap_or_default();
                 let delay = standby.on_busy(settings, ctx, &holder).await;

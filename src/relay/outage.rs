@@ -10,6 +10,10 @@
 //! lasted, how many sessions were restarted meanwhile). It lives across sessions: a session
 //! that fails during the outage (a delivery timed out) and its replay belong to the same outage.
 //!
+//! Before that, from the first status tick until the broker is first heard, a sink that says it
+//! reaches no broker at all (`Sink::unreachable`: Kafka's "all brokers are down" before any
+//! acknowledgement) is said at once, with the addresses, whether or not events wait.
+//!
 //! **PostgreSQL** ([`Reconnects`]): the first [`LOUD_ATTEMPTS`] failed sessions in a row are
 //! WARNs, as before; after that a WARN summary every [`SUMMARY_EVERY`] (attempts, how long,
 //! the last error) and DEBUG in between; one INFO once a session streams again.
@@ -51,12 +55,24 @@ enum BrokerState {
     },
 }
 
+/// Whether the broker was heard since the process started ([`BrokerWatch::unheard_at_start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstWord {
+    /// Nothing acknowledged yet, nothing said.
+    Awaited,
+    /// The sink said it reaches no broker, and the log said so.
+    SaidUnreachable,
+    /// A record was acknowledged.
+    Heard,
+}
+
 /// The broker's side; see the module docs.
 #[derive(Debug)]
 pub(crate) struct BrokerWatch {
     /// The last acknowledgement, or the moment events started waiting after a quiet spell.
     last_progress: Instant,
     state: BrokerState,
+    first_word: FirstWord,
 }
 
 impl Default for BrokerWatch {
@@ -64,6 +80,7 @@ impl Default for BrokerWatch {
         BrokerWatch {
             last_progress: Instant::now(),
             state: BrokerState::Acknowledging,
+            first_word: FirstWord::Awaited,
         }
     }
 }
@@ -74,8 +91,28 @@ impl BrokerWatch {
         matches!(self.state, BrokerState::Stalled { .. })
     }
 
+    /// Once per status interval until the broker was first heard: a sink that reaches no
+    /// broker (`unreachable`, the sink's words naming the addresses) is said at once — whether
+    /// or not events wait — with what it means: the relay retries, nothing is lost.
+    pub(crate) fn unheard_at_start(&mut self, sink: &str, unreachable: impl FnOnce() -> Option<String>) {
+        if self.first_word != FirstWord::Awaited {
+            return;
+        }
+        let Some(cause) = unreachable() else { return };
+        warn!(
+            sink,
+            "{sink} is unreachable: {cause}. The relay keeps retrying on its own, and nothing is lost: events wait \
+             in the WAL, which the slot keeps until {sink} acknowledges them"
+        );
+        self.first_word = FirstWord::SaidUnreachable;
+    }
+
     /// The broker acknowledged a record.
     pub(crate) fn acknowledged(&mut self, now: Instant, sink: &str) {
+        if self.first_word == FirstWord::SaidUnreachable && !self.stalled() {
+            info!(sink, "{sink} is reachable: it acknowledged the first events");
+        }
+        self.first_word = FirstWord::Heard;
         self.last_progress = now;
         if let BrokerState::Stalled {
             since,
@@ -283,6 +320,23 @@ mod tests {
         w.session_started(t0 + Duration::from_secs(70));
         w.tick(t0 + Duration::from_secs(72), &waiting(4), "Kafka", None);
         assert!(!w.stalled());
+    }
+
+    #[test]
+    fn an_unreachable_sink_is_said_once_until_it_is_first_heard() {
+        let mut w = BrokerWatch::default();
+        w.unheard_at_start("Kafka", || None);
+        assert_eq!(
+            w.first_word,
+            FirstWord::Awaited,
+            "nothing to say while the client can tell nothing"
+        );
+        w.unheard_at_start("Kafka", || Some("no broker of bootstrap.servers answers".into()));
+        assert_eq!(w.first_word, FirstWord::SaidUnreachable);
+        w.unheard_at_start("Kafka", || panic!("said once: not asked again"));
+        w.acknowledged(Instant::now(), "Kafka");
+        assert_eq!(w.first_word, FirstWord::Heard);
+        w.unheard_at_start("Kafka", || panic!("heard: never asked again"));
     }
 
     #[test]

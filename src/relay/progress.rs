@@ -28,12 +28,17 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    /// An event of the transaction committed at `commit_lsn` was routed to `topic` and is being
-    /// handed to the sink: remembers its commit time for the lag, and returns the topic id its
-    /// delivery tag must carry.
-    pub(crate) fn sent(&mut self, topic: &str, commit_lsn: Lsn, commit_unix_us: i64) -> TopicId {
+    /// The id a delivery tag of an event routed to `topic` carries (nothing counted yet).
+    pub(crate) fn topic(&mut self, topic: &str) -> TopicId {
+        self.metrics.topic(topic)
+    }
+
+    /// An event of the transaction committed at `commit_lsn`, routed to `topic`, was handed to
+    /// the sink (taken or refused, not waiting for room): counted, and its commit time kept
+    /// for the lag.
+    pub(crate) fn sent(&mut self, topic: TopicId, commit_lsn: Lsn, commit_unix_us: i64) {
         self.lag.event_sent(commit_lsn, commit_unix_us);
-        self.metrics.received(topic)
+        self.metrics.received(topic);
     }
 
     /// One delivery report, for the per-topic counters and the commit-to-ack histogram.

@@ -103,6 +103,18 @@ pub(super) enum Published {
     Done,
     /// The delivery guarantee needs a read-back first: publish it again afterwards.
     Wait,
+    /// The sink's queue is full (backpressure): nothing of the event was sent; publish it
+    /// again once room frees, before anything else.
+    Full,
+}
+
+/// What the sink did with one record handed to it.
+enum Handed {
+    Taken,
+    /// Its queue had no room: nothing was queued or counted.
+    Full,
+    /// Not taken, for this reason (the span ended with it).
+    Failed(SinkFailure),
 }
 
 /// Where the step is, as far as sending goes.
@@ -162,6 +174,8 @@ pub(super) struct Publish<'s> {
     txn_meta: TxnMeta,
     /// `[tracing]`: set when spans are exported.
     tracer: Option<Tracer>,
+    /// The sink had no room for the last record ([`Publish::waiting_for_room`]).
+    full: bool,
 }
 
 impl<'s> Publish<'s> {
@@ -183,6 +197,7 @@ impl<'s> Publish<'s> {
             phase: Phase::Streaming,
             txn_meta: TxnMeta::default(),
             tracer,
+            full: false,
         }
     }
 
@@ -212,6 +227,11 @@ impl<'s> Publish<'s> {
         self.sink.complaint()
     }
 
+    /// The sink's word that it has reached no broker yet (`Sink::unreachable`).
+    pub(super) fn sink_unreachable(&self) -> Option<String> {
+        self.sink.unreachable()
+    }
+
     /// The sink's word that waiting cannot help (`Sink::verdict`).
     pub(super) fn sink_verdict(&self) -> Option<SinkError> {
         self.sink.verdict()
@@ -239,11 +259,15 @@ impl<'s> Publish<'s> {
 
     /// `[transactions]`: the END marker of the transaction `ticket` stands for, a record of it
     /// sent before the watermark learns it is complete.
-    pub(super) fn end_transaction(&mut self, ticket: TxnTicket, a: &mut Accounts<'_>) -> Result<(), RelayError> {
+    /// `Published::Full`: the sink had no room for the marker; the Commit is handed on again.
+    pub(super) fn end_transaction(&mut self, ticket: TxnTicket, a: &mut Accounts<'_>) -> Result<Published, RelayError> {
         if let Some(ended) = self.txn_meta.end() {
-            self.send_marker(ticket, &ended, Marker::End, a)?;
+            if self.send_marker(ticket, &ended, Marker::End, a)? == Published::Full {
+                self.txn_meta.end_marker_not_sent(ended);
+                return Ok(Published::Full);
+            }
         }
-        Ok(())
+        Ok(Published::Done)
     }
 
     /// The step: one decoded event (`decode.rs`) extracted, routed and handed to the sink — or
@@ -376,11 +400,14 @@ impl<'s> Publish<'s> {
             }
             None => {}
         }
-        let record = self.with_transaction_meta(txn, txn_index, record, a)?;
+        let Some(record) = self.with_transaction_meta(txn, txn_index, record, a)? else {
+            return Ok(Published::Full);
+        };
         let span = span.map(|s| with_partition(s, record.partition));
         match self.send(txn, &record, TagKind::Record, span, a)? {
-            None => Ok(Published::Done),
-            Some(failure) if failure.is_refusal() => self.bad_event(
+            Handed::Taken => Ok(Published::Done),
+            Handed::Full => Ok(Published::Full),
+            Handed::Failed(failure) if failure.is_refusal() => self.bad_event(
                 txn,
                 &event.id,
                 BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause),
@@ -388,7 +415,7 @@ impl<'s> Publish<'s> {
                 false,
                 a,
             ),
-            Some(failure) => Err(delivery_failed(
+            Handed::Failed(failure) => Err(delivery_failed(
                 self.settings.sink.broker_name(),
                 failure,
                 txn.commit_lsn(),
@@ -411,23 +438,27 @@ impl<'s> Publish<'s> {
     }
 
     /// `[transactions]`: the BEGIN marker before a transaction's first sent event, and the
-    /// event's transaction headers (`transaction_meta.rs`).
+    /// event's transaction headers (`transaction_meta.rs`). `None`: the sink had no room for
+    /// the marker (the event is published again, and the marker with it).
     fn with_transaction_meta<'r>(
         &mut self,
         txn: &TxnEvent,
         txn_index: Option<u32>,
         mut record: SinkRecord<'r>,
         a: &mut Accounts<'_>,
-    ) -> Result<SinkRecord<'r>, RelayError> {
+    ) -> Result<Option<SinkRecord<'r>>, RelayError> {
         let Some(meta) = &self.settings.transactions else {
-            return Ok(record);
+            return Ok(Some(record));
         };
         let Some(index) = txn_index else {
-            return Ok(record);
+            return Ok(Some(record));
         };
         if meta.topic.is_some() {
             if let Some(open) = self.txn_meta.begin_marker_due().cloned() {
-                self.send_marker(txn.ticket, &open, Marker::Begin, a)?;
+                if self.send_marker(txn.ticket, &open, Marker::Begin, a)? == Published::Full {
+                    self.txn_meta.begin_marker_not_sent();
+                    return Ok(None);
+                }
             }
         }
         if meta.headers {
@@ -437,20 +468,21 @@ impl<'s> Publish<'s> {
                 record.headers = Cow::Owned(headers);
             }
         }
-        Ok(record)
+        Ok(Some(record))
     }
 
     /// Sends a BEGIN or END marker of `open` as a record of its transaction (`ticket`): counted
     /// in the watermark like an event, so the transaction confirms only once it is acknowledged.
+    /// `Published::Full`: the sink had no room for it.
     fn send_marker(
         &mut self,
         ticket: TxnTicket,
         open: &OpenTxn,
         marker: Marker,
         a: &mut Accounts<'_>,
-    ) -> Result<(), RelayError> {
+    ) -> Result<Published, RelayError> {
         let Some(topic) = self.settings.transactions.as_ref().and_then(|m| m.topic.as_deref()) else {
-            return Ok(());
+            return Ok(Published::Done);
         };
         let id = open.id();
         let commit_lsn = open.commit_lsn();
@@ -480,13 +512,15 @@ impl<'s> Publish<'s> {
             event: EventRef { commit_lsn, seq },
         };
         match self.send(&txn, &record, TagKind::Record, None, a)? {
-            None => Ok(()),
-            Some(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
+            Handed::Taken => Ok(Published::Done),
+            Handed::Full => Ok(Published::Full),
+            Handed::Failed(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
         }
     }
 
-    /// Hands a record to the sink; `Some(failure)` when it refused it (nothing was counted then;
-    /// `span` ended with the refusal).
+    /// Hands a record to the sink ([`Handed`]): taken, no room (nothing counted, the span
+    /// dropped: the retry starts its own), or refused (nothing in flight; `span` ended with the
+    /// refusal).
     fn send(
         &mut self,
         txn: &TxnEvent,
@@ -494,11 +528,9 @@ impl<'s> Publish<'s> {
         kind: TagKind,
         span: Option<Box<ProducerSpan>>,
         a: &mut Accounts<'_>,
-    ) -> Result<Option<SinkFailure>, RelayError> {
+    ) -> Result<Handed, RelayError> {
         let bytes = record.size();
-        let topic = a
-            .progress
-            .sent(&record.destination, txn.commit_lsn(), txn.commit_time_unix_us);
+        let topic = a.progress.topic(&record.destination);
         let tag = Box::new(DeliveryTag {
             ticket: txn.ticket,
             bytes,
@@ -516,15 +548,20 @@ impl<'s> Publish<'s> {
             .with_extra(extra)
             .with_dedup_key(stamp.dedup_key.as_deref());
         let sent = self.sink.send(handover, tag);
+        if matches!(&sent, Err(refusal) if refusal.failure.is_full()) {
+            self.full = true;
+            return Ok(Handed::Full);
+        }
+        a.progress.sent(topic, txn.commit_lsn(), txn.commit_time_unix_us);
         if let Err(mut refusal) = sent {
             a.progress.delivered(&refusal.tag, false);
             self.end_span(&mut refusal.tag, Some(&refusal.failure));
-            return Ok(Some(refusal.failure));
+            return Ok(Handed::Failed(refusal.failure));
         }
         a.durability.sent(txn.ticket, bytes)?;
         a.guarantee.sent(txn.commit_lsn(), a.durability);
         a.progress.counts.events_sent += 1;
-        Ok(None)
+        Ok(Handed::Taken)
     }
 
     /// Applies `relay.on_bad_event` to an event that can never be published. `may_wait`: the
@@ -553,10 +590,36 @@ impl<'s> Publish<'s> {
                 Verdict::Wait => return Ok(Published::Wait),
             }
         }
-        counter!(BAD_EVENTS, "policy" => policy.label(), "cause" => cause.label()).increment(1);
-        a.progress.counts.bad_events += 1;
         let id_text = String::from_utf8_lossy(id);
         let commit_lsn = txn.commit_lsn();
+        // Handed over before it is counted and logged: a sink with no room for it makes the
+        // event come back (`Published::Full`), and it is counted then.
+        let dead_letter = match policy {
+            BadEventPolicy::DeadLetter { topic } => {
+                let record = raw.dead_letter(topic, id, commit_lsn, &cause, &self.limits);
+                match self.send(txn, &record, TagKind::DeadLetter, None, a)? {
+                    Handed::Taken => Some(topic),
+                    Handed::Full => return Ok(Published::Full),
+                    Handed::Failed(failure) => {
+                        return Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn))
+                    }
+                }
+            }
+            _ => None,
+        };
+        counter!(BAD_EVENTS, "policy" => policy.label(), "cause" => cause.label()).increment(1);
+        a.progress.counts.bad_events += 1;
+        if let Some(topic) = dead_letter {
+            warn!(
+                id = %id_text,
+                commit_lsn = %commit_lsn,
+                source = %raw.source,
+                cause = %cause,
+                dead_letter_topic = %topic,
+                "dead-lettering a bad outbox event (relay.on_bad_event = \"dead-letter\")"
+            );
+            return Ok(Published::Done);
+        }
         match policy {
             BadEventPolicy::Fail => Err(RelayError::BadEvent {
                 id: id_text.into_owned(),
@@ -573,27 +636,16 @@ impl<'s> Publish<'s> {
                 );
                 Ok(Published::Done)
             }
-            BadEventPolicy::DeadLetter { topic } => {
-                let record = raw.dead_letter(topic, id, commit_lsn, &cause, &self.limits);
-                warn!(
-                    id = %id_text,
-                    commit_lsn = %commit_lsn,
-                    source = %raw.source,
-                    cause = %cause,
-                    dead_letter_topic = %topic,
-                    "dead-lettering a bad outbox event (relay.on_bad_event = \"dead-letter\")"
-                );
-                match self.send(txn, &record, TagKind::DeadLetter, None, a)? {
-                    None => Ok(Published::Done),
-                    Some(failure) => Err(delivery_failed(self.settings.sink.broker_name(), failure, commit_lsn)),
-                }
-            }
+            // Handed over above.
+            BadEventPolicy::DeadLetter { .. } => Ok(Published::Done),
         }
     }
 
     /// One delivery report of a record this step sent: the watermark step settles it, and a
     /// failure is a suspect's verdict, a new suspect, or a plain failure (module docs).
     pub(super) fn on_delivery(&mut self, delivery: Delivery, a: &mut Accounts<'_>) -> Result<(), RelayError> {
+        // A report frees room in the sink's queue.
+        self.full = false;
         let mut tag = delivery.tag;
         a.progress.delivered(&tag, delivery.outcome.is_ok());
         self.end_span(&mut tag, delivery.outcome.as_ref().err());
@@ -645,6 +697,20 @@ impl<'s> Publish<'s> {
             }
             let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause);
             return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a) {
+                // No room for its dead letter: replayed (then sent alone again), never
+                // acknowledged without it.
+                Ok(Published::Full) => {
+                    a.durability.failed(tag.ticket, tag.bytes)?;
+                    Err(RelayError::DeliveryFailed {
+                        sink: self.settings.sink.broker_name(),
+                        failure: Box::new(SinkFailure {
+                            kind: crate::sink::FailureKind::Transient,
+                            cause: format!("no room in the sink's queue for the dead letter of: {}", failure.cause),
+                            ..failure
+                        }),
+                        commit_lsn: tag.commit_lsn,
+                    })
+                }
                 // Skipped, or replaced by its dead letter (counted in flight by now); it
                 // cannot wait (`may_wait` is false).
                 Ok(_) => Ok(a.durability.acknowledged(tag.ticket, tag.bytes)?),
@@ -685,6 +751,7 @@ impl<'s> Publish<'s> {
     }
 
     /// Sends the held suspect once nothing else is in flight (so it travels in a batch of its own).
+    /// A sink with no room for it keeps it held ([`Publish::retry_room`] comes back to it).
     fn release_held(&mut self, a: &mut Accounts<'_>) -> Result<(), RelayError> {
         let Phase::Holding(held) = &self.phase else {
             return Ok(());
@@ -704,42 +771,59 @@ impl<'s> Publish<'s> {
         let settings = self.settings;
         let (span, traced) = self.start_span(&held.txn, &held.event).unzip();
         let event = traced.as_ref().unwrap_or(&held.event);
-        let record = match event.record(settings, &self.limits) {
-            Ok(record) => record,
+        let settled = |published: Published| published != Published::Full;
+        let sent = match event.record(settings, &self.limits) {
             // It was routed before it was held, and routing depends on nothing else.
             Err(cause) => {
-                return self
-                    .bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a)
-                    .map(drop)
+                settled(self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a)?).then_some(false)
             }
+            Ok(record) => match self.with_transaction_meta(&held.txn, held.txn_index, record, a)? {
+                None => None,
+                Some(record) => {
+                    let span = span.map(|s| with_partition(s, record.partition));
+                    match self.send(&held.txn, &record, TagKind::Record, span, a)? {
+                        Handed::Taken => Some(true),
+                        Handed::Full => None,
+                        Handed::Failed(failure) if failure.is_refusal() => {
+                            let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause);
+                            settled(self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a)?)
+                                .then_some(false)
+                        }
+                        Handed::Failed(failure) => {
+                            return Err(delivery_failed(
+                                self.settings.sink.broker_name(),
+                                failure,
+                                held.txn.commit_lsn(),
+                            ))
+                        }
+                    }
+                }
+            },
         };
-        let record = self.with_transaction_meta(&held.txn, held.txn_index, record, a)?;
-        let span = span.map(|s| with_partition(s, record.partition));
-        let sent = self.send(&held.txn, &record, TagKind::Record, span, a)?;
-        drop(record);
         drop(traced);
         match sent {
-            None => {
-                held.sent = true;
+            // Settled by `relay.on_bad_event`: nothing is held any more.
+            Some(false) => {}
+            // Sent (its verdict is awaited), or not taken for want of room (sent again later).
+            Some(true) | None => {
+                held.sent = sent.is_some();
                 self.phase = Phase::Holding(held);
-                Ok(())
             }
-            Some(failure) if failure.is_refusal() => self
-                .bad_event(
-                    &held.txn,
-                    &held.event.id,
-                    BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause),
-                    &held.raw,
-                    false,
-                    a,
-                )
-                .map(drop),
-            Some(failure) => Err(delivery_failed(
-                self.settings.sink.broker_name(),
-                failure,
-                held.txn.commit_lsn(),
-            )),
         }
+        Ok(())
+    }
+
+    /// The sink answered that its queue is full ([`Published::Full`]): nothing more is sent
+    /// until a delivery report or [`retry_room`](Self::retry_room) says to try again.
+    pub(super) fn waiting_for_room(&self) -> bool {
+        self.full
+    }
+
+    /// Tries again after the sink had no room (a pause passed without a delivery report: the
+    /// client frees room on its own clock): the held suspect, if it was the one not taken.
+    pub(super) fn retry_room(&mut self, a: &mut Accounts<'_>) -> Result<(), RelayError> {
+        self.full = false;
+        self.release_held(a)
     }
 
     /// The suspects as they stand (unit tests).
@@ -888,6 +972,61 @@ mod tests {
                 assert_eq!(sink.pending(), 0);
             },
         );
+    }
+
+    /// Issue 44: a sink whose queue is full takes nothing, and nothing fails: the event it did
+    /// not take is first in line, reading pauses, and once a report freed room (or the retry
+    /// pause passed) the same event goes out — once, in order; the transaction's END marker
+    /// waits the same way, and the Commit with it.
+    #[test]
+    fn a_full_sink_queue_makes_the_stream_wait_and_hand_the_same_event_over_again() {
+        let settings = settings("[transactions]\ntopic = \"txns\"\n");
+        let mut suspects = Suspects::default();
+        let (mut state, sink, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+        let columns = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
+        let row = |id: &'static str| [Some(id), Some("agg"), Some("order.placed"), Some("{}"), None, None];
+        sink.capacity(Some(2));
+        state.on_frame(xlog(COMMITTED, &begin(0x500))).unwrap();
+        state
+            .on_frame(xlog(COMMITTED, &relation(OUTBOX, "public", "events_outbox", &columns)))
+            .unwrap();
+        // BEGIN marker and event 1 fill the queue; event 2 is not taken.
+        state.on_frame(xlog(COMMITTED, &insert(OUTBOX, &row("1")))).unwrap();
+        state.on_frame(xlog(COMMITTED, &insert(OUTBOX, &row("2")))).unwrap();
+        assert_eq!(sink.stored().len(), 2);
+        assert!(
+            state.is_full() && state.waiting_for_room(),
+            "reading pauses while the sink has no room"
+        );
+        state.work_backlog().unwrap();
+        assert_eq!(sink.stored().len(), 2, "nothing is retried before room frees");
+        // A report frees room: the same event goes out.
+        sink.deliver(1);
+        apply_all(&mut state, &mut completions).unwrap();
+        state.work_backlog().unwrap();
+        assert!(!state.is_full());
+        state.on_frame(xlog(COMMITTED, &commit(0x500, 0x510))).unwrap();
+        // The END marker finds no room: the Commit waits with it, nothing is confirmed.
+        assert!(state.waiting_for_room() && state.is_full());
+        state.retry_room().unwrap();
+        state.work_backlog().unwrap();
+        assert!(state.is_full(), "still no room after the pause");
+        sink.capacity(None);
+        state.retry_room().unwrap();
+        state.work_backlog().unwrap();
+        assert!(!state.is_full());
+        let ids: Vec<String> = sink
+            .stored()
+            .iter()
+            .map(|r| format!("{}:{}", r.destination, String::from_utf8_lossy(r.header("id").unwrap())))
+            .collect();
+        assert_eq!(ids.len(), 4, "BEGIN, 1, 2, END — each once: {ids:?}");
+        assert!(ids[1].ends_with(":1") && ids[2].ends_with(":2"), "{ids:?}");
+        assert!(ids[0].starts_with("txns:") && ids[3].starts_with("txns:"), "{ids:?}");
+        sink.deliver(3);
+        apply_all(&mut state, &mut completions).unwrap();
+        assert_eq!(state.confirmed(), Lsn(0x510));
+        assert_eq!(state.counts().events_sent, 4);
     }
 
     /// `[transactions] headers`: the frames of one transaction with an outbox row per type

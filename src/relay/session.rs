@@ -13,8 +13,11 @@
 //! 4. **delivery reports** — cheap, and they free in-flight capacity and advance the watermark;
 //! 5. **the guarantee's answers** (exactly-once by read-back) — a partition's tail arrived from
 //!    its thread; the event that waited for it is published (`guarantee/read_back.rs`);
-//! 6. **replication frames** — disabled while the in-flight budget is exhausted (backpressure:
-//!    TCP then pushes back on the walsender, which keeps answering our status updates).
+//! 6. **room in the sink** — the sink's own queue was full ([`FULL_RETRY`] after it said so,
+//!    unless a delivery report freed room first): what it did not take is handed over again;
+//! 7. **replication frames** — disabled while the in-flight budget is exhausted or the sink has
+//!    no room (backpressure: TCP then pushes back on the walsender, which keeps answering our
+//!    status updates).
 //!
 //! Reading a backlog, the loop also rests after a read emptied the socket, so frames and reports
 //! come in large batches (`receive.rs`).
@@ -60,11 +63,20 @@ use crate::postgres::replication::error::ReplicationError;
 use crate::sink::Completions;
 
 const DELIVERY_BATCH: usize = 4096;
+/// After the sink said its queue is full and no delivery report came since: when to try again.
+/// The client frees room as it serves reports, on its own clock, so a report alone is not a
+/// reliable signal (Kafka: a report's records are freed only after its last completion).
+const FULL_RETRY: Duration = Duration::from_millis(5);
 
 /// How a session ended without error.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum SessionEnd {
+    /// Shutdown, with everything handed over acknowledged.
     Shutdown,
+    /// Shutdown, the drain cut short by `relay.shutdown_timeout` ([`RelayError::Undrained`]):
+    /// nothing is lost (the slot was not confirmed past what was acknowledged), but the
+    /// process exits non-zero.
+    Undrained(RelayError),
 }
 
 pub(crate) async fn run_session(
@@ -169,14 +181,23 @@ pub(crate) async fn run_session(
     ctx.health.set_fence(None, 0.0);
     // Only a clean stop seals what is whole: after a failure the producer may be unusable.
     let seal_last = outcome.is_ok();
-    let last_confirmed = wind_down(state, &mut reader, &mut writer, &mut completions, wait, seal_last).await;
-    if last_confirmed.is_some() {
-        ctx.carried.last_confirmed_commit_unix_us = last_confirmed;
+    let wound = wind_down(state, &mut reader, &mut writer, &mut completions, wait, seal_last).await;
+    if wound.last_confirmed.is_some() {
+        ctx.carried.last_confirmed_commit_unix_us = wound.last_confirmed;
     }
     // Whatever was still in flight belongs to the abandoned producer and will be replayed.
     StreamGauges::default().set_idle();
     ctx.carried.suspects = suspects;
-    outcome
+    match outcome {
+        Ok(SessionEnd::Shutdown) if wound.unacknowledged > 0 => Ok(SessionEnd::Undrained(RelayError::Undrained {
+            sink: settings.sink.broker_name(),
+            slot: slot_name.to_owned(),
+            in_flight: wound.unacknowledged,
+            confirmed: wound.confirmed,
+            timeout_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        })),
+        other => other,
+    }
 }
 
 /// What a session checks and reads on its control connection before it streams: the slot
@@ -249,6 +270,7 @@ async fn stream(
         // new frame is read.
         state.work_backlog()?;
         let paused = state.is_full();
+        let no_room = state.waiting_for_room();
         if paused {
             // Not reading is deliberate: silence now says nothing about the server.
             silence.heard(Instant::now());
@@ -277,6 +299,7 @@ async fn stream(
                 on_deliveries(state, writer, &mut batch, ctx, sink_name).await?;
             }
             Some(answer) = next_answer(answers) => state.on_answer(answer)?,
+            _ = tokio::time::sleep(FULL_RETRY), if no_room => state.retry_room()?,
             frame = reader.next_frame(), if !paused => {
                 let Some(frame) = frame? else { return Err(ReplicationError::Closed.into()) };
                 silence.heard(Instant::now());
@@ -322,6 +345,8 @@ fn tick(
     if let Some(fatal) = state.sink_verdict() {
         return Err(RelayError::Sink(fatal));
     }
+    // After the verdict: a sink that waiting cannot mend is not said to be retried.
+    ctx.broker.unheard_at_start(sink_name, || state.sink_unreachable());
     show_hold(state, ctx);
     // Sink transactions: a unit that reached its age is sealed even if reads go on.
     state.seal_if_due(false)
@@ -392,8 +417,17 @@ async fn next_answer(answers: &mut Option<Answers>) -> Option<Answer> {
     }
 }
 
-/// Returns the commit time of the latest confirmed transaction with events (`None`: none this
-/// session).
+/// What a session's wind-down left.
+struct WoundDown {
+    /// Commit time of the latest confirmed transaction with events (`None`: none this session).
+    last_confirmed: Option<i64>,
+    /// Records handed over and never acknowledged: the wait ran out (replayed by the next
+    /// session or start).
+    unacknowledged: usize,
+    /// What the slot was confirmed to.
+    confirmed: crate::postgres::lsn::Lsn,
+}
+
 async fn wind_down(
     mut state: StreamState<'_>,
     reader: &mut FrameReader,
@@ -401,7 +435,7 @@ async fn wind_down(
     deliveries: &mut Completions<DeliveryTag>,
     wait: Duration,
     seal_last: bool,
-) -> Option<i64> {
+) -> WoundDown {
     let deadline = Instant::now() + wait;
     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
     // Sink transactions: a clean stop seals what is whole (a no-op otherwise), so the next start
@@ -424,6 +458,7 @@ async fn wind_down(
             }
         }
     }
+    let unacknowledged = state.in_flight();
     state.fold_latency();
     let sent = send_status(&mut state, writer, false).await;
     let counts = state.counts();
@@ -442,6 +477,7 @@ async fn wind_down(
         final_status_sent = sent.is_ok(),
         "stream stopped"
     );
+    let confirmed = state.confirmed();
     let sink = state.finish();
     // Awaited: the next session's sink must not start replaying while this one's requests
     // are still on the wire. Before the replication connection closes: once its walsender is
@@ -452,5 +488,9 @@ async fn wind_down(
         reader.finish(Duration::from_secs(2)).await;
     }
     writer.terminate().await;
-    last_confirmed
+    WoundDown {
+        last_confirmed,
+        unacknowledged,
+        confirmed,
+    }
 }

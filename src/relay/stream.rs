@@ -141,7 +141,8 @@ impl<'s> StreamState<'s> {
     /// Backpressure: stop reading WAL while this many events or bytes are unacknowledged, while
     /// the delivery guarantee holds sending (by default: as many events of committed
     /// transactions await confirmation — what a crash would replay), while a suspect is held
-    /// (`quarantine.rs`), and while an event waits for the guarantee's answer.
+    /// (`quarantine.rs`), while an event waits for the guarantee's answer, and while the sink's
+    /// own queue has no room (the event it did not take is handed over again first).
     pub(crate) fn is_full(&self) -> bool {
         self.sending_paused() || !self.backlog.is_empty()
     }
@@ -156,6 +157,7 @@ impl<'s> StreamState<'s> {
             )
             || self.publish.holding()
             || self.blocked.is_some()
+            || self.publish.waiting_for_room()
     }
 
     /// The in-flight budget (events or bytes) is used up.
@@ -255,6 +257,11 @@ impl<'s> StreamState<'s> {
         self.publish.sink_complaint()
     }
 
+    /// The sink's word that it has reached no broker yet.
+    pub(crate) fn sink_unreachable(&self) -> Option<String> {
+        self.publish.sink_unreachable()
+    }
+
     /// The sink's word that waiting cannot help.
     pub(crate) fn sink_verdict(&self) -> Option<SinkError> {
         self.publish.sink_verdict()
@@ -349,22 +356,32 @@ impl<'s> StreamState<'s> {
         Ok(FrameAction::Nothing)
     }
 
-    /// Publishes `pending`, or keeps it when the delivery guarantee makes it wait.
+    /// Publishes `pending`, or keeps it when the delivery guarantee makes it wait — or, when
+    /// the sink had no room for it, first in line for when room frees (nothing of it was sent).
     fn publish_or_block(&mut self, pending: Pending) -> Result<FrameAction, RelayError> {
         let (publish, mut accounts) = self.publishing();
-        if publish.event(&pending.txn, &pending.source, &mut accounts)? == Published::Wait {
-            self.blocked = Some(pending);
-            return Ok(FrameAction::Blocked);
+        match publish.event(&pending.txn, &pending.source, &mut accounts)? {
+            Published::Done => {}
+            Published::Wait => {
+                self.blocked = Some(pending);
+                return Ok(FrameAction::Blocked);
+            }
+            Published::Full => self.backlog.push_front(Deferred::Event(pending)),
         }
         Ok(FrameAction::Nothing)
     }
 
     /// The open transaction committed and its events were handed on: the durability contract
-    /// learns it.
+    /// learns it — once its END marker (`[transactions]`) was taken; until then the Commit is
+    /// first in line for when the sink has room.
     fn commit(&mut self, end_lsn: Lsn) -> Result<(), RelayError> {
-        let ticket = self.ticket.take().ok_or(StreamViolation::CommitWithoutBegin)?;
+        let ticket = self.ticket.ok_or(StreamViolation::CommitWithoutBegin)?;
         let (publish, mut accounts) = self.publishing();
-        publish.end_transaction(ticket, &mut accounts)?;
+        if publish.end_transaction(ticket, &mut accounts)? == Published::Full {
+            self.backlog.push_front(Deferred::Commit { end_lsn });
+            return Ok(());
+        }
+        self.ticket = None;
         self.durability.commit(ticket, end_lsn)?;
         self.progress.counts.transactions += 1;
         Ok(())
@@ -416,6 +433,20 @@ impl<'s> StreamState<'s> {
             }
         }
         Ok(FrameAction::Nothing)
+    }
+
+    /// The sink had no room for the last record handed over (its queue was full): the event
+    /// loop tries again after a pause, if no delivery report frees room first.
+    pub(crate) fn waiting_for_room(&self) -> bool {
+        self.publish.waiting_for_room()
+    }
+
+    /// The pause after a full queue passed: what the sink did not take is handed over again
+    /// (the backlog's first entry, at the next [`work_backlog`](Self::work_backlog), or the
+    /// held suspect, now).
+    pub(crate) fn retry_room(&mut self) -> Result<(), RelayError> {
+        let (publish, mut accounts) = self.publishing();
+        publish.retry_room(&mut accounts)
     }
 
     /// The delivery guarantee's answer arrived (a read-back): the kept event is published (and

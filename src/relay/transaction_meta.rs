@@ -128,6 +128,20 @@ impl TxnMeta {
         Some(open)
     }
 
+    /// The BEGIN marker [`begin_marker_due`](Self::begin_marker_due) gave was not taken (the
+    /// sink's queue was full): it is due again.
+    pub(crate) fn begin_marker_not_sent(&mut self) {
+        if let Some(open) = self.open.as_mut() {
+            open.begun = false;
+        }
+    }
+
+    /// The END marker of `ended` ([`end`](Self::end)) was not taken (the sink's queue was
+    /// full): the transaction is open again until its Commit is handed on once more.
+    pub(crate) fn end_marker_not_sent(&mut self, ended: OpenTxn) {
+        self.open = Some(ended);
+    }
+
     /// The open transaction, for its headers and markers.
     pub(crate) fn open(&self) -> Option<&OpenTxn> {
         self.open.as_ref()

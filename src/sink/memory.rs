@@ -42,6 +42,8 @@ struct State<Tag> {
     pending: VecDeque<Box<Tag>>,
     /// Refuse records to this destination in `send` (as a client refusing a name locally).
     refuse: Option<String>,
+    /// Answer [`FailureKind::Full`] while this many records are pending (a client's queue).
+    capacity: Option<usize>,
     abandoned: bool,
     /// Keys the caller released ([`Sink::release`]), in order, each with how many records the
     /// sink had taken by then.
@@ -68,6 +70,7 @@ pub(crate) fn memory<Tag: Send + 'static>() -> (MemorySink<Tag>, MemoryHandle<Ta
         stored: Vec::new(),
         pending: VecDeque::new(),
         refuse: None,
+        capacity: None,
         abandoned: false,
         released: Vec::new(),
         seals: Vec::new(),
@@ -92,6 +95,14 @@ impl<Tag: Send + 'static> Sink<Tag> for MemorySink<Tag> {
                 tag,
                 FailureKind::Refused,
                 "refused by the test".into(),
+            ));
+        }
+        if state.capacity.is_some_and(|c| state.pending.len() >= c) {
+            return Err(Refusal::of(
+                record,
+                tag,
+                FailureKind::Full,
+                "the test's queue is full".into(),
             ));
         }
         let mut headers = vec![("id".to_owned(), Some(record.event_id.to_vec()))];
@@ -175,6 +186,11 @@ impl<Tag> MemoryHandle<Tag> {
     /// From now on `send` refuses records to `destination` (a local refusal: no completion).
     pub(crate) fn refuse(&self, destination: &str) {
         self.state.lock().unwrap().refuse = Some(destination.to_owned());
+    }
+
+    /// Answers `Full` while `capacity` records are pending (`None`: never).
+    pub(crate) fn capacity(&self, capacity: Option<usize>) {
+        self.state.lock().unwrap().capacity = capacity;
     }
 
     /// Completes the oldest `n` pending records as delivered.

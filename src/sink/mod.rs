@@ -16,6 +16,9 @@
 //!   nothing handed over after a record that failed is stored ahead of it — so a replay keeps
 //!   each aggregate's first deliveries in commit order. After a refusal the broker reported
 //!   later, the key stays fenced ([`fence::KeyFence`]) until the caller calls [`Sink::release`].
+//! * **A full queue is backpressure**: an adapter whose client refuses a record because its
+//!   local queue is full answers [`FailureKind::Full`] from [`Sink::send`] (nothing queued), never
+//!   a failure; every caller waits for room and hands the same record over again.
 //! * **Nothing after abandon**: [`Sink::abandon`] drops what is still queued and waits (bounded)
 //!   for what is on the wire; a new sink replays.
 //!
@@ -178,6 +181,11 @@ pub enum FailureKind {
     Refused,
     /// The broker, the network or the client failed: a new session replays.
     Transient,
+    /// Only in a [`Refusal`]: the sink's own local queue is full (Kafka: librdkafka's
+    /// `queue.buffering.max.messages` / `.kbytes`). Backpressure, not a failure: nothing was
+    /// queued, and the caller hands the same record over again once room frees — after a
+    /// completion, or after a short pause — sending nothing else meanwhile (order).
+    Full,
 }
 
 /// A record the sink could not deliver: what failed, and what it means ([`FailureKind`]).
@@ -195,6 +203,11 @@ pub struct SinkFailure {
 impl SinkFailure {
     pub(crate) fn is_refusal(&self) -> bool {
         self.kind == FailureKind::Refused
+    }
+
+    /// The sink's queue was full ([`FailureKind::Full`]): wait and hand the record over again.
+    pub(crate) fn is_full(&self) -> bool {
+        self.kind == FailureKind::Full
     }
 }
 
@@ -284,7 +297,10 @@ pub struct SinkError {
 }
 
 /// One publish interface for every broker. `send` never blocks: the sink queues the record
-/// and reports its outcome later as a [`Completion`].
+/// and reports its outcome later as a [`Completion`] — or, when its own queue has no room,
+/// answers [`FailureKind::Full`] at once (backpressure: the caller waits and hands it over
+/// again). An adapter whose queue is sized from the caller's budget ([`create`]'s
+/// `max_in_flight`) answers `Full` only when its queue was configured smaller than that.
 pub(crate) trait Sink<Tag>: Send + Sync {
     /// Hands over one record ([`Handover`]: with the caller's extra headers and deduplication key).
     fn send(&self, handover: Handover<'_, '_>, tag: Box<Tag>) -> Result<(), Refusal<Tag>>;
@@ -306,12 +322,45 @@ pub(crate) trait Sink<Tag>: Send + Sync {
         None
     }
 
+    /// The client's word that it has reached no broker yet — every address it was given
+    /// refused or did not answer — in words that name the addresses, for the relay's first
+    /// line about an unreachable sink (`relay/outage.rs`). `None` once a broker answered, and
+    /// where the client cannot tell (a sink that connects in [`create`] fails its session
+    /// instead, which is logged with its cause).
+    fn unreachable(&self) -> Option<String> {
+        None
+    }
+
     /// The client's own word that waiting cannot help: the broker refused the credentials, its
     /// TLS certificate is not trusted, a bootstrap host does not resolve. The session then ends
     /// with this error (not transient: an operator must fix the configuration), nothing
     /// confirmed past what was acknowledged. `None` while the broker may still answer.
     fn verdict(&self) -> Option<SinkError> {
         None
+    }
+}
+
+/// How long a caller that waits for room in a full sink ([`send_waiting`]) pauses between tries.
+pub(crate) const ROOM_RETRY: Duration = Duration::from_millis(5);
+
+/// Hands `handover` to `sink`, waiting while the sink's queue is full ([`FailureKind::Full`]:
+/// backpressure, the client frees room as it serves its reports) and handing the same record
+/// over again. For a caller that sends nothing else meanwhile (`poll`, `setup --backfill`); the
+/// relay's stream cannot wait here, and pauses its event loop instead (`relay/stream.rs`).
+/// `Err`: refused or failed, never `Full`.
+pub(crate) async fn send_waiting<Tag>(
+    sink: &dyn Sink<Tag>,
+    handover: Handover<'_, '_>,
+    mut tag: Box<Tag>,
+) -> Result<(), Refusal<Tag>> {
+    loop {
+        match sink.send(handover, tag) {
+            Err(refusal) if refusal.failure.is_full() => {
+                tag = refusal.tag;
+                tokio::time::sleep(ROOM_RETRY).await;
+            }
+            other => return other,
+        }
     }
 }
 

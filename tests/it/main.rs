@@ -6,6 +6,7 @@
 //! workloads, checks, fault helpers — lives under `harness/`, and no suite imports another.
 
 mod backfill;
+mod backpressure;
 mod cloudevents;
 mod conformance;
 mod control_plane;

@@ -128,3 +128,83 @@ async fn a_broker_outage_and_a_postgres_restart_log_a_summary_not_a_flood() {
         "the PostgreSQL restart was not noticed:\n{log}"
     );
 }
+
+/// Issue 44, point 8: a broker that is down when the relay starts (here: a bootstrap address
+/// with no listener) is said at once — which sink, which address, that the relay keeps
+/// retrying and nothing is lost — before any event waits for it; a SIGTERM while events wait
+/// ends the drain after `relay.shutdown_timeout_ms` and exits 1, saying that the slot was not
+/// confirmed past what was delivered and the next start replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_down_at_start_is_said_at_once_and_an_incomplete_drain_exits_non_zero() {
+    let bootstrap = format!("127.0.0.1:{}", free_port());
+    let pg = shared_cluster().await;
+    let (db, client, config) = prepared_on(pg, "down_at_start", OutboxSchema::B, &bootstrap).await;
+    let config = config.set("relay", "shutdown_timeout_ms", 3_000);
+    let mut relay = RelayProcess::run_streaming(&config).await;
+    let started = std::time::Instant::now();
+    assert!(
+        relay.wait_for_log("is unreachable", Duration::from_secs(5)).await,
+        "nothing said within 5 s of streaming while no broker answers:\n{}",
+        relay.log_text()
+    );
+    let said_after = started.elapsed();
+    let log = relay.log_text();
+    let line = log.lines().find(|l| l.contains("is unreachable")).expect("the line");
+    for needle in [
+        " WARN ",
+        "Kafka is unreachable",
+        bootstrap.as_str(),
+        "keeps retrying",
+        "nothing is lost",
+    ] {
+        assert!(line.contains(needle), "{needle:?} missing from: {line}");
+    }
+    assert!(
+        !log.contains("has acknowledged nothing"),
+        "said before any event waited, not as the 5 s outage notice:\n{log}"
+    );
+    assert!(said_after < Duration::from_secs(4), "said only after {said_after:?}");
+
+    // Events handed over that can never be acknowledged, then SIGTERM.
+    let before = current_wal_lsn(&client).await;
+    run_workload(&pg.url(&db), &Workload::new(OutboxSchema::B, 5, 1, 1)).await;
+    assert!(
+        relay
+            .wait_for_log("has acknowledged nothing", Duration::from_secs(20))
+            .await,
+        "the events never waited:\n{}",
+        relay.log_text()
+    );
+    let asked = std::time::Instant::now();
+    assert!(relay.sigterm());
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("exited after SIGTERM");
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(1), "an incomplete drain exits non-zero:\n{log}");
+    assert!(
+        asked.elapsed() >= Duration::from_secs(3),
+        "waited relay.shutdown_timeout_ms first"
+    );
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(" ERROR "))
+        .expect("an ERROR line");
+    for needle in [
+        "shutdown incomplete",
+        "Nothing is lost",
+        "confirmed only up to",
+        "next start replays",
+    ] {
+        assert!(last.contains(needle), "{needle:?} missing from: {last}");
+    }
+    let confirmed = confirmed_flush_lsn(&client, &config.slot).await.expect("slot");
+    assert!(
+        confirmed <= before,
+        "the slot moved past undelivered events: {} > {}",
+        format_lsn(confirmed),
+        format_lsn(before)
+    );
+}

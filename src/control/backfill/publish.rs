@@ -165,10 +165,10 @@ impl<'s> BackfillPublisher<'s> {
         let bytes = record.size();
         let header: Option<(&str, &[u8])> = self.replayed.header.as_ref().map(|(n, v)| (n.as_str(), v.as_slice()));
         let extra = header.as_slice();
-        if let Err(refusal) = self.publisher.send(
-            Handover::of(&record).with_extra(extra),
-            Box::new(BackfillTag { bytes, seq }),
-        ) {
+        let tag = Box::new(BackfillTag { bytes, seq });
+        // A full sink queue is waited out (backpressure), never a failed row.
+        let sent = crate::sink::send_waiting(&*self.publisher, Handover::of(&record).with_extra(extra), tag).await;
+        if let Err(refusal) = sent {
             if refusal.failure.is_refusal() {
                 return Err(bad(BadEvent::refused_by(
                     self.settings.sink.broker_name(),

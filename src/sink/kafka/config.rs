@@ -72,11 +72,13 @@ impl SinkSectionSpec for KafkaSection {
         }
         let refusal =
             exactly_once_partitioner(&properties).or_else(|| exactly_once_timeout(&properties, cx.status_interval));
+        let queue_note = super::producer::small_queue_note(&properties, cx.max_in_flight);
         Ok(Arc::new(KafkaSettings {
             properties,
             exactly_once,
             checkpoint_topic,
             refusal,
+            queue_note,
         }))
     }
 
@@ -131,6 +133,8 @@ pub(crate) struct KafkaSettings {
     pub(crate) checkpoint_topic: String,
     /// Why neither exactly-once strategy works with these properties (`None`: they do).
     refusal: Option<String>,
+    /// `run`'s start warning about a producer queue the user sized below the in-flight budget.
+    queue_note: Option<String>,
 }
 
 impl KafkaSettings {
@@ -150,6 +154,10 @@ impl KafkaSettings {
 }
 
 impl SinkSection for KafkaSettings {
+    fn start_warnings(&self) -> Vec<String> {
+        self.queue_note.iter().cloned().collect()
+    }
+
     fn get(&self, key: &str) -> Option<String> {
         match key {
             "exactly_once" => Some(
@@ -470,6 +478,22 @@ mod tests {
             Err(e @ StartRefusal::ExactlyOnceUnsupported { .. }) => Some(e.to_string()),
             Err(other) => panic!("another refusal: {other}"),
         }
+    }
+
+    #[test]
+    fn a_producer_queue_sized_below_the_budget_is_warned_about_at_start() {
+        let small = settings("\"queue.buffering.max.messages\" = 1001\n[relay]\nmax_in_flight = 1000\n");
+        let warnings = small.start_warnings();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("queue.buffering.max.messages = 1001") && w.contains("(11000)")),
+            "{warnings:?}"
+        );
+        assert!(settings("[relay]\nmax_in_flight = 1000\n").start_warnings().is_empty());
+        assert!(settings("\"queue.buffering.max.messages\" = 20000\n")
+            .start_warnings()
+            .is_empty());
     }
 
     #[test]

@@ -106,6 +106,19 @@ impl ClientLog {
         Some(fatal)
     }
 
+    /// librdkafka said every broker is down and none ever acknowledged a record of this
+    /// client: the latest global error (for `Sink::unreachable`). `None` when there is a
+    /// [`verdict`](Self::verdict) instead: then waiting cannot help, and that is what is said.
+    pub(crate) fn unreachable(&self) -> Option<String> {
+        if self.acknowledged.load(Ordering::Relaxed) || !self.all_down.load(Ordering::Relaxed) {
+            return None;
+        }
+        if self.verdict().is_some() {
+            return None;
+        }
+        self.last_error()
+    }
+
     /// The latest global error (for `Sink::complaint`).
     pub(crate) fn last_error(&self) -> Option<String> {
         self.last_error.lock().ok().and_then(|l| l.clone())
@@ -183,7 +196,12 @@ mod tests {
         let log = ClientLog::default();
         log.error(&global(RDKafkaErrorCode::Resolve), "Failed to resolve 'nohost:9092'");
         assert!(log.verdict().is_none(), "one unresolvable host while others may answer");
+        assert!(log.unreachable().is_none(), "not every broker is down yet");
         log.error(&global(RDKafkaErrorCode::AllBrokersDown), "1/1 brokers are down");
+        assert!(
+            log.unreachable().is_none(),
+            "a host that does not resolve: the verdict speaks, not 'retrying'"
+        );
         let v = log.verdict().expect("nothing answers and the host does not resolve");
         assert!(!v.transient && v.cause.contains("bootstrap.servers"), "{}", v.cause);
         log.acknowledged();
@@ -195,6 +213,19 @@ mod tests {
         // The first refusal stays the one reported.
         log.error(&global(RDKafkaErrorCode::SSL), "certificate verify failed");
         assert!(log.verdict().unwrap().cause.contains("credentials"));
+    }
+
+    #[test]
+    fn every_broker_down_before_any_acknowledgement_is_unreachable() {
+        let log = ClientLog::default();
+        assert!(log.unreachable().is_none());
+        log.error(
+            &KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down",
+        );
+        assert!(log.unreachable().is_some_and(|u| u.contains("1/1 brokers are down")));
+        log.acknowledged();
+        assert!(log.unreachable().is_none(), "a broker answered");
     }
 
     #[test]

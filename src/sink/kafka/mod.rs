@@ -89,10 +89,7 @@ impl SinkPlugin for Kafka {
         config: &KafkaSettings,
         cx: &SinkContext,
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
-        Ok(boxed(producer::Publisher::create(
-            &config.properties,
-            cx.max_in_flight,
-        )?))
+        Ok(boxed(producer::Publisher::create(&config.properties, budget(cx))?))
     }
 
     /// A producer whose queued records expire in the time the read-back source names (its
@@ -104,7 +101,7 @@ impl SinkPlugin for Kafka {
     ) -> Result<SinkWithCompletions<Tag>, SinkError> {
         Ok(boxed(producer::Publisher::create(
             &config.exactly_once_properties(),
-            cx.max_in_flight,
+            budget(cx),
         )?))
     }
 
@@ -115,11 +112,19 @@ impl SinkPlugin for Kafka {
     ) -> Result<Transactional<Tag>, SinkError> {
         transactions::TransactionalPublisher::create(
             &config.exactly_once_properties(),
-            cx.max_in_flight,
+            budget(cx),
             &config.checkpoint_topic,
             cx.connect_timeout,
         )
         .await
+    }
+}
+
+/// The caller's budget, which sizes the producer's queue.
+fn budget(cx: &SinkContext) -> producer::Budget {
+    producer::Budget {
+        events: cx.max_in_flight,
+        bytes: cx.max_in_flight_bytes,
     }
 }
 

@@ -5,6 +5,11 @@
 //! unbounded channel together with the outcome. The channel is bounded in practice by `max_in_flight`, because the
 //! relay stops reading the WAL while that many events are outstanding.
 //!
+//! librdkafka's local queue is sized from the caller's budget plus one produce batch
+//! ([`queue_limits`]), so it does not fill while the caller keeps to its budget; should it fill
+//! anyway (limits the user set smaller), `send` answers [`FailureKind::Full`]: backpressure,
+//! never a failed delivery.
+//!
 //! "Delivered" means what librdkafka's delivery report means with `acks=all` and idempotence:
 //! every in-sync replica has the record. Failures arrive only after librdkafka's own retries,
 //! bounded by `message.timeout.ms`.
@@ -289,6 +294,8 @@ pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
     stop: Arc<AtomicBool>,
     /// Topics whose partitions' logs exist (`ready.rs`: checked before the first record).
     ready: ReadyTopics,
+    /// `bootstrap.servers`, for [`Sink::unreachable`].
+    bootstrap: String,
 }
 
 impl<Tag: Send + Sync + 'static> Drop for Publisher<Tag> {
@@ -300,13 +307,13 @@ impl<Tag: Send + Sync + 'static> Drop for Publisher<Tag> {
 }
 
 impl<Tag: Send + Sync + 'static> Publisher<Tag> {
-    /// A producer whose records carry the caller's `Tag`. `max_in_flight` sizes librdkafka's
-    /// local queue so it never rejects a record the caller's own budget allows.
+    /// A producer whose records carry the caller's `Tag`. `budget` sizes librdkafka's local
+    /// queue so it never refuses a record the caller's own budget allows ([`queue_limits`]).
     pub(crate) fn create(
         props: &KafkaProperties,
-        max_in_flight: usize,
+        budget: Budget,
     ) -> Result<(Publisher<Tag>, Completions<Tag>), SinkError> {
-        Self::create_with(props, max_in_flight, false)
+        Self::create_with(props, budget, false)
     }
 
     /// [`Publisher::create`]; `transactional`: with `transactional.id` (the caller then runs
@@ -314,7 +321,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
     /// say (`poll` and `setup --backfill` share the `[kafka]` section with the relay).
     pub(super) fn create_with(
         props: &KafkaProperties,
-        max_in_flight: usize,
+        budget: Budget,
         transactional: bool,
     ) -> Result<(Publisher<Tag>, Completions<Tag>), SinkError> {
         let mut config = ClientConfig::new();
@@ -323,14 +330,8 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 config.set(k, v);
             }
         }
-        let min_queue = (max_in_flight + 1024).to_string();
-        let queue_ok = props
-            .0
-            .get("queue.buffering.max.messages")
-            .and_then(|v| v.parse::<usize>().ok())
-            .is_some_and(|v| v > max_in_flight);
-        if !queue_ok {
-            config.set("queue.buffering.max.messages", &min_queue);
+        for (key, value) in queue_limits(props, budget) {
+            config.set(key, value);
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let producer: Arc<BaseProducer<DeliveryReports<Tag>>> = Arc::new(
@@ -373,6 +374,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 producer,
                 stop,
                 ready: ReadyTopics::default(),
+                bootstrap: props.0.get("bootstrap.servers").cloned().unwrap_or_default(),
             },
             rx,
         ))
@@ -449,9 +451,96 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         self.producer.context().log.last_error()
     }
 
+    fn unreachable(&self) -> Option<String> {
+        let cause = self.producer.context().log.unreachable()?;
+        Some(format!(
+            "no broker of bootstrap.servers = {:?} answers ({cause})",
+            self.bootstrap
+        ))
+    }
+
     fn verdict(&self) -> Option<SinkError> {
         self.producer.context().log.verdict()
     }
+}
+
+/// What a record librdkafka's full queue did not take waits for.
+const QUEUE_FULL: &str =
+    "librdkafka's local queue is full (queue.buffering.max.messages, queue.buffering.max.kbytes); \
+                          the record is handed over again once delivery reports free room";
+
+/// The caller's in-flight budget: what it may have handed over and not yet seen completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Budget {
+    pub(crate) events: usize,
+    /// In [`SinkRecord::size`] bytes (key, value, id and headers).
+    pub(crate) bytes: usize,
+}
+
+/// librdkafka's defaults for one produce batch (`batch.num.messages`, `batch.size`) and the
+/// queue's byte limit (`queue.buffering.max.kbytes`).
+const DEFAULT_BATCH_NUM_MESSAGES: usize = 10_000;
+const DEFAULT_BATCH_SIZE: usize = 1_000_000;
+const DEFAULT_QUEUE_KBYTES: usize = 1_048_576;
+
+/// librdkafka's queue limits for `budget`, where the properties leave them unset: room for
+/// everything the budget lets be in flight plus one produce batch. The records of one delivery
+/// report (one batch: up to `batch.num.messages` / `batch.size`) count against the queue until
+/// the report's last completion was handed over — rdkafka serves a report as one event and
+/// frees its records with it — while the caller, already told of the first ones, hands over
+/// more. A queue of the budget plus a small margin therefore filled in a transaction larger
+/// than it. A limit the user set is kept: the relay then waits for room when it fills
+/// ([`FailureKind::Full`]). librdkafka counts only values against `.kbytes`, which the byte
+/// budget (keys, values, ids, headers) bounds from above.
+fn queue_limits(props: &KafkaProperties, budget: Budget) -> Vec<(&'static str, String)> {
+    let get = |key: &str| props.0.get(key).and_then(|v| v.trim().parse::<usize>().ok());
+    let mut limits = Vec::new();
+    if !props.0.contains_key("queue.buffering.max.messages") {
+        limits.push((
+            "queue.buffering.max.messages",
+            queue_messages(props, budget.events).to_string(),
+        ));
+    }
+    if !props.0.contains_key("queue.buffering.max.kbytes") {
+        let batch = get("batch.size").unwrap_or(DEFAULT_BATCH_SIZE);
+        let kbytes = budget
+            .bytes
+            .saturating_add(batch)
+            .div_ceil(1024)
+            .max(DEFAULT_QUEUE_KBYTES);
+        // librdkafka's upper bound for the property.
+        limits.push(("queue.buffering.max.kbytes", kbytes.min(i32::MAX as usize).to_string()));
+    }
+    limits
+}
+
+/// The queue's message limit for a budget of `events` ([`queue_limits`]).
+fn queue_messages(props: &KafkaProperties, events: usize) -> usize {
+    let batch = props
+        .0
+        .get("batch.num.messages")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(DEFAULT_BATCH_NUM_MESSAGES);
+    events.saturating_add(batch)
+}
+
+/// `run`'s start warning when the user's `queue.buffering.max.messages` holds less than
+/// `relay.max_in_flight` and one produce batch: not wrong, but the relay then waits on it.
+pub(super) fn small_queue_note(props: &KafkaProperties, max_in_flight: usize) -> Option<String> {
+    let set = props
+        .0
+        .get("queue.buffering.max.messages")?
+        .trim()
+        .parse::<usize>()
+        .ok()?;
+    let needed = queue_messages(props, max_in_flight);
+    (set < needed).then(|| {
+        format!(
+            "[kafka] queue.buffering.max.messages = {set} holds less than relay.max_in_flight + batch.num.messages \
+             ({needed}): when it fills, the relay waits for room (nothing fails, nothing is replayed), so throughput \
+             may be lower. Remove the key and the relay sizes the queue itself"
+        )
+    })
 }
 
 /// The cause a record handed over after a failed delivery fails with.
@@ -489,14 +578,21 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
         self.producer
             .send(base)
             .map(|()| self.producer.context().handed.handed(stamp, now, explicit))
-            .map_err(|(error, rec)| Refusal {
-                tag: rec.delivery_opaque,
-                failure: failure(
-                    &error,
-                    &record.destination,
-                    record.partition,
-                    Some(String::from_utf8_lossy(record.event_id).into_owned()),
-                ),
+            .map_err(|(error, rec)| {
+                let tag = rec.delivery_opaque;
+                // Backpressure, not a failure: nothing was queued (`sink/mod.rs`).
+                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) {
+                    return Refusal::of(record, tag, FailureKind::Full, format!("{error}: {QUEUE_FULL}"));
+                }
+                Refusal {
+                    tag,
+                    failure: failure(
+                        &error,
+                        &record.destination,
+                        record.partition,
+                        Some(String::from_utf8_lossy(record.event_id).into_owned()),
+                    ),
+                }
             })
     }
 }
@@ -546,7 +642,11 @@ mod tests {
         let mut raw = BTreeMap::from([("bootstrap.servers".to_owned(), value(&cluster.bootstrap_servers()))]);
         raw.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), value(v))));
         let props = KafkaProperties::validate(raw).expect("properties");
-        let (sink, mut rx) = Publisher::<u32>::create(&props, 100).expect("producer");
+        let budget = Budget {
+            events: 100,
+            bytes: 1 << 20,
+        };
+        let (sink, mut rx) = Publisher::<u32>::create(&props, budget).expect("producer");
         send(&sink, b"warm", 0);
         assert!(next(&mut rx).1.is_ok());
         (cluster, sink, rx)
@@ -709,6 +809,91 @@ mod tests {
         let stamp = late::unsettled_since(&servers).expect("a request on the wire is fenced");
         // From librdkafka's latency of the message: the hand-over, to within a millisecond.
         assert!((before - 2..=late::now_ms()).contains(&stamp), "{stamp} vs {before}");
+    }
+
+    /// Issue 44: a queue of the budget plus 1024 filled in a 200,000-event transaction, because
+    /// the records of a delivery report are freed only after its last completion. Unset limits
+    /// hold the budget and one produce batch; limits the user set are kept.
+    #[test]
+    fn the_queue_holds_the_budget_and_one_batch_unless_the_user_sized_it() {
+        let props = |extra: &[(&str, &str)]| {
+            let value = |v: &str| crate::sink::kafka::config::KafkaValue(v.to_owned());
+            let mut raw = BTreeMap::from([("bootstrap.servers".to_owned(), value("k:9092"))]);
+            raw.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), value(v))));
+            KafkaProperties::validate(raw).expect("properties")
+        };
+        let budget = Budget {
+            events: 10_000,
+            bytes: 64 << 20,
+        };
+        let limits = queue_limits(&props(&[]), budget);
+        assert_eq!(limits[0], ("queue.buffering.max.messages", "20000".to_owned()));
+        assert_eq!(
+            limits[1],
+            ("queue.buffering.max.kbytes", DEFAULT_QUEUE_KBYTES.to_string())
+        );
+        let big = Budget {
+            events: 10,
+            bytes: 2 << 30,
+        };
+        let limits = queue_limits(&props(&[("batch.num.messages", "500"), ("batch.size", "1024")]), big);
+        assert_eq!(limits[0], ("queue.buffering.max.messages", "510".to_owned()));
+        assert_eq!(limits[1], ("queue.buffering.max.kbytes", ((2 << 20) + 1).to_string()));
+        let user = props(&[
+            ("queue.buffering.max.messages", "7"),
+            ("queue.buffering.max.kbytes", "9"),
+        ]);
+        assert!(queue_limits(&user, budget).is_empty());
+    }
+
+    /// A full local queue is backpressure: `send` answers `Full` with the tag, nothing queued
+    /// and no completion, and takes the same record once the reports freed room.
+    #[test]
+    fn a_full_queue_answers_full_and_takes_the_record_once_room_frees() {
+        let (cluster, sink, mut rx) = warmed_sink(&[("queue.buffering.max.messages", "3"), ("linger.ms", "0")]);
+        cluster
+            .broker_round_trip_time(-1, Duration::from_millis(300))
+            .expect("round trip time");
+        for n in 1..=3 {
+            send(&sink, b"k", n);
+        }
+        let refusal = sink
+            .send(Handover::of(&record(b"k", b"4")), Box::new(4))
+            .expect_err("the queue holds three");
+        assert_eq!(
+            (*refusal.tag, refusal.failure.kind),
+            (4, FailureKind::Full),
+            "{}",
+            refusal.failure
+        );
+        assert!(
+            refusal.failure.cause.contains("queue.buffering.max.messages"),
+            "{}",
+            refusal.failure
+        );
+        let mut tag = refusal.tag;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match sink.send(Handover::of(&record(b"k", b"4")), tag) {
+                Ok(()) => break,
+                Err(r) if r.failure.is_full() && Instant::now() < deadline => {
+                    tag = r.tag;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(r) => panic!("not taken once room freed: {}", r.failure),
+            }
+        }
+        let mut tags: Vec<u32> = (1..=4)
+            .map(|_| {
+                let (tag, outcome) = next(&mut rx);
+                assert!(outcome.is_ok(), "{outcome:?}");
+                tag
+            })
+            .collect();
+        tags.sort_unstable();
+        assert_eq!(tags, [1, 2, 3, 4], "each record completed once");
+        assert!(rx.try_recv().is_err(), "no completion for the answer Full");
+        Box::new(sink).abandon(Duration::from_secs(1));
     }
 
     #[test]

@@ -46,7 +46,7 @@ use tracing::{info, warn};
 
 use super::config::KafkaProperties;
 use super::logs::QuietContext;
-use super::producer::{DeliveryReports, Publisher};
+use super::producer::{Budget, DeliveryReports, Publisher};
 use crate::sink::{Completion, FailureKind, Handover, Refusal, Sealer, Sink, SinkError, SinkFailure, Transactional};
 
 /// One seal asked for: the checkpoint to store and the caller's tag for the outcome.
@@ -119,7 +119,7 @@ impl<Tag: Send + Sync + 'static> TransactionalPublisher<Tag> {
     /// its sealer.
     pub(crate) async fn create(
         props: &KafkaProperties,
-        max_in_flight: usize,
+        budget: Budget,
         checkpoint_topic: &str,
         timeout: Duration,
     ) -> Result<Transactional<Tag>, SinkError> {
@@ -129,7 +129,7 @@ impl<Tag: Send + Sync + 'static> TransactionalPublisher<Tag> {
             .cloned()
             .ok_or_else(|| sink_error("[kafka] transactional.id is missing".into(), false))?;
         ensure_checkpoint_topic(props, checkpoint_topic, timeout).await?;
-        let (inner, completions) = Publisher::create_with(props, max_in_flight, true)?;
+        let (inner, completions) = Publisher::create_with(props, budget, true)?;
         let producer = Arc::clone(&inner.producer);
         let mut config = client_config(props);
         config
@@ -339,6 +339,10 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for TransactionalPublisher<Tag> {
 
     fn complaint(&self) -> Option<String> {
         self.inner.complaint()
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        self.inner.unreachable()
     }
 
     fn verdict(&self) -> Option<SinkError> {

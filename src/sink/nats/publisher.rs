@@ -264,7 +264,8 @@ impl Protocol for JetStream {
         match self.outcome(&reply) {
             Ok(()) => Outcome::Acknowledged,
             Err((FailureKind::Refused, cause)) => Outcome::Refused(cause),
-            Err((FailureKind::Transient, cause)) => Outcome::Transient(cause),
+            // A reply is never `Full` (that is only `send`'s answer).
+            Err((FailureKind::Transient | FailureKind::Full, cause)) => Outcome::Transient(cause),
         }
     }
 
