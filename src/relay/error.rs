@@ -117,6 +117,9 @@ pub enum RelayError {
         requested: Lsn,
         confirmed: Lsn,
     },
+    /// The role cannot do what the configuration asks (`setup` refuses it too).
+    #[error(transparent)]
+    Role(#[from] crate::relay::role::RoleRefusal),
     #[error("{0}")]
     Sink(#[source] SinkError),
     /// The configuration asks for what the sink cannot do (`setup` refuses it too).
@@ -213,6 +216,7 @@ impl RelayError {
             RelayError::Paused { .. } | RelayError::Unheard { .. } | RelayError::NoWalPosition => true,
             RelayError::Sink(e) => e.transient,
             RelayError::Refused(_)
+            | RelayError::Role(_)
             | RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::PhysicalSlot { .. }
