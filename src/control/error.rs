@@ -79,25 +79,23 @@ pub enum ControlError {
     )]
     NoFreeWalSender { used: i64, max: i64 },
 
-    /// The role cannot do what `run` needs of it, in `run`'s words (`src/relay/role.rs`).
+    /// The role cannot do what `run` needs of it, in `run`'s words (`src/postgres/role.rs`).
     #[error(transparent)]
-    Role(#[from] crate::relay::role::RoleRefusal),
+    Role(#[from] crate::postgres::role::RoleRefusal),
 
     #[error(
         "setup would create publication {publication}, but role {role} lacks {}: CREATE PUBLICATION … FOR TABLE \
          needs CREATE on the database and ownership of every table it names. Either grant them (as a superuser: \
          {}), or have a superuser or the tables' owner create the publication (run: {sql}) and run setup again — \
          with the publication in place the relay needs neither (docs/operations.md, \"The relay's role\")",
-        .missing.join(" and "),
-        .grants.join(" ")
+        .missing.iter().map(|(what, _)| what.as_str()).collect::<Vec<_>>().join(" and "),
+        .missing.iter().map(|(_, grant)| grant.as_str()).collect::<Vec<_>>().join(" ")
     )]
     CannotCreatePublication {
         publication: String,
         role: String,
-        /// What is missing, e.g. `CREATE on database "app"`.
-        missing: Vec<String>,
-        /// The statements that give it.
-        grants: Vec<String>,
+        /// What is missing (e.g. `CREATE on database "app"`) and the statement that gives it.
+        missing: Vec<(String, String)>,
         sql: String,
     },
 
@@ -107,7 +105,8 @@ pub enum ControlError {
     )]
     CannotAddTable {
         publication: String,
-        table: TableName,
+        // Boxed to keep the error small (clippy::result_large_err).
+        table: Box<TableName>,
         role: String,
         owner: String,
         sql: String,

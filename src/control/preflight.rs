@@ -1,7 +1,7 @@
 //! Preflight: everything that must hold before the relay can create its slot or stream from it.
 //!
 //! Checks run cheapest-and-most-fundamental first (server version, standby, `wal_level`, role
-//! privileges — those `run` checks, `relay/role.rs`), then each outbox table (`outbox.table` may list several) and its mapped columns —
+//! privileges — those `run` checks, `postgres/role.rs`), then each outbox table (`outbox.table` may list several) and its mapped columns —
 //! every error names the table it is about — then the state of the slot and the
 //! publication, and last the server's free capacity (a slot and a WAL sender). The first failed
 //! check is returned as a [`ControlError`] that says what to change; everything that is merely
@@ -294,13 +294,14 @@ fn check_server(server: &ServerInfo) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// The role's facts, checked as `run` checks them before every session (`relay/role.rs`: the
-/// same function, so the same refusal in the same words); its warning becomes a note.
+/// The role's facts, checked as `run` checks them (`postgres/role.rs`: the same function, so
+/// the same refusal in the same words); its warning becomes a note.
 async fn check_role(client: &Client, settings: &Settings, notes: &mut Vec<String>) -> Result<RoleFacts, ControlError> {
     let role = crate::postgres::role::role_facts(client)
         .await
         .map_err(ControlError::query("reading the role's privileges"))?;
-    notes.extend(crate::relay::role::check(settings, &role)?);
+    let fenced = crate::sink::takeover_fenced(settings);
+    notes.extend(crate::postgres::role::check(settings, &role, fenced)?);
     Ok(role)
 }
 

@@ -154,22 +154,21 @@ async fn check_changes(client: &Client, pre: &PreflightReport) -> Result<(), Con
     match &pre.publication {
         None => {
             let mut missing = Vec::new();
-            let mut grants = Vec::new();
             let who = quote_ident(&role.name);
             if !role.create_on_database {
-                missing.push(format!("CREATE on database {}", quote_ident(&pre.database)));
-                grants.push(format!(
-                    "GRANT CREATE ON DATABASE {} TO {who};",
-                    quote_ident(&pre.database)
+                let database = quote_ident(&pre.database);
+                missing.push((
+                    format!("CREATE on database {database}"),
+                    format!("GRANT CREATE ON DATABASE {database} TO {who};"),
                 ));
             }
             for table in &pre.tables {
                 if !owns(client, &table.facts).await? {
-                    missing.push(format!(
-                        "ownership of {} (owner: {})",
-                        table.facts.name, table.facts.owner
+                    let name = &table.facts.name;
+                    missing.push((
+                        format!("ownership of {name} (owner: {})", table.facts.owner),
+                        format!("ALTER TABLE {} OWNER TO {who};", name.quoted()),
                     ));
-                    grants.push(format!("ALTER TABLE {} OWNER TO {who};", table.facts.name.quoted()));
                 }
             }
             if missing.is_empty() {
@@ -179,7 +178,6 @@ async fn check_changes(client: &Client, pre: &PreflightReport) -> Result<(), Con
                 publication: pre.publication_name.clone(),
                 role: role.name.clone(),
                 missing,
-                grants,
                 sql: create_publication_sql(pre),
             })
         }
@@ -188,7 +186,7 @@ async fn check_changes(client: &Client, pre: &PreflightReport) -> Result<(), Con
                 if !owns(client, table).await? {
                     return Err(ControlError::CannotAddTable {
                         publication: pre.publication_name.clone(),
-                        table: table.name.clone(),
+                        table: Box::new(table.name.clone()),
                         role: role.name.clone(),
                         owner: table.owner.clone(),
                         sql: add_table_sql(&pre.publication_name, table),

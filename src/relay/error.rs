@@ -119,7 +119,7 @@ pub enum RelayError {
     },
     /// The role cannot do what the configuration asks (`setup` refuses it too).
     #[error(transparent)]
-    Role(#[from] crate::relay::role::RoleRefusal),
+    Role(#[from] crate::postgres::role::RoleRefusal),
     #[error("{0}")]
     Sink(#[source] SinkError),
     /// The configuration asks for what the sink cannot do (`setup` refuses it too).

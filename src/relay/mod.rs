@@ -36,7 +36,6 @@ mod outage;
 mod progress;
 mod publication;
 pub(crate) mod quarantine;
-pub(crate) mod role;
 mod silence;
 pub(crate) mod slot;
 pub(crate) mod slot_monitor;
@@ -103,7 +102,7 @@ pub(crate) struct Carried {
     /// Commit time (µs) of the latest transaction with events any session of this process
     /// confirmed: the recovery point named when the slot turns out to be gone.
     pub(crate) last_confirmed_commit_unix_us: Option<i64>,
-    /// The role passed its start checks once (`role.rs`).
+    /// The role passed its start checks once (`postgres/role.rs`).
     pub(crate) role_checked: bool,
 }
 

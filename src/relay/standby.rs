@@ -15,7 +15,7 @@
 //! A holder whose status updates this role cannot see (`pg_stat_replication` shows
 //! `reply_time` only with the privileges of `pg_read_all_stats`) is never judged silent: its
 //! silence is unknown, not long. `run` refuses `takeover_after_ms` without those privileges
-//! (`role.rs`), so this is met only when they were revoked while the relay ran; it is logged
+//! (`postgres/role.rs`), so this is met only when they were revoked while the relay ran; it is logged
 //! once per holder.
 
 use std::time::{Duration, Instant};

@@ -168,6 +168,13 @@ mod tests {
     }
 
     #[test]
+    fn only_exactly_once_through_a_queueing_client_is_fenced() {
+        // What `run` and `setup` warn about for a role that cannot see status updates.
+        assert!(crate::sink::takeover_fenced(&exactly_once()));
+        assert!(!crate::sink::takeover_fenced(&settings("")));
+    }
+
+    #[test]
     fn a_fresh_process_and_a_holder_that_closed_its_own_connection_wait_for_nothing() {
         let s = exactly_once();
         let now = Instant::now();
