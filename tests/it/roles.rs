@@ -202,11 +202,12 @@ fn without_stats(role: &str, db: &str) -> String {
 /// see again, and then takes the frozen one over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_standby_that_cannot_see_replies_never_terminates_the_holder() {
+    let Some(kafka) = shared_kafka().await else { return };
     let Some(pg) = PgCluster::start_dedicated(&[("wal_sender_timeout", "60s")]).await else {
         return;
     };
-    let kafka = MockKafka::new(1);
     let (admin, _db, role, config) = with_role(&pg, "roles_blind", &kafka.bootstrap_servers(), without_stats).await;
+    let config = config.on_kafka(&kafka);
     let grant = format!(r#"GRANT pg_read_all_stats TO "{role}";"#);
 
     // No takeover asked for: the grant is not needed.
@@ -278,13 +279,7 @@ async fn a_standby_that_cannot_see_replies_never_terminates_the_holder() {
         b.log_text()
     );
     let events = insert_multi_row(&admin, OutboxSchema::A, &new_uuid(), 0, 5).await;
-    let records = collect(
-        &kafka.bootstrap_servers(),
-        &["order"],
-        events.len(),
-        Duration::from_secs(60),
-    )
-    .await;
+    let records = kafka.collect(&["order"], events.len(), Duration::from_secs(60)).await;
     check_delivered(&events, &records, |_| "order".to_owned());
     assert!(a.sigcont());
 }
