@@ -100,6 +100,20 @@ pub enum ControlError {
     },
 
     #[error(
+        "setup would change the row filter of publication {publication} to what [filter] says, but role {role} \
+         lacks {missing}, which ALTER PUBLICATION … DROP TABLE / ADD TABLE … WHERE needs. Have the owner or a \
+         superuser run setup, or run: {}",
+        .statements.join("; ")
+    )]
+    CannotChangeRowFilter {
+        publication: String,
+        role: String,
+        /// E.g. `ownership of publication outbox_relay (owner: app)`.
+        missing: String,
+        statements: Vec<String>,
+    },
+
+    #[error(
         "setup would add {table} to publication {publication}, but role {role} does not own it (owner: {owner}), \
          and ALTER PUBLICATION … ADD TABLE needs that. Have {owner} or a superuser run: {sql}"
     )]

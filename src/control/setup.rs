@@ -135,14 +135,67 @@ pub(crate) fn refuse_as_run(settings: &Settings) -> Result<(), ControlError> {
 
 /// Every check `setup` makes before it changes anything, and `setup --check` makes all of them:
 /// what `run` refuses, preflight, `[retention]` against every table, and the privileges of the
-/// changes setup is about to make (which `run` does not need: [`check_changes`]).
+/// changes setup is about to make (which `run` does not need: [`check_changes`], the row
+/// filter's).
 async fn checks(settings: &Settings) -> Result<(Client, PreflightReport, Vec<String>), ControlError> {
     refuse_as_run(settings)?;
     let client = connect(settings).await?;
     let preflight = super::preflight(&client, settings).await?;
     let retention = crate::retention::check(&client, settings).await?;
     check_changes(&client, &preflight).await?;
+    check_row_filter_change(&client, settings, &preflight).await?;
     Ok((client, preflight, retention))
+}
+
+/// The row filter `setup` would write into an existing publication (`row_filter::sync`) needs the
+/// ownership of the publication and of every outbox table.
+async fn check_row_filter_change(
+    client: &Client,
+    settings: &Settings,
+    pre: &PreflightReport,
+) -> Result<(), ControlError> {
+    let Some(publication) = &pre.publication else {
+        return Ok(());
+    };
+    if pre.role_facts.superuser || pre.server_version_num < super::row_filter::ROW_FILTER_VERSION_NUM {
+        return Ok(());
+    }
+    let server = super::catalog::server_info(client).await?;
+    let state = super::row_filter::read(client, &server, settings).await?;
+    if state.in_sync() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let row = client
+        .query_one("SELECT pg_has_role($1::text::name, 'USAGE')", &[&publication.owner])
+        .await
+        .map_err(ControlError::query("checking ownership of the publication"))?;
+    if !row.get::<_, bool>(0) {
+        missing.push(format!(
+            "ownership of publication {} (owner: {})",
+            pre.publication_name, publication.owner
+        ));
+    }
+    for table in &pre.tables {
+        if !owns(client, &table.facts).await? {
+            missing.push(format!(
+                "ownership of {} (owner: {})",
+                table.facts.name, table.facts.owner
+            ));
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(ControlError::CannotChangeRowFilter {
+        publication: pre.publication_name.clone(),
+        role: pre.role_facts.name.clone(),
+        missing: missing.join(" and "),
+        statements: super::row_filter::alter_statements(settings, &state)
+            .into_iter()
+            .chain([super::row_filter::comment_statement(settings, &state)])
+            .collect(),
+    })
 }
 
 /// The privileges of what setup is about to create or change, checked before anything is: a

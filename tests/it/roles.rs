@@ -313,6 +313,35 @@ async fn setup_check_refuses_a_role_without_create_as_setup_does() {
     setup(&config).await;
 }
 
+/// The same for the row filter setup writes into an existing publication: another role's
+/// publication and `[filter]` set — `setup --check` refuses as `setup` does, naming the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_check_refuses_a_row_filter_change_setup_could_not_make() {
+    let pg = shared_cluster().await;
+    let reader = |role: &str, _db: &str| {
+        format!(
+            "CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{PASSWORD}'; GRANT SELECT ON public.events_outbox TO {role};"
+        )
+    };
+    let (admin, _db, role, config) = with_role(pg, "roles_filter", "127.0.0.1:9", reader).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE events_outbox WITH (publish = 'insert')",
+            config.publication
+        ))
+        .await
+        .unwrap();
+    let out = run_cmd(&["setup", "--check"], &config).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let filtered = config.set("filter", "include", vec!["order.*".to_owned()]);
+    let check = refused(&["setup", "--check"], &filtered).await;
+    assert!(
+        check.contains(&format!("role {role} lacks ownership of publication")) && check.contains("ADD TABLE"),
+        "{check}"
+    );
+    assert_eq!(refused(&["setup"], &filtered).await, check);
+}
+
 /// Issue 44, 10: a role without REPLICATION fails at once with the ALTER ROLE to run — when the
 /// slot is free, and when another instance holds it (it used to stand by forever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
