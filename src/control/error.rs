@@ -79,12 +79,52 @@ pub enum ControlError {
     )]
     NoFreeWalSender { used: i64, max: i64 },
 
+    /// The role cannot do what `run` needs of it, in `run`'s words (`src/postgres/role.rs`).
+    #[error(transparent)]
+    Role(#[from] crate::postgres::role::RoleRefusal),
+
     #[error(
-        "role {role} may not use logical replication: it is neither superuser nor has the REPLICATION \
-         attribute. As a superuser run: ALTER ROLE {} WITH REPLICATION",
-        crate::config::ident::quote_ident(.role)
+        "setup would create publication {publication}, but role {role} lacks {}: CREATE PUBLICATION … FOR TABLE \
+         needs CREATE on the database and ownership of every table it names. Either grant them (as a superuser: \
+         {}), or have a superuser or the tables' owner create the publication (run: {sql}) and run setup again — \
+         with the publication in place the relay needs neither (docs/operations.md, \"The relay's role\")",
+        .missing.iter().map(|(what, _)| what.as_str()).collect::<Vec<_>>().join(" and "),
+        .missing.iter().map(|(_, grant)| grant.as_str()).collect::<Vec<_>>().join(" ")
     )]
-    NoReplicationPrivilege { role: String },
+    CannotCreatePublication {
+        publication: String,
+        role: String,
+        /// What is missing (e.g. `CREATE on database "app"`) and the statement that gives it.
+        missing: Vec<(String, String)>,
+        sql: String,
+    },
+
+    #[error(
+        "setup would change the row filter of publication {publication} to what [filter] says, but role {role} \
+         lacks {missing}, which ALTER PUBLICATION … DROP TABLE / ADD TABLE … WHERE needs. Have the owner or a \
+         superuser run setup, or run: {}",
+        .statements.join("; ")
+    )]
+    CannotChangeRowFilter {
+        publication: String,
+        role: String,
+        /// E.g. `ownership of publication outbox_relay (owner: app)`.
+        missing: String,
+        statements: Vec<String>,
+    },
+
+    #[error(
+        "setup would add {table} to publication {publication}, but role {role} does not own it (owner: {owner}), \
+         and ALTER PUBLICATION … ADD TABLE needs that. Have {owner} or a superuser run: {sql}"
+    )]
+    CannotAddTable {
+        publication: String,
+        // Boxed to keep the error small (clippy::result_large_err).
+        table: Box<TableName>,
+        role: String,
+        owner: String,
+        sql: String,
+    },
 
     #[error(
         "role {role} cannot read the outbox table {table}. Run (as the table owner or a superuser): \

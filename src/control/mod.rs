@@ -52,6 +52,7 @@ pub(crate) mod status_health;
 pub(crate) mod status_tables;
 pub(crate) mod teardown;
 
+pub use crate::postgres::role::RoleRefusal;
 pub use crate::sink::StartRefusal;
 pub(crate) use backfill::setup_with_backfill;
 pub(crate) use error::describe;

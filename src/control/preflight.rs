@@ -1,7 +1,7 @@
 //! Preflight: everything that must hold before the relay can create its slot or stream from it.
 //!
 //! Checks run cheapest-and-most-fundamental first (server version, standby, `wal_level`, role
-//! privileges), then each outbox table (`outbox.table` may list several) and its mapped columns —
+//! privileges — those `run` checks, `postgres/role.rs`), then each outbox table (`outbox.table` may list several) and its mapped columns —
 //! every error names the table it is about — then the state of the slot and the
 //! publication, and last the server's free capacity (a slot and a WAL sender). The first failed
 //! check is returned as a [`ControlError`] that says what to change; everything that is merely
@@ -29,6 +29,7 @@ use crate::outbox::connect::{ColumnFacts, ConnectLayout};
 use crate::outbox::event::RowFormat;
 use crate::outbox::payload::{PayloadFormat, BYTEA_OID};
 use crate::postgres::lsn::Lsn;
+use crate::postgres::role::RoleFacts;
 
 /// The oldest server with pgoutput.
 const MIN_VERSION_NUM: i32 = 100_000;
@@ -51,6 +52,8 @@ pub struct PreflightReport {
     pub(crate) database: String,
     pub(crate) role: String,
     pub(crate) superuser: bool,
+    /// What the role may do (REPLICATION, `pg_read_all_stats`, CREATE on the database).
+    pub(crate) role_facts: RoleFacts,
     /// Every configured outbox table, checked, in `outbox.table` order.
     pub(crate) tables: Vec<CheckedTable>,
     pub(crate) slot_name: String,
@@ -180,7 +183,9 @@ impl PreflightReport {
 pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<PreflightReport, ControlError> {
     let server = catalog::server_info(client).await?;
     check_server(&server)?;
-    let superuser = check_role(client, &server).await?;
+    let mut notes = Vec::new();
+    let role_facts = check_role(client, settings, &mut notes).await?;
+    let superuser = role_facts.superuser;
     let mut tables = Vec::with_capacity(settings.outbox.tables.len());
     for name in &settings.outbox.tables {
         let table = check_table(client, settings, name, &server).await?;
@@ -190,7 +195,6 @@ pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<Pr
 
     let slot_name = settings.postgres.slot.as_str();
     let slot = check_slot(client, slot_name, &server.database).await?;
-    let mut notes = Vec::new();
     let facts: Vec<TableFacts> = tables.iter().map(|t| t.facts.clone()).collect();
     let publication = super::publication::check_publication(client, settings, &facts, &server, &mut notes).await?;
     check_capacity(client, slot_name, slot.as_ref()).await?;
@@ -213,6 +217,7 @@ pub(crate) async fn preflight(client: &Client, settings: &Settings) -> Result<Pr
         database: server.database,
         role: server.role,
         superuser,
+        role_facts,
         tables,
         slot_name: slot_name.to_owned(),
         slot,
@@ -289,24 +294,15 @@ fn check_server(server: &ServerInfo) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// Returns whether the role is a superuser. Membership in RDS's `rds_replication` counts as
-/// REPLICATION there (the managed service grants it instead of the attribute).
-async fn check_role(client: &Client, server: &ServerInfo) -> Result<bool, ControlError> {
-    let row = catalog::one_row(
-        client,
-        "SELECT r.rolsuper, r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
-                 WHERE g.rolname = 'rds_replication' AND pg_has_role(r.oid, g.oid, 'MEMBER')) \
-             FROM pg_roles r WHERE r.rolname = current_user",
-        "reading the role's privileges",
-    )
-    .await?;
-    let (superuser, replication): (bool, bool) = (row.get(0), row.get(1));
-    if !superuser && !replication {
-        return Err(ControlError::NoReplicationPrivilege {
-            role: server.role.clone(),
-        });
-    }
-    Ok(superuser)
+/// The role's facts, checked as `run` checks them (`postgres/role.rs`: the same function, so
+/// the same refusal in the same words); its warning becomes a note.
+async fn check_role(client: &Client, settings: &Settings, notes: &mut Vec<String>) -> Result<RoleFacts, ControlError> {
+    let role = crate::postgres::role::role_facts(client)
+        .await
+        .map_err(ControlError::query("reading the role's privileges"))?;
+    let fenced = crate::sink::takeover_fenced(settings);
+    notes.extend(crate::postgres::role::check(settings, &role, fenced)?);
+    Ok(role)
 }
 
 async fn find_table(client: &Client, table: &TableName, server: &ServerInfo) -> Result<TableFacts, ControlError> {

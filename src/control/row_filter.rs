@@ -157,29 +157,16 @@ pub(crate) async fn sync(
     if state.in_sync() {
         return Ok(());
     }
-    let name = quote_ident(publication);
-    let clause = state
-        .desired
-        .as_deref()
-        .map_or_else(String::new, |d| format!(" WHERE ({d})"));
     let tx = client
         .transaction()
         .await
         .map_err(ControlError::query("starting the row-filter change"))?;
-    for table in &settings.outbox.tables {
-        let sql = format!(
-            "ALTER PUBLICATION {name} DROP TABLE {t}; ALTER PUBLICATION {name} ADD TABLE {t}{clause}",
-            t = table.quoted()
-        );
+    for (table, sql) in settings.outbox.tables.iter().zip(alter_statements(settings, &state)) {
         tx.batch_execute(&sql).await.map_err(ControlError::query(format!(
             "setting the row filter of {table} in publication {publication} ({sql})"
         )))?;
     }
-    let comment = match &state.desired {
-        Some(d) => format!("'{}'", format!("{COMMENT_PREFIX}{d}").replace('\'', "''")),
-        None => "NULL".to_owned(),
-    };
-    tx.batch_execute(&format!("COMMENT ON PUBLICATION {name} IS {comment}"))
+    tx.batch_execute(&comment_statement(settings, &state))
         .await
         .map_err(ControlError::query(format!(
             "recording the filter on publication {publication}"
@@ -199,6 +186,39 @@ pub(crate) async fn sync(
         ),
     });
     Ok(())
+}
+
+/// The statements [`sync`] runs per outbox table to give the publication `state.desired`'s row
+/// filter: the table dropped and added back with it, in one transaction.
+pub(crate) fn alter_statements(settings: &Settings, state: &RowFilterState) -> Vec<String> {
+    let name = quote_ident(settings.postgres.publication.as_str());
+    let clause = state
+        .desired
+        .as_deref()
+        .map_or_else(String::new, |d| format!(" WHERE ({d})"));
+    settings
+        .outbox
+        .tables
+        .iter()
+        .map(|table| {
+            format!(
+                "ALTER PUBLICATION {name} DROP TABLE {t}; ALTER PUBLICATION {name} ADD TABLE {t}{clause}",
+                t = table.quoted()
+            )
+        })
+        .collect()
+}
+
+/// The statement [`sync`] records the configured filter with (the publication's comment).
+pub(crate) fn comment_statement(settings: &Settings, state: &RowFilterState) -> String {
+    let comment = match &state.desired {
+        Some(d) => format!("'{}'", format!("{COMMENT_PREFIX}{d}").replace('\'', "''")),
+        None => "NULL".to_owned(),
+    };
+    format!(
+        "COMMENT ON PUBLICATION {} IS {comment}",
+        quote_ident(settings.postgres.publication.as_str())
+    )
 }
 
 /// What `status` says of the filter, and a warning when config and publication differ.

@@ -23,8 +23,10 @@
 //!
 //! Before anything is connected to or created, setup refuses what `run` would refuse, with the
 //! same message (`crate::sink::refusal`), and it checks `[retention]` against every outbox table
-//! (`crate::retention::check`) before it changes anything. [`check`] (`setup --check`) makes the
-//! same checks and changes nothing: a deploy pipeline's dry run.
+//! (`crate::retention::check`) and the privileges of each change it is about to make (CREATE on
+//! the database and the tables' ownership for a new publication) before it changes anything.
+//! [`check`] (`setup --check`) makes the same checks — the one function, `checks` — and changes
+//! nothing: a deploy pipeline's dry run.
 
 use std::fmt;
 
@@ -131,12 +133,140 @@ pub(crate) fn refuse_as_run(settings: &Settings) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// Checks the server and the outbox table, then creates what is missing. Safe to repeat.
-pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
+/// Every check `setup` makes before it changes anything, and `setup --check` makes all of them:
+/// what `run` refuses, preflight, `[retention]` against every table, and the privileges of the
+/// changes setup is about to make (which `run` does not need: [`check_changes`], the row
+/// filter's).
+async fn checks(settings: &Settings) -> Result<(Client, PreflightReport, Vec<String>), ControlError> {
     refuse_as_run(settings)?;
-    let mut client = connect(settings).await?;
+    let client = connect(settings).await?;
     let preflight = super::preflight(&client, settings).await?;
     let retention = crate::retention::check(&client, settings).await?;
+    check_changes(&client, &preflight).await?;
+    check_row_filter_change(&client, settings, &preflight).await?;
+    Ok((client, preflight, retention))
+}
+
+/// The row filter `setup` would write into an existing publication (`row_filter::sync`) needs the
+/// ownership of the publication and of every outbox table.
+async fn check_row_filter_change(
+    client: &Client,
+    settings: &Settings,
+    pre: &PreflightReport,
+) -> Result<(), ControlError> {
+    let Some(publication) = &pre.publication else {
+        return Ok(());
+    };
+    if pre.role_facts.superuser || pre.server_version_num < super::row_filter::ROW_FILTER_VERSION_NUM {
+        return Ok(());
+    }
+    let server = super::catalog::server_info(client).await?;
+    let state = super::row_filter::read(client, &server, settings).await?;
+    if state.in_sync() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let row = client
+        .query_one("SELECT pg_has_role($1::text::name, 'USAGE')", &[&publication.owner])
+        .await
+        .map_err(ControlError::query("checking ownership of the publication"))?;
+    if !row.get::<_, bool>(0) {
+        missing.push(format!(
+            "ownership of publication {} (owner: {})",
+            pre.publication_name, publication.owner
+        ));
+    }
+    for table in &pre.tables {
+        if !owns(client, &table.facts).await? {
+            missing.push(format!(
+                "ownership of {} (owner: {})",
+                table.facts.name, table.facts.owner
+            ));
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(ControlError::CannotChangeRowFilter {
+        publication: pre.publication_name.clone(),
+        role: pre.role_facts.name.clone(),
+        missing: missing.join(" and "),
+        statements: super::row_filter::alter_statements(settings, &state)
+            .into_iter()
+            .chain([super::row_filter::comment_statement(settings, &state)])
+            .collect(),
+    })
+}
+
+/// The privileges of what setup is about to create or change, checked before anything is: a
+/// missing publication needs CREATE on the database and ownership of every outbox table, a table
+/// added to an existing one (ours: preflight refused another role's) needs its ownership. The
+/// slot needs REPLICATION, which preflight checked.
+async fn check_changes(client: &Client, pre: &PreflightReport) -> Result<(), ControlError> {
+    let role = &pre.role_facts;
+    match &pre.publication {
+        None => {
+            let mut missing = Vec::new();
+            let who = quote_ident(&role.name);
+            if !role.create_on_database {
+                let database = quote_ident(&pre.database);
+                missing.push((
+                    format!("CREATE on database {database}"),
+                    format!("GRANT CREATE ON DATABASE {database} TO {who};"),
+                ));
+            }
+            for table in &pre.tables {
+                if !owns(client, &table.facts).await? {
+                    let name = &table.facts.name;
+                    missing.push((
+                        format!("ownership of {name} (owner: {})", table.facts.owner),
+                        format!("ALTER TABLE {} OWNER TO {who};", name.quoted()),
+                    ));
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            Err(ControlError::CannotCreatePublication {
+                publication: pre.publication_name.clone(),
+                role: role.name.clone(),
+                missing,
+                sql: create_publication_sql(pre),
+            })
+        }
+        Some(p) => {
+            for table in &p.missing_tables {
+                if !owns(client, table).await? {
+                    return Err(ControlError::CannotAddTable {
+                        publication: pre.publication_name.clone(),
+                        table: Box::new(table.name.clone()),
+                        role: role.name.clone(),
+                        owner: table.owner.clone(),
+                        sql: add_table_sql(&pre.publication_name, table),
+                    });
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The connected role has the privileges of `table`'s owner (is it, a member of it, or superuser):
+/// the server's test for `CREATE PUBLICATION … FOR TABLE` and `ADD TABLE`.
+async fn owns(client: &Client, table: &TableFacts) -> Result<bool, ControlError> {
+    let row = client
+        .query_one(
+            "SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = $1",
+            &[&table.oid],
+        )
+        .await
+        .map_err(ControlError::query(format!("checking ownership of {}", table.name)))?;
+    Ok(row.get(0))
+}
+
+/// Checks the server and the outbox table, then creates what is missing. Safe to repeat.
+pub async fn setup(settings: &Settings) -> Result<SetupReport, ControlError> {
+    let (mut client, preflight, retention) = checks(settings).await?;
     let mut notices = Vec::new();
     let publication = ensure_publication(&client, &preflight, &mut notices).await?;
     // Before the slot: a new slot decodes with the filter from its first change on.
@@ -209,10 +339,7 @@ impl fmt::Display for CheckReport {
 /// only for what an operator must fix (credentials, permissions, a missing stream); a broker
 /// that does not answer now is reported and passes, as `run` retries it.
 pub async fn check(settings: &Settings) -> Result<CheckReport, ControlError> {
-    refuse_as_run(settings)?;
-    let client = connect(settings).await?;
-    let preflight = super::preflight(&client, settings).await?;
-    let retention = crate::retention::check(&client, settings).await?;
+    let (_client, preflight, retention) = checks(settings).await?;
     let sink = match crate::sink::probe(settings).await {
         Ok(found) => found,
         Err(e) if e.transient => format!("not reachable now ({e}); `run` waits for it"),
@@ -266,17 +393,7 @@ pub(super) async fn ensure_publication(
             })
         }
         None => {
-            let via_root = if pre.tables.iter().any(|t| t.facts.partitioned) {
-                ", publish_via_partition_root = true"
-            } else {
-                ""
-            };
-            let tables: Vec<String> = pre.tables.iter().map(|t| t.facts.name.quoted()).collect();
-            let sql = format!(
-                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
-                quote_ident(name),
-                tables.join(", ")
-            );
+            let sql = create_publication_sql(pre);
             match client.batch_execute(&sql).await {
                 Ok(()) => {}
                 Err(e) if is_duplicate(&e) => return Ok(PublicationOutcome::AlreadyExists),
@@ -307,14 +424,34 @@ pub(super) async fn ensure_publication(
     }
 }
 
+/// The publication setup creates: every outbox table, inserts only, partitioned tables under
+/// their own names.
+fn create_publication_sql(pre: &PreflightReport) -> String {
+    let via_root = if pre.tables.iter().any(|t| t.facts.partitioned) {
+        ", publish_via_partition_root = true"
+    } else {
+        ""
+    };
+    let tables: Vec<String> = pre.tables.iter().map(|t| t.facts.name.quoted()).collect();
+    format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
+        quote_ident(&pre.publication_name),
+        tables.join(", ")
+    )
+}
+
+fn add_table_sql(publication: &str, table: &TableFacts) -> String {
+    format!(
+        "ALTER PUBLICATION {} ADD TABLE {}",
+        quote_ident(publication),
+        table.name.quoted()
+    )
+}
+
 /// `ALTER PUBLICATION … ADD TABLE` for one outbox table; `false` when a concurrent setup added it
 /// first.
 async fn add_table(client: &Client, name: &str, table: &TableFacts) -> Result<bool, ControlError> {
-    let sql = format!(
-        "ALTER PUBLICATION {} ADD TABLE {}",
-        quote_ident(name),
-        table.name.quoted()
-    );
+    let sql = add_table_sql(name, table);
     match client.batch_execute(&sql).await {
         Ok(()) => Ok(true),
         Err(e) if is_duplicate(&e) => Ok(false),

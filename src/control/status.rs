@@ -106,6 +106,10 @@
 //!                                      // slot: WAL written → confirmed by the relay (after Kafka acked);
 //!                                      // null when no relay streams or there was no recent traffic
 //!     "last_status_update_seconds": 0.3,   // since the streaming relay's last status update; null if none
+//!                                      // or hidden from the role (details_hidden)
+//!     "details_hidden": null,          // why lag_seconds and last_status_update_seconds are null although a
+//!                                      // relay streams: the role cannot see the walsender's replies, with the
+//!                                      // GRANT pg_read_all_stats that lets it; null otherwise
 //!     "thresholds": {                  // what the verdict used (see control/status_health.rs)
 //!       "lag_warn_seconds": 60,        // http.ready_max_lag_seconds
 //!       "lag_critical_seconds": 600,   // 10 × that
@@ -900,7 +904,7 @@ mod tests {
                     publication_ok: true,
                     lag: WalsenderLag {
                         flush_lag_seconds: Some(0.25),
-                        last_reply_seconds: Some(0.5),
+                        last_reply: crate::postgres::slot::Silence::For(std::time::Duration::from_millis(500)),
                     },
                     ..Facts::default()
                 },

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
 use super::{human_bytes, ControlError};
+use crate::postgres::slot::{hidden_from_sql, silent_seconds_sql, Silence};
 
 /// Critical lag is this many times the warn (readiness) threshold.
 pub(crate) const LAG_CRITICAL_FACTOR: u64 = 10;
@@ -81,32 +82,63 @@ pub struct HealthStatus {
     /// Seconds from WAL written to confirmed by the relay (`pg_stat_replication.flush_lag` of the
     /// walsender streaming from the slot); `null` when none streams or there was no recent traffic.
     pub(crate) lag_seconds: Option<f64>,
-    /// Seconds since the streaming relay's last status update; `null` when none streams.
+    /// Seconds since the streaming relay's last status update; `null` when none streams or
+    /// the server hides it ([`Self::details_hidden`]).
     pub(crate) last_status_update_seconds: Option<f64>,
+    /// Why `lag_seconds` and `last_status_update_seconds` are unknown although a relay streams:
+    /// the role cannot see the walsender's replies, and the statement that lets it; `null`
+    /// otherwise.
+    #[serde(default)]
+    pub(crate) details_hidden: Option<String>,
     pub(crate) thresholds: Thresholds,
 }
 
 /// What the walsender streaming from the slot reports (`pg_stat_replication`).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct WalsenderLag {
     pub(crate) flush_lag_seconds: Option<f64>,
-    pub(crate) last_reply_seconds: Option<f64>,
+    /// Since its client's last status update: `Hidden` when this role may not see it.
+    pub(crate) last_reply: Silence,
+}
+
+impl WalsenderLag {
+    fn last_reply_seconds(&self) -> Option<f64> {
+        match &self.last_reply {
+            Silence::For(d) => Some(d.as_secs_f64()),
+            Silence::Hidden { .. } | Silence::Unknown => None,
+        }
+    }
+
+    /// The sentence for [`HealthStatus::details_hidden`].
+    fn hidden(&self) -> Option<String> {
+        match &self.last_reply {
+            Silence::Hidden { role } => Some(format!(
+                "role {role} cannot see the walsender's replies (pg_stat_replication.reply_time and flush_lag need \
+                 the privileges of pg_read_all_stats): {}",
+                crate::postgres::role::stats_grant(role)
+            )),
+            Silence::For(_) | Silence::Unknown => None,
+        }
+    }
 }
 
 pub(crate) async fn walsender_lag(client: &Client, pid: i32) -> Result<WalsenderLag, ControlError> {
     let row = client
         .query_opt(
-            "SELECT EXTRACT(EPOCH FROM r.flush_lag)::float8,
-                    EXTRACT(EPOCH FROM clock_timestamp()
-                            - COALESCE((to_jsonb(r) ->> 'reply_time')::timestamptz, r.backend_start))::float8
-               FROM pg_stat_replication r WHERE r.pid = $1",
+            concat!(
+                "SELECT EXTRACT(EPOCH FROM r.flush_lag)::float8, ",
+                silent_seconds_sql!(),
+                ", ",
+                hidden_from_sql!(),
+                " FROM pg_stat_replication r WHERE r.pid = $1"
+            ),
             &[&pid],
         )
         .await
         .map_err(ControlError::query("reading pg_stat_replication"))?;
     Ok(row.map_or_else(WalsenderLag::default, |r| WalsenderLag {
         flush_lag_seconds: r.get(0),
-        last_reply_seconds: r.get(1),
+        last_reply: Silence::from_columns(r.get(1), r.get(2)),
     }))
 }
 
@@ -248,7 +280,8 @@ pub(crate) fn assess(facts: &Facts, thresholds: Thresholds) -> HealthStatus {
         verdict: found.first().map_or(Verdict::Ok, |(v, _)| *v),
         reasons: found.into_iter().map(|(_, r)| r).collect(),
         lag_seconds: facts.lag.flush_lag_seconds,
-        last_status_update_seconds: facts.lag.last_reply_seconds,
+        last_status_update_seconds: facts.lag.last_reply_seconds(),
+        details_hidden: facts.lag.hidden(),
         thresholds,
     }
 }
@@ -277,9 +310,11 @@ impl HealthStatus {
         use fmt::Write as _;
         writeln!(f, "health: {}", self.verdict)?;
         let bytes = |b: Option<i64>| b.map_or_else(|| "unknown".to_owned(), human_bytes);
-        let seconds = self
-            .lag_seconds
-            .map_or_else(|| "no recent traffic".to_owned(), human_seconds);
+        let seconds = match (self.lag_seconds, &self.details_hidden) {
+            (Some(s), _) => human_seconds(s),
+            (None, Some(_)) => "time unknown (see below)".to_owned(),
+            (None, None) => "no recent traffic".to_owned(),
+        };
         writeln!(f, "  lag: {} of WAL, {seconds}", bytes(lag_bytes))?;
         let t = &self.thresholds;
         let limits = match (t.retained_wal_warn_bytes, t.retained_wal_critical_bytes) {
@@ -293,6 +328,8 @@ impl HealthStatus {
         writeln!(f, "  retained WAL: {}{limits}", bytes(retained))?;
         if let Some(s) = self.last_status_update_seconds {
             writeln!(f, "  last status update from the relay: {} ago", human_seconds(s))?;
+        } else if let Some(why) = &self.details_hidden {
+            writeln!(f, "  last status update from the relay: unknown: {why}")?;
         }
         for r in &self.reasons {
             writeln!(f, "  - {r}")?;
@@ -318,7 +355,7 @@ mod tests {
             publication_ok: true,
             lag: WalsenderLag {
                 flush_lag_seconds: Some(0.2),
-                last_reply_seconds: Some(0.5),
+                last_reply: Silence::For(Duration::from_millis(500)),
             },
             filter_warning: None,
         }

@@ -13,6 +13,14 @@
 //! Rows are fetched as `to_jsonb(row)::text`, so one query works on every supported server
 //! version: a column that version lacks (`wal_status` before 13, `invalidation_reason` before
 //! 17) comes back absent instead of failing the query.
+//!
+//! How long the slot's holder has been silent is measured here once, by [`silent_seconds_sql`],
+//! for the standby's takeover, the exactly-once takeover fence and `status` alike. Invariant:
+//! **a silence the server hides is unknown, never guessed.** `pg_stat_replication` shows a
+//! walsender's `reply_time` only to a role with the privileges of `pg_read_all_stats`
+//! (`crate::postgres::role`); to others the row has a NULL `state` and no replies at all — the
+//! walsender's `backend_start`, which a role still sees for its own backends, says nothing about
+//! whether the holder replies, so it is never read as its silence.
 
 use std::fmt;
 use std::time::Duration;
@@ -108,9 +116,8 @@ pub struct SlotHolder {
     pub(crate) application_name: Option<String>,
     /// `client_addr:client_port` of the holder's connection.
     pub(crate) client: Option<String>,
-    /// Time since the holder's last standby status update (or since its connection started,
-    /// if it never sent one).
-    pub(crate) silent_for: Option<Duration>,
+    /// How long the holder has sent no standby status update, as far as this role can see.
+    pub(crate) silence: Silence,
 }
 
 impl SlotHolder {
@@ -120,7 +127,76 @@ impl SlotHolder {
             ..SlotHolder::default()
         }
     }
+
+    /// Time since the holder's last status update, when this role can know it.
+    pub(crate) fn silent_for(&self) -> Option<Duration> {
+        match self.silence {
+            Silence::For(d) => Some(d),
+            Silence::Hidden { .. } | Silence::Unknown => None,
+        }
+    }
 }
+
+/// What this role can know of how long a walsender's client has been silent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) enum Silence {
+    /// Since its last standby status update (since it connected, if it never sent one).
+    For(Duration),
+    /// `pg_stat_replication` hides the walsender's details from `role` (it lacks the privileges
+    /// of `pg_read_all_stats`): the holder may be replying this very moment.
+    Hidden { role: String },
+    /// Not known for another reason (no `pg_stat_replication` row: the walsender went away
+    /// between the reads, or a holder seen only in the server's refusal).
+    #[default]
+    Unknown,
+}
+
+impl Silence {
+    /// From the slot query's columns: the seconds (NULL when not visible) and, when the
+    /// walsender's details are hidden, the role they are hidden from.
+    pub(crate) fn from_columns(seconds: Option<f64>, hidden_from: Option<String>) -> Silence {
+        if let Some(role) = hidden_from {
+            return Silence::Hidden { role };
+        }
+        seconds
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map_or(Silence::Unknown, |s| Silence::For(Duration::from_secs_f64(s)))
+    }
+}
+
+impl fmt::Display for Silence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Silence::For(d) => write!(f, "{:.1} s ago", d.as_secs_f64()),
+            Silence::Hidden { role } => write!(
+                f,
+                "unknown (pg_stat_replication hides the walsender's replies from role {role}: {})",
+                crate::postgres::role::stats_grant(role)
+            ),
+            Silence::Unknown => f.write_str("unknown"),
+        }
+    }
+}
+
+/// `pg_stat_replication r`'s silence in seconds as an SQL expression: since `reply_time` (since
+/// `backend_start` for a walsender that never got a reply), NULL when the row's details are
+/// hidden from this role (`r.state IS NULL`: see the module docs). `reply_time` is read through
+/// `to_jsonb` because servers before 12 lack the column.
+macro_rules! silent_seconds_sql {
+    () => {
+        "CASE WHEN r.state IS NOT NULL THEN EXTRACT(EPOCH FROM clock_timestamp() \
+           - COALESCE((to_jsonb(r) ->> 'reply_time')::timestamptz, r.backend_start))::float8 END"
+    };
+}
+pub(crate) use silent_seconds_sql;
+
+/// `pg_stat_replication r`'s details are hidden from this role: the role's name, else NULL.
+macro_rules! hidden_from_sql {
+    () => {
+        "CASE WHEN r.pid IS NOT NULL AND r.state IS NULL THEN current_user::text END"
+    };
+}
+pub(crate) use hidden_from_sql;
 
 impl fmt::Display for SlotHolder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -137,8 +213,9 @@ impl fmt::Display for SlotHolder {
         } else if let Some(client) = &self.client {
             write!(f, " (client {client})")?;
         }
-        if let Some(silent) = self.silent_for {
-            write!(f, ", last status update {:.1} s ago", silent.as_secs_f64())?;
+        match &self.silence {
+            Silence::Unknown => {}
+            known => write!(f, ", last status update {known}")?,
         }
         Ok(())
     }
@@ -214,20 +291,26 @@ struct SlotJson {
 /// The only query of `pg_replication_slots` for one slot. Column 0 is the row (as JSON) only
 /// when the slot belongs to this database or is physical; column 1 is the slot's database
 /// either way.
-const SLOT_QUERY: &str = "
+const SLOT_QUERY: &str = concat!(
+    "
 SELECT CASE WHEN s.database IS NULL OR s.database = current_database() THEN to_jsonb(s)::text END,
        s.database::text,
        pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8,
        pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn)::int8,
-       EXTRACT(EPOCH FROM clock_timestamp()
-               - COALESCE((to_jsonb(r) ->> 'reply_time')::timestamptz, r.backend_start))::float8,
+       ",
+    silent_seconds_sql!(),
+    ",
        r.application_name::text,
-       host(r.client_addr) || COALESCE(':' || r.client_port::text, '')
+       host(r.client_addr) || COALESCE(':' || r.client_port::text, ''),
+       ",
+    hidden_from_sql!(),
+    "
   FROM pg_replication_slots s
   CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
                           ELSE pg_current_wal_lsn() END AS lsn) w
   LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
- WHERE s.slot_name = $1";
+ WHERE s.slot_name = $1"
+);
 
 /// Looks the slot up: this database's, another database's, or none.
 pub(crate) async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLookup, SlotQueryError> {
@@ -249,14 +332,11 @@ pub(crate) async fn lookup_slot(client: &Client, slot: &str) -> Result<SlotLooku
     };
     let raw: SlotJson = serde_json::from_str(&json).map_err(|source| SlotQueryError::Row { json, source })?;
     let lsn = |s: Option<String>| s.and_then(|s| s.parse::<Lsn>().ok());
-    let silent_secs: Option<f64> = row.get(4);
     let holder = raw.active_pid.map(|pid| SlotHolder {
         pid: Some(pid),
         application_name: row.get(5),
         client: row.get(6),
-        silent_for: silent_secs
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64),
+        silence: Silence::from_columns(row.get(4), row.get(7)),
     });
     Ok(SlotLookup::Found(Box::new(SlotRow {
         slot_type: raw.slot_type,
@@ -310,6 +390,28 @@ mod tests {
         };
         assert_eq!(healthy.invalidated(), None);
         assert_eq!(SlotRow::default().invalidated(), None);
+    }
+
+    #[test]
+    fn a_hidden_silence_is_unknown_and_names_the_grant() {
+        assert_eq!(
+            Silence::from_columns(Some(1.5), None),
+            Silence::For(Duration::from_millis(1500))
+        );
+        assert_eq!(Silence::from_columns(None, None), Silence::Unknown);
+        assert_eq!(Silence::from_columns(Some(f64::NAN), None), Silence::Unknown);
+        let hidden = SlotHolder {
+            pid: Some(7),
+            silence: Silence::from_columns(None, Some("relay".into())),
+            ..SlotHolder::default()
+        };
+        assert_eq!(hidden.silent_for(), None);
+        assert_eq!(
+            hidden.to_string(),
+            "walsender pid 7, last status update unknown (pg_stat_replication hides the walsender's replies from \
+             role relay: GRANT pg_read_all_stats TO \"relay\";)"
+        );
+        assert_eq!(SlotHolder::from_pid(Some(7)).to_string(), "walsender pid 7");
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub enum RelayError {
         requested: Lsn,
         confirmed: Lsn,
     },
+    /// The role cannot do what the configuration asks (`setup` refuses it too).
+    #[error(transparent)]
+    Role(#[from] crate::postgres::role::RoleRefusal),
     #[error("{0}")]
     Sink(#[source] SinkError),
     /// A shutdown's drain ran out of `relay.shutdown_timeout_ms` with records unacknowledged.
@@ -228,6 +231,7 @@ impl RelayError {
             RelayError::Paused { .. } | RelayError::Unheard { .. } | RelayError::NoWalPosition => true,
             RelayError::Sink(e) => e.transient,
             RelayError::Refused(_)
+            | RelayError::Role(_)
             | RelayError::SlotMissing { .. }
             | RelayError::WrongSlotPlugin { .. }
             | RelayError::PhysicalSlot { .. }

@@ -102,6 +102,8 @@ pub(crate) struct Carried {
     /// Commit time (µs) of the latest transaction with events any session of this process
     /// confirmed: the recovery point named when the slot turns out to be gone.
     pub(crate) last_confirmed_commit_unix_us: Option<i64>,
+    /// The role passed its start checks once (`postgres/role.rs`).
+    pub(crate) role_checked: bool,
 }
 
 /// Streams until `shutdown` turns true (returns `Ok`) or a fatal error occurs, reporting what

@@ -200,8 +200,10 @@ pub(crate) async fn run_session(
     }
 }
 
-/// What a session checks and reads on its control connection before it streams: the slot
-/// (missing or lost is fatal, held by someone else means standing by), the publication, the
+/// What a session checks and reads on its control connection before it streams: the role
+/// (first: a role that can never stream fails whether the slot is free or held,
+/// `postgres/role.rs`), the
+/// slot (missing or lost is fatal, held by someone else means standing by), the publication, the
 /// column mapping, and what the decoder needs of the catalog.
 async fn before_streaming(
     control: &tokio_postgres::Client,
@@ -209,6 +211,9 @@ async fn before_streaming(
     ctx: &mut SessionContext,
 ) -> Result<(slot::StartPoint, Decoder), RelayError> {
     let slot_name = settings.postgres.slot.as_str();
+    let role = crate::postgres::role::role_facts(control).await?;
+    let fenced = crate::sink::takeover_fenced(settings);
+    crate::postgres::role::check_session(settings, &role, fenced, &mut ctx.carried.role_checked)?;
     let slot = slot::check_for_start(slot_name, slot::read_slot(control, slot_name).await?)?;
     publication::log_note(
         publication::check(control, settings).await?,

@@ -15,7 +15,8 @@
 //!   that WAL and the relay refuses to continue ([`RelayError::SlotAdvanced`]).
 //! * **Only a stale walsender is ever terminated**, and only when the operator opted in
 //!   (`takeover_after_ms`) or when it is this process's own previous walsender. The staleness
-//!   test and the termination are one SQL statement, so a holder that just recovered is spared.
+//!   test and the termination are one SQL statement, so a holder that just recovered is spared,
+//!   and a holder whose replies this role cannot see (no `pg_read_all_stats`) is never stale.
 
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use tokio_postgres::Client;
 
 use super::error::RelayError;
 use crate::postgres::lsn::Lsn;
+use crate::postgres::slot::silent_seconds_sql;
 pub(crate) use crate::postgres::slot::{SlotHolder, SlotRow};
 
 /// The slot's row, or `None` if this database has no slot of that name (the one shared query,
@@ -94,22 +96,25 @@ pub(crate) async fn verify_start(client: &Client, slot: &str, requested: Lsn) ->
 
 /// Terminates the walsender `pid` if it still holds `slot` and has been silent for at least
 /// `min_silence` (`None`: no silence required — only for this process's own old walsender).
-/// Returns whether a backend was terminated.
+/// A silence this role cannot see is never long enough. Returns whether a backend was
+/// terminated.
 pub(crate) async fn terminate_holder(
     client: &Client,
     slot: &str,
     pid: i32,
     min_silence: Option<Duration>,
 ) -> Result<bool, RelayError> {
-    let min_secs = min_silence.map_or(0.0, |d| d.as_secs_f64());
+    let min_secs = min_silence.map(|d| d.as_secs_f64());
     let row = client
         .query_opt(
-            "SELECT pg_terminate_backend(s.active_pid)
-               FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-              WHERE s.slot_name = $1 AND s.active_pid = $2
-                AND EXTRACT(EPOCH FROM clock_timestamp()
-                            - COALESCE((to_jsonb(r) ->> 'reply_time')::timestamptz, r.backend_start))::float8
-                    >= $3::float8",
+            concat!(
+                "SELECT pg_terminate_backend(s.active_pid)
+                   FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+                  WHERE s.slot_name = $1 AND s.active_pid = $2
+                    AND ($3::float8 IS NULL OR ",
+                silent_seconds_sql!(),
+                " >= $3::float8)"
+            ),
             &[&slot, &pid, &min_secs],
         )
         .await?;
@@ -220,7 +225,7 @@ mod tests {
             pid: Some(4242),
             application_name: Some("outbox-relay".into()),
             client: Some("10.0.0.7:51234".into()),
-            silent_for: Some(Duration::from_millis(1500)),
+            silence: crate::postgres::slot::Silence::For(Duration::from_millis(1500)),
         };
         let err = check_for_start(
             "s",

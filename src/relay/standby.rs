@@ -11,6 +11,12 @@
 //! * the operator opted in with `relay.takeover_after_ms` and the holder has sent no status
 //!   update for that long (a frozen or partitioned instance). The staleness test and
 //!   `pg_terminate_backend` are one statement, so a holder that just recovered is spared.
+//!
+//! A holder whose status updates this role cannot see (`pg_stat_replication` shows
+//! `reply_time` only with the privileges of `pg_read_all_stats`) is never judged silent: its
+//! silence is unknown, not long. `run` refuses `takeover_after_ms` without those privileges
+//! (`postgres/role.rs`), so this is met only when they were revoked while the relay ran; it is logged
+//! once per holder.
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +29,7 @@ use super::SessionContext;
 use crate::config::Settings;
 use crate::ops::health::Mode;
 use crate::postgres::client as pg_client;
+use crate::postgres::slot::Silence;
 
 /// After terminating a holder, the next attempt comes this soon (its walsender needs a moment
 /// to release the slot).
@@ -32,6 +39,8 @@ const AFTER_TERMINATE: Duration = Duration::from_millis(200);
 #[derive(Debug, Default)]
 pub(crate) struct Standby {
     announced_holder: Option<Option<i32>>,
+    /// The holder whose replies were hidden from this role, once that was logged.
+    announced_hidden: Option<Option<i32>>,
     /// Our own old walsender, once asked to terminate: if it lingers (a frozen backend handles
     /// the signal only when it runs again), later attempts wait a standby poll, not a moment.
     terminated_own: Option<i32>,
@@ -60,7 +69,7 @@ impl Standby {
             return AFTER_TERMINATE;
         }
         ctx.health.set_mode(Mode::Standby);
-        ctx.carried.predecessor.observe(holder.silent_for, Instant::now());
+        ctx.carried.predecessor.observe(holder.silent_for(), Instant::now());
         if self.announced_holder != Some(holder.pid) {
             self.announced_holder = Some(holder.pid);
             info!(
@@ -70,7 +79,21 @@ impl Standby {
                 "slot is held by another instance; standing by"
             );
         }
-        if let (Some(limit), Some(pid), Some(silent)) = (settings.relay.takeover_after, holder.pid, holder.silent_for) {
+        if let (Some(limit), Silence::Hidden { role }) = (settings.relay.takeover_after, &holder.silence) {
+            if self.announced_hidden != Some(holder.pid) {
+                self.announced_hidden = Some(holder.pid);
+                warn!(
+                    slot,
+                    holder = %holder,
+                    takeover_after_ms = limit.as_millis() as u64,
+                    "this relay cannot see whether the slot holder replies, so it never terminates it \
+                     (relay.takeover_after_ms has no effect until {})",
+                    crate::postgres::role::stats_grant(role)
+                );
+            }
+        }
+        if let (Some(limit), Some(pid), Some(silent)) = (settings.relay.takeover_after, holder.pid, holder.silent_for())
+        {
             if silent >= limit {
                 warn!(
                     slot,
@@ -90,6 +113,7 @@ impl Standby {
     /// The slot was acquired (or the session ended for another reason).
     pub(crate) fn reset(&mut self) {
         self.announced_holder = None;
+        self.announced_hidden = None;
         self.terminated_own = None;
     }
 }

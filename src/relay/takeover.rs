@@ -13,6 +13,9 @@
 //! while it waits ([`Predecessor::observe`]).
 //!
 //! Invariant: **the fence is skipped only when the holder provably stopped sending**. A holder
+//! whose silence the standby could not see (its role lacks `pg_read_all_stats`, so
+//! `pg_stat_replication` hides the holder's replies) gets the fence, timed from the last look, the
+//! latest it may have replied. A holder
 //! that was still replying at the standby's last look (within two status intervals) and whose
 //! walsender then went away without anyone terminating it closed its own connection: its process
 //! died, or it ended its session, which abandons its producer (queue purged, requests on the wire
@@ -36,8 +39,9 @@ pub(crate) enum Predecessor {
     None,
     /// Another instance held the slot.
     Seen {
-        /// When its walsender last heard a status update from it (this host's clock).
-        last_reply: Instant,
+        /// When its walsender last heard a status update from it (this host's clock); `None`:
+        /// not known to this process.
+        last_reply: Option<Instant>,
         /// When this process last saw it holding the slot.
         seen_at: Instant,
         /// Whether this process terminated its walsender (`relay.takeover_after_ms`).
@@ -47,9 +51,9 @@ pub(crate) enum Predecessor {
 
 impl Predecessor {
     /// The slot is held by another instance, silent for `silent_for` as `pg_stat_replication`
-    /// says (`None`: unknown, taken as "replied just now", the cautious reading).
+    /// says (`None`: unknown — fenced, as if it had replied at this look, the cautious reading).
     pub(crate) fn observe(&mut self, silent_for: Option<Duration>, now: Instant) {
-        let last_reply = silent_for.and_then(|s| now.checked_sub(s)).unwrap_or(now);
+        let last_reply = silent_for.map(|s| now.checked_sub(s).unwrap_or(now));
         *self = Predecessor::Seen {
             last_reply,
             seen_at: now,
@@ -80,26 +84,31 @@ impl Predecessor {
         else {
             return None;
         };
-        let silent_at_last_look = seen_at.saturating_duration_since(last_reply);
-        if !terminated && silent_at_last_look <= settings.relay.status_interval * 2 {
+        let silent_at_last_look = last_reply.map(|r| seen_at.saturating_duration_since(r));
+        if !terminated && silent_at_last_look.is_some_and(|s| s <= settings.relay.status_interval * 2) {
             return None;
         }
         let max = fence_max(settings, expiry);
-        let until = last_reply + max;
+        let until = last_reply.unwrap_or(seen_at) + max;
         let wait = until.checked_duration_since(now).filter(|w| !w.is_zero())?;
         let why = if terminated {
             "terminated its walsender"
         } else {
             "its walsender went away"
         };
+        let holder = match silent_at_last_look {
+            Some(s) => format!("a holder that was silent for {:.1} s", s.as_secs_f64()),
+            None => "a holder whose status updates this relay could not see (its role lacks pg_read_all_stats), \
+                     timed from the last look"
+                .to_owned(),
+        };
         Some(Fence {
             until,
             until_utc: SystemTime::now() + wait,
             reason: format!(
-                "took the slot over from a holder that was silent for {:.1} s ({why}); records it may still have \
+                "took the slot over from {holder} ({why}); records it may still have \
                  queued in the broker's client land or expire {} s after its last status update (relay stale limit \
                  {} s + {} {} ms + 1 s)",
-                silent_at_last_look.as_secs_f64(),
                 max.as_secs(),
                 settings.relay.stale_limit().as_secs(),
                 expiry.key,
@@ -159,6 +168,13 @@ mod tests {
     }
 
     #[test]
+    fn only_exactly_once_through_a_queueing_client_is_fenced() {
+        // What `run` and `setup` warn about for a role that cannot see status updates.
+        assert!(crate::sink::takeover_fenced(&exactly_once()));
+        assert!(!crate::sink::takeover_fenced(&settings("")));
+    }
+
+    #[test]
     fn a_fresh_process_and_a_holder_that_closed_its_own_connection_wait_for_nothing() {
         let s = exactly_once();
         let now = Instant::now();
@@ -210,5 +226,20 @@ mod tests {
             p.fence(&s, expiry(&s), now).map(|f| f.until),
             Some(now + Duration::from_secs(14))
         );
+    }
+
+    #[test]
+    fn a_holder_whose_replies_were_hidden_is_fenced_though_its_walsender_just_went_away() {
+        // Not terminated, gone 2 s after the last look: had its replies been visible and recent,
+        // no fence; unseen, nothing proves it stopped sending.
+        let s = exactly_once();
+        let looked = Instant::now();
+        let mut p = Predecessor::None;
+        p.observe(None, looked);
+        let f = p
+            .fence(&s, expiry(&s), looked + Duration::from_secs(2))
+            .expect("fenced");
+        assert_eq!(f.until, looked + Duration::from_secs(14));
+        assert!(f.reason.contains("pg_read_all_stats"), "{}", f.reason);
     }
 }

@@ -431,6 +431,14 @@ pub(crate) fn exactly_once(settings: &Settings) -> ExactlyOnce {
     )
 }
 
+/// Whether a takeover under this configuration waits a fence timed from the previous holder's
+/// status updates: exactly-once delivery by read-back through a client that queues records
+/// (`relay/takeover.rs`).
+pub(crate) fn takeover_fenced(settings: &Settings) -> bool {
+    settings.relay.delivery == crate::config::relay::Delivery::ExactlyOnce
+        && matches!(exactly_once(settings), ExactlyOnce::ReadBack(sink) if sink.queue_expiry().is_some())
+}
+
 /// What a trace says of the configured sink: OpenTelemetry's `messaging.system`, and the
 /// attribute the record key goes in, if the conventions define one for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use outbox_relay::config::Settings;
 use outbox_relay::control::{
-    self, ControlError, Dropped, PublicationOutcome, SlotOutcome, StartRefusal, StatusReport, STATUS_SCHEMA_VERSION,
+    self, ControlError, Dropped, PublicationOutcome, RoleRefusal, SlotOutcome, StartRefusal, StatusReport,
+    STATUS_SCHEMA_VERSION,
 };
 use tokio_postgres::Client;
 
@@ -18,8 +19,8 @@ use crate::harness::postgres::PG_BIN;
 use outbox_relay::postgres::replication::connection::ReplicationConnection;
 
 use crate::harness::{
-    create_schema_a, free_port, invalidate_slot, run_cmd, shared_cluster, slot_row, unique_name, wait_until, PgCluster,
-    RelayConfig, RelayProcess,
+    create_schema_a, free_port, invalidate_slot, run_cmd, shared_cluster, slot_row, unique_name, url_as, wait_until,
+    PgCluster, RelayConfig, RelayProcess,
 };
 
 // ------------------------------------------------------------------ local helpers
@@ -93,14 +94,6 @@ async fn finish(pg: &PgCluster, db: &str) {
     if !pg.is_local() {
         pg.drop_database(db).await;
     }
-}
-
-/// `url` with its credentials replaced by `user:password`.
-fn url_as(url: &str, user: &str, password: &str) -> String {
-    let start = url.find("://").expect("scheme") + 3;
-    let rest = &url[start..];
-    let host_start = rest.find('@').map_or(0, |i| i + 1);
-    format!("{}{user}:{password}@{}", &url[..start], &rest[host_start..])
 }
 
 /// Creates a login role with a password (the harness's pg_hba lets such roles in with SCRAM).
@@ -408,12 +401,12 @@ async fn role_without_replication_gets_the_alter_role_hint() {
         .unwrap();
     let cfg = Cfg::schema_a(&url_as(&pg.url(&db), &role, &password));
     let err = expect_err(&cfg.settings()).await;
-    assert!(matches!(err, ControlError::NoReplicationPrivilege { .. }), "{err:?}");
-    let msg = err.to_string();
     assert!(
-        msg.contains(&format!(r#"ALTER ROLE "{role}" WITH REPLICATION"#)),
-        "{msg}"
+        matches!(err, ControlError::Role(RoleRefusal::NoReplication { .. })),
+        "{err:?}"
     );
+    let msg = err.to_string();
+    assert!(msg.contains(&format!(r#"ALTER ROLE "{role}" REPLICATION;"#)), "{msg}");
     assert!(!msg.contains(&password), "password leaked: {msg}");
     assert!(slot_row(&admin, &cfg.slot).await.is_none(), "nothing may be created");
     finish(pg, &db).await;
@@ -433,16 +426,23 @@ async fn replication_role_needs_select_and_table_ownership() {
         "{err}"
     );
 
-    // SELECT is enough to pass preflight, but CREATE PUBLICATION needs the table's owner.
+    // SELECT is enough to pass preflight, but CREATE PUBLICATION needs the table's owner (and
+    // CREATE on the database): refused before anything is tried, by `setup --check` alike.
     admin
         .batch_execute(&format!("GRANT SELECT ON events_outbox TO {role}"))
         .await
         .unwrap();
     let err = expect_err(&cfg.settings()).await;
-    assert!(matches!(err, ControlError::PermissionDenied { .. }), "{err:?}");
+    assert!(matches!(err, ControlError::CannotCreatePublication { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(msg.contains("owner") && msg.contains("CREATE PUBLICATION"), "{msg}");
-    assert!(msg.contains("42501"), "{msg}");
+    assert!(
+        msg.contains("ownership of \"public\".\"events_outbox\"") && msg.contains("CREATE PUBLICATION"),
+        "{msg}"
+    );
+    let checked = control::check(&cfg.settings())
+        .await
+        .expect_err("setup --check refuses too");
+    assert_eq!(checked.to_string(), msg);
 
     // Once the superuser created the publication, setup as the role finds it and makes the slot.
     admin

@@ -36,6 +36,7 @@ mod pg_versions;
 mod poll;
 mod replay;
 mod retention;
+mod roles;
 mod sink_kinesis;
 mod sink_nats;
 mod sink_pubsub;

@@ -145,8 +145,8 @@ pub use kafka::MockKafka;
 pub use kafka_real::{replicated_kafka, shared_kafka, ClusterSpec, KafkaCluster, KafkaNs, SaslSsl};
 pub use postgres::{
     confirmed_flush_lsn, current_wal_lsn, format_lsn, invalidate_slot, parse_lsn, pg_bin_for_major, shared_cluster,
-    skip_missing_major, slot_row, PgCluster, SlotRow, EXTERNAL_PG_ENV, PINNED_PG_VERSIONS, SCRAM_PASSWORD, SCRAM_USER,
-    SUPPORTED_MAJORS,
+    skip_missing_major, slot_row, url_as, PgCluster, SlotRow, EXTERNAL_PG_ENV, PINNED_PG_VERSIONS, SCRAM_PASSWORD,
+    SCRAM_USER, SUPPORTED_MAJORS,
 };
 pub use relay_process::{
     prepared, prepared_ns, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN,

@@ -612,6 +612,15 @@ fn url_db(url: &str) -> Option<String> {
     (!db.is_empty()).then(|| db.to_string())
 }
 
+/// `url` with its credentials replaced by `user:password` (a role of a test's own; the
+/// harness's `pg_hba.conf` lets it in with SCRAM).
+pub fn url_as(url: &str, user: &str, password: &str) -> String {
+    let start = url.find("://").expect("scheme") + 3;
+    let rest = &url[start..];
+    let host_start = rest.find('@').map_or(0, |i| i + 1);
+    format!("{}{user}:{password}@{}", &url[..start], &rest[host_start..])
+}
+
 pub fn url_port(url: &str) -> Option<u16> {
     let before_query = url.split('?').next()?;
     let rest = &before_query[before_query.find("://")? + 3..];
