@@ -57,9 +57,7 @@ impl SinkHarness for Kinesis {
     fn configure(&self, config: RelayConfig, regex: &str, name: &str) -> RelayConfig {
         let section = self.moto.section();
         let pairs: Vec<(&str, &str)> = section.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        config
-            .sink("kinesis", &pairs)
-            .route(regex, &self.destination(name))
+        config.sink("kinesis", &pairs).route(regex, &self.destination(name))
     }
 
     fn env(&self) -> Vec<(&'static str, String)> {
