@@ -386,11 +386,13 @@ async fn run(settings: Settings) -> ExitCode {
         return ExitCode::from(1);
     };
     // The stream itself runs on a thread of its own (`relay::run`); this task only waits for it.
+    let slot = settings.postgres.slot.clone();
     let relay = tokio::spawn(async move { relay::run(&settings, rx, health).await });
     match relay.await {
         Ok(Ok(())) => ExitCode::SUCCESS,
+        // The one line that says why the relay stopped: nothing below logs it again.
         Ok(Err(e)) => {
-            error!("{e}");
+            error!(slot = %slot, "fatal: {e}");
             ExitCode::from(1)
         }
         Err(e) => {

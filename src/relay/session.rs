@@ -152,14 +152,8 @@ pub(crate) async fn run_session(
         ctx,
     )
     .await;
-    match &outcome {
-        // The outage summary says it (`outage.rs`).
-        Err(e) if ctx.broker.stalled() && e.is_delivery_failure() => {
-            info!(error = %e, slot = %settings.postgres.slot, "stopping stream")
-        }
-        Err(e) => warn!(error = %e, slot = %settings.postgres.slot, "stopping stream"),
-        Ok(_) => {}
-    }
+    // How the session ended is logged once, by whoever decides what follows: the supervisor for a
+    // reconnect (`reconnecting`, or the outage summary), `run` for a fatal error.
     // A paused holder may have been taken over: what it still has queued must not reach the
     // sink after the new holder replayed, so nothing is waited for (`liveness.rs`).
     let wait = match &outcome {
