@@ -44,7 +44,7 @@ pub(crate) mod transactions;
 use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;
 use self::http::{HttpSection, HttpSettings};
-use self::ident::IdentError;
+use self::ident::{Ident, IdentError};
 use self::outbox::{OutboxMapping, OutboxSection, RouteSection, TopicRoute};
 use self::poll::{PollSection, PollSettings};
 use self::postgres::{PostgresSection, PostgresSettings};
@@ -327,6 +327,27 @@ impl Settings {
                 None => None,
             },
         })
+    }
+
+    /// The column holding each row's creation time, with the config key that chose it: what
+    /// everything that ages or selects rows by time reads — retention, `replay --since/--until`,
+    /// `setup --backfill --since`, `status`'s oldest row, the poller's claim order.
+    /// `retention.timestamp_column`, else `outbox.timestamp_column`, else `created_at`.
+    ///
+    /// Invariant: it never depends on whether the record carries a timestamp — leaving
+    /// `outbox.timestamp_column` unset (exactly-once by read-back asks for it) still finds the
+    /// rows' `created_at`.
+    pub(crate) fn created_at_column(&self) -> (Ident, &'static str) {
+        if let Some(c) = self.retention.as_ref().and_then(|r| r.timestamp_column.clone()) {
+            return (c, "retention.timestamp_column");
+        }
+        match &self.outbox.timestamp {
+            Some(c) => (c.clone(), "outbox.timestamp_column"),
+            None => (
+                Ident::parse("created_at", "created_at").expect("a plain literal identifier"),
+                "the default: neither retention.timestamp_column nor outbox.timestamp_column is set",
+            ),
+        }
     }
 
     /// A warning for the operator about this configuration, logged when `run` starts.

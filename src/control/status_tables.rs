@@ -72,12 +72,7 @@ fn time_text(sql_expr: &str) -> String {
 }
 
 async fn read_one(client: &Client, settings: &Settings, table: &TableName) -> TableFigures {
-    let timestamp = match &settings.retention {
-        Some(r) => r.timestamp_column(settings.outbox.timestamp.as_ref()),
-        None => settings.outbox.timestamp.clone().unwrap_or_else(|| {
-            crate::config::ident::Ident::parse("created_at", "created_at").expect("a plain literal")
-        }),
-    };
+    let (timestamp, _) = settings.created_at_column();
     let mut status = TableFigures {
         estimated_rows: None,
         size_bytes: None,

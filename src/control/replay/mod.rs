@@ -153,6 +153,25 @@ pub(crate) async fn replay(
         let facts = super::preflight::check_outbox_table(&client, settings, &table).await?;
         sources.push(Source::of(settings, &table, &facts.columns)?);
     }
+    // Times select by the creation-time column, the one retention ages rows by — not the
+    // record timestamp (`outbox.timestamp_column`), which may well be unset.
+    let (created_at, chosen_by) = settings.created_at_column();
+    let mut created = true;
+    for source in &sources {
+        if super::catalog::has_column(&client, &source.table, &created_at).await? {
+            continue;
+        }
+        if args.criteria.by_time() {
+            return Err(ReplayError::Usage(format!(
+                "a time for --since/--until selects rows by their creation time, read from column {created_at} \
+                 ({chosen_by}), but {} has no such column. Set retention.timestamp_column (or \
+                 outbox.timestamp_column) to the column holding each row's creation time, or select by id \
+                 (--since id:N)",
+                source.table
+            )));
+        }
+        created = false;
+    }
     let arguments = args.criteria.canonical(args.to_topic.as_deref());
     let file = StateFile::new(&args.state_dir, &arguments);
     let mut notes = Vec::new();
@@ -179,35 +198,40 @@ pub(crate) async fn replay(
                 .get(0);
             ReplayState {
                 arguments,
-                condition: args.criteria.condition(settings, &now),
+                condition: args.criteria.condition(settings, &now, created),
                 acknowledged: 0,
                 position: None,
             }
         }
     };
-    let mut retention_records = None;
+    // What retention itself recorded (`status` shows the same), read once.
+    let retention_records = match settings.retention {
+        Some(_) => super::status_tables::read(&client, settings).await,
+        None => Vec::new(),
+    };
     for source in &sources {
+        let recorded = settings
+            .outbox
+            .tables
+            .iter()
+            .position(|t| *t == source.table)
+            .and_then(|i| retention_records.get(i)?.last_retention.as_ref())
+            .filter(|r| r.total_removed_rows > 0);
+        // A row older than the oldest one left is missing only if rows were ever removed: a new
+        // table simply has none older.
+        let removed = recorded.is_some() || super::catalog::deleted_rows(&client, &source.table).await? > 0;
+        if !removed {
+            continue;
+        }
         let Some(mut note) = removed_rows(&client, settings, &args.criteria, source).await? else {
             continue;
         };
-        if settings.retention.is_some() {
-            // What retention itself recorded (`status` shows the same), read once.
-            if retention_records.is_none() {
-                retention_records = Some(super::status_tables::read(&client, settings).await);
-            }
-            let recorded = settings
-                .outbox
-                .tables
-                .iter()
-                .position(|t| *t == source.table)
-                .and_then(|i| retention_records.as_ref()?.get(i)?.last_retention.as_ref());
-            if let Some(r) = recorded.filter(|r| r.total_removed_rows > 0) {
-                note.push_str(&format!(
-                    "; retention's record: {} rows removed from this table in all, the newest created at {}",
-                    r.total_removed_rows,
-                    r.last_removed_through.as_deref().unwrap_or("(not recorded)")
-                ));
-            }
+        if let Some(r) = recorded {
+            note.push_str(&format!(
+                "; retention's record: {} rows removed from this table in all, the newest created at {}",
+                r.total_removed_rows,
+                r.last_removed_through.as_deref().unwrap_or("(not recorded)")
+            ));
         }
         notes.push(note);
     }
@@ -541,7 +565,8 @@ async fn first_rows(
 }
 
 /// What `--since` asked for that is no longer in `source`'s table, said with how many rows
-/// where the table can tell (a sequence id), and with `[retention] keep` when configured.
+/// where the table can tell (a sequence id), and with `[retention] keep` when configured. Asked
+/// only of a table rows were removed from (retention's record or the table's statistics say so).
 async fn removed_rows(
     client: &Client,
     settings: &Settings,
@@ -596,10 +621,10 @@ async fn removed_rows(
             }))
         }
         Some(Bound::At(_) | Bound::Ago(_)) => {
-            let (Some(ts), Some(since_sql)) = (&settings.outbox.timestamp, criteria.since_sql()) else {
+            let Some(since_sql) = criteria.since_sql() else {
                 return Ok(None);
             };
-            let ts = ts.quoted();
+            let ts = settings.created_at_column().0.quoted();
             let row = query(format!(
                 "SELECT min({ts})::text, extract(epoch FROM min({ts}) - {since_sql})::float8 FROM {table}"
             ))
