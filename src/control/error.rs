@@ -258,6 +258,38 @@ pub enum ControlError {
     },
 }
 
+impl From<crate::outbox::column_types::MappingError> for ControlError {
+    fn from(e: crate::outbox::column_types::MappingError) -> Self {
+        use crate::outbox::column_types::MappingError;
+        match e {
+            MappingError::ColumnNotFound {
+                key,
+                column,
+                table,
+                columns,
+            } => ControlError::ColumnNotFound {
+                key,
+                column,
+                table,
+                columns,
+            },
+            MappingError::UnusableType {
+                key,
+                column,
+                table,
+                type_name,
+                accepted,
+            } => ControlError::UnusableColumnType {
+                key,
+                column,
+                table,
+                type_name,
+                accepted,
+            },
+        }
+    }
+}
+
 impl ControlError {
     /// Wraps a failed statement, saying what the relay was doing when it failed.
     pub(crate) fn query(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> ControlError {

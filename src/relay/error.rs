@@ -1,6 +1,7 @@
 //! Why a streaming session ended, and whether the supervisor reconnects or stops.
 
 use crate::outbox::bad_event::BadEvent;
+use crate::outbox::column_types::MappingError;
 use crate::outbox::layout::LayoutError;
 use crate::postgres::client::ConnectError;
 use crate::postgres::failure::{describe_pg, is_transient_pg};
@@ -164,6 +165,9 @@ pub enum RelayError {
     },
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// The column mapping does not fit an outbox table (checked before streaming).
+    #[error(transparent)]
+    Mapping(#[from] MappingError),
     #[error("undecodable pgoutput message after {lsn}: {source}")]
     Decode { lsn: Lsn, source: DecodeError },
     #[error("undecodable replication frame: {0}")]
@@ -222,6 +226,7 @@ impl RelayError {
             | RelayError::SlotAdvanced { .. }
             | RelayError::BadEvent { .. }
             | RelayError::Layout(_)
+            | RelayError::Mapping(_)
             | RelayError::Decode { .. }
             | RelayError::Frame(_)
             | RelayError::Watermark(_)
