@@ -38,6 +38,22 @@ pub(crate) async fn has_column(client: &Client, table: &TableName, column: &Iden
     Ok(row.get(0))
 }
 
+/// Why a selection by time (`what`, e.g. "--since") cannot run on `table`: it lacks the
+/// creation-time column (`Settings::created_at_column`); `instead` is the selection by id.
+pub(crate) fn no_creation_column(
+    settings: &crate::config::Settings,
+    table: &TableName,
+    what: &str,
+    instead: &str,
+) -> String {
+    let (column, chosen_by) = settings.created_at_column();
+    format!(
+        "{what} selects rows by their creation time, read from column {column} ({chosen_by}), but {table} has no \
+         such column. Set retention.timestamp_column (or outbox.timestamp_column) to the column holding each row's \
+         creation time, or {instead}"
+    )
+}
+
 /// Rows deleted from `table` (over its partitions) since its statistics were last reset, as the
 /// cumulative statistics count them (`n_tup_del`; a dropped partition's rows are not counted).
 pub(crate) async fn deleted_rows(client: &Client, table: &TableName) -> Result<i64, ControlError> {

@@ -16,26 +16,18 @@ use crate::config::outbox::OutboxMapping;
 use crate::postgres::client::CatalogColumn;
 
 /// A configured column the outbox table does not have, or has with a type the relay cannot use
-/// there. Fatal: the configuration or the table must change.
+/// there. Fatal: the configuration or the table must change. (`setup`'s `ControlError` carries
+/// the same fields and says the same words.)
 #[derive(Debug, thiserror::Error)]
 pub enum MappingError {
-    #[error(
-        "{key} = {column}, but the outbox table {table} has no such column; its columns are: {}. Fix {key} in the \
-         config (double-quote mixed-case names, e.g. '\"AggregateId\"') or add the column, then start the relay \
-         again (`outbox-relay setup --check` makes this check without streaming)",
-        .columns.join(", ")
-    )]
+    #[error("{}", not_found(key, column, table, columns))]
     ColumnNotFound {
         key: &'static str,
         column: Ident,
         table: TableName,
         columns: Vec<String>,
     },
-    #[error(
-        "{key} = {column}: column {column} of the outbox table {table} has type {type_name}, which the relay cannot \
-         use there; accepted: {accepted}. Point {key} at another column or change the column's type, then start \
-         the relay again"
-    )]
+    #[error("{}", unusable(key, column, table, type_name, accepted))]
     UnusableType {
         key: &'static str,
         column: Ident,
@@ -44,6 +36,24 @@ pub enum MappingError {
         type_name: String,
         accepted: &'static str,
     },
+}
+
+/// [`MappingError::ColumnNotFound`]'s words.
+pub(crate) fn not_found(key: &str, column: &Ident, table: &TableName, columns: &[String]) -> String {
+    format!(
+        "{key} = {column}, but the outbox table {table} has no such column; its columns are: {}. Fix {key} in the \
+         config (double-quote mixed-case names, e.g. '\"AggregateId\"') or add the column \
+         (`outbox-relay setup --check` makes this check without streaming)",
+        columns.join(", ")
+    )
+}
+
+/// [`MappingError::UnusableType`]'s words.
+pub(crate) fn unusable(key: &str, column: &Ident, table: &TableName, type_name: &str, accepted: &str) -> String {
+    format!(
+        "{key} = {column}: column {column} of the outbox table {table} has type {type_name}, which the relay cannot \
+         use there; accepted: {accepted}. Point {key} at another column or change the column's type"
+    )
 }
 
 /// Every mapped column of `mapping` ([`OutboxMapping::columns`], with its config key) found in

@@ -961,8 +961,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.starts_with("route.topic = \"tenant\", but the outbox table \"public\".\"events_outbox\" has no such column")
-                && err.contains("\"id\", \"aggregate_id\", \"type\", \"payload\""),
+            err.starts_with(
+                "route.topic = \"tenant\", but the outbox table \"public\".\"events_outbox\" has no such column"
+            ) && err.contains("\"id\", \"aggregate_id\", \"type\", \"payload\""),
             "{err}"
         );
 

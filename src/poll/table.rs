@@ -35,7 +35,6 @@ pub(crate) struct PendingIndex {
     pub(crate) valid: bool,
 }
 
-
 /// Checks `table` (one of `outbox.table`) for polling.
 pub(crate) async fn check(client: &Client, settings: &Settings, table: &TableName) -> Result<PollTable, PollError> {
     let facts = check_outbox_table(client, settings, table)

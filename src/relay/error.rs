@@ -132,8 +132,12 @@ pub enum RelayError {
     },
     #[error(
         "outbox event id={id} (transaction committed at {commit_lsn}) cannot be published: {cause}. Nothing from its \
-         transaction on is confirmed (relay.on_bad_event = \"fail\"). Fix the cause (docs/reliability.md) and restart, \
-         or set relay.on_bad_event = \"dead-letter\" (with relay.dead_letter_topic) or \"skip\" to move past it"
+         transaction on is confirmed (relay.on_bad_event = \"fail\"). The row is committed, so a restart reads it \
+         again and stops here again (editing the row changes nothing: the stream reads what was committed). To go \
+         on, set relay.on_bad_event = \"dead-letter\" (with relay.dead_letter_topic: the raw row is published there \
+         with the error) or \"skip\" (logged and counted) and restart; or, where the configuration is the cause (a \
+         [route] rule that names no legal destination, a size limit below the row), change it and restart \
+         (docs/reliability.md, \"Bad rows\")"
     )]
     BadEvent {
         id: String,

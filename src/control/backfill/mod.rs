@@ -151,13 +151,13 @@ pub(crate) async fn setup_with_backfill(
                 )))
             }
             Selection::Since(_) => {
-                let (created_at, chosen_by) = settings.created_at_column();
+                let (created_at, _) = settings.created_at_column();
                 if !super::catalog::has_column(&client, &table.facts.name, &created_at).await? {
-                    return Err(BackfillError::Unsupported(format!(
-                        "--since selects rows by their creation time, read from column {created_at} ({chosen_by}), \
-                         but {} has no such column. Set retention.timestamp_column (or outbox.timestamp_column) to \
-                         the column holding each row's creation time, or use --since-id",
-                        table.facts.name
+                    return Err(BackfillError::Unsupported(super::catalog::no_creation_column(
+                        settings,
+                        &table.facts.name,
+                        "--since",
+                        "use --since-id",
                     )));
                 }
             }

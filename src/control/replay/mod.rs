@@ -155,19 +155,18 @@ pub(crate) async fn replay(
     }
     // Times select by the creation-time column, the one retention ages rows by — not the
     // record timestamp (`outbox.timestamp_column`), which may well be unset.
-    let (created_at, chosen_by) = settings.created_at_column();
+    let (created_at, _) = settings.created_at_column();
     let mut created = true;
     for source in &sources {
         if super::catalog::has_column(&client, &source.table, &created_at).await? {
             continue;
         }
         if args.criteria.by_time() {
-            return Err(ReplayError::Usage(format!(
-                "a time for --since/--until selects rows by their creation time, read from column {created_at} \
-                 ({chosen_by}), but {} has no such column. Set retention.timestamp_column (or \
-                 outbox.timestamp_column) to the column holding each row's creation time, or select by id \
-                 (--since id:N)",
-                source.table
+            return Err(ReplayError::Usage(super::catalog::no_creation_column(
+                settings,
+                &source.table,
+                "a time for --since/--until",
+                "select by id (--since id:N)",
             )));
         }
         created = false;
@@ -220,10 +219,7 @@ pub(crate) async fn replay(
         // A row older than the oldest one left is missing only if rows were ever removed: a new
         // table simply has none older.
         let removed = recorded.is_some() || super::catalog::deleted_rows(&client, &source.table).await? > 0;
-        if !removed {
-            continue;
-        }
-        let Some(mut note) = removed_rows(&client, settings, &args.criteria, source).await? else {
+        let Some(mut note) = removed_rows(&client, settings, &args.criteria, source, removed).await? else {
             continue;
         };
         if let Some(r) = recorded {
@@ -565,13 +561,18 @@ async fn first_rows(
 }
 
 /// What `--since` asked for that is no longer in `source`'s table, said with how many rows
-/// where the table can tell (a sequence id), and with `[retention] keep` when configured. Asked
-/// only of a table rows were removed from (retention's record or the table's statistics say so).
+/// where the table can tell (a sequence id), and with `[retention] keep` when configured.
+///
+/// Said only where rows may have been removed: a sequence id tells (ids below the oldest row's
+/// were handed out — to rows removed since, or to inserts rolled back, hence "up to"); without
+/// one, `removed` does (retention's record or the table's statistics count a removal). A new
+/// table has no rows older than its oldest, and is told nothing.
 async fn removed_rows(
     client: &Client,
     settings: &Settings,
     criteria: &Criteria,
     source: &Source,
+    removed: bool,
 ) -> Result<Option<String>, ReplayError> {
     let by = match &settings.retention {
         Some(r) => format!(
@@ -587,22 +588,31 @@ async fn removed_rows(
             .await
             .map_err(BackfillError::query("reading the oldest outbox row"))
     };
+    // The id sequence: its start and whether it ever handed out an id (`None`: not a serial id,
+    // or not readable by this role).
+    let sequence: Option<(i64, bool)> = match source.id_is_sequential {
+        true => client
+            .query_one(
+                "SELECT s.seqstart, pg_sequence_last_value(s.seqrelid) IS NOT NULL FROM pg_sequence s \
+                  WHERE s.seqrelid = pg_get_serial_sequence($1, $2)::regclass",
+                &[&table, &settings.outbox.id.as_str()],
+            )
+            .await
+            .ok()
+            .map(|r| (r.get(0), r.get(1))),
+        false => None,
+    };
+    let id = settings.outbox.id.quoted();
     match &criteria.since {
         Some(Bound::Id(n)) if source.id_is_sequential => {
-            let id = settings.outbox.id.quoted();
             let row = query(format!("SELECT min({id})::int8 FROM {table}")).await?;
             // Ids below the id sequence's start never existed: `--since id:0` on a table whose
             // ids start at 1 asks for nothing that is gone.
-            let start: Option<i64> = client
-                .query_one(
-                    "SELECT s.seqstart FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence($1, $2)::regclass",
-                    &[&table, &settings.outbox.id.as_str()],
-                )
-                .await
-                .ok()
-                .and_then(|r| r.get(0));
-            let n = &start.map_or(*n, |start| (*n).max(start));
+            let n = &sequence.map_or(*n, |(start, _)| (*n).max(start));
             let Some(oldest) = row.get::<_, Option<i64>>(0) else {
+                if !removed && sequence.is_some_and(|(_, used)| !used) {
+                    return Ok(None);
+                }
                 return Ok(Some(format!(
                     "{}: the table holds no rows: every row --since id:{n} asks for was {by} (how many the table \
                      cannot tell)",
@@ -625,10 +635,27 @@ async fn removed_rows(
                 return Ok(None);
             };
             let ts = settings.created_at_column().0.quoted();
+            // (An id that is no sequence may have no min(): uuid before PostgreSQL 16.)
+            let oldest_id = match source.id_is_sequential {
+                true => format!("min({id})::text"),
+                false => "NULL::text".to_owned(),
+            };
             let row = query(format!(
-                "SELECT min({ts})::text, extract(epoch FROM min({ts}) - {since_sql})::float8 FROM {table}"
+                "SELECT min({ts})::text, extract(epoch FROM min({ts}) - {since_sql})::float8, {oldest_id} FROM {table}"
             ))
             .await?;
+            // With a sequence id, ids below the oldest row's say whether anything came before it;
+            // without one, whether anything was ever removed.
+            let may_be_missing = match sequence {
+                Some((start, used)) => match row.get::<_, Option<String>>(2) {
+                    Some(oldest_id) => oldest_id.parse::<i64>().is_ok_and(|o| o > start),
+                    None => used,
+                },
+                None => removed,
+            };
+            if !may_be_missing {
+                return Ok(None);
+            }
             let (Some(oldest), Some(gap)) = (row.get::<_, Option<String>>(0), row.get::<_, Option<f64>>(1)) else {
                 return Ok(Some(format!(
                     "{}: the table holds no rows: every row --since asks for was {by} (how many the table cannot \
