@@ -1,5 +1,7 @@
 //! Log output: human text (default) or one JSON object per line, always on stderr so that
-//! `status --json` on stdout stays machine-readable. `RUST_LOG` overrides the level filter.
+//! `status --json` on stdout stays machine-readable. `RUST_LOG` overrides the level filter. Text
+//! carries ANSI colours only when stderr is a terminal (and `NO_COLOR` is unset): a file, a pipe
+//! or a log collector gets plain text.
 //!
 //! Invariant: the operator reads each failure once, in the relay's words (what failed and what
 //! to do). The broker clients' own log lines say the same thing again in the client's terms — a

@@ -56,6 +56,18 @@ impl Demo {
         .await
     }
 
+    /// [`finish`](Self::finish), which must be a success; what the demo printed on stdout.
+    async fn finish_ok(&mut self) -> String {
+        let status = self.finish().await;
+        let stdout = self.stdout();
+        assert!(
+            status.success(),
+            "demo failed ({status}); stdout:\n{stdout}\nstderr:\n{}",
+            self.stderr()
+        );
+        stdout
+    }
+
     async fn finish(&mut self) -> std::process::ExitStatus {
         match wait_child(&mut self.child, DEMO_TIMEOUT).await {
             Some(status) => status,
@@ -193,13 +205,7 @@ async fn ctrl_c_stops_the_demo_drains_and_cleans_up() {
         .args(["-INT", "--", &format!("-{}", demo.child.id())])
         .status();
     assert!(group.is_ok_and(|s| s.success()), "SIGINT to the demo's process group");
-    let status = demo.finish().await;
-    let stdout = demo.stdout();
-    assert!(
-        status.success(),
-        "demo failed ({status}); stdout:\n{stdout}\nstderr:\n{}",
-        demo.stderr()
-    );
+    let stdout = demo.finish_ok().await;
     assert!(stdout.contains("interrupted (Ctrl-C)"), "{stdout}");
     // PostgreSQL (its own process group) outlived the Ctrl-C until the demo stopped it in order:
     // the slot's position could still be read after the drain.
@@ -243,13 +249,7 @@ async fn demo_uses_a_given_broker_and_counts_only_its_own_events() {
     )
     .await;
     let mut demo = Demo::start(&["--duration", "3", "--rate", "100", "--bootstrap", &bootstrap]);
-    let status = demo.finish().await;
-    let stdout = demo.stdout();
-    assert!(
-        status.success(),
-        "demo failed ({status}); stdout:\n{stdout}\nstderr:\n{}",
-        demo.stderr()
-    );
+    let stdout = demo.finish_ok().await;
     assert!(
         stdout.contains(&format!("to topic order.placed on {bootstrap}")),
         "{stdout}"
@@ -277,14 +277,9 @@ async fn demo_uses_a_given_broker_and_counts_only_its_own_events() {
     // Without the topic, the run creates it before publishing (durations take units, as
     // everywhere else) and deletes it at the end, saying so.
     delete_topic(&bootstrap, "order.placed").await;
-    let mut demo = Demo::start(&["--duration", "3s", "--rate", "100", "--bootstrap", &bootstrap]);
-    let status = demo.finish().await;
-    let stdout = demo.stdout();
-    assert!(
-        status.success(),
-        "demo failed ({status}); stdout:\n{stdout}\nstderr:\n{}",
-        demo.stderr()
-    );
+    let stdout = Demo::start(&["--duration", "3s", "--rate", "100", "--bootstrap", &bootstrap])
+        .finish_ok()
+        .await;
     assert!(
         stdout.contains(&format!(
             "Kafka topic order.placed on {bootstrap} deleted (the run created it)"
