@@ -56,8 +56,9 @@ pub(crate) enum Command {
         /// undispatched ones. See docs/operations.md, "Failover on PostgreSQL 14-16".
         #[arg(long, value_name = "N", requires = "backfill", conflicts_with = "since")]
         since_id: Option<i64>,
-        /// With --backfill, recovering a lost slot: publish every outbox row whose
-        /// outbox.timestamp_column is at or after TIMESTAMP (e.g. '2024-05-01T12:00:00Z').
+        /// With --backfill, recovering a lost slot: publish every outbox row created at or after
+        /// TIMESTAMP (e.g. '2024-05-01T12:00:00Z'), by the creation-time column retention ages
+        /// rows by (retention.timestamp_column, else outbox.timestamp_column, else created_at).
         #[arg(long, value_name = "TIMESTAMP", requires = "backfill")]
         since: Option<String>,
         /// For `poll` mode instead: check the outbox table (no wal_level, slot or publication
@@ -116,7 +117,8 @@ pub(crate) struct ReplayCli {
     #[arg(long, value_name = "WHEN")]
     since: Option<String>,
     /// Rows before this (exclusive), same forms as --since. Default: rows created before the
-    /// replay started (with outbox.timestamp_column).
+    /// replay started. Times are compared with the creation-time column retention ages rows by
+    /// (retention.timestamp_column, else outbox.timestamp_column, else created_at).
     #[arg(long, value_name = "WHEN")]
     until: Option<String>,
     /// Only rows whose route-by value matches this glob (`*`, `?`); repeatable (any of them).
@@ -386,11 +388,13 @@ async fn run(settings: Settings) -> ExitCode {
         return ExitCode::from(1);
     };
     // The stream itself runs on a thread of its own (`relay::run`); this task only waits for it.
+    let slot = settings.postgres.slot.clone();
     let relay = tokio::spawn(async move { relay::run(&settings, rx, health).await });
     match relay.await {
         Ok(Ok(())) => ExitCode::SUCCESS,
+        // The one line that says why the relay stopped: nothing below logs it again.
         Ok(Err(e)) => {
-            error!("{e}");
+            error!(slot = %slot, "fatal: {e}");
             ExitCode::from(1)
         }
         Err(e) => {

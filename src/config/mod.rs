@@ -44,7 +44,7 @@ pub(crate) mod transactions;
 use self::cloudevents::{CloudEventsSection, CloudEventsSettings};
 use self::debezium::DebeziumFormat;
 use self::http::{HttpSection, HttpSettings};
-use self::ident::IdentError;
+use self::ident::{Ident, IdentError};
 use self::outbox::{OutboxMapping, OutboxSection, RouteSection, TopicRoute};
 use self::poll::{PollSection, PollSettings};
 use self::postgres::{PostgresSection, PostgresSettings};
@@ -202,7 +202,7 @@ impl Settings {
             message,
         };
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
-        apply_env_overrides(&mut table, env, specs)?;
+        let overrides = apply_env_overrides(&mut table, env, specs)?;
         let sink_sections: BTreeMap<String, toml::Value> = table
             .keys()
             .filter(|name| sink::is_sink_section(name, specs))
@@ -212,6 +212,15 @@ impl Settings {
             .filter_map(|name| table.remove(&name).map(|v| (name, v)))
             .collect();
         if let Some(unknown) = table.keys().find(|name| !ROOT_SECTIONS.contains(&name.as_str())) {
+            if let Some(o) = overrides.iter().find(|o| o.section == *unknown) {
+                return Err(ConfigError::Env {
+                    var: o.var.clone(),
+                    message: format!(
+                        "there is no [{unknown}] section; the sections are {}, and the chosen sink's own",
+                        ROOT_SECTIONS.join(", ")
+                    ),
+                });
+            }
             return Err(parse_err(format!(
                 "unknown field `{unknown}`: the sections are {}, and the chosen sink's own: one of {}",
                 ROOT_SECTIONS
@@ -226,11 +235,14 @@ impl Settings {
                     .join(", ")
             )));
         }
-        let mut file: FileConfig = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+        let mut file: FileConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
+            match Override::blamed(&overrides, &e) {
+                Some(o) => o.error(e.message()),
+                None => parse_err(e.to_string()),
+            }
+        })?;
         file.sink_sections = sink_sections;
-        Settings::validate(file, specs)
+        Settings::validate(file, specs).map_err(|e| Override::blame(&overrides, e))
     }
 
     /// Validates every section, in file order; the first error wins.
@@ -317,6 +329,27 @@ impl Settings {
         })
     }
 
+    /// The column holding each row's creation time, with the config key that chose it: what
+    /// everything that ages or selects rows by time reads — retention, `replay --since/--until`,
+    /// `setup --backfill --since`, `status`'s oldest row, the poller's claim order.
+    /// `retention.timestamp_column`, else `outbox.timestamp_column`, else `created_at`.
+    ///
+    /// Invariant: it never depends on whether the record carries a timestamp — leaving
+    /// `outbox.timestamp_column` unset (exactly-once by read-back asks for it) still finds the
+    /// rows' `created_at`.
+    pub(crate) fn created_at_column(&self) -> (Ident, &'static str) {
+        if let Some(c) = self.retention.as_ref().and_then(|r| r.timestamp_column.clone()) {
+            return (c, "retention.timestamp_column");
+        }
+        match &self.outbox.timestamp {
+            Some(c) => (c.clone(), "outbox.timestamp_column"),
+            None => (
+                Ident::parse("created_at", "created_at").expect("a plain literal identifier"),
+                "the default: neither retention.timestamp_column nor outbox.timestamp_column is set",
+            ),
+        }
+    }
+
     /// A warning for the operator about this configuration, logged when `run` starts.
     pub fn start_warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
@@ -352,11 +385,78 @@ const ROOT_SECTIONS: &[&str] = &[
     "tracing",
 ];
 
+/// One `OUTBOX_RELAY__<SECTION>__<KEY>` variable applied over the file: what it set, so that an
+/// error about that key names the variable (the file is blamed only for what the file says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Override {
+    var: String,
+    /// The section and the key as the file names them (`relay`, `max_in_flight`).
+    section: String,
+    key: String,
+    /// The file has no such section: this variable (with any others naming it) makes it.
+    makes_section: bool,
+}
+
+impl Override {
+    /// The variable whose value a deserialization error is about: the error's key path is the
+    /// overridden key (a value of the wrong type), or its section when the key is one the
+    /// section does not have (`unknown field`).
+    fn blamed<'a>(overrides: &'a [Override], e: &toml::de::Error) -> Option<&'a Override> {
+        // The error's text is its message, then "in `relay.max_in_flight`" when it knows the key
+        // path (a value deserialized from a table rather than from the document's text).
+        let text = e.to_string();
+        let path = text
+            .strip_prefix(e.message())
+            .and_then(|rest| rest.trim().strip_prefix("in `"))
+            .and_then(|rest| rest.strip_suffix('`'))?;
+        overrides.iter().rev().find(|o| {
+            path == format!("{}.{}", o.section, o.key)
+                || (path == o.section && (o.makes_section || e.message().contains(&format!("`{}`", o.key))))
+        })
+    }
+
+    /// A validation error about a key an override set, as that variable's error.
+    fn blame(overrides: &[Override], e: ConfigError) -> ConfigError {
+        let (key, detail) = match &e {
+            ConfigError::Invalid { key, message } => (key.replace('"', ""), message.clone()),
+            ConfigError::Name { key, source } => (key.replace('"', ""), source.to_string()),
+            _ => return e,
+        };
+        // A sink section's serde error is keyed by the section, its text naming the key.
+        let sink_key = |o: &Override| key == o.section && detail.contains(&format!("in `{}`", o.key));
+        match overrides
+            .iter()
+            .rev()
+            .find(|o| key == format!("{}.{}", o.section, o.key.replace('"', "")) || sink_key(o))
+        {
+            Some(o) => o.error(&detail),
+            None => e,
+        }
+    }
+
+    fn error(&self, message: &str) -> ConfigError {
+        let made = if self.makes_section {
+            format!(
+                " (the file has no [{}] section: the environment makes it)",
+                self.section
+            )
+        } else {
+            String::new()
+        };
+        ConfigError::Env {
+            var: self.var.clone(),
+            message: format!("it sets {}.{}{made}: {}", self.section, self.key, message.trim()),
+        }
+    }
+}
+
+/// Applies the `OUTBOX_RELAY__*` variables of `env` to the file's `table`; returns what each set.
 fn apply_env_overrides(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
     specs: SinkSpecs,
-) -> Result<(), ConfigError> {
+) -> Result<Vec<Override>, ConfigError> {
+    let mut overrides = Vec::new();
     let mut vars: Vec<(String, String)> = env.into_iter().filter(|(k, _)| k.starts_with(ENV_PREFIX)).collect();
     vars.sort();
     for (var, value) in vars {
@@ -389,12 +489,16 @@ fn apply_env_overrides(
         } else {
             toml::Value::String(value)
         };
+        let makes_section = !table.contains_key(&section)
+            || overrides
+                .iter()
+                .any(|o: &Override| o.section == section && o.makes_section);
         let entry = table
             .entry(section.clone())
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         match entry {
             toml::Value::Table(t) => {
-                t.insert(key, parsed);
+                t.insert(key.clone(), parsed);
             }
             _ => {
                 return Err(ConfigError::Env {
@@ -403,8 +507,14 @@ fn apply_env_overrides(
                 });
             }
         }
+        overrides.push(Override {
+            var,
+            section,
+            key,
+            makes_section,
+        });
     }
-    Ok(())
+    Ok(overrides)
 }
 
 /// The value of `var` read as TOML (`v = <value>`), for the keys that take an array or an inline

@@ -103,23 +103,13 @@ pub struct RetentionSettings {
     pub(crate) lock_timeout: Duration,
     /// `statement_timeout` of retention's own connection.
     pub(crate) statement_timeout: Duration,
-    /// Explicit `retention.timestamp_column`; see [`RetentionSettings::timestamp_column`].
+    /// Explicit `retention.timestamp_column`; the column rows are aged by is
+    /// `Settings::created_at_column` (this, else `outbox.timestamp_column`, else `created_at`).
     pub(crate) timestamp_column: Option<Ident>,
     /// Partitions mode: the range one partition covers (aligned to the Unix epoch, UTC).
     pub(crate) partition_width: Duration,
     /// Partitions mode: partitions kept created beyond the one holding now.
     pub(crate) partitions_ahead: u32,
-}
-
-impl RetentionSettings {
-    /// The column rows are aged by: `retention.timestamp_column`, else `outbox.timestamp_column`,
-    /// else `created_at`.
-    pub(crate) fn timestamp_column(&self, outbox_timestamp: Option<&Ident>) -> Ident {
-        self.timestamp_column
-            .clone()
-            .or_else(|| outbox_timestamp.cloned())
-            .unwrap_or_else(|| Ident::parse("created_at", "created_at").expect("a plain literal identifier"))
-    }
 }
 
 impl RetentionSection {
@@ -315,10 +305,9 @@ mod tests {
     #[test]
     fn retention_is_off_without_the_section_and_defaults_apply() {
         assert!(load("", &[]).unwrap().retention.is_none());
-        let r = load("[retention]\nmode = \"delete\"\nkeep = \"7d\"\n", &[])
-            .unwrap()
-            .retention
-            .unwrap();
+        let settings = load("[retention]\nmode = \"delete\"\nkeep = \"7d\"\n", &[]).unwrap();
+        assert_eq!(settings.created_at_column().0.as_str(), "created_at");
+        let r = settings.retention.unwrap();
         assert_eq!(r.mode, RetentionMode::Delete);
         assert_eq!(r.keep, Duration::from_secs(7 * 86_400));
         assert_eq!(r.interval, Duration::from_secs(60));
@@ -327,12 +316,11 @@ mod tests {
         assert_eq!(r.statement_timeout, Duration::from_secs(30));
         assert_eq!(r.partition_width, Duration::from_secs(86_400));
         assert_eq!(r.partitions_ahead, 3);
-        assert_eq!(r.timestamp_column(None).as_str(), "created_at");
     }
 
     #[test]
     fn retention_env_overrides_apply() {
-        let r = load(
+        let settings = load(
             "[retention]\nmode = \"partitions\"\nkeep = \"7d\"\n",
             &[
                 ("OUTBOX_RELAY__RETENTION__BATCH_SIZE", "250"),
@@ -340,13 +328,12 @@ mod tests {
                 ("OUTBOX_RELAY__RETENTION__TIMESTAMP_COLUMN", "inserted_at"),
             ],
         )
-        .unwrap()
-        .retention
         .unwrap();
+        assert_eq!(settings.created_at_column().0.as_str(), "inserted_at");
+        let r = settings.retention.unwrap();
         assert_eq!(r.mode, RetentionMode::Partitions);
         assert_eq!(r.batch_size, 250);
         assert_eq!(r.keep, Duration::from_secs(30 * 86_400));
-        assert_eq!(r.timestamp_column(None).as_str(), "inserted_at");
     }
 
     #[test]

@@ -373,3 +373,43 @@ fn the_exactly_once_keys_that_moved_to_kafka_are_refused_naming_their_new_place(
         );
     }
 }
+
+/// A bad value from an `OUTBOX_RELAY__*` variable is that variable's error, named, never the
+/// file's; the file is blamed for its own mistakes only.
+#[test]
+fn a_bad_environment_override_names_the_variable_not_the_file() {
+    for (var, value, says) in [
+        (
+            "OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT",
+            "lots",
+            "non-negative whole number",
+        ),
+        ("OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT", "0", "relay.max_in_flight"),
+        ("OUTBOX_RELAY__RELAY__MAX_INFLIGHT", "5", "unknown field `max_inflight`"),
+        ("OUTBOX_RELAY__NOSUCH__KEY", "5", "no [nosuch] section"),
+        ("OUTBOX_RELAY__POSTGRES__SLOT", "Not A Slot", "postgres.slot"),
+        ("OUTBOX_RELAY__RETENTION__KEEP", "7d", "retention"),
+    ] {
+        let err = refusal(MINIMAL, &[(var, value)]);
+        assert!(
+            err.starts_with(&format!("environment variable {var} is not usable")) && err.contains(says),
+            "{var}={value}: {err}"
+        );
+        assert!(!err.contains("config file"), "{var}={value}: {err}");
+    }
+    // The same mistake in the file is the file's, even with (good) overrides beside it.
+    let err = refusal(
+        &format!("{MINIMAL}[relay]\nmax_in_flight = \"lots\"\n"),
+        &[("OUTBOX_RELAY__POSTGRES__SLOT", "other")],
+    );
+    assert!(
+        err.starts_with("config file test.toml is not valid") && err.contains("relay.max_in_flight"),
+        "{err}"
+    );
+    // A good override of a bad file value mends it.
+    load(
+        &format!("{MINIMAL}[relay]\nmax_in_flight = \"lots\"\n"),
+        &[("OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT", "7")],
+    )
+    .unwrap();
+}

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tokio_postgres::{Client, Row};
 
 use super::ControlError;
-use crate::config::ident::TableName;
+use crate::config::ident::{Ident, TableName};
 use crate::postgres::lsn::Lsn;
 
 /// Server facts every command needs.
@@ -22,6 +22,51 @@ pub(crate) struct ServerInfo {
     pub(crate) in_recovery: bool,
     pub(crate) database: String,
     pub(crate) role: String,
+}
+
+/// Whether `table` has the live column `column` (e.g. the creation-time column a time
+/// selection reads, which need not be a mapped one).
+pub(crate) async fn has_column(client: &Client, table: &TableName, column: &Ident) -> Result<bool, ControlError> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attname = $2 \
+                              AND a.attnum > 0 AND NOT a.attisdropped)",
+            &[&table.quoted(), &column.as_str()],
+        )
+        .await
+        .map_err(ControlError::query(format!("reading the columns of {table}")))?;
+    Ok(row.get(0))
+}
+
+/// Why a selection by time (`what`, e.g. "--since") cannot run on `table`: it lacks the
+/// creation-time column (`Settings::created_at_column`); `instead` is the selection by id.
+pub(crate) fn no_creation_column(
+    settings: &crate::config::Settings,
+    table: &TableName,
+    what: &str,
+    instead: &str,
+) -> String {
+    let (column, chosen_by) = settings.created_at_column();
+    format!(
+        "{what} selects rows by their creation time, read from column {column} ({chosen_by}), but {table} has no \
+         such column. Set retention.timestamp_column (or outbox.timestamp_column) to the column holding each row's \
+         creation time, or {instead}"
+    )
+}
+
+/// Rows deleted from `table` (over its partitions) since its statistics were last reset, as the
+/// cumulative statistics count them (`n_tup_del`; a dropped partition's rows are not counted).
+pub(crate) async fn deleted_rows(client: &Client, table: &TableName) -> Result<i64, ControlError> {
+    let row = client
+        .query_one(
+            "SELECT COALESCE(sum(s.n_tup_del), 0)::int8 FROM pg_stat_all_tables s \
+              WHERE s.relid = to_regclass($1) \
+                 OR s.relid IN (SELECT t.relid FROM pg_partition_tree(to_regclass($1)) t)",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(ControlError::query(format!("reading the statistics of {table}")))?;
+    Ok(row.get(0))
 }
 
 /// The one row `sql` (without parameters) returns; `doing` names the query in its error.

@@ -157,11 +157,8 @@ pub enum ControlError {
     )]
     PartitionedTableUnsupported { version: String, table: TableName },
 
-    #[error(
-        "{key} = {column} but {table} has no such column; its columns are: {}. Fix {key} in the config \
-         (double-quote mixed-case names, e.g. '\"AggregateId\"')",
-        .columns.join(", ")
-    )]
+    /// What `run` says too ([`MappingError`](crate::outbox::column_types::MappingError)).
+    #[error("{}", crate::outbox::column_types::not_found(key, column, table, columns))]
     ColumnNotFound {
         key: &'static str,
         column: Ident,
@@ -169,10 +166,7 @@ pub enum ControlError {
         columns: Vec<String>,
     },
 
-    #[error(
-        "{key} = {column}: column {column} of {table} has type {type_name}, which the relay cannot use there; \
-         accepted: {accepted}. Point {key} at another column or change the column's type"
-    )]
+    #[error("{}", crate::outbox::column_types::unusable(key, column, table, type_name, accepted))]
     UnusableColumnType {
         key: &'static str,
         column: Ident,
@@ -296,6 +290,38 @@ pub enum ControlError {
         message: String,
         fix: String,
     },
+}
+
+impl From<crate::outbox::column_types::MappingError> for ControlError {
+    fn from(e: crate::outbox::column_types::MappingError) -> Self {
+        use crate::outbox::column_types::MappingError;
+        match e {
+            MappingError::ColumnNotFound {
+                key,
+                column,
+                table,
+                columns,
+            } => ControlError::ColumnNotFound {
+                key,
+                column,
+                table,
+                columns,
+            },
+            MappingError::UnusableType {
+                key,
+                column,
+                table,
+                type_name,
+                accepted,
+            } => ControlError::UnusableColumnType {
+                key,
+                column,
+                table,
+                type_name,
+                accepted,
+            },
+        }
+    }
 }
 
 impl ControlError {

@@ -38,7 +38,6 @@
 
 pub(crate) mod backfill;
 mod catalog;
-mod column_types;
 mod error;
 pub(crate) mod failover;
 pub(crate) mod import_debezium;

@@ -19,12 +19,12 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use super::catalog::{self, ServerInfo, SlotLookup, SlotRow, TableFacts};
-use super::column_types::ColumnRole;
 use super::failover;
 pub(crate) use super::publication::PublicationInfo;
 use super::ControlError;
 use crate::config::ident::{quote_ident, TableName};
 use crate::config::Settings;
+use crate::outbox::column_types::check_mapping;
 use crate::outbox::connect::{ColumnFacts, ConnectLayout};
 use crate::outbox::event::RowFormat;
 use crate::outbox::payload::{PayloadFormat, BYTEA_OID};
@@ -401,54 +401,21 @@ async fn check_columns(
     settings: &Settings,
     table: &TableFacts,
 ) -> Result<Vec<MappedColumn>, ControlError> {
-    // Domains resolve to their base type (recursively: a domain may be over a domain).
-    let rows = client
-        .query(
-            "WITH RECURSIVE base(attnum, typid) AS ( \
-                 SELECT a.attnum, a.atttypid FROM pg_attribute a \
-                 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
-               UNION ALL \
-                 SELECT b.attnum, t.typbasetype FROM base b JOIN pg_type t ON t.oid = b.typid WHERE t.typtype = 'd') \
-             SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.oid, t.typname::text, t.typtype::text, \
-                    a.attnotnull \
-             FROM pg_attribute a JOIN base b ON b.attnum = a.attnum JOIN pg_type t ON t.oid = b.typid AND t.typtype <> 'd' \
-             WHERE a.attrelid = $1 ORDER BY a.attnum",
-            &[&table.oid],
-        )
+    let columns = crate::postgres::client::catalog_columns(client, &table.name.quoted())
         .await
         .map_err(ControlError::query(format!("reading the columns of {}", table.name)))?;
-    let mut mapped = Vec::new();
-    for (config_key, column) in settings.outbox.columns() {
-        let Some(row) = rows.iter().find(|r| r.get::<_, String>(0) == column.as_str()) else {
-            return Err(ControlError::ColumnNotFound {
-                key: config_key,
-                column: column.clone(),
-                table: table.name.clone(),
-                columns: rows.iter().map(|r| quote_ident(&r.get::<_, String>(0))).collect(),
-            });
-        };
-        let type_name: String = row.get(1);
-        let role = ColumnRole::for_config_key(config_key);
-        let base_oid: u32 = row.get(2);
-        if !role.accepts(base_oid, row.get::<_, &str>(3), row.get::<_, &str>(4)) {
-            return Err(ControlError::UnusableColumnType {
-                key: config_key,
-                column: column.clone(),
-                table: Box::new(table.name.clone()),
-                type_name,
-                accepted: role.accepted(),
-            });
-        }
-        mapped.push(MappedColumn {
+    let mapped = check_mapping(&settings.outbox, &table.name, &columns)?;
+    Ok(mapped
+        .into_iter()
+        .map(|(config_key, column, found)| MappedColumn {
             config_key,
-            column: column.clone(),
-            type_name,
-            bytea: base_oid == BYTEA_OID,
-            base_oid,
-            not_null: row.get(5),
-        });
-    }
-    Ok(mapped)
+            column,
+            type_name: found.type_name.clone(),
+            bytea: found.base_oid == BYTEA_OID,
+            base_oid: found.base_oid,
+            not_null: found.not_null,
+        })
+        .collect())
 }
 
 async fn check_select(client: &Client, table: &TableFacts, server: &ServerInfo) -> Result<(), ControlError> {

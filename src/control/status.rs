@@ -97,7 +97,8 @@
 //!     "address": "127.0.0.1:9187",
 //!     "reachable": true,               // false: nothing answered there (no relay running here)
 //!     "ready": false,                  // its /readyz verdict; null when unreachable
-//!     "detail": "not ready: exactly-once takeover fence: … until 2026-11-25T17:24:07.000000Z (4.2 s left): …"
+//!     "detail": "exactly-once takeover fence: … until 2026-11-25T17:24:07.000000Z (4.2 s left): …"
+//!                                      // /readyz's reason, without the verdict "ready" carries
 //!   },
 //!   "health": {                        // ok / warn / critical and why (control/status_health.rs)
 //!     "verdict": "ok",                 // ok | warn | critical
@@ -214,13 +215,12 @@ async fn local_relay(listen: std::net::SocketAddr) -> LocalRelay {
     let address = addr.to_string();
     match tokio::time::timeout(READYZ_TIMEOUT, ask).await {
         Ok(Ok(response)) => {
-            let ready = response.split(' ').nth(1).map(|code| code == "200");
-            let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim().to_owned();
+            let (ready, detail) = readyz_answer(&response);
             LocalRelay {
                 address,
                 reachable: true,
                 ready,
-                detail: body,
+                detail,
             }
         }
         Ok(Err(e)) => LocalRelay {
@@ -236,6 +236,18 @@ async fn local_relay(listen: std::net::SocketAddr) -> LocalRelay {
             detail: format!("no answer within {} s", READYZ_TIMEOUT.as_secs()),
         },
     }
+}
+
+/// `/readyz`'s verdict (its status code) and its reason: the body without the verdict it starts
+/// with (`ready: ` / `not ready: `), which [`LocalRelay::ready`] already carries.
+fn readyz_answer(response: &str) -> (Option<bool>, String) {
+    let ready = response.split(' ').nth(1).map(|code| code == "200");
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
+    let reason = body
+        .strip_prefix("ready: ")
+        .or_else(|| body.strip_prefix("not ready: "))
+        .unwrap_or(body);
+    (ready, reason.to_owned())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -877,7 +889,7 @@ mod tests {
                 address: "127.0.0.1:9187".into(),
                 reachable: true,
                 ready: Some(false),
-                detail: "not ready: exactly-once takeover fence: nothing is read back or published from the replay \
+                detail: "exactly-once takeover fence: nothing is read back or published from the replay \
                          window until 2026-11-25T17:19:18.000000Z (9.5 s left): took the slot over"
                     .into(),
             }),
@@ -932,6 +944,27 @@ mod tests {
     }
 
     #[test]
+    fn the_relays_verdict_is_said_once() {
+        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 18\r\n\r\nready: streaming\n";
+        assert_eq!(readyz_answer(ok), (Some(true), "streaming".to_owned()));
+        let busy = "HTTP/1.1 503 Service Unavailable\r\n\r\nnot ready: 12 s behind the source\n";
+        assert_eq!(readyz_answer(busy), (Some(false), "12 s behind the source".to_owned()));
+        let mut report = sample();
+        report.relay = Some(LocalRelay {
+            address: "127.0.0.1:9187".into(),
+            reachable: true,
+            ready: Some(true),
+            detail: readyz_answer(ok).1,
+        });
+        let text = report.to_string();
+        assert!(
+            text.contains("relay at 127.0.0.1:9187 (http.listen): ready: streaming\n"),
+            "{text}"
+        );
+        assert!(!text.contains("ready: ready"), "{text}");
+    }
+
+    #[test]
     fn human_output_renders_bytes_and_pid() {
         let text = sample().to_string();
         assert!(text.contains("active: yes (pid 42)"), "{text}");
@@ -943,7 +976,7 @@ mod tests {
         assert!(text.contains("sink (kafka): reachable: 1 broker(s)"), "{text}");
         assert!(text.contains("lag: 4.0 KiB of WAL, 250 ms"), "{text}");
         assert!(
-            text.contains("relay at 127.0.0.1:9187 (http.listen): NOT ready: not ready: exactly-once takeover fence"),
+            text.contains("relay at 127.0.0.1:9187 (http.listen): NOT ready: exactly-once takeover fence"),
             "{text}"
         );
         assert!(

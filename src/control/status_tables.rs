@@ -2,7 +2,7 @@
 //!
 //! Cheap on purpose — `status` runs often: rows are the planner's estimate (`reltuples`, summed
 //! over partitions; `null` before the first `ANALYZE`), the size is `pg_total_relation_size`
-//! over the partition tree, and the oldest row is `min(<timestamp column>)` under a short
+//! over the partition tree (a plain table is a tree of one), and the oldest row is `min(<timestamp column>)` under a short
 //! `statement_timeout` (an index on that column makes it instant). What retention did comes from
 //! its record table beside the outbox table (`src/retention/record.rs`), written by whichever
 //! instance is active, so any host sees it. Nothing here fails `status`: what cannot be read is
@@ -72,12 +72,7 @@ fn time_text(sql_expr: &str) -> String {
 }
 
 async fn read_one(client: &Client, settings: &Settings, table: &TableName) -> TableFigures {
-    let timestamp = match &settings.retention {
-        Some(r) => r.timestamp_column(settings.outbox.timestamp.as_ref()),
-        None => settings.outbox.timestamp.clone().unwrap_or_else(|| {
-            crate::config::ident::Ident::parse("created_at", "created_at").expect("a plain literal")
-        }),
-    };
+    let (timestamp, _) = settings.created_at_column();
     let mut status = TableFigures {
         estimated_rows: None,
         size_bytes: None,
@@ -98,9 +93,16 @@ async fn read_one(client: &Client, settings: &Settings, table: &TableName) -> Ta
     let mut errors = Vec::new();
     let sizes = client
         .query_opt(
-            "SELECT (SELECT CASE WHEN bool_and(c.reltuples < 0) THEN NULL ELSE sum(GREATEST(c.reltuples, 0))::int8 END
-                       FROM pg_partition_tree($1::text::regclass) t JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf),
-                    (SELECT sum(pg_total_relation_size(t.relid))::int8 FROM pg_partition_tree($1::text::regclass) t),
+            // `pg_partition_tree()` lists nothing for a table outside a partition tree (a plain
+            // outbox table): the table itself is then the one leaf.
+            "WITH tree AS (
+                 SELECT t.relid, t.isleaf FROM pg_partition_tree($1::text::regclass) t
+                 UNION ALL
+                 SELECT $1::text::regclass, true
+                  WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree($1::text::regclass)))
+             SELECT (SELECT CASE WHEN bool_and(c.reltuples < 0) THEN NULL ELSE sum(GREATEST(c.reltuples, 0))::int8 END
+                       FROM tree t JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf),
+                    (SELECT sum(pg_total_relation_size(t.relid))::int8 FROM tree t),
                     (SELECT relkind = 'p' FROM pg_class WHERE oid = $1::text::regclass)
               WHERE to_regclass($1) IS NOT NULL",
             &[&table.quoted()],

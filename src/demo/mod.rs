@@ -54,9 +54,10 @@ pub(crate) struct DemoArgs {
     /// Orders per second the producers aim for.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) rate: u32,
-    /// Stop after this many seconds (default: run until Ctrl-C).
-    #[arg(long, value_name = "SECONDS")]
-    pub(crate) duration: Option<u64>,
+    /// Stop after this long (default: run until Ctrl-C): a duration as the config writes them
+    /// ("30s", "2m", "1m30s"); a bare number is seconds.
+    #[arg(long, value_name = "DURATION", value_parser = demo_duration)]
+    pub(crate) duration: Option<Duration>,
     /// The sink the relay publishes to: one of the registered `[sink] kind`s, each with the
     /// server its demo needs — embedded (unless `--bootstrap` gives one), running at
     /// `--sink-url`, or a receiver of the demo's own.
@@ -74,6 +75,19 @@ pub(crate) struct DemoArgs {
     /// automatically when unset.
     #[arg(long, value_name = "DIR", env = "OUTBOX_RELAY_PG_BIN")]
     pub(crate) pg_bin: Option<PathBuf>,
+}
+
+/// `--duration`: the config's duration parser (`crate::config::retention::parse_duration`), so
+/// `20s` works here as everywhere else; a bare number stays seconds, as the flag always read it.
+fn demo_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{text:?} is too many seconds"));
+    }
+    crate::config::retention::parse_duration(text).map_err(|e| format!("{text:?} {e}"))
 }
 
 /// The registered kinds, for `--sink` (with what each sink's demo says of itself in `--help`).
@@ -371,14 +385,14 @@ async fn pipeline(
         "demo: placing {} orders/s; the relay publishes them to topic {topic}; {}",
         args.rate,
         match args.duration {
-            Some(s) => format!("running for {s} s (Ctrl-C stops early)"),
+            Some(d) => format!("running for {} (Ctrl-C stops early)", crate::config::retention::show(d)),
             None => "running until Ctrl-C".into(),
         }
     ));
 
     // Produce until the duration is up or Ctrl-C.
     let started = Instant::now();
-    let deadline = args.duration.map(|s| started + Duration::from_secs(s));
+    let deadline = args.duration.map(|d| started + d);
     let mut relay_result = None;
     loop {
         progress.update(&stats.snapshot(started.elapsed(), &relay_window()));
@@ -510,4 +524,22 @@ fn watch_interrupts() -> watch::Receiver<u32> {
         }
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_duration_takes_units_like_every_other_duration() {
+        assert_eq!(demo_duration("20s"), Ok(Duration::from_secs(20)));
+        assert_eq!(demo_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(demo_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(demo_duration("30"), Ok(Duration::from_secs(30)));
+        assert!(
+            demo_duration("soon").unwrap_err().contains("with a unit"),
+            "{:?}",
+            demo_duration("soon")
+        );
+    }
 }

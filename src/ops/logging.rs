@@ -1,5 +1,7 @@
 //! Log output: human text (default) or one JSON object per line, always on stderr so that
-//! `status --json` on stdout stays machine-readable. `RUST_LOG` overrides the level filter.
+//! `status --json` on stdout stays machine-readable. `RUST_LOG` overrides the level filter. Text
+//! carries ANSI colours only when stderr is a terminal (and `NO_COLOR` is unset): a file, a pipe
+//! or a log collector gets plain text.
 //!
 //! Invariant: the operator reads each failure once, in the relay's words (what failed and what
 //! to do). The broker clients' own log lines say the same thing again in the client's terms — a
@@ -8,6 +10,8 @@
 //! the relay logs at DEBUG or finer, whether the level comes from `--log-level` or `RUST_LOG`
 //! (which may name a client's target to choose otherwise). librdkafka's are routed to DEBUG by its log callback
 //! (`src/sink/kafka/logs.rs`), which keeps what it calls critical at WARN.
+
+use std::io::IsTerminal as _;
 
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::EnvFilter;
@@ -61,6 +65,13 @@ fn with_client_directives(filter: &str, clients_of: &[ClientTarget]) -> String {
     out
 }
 
+/// Whether text logs carry ANSI colours: only on a terminal — a file, a pipe or a log collector
+/// would store the escape codes as text — and never with `NO_COLOR` set to anything non-empty
+/// (<https://no-color.org>).
+fn colours(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Installs the subscriber; `clients`: the broker clients' targets (every registered sink's).
 pub(crate) fn init(format: LogFormat, default_level: &str, clients: &[ClientTarget]) {
     let filter = match std::env::var("RUST_LOG") {
@@ -71,6 +82,7 @@ pub(crate) fn init(format: LogFormat, default_level: &str, clients: &[ClientTarg
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR")))
         .with_target(false);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -152,6 +164,14 @@ mod tests {
         });
         let text = buffer.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
         String::from_utf8(text).unwrap_or_default()
+    }
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        assert!(colours(true, None));
+        assert!(colours(true, Some("".into())));
+        assert!(!colours(true, Some("1".into())));
+        assert!(!colours(false, None));
     }
 
     #[test]

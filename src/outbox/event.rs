@@ -948,17 +948,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("\"tenant\" (route.topic)"), "{err}");
-        let columns = vec![vec![
-            "id".to_owned(),
-            "aggregate_id".into(),
-            "type".into(),
-            "payload".into(),
-        ]];
-        let err = crate::outbox::layout::check_template_columns(&s.outbox, &columns)
+        let text = |name: &str| crate::postgres::client::CatalogColumn {
+            name: name.into(),
+            type_name: "text".into(),
+            base_oid: 25,
+            base_name: "text".into(),
+            base_kind: "b".into(),
+            not_null: false,
+        };
+        let columns: Vec<_> = ["id", "aggregate_id", "type", "payload"].map(text).to_vec();
+        let err = crate::outbox::column_types::check_mapping(&s.outbox, &s.outbox.tables[0], &columns)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("route.topic refers to column \"tenant\"") && err.contains("id, aggregate_id, type, payload"),
+            err.starts_with(
+                "route.topic = \"tenant\", but the outbox table \"public\".\"events_outbox\" has no such column"
+            ) && err.contains("\"id\", \"aggregate_id\", \"type\", \"payload\""),
             "{err}"
         );
 

@@ -85,43 +85,8 @@ pub enum LayoutError {
         table: String,
         present: String,
     },
-    #[error(
-        "{config_key} refers to column {column:?}, which table {table} does not have (its columns: {present}). \
-         Name one of them in {config_key}, or add the column, then restart"
-    )]
-    NotInTable {
-        column: String,
-        config_key: &'static str,
-        table: String,
-        present: String,
-    },
     #[error(transparent)]
     Debezium(#[from] ConnectLayoutError),
-}
-
-/// `[route]` templates' columns checked against each outbox table's columns (`columns[i]` those
-/// of `mapping.tables[i]`, read from the catalog) before streaming: a template naming no column stops the start with
-/// the column, the key and the table's columns, rather than at the first row. A table that is
-/// not there (no columns) is left to the publication's checks.
-pub(crate) fn check_template_columns(mapping: &OutboxMapping, columns: &[Vec<String>]) -> Result<(), LayoutError> {
-    for (table, present) in mapping.tables.iter().zip(columns) {
-        if present.is_empty() {
-            continue;
-        }
-        if let Some((column, key)) = mapping
-            .routing_columns
-            .iter()
-            .find(|(c, _)| !present.iter().any(|p| p == c.as_str()))
-        {
-            return Err(LayoutError::NotInTable {
-                column: column.as_str().to_owned(),
-                config_key: key,
-                table: table.to_string(),
-                present: present.join(", "),
-            });
-        }
-    }
-    Ok(())
 }
 
 impl OutboxLayout {

@@ -2,6 +2,7 @@
 //!
 //! - [`event`]: [`event::OutboxEvent`], the one event type every source produces, and the one way
 //!   from an event to a sink's record (`crate::sink::SinkRecord`);
+//! - [`column_types`]: the column mapping checked against a table's columns and their types;
 //! - [`layout`]: the event of a streamed row (column mapping over pgoutput Relations);
 //! - [`message`]: the event of a `pg_logical_emit_message`;
 //! - [`payload`]: the record value of the payload column (text as is, `bytea` decoded to its bytes);
@@ -19,6 +20,7 @@
 
 pub(crate) mod bad_event;
 pub(crate) mod cloudevents;
+pub(crate) mod column_types;
 pub(crate) mod connect;
 pub(crate) mod event;
 pub(crate) mod layout;

@@ -53,7 +53,8 @@ pub(crate) enum PollError {
 
     #[error(
         "the polling relayer orders claims by creation time, but {table} has no column {column}. Set \
-         outbox.timestamp_column to the column holding each row's creation time (e.g. created_at)"
+         retention.timestamp_column or outbox.timestamp_column to the column holding each row's creation time \
+         (created_at when neither is set)"
     )]
     CreatedAtMissing { column: String, table: TableName },
 

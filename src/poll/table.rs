@@ -35,15 +35,6 @@ pub(crate) struct PendingIndex {
     pub(crate) valid: bool,
 }
 
-/// `outbox.timestamp_column` when set, else `created_at`.
-pub(crate) fn created_at_column(settings: &Settings) -> Ident {
-    settings
-        .outbox
-        .timestamp
-        .clone()
-        .unwrap_or_else(|| Ident::parse("created_at", "created_at").expect("literal"))
-}
-
 /// Checks `table` (one of `outbox.table`) for polling.
 pub(crate) async fn check(client: &Client, settings: &Settings, table: &TableName) -> Result<PollTable, PollError> {
     let facts = check_outbox_table(client, settings, table)
@@ -83,7 +74,7 @@ pub(crate) async fn check(client: &Client, settings: &Settings, table: &TableNam
             not_null: if not_null { " NOT NULL" } else { "" },
         });
     }
-    let created_at = created_at_column(settings);
+    let (created_at, _) = settings.created_at_column();
     if find(created_at.as_str()).is_none() {
         return Err(PollError::CreatedAtMissing {
             column: created_at.quoted(),

@@ -131,35 +131,49 @@ pub(crate) async fn bytea_domain_oids(client: &Client) -> Result<Vec<u32>, tokio
     Ok(rows.iter().map(|r| r.get::<_, u32>(0)).collect())
 }
 
-/// Which columns of a table [`table_columns`] lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Columns {
-    /// Every live column.
-    All,
-    /// The NOT NULL ones (`[debezium]` writes optional schemas for the others, as Debezium does).
-    NotNull,
+/// One live column of a table as the catalog describes it, its type resolved through domains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CatalogColumn {
+    pub(crate) name: String,
+    /// As `format_type` prints it, e.g. `character varying(255)`.
+    pub(crate) type_name: String,
+    /// `pg_type.oid` of its base type (a domain resolved to the type it is built on).
+    pub(crate) base_oid: u32,
+    /// The base type's `typname` and `typtype` (`b` base, `e` enum, …).
+    pub(crate) base_name: String,
+    pub(crate) base_kind: String,
+    pub(crate) not_null: bool,
 }
 
-/// The live columns of `schema.table` that `which` names, in the table's order. Empty when the
-/// table does not exist: preflight reports that.
-pub(crate) async fn table_columns(
-    client: &Client,
-    schema: &str,
-    table: &str,
-    which: Columns,
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    let condition = match which {
-        Columns::All => "",
-        Columns::NotNull => "AND a.attnotnull",
-    };
-    let sql = format!(
-        "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
-           JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped {condition} \
-         ORDER BY a.attnum"
-    );
-    let rows = client.query(&sql, &[&schema, &table]).await?;
-    Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+/// The live columns of `table` (quoted, as `TableName::quoted` writes it), in the table's
+/// order, with their base types. Empty when the table does not exist.
+pub(crate) async fn catalog_columns(client: &Client, table: &str) -> Result<Vec<CatalogColumn>, tokio_postgres::Error> {
+    // Domains resolve to their base type (recursively: a domain may be over a domain).
+    let rows = client
+        .query(
+            "WITH RECURSIVE base(attnum, typid) AS ( \
+                 SELECT a.attnum, a.atttypid FROM pg_attribute a \
+                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+               UNION ALL \
+                 SELECT b.attnum, t.typbasetype FROM base b JOIN pg_type t ON t.oid = b.typid WHERE t.typtype = 'd') \
+             SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.oid, t.typname::text, t.typtype::text, \
+                    a.attnotnull \
+             FROM pg_attribute a JOIN base b ON b.attnum = a.attnum JOIN pg_type t ON t.oid = b.typid AND t.typtype <> 'd' \
+             WHERE a.attrelid = to_regclass($1) ORDER BY a.attnum",
+            &[&table],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| CatalogColumn {
+            name: r.get(0),
+            type_name: r.get(1),
+            base_oid: r.get(2),
+            base_name: r.get(3),
+            base_kind: r.get(4),
+            not_null: r.get(5),
+        })
+        .collect())
 }
 
 #[cfg(test)]

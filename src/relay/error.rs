@@ -1,6 +1,7 @@
 //! Why a streaming session ended, and whether the supervisor reconnects or stops.
 
 use crate::outbox::bad_event::BadEvent;
+use crate::outbox::column_types::MappingError;
 use crate::outbox::layout::LayoutError;
 use crate::postgres::client::ConnectError;
 use crate::postgres::failure::{describe_pg, is_transient_pg};
@@ -149,8 +150,12 @@ pub enum RelayError {
     },
     #[error(
         "outbox event id={id} (transaction committed at {commit_lsn}) cannot be published: {cause}. Nothing from its \
-         transaction on is confirmed (relay.on_bad_event = \"fail\"). Fix the cause (docs/reliability.md) and restart, \
-         or set relay.on_bad_event = \"dead-letter\" (with relay.dead_letter_topic) or \"skip\" to move past it"
+         transaction on is confirmed (relay.on_bad_event = \"fail\"). The row is committed, so a restart reads it \
+         again and stops here again (editing the row changes nothing: the stream reads what was committed). To go \
+         on, set relay.on_bad_event = \"dead-letter\" (with relay.dead_letter_topic: the raw row is published there \
+         with the error) or \"skip\" (logged and counted) and restart; or, where the configuration is the cause (a \
+         [route] rule that names no legal destination, a size limit below the row), change it and restart \
+         (docs/reliability.md, \"Bad rows\")"
     )]
     BadEvent {
         id: String,
@@ -182,6 +187,9 @@ pub enum RelayError {
     },
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// The column mapping does not fit an outbox table (checked before streaming).
+    #[error(transparent)]
+    Mapping(#[from] MappingError),
     #[error("undecodable pgoutput message after {lsn}: {source}")]
     Decode { lsn: Lsn, source: DecodeError },
     #[error("undecodable replication frame: {0}")]
@@ -241,6 +249,7 @@ impl RelayError {
             | RelayError::SlotAdvanced { .. }
             | RelayError::BadEvent { .. }
             | RelayError::Layout(_)
+            | RelayError::Mapping(_)
             | RelayError::Decode { .. }
             | RelayError::Frame(_)
             | RelayError::Watermark(_)

@@ -234,7 +234,7 @@ async fn supervise(
                 }
             }
             Err(e) => {
-                error!(slot = %settings.postgres.slot, error = %e, "fatal");
+                // The error itself is logged once, by the caller (`run` exits with it).
                 if let (RelayError::SlotMissing { .. }, Some(us)) = (&e, ctx.carried.last_confirmed_commit_unix_us) {
                     // After a failover on PostgreSQL 14-16 (or a dropped slot): where the
                     // recovery starts. Events committed up to then are in the sink.

@@ -55,9 +55,10 @@ use crate::config::Settings;
 use crate::ops::health::Mode;
 use crate::ops::metrics::{now_unix_us, StreamGauges};
 use crate::ops::units::utc_from_unix_us;
+use crate::outbox::column_types::check_mapping;
 use crate::outbox::layout::DebeziumColumns;
 use crate::outbox::payload::ByteaTypes;
-use crate::postgres::client::{self as pg_client, Columns};
+use crate::postgres::client as pg_client;
 use crate::postgres::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
 use crate::postgres::replication::error::ReplicationError;
 use crate::sink::Completions;
@@ -164,14 +165,8 @@ pub(crate) async fn run_session(
         ctx,
     )
     .await;
-    match &outcome {
-        // The outage summary says it (`outage.rs`).
-        Err(e) if ctx.broker.stalled() && e.is_delivery_failure() => {
-            info!(error = %e, slot = %settings.postgres.slot, "stopping stream")
-        }
-        Err(e) => warn!(error = %e, slot = %settings.postgres.slot, "stopping stream"),
-        Ok(_) => {}
-    }
+    // How the session ended is logged once, by whoever decides what follows: the supervisor for a
+    // reconnect (`reconnecting`, or the outage summary), `run` for a fatal error.
     // A paused holder may have been taken over: what it still has queued must not reach the
     // sink after the new holder replayed, so nothing is waited for (`liveness.rs`).
     let wait = match &outcome {
@@ -202,9 +197,9 @@ pub(crate) async fn run_session(
 
 /// What a session checks and reads on its control connection before it streams: the role
 /// (first: a role that can never stream fails whether the slot is free or held,
-/// `postgres/role.rs`), the
-/// slot (missing or lost is fatal, held by someone else means standing by), the publication, the
-/// column mapping, and what the decoder needs of the catalog.
+/// `postgres/role.rs`), the slot (missing or lost is fatal, held by someone else means standing
+/// by), the publication, the column mapping (every configured column, with its type), and what
+/// the decoder needs of the catalog.
 async fn before_streaming(
     control: &tokio_postgres::Client,
     settings: &Settings,
@@ -222,31 +217,23 @@ async fn before_streaming(
     // A payload column of bytea or of a domain over it is published as its bytes. Read once per
     // session: a domain created while the session streams is known from the next session on.
     let bytea = ByteaTypes::with_domains(pg_client::bytea_domain_oids(control).await?);
-    if !settings.outbox.routing_columns.is_empty() {
-        let mut columns = Vec::with_capacity(settings.outbox.tables.len());
-        for table in &settings.outbox.tables {
-            columns.push(
-                pg_client::table_columns(control, table.schema.as_str(), table.name.as_str(), Columns::All).await?,
-            );
+    // Every configured column exists with a usable type — the check `setup` makes — before
+    // anything streams: a mapping the table does not fit stops here, named, not at the first
+    // event (nor after /readyz said ready). A table that is not there is the publication's to
+    // report (above); one altered later is caught by its Relation (`outbox/layout.rs`).
+    let mut not_null = Vec::with_capacity(settings.outbox.tables.len());
+    for table in &settings.outbox.tables {
+        let columns = pg_client::catalog_columns(control, &table.quoted()).await?;
+        if !columns.is_empty() {
+            check_mapping(&settings.outbox, table, &columns)?;
         }
-        crate::outbox::layout::check_template_columns(&settings.outbox, &columns)?;
+        let names = columns.into_iter().filter(|c| c.not_null).map(|c| c.name).collect();
+        not_null.push((table.clone(), names));
     }
-    let debezium = match &settings.debezium {
-        None => None,
-        Some(format) => {
-            let mut not_null = Vec::with_capacity(settings.outbox.tables.len());
-            for table in &settings.outbox.tables {
-                let columns =
-                    pg_client::table_columns(control, table.schema.as_str(), table.name.as_str(), Columns::NotNull)
-                        .await?;
-                not_null.push((table.clone(), columns));
-            }
-            Some(DebeziumColumns {
-                format: format.clone(),
-                not_null,
-            })
-        }
-    };
+    let debezium = settings.debezium.as_ref().map(|format| DebeziumColumns {
+        format: format.clone(),
+        not_null,
+    });
     Ok((slot, Decoder::new(bytea, debezium)))
 }
 

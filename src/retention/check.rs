@@ -22,7 +22,7 @@ pub(crate) async fn resolve(
     config: &RetentionSettings,
     table: &TableName,
 ) -> Result<Target, RetentionError> {
-    let timestamp = config.timestamp_column(settings.outbox.timestamp.as_ref());
+    let (timestamp, _) = settings.created_at_column();
     let id = settings.outbox.id.clone();
     let row = client
         .query_one(

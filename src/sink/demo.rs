@@ -194,10 +194,9 @@ pub(crate) fn start<'a, C: DemoConsumer>(
     })
 }
 
-/// A running demo consumer: on a thread of its own, or a task that cleans up what the run made
-/// and says so.
+/// A running demo consumer: a task (which may wait for a thread of its own) that cleans up what
+/// the run made and says so.
 pub(crate) enum Consuming {
-    Thread(std::thread::JoinHandle<()>),
     Task(tokio::task::JoinHandle<Vec<String>>),
 }
 
@@ -205,10 +204,6 @@ impl Consuming {
     /// Waits (bounded) for the consumer to stop; returns its cleanup lines.
     pub(crate) async fn join(self) -> Vec<String> {
         match self {
-            Consuming::Thread(t) => {
-                let _ = tokio::task::spawn_blocking(move || t.join()).await;
-                Vec::new()
-            }
             Consuming::Task(mut t) => match tokio::time::timeout(Duration::from_secs(20), &mut t).await {
                 Ok(Ok(lines)) => lines,
                 Ok(Err(e)) => vec![format!("FAILED: the demo consumer panicked: {e}")],

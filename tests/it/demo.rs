@@ -56,6 +56,18 @@ impl Demo {
         .await
     }
 
+    /// [`finish`](Self::finish), which must be a success; what the demo printed on stdout.
+    async fn finish_ok(&mut self) -> String {
+        let status = self.finish().await;
+        let stdout = self.stdout();
+        assert!(
+            status.success(),
+            "demo failed ({status}); stdout:\n{stdout}\nstderr:\n{}",
+            self.stderr()
+        );
+        stdout
+    }
+
     async fn finish(&mut self) -> std::process::ExitStatus {
         match wait_child(&mut self.child, DEMO_TIMEOUT).await {
             Some(status) => status,
@@ -193,13 +205,7 @@ async fn ctrl_c_stops_the_demo_drains_and_cleans_up() {
         .args(["-INT", "--", &format!("-{}", demo.child.id())])
         .status();
     assert!(group.is_ok_and(|s| s.success()), "SIGINT to the demo's process group");
-    let status = demo.finish().await;
-    let stdout = demo.stdout();
-    assert!(
-        status.success(),
-        "demo failed ({status}); stdout:\n{stdout}\nstderr:\n{}",
-        demo.stderr()
-    );
+    let stdout = demo.finish_ok().await;
     assert!(stdout.contains("interrupted (Ctrl-C)"), "{stdout}");
     // PostgreSQL (its own process group) outlived the Ctrl-C until the demo stopped it in order:
     // the slot's position could still be read after the drain.
@@ -243,13 +249,7 @@ async fn demo_uses_a_given_broker_and_counts_only_its_own_events() {
     )
     .await;
     let mut demo = Demo::start(&["--duration", "3", "--rate", "100", "--bootstrap", &bootstrap]);
-    let status = demo.finish().await;
-    let stdout = demo.stdout();
-    assert!(
-        status.success(),
-        "demo failed ({status}); stdout:\n{stdout}\nstderr:\n{}",
-        demo.stderr()
-    );
+    let stdout = demo.finish_ok().await;
     assert!(
         stdout.contains(&format!("to topic order.placed on {bootstrap}")),
         "{stdout}"
@@ -264,6 +264,68 @@ async fn demo_uses_a_given_broker_and_counts_only_its_own_events() {
     );
     assert_eq!(summary_number(&stdout, "consumed"), produced, "{stdout}");
     assert_cleaned_up(&demo.cluster_dir()).await;
+    // The topic was there before the run: left as it was.
+    assert!(
+        stdout.contains(&format!("Kafka topic order.placed on {bootstrap} left as it was")),
+        "{stdout}"
+    );
+    assert!(
+        topic_exists(&bootstrap, "order.placed"),
+        "the earlier topic was removed"
+    );
+
+    // Without the topic, the run creates it before publishing (durations take units, as
+    // everywhere else) and deletes it at the end, saying so.
+    delete_topic(&bootstrap, "order.placed").await;
+    let stdout = Demo::start(&["--duration", "3s", "--rate", "100", "--bootstrap", &bootstrap])
+        .finish_ok()
+        .await;
+    assert!(
+        stdout.contains(&format!(
+            "Kafka topic order.placed on {bootstrap} deleted (the run created it)"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        !topic_exists(&bootstrap, "order.placed"),
+        "the run's topic is left behind: {stdout}"
+    );
+}
+
+/// Whether the broker lists `topic`.
+fn topic_exists(bootstrap: &str, topic: &str) -> bool {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("metadata client");
+    let metadata = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("broker metadata");
+    metadata.topics().iter().any(|t| t.name() == topic)
+}
+
+/// Deletes `topic` and waits (bounded) until the broker no longer lists it.
+async fn delete_topic(bootstrap: &str, topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin client");
+    admin
+        .delete_topics(
+            &[topic],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("delete the topic");
+    let (b, t) = (bootstrap.to_owned(), topic.to_owned());
+    let gone = wait_until(Duration::from_secs(20), Duration::from_millis(200), || {
+        let (b, t) = (b.clone(), t.clone());
+        async move { !tokio::task::spawn_blocking(move || topic_exists(&b, &t)).await.unwrap() }
+    })
+    .await;
+    assert!(gone, "topic {topic} still listed after deletion");
 }
 
 /// `demo --sink <sink>` against the broker CI runs on 127.0.0.1: every event consumed, the

@@ -508,3 +508,93 @@ async fn the_compose_schema_and_config_pass_setup_on_a_real_database() {
     outbox_relay::control::teardown(&settings).await.expect("teardown");
     assert!(slot_row(&client, &slot).await.is_none());
 }
+
+/// The keys a section of the config accepts, as the loader itself lists them: a key no section
+/// has (`__probe__`) is refused with "unknown field …, expected one of `a`, `b`, …".
+fn accepted_keys(file: &str) -> Vec<String> {
+    let err = Settings::from_toml_str(file, Path::new("probe.toml"), Vec::new())
+        .expect_err("a key no section has is refused")
+        .to_string();
+    let (_, expected) = err
+        .split_once("unknown field `__probe__`, expected ")
+        .unwrap_or_else(|| panic!("not an unknown-field refusal: {err}"));
+    let expected = expected.lines().next().unwrap_or_default();
+    expected.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+/// Every key the configuration accepts — each generic section's, and each sink section's — is
+/// shown in the example config (the generic sections; it claims to show every key) and named in
+/// docs/configuration.md (a sink's keys: there or in its own docs/sink-<kind>.md). The README's
+/// table is a summary that links there.
+#[test]
+fn every_key_the_config_accepts_is_in_the_example_config_and_the_docs() {
+    const URL: &str = "[postgres]\nurl = \"postgres://relay@127.0.0.1:5432/app\"\n";
+    let docs = read("docs/configuration.md");
+    let example = example_config_keys();
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    // The sections, as the loader names them refusing one it does not have: the generic ones,
+    // then the sinks' own. [debezium] is free-form (Kafka Connect's property names, checked by
+    // their own test) and [kafka] passes librdkafka's through: both are left out.
+    let err = Settings::from_toml_str(&format!("{URL}[__probe__]\n"), Path::new("probe.toml"), Vec::new())
+        .expect_err("an unknown section is refused")
+        .to_string();
+    let (generic, sinks) = err
+        .split_once("the sections are ")
+        .and_then(|(_, rest)| rest.split_once(", and the chosen sink's own: one of "))
+        .unwrap_or_else(|| panic!("the refusal lists no sections: {err}"));
+    let names = |list: &str| -> Vec<String> {
+        list.split(", ")
+            .map(|s| s.trim().trim_start_matches('[').trim_end_matches(']').to_owned())
+            .filter(|s| s != "debezium" && s != "kafka")
+            .collect()
+    };
+    let (generic, sinks) = (names(generic), names(sinks));
+    assert!(generic.len() >= 10 && sinks.len() >= 8, "{generic:?} {sinks:?}");
+    for section in &generic {
+        let file = if section == "postgres" {
+            "[postgres]\n__probe__ = 1\nurl = \"postgres://relay@127.0.0.1:5432/app\"\n".to_owned()
+        } else {
+            format!("{URL}[{section}]\n__probe__ = 1\n")
+        };
+        for key in accepted_keys(&file) {
+            // A key accepted only to be refused with its new place (`relay.exactly_once` moved
+            // to `[kafka]`) is documented there.
+            let alone = format!("{URL}[{section}]\n{key} = 1\n");
+            if Settings::from_toml_str(&alone, Path::new("probe.toml"), Vec::new())
+                .is_err_and(|e| e.to_string().contains("moved to"))
+            {
+                continue;
+            }
+            checked += 1;
+            if !docs.contains(&format!("`{section}.{key}`")) {
+                missing.push(format!("docs/configuration.md: `{section}.{key}`"));
+            }
+            if !example.contains(&(section.clone(), key.clone())) {
+                missing.push(format!("config/outbox-relay.toml: [{section}] {key}"));
+            }
+        }
+    }
+    for kind in [
+        "nats", "rabbitmq", "redis", "webhook", "pubsub", "sqs", "sns", "kinesis",
+    ] {
+        let own = std::fs::read_to_string(repo(&format!("docs/sink-{kind}.md"))).unwrap_or_default();
+        let file = format!("{URL}[sink]\nkind = \"{kind}\"\n[{kind}]\n__probe__ = 1\n");
+        for key in accepted_keys(&file) {
+            checked += 1;
+            let named = [format!("`{kind}.{key}`"), format!("`{key}`")];
+            if !named
+                .iter()
+                .any(|n| docs.contains(n.as_str()) || own.contains(n.as_str()))
+            {
+                missing.push(format!("docs: [{kind}] {key}"));
+            }
+        }
+    }
+    assert!(checked > 80, "found too few keys ({checked})");
+    assert!(
+        missing.is_empty(),
+        "keys the config accepts but the docs do not show:\n{}",
+        missing.join("\n")
+    );
+}

@@ -90,7 +90,7 @@ async fn a_template_naming_no_column_is_refused_at_start_and_by_setup() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains(r#"route.topic = "tenant" but "public"."events_outbox" has no such column"#)
+        stderr.contains(r#"route.topic = "tenant", but the outbox table "public"."events_outbox" has no such column"#)
             && stderr.contains(r#""aggregate_id", "type", "payload""#),
         "{stderr}"
     );
@@ -102,9 +102,12 @@ async fn a_template_naming_no_column_is_refused_at_start_and_by_setup() {
         .expect("run stops at start");
     assert!(!status.success());
     let log = relay.log_text();
+    // The same check as setup's (`outbox::column_types::check_mapping`), in the same words.
     assert!(
-        log.contains(r#"route.topic refers to column \"tenant\""#)
-            || log.contains(r#"route.topic refers to column "tenant""#),
+        log.contains(
+            r#"route.topic = \"tenant\", but the outbox table \"public\".\"events_outbox\" has no such column"#
+        ) || log
+            .contains(r#"route.topic = "tenant", but the outbox table "public"."events_outbox" has no such column"#),
         "log:\n{log}"
     );
     assert!(!log.contains("streaming started"), "log:\n{log}");

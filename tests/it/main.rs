@@ -19,6 +19,7 @@ mod exactly_once;
 mod examples;
 mod failover;
 mod failures;
+mod first_steps;
 mod ha_and_metrics;
 mod harness;
 mod harness_smoke;

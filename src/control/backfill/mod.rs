@@ -150,10 +150,16 @@ pub(crate) async fn setup_with_backfill(
                     table.columns.first().map_or("unknown", |c| c.type_name.as_str())
                 )))
             }
-            Selection::Since(_) if settings.outbox.timestamp.is_none() => {
-                return Err(BackfillError::Unsupported(
-                    "--since needs outbox.timestamp_column (the rows' creation time); set it, or use --since-id".into(),
-                ))
+            Selection::Since(_) => {
+                let (created_at, _) = settings.created_at_column();
+                if !super::catalog::has_column(&client, &table.facts.name, &created_at).await? {
+                    return Err(BackfillError::Unsupported(super::catalog::no_creation_column(
+                        settings,
+                        &table.facts.name,
+                        "--since",
+                        "use --since-id",
+                    )));
+                }
             }
             _ => {}
         }

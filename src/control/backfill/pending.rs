@@ -136,8 +136,8 @@ pub(crate) enum Selection<'a> {
     Undispatched(&'a Ident),
     /// Recovering a lost slot: rows whose (integer) id is greater than this.
     AfterId(i64),
-    /// Recovering a lost slot: rows whose timestamp column is at or after this instant (text
-    /// PostgreSQL reads as `timestamptz`).
+    /// Recovering a lost slot: rows whose creation-time column (`Settings::created_at_column`)
+    /// is at or after this instant (text PostgreSQL reads as `timestamptz`).
     Since(&'a str),
 }
 
@@ -148,7 +148,7 @@ impl Selection<'_> {
             Selection::Undispatched(column) => format!("{} IS NULL", column.quoted()),
             Selection::AfterId(id) => format!("{} > {id}", settings.outbox.id.quoted()),
             Selection::Since(ts) => {
-                let column = settings.outbox.timestamp.as_ref().unwrap_or(&settings.outbox.id);
+                let (column, _) = settings.created_at_column();
                 format!("{} >= '{}'::timestamptz", column.quoted(), ts.replace('\'', "''"))
             }
         }

@@ -153,6 +153,24 @@ pub(crate) async fn replay(
         let facts = super::preflight::check_outbox_table(&client, settings, &table).await?;
         sources.push(Source::of(settings, &table, &facts.columns)?);
     }
+    // Times select by the creation-time column, the one retention ages rows by — not the
+    // record timestamp (`outbox.timestamp_column`), which may well be unset.
+    let (created_at, _) = settings.created_at_column();
+    let mut created = true;
+    for source in &sources {
+        if super::catalog::has_column(&client, &source.table, &created_at).await? {
+            continue;
+        }
+        if args.criteria.by_time() {
+            return Err(ReplayError::Usage(super::catalog::no_creation_column(
+                settings,
+                &source.table,
+                "a time for --since/--until",
+                "select by id (--since id:N)",
+            )));
+        }
+        created = false;
+    }
     let arguments = args.criteria.canonical(args.to_topic.as_deref());
     let file = StateFile::new(&args.state_dir, &arguments);
     let mut notes = Vec::new();
@@ -179,35 +197,37 @@ pub(crate) async fn replay(
                 .get(0);
             ReplayState {
                 arguments,
-                condition: args.criteria.condition(settings, &now),
+                condition: args.criteria.condition(settings, &now, created),
                 acknowledged: 0,
                 position: None,
             }
         }
     };
-    let mut retention_records = None;
+    // What retention itself recorded (`status` shows the same), read once.
+    let retention_records = match settings.retention {
+        Some(_) => super::status_tables::read(&client, settings).await,
+        None => Vec::new(),
+    };
     for source in &sources {
-        let Some(mut note) = removed_rows(&client, settings, &args.criteria, source).await? else {
+        let recorded = settings
+            .outbox
+            .tables
+            .iter()
+            .position(|t| *t == source.table)
+            .and_then(|i| retention_records.get(i)?.last_retention.as_ref())
+            .filter(|r| r.total_removed_rows > 0);
+        // A row older than the oldest one left is missing only if rows were ever removed: a new
+        // table simply has none older.
+        let removed = recorded.is_some() || super::catalog::deleted_rows(&client, &source.table).await? > 0;
+        let Some(mut note) = removed_rows(&client, settings, &args.criteria, source, removed).await? else {
             continue;
         };
-        if settings.retention.is_some() {
-            // What retention itself recorded (`status` shows the same), read once.
-            if retention_records.is_none() {
-                retention_records = Some(super::status_tables::read(&client, settings).await);
-            }
-            let recorded = settings
-                .outbox
-                .tables
-                .iter()
-                .position(|t| *t == source.table)
-                .and_then(|i| retention_records.as_ref()?.get(i)?.last_retention.as_ref());
-            if let Some(r) = recorded.filter(|r| r.total_removed_rows > 0) {
-                note.push_str(&format!(
-                    "; retention's record: {} rows removed from this table in all, the newest created at {}",
-                    r.total_removed_rows,
-                    r.last_removed_through.as_deref().unwrap_or("(not recorded)")
-                ));
-            }
+        if let Some(r) = recorded {
+            note.push_str(&format!(
+                "; retention's record: {} rows removed from this table in all, the newest created at {}",
+                r.total_removed_rows,
+                r.last_removed_through.as_deref().unwrap_or("(not recorded)")
+            ));
         }
         notes.push(note);
     }
@@ -542,11 +562,17 @@ async fn first_rows(
 
 /// What `--since` asked for that is no longer in `source`'s table, said with how many rows
 /// where the table can tell (a sequence id), and with `[retention] keep` when configured.
+///
+/// Said only where rows may have been removed: a sequence id tells (ids below the oldest row's
+/// were handed out — to rows removed since, or to inserts rolled back, hence "up to"); without
+/// one, `removed` does (retention's record or the table's statistics count a removal). A new
+/// table has no rows older than its oldest, and is told nothing.
 async fn removed_rows(
     client: &Client,
     settings: &Settings,
     criteria: &Criteria,
     source: &Source,
+    removed: bool,
 ) -> Result<Option<String>, ReplayError> {
     let by = match &settings.retention {
         Some(r) => format!(
@@ -562,22 +588,31 @@ async fn removed_rows(
             .await
             .map_err(BackfillError::query("reading the oldest outbox row"))
     };
+    // The id sequence: its start and whether it ever handed out an id (`None`: not a serial id,
+    // or not readable by this role).
+    let sequence: Option<(i64, bool)> = match source.id_is_sequential {
+        true => client
+            .query_one(
+                "SELECT s.seqstart, pg_sequence_last_value(s.seqrelid) IS NOT NULL FROM pg_sequence s \
+                  WHERE s.seqrelid = pg_get_serial_sequence($1, $2)::regclass",
+                &[&table, &settings.outbox.id.as_str()],
+            )
+            .await
+            .ok()
+            .map(|r| (r.get(0), r.get(1))),
+        false => None,
+    };
+    let id = settings.outbox.id.quoted();
     match &criteria.since {
         Some(Bound::Id(n)) if source.id_is_sequential => {
-            let id = settings.outbox.id.quoted();
             let row = query(format!("SELECT min({id})::int8 FROM {table}")).await?;
             // Ids below the id sequence's start never existed: `--since id:0` on a table whose
             // ids start at 1 asks for nothing that is gone.
-            let start: Option<i64> = client
-                .query_one(
-                    "SELECT s.seqstart FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence($1, $2)::regclass",
-                    &[&table, &settings.outbox.id.as_str()],
-                )
-                .await
-                .ok()
-                .and_then(|r| r.get(0));
-            let n = &start.map_or(*n, |start| (*n).max(start));
+            let n = &sequence.map_or(*n, |(start, _)| (*n).max(start));
             let Some(oldest) = row.get::<_, Option<i64>>(0) else {
+                if !removed && sequence.is_some_and(|(_, used)| !used) {
+                    return Ok(None);
+                }
                 return Ok(Some(format!(
                     "{}: the table holds no rows: every row --since id:{n} asks for was {by} (how many the table \
                      cannot tell)",
@@ -596,14 +631,31 @@ async fn removed_rows(
             }))
         }
         Some(Bound::At(_) | Bound::Ago(_)) => {
-            let (Some(ts), Some(since_sql)) = (&settings.outbox.timestamp, criteria.since_sql()) else {
+            let Some(since_sql) = criteria.since_sql() else {
                 return Ok(None);
             };
-            let ts = ts.quoted();
+            let ts = settings.created_at_column().0.quoted();
+            // (An id that is no sequence may have no min(): uuid before PostgreSQL 16.)
+            let oldest_id = match source.id_is_sequential {
+                true => format!("min({id})::text"),
+                false => "NULL::text".to_owned(),
+            };
             let row = query(format!(
-                "SELECT min({ts})::text, extract(epoch FROM min({ts}) - {since_sql})::float8 FROM {table}"
+                "SELECT min({ts})::text, extract(epoch FROM min({ts}) - {since_sql})::float8, {oldest_id} FROM {table}"
             ))
             .await?;
+            // With a sequence id, ids below the oldest row's say whether anything came before it;
+            // without one, whether anything was ever removed.
+            let may_be_missing = match sequence {
+                Some((start, used)) => match row.get::<_, Option<String>>(2) {
+                    Some(oldest_id) => oldest_id.parse::<i64>().is_ok_and(|o| o > start),
+                    None => used,
+                },
+                None => removed,
+            };
+            if !may_be_missing {
+                return Ok(None);
+            }
             let (Some(oldest), Some(gap)) = (row.get::<_, Option<String>>(0), row.get::<_, Option<f64>>(1)) else {
                 return Ok(Some(format!(
                     "{}: the table holds no rows: every row --since asks for was {by} (how many the table cannot \

@@ -23,7 +23,7 @@ pub(crate) enum Bound {
     Id(i64),
     /// A duration back from now (`24h`, `90m`), resolved when the replay starts.
     Ago(Duration),
-    /// An RFC 3339 time, compared with the timestamp column.
+    /// An RFC 3339 time, compared with the creation-time column.
     At(String),
 }
 
@@ -50,7 +50,7 @@ impl Bound {
         ))
     }
 
-    fn is_time(&self) -> bool {
+    pub(crate) fn is_time(&self) -> bool {
         !matches!(self, Bound::Id(_))
     }
 }
@@ -113,16 +113,14 @@ impl Criteria {
         ))
     }
 
-    /// Refuses what cannot select anything sensible, naming the fix.
+    /// Whether `--since` or `--until` is a time (compared with the creation-time column).
+    pub(crate) fn by_time(&self) -> bool {
+        [&self.since, &self.until].into_iter().flatten().any(Bound::is_time)
+    }
+
+    /// Refuses what cannot select anything sensible, naming the fix. (Whether each table has
+    /// the creation-time column a time bound reads is the database's to say: `replay` asks it.)
     pub(crate) fn check(&self, settings: &Settings) -> Result<(), String> {
-        let time_bound = [&self.since, &self.until].into_iter().flatten().any(Bound::is_time);
-        if time_bound && settings.outbox.timestamp.is_none() {
-            return Err(
-                "a time for --since/--until needs outbox.timestamp_column (the rows' creation time); set it, or \
-                        select by id (--since id:N)"
-                    .into(),
-            );
-        }
         if let Some(t) = self.types.iter().find(|t| Glob::parse(t).is_none()) {
             return Err(format!(
                 "--type {t:?}: a pattern is non-empty text, `*` any run of characters, `?` one"
@@ -132,12 +130,14 @@ impl Criteria {
     }
 
     /// The selecting condition with relative bounds resolved: `now` is the replay's start as
-    /// PostgreSQL's `timestamptz` text. Without `--until` (and with a timestamp column) rows
-    /// created after the start are left to the stream.
-    pub(crate) fn condition(&self, settings: &Settings, now: &str) -> String {
+    /// PostgreSQL's `timestamptz` text. Times are compared with the creation-time column
+    /// (`Settings::created_at_column`, the one retention ages rows by); `created` says every
+    /// selected table has it. Without `--until` (and with that column) rows created after the
+    /// start are left to the stream.
+    pub(crate) fn condition(&self, settings: &Settings, now: &str, created: bool) -> String {
         let mapping = &settings.outbox;
         let mut parts = Vec::new();
-        let time_column = mapping.timestamp.as_ref().unwrap_or(&mapping.id).quoted();
+        let time_column = settings.created_at_column().0.quoted();
         let id = mapping.id.quoted();
         let at = |bound: &Bound| match bound {
             Bound::Ago(d) => format!(
@@ -157,7 +157,7 @@ impl Criteria {
                 let column = if until.is_time() { &time_column } else { &id };
                 parts.push(format!("{column} < {}", at(until)));
             }
-            None if mapping.timestamp.is_some() => {
+            None if created => {
                 parts.push(format!("{time_column} <= {}::timestamptz", literal(now)));
             }
             None => {}
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn the_condition_is_half_open_and_quotes_every_value() {
-        let s = settings("timestamp_column = \"created_at\"\n");
+        let s = settings("");
         let c = Criteria {
             since: Some(Bound::Ago(Duration::from_secs(3600))),
             until: Some(Bound::Id(100)),
@@ -260,7 +260,7 @@ mod tests {
             table: None,
         };
         assert_eq!(
-            c.condition(&s, "2026-05-01 12:00:00+00"),
+            c.condition(&s, "2026-05-01 12:00:00+00", true),
             "\"created_at\" >= ('2026-05-01 12:00:00+00'::timestamptz - interval '3600000 milliseconds') AND \
              \"id\" < 100 AND (\"type\"::text LIKE 'order.%' OR \"type\"::text LIKE 'it''s\\_') AND \
              \"aggregate_id\"::text IN ('a''1')"
@@ -271,20 +271,30 @@ mod tests {
             ..Criteria::default()
         };
         assert_eq!(
-            open.condition(&s, "2026-05-02 00:00:00+00"),
+            open.condition(&s, "2026-05-02 00:00:00+00", true),
             "\"created_at\" >= '2026-05-01T00:00:00Z'::timestamptz AND \"created_at\" <= '2026-05-02 00:00:00+00'::timestamptz"
         );
-        assert_eq!(Criteria::default().condition(&settings(""), "x"), "true");
+        assert_eq!(Criteria::default().condition(&settings(""), "x", false), "true");
+        // The creation-time column is retention's, whatever the record timestamp is.
+        let inserted = crate::config::test_support::settings(
+            "[outbox]\ntimestamp_column = \"sent_at\"\n[retention]\nmode = \"delete\"\nkeep = \"7d\"\n\
+             timestamp_column = \"inserted_at\"\n",
+        );
+        assert_eq!(
+            open.condition(&inserted, "2026-05-02 00:00:00+00", true),
+            "\"inserted_at\" >= '2026-05-01T00:00:00Z'::timestamptz AND \"inserted_at\" <= '2026-05-02 00:00:00+00'::timestamptz"
+        );
     }
 
     #[test]
-    fn a_time_bound_needs_the_timestamp_column_and_the_table_must_be_configured() {
+    fn a_time_bound_needs_no_record_timestamp_and_the_table_must_be_configured() {
         let s = settings("");
         let c = Criteria {
             since: Some(Bound::Ago(Duration::from_secs(60))),
             ..Criteria::default()
         };
-        assert!(c.check(&s).unwrap_err().contains("outbox.timestamp_column"));
+        assert_eq!(c.check(&s), Ok(()));
+        assert!(c.by_time());
         let by_id = Criteria {
             since: Some(Bound::Id(5)),
             table: Some("other".into()),

@@ -2,6 +2,10 @@
 //! mock cluster, `mock_cluster.rs`) unless `--bootstrap` gives one, and [`KafkaConsumer`] reads
 //! the demo topic, counting distinct events by their `id` header (so duplicates show).
 //!
+//! With `--bootstrap` the run creates the topic before the relay publishes (and waits for its
+//! leaders), so topic creation is no part of any latency figure, and deletes it at the end; a
+//! topic that existed before the run is left as it was. The summary says which.
+//!
 //! The consumer assigns partitions itself instead of joining a consumer group (a group join would
 //! add seconds of rebalance delay to a short demo), re-discovering them every second because the
 //! topic only appears when the relay first produces to it. Records that predate the demo (a
@@ -19,8 +23,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -32,6 +39,8 @@ use crate::sink::demo::{
 
 const REFRESH: Duration = Duration::from_secs(1);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
+/// Creating or deleting the demo topic on a given broker.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) struct KafkaConsumer {
     consumer: BaseConsumer,
@@ -186,14 +195,101 @@ impl DemoTarget for KafkaTarget {
 
     fn consume<'a>(&'a self, topic: &'a str, tally: Arc<dyn Tally>, stop: Arc<AtomicBool>) -> Starting<'a> {
         Box::pin(async move {
-            let (bootstrap, topic, run_id) = (self.bootstrap.clone(), topic.to_owned(), self.run_id.clone());
-            let consumer = tokio::task::spawn_blocking(move || KafkaConsumer::new(&bootstrap, &topic, &run_id))
+            // The embedded Kafka has the topic already (the mock cluster has no CreateTopics).
+            let created = match self.embedded {
+                Some(_) => None,
+                None => Some(create_topic(&self.bootstrap, topic).await?),
+            };
+            let (bootstrap, name, run_id) = (self.bootstrap.clone(), topic.to_owned(), self.run_id.clone());
+            let consumer = tokio::task::spawn_blocking(move || KafkaConsumer::new(&bootstrap, &name, &run_id))
                 .await
                 .map_err(|e| format!("Kafka: {e}"))??;
             let thread = consumer
                 .spawn(tally, stop)
                 .map_err(|e| format!("starting the consumer thread: {e}"))?;
-            Ok(Consuming::Thread(thread))
+            let (bootstrap, topic) = (self.bootstrap.clone(), topic.to_owned());
+            Ok(Consuming::Task(tokio::spawn(async move {
+                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+                match created {
+                    None => Vec::new(),
+                    Some(false) => vec![format!(
+                        "Kafka topic {topic} on {bootstrap} left as it was: it existed before the run"
+                    )],
+                    Some(true) => vec![delete_topic(&bootstrap, &topic).await],
+                }
+            })))
         })
+    }
+}
+
+/// On a given broker the run creates its topic before the relay publishes, and waits for its
+/// partitions' leaders: the first events then do not wait for the broker to create it (which
+/// showed in the first run's p99), and the run knows the topic is its own to delete at the end.
+/// `true`: created; `false`: it was there (and is left as it is).
+async fn create_topic(bootstrap: &str, topic: &str) -> Result<bool, String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| format!("Kafka: cannot create an admin client for {bootstrap}: {e}"))?;
+    // The broker's defaults (num.partitions, default.replication.factor).
+    let new = NewTopic::new(topic, -1, TopicReplication::Fixed(-1));
+    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+    let results = admin
+        .create_topics([&new], &options)
+        .await
+        .map_err(|e| format!("Kafka: creating topic {topic} on {bootstrap}: {e}"))?;
+    let created = match results.into_iter().next() {
+        Some(Ok(_)) => true,
+        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => false,
+        Some(Err((_, code))) => return Err(format!("Kafka: creating topic {topic} on {bootstrap}: {code}")),
+    };
+    let deadline = Instant::now() + ADMIN_TIMEOUT;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| format!("Kafka: cannot create a client for {bootstrap}: {e}"))?;
+    let topic_name = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        while Instant::now() < deadline {
+            let led = consumer
+                .fetch_metadata(Some(&topic_name), METADATA_TIMEOUT)
+                .ok()
+                .and_then(|m| {
+                    let t = m
+                        .topics()
+                        .iter()
+                        .find(|t| t.name() == topic_name && t.error().is_none())?;
+                    Some(!t.partitions().is_empty() && t.partitions().iter().all(|p| p.leader() >= 0))
+                })
+                .unwrap_or(false);
+            if led {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .map_err(|e| format!("Kafka: {e}"))?;
+    Ok(created)
+}
+
+/// Deletes the topic the run created; the summary's cleanup line.
+async fn delete_topic(bootstrap: &str, topic: &str) -> String {
+    let admin: Result<AdminClient<DefaultClientContext>, _> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).create();
+    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+    let outcome = match admin {
+        Ok(admin) => match admin.delete_topics(&[topic], &options).await {
+            Ok(results) => match results.into_iter().next() {
+                Some(Err((_, code))) => Err(code.to_string()),
+                _ => Ok(()),
+            },
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    match outcome {
+        Ok(()) => format!("Kafka topic {topic} on {bootstrap} deleted (the run created it)"),
+        Err(e) => format!("FAILED: deleting Kafka topic {topic} on {bootstrap} (the run created it): {e}"),
     }
 }

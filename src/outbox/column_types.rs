@@ -1,4 +1,8 @@
-//! Which column types each mapped outbox column may have.
+//! Which column types each mapped outbox column may have, and the one check of the column
+//! mapping against a table's columns ([`check_mapping`]): every configured column exists with a
+//! usable type. `setup`, `setup --check`, `poll`, `replay` (through preflight) and `run` (before
+//! each session streams) make it alike, so a mapping the table does not fit stops before the
+//! first event rather than at it.
 //!
 //! Types are recognised by the OID of the column's base type (domains are resolved to the type
 //! they are built on), never by name alone: a user-defined type that happens to be called `text`
@@ -6,6 +10,84 @@
 //! fixed OID, so it is recognised by name; its text form is plain text.
 
 use tokio_postgres::types::Type;
+
+use crate::config::ident::{quote_ident, Ident, TableName};
+use crate::config::outbox::OutboxMapping;
+use crate::postgres::client::CatalogColumn;
+
+/// A configured column the outbox table does not have, or has with a type the relay cannot use
+/// there. Fatal: the configuration or the table must change. (`setup`'s `ControlError` carries
+/// the same fields and says the same words.)
+#[derive(Debug, thiserror::Error)]
+pub enum MappingError {
+    #[error("{}", not_found(key, column, table, columns))]
+    ColumnNotFound {
+        key: &'static str,
+        column: Ident,
+        table: TableName,
+        columns: Vec<String>,
+    },
+    #[error("{}", unusable(key, column, table, type_name, accepted))]
+    UnusableType {
+        key: &'static str,
+        column: Ident,
+        // Boxed to keep the error small (clippy::result_large_err).
+        table: Box<TableName>,
+        type_name: String,
+        accepted: &'static str,
+    },
+}
+
+/// [`MappingError::ColumnNotFound`]'s words.
+pub(crate) fn not_found(key: &str, column: &Ident, table: &TableName, columns: &[String]) -> String {
+    format!(
+        "{key} = {column}, but the outbox table {table} has no such column; its columns are: {}. Fix {key} in the \
+         config (double-quote mixed-case names, e.g. '\"AggregateId\"') or add the column \
+         (`outbox-relay setup --check` makes this check without streaming)",
+        columns.join(", ")
+    )
+}
+
+/// [`MappingError::UnusableType`]'s words.
+pub(crate) fn unusable(key: &str, column: &Ident, table: &TableName, type_name: &str, accepted: &str) -> String {
+    format!(
+        "{key} = {column}: column {column} of the outbox table {table} has type {type_name}, which the relay cannot \
+         use there; accepted: {accepted}. Point {key} at another column or change the column's type"
+    )
+}
+
+/// Every mapped column of `mapping` ([`OutboxMapping::columns`], with its config key) found in
+/// `columns`, `table`'s live columns as the catalog lists them, in the mapping's order; the first
+/// one missing or of an unusable type is the error.
+pub(crate) fn check_mapping<'c>(
+    mapping: &OutboxMapping,
+    table: &TableName,
+    columns: &'c [CatalogColumn],
+) -> Result<Vec<(&'static str, Ident, &'c CatalogColumn)>, MappingError> {
+    let mut mapped = Vec::new();
+    for (config_key, column) in mapping.columns() {
+        let Some(found) = columns.iter().find(|c| c.name == column.as_str()) else {
+            return Err(MappingError::ColumnNotFound {
+                key: config_key,
+                column: column.clone(),
+                table: table.clone(),
+                columns: columns.iter().map(|c| quote_ident(&c.name)).collect(),
+            });
+        };
+        let role = ColumnRole::for_config_key(config_key);
+        if !role.accepts(found.base_oid, &found.base_name, &found.base_kind) {
+            return Err(MappingError::UnusableType {
+                key: config_key,
+                column: column.clone(),
+                table: Box::new(table.clone()),
+                type_name: found.type_name.clone(),
+                accepted: role.accepted(),
+            });
+        }
+        mapped.push((config_key, column.clone(), found));
+    }
+    Ok(mapped)
+}
 
 /// The part of the Kafka record a column feeds, which decides the types it may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
