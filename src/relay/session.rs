@@ -445,7 +445,10 @@ async fn wind_down(
             }
             _ = tokio::time::sleep_until(deadline) => {
                 // Their outcome is unknown; the next replay skips only what its read-back finds.
-                warn!(in_flight = state.in_flight(), "gave up waiting for the sink's acknowledgements; they will be replayed");
+                // A clean stop (`seal_last`) says so once, as its `Undrained` error (`run_session`).
+                if !seal_last {
+                    warn!(in_flight = state.in_flight(), "gave up waiting for the sink's acknowledgements; they will be replayed");
+                }
                 break;
             }
         }
