@@ -36,7 +36,7 @@ use crate::outbox::bad_event::RawEvent;
 use crate::outbox::event::OutboxEvent;
 use crate::outbox::message::best_effort_id;
 use crate::postgres::lsn::Lsn;
-use crate::relay::quarantine::{EventRef, Held, Standing, Suspects, TxnEvent};
+use crate::relay::quarantine::{EventRef, Held, HeldState, Standing, Suspects, TxnEvent};
 use crate::relay::transaction_meta::{Marker, OpenTxn, TxnMeta};
 use crate::sink::{Handover, SinkError, SinkFailure, SinkLimits, SinkRecord};
 use std::borrow::Cow;
@@ -392,7 +392,7 @@ impl<'s> Publish<'s> {
                     event: original.clone().into_owned(),
                     raw: raw(),
                     earlier,
-                    sent: false,
+                    state: HeldState::Waiting,
                     txn_index,
                 });
                 self.release_held(a)?;
@@ -672,7 +672,8 @@ impl<'s> Publish<'s> {
             seq: tag.event_seq,
         };
         let refused = tag.kind != TagKind::DeadLetter && failure.is_refusal();
-        let verdict = refused && matches!(&self.phase, Phase::Holding(h) if h.sent && h.txn.event == event);
+        let verdict = refused
+            && matches!(&self.phase, Phase::Holding(h) if matches!(h.state, HeldState::Sent) && h.txn.event == event);
         if verdict && a.guarantee.refusal_dooms_unit() {
             // The refusal left the sink's unit unable to commit: neither a dead letter nor the
             // events after it can go into it. Condemned, it is settled on the replay.
@@ -695,30 +696,7 @@ impl<'s> Publish<'s> {
             if let Ok(record) = held.event.record(self.settings, &self.limits) {
                 self.sink.release(&record.key);
             }
-            let cause = BadEvent::refused_by(self.settings.sink.broker_name(), &failure.cause);
-            return match self.bad_event(&held.txn, &held.event.id, cause, &held.raw, false, a) {
-                // No room for its dead letter: replayed (then sent alone again), never
-                // acknowledged without it.
-                Ok(Published::Full) => {
-                    a.durability.failed(tag.ticket, tag.bytes)?;
-                    Err(RelayError::DeliveryFailed {
-                        sink: self.settings.sink.broker_name(),
-                        failure: Box::new(SinkFailure {
-                            kind: crate::sink::FailureKind::Transient,
-                            cause: format!("no room in the sink's queue for the dead letter of: {}", failure.cause),
-                            ..failure
-                        }),
-                        commit_lsn: tag.commit_lsn,
-                    })
-                }
-                // Skipped, or replaced by its dead letter (counted in flight by now); it
-                // cannot wait (`may_wait` is false).
-                Ok(_) => Ok(a.durability.acknowledged(tag.ticket, tag.bytes)?),
-                Err(e) => {
-                    a.durability.failed(tag.ticket, tag.bytes)?;
-                    Err(e)
-                }
-            };
+            return self.condemn_held(held, tag.ticket, tag.bytes, failure.cause, a);
         }
         a.durability.failed(tag.ticket, tag.bytes)?;
         if refused {
@@ -736,13 +714,43 @@ impl<'s> Publish<'s> {
         })
     }
 
+    /// The held suspect was refused again on its own: `relay.on_bad_event` applies to it, and
+    /// its own delivery (`ticket`, `bytes`) is settled once that is done. A dead letter the
+    /// sink has no room for yet keeps it held ([`HeldState::DeadLetterDue`]: handed over again
+    /// after the pause, nothing else sent meanwhile), never acknowledged without it.
+    fn condemn_held(
+        &mut self,
+        mut held: Held,
+        ticket: TxnTicket,
+        bytes: usize,
+        cause: String,
+        a: &mut Accounts<'_>,
+    ) -> Result<(), RelayError> {
+        let bad = BadEvent::refused_by(self.settings.sink.broker_name(), &cause);
+        match self.bad_event(&held.txn, &held.event.id, bad, &held.raw, false, a) {
+            Ok(Published::Full) => {
+                held.state = HeldState::DeadLetterDue { ticket, bytes, cause };
+                self.phase = Phase::Holding(held);
+                Ok(())
+            }
+            // Skipped, or replaced by its dead letter (counted in flight by now); it cannot
+            // wait (`may_wait` is false).
+            Ok(_) => Ok(a.durability.acknowledged(ticket, bytes)?),
+            Err(e) => {
+                a.durability.failed(ticket, bytes)?;
+                Err(e)
+            }
+        }
+    }
+
     /// An acknowledgement: if it is the held suspect's, that event was innocent.
     fn held_accepted(&mut self, tag: &DeliveryTag) {
         let event = EventRef {
             commit_lsn: tag.commit_lsn,
             seq: tag.event_seq,
         };
-        if tag.kind == TagKind::DeadLetter || !self.phase.held().is_some_and(|h| h.sent && h.txn.event == event) {
+        let sent = |h: &Held| matches!(h.state, HeldState::Sent) && h.txn.event == event;
+        if tag.kind == TagKind::DeadLetter || !self.phase.held().is_some_and(sent) {
             return;
         }
         info!(commit_lsn = %tag.commit_lsn, seq = tag.event_seq, "the sink accepted the suspect event on its own: it only shared a batch with a bad record");
@@ -756,18 +764,26 @@ impl<'s> Publish<'s> {
         let Phase::Holding(held) = &self.phase else {
             return Ok(());
         };
-        if held.sent || a.durability.in_flight_events() > 0 {
-            return Ok(());
+        match held.state {
+            HeldState::Sent => return Ok(()),
+            HeldState::Waiting | HeldState::NoRoom if a.durability.in_flight_events() > 0 => return Ok(()),
+            HeldState::Waiting | HeldState::NoRoom | HeldState::DeadLetterDue { .. } => {}
         }
         let Some(mut held) = self.phase.take_held() else {
             return Ok(());
         };
-        info!(
-            id = %String::from_utf8_lossy(&held.event.id),
-            commit_lsn = %held.txn.commit_lsn(),
-            earlier = %held.earlier,
-            "sending alone an event the sink refused earlier, to tell whether it is the bad one"
-        );
+        match std::mem::replace(&mut held.state, HeldState::NoRoom) {
+            HeldState::DeadLetterDue { ticket, bytes, cause } => {
+                return self.condemn_held(held, ticket, bytes, cause, a);
+            }
+            HeldState::Waiting => info!(
+                id = %String::from_utf8_lossy(&held.event.id),
+                commit_lsn = %held.txn.commit_lsn(),
+                earlier = %held.earlier,
+                "sending alone an event the sink refused earlier, to tell whether it is the bad one"
+            ),
+            HeldState::NoRoom | HeldState::Sent => {}
+        }
         let settings = self.settings;
         let (span, traced) = self.start_span(&held.txn, &held.event).unzip();
         let event = traced.as_ref().unwrap_or(&held.event);
@@ -806,7 +822,11 @@ impl<'s> Publish<'s> {
             Some(false) => {}
             // Sent (its verdict is awaited), or not taken for want of room (sent again later).
             Some(true) | None => {
-                held.sent = sent.is_some();
+                held.state = if sent.is_some() {
+                    HeldState::Sent
+                } else {
+                    HeldState::NoRoom
+                };
                 self.phase = Phase::Holding(held);
             }
         }
@@ -1248,15 +1268,24 @@ mod tests {
         });
     }
 
-    #[test]
-    fn a_suspect_refused_again_releases_its_key_before_its_dead_letter() {
+    /// A replay whose one event (at 0x500, key `agg-1`) is a suspect refused earlier in a batch,
+    /// under `on_bad_event = "dead-letter"` to topic `dlq`: `then` runs once it was sent alone.
+    fn replay_a_suspect_under_dead_letter(
+        then: impl FnOnce(&mut StreamState<'_>, &MemoryHandle<DeliveryTag>, &mut Completions<DeliveryTag>),
+    ) {
         let mut suspects = Suspects::default();
-        let suspect = EventRef::at(0x500, 0);
-        suspects.insert(suspect, "batch refused".into());
+        suspects.insert(EventRef::at(0x500, 0), "batch refused".into());
         let dead_letter = "[relay]\non_bad_event = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n";
         replay_one(dead_letter, suspects, |state, sink, completions, outcome| {
             outcome.unwrap();
             assert_eq!(sink.stored().len(), 1, "the suspect, sent alone");
+            then(state, sink, completions);
+        });
+    }
+
+    #[test]
+    fn a_suspect_refused_again_releases_its_key_before_its_dead_letter() {
+        replay_a_suspect_under_dead_letter(|state, sink, completions| {
             assert!(sink.released().is_empty(), "nothing decided yet");
             sink.fail_next(FailureKind::Refused, "record too large");
             apply_all(state, completions).unwrap();
@@ -1268,6 +1297,32 @@ mod tests {
             sink.deliver(1);
             apply_all(state, completions).unwrap();
             assert_eq!(state.confirmed(), Lsn(0x510));
+        });
+    }
+
+    /// Issue 44: a sink with no room for the dead letter of a suspect refused again (Kafka:
+    /// the dead-letter topic's first record waits for what the topic takes) keeps the suspect
+    /// held — no replay, nothing else sent — and hands the dead letter over again after the
+    /// pause; the suspect is acknowledged only once its dead letter is.
+    #[test]
+    fn a_dead_letter_without_room_is_handed_over_again_without_a_replay() {
+        replay_a_suspect_under_dead_letter(|state, sink, completions| {
+            sink.capacity(Some(0));
+            sink.fail_next(FailureKind::Refused, "record too large");
+            apply_all(state, completions).expect("no room is backpressure, not a failure");
+            assert_eq!(sink.stored().len(), 1, "the dead letter was not taken");
+            assert!(state.waiting_for_room() && state.is_full());
+            state.retry_room().unwrap();
+            assert_eq!(sink.stored().len(), 1, "still no room after the pause");
+            assert_eq!(state.confirmed(), Lsn(0x10), "not acknowledged without its dead letter");
+            sink.capacity(None);
+            state.retry_room().unwrap();
+            let stored = sink.stored();
+            assert_eq!((stored.len(), stored[1].destination.as_str()), (2, "dlq"));
+            sink.deliver(1);
+            apply_all(state, completions).unwrap();
+            assert_eq!(state.confirmed(), Lsn(0x510));
+            assert_eq!(sink.stored().len(), 2, "the dead letter once");
         });
     }
 

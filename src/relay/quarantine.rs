@@ -125,9 +125,30 @@ pub(crate) struct Held {
     pub(crate) raw: RawEvent,
     /// The earlier refusal, for the log.
     pub(crate) earlier: String,
-    pub(crate) sent: bool,
+    pub(crate) state: HeldState,
     /// `[transactions]`: its index in its transaction (`transaction_meta.rs`), for its headers.
     pub(crate) txn_index: Option<u32>,
+}
+
+/// Where a held suspect stands.
+#[derive(Debug)]
+pub(crate) enum HeldState {
+    /// Not handed over yet: handed over alone once nothing else is in flight.
+    Waiting,
+    /// Handed over alone, and the sink had no room for it: handed over again after the pause
+    /// (said once, not at every try).
+    NoRoom,
+    /// Handed over alone: the sink's verdict is awaited.
+    Sent,
+    /// Refused again on its own — a bad event — and the sink had no room for its dead letter
+    /// yet (a dead-letter topic's first record may wait for what the topic takes): the dead
+    /// letter is handed over again, and only then is the suspect's own delivery (`ticket`,
+    /// `bytes`) settled. `cause`: the sink's words.
+    DeadLetterDue {
+        ticket: TxnTicket,
+        bytes: usize,
+        cause: String,
+    },
 }
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ pub(crate) trait BatchSend: Send + Sync + 'static {
     type Entry: BatchEntry;
 
     /// The service's name in logs (`"Amazon SQS"`).
-    fn name(&self) -> &'static str;
+    const NAME: &'static str;
 
     /// One call with `entries` (all for `destination`, at most `max_entries`). `Ok` holds one
     /// answer per entry, in the order of `entries` (an entry the service did not mention is
@@ -138,7 +138,6 @@ impl Tasks {
 
 /// The handle a sink's exchange holds: entries in, one answer each out.
 pub(crate) struct Batcher<S: BatchSend> {
-    name: &'static str,
     queue: mpsc::UnboundedSender<Pending<S::Entry>>,
     tasks: Arc<Tasks>,
 }
@@ -146,7 +145,6 @@ pub(crate) struct Batcher<S: BatchSend> {
 impl<S: BatchSend> Batcher<S> {
     /// Starts the batch task on the current runtime.
     pub(crate) fn start(sender: S, limits: BatchLimits) -> Batcher<S> {
-        let name = sender.name();
         let (queue, rx) = mpsc::unbounded_channel();
         let tasks = Arc::new(Tasks::default());
         let limits = BatchLimits {
@@ -156,7 +154,7 @@ impl<S: BatchSend> Batcher<S> {
         };
         let handle = tokio::spawn(batch_loop(rx, Arc::new(sender), limits, tasks.clone()));
         tasks.track(handle.abort_handle());
-        Batcher { name, queue, tasks }
+        Batcher { queue, tasks }
     }
 
     /// Hands `entry` over; the reply future is its answer (cancel-safe: dropping it abandons the
@@ -165,8 +163,8 @@ impl<S: BatchSend> Batcher<S> {
         let (answer, reply) = oneshot::channel();
         self.queue
             .send(Pending { entry, answer })
-            .map_err(|_| format!("the {} batcher has stopped", self.name))?;
-        let name = self.name;
+            .map_err(|_| format!("the {} batcher has stopped", S::NAME))?;
+        let name = S::NAME;
         Ok(Box::pin(async move {
             // A call task never drops an answer it owes, but an aborted one (close) does.
             reply
@@ -297,7 +295,7 @@ async fn deliver<S: BatchSend>(sender: Arc<S>, batch: Vec<Pending<S::Entry>>, sl
                 return;
             }
             Err(CallError::Refused(why)) => {
-                debug!(sink = sender.name(), destination = %destination, cause = %why, entries = todo.len(),
+                debug!(sink = S::NAME, destination = %destination, cause = %why, entries = todo.len(),
                     "a batch was refused as a whole; sending each entry alone");
                 for p in todo {
                     Box::pin(deliver(sender.clone(), vec![p], None)).await;
@@ -309,13 +307,13 @@ async fn deliver<S: BatchSend>(sender: Arc<S>, batch: Vec<Pending<S::Entry>>, sl
         attempt += 1;
         if attempt == 1 || attempt.is_power_of_two() {
             warn!(
-                sink = sender.name(),
+                sink = S::NAME,
                 destination = %destination,
                 entries = todo.len(),
                 attempt,
                 cause = %failure,
                 "{} did not store a batch; retrying (the WAL position is held meanwhile)",
-                sender.name()
+                S::NAME
             );
         }
         tokio::time::sleep(backoff).await;
@@ -412,9 +410,7 @@ mod tests {
     impl BatchSend for Arc<Scripted> {
         type Entry = Item;
 
-        fn name(&self) -> &'static str {
-            "scripted"
-        }
+        const NAME: &'static str = "scripted";
 
         async fn send_batch(&self, destination: &str, entries: &[&Item]) -> Result<Vec<EntryAnswer>, CallError> {
             let names: Vec<&'static str> = entries.iter().map(|e| e.name).collect();
@@ -511,9 +507,7 @@ mod tests {
         struct Never;
         impl BatchSend for Never {
             type Entry = Item;
-            fn name(&self) -> &'static str {
-                "never"
-            }
+            const NAME: &'static str = "never";
             async fn send_batch(&self, _: &str, _: &[&Item]) -> Result<Vec<EntryAnswer>, CallError> {
                 std::future::pending().await
             }

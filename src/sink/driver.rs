@@ -77,7 +77,7 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     type Reply: Send + 'static;
 
     /// The broker's name for people, in causes ("RabbitMQ").
-    fn name(&self) -> &'static str;
+    const NAME: &'static str;
 
     /// The handed-over record as a request; `Err` says why the record can never be sent (it is
     /// refused on sight, nothing queued). Its `extra` headers follow the record's own; its
@@ -383,7 +383,7 @@ impl<P: Protocol, Tag: Send + Sync + 'static> Sink<Tag> for DriverSink<P, Tag> {
                 deduplicated: dedup_key.is_some(),
             })
             .map_err(|e| {
-                let cause = format!("the {} sink has stopped", self.protocol.name());
+                let cause = format!("the {} sink has stopped", P::NAME);
                 Refusal::of(record, e.0.named.tag, FailureKind::Transient, cause)
             })
     }
@@ -395,7 +395,7 @@ impl<P: Protocol, Tag: Send + Sync + 'static> Sink<Tag> for DriverSink<P, Tag> {
         let done = self.done.lock().unwrap_or_else(|e| e.into_inner());
         // The task waits at most `wait` itself; the margin covers its wind-down and close.
         if done.recv_timeout(wait + self.protocol.close_margin()).is_err() {
-            warn!(sink = self.protocol.name(), "abandoned sink did not stop in time");
+            warn!(sink = P::NAME, "abandoned sink did not stop in time");
             // Its connection goes with the task.
             self.task.abort();
         }
@@ -524,7 +524,7 @@ where
         };
         if tokio::time::timeout(wait, drain).await.is_err() {
             warn!(
-                sink = self.protocol.name(),
+                sink = P::NAME,
                 pending = self.on_wire.len(),
                 "abandoned sink gave up waiting for its replies"
             );
@@ -693,7 +693,7 @@ where
     fn fail(&mut self, cause: &str) {
         if self.failed.is_none() {
             warn!(
-                sink = self.protocol.name(),
+                sink = P::NAME,
                 %cause,
                 "sink failed; it sends nothing more (what follows fails unsent)"
             );
@@ -741,7 +741,7 @@ where
             Outcome::Fatal(cause) => {
                 // The verdict first: a caller that sees the failed record finds it there.
                 let verdict = SinkError {
-                    sink: self.protocol.name(),
+                    sink: P::NAME,
                     cause: cause.clone(),
                     transient: false,
                 };
@@ -872,9 +872,7 @@ mod tests {
         type Request = Request;
         type Reply = Script;
 
-        fn name(&self) -> &'static str {
-            "test"
-        }
+        const NAME: &'static str = "test";
 
         fn encode(&self, handover: Handover<'_, '_>) -> Result<Request, String> {
             let record = handover.record;

@@ -234,11 +234,52 @@ pub(crate) fn record<'a>(destination: &'a str, key: &'a [u8], value: &'a [u8], i
     }
 }
 
-/// Hands `handover` to `sink` with `tag`, in a test that expects the sink to take it (it panics
-/// with the refusal's failure otherwise).
+#[cfg(test)]
+/// A record as `[cloudevents]` binary mode renders it (the Kafka binding's header names), for
+/// the tests of each sink's own binding.
+pub(crate) fn binary_ce_record<'a>(destination: &'a str, id: &'a [u8]) -> SinkRecord<'a> {
+    let h = |n: &'static str, v: &'static [u8]| (Cow::Borrowed(n), Some(Cow::Borrowed(v)));
+    SinkRecord {
+        destination: Cow::Borrowed(destination),
+        key: Cow::Borrowed(b"order-7"),
+        value: Some(Cow::Borrowed(b"{\"total\":12}")),
+        event_id: id,
+        timestamp_ms: Some(1_700_000_000_123),
+        headers: Cow::Owned(vec![
+            h("ce_specversion", b"1.0"),
+            (Cow::Borrowed("ce_id"), Some(Cow::Borrowed(id))),
+            h("ce_source", b"/outbox-relay/app/public.outbox"),
+            h("ce_type", b"orders.created"),
+            h("ce_time", b"2023-11-14T22:13:20.123Z"),
+            h("ce_subject", b"order-7"),
+            h("content-type", b"application/vnd.acme+json"),
+            h("ce_tenant", b"acme"),
+            h(
+                "ce_traceparent",
+                b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            h("region", b"eu"),
+        ]),
+        partition: None,
+    }
+}
+
+/// Hands `handover` to `sink` with `tag`, in a test that expects the sink to take it: waits
+/// while the sink answers `Full` (as every caller does: `sink::send_waiting`), at most 10 s, and
+/// panics with the refusal's failure otherwise.
 #[cfg(test)]
 pub(crate) fn send_taken<Tag, S: Sink<Tag> + ?Sized>(sink: &S, handover: Handover<'_, '_>, tag: Tag) {
-    sink.send(handover, Box::new(tag)).map_err(|r| r.failure).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut tag = Box::new(tag);
+    loop {
+        match sink.send(handover, tag) {
+            Err(r) if r.failure.is_full() && std::time::Instant::now() < deadline => {
+                tag = r.tag;
+                std::thread::sleep(crate::sink::ROOM_RETRY);
+            }
+            sent => return sent.map_err(|r| r.failure).unwrap(),
+        }
+    }
 }
 
 #[cfg(test)]

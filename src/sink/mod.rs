@@ -181,10 +181,12 @@ pub enum FailureKind {
     Refused,
     /// The broker, the network or the client failed: a new session replays.
     Transient,
-    /// Only in a [`Refusal`]: the sink's own local queue is full (Kafka: librdkafka's
-    /// `queue.buffering.max.messages` / `.kbytes`). Backpressure, not a failure: nothing was
-    /// queued, and the caller hands the same record over again once room frees — after a
-    /// completion, or after a short pause — sending nothing else meanwhile (order).
+    /// Only in a [`Refusal`]: the sink cannot take the record yet — its own local queue is full
+    /// (Kafka: librdkafka's `queue.buffering.max.messages` / `.kbytes`), or it is still
+    /// learning what the destination takes (Kafka: the topic's `max.message.bytes`, at the
+    /// topic's first record). Backpressure, not a failure: nothing was queued, and the caller
+    /// hands the same record over again — after a completion, or after a short pause — sending
+    /// nothing else meanwhile (order).
     Full,
 }
 
@@ -282,6 +284,15 @@ pub(crate) type Completions<Tag> = mpsc::UnboundedReceiver<Completion<Tag>>;
 
 /// A new sink and the channel its completions arrive on.
 pub(crate) type SinkWithCompletions<Tag> = (Box<dyn Sink<Tag>>, Completions<Tag>);
+
+/// A sink made, or why not: what every plugin's `create` answers.
+pub(crate) type Created<Tag> = Result<SinkWithCompletions<Tag>, SinkError>;
+
+/// What the caller's tag on each record must be: it travels with the record to its
+/// completion, across the sink's threads and tasks.
+pub(crate) trait SinkTag: Send + Sync + 'static {}
+
+impl<T: Send + Sync + 'static> SinkTag for T {}
 
 /// The sink could not be created, or its broker not prepared or checked.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -476,18 +487,14 @@ pub(crate) fn client_log_targets() -> Vec<ClientLogTarget> {
 /// Creates the configured sink (connecting, where the broker needs a connection) as `purpose`
 /// asks; `max_in_flight` is the caller's budget, which the sink's own queue must never refuse.
 /// Called inside a tokio runtime, whose tasks an adapter may use for its I/O.
-pub(crate) async fn create<Tag: Send + Sync + 'static>(
-    settings: &Settings,
-    max_in_flight: usize,
-    purpose: Purpose,
-) -> Result<SinkWithCompletions<Tag>, SinkError> {
+pub(crate) async fn create<Tag: SinkTag>(settings: &Settings, max_in_flight: usize, purpose: Purpose) -> Created<Tag> {
     struct Create<Tag> {
         cx: SinkContext,
         purpose: Purpose,
         tag: std::marker::PhantomData<fn() -> Tag>,
     }
-    impl<'a, Tag: Send + Sync + 'static> Visit<'a> for Create<Tag> {
-        type Output = Pending<'a, Result<SinkWithCompletions<Tag>, SinkError>>;
+    impl<'a, Tag: SinkTag> Visit<'a> for Create<Tag> {
+        type Output = Pending<'a, Created<Tag>>;
         fn visit<P: SinkPlugin>(self, plugin: &'static P, config: &'a P::Config) -> Self::Output {
             Box::pin(async move {
                 match self.purpose {

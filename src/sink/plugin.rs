@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::sink::{parse_section, SectionContext, SinkSection, SinkSectionSpec};
 use crate::config::{ConfigError, Settings};
-use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions, Transactional};
+use crate::sink::{Created, ExactlyOnce, SinkError, SinkLimits, SinkTag, Transactional};
 
 /// What a sink may know of the rest of the configuration.
 #[derive(Debug, Clone)]
@@ -171,37 +171,37 @@ pub(crate) trait SinkPlugin: Sync + 'static {
 
     /// Creates the sink (connecting, where the broker needs a connection). Called inside a
     /// tokio runtime, whose tasks the sink may use for its I/O.
-    fn create<Tag: Send + Sync + 'static>(
+    fn create<Tag: SinkTag>(
         &self,
         config: &Self::Config,
         cx: &SinkContext,
-    ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send;
+    ) -> impl Future<Output = Created<Tag>> + Send;
 
     /// [`ExactlyOnce::BrokerDeduplicates`]: the sink ready to hand its broker the records'
     /// deduplication keys (Redis: with its dedup script loaded); by default the plain one.
-    fn create_deduplicating<Tag: Send + Sync + 'static>(
+    fn create_deduplicating<Tag: SinkTag>(
         &self,
         config: &Self::Config,
         cx: &SinkContext,
-    ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send {
+    ) -> impl Future<Output = Created<Tag>> + Send {
         self.create(config, cx)
     }
 
     /// [`ExactlyOnce::ReadBack`]: the sink as its read-back source promised it (a client queue
     /// that expires in the time [`crate::sink::ReadBackSource::queue_expiry`] names); by default
     /// the plain one.
-    fn create_read_back<Tag: Send + Sync + 'static>(
+    fn create_read_back<Tag: SinkTag>(
         &self,
         config: &Self::Config,
         cx: &SinkContext,
-    ) -> impl Future<Output = Result<SinkWithCompletions<Tag>, SinkError>> + Send {
+    ) -> impl Future<Output = Created<Tag>> + Send {
         self.create(config, cx)
     }
 
     /// [`ExactlyOnce::Transactions`]: the sink that commits in units together with the
     /// caller's checkpoint, fencing earlier producers of its identity before it returns. Only
     /// called when [`SinkPlugin::exactly_once`] says `Transactions`; others refuse.
-    fn create_transactional<Tag: Send + Sync + 'static>(
+    fn create_transactional<Tag: SinkTag>(
         &self,
         config: &Self::Config,
         cx: &SinkContext,

@@ -1105,11 +1105,13 @@ async fn refusal_outcome(
     }
 }
 
-/// The real broker's own refusal: topic `order` made with `max.message.bytes = 20000` (real
-/// clusters set it per topic, below the client's `message.max.bytes`), and one event above it.
-/// The broker answers MESSAGE_TOO_LARGE; the relay sends the suspect alone, is refused again,
-/// and the policy applies: `fail` stops naming the event with nothing of it confirmed, `skip`
-/// goes on, `dead-letter` publishes the raw row (cut to fit) to the dead-letter topic.
+/// The topic's own limit: topic `order` made with `max.message.bytes = 20000` (real clusters set
+/// it per topic, below the client's `message.max.bytes`), and one event above it. The relay has
+/// read the topic's limit and refuses the record before it is sent (the broker would answer
+/// MESSAGE_TOO_LARGE only after the partition's next batch went out), and the policy applies:
+/// `fail` stops naming the event with nothing after it published or confirmed, `skip` goes on,
+/// `dead-letter` publishes the raw row (cut to fit) to the dead-letter topic. Failed 1 run in
+/// about 10 before the local check (the event after it stored ahead of the refusal).
 async fn topic_limit_refusal(policy: &str) {
     topic_limit_refusal_in(policy, BadRowMode::AtLeastOnce).await
 }
@@ -1118,18 +1120,31 @@ async fn topic_limit_refusal_in_transactions(policy: &str) {
     topic_limit_refusal_in(policy, BadRowMode::KafkaTransactions).await
 }
 
-async fn topic_limit_refusal_in(policy: &str, mode: BadRowMode) {
-    const TOPIC_LIMIT: usize = 20_000;
-    let Some(kafka) = shared_kafka().await else { return };
+/// Topic `order`'s `max.message.bytes`, below the client's `message.max.bytes` (MAX_MESSAGE).
+const TOPIC_LIMIT: usize = 20_000;
+
+/// The shared Kafka with topic `order` made (one partition) with `max.message.bytes` =
+/// [`TOPIC_LIMIT`].
+async fn kafka_with_a_limited_order_topic() -> Option<KafkaNs> {
+    kafka_with_an_order_topic(&[("max.message.bytes", &TOPIC_LIMIT.to_string())]).await
+}
+
+/// The shared Kafka with topic `order` made (one partition) with the topic configuration `configs`.
+async fn kafka_with_an_order_topic(configs: &[(&str, &str)]) -> Option<KafkaNs> {
+    let kafka = shared_kafka().await?;
     let cluster = crate::harness::kafka_real::shared_cluster()
         .await
         .expect("shared Kafka");
-    let limit = TOPIC_LIMIT.to_string();
-    cluster
-        .create_topic_with(&kafka.topic("order"), 1, &[("max.message.bytes", &limit)])
-        .await;
+    cluster.create_topic_with(&kafka.topic("order"), 1, configs).await;
+    Some(kafka)
+}
+
+async fn topic_limit_refusal_in(policy: &str, mode: BadRowMode) {
+    let Some(kafka) = kafka_with_a_limited_order_topic().await else {
+        return;
+    };
     let (mut client, config, mut relay, before) = streaming_after_one_good_in(&kafka, policy, 1, mode).await;
-    // Above the topic's limit, well below the client's (MAX_MESSAGE): only the broker refuses.
+    // Above the topic's limit, well below the client's (MAX_MESSAGE): only the topic's limit refuses it.
     let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(TOPIC_LIMIT + 5_000));
     let bad = insert_row(&mut client, Some(GOOD_KEY), Some("order.placed"), Some(&big)).await;
     let after = good(&mut client, 3).await;
@@ -1150,9 +1165,166 @@ async fn record_above_the_topics_max_message_bytes_goes_through_every_policy() {
     for_every_policy(topic_limit_refusal).await;
 }
 
-/// The same refusal inside a Kafka transaction, which it leaves unable to commit: the suspect
-/// is condemned, its transaction aborted and replayed, and the policy applied on the replay
-/// (records read `read_committed`).
+/// The relay's own size check (`sink/kafka/topic_limit.rs`) draws the line where the broker
+/// does. Payloads one byte apart, from well under to just over topic `order`'s
+/// `max.message.bytes`, under `skip` (with `batch.size` at the topic's limit, as the relay's
+/// warning advises): every record the broker would refuse is refused before it is sent — no
+/// suspect, nothing sent alone, events in commit order — and none it would take: the largest
+/// delivered record, one byte longer, produced straight to the topic, is refused by the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relays_size_check_draws_the_line_where_the_broker_does() {
+    const ROWS: usize = 400;
+    let Some(kafka) = kafka_with_a_limited_order_topic().await else {
+        return;
+    };
+    let limit = TOPIC_LIMIT.to_string();
+    let (mut client, config) = bad_rows_db_in(&kafka, "skip", BadRowMode::AtLeastOnce).await;
+    let config = config.kafka("batch.size", &limit);
+    let relay = RelayProcess::run(&config);
+    assert!(
+        relay.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    // Payload `{"blob": "x…"}`: 12 bytes and n x's, n one apart across the limit.
+    let first_n = (TOPIC_LIMIT - ROWS) as i32;
+    client
+        .execute(
+            "INSERT INTO bad_outbox (aggregate_id, type, payload)
+             SELECT $1, 'order.placed', jsonb_build_object('blob', repeat('x', n))
+             FROM generate_series($2::int, $3::int) AS n ORDER BY n",
+            &[&GOOD_KEY, &first_n, &(TOPIC_LIMIT as i32)],
+        )
+        .await
+        .unwrap();
+    let after = good(&mut client, 1).await;
+    let log = || relay.log_text();
+    assert!(
+        confirmed_reaches(&client, &config.slot, after.point.end_lsn, Duration::from_secs(60)).await,
+        "{}",
+        log()
+    );
+    let records = kafka.collect(&["order"], 1, Duration::from_secs(30)).await;
+    let blobs: Vec<usize> = records
+        .iter()
+        .filter_map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(r.payload.as_deref()?).ok()?;
+            Some(v["blob"].as_str()?.len())
+        })
+        .collect();
+    let skipped = log()
+        .lines()
+        .filter(|l| l.contains("skipped a bad outbox event") && l.contains("too large for topic"))
+        .count();
+    // Every row is delivered once or skipped, delivered ones in commit order, then the last good one.
+    assert_eq!(blobs.len() + skipped, ROWS + 1, "{}", log());
+    let expected: Vec<usize> = (first_n as usize..first_n as usize + blobs.len()).collect();
+    assert_eq!(blobs, expected, "the rows under the line, in commit order");
+    assert!(
+        skipped > 0 && !blobs.is_empty(),
+        "the line falls inside the rows: {}",
+        log()
+    );
+    assert_eq!(records.last().map(id_of), Some(after.id.clone()));
+    assert!(
+        !log().contains("sending alone") && !log().contains("refused earlier"),
+        "the broker refused what the relay let through:\n{}",
+        log()
+    );
+    // The largest delivered record, one byte longer, straight to the broker: refused.
+    let largest = records
+        .iter()
+        .rev()
+        .find(|r| r.topic == "order" && id_of(r) != after.id)
+        .expect("a row");
+    // `{"blob": "x…x"}` with one more x before its closing `"}`.
+    let mut payload = largest.payload.clone().expect("a payload");
+    assert!(payload.ends_with(b"x\"}"), "{:?}", largest.payload_str());
+    payload.insert(payload.len() - 2, b'x');
+    let headers: Vec<(&str, &[u8])> = largest
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    let refused = crate::harness::consumer::try_produce(
+        &kafka.bootstrap_servers(),
+        &kafka.topic("order"),
+        largest.key.as_deref(),
+        &payload,
+        &headers,
+    )
+    .await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("too large") || e.contains("TooLarge")),
+        "the broker took a record one byte over what the relay sent: {refused:?}"
+    );
+    assert!(!log().contains("below the producer's batch limit"), "{}", log());
+}
+
+/// A refusal only the broker makes, dead-lettered on a real cluster: topic `order` takes
+/// records stamped at most an hour before it stores them (`message.timestamp.before.max.ms`),
+/// the relay stamps each record with its row's `created_at` (`outbox.timestamp_column`), and
+/// one row is two days old. The broker refuses it (INVALID_TIMESTAMP), again when it is sent
+/// alone, and its dead letter is the dead-letter topic's first record of that session's
+/// producer, which waits for what the topic takes (`sink/kafka/topic_limit.rs`). The dead
+/// letter goes out once and the stream goes on; before, that wait was taken for a failure, the
+/// session replayed, and each new producer met the same wait: the relay never got past the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_only_the_broker_refuses_is_dead_lettered_once_on_a_real_cluster() {
+    let Some(kafka) = kafka_with_an_order_topic(&[("message.timestamp.before.max.ms", "3600000")]).await else {
+        return;
+    };
+    let (mut client, config) = bad_rows_db_in(&kafka, "dead-letter", BadRowMode::AtLeastOnce).await;
+    let config = config.set("outbox", "timestamp_column", "created_at");
+    let mut relay = RelayProcess::run_streaming(&config).await;
+    let before = good(&mut client, 1).await;
+    let old = client
+        .query_one(
+            "INSERT INTO bad_outbox (aggregate_id, type, payload, created_at)
+             VALUES ($1, 'order.placed', '{\"n\": 2}', now() - interval '2 days') RETURNING id::text",
+            &[&GOOD_KEY],
+        )
+        .await
+        .unwrap();
+    let old_id: String = old.get(0);
+    let after = good(&mut client, 3).await;
+    let log = |relay: &RelayProcess| relay.log_text();
+    assert!(
+        confirmed_reaches(&client, &config.slot, after.point.end_lsn, Duration::from_secs(60)).await,
+        "the stream never got past the refused row:\n{}",
+        log(&relay)
+    );
+    let records = first_deliveries(
+        BadRowMode::AtLeastOnce,
+        kafka
+            .collect(&["order", DEAD_LETTERS], 3, Duration::from_secs(30))
+            .await,
+    );
+    check_goods(&[before, after], &records);
+    let letters: Vec<&Received> = records.iter().filter(|r| r.topic == DEAD_LETTERS).collect();
+    assert_eq!(letters.len(), 1, "one dead letter: {letters:?}");
+    assert_eq!(id_of(letters[0]), old_id);
+    let error = String::from_utf8_lossy(letters[0].header("outbox-relay-error").unwrap_or_default()).into_owned();
+    assert!(
+        error.to_lowercase().contains("timestamp"),
+        "the dead letter says why: {error}"
+    );
+    let text = log(&relay);
+    assert!(!text.contains("no room"), "{text}");
+    assert!(
+        text.matches("streaming started").count() <= 2,
+        "one replay (to send the suspect alone), no more:\n{text}"
+    );
+    relay.sigterm();
+    let _ = relay.wait_exit(Duration::from_secs(30)).await;
+}
+
+/// The same refusal inside a Kafka transaction: refused before it is sent, it leaves the
+/// transaction able to commit, and the policy applies in it (records read `read_committed`).
+/// A refusal only the broker makes (`broker_refused_record_goes_through_every_policy`'s) is
+/// condemned, its transaction aborted and replayed instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn record_above_the_topics_max_message_bytes_under_kafka_transactions_goes_through_every_policy() {
     for_every_policy(topic_limit_refusal_in_transactions).await;

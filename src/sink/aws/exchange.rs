@@ -22,7 +22,6 @@ pub(crate) trait Encode: Send + Sync + 'static {
 
 /// What the driver runs for an AWS sink: `encoder`'s entries through a batcher of `B`'s calls.
 pub(crate) struct Batched<B: BatchSend, E> {
-    name: &'static str,
     /// What a reply is called in a timeout's cause: `"SendMessageBatch answer"`.
     reply_name: &'static str,
     encoder: E,
@@ -33,7 +32,6 @@ impl<B: BatchSend, E: Encode<Entry = B::Entry>> Batched<B, E> {
     /// Starts the batcher on the current runtime.
     pub(crate) fn start(batches: B, encoder: E, limits: BatchLimits, reply_name: &'static str) -> Batched<B, E> {
         Batched {
-            name: batches.name(),
             reply_name,
             encoder,
             batcher: Batcher::start(batches, limits),
@@ -45,9 +43,7 @@ impl<B: BatchSend, E: Encode<Entry = B::Entry>> Protocol for Batched<B, E> {
     type Request = B::Entry;
     type Reply = Answer;
 
-    fn name(&self) -> &'static str {
-        self.name
-    }
+    const NAME: &'static str = B::NAME;
 
     fn reply_name(&self) -> &'static str {
         self.reply_name

@@ -19,6 +19,8 @@ pub(crate) mod partitioner;
 pub(crate) mod producer;
 mod ready;
 pub(crate) mod tail;
+mod topic_config;
+mod topic_limit;
 pub(crate) mod transactions;
 mod unsettled;
 
@@ -34,8 +36,8 @@ use crate::config::sink::SinkSectionSpec;
 use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
 use crate::sink::{
-    boxed, ClientQueueExpiry, ExactlyOnce, HeaderGet, ReadBackError, ReadBackReader, ReadBackSource, Seen, SinkError,
-    SinkLimits, SinkWithCompletions, Transactional,
+    boxed, ClientQueueExpiry, Created, ExactlyOnce, HeaderGet, ReadBackError, ReadBackReader, ReadBackSource, Seen,
+    SinkError, SinkLimits, SinkTag, Transactional,
 };
 use config::{validate_topic_name, KafkaExactlyOnce, KafkaProperties, KafkaSettings};
 
@@ -84,28 +86,20 @@ impl SinkPlugin for Kafka {
         probe(&config.properties).await
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &KafkaSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &KafkaSettings, cx: &SinkContext) -> Created<Tag> {
         Ok(boxed(producer::Publisher::create(&config.properties, budget(cx))?))
     }
 
     /// A producer whose queued records expire in the time the read-back source names (its
     /// `message.timeout.ms` bounded unless the user set it): what a takeover waits for.
-    async fn create_read_back<Tag: Send + Sync + 'static>(
-        &self,
-        config: &KafkaSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create_read_back<Tag: SinkTag>(&self, config: &KafkaSettings, cx: &SinkContext) -> Created<Tag> {
         Ok(boxed(producer::Publisher::create(
             &config.exactly_once_properties(),
             budget(cx),
         )?))
     }
 
-    async fn create_transactional<Tag: Send + Sync + 'static>(
+    async fn create_transactional<Tag: SinkTag>(
         &self,
         config: &KafkaSettings,
         cx: &SinkContext,
@@ -192,7 +186,7 @@ pub(crate) fn limits(kafka: &KafkaProperties) -> SinkLimits {
 }
 
 /// The producer's `message.max.bytes` (librdkafka's default when unset or unreadable).
-fn message_max_bytes(kafka: &KafkaProperties) -> usize {
+pub(super) fn message_max_bytes(kafka: &KafkaProperties) -> usize {
     kafka
         .0
         .get("message.max.bytes")

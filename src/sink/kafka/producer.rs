@@ -47,6 +47,7 @@ use super::config::KafkaProperties;
 use super::late::{self, Handed};
 use super::logs::ClientLog;
 use super::ready::ReadyTopics;
+use super::topic_limit::{SizeCheck, TopicLimits};
 use crate::sink::fence::{stopped_cause, KeyFence, KeyHash};
 use crate::sink::{Completion, Completions, FailureKind, Handover, Refusal, Sink, SinkError, SinkFailure, SinkRecord};
 
@@ -107,12 +108,26 @@ impl<Tag: Send + Sync + 'static> DeliveryReports<Tag> {
     /// enqueued after the purge. librdkafka serves the purged records' reports later, on this
     /// thread; requests already on the wire are not recalled (docs/reliability.md).
     fn halt(&self) {
+        self.purge_unsent(Flow::Halted);
+    }
+
+    /// After the broker refused a record: drops what librdkafka has not sent yet, so that as
+    /// little as possible of what was queued behind it reaches the broker ahead of its replay.
+    /// Every caller ends its session on such a refusal (a suspect sent alone has nothing
+    /// behind it). The purged records fail as transient, and the first of their reports halts
+    /// the producer.
+    fn purge_queued(&self) {
+        self.purge_unsent(Flow::Open);
+    }
+
+    /// While the flow is open: purges what librdkafka has not sent, and leaves the flow `then`.
+    fn purge_unsent(&self, then: Flow) {
         let mut flow = self.flow();
         if *flow == Flow::Open {
             if let Some(producer) = self.producer.get().and_then(Weak::upgrade) {
                 producer.purge(PurgeConfig::default().queue());
             }
-            *flow = Flow::Halted;
+            *flow = then;
         }
     }
 }
@@ -182,6 +197,7 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
         // Stops what is queued behind this record before librdkafka sends it (module docs).
         // After the report is on its way: a record stopped by the halt is reported after it.
         let halts = matches!(&outcome, Err(f) if f.kind == FailureKind::Transient);
+        let outcome_refused = matches!(&outcome, Err(f) if f.kind == FailureKind::Refused);
         // The receiver is gone only while the relay abandons this producer; nothing to do then.
         match &outcome {
             // Later records of the key are not produced until the caller decided about this
@@ -198,6 +214,8 @@ impl<Tag: Send + Sync + 'static> ProducerContext for DeliveryReports<Tag> {
         }
         if halts {
             self.halt();
+        } else if outcome_refused {
+            self.purge_queued();
         }
     }
 }
@@ -287,6 +305,10 @@ const SETTLE_REPORTS: Duration = Duration::from_secs(1);
 pub(super) const TRANSACTIONAL_ONLY: &[&str] = &["transactional.id", "transaction.timeout.ms"];
 
 pub(crate) struct Publisher<Tag: Send + Sync + 'static> {
+    /// Each topic's `max.message.bytes` (`topic_limit.rs`: a record over it is refused here).
+    /// First, so dropped first: its requests' queues belong to the producer's handle, which
+    /// must outlive them (fields drop in declaration order).
+    limits: TopicLimits,
     pub(super) producer: Arc<BaseProducer<DeliveryReports<Tag>>>,
     /// Tells the polling thread to end; it holds the other reference to the producer, which is
     /// destroyed when the thread ends (at most [`POLL_WAIT`] after the publisher is dropped,
@@ -374,6 +396,7 @@ impl<Tag: Send + Sync + 'static> Publisher<Tag> {
                 producer,
                 stop,
                 ready: ReadyTopics::default(),
+                limits: TopicLimits::new(props),
                 bootstrap: props.0.get("bootstrap.servers").cloned().unwrap_or_default(),
             },
             rx,
@@ -410,9 +433,24 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         let context = self.producer.context();
         // Before the lock below (the delivery-report callback's halt takes it): the first
         // record to a topic waits, bounded, until its partitions' logs exist (`ready.rs`).
-        if *context.flow() == Flow::Open {
-            self.ready.ensure(self.producer.client(), &record.destination);
-        }
+        // Then the topic's size limit, never waiting: while it is being read the record is not
+        // taken (`Full`: the caller keeps its loop and hands it over again); a record over it
+        // is refused before anything behind it is sent (`topic_limit.rs`).
+        let size = if *context.flow() == Flow::Open {
+            let readiness = self.ready.ensure(self.producer.client(), &record.destination);
+            self.limits
+                .check(self.producer.client(), record, extra, readiness.configs_askable())
+        } else {
+            SizeCheck::Fits
+        };
+        let too_large = match size {
+            SizeCheck::Fits => None,
+            SizeCheck::TooLarge(cause) => Some(cause),
+            SizeCheck::Wait => {
+                let cause = format!("reading topic \"{}\"'s max.message.bytes", record.destination);
+                return Err(Refusal::of(record, tag, FailureKind::Full, cause));
+            }
+        };
         // Held while the record is produced: the halt's purge cannot slip in between.
         let flow = context.flow();
         if *flow != Flow::Open {
@@ -426,7 +464,10 @@ impl<Tag: Send + Sync + 'static> Sink<Tag> for Publisher<Tag> {
         context.fence.admit(
             &record.key,
             tag,
-            |tag| self.produce(record, extra, tag),
+            |tag| match too_large {
+                Some(cause) => Err(Refusal::of(record, tag, FailureKind::Refused, cause)),
+                None => self.produce(record, extra, tag),
+            },
             |tag| {
                 let failure = SinkFailure::of(record, FailureKind::Transient, stopped_cause());
                 // After the refusal that closed the fence, on the same channel (`fence.rs`).
@@ -480,7 +521,7 @@ pub(crate) struct Budget {
 /// librdkafka's defaults for one produce batch (`batch.num.messages`, `batch.size`) and the
 /// queue's byte limit (`queue.buffering.max.kbytes`).
 const DEFAULT_BATCH_NUM_MESSAGES: usize = 10_000;
-const DEFAULT_BATCH_SIZE: usize = 1_000_000;
+pub(super) const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 const DEFAULT_QUEUE_KBYTES: usize = 1_048_576;
 
 /// librdkafka's queue limits for `budget`, where the properties leave them unset: room for
@@ -657,6 +698,25 @@ mod tests {
         cluster.request_errors(RDKafkaApiKey::Produce, &[error]);
     }
 
+    /// [`warmed_sink`] with the cluster's next Produce request failing with `error`, and
+    /// record 1 of key `k` handed over: its failure, and the cluster (alive while it is held)
+    /// and the sink for what follows.
+    fn first_record_failing(
+        error: RDKafkaRespErr,
+    ) -> (
+        MockCluster<'static, DefaultProducerContext>,
+        Publisher<u32>,
+        Completions<u32>,
+        SinkFailure,
+    ) {
+        let (cluster, sink, mut rx) = warmed_sink(&[]);
+        fail_next_produce(&cluster, error);
+        send(&sink, b"k", 1);
+        let (tag, outcome) = next(&mut rx);
+        assert_eq!(tag, 1, "{outcome:?}");
+        (cluster, sink, rx, outcome.expect_err("record 1 fails"))
+    }
+
     /// Hands over the record keyed `key` whose id and tag are `n`.
     fn send(sink: &Publisher<u32>, key: &[u8], n: u32) {
         let id = n.to_string();
@@ -760,10 +820,7 @@ mod tests {
     /// anew — not a bad event. A record carrying its own time is refused for what it is.
     #[test]
     fn a_timestamp_refusal_is_lateness_for_hand_over_stamps_and_the_record_s_fault_otherwise() {
-        let (cluster, sink, mut rx) = warmed_sink(&[]);
-        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP);
-        send(&sink, b"k", 1);
-        let late = next(&mut rx).1.expect_err("refused");
+        let (_cluster, sink, _rx, late) = first_record_failing(RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP);
         assert_eq!(late.kind, FailureKind::Transient, "{late}");
         assert!(late.cause.contains("message.timestamp.before.max.ms"), "{late}");
         Box::new(sink).abandon(Duration::from_secs(1));
@@ -896,14 +953,13 @@ mod tests {
         Box::new(sink).abandon(Duration::from_secs(1));
     }
 
+    /// After a refusal the broker reported, later records of the key fail without being
+    /// produced until the caller releases the key; other keys go on.
     #[test]
     fn a_refused_record_fences_its_key_until_released() {
-        let (cluster, sink, mut rx) = warmed_sink(&[]);
-        fail_next_produce(&cluster, RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
-        send(&sink, b"k", 1);
-        let (tag, outcome) = next(&mut rx);
-        let refused = outcome.unwrap_err();
-        assert_eq!((tag, refused.kind), (1, FailureKind::Refused), "{refused}");
+        let (_cluster, sink, mut rx, refused) =
+            first_record_failing(RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
+        assert_eq!(refused.kind, FailureKind::Refused, "{refused}");
         // Not produced: it would land ahead of record 1, which the caller replays.
         send(&sink, b"k", 2);
         let (tag, outcome) = next(&mut rx);

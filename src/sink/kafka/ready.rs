@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use rdkafka::client::{Client, ClientContext};
 use tracing::debug;
 
+use super::topic_config::controller_id;
+
 /// The bound on one topic's wait: an auto-created topic's logs take a few hundred ms.
 pub(crate) const READY_WAIT: Duration = Duration::from_secs(2);
 /// Between two looks.
@@ -46,12 +48,24 @@ struct Checked {
 pub(crate) enum Readiness {
     /// Checked before by this producer.
     Known,
-    /// Every partition's leader answered ListOffsets.
-    Ready { waited: Duration },
+    /// Every partition's leader answered ListOffsets. `controller`: the metadata names a
+    /// controller among its brokers (librdkafka's mock cluster does not), which a topic's
+    /// configuration is asked of (`topic_limit.rs`).
+    Ready { waited: Duration, controller: bool },
     /// [`READY_WAIT`] passed: the producer goes ahead (and reports what the cluster says).
     GaveUp,
     /// This producer's waits used up [`READY_WAIT`] already: not checked.
     Spent,
+}
+
+impl Readiness {
+    /// Whether the topic's configuration may be asked now (`topic_limit.rs`): the cluster
+    /// answered this wait, and names a controller to ask. A topic seen first while it did not
+    /// is not asked anything more, so an unreachable cluster holds the caller once, and a
+    /// cluster without a controller (the demo's mock) not at all.
+    pub(crate) fn configs_askable(self) -> bool {
+        matches!(self, Readiness::Ready { controller: true, .. })
+    }
 }
 
 impl ReadyTopics {
@@ -76,7 +90,7 @@ impl ReadyTopics {
         let started = Instant::now();
         let outcome = wait_ready(client, topic, left);
         match outcome {
-            Readiness::Ready { waited } if waited > PAUSE => {
+            Readiness::Ready { waited, .. } if waited > PAUSE => {
                 debug!(topic, waited_ms = waited.as_millis() as u64, "topic's partitions ready")
             }
             Readiness::GaveUp => debug!(
@@ -96,9 +110,10 @@ fn wait_ready<C: ClientContext>(client: &Client<C>, topic: &str, bound: Duration
     let started = Instant::now();
     let deadline = started + bound;
     loop {
-        if all_partitions_answer(client, topic, deadline) {
+        if let Some(controller) = all_partitions_answer(client, topic, deadline) {
             return Readiness::Ready {
                 waited: started.elapsed(),
+                controller,
             };
         }
         if Instant::now() + PAUSE >= deadline {
@@ -109,23 +124,22 @@ fn wait_ready<C: ClientContext>(client: &Client<C>, topic: &str, bound: Duration
 }
 
 /// Whether the metadata names the topic with partitions that all have a leader, and each of
-/// them answers ListOffsets, before `deadline`.
-fn all_partitions_answer<C: ClientContext>(client: &Client<C>, topic: &str, deadline: Instant) -> bool {
+/// them answers ListOffsets, before `deadline`; `Some`: they do, and whether the metadata's
+/// brokers include the controller it names.
+fn all_partitions_answer<C: ClientContext>(client: &Client<C>, topic: &str, deadline: Instant) -> Option<bool> {
     let timeout =
         || Some(deadline.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT)).filter(|t| !t.is_zero());
-    let Some(t) = timeout() else { return false };
-    let Ok(metadata) = client.fetch_metadata(Some(topic), t) else {
-        return false;
-    };
-    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
-        return false;
-    };
+    let metadata = client.fetch_metadata(Some(topic), timeout()?).ok()?;
+    let t = metadata.topics().iter().find(|t| t.name() == topic)?;
     if t.error().is_some() || t.partitions().is_empty() {
-        return false;
+        return None;
     }
-    t.partitions()
+    let ready = t
+        .partitions()
         .iter()
-        .all(|p| p.leader() >= 0 && timeout().is_some_and(|left| client.fetch_watermarks(topic, p.id(), left).is_ok()))
+        .all(|p| p.leader() >= 0 && timeout().is_some_and(|left| client.fetch_watermarks(topic, p.id(), left).is_ok()));
+    let controller = controller_id(client);
+    ready.then(|| metadata.brokers().iter().any(|b| Some(b.id()) == controller))
 }
 
 #[cfg(test)]

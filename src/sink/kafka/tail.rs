@@ -26,32 +26,12 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedHeaders, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use tracing::{info, warn};
 
 use super::config::KafkaProperties;
 use super::late::{self, Bound};
+use super::topic_config::describe_topic;
 use crate::sink::{HeaderGet, ReadBackError, Seen};
-
-/// Runs a future to completion on this (blocking) thread: rdkafka's admin futures are completed
-/// by the admin client's own thread, and the read-back's thread has no async runtime.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
-}
 
 /// The first window read below the high watermark; a single writer's newest record is almost
 /// always in it.
@@ -125,9 +105,8 @@ pub(crate) struct TailReader {
     /// What an earlier producer of this process may still deliver (`unsettled.rs`): waited
     /// for before the first partition is read.
     unsettled: std::sync::Mutex<super::unsettled::Unsettled>,
-    /// The cluster's key for `late.rs`, and how a client for its topics' configuration connects.
+    /// The cluster's key for `late.rs`.
     cluster: String,
-    admin_config: ClientConfig,
     /// The producer's `message.timeout.ms`: the shortest timestamp bound that never refuses a
     /// record of a running session depends on it.
     message_timeout: Duration,
@@ -146,7 +125,6 @@ impl TailReader {
                 config.set(k, v);
             }
         }
-        let admin_config = config.clone();
         config
             // Never used to join a group or commit: partitions are assigned, not subscribed.
             .set("group.id", "outbox-relay-read-back")
@@ -167,7 +145,6 @@ impl TailReader {
             max_records: max_records as u64,
             unsettled: std::sync::Mutex::new(super::unsettled::Unsettled::snapshot()),
             cluster: late::cluster_of(props),
-            admin_config,
             message_timeout: props.message_timeout(),
             fenced: Default::default(),
         })
@@ -245,21 +222,11 @@ impl TailReader {
         Ok(())
     }
 
-    /// The topic's timestamp bound, from its configuration (one DescribeConfigs request).
+    /// The topic's timestamp bound, from its configuration (one DescribeConfigs request, on
+    /// the reader's own connections: `topic_config.rs`).
     fn topic_bound(&self, topic: &str) -> Result<Bound, String> {
-        let admin: AdminClient<QuietContext> = self
-            .admin_config
-            .create_with_context(QuietContext::default())
-            .map_err(|e| e.to_string())?;
-        let opts = AdminOptions::new().request_timeout(Some(self.timeout));
-        let spec = ResourceSpecifier::Topic(topic);
-        let answer = block_on(admin.describe_configs([&spec], &opts)).map_err(|e| e.to_string())?;
-        let resource = answer
-            .into_iter()
-            .next()
-            .ok_or_else(|| "no answer".to_owned())?
-            .map_err(|code| code.to_string())?;
-        Ok(Bound::of(|k| resource.get(k).and_then(|e| e.value.as_deref())))
+        let config = describe_topic(self.consumer.client(), topic, self.timeout)?;
+        Ok(Bound::of(|k| config.get(k).map(String::as_str)))
     }
 
     /// Waits until nothing an earlier producer of this process wrote to the cluster's brokers

@@ -212,10 +212,13 @@ const REQUESTS: RequestKeys = RequestKeys {
     },
 };
 
+/// The sink's name for people, in errors and logs (the section's `name`).
+pub(crate) const SINK: &str = "NATS JetStream";
+
 /// The config half of `[nats]`, `[sink] kind = "nats"` (required).
 pub(crate) const SECTION: SectionSpec<NatsSection, NatsSettings> = SectionSpec {
     kind: "nats",
-    name: "NATS JetStream",
+    name: SINK,
     absent: Absent::Refused(
         "[sink] kind = \"nats\" needs a [nats] section: add `[nats]` with url = \"nats://host:4222\" and \
          stream = \"OUTBOX\" (docs/sink-nats.md)",

@@ -20,11 +20,8 @@ use crate::config::sink::SinkSectionSpec;
 #[cfg(feature = "demo")]
 use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
-use config::{filter_covers, validate_subject, NatsSettings};
-
-/// The broker's name in errors.
-pub(crate) const SINK: &str = "NATS JetStream";
+use crate::sink::{boxed, Created, ExactlyOnce, SinkError, SinkLimits, SinkTag};
+use config::{filter_covers, validate_subject, NatsSettings, SINK};
 
 /// The NATS JetStream sink (`[sink] kind = "nats"`).
 pub(crate) struct Nats;
@@ -126,11 +123,7 @@ impl SinkPlugin for Nats {
         ))
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &NatsSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &NatsSettings, cx: &SinkContext) -> Created<Tag> {
         Ok(boxed(publisher::Publisher::create(config, cx.max_in_flight).await?))
     }
 }

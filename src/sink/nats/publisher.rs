@@ -250,9 +250,7 @@ impl Protocol for JetStream {
     type Request = Outgoing;
     type Reply = Message;
 
-    fn name(&self) -> &'static str {
-        super::SINK
-    }
+    const NAME: &'static str = super::SINK;
 
     /// `dedup_key` becomes the `Nats-Msg-Id` header: JetStream drops a message whose id it
     /// stored within the stream's duplicate window, and acks it as a duplicate.

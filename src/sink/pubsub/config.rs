@@ -134,10 +134,13 @@ impl PubSubSection {
     }
 }
 
+/// The sink's name for people, in errors and logs (the section's `name`).
+pub(crate) const SINK: &str = "Google Cloud Pub/Sub";
+
 /// The config half of the Pub/Sub sink, `[pubsub]` (required).
 pub(crate) const SECTION: SectionSpec<PubSubSection, PubSubSettings> = SectionSpec {
     kind: "pubsub",
-    name: "Google Cloud Pub/Sub",
+    name: SINK,
     absent: Absent::Refused(
         "[sink] kind = \"pubsub\" needs a [pubsub] section: add `[pubsub]` with project = \"my-project\" \
          (docs/sink-pubsub.md)",

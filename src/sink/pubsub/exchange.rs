@@ -99,9 +99,7 @@ impl Protocol for PubSubExchange {
     type Request = Outgoing;
     type Reply = Reply;
 
-    fn name(&self) -> &'static str {
-        SINK
-    }
+    const NAME: &'static str = SINK;
 
     /// Pub/Sub does not deduplicate publishes: `dedup_key` is unused (exactly-once is refused
     /// by the config).

@@ -39,11 +39,8 @@ use crate::config::sink::SinkSectionSpec;
 use crate::sink::demo::SinkDemo;
 use crate::sink::driver::{self, DriverOptions};
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
-use config::{check_topic_id, PubSubSettings, EMULATOR_HOST_VAR, NO_EXACTLY_ONCE};
-
-/// The sink's name in errors and logs.
-pub(crate) const SINK: &str = "Google Cloud Pub/Sub";
+use crate::sink::{boxed, Created, ExactlyOnce, SinkError, SinkLimits, SinkTag};
+use config::{check_topic_id, PubSubSettings, EMULATOR_HOST_VAR, NO_EXACTLY_ONCE, SINK};
 
 /// The Pub/Sub sink's plugin (`src/sink/registry.rs`).
 pub(crate) struct PubSub;
@@ -159,11 +156,7 @@ impl SinkPlugin for PubSub {
         }
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &PubSubSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &PubSubSettings, cx: &SinkContext) -> Created<Tag> {
         let base = connect(config, cx.connect_timeout).await?;
         let exchange = exchange::PubSubExchange::new(base, config, cx.cloudevents);
         let options = DriverOptions {

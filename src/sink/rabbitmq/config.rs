@@ -97,10 +97,13 @@ impl RabbitMqSection {
     }
 }
 
+/// The sink's name for people, in errors and logs (the section's `name`).
+pub(crate) const SINK: &str = "RabbitMQ";
+
 /// The config half of `[rabbitmq]`, `[sink] kind = "rabbitmq"` (required).
 pub(crate) const SECTION: SectionSpec<RabbitMqSection, RabbitMqSettings> = SectionSpec {
     kind: "rabbitmq",
-    name: "RabbitMQ",
+    name: SINK,
     absent: Absent::Refused(
         "[sink] kind = \"rabbitmq\" needs a [rabbitmq] section: add one with url = \
          \"amqp://user:password@host:5672/%2f\" and exchange = \"outbox\"",

@@ -27,11 +27,8 @@ use crate::config::sink::SinkSectionSpec;
 #[cfg(feature = "demo")]
 use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
-use config::{validate_routing_key, RabbitMqSettings};
-
-/// The broker's name for people.
-pub(crate) const SINK: &str = "RabbitMQ";
+use crate::sink::{boxed, Created, ExactlyOnce, SinkError, SinkLimits, SinkTag};
+use config::{validate_routing_key, RabbitMqSettings, SINK};
 
 /// RabbitMQ 3.10's default `max_message_size` (128 MiB): a larger body closes the channel.
 pub(crate) const MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
@@ -146,11 +143,7 @@ impl SinkPlugin for RabbitMq {
         ))
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &RabbitMqSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &RabbitMqSettings, cx: &SinkContext) -> Created<Tag> {
         Ok(boxed(
             publisher::Publisher::create(config, cx.max_in_flight, cx.cloudevents).await?,
         ))

@@ -221,9 +221,7 @@ impl Protocol for AmqpExchange {
     type Request = Outgoing;
     type Reply = Reply;
 
-    fn name(&self) -> &'static str {
-        SINK
-    }
+    const NAME: &'static str = SINK;
 
     fn reply_name(&self) -> &'static str {
         "confirm"

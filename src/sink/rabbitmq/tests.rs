@@ -16,7 +16,7 @@ use super::publisher::Publisher;
 use super::*;
 use crate::config::cloudevents::CloudEventsMode;
 use crate::config::secret::Secret;
-use crate::sink::memory::send_taken;
+use crate::sink::memory::{binary_ce_record, send_taken};
 use crate::sink::{Completions, FailureKind, Handover, Sink, SinkRecord};
 
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -496,34 +496,6 @@ async fn a_nack_breaks_the_sink_and_nothing_of_its_key_is_stored_past_it() {
         .exchange_delete(&settings.exchange, ExchangeDeleteOptions::default())
         .await;
     let _ = connection.close(200, "").await;
-}
-
-/// A record as `[cloudevents]` binary mode renders it (the Kafka binding's header names).
-fn binary_ce_record<'a>(destination: &'a str, id: &'a [u8]) -> SinkRecord<'a> {
-    let h = |n: &'static str, v: &'static [u8]| (Cow::Borrowed(n), Some(Cow::Borrowed(v)));
-    SinkRecord {
-        destination: Cow::Borrowed(destination),
-        key: Cow::Borrowed(b"order-7"),
-        value: Some(Cow::Borrowed(b"{\"total\":12}")),
-        event_id: id,
-        timestamp_ms: Some(1_700_000_000_123),
-        headers: Cow::Owned(vec![
-            h("ce_specversion", b"1.0"),
-            (Cow::Borrowed("ce_id"), Some(Cow::Borrowed(id))),
-            h("ce_source", b"/outbox-relay/app/public.outbox"),
-            h("ce_type", b"orders.created"),
-            h("ce_time", b"2023-11-14T22:13:20.123Z"),
-            h("ce_subject", b"order-7"),
-            h("content-type", b"application/vnd.acme+json"),
-            h("ce_tenant", b"acme"),
-            h(
-                "ce_traceparent",
-                b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            ),
-            h("region", b"eu"),
-        ]),
-        partition: None,
-    }
 }
 
 #[tokio::test]

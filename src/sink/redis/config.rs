@@ -146,10 +146,13 @@ impl RedisSection {
     }
 }
 
+/// The sink's name for people, in errors and logs (the section's `name`).
+pub(crate) const SINK: &str = "Redis";
+
 /// The config half of `[redis]`, `[sink] kind = "redis"` (required).
 pub(crate) const SECTION: SectionSpec<RedisSection, RedisSettings> = SectionSpec {
     kind: "redis",
-    name: "Redis",
+    name: SINK,
     absent: Absent::Refused(
         "[sink] kind = \"redis\" needs a [redis] section with url = \"redis://host:6379\"; add it \
          (docs/sink-redis.md)",

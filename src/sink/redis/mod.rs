@@ -23,10 +23,8 @@ use crate::config::sink::SinkSectionSpec;
 #[cfg(feature = "demo")]
 use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
-use config::RedisSettings;
-
-const SINK: &str = "Redis";
+use crate::sink::{boxed, Created, ExactlyOnce, SinkError, SinkLimits, SinkTag};
+use config::{RedisSettings, SINK};
 
 /// The suffix of a stream's dedup set: `<stream>:outbox-relay-dedup`.
 pub(crate) const DEDUP_SUFFIX: &str = ":outbox-relay-dedup";
@@ -148,22 +146,14 @@ impl SinkPlugin for Redis {
         ))
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &RedisSettings,
-        _: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &RedisSettings, _: &SinkContext) -> Created<Tag> {
         Ok(boxed(
             publisher::RedisSink::create(config, publisher::Dedup::None).await?,
         ))
     }
 
     /// With the dedup script loaded (an at-least-once user needs no SCRIPT/EVALSHA).
-    async fn create_deduplicating<Tag: Send + Sync + 'static>(
-        &self,
-        config: &RedisSettings,
-        _: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create_deduplicating<Tag: SinkTag>(&self, config: &RedisSettings, _: &SinkContext) -> Created<Tag> {
         Ok(boxed(
             publisher::RedisSink::create(config, publisher::Dedup::Script).await?,
         ))

@@ -112,9 +112,7 @@ impl Protocol for RedisStreams {
     type Request = Entry;
     type Reply = Value;
 
-    fn name(&self) -> &'static str {
-        SINK
-    }
+    const NAME: &'static str = SINK;
 
     fn encode(&self, handover: Handover<'_, '_>) -> Result<Entry, String> {
         let record = handover.record;

@@ -449,10 +449,13 @@ pub(crate) const NO_EXACTLY_ONCE: &str = "HTTP has no deduplication on the wire:
      sent again, and only the receiver can tell. Use relay.delivery = \"at-least-once\" and deduplicate on the \
      Idempotency-Key (or webhook-id) header, the event id (docs/sink-webhook.md)";
 
+/// The sink's name for people, in errors and logs (the section's `name`).
+pub(crate) const SINK: &str = "HTTP webhook";
+
 /// The config half of the webhook sink, `[webhook]` (required).
 pub(crate) const SECTION: SectionSpec<WebhookSection, WebhookSettings> = SectionSpec {
     kind: "webhook",
-    name: "HTTP webhook",
+    name: SINK,
     absent: Absent::Refused(
         "[sink] kind = \"webhook\" needs a [webhook] section: add `[webhook]` with url = \
          \"https://host/path/${topic}\" (docs/sink-webhook.md)",

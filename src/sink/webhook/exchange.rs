@@ -50,9 +50,7 @@ impl Protocol for HttpExchange {
     type Request = Outgoing;
     type Reply = Result<(), Undeliverable>;
 
-    fn name(&self) -> &'static str {
-        super::SINK
-    }
+    const NAME: &'static str = super::SINK;
 
     /// HTTP does not deduplicate: `dedup_key` is unused (exactly-once is refused by the config).
     fn encode(&self, handover: Handover<'_, '_>) -> Result<Outgoing, String> {

@@ -35,11 +35,8 @@ use crate::config::sink::SinkSectionSpec;
 use crate::sink::demo::SinkDemo;
 use crate::sink::driver;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
-use config::{WebhookSettings, NO_EXACTLY_ONCE};
-
-/// The sink's name in errors and logs.
-pub(crate) const SINK: &str = "HTTP webhook";
+use crate::sink::{boxed, Created, ExactlyOnce, SinkError, SinkLimits, SinkTag};
+use config::{WebhookSettings, NO_EXACTLY_ONCE, SINK};
 
 /// The webhook sink's plugin (`src/sink/registry.rs`).
 pub(crate) struct Webhook;
@@ -119,11 +116,7 @@ impl SinkPlugin for Webhook {
         }
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &WebhookSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &WebhookSettings, cx: &SinkContext) -> Created<Tag> {
         let exchange = exchange::HttpExchange::new(config, cx.cloudevents)?;
         // The reply future bounds each attempt (timeout_ms) and retries for as long as the
         // receiver fails; a key waits behind its retried request as long as the receiver is

@@ -116,30 +116,14 @@ fn records_http_cannot_carry_are_refused_with_the_reason() {
 fn cloudevents_binary_mode_writes_the_http_bindings_headers() {
     let s = settings("url = \"http://127.0.0.1:1/\"");
     let encoder = Encoder::new(&s, Some(CloudEventsMode::Binary)).unwrap();
-    let h = |n: &'static str, v: &'static [u8]| (Cow::Borrowed(n), Some(Cow::Borrowed(v)));
-    let rec = SinkRecord {
-        headers: Cow::Owned(vec![
-            h("ce_specversion", b"1.0"),
-            h("ce_id", b"42"),
-            h("ce_source", b"/outbox-relay/app/public.outbox"),
-            h("ce_type", b"orders.created"),
-            h("ce_subject", b"order-7"),
-            h("content-type", b"application/json"),
-            h("ce_tenant", b"acme"),
-            h(
-                "ce_traceparent",
-                b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            ),
-        ]),
-        ..record("orders", b"42", b"{}")
-    };
+    let rec = crate::sink::memory::binary_ce_record("orders", b"42");
     let req = encoder.encode(&rec, &[]).unwrap();
     let hs = &req.headers;
     assert_eq!(header(hs, "ce-specversion"), ["1.0"]);
     assert_eq!(header(hs, "ce-id"), ["42"]);
     assert_eq!(header(hs, "ce-type"), ["orders.created"]);
     assert_eq!(header(hs, "ce-tenant"), ["acme"]);
-    assert_eq!(header(hs, "content-type"), ["application/json"]);
+    assert_eq!(header(hs, "content-type"), ["application/vnd.acme+json"]);
     assert_eq!(
         header(hs, "traceparent"),
         ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"],
@@ -149,6 +133,7 @@ fn cloudevents_binary_mode_writes_the_http_bindings_headers() {
     assert!(hs.keys().all(|k| !k.as_str().starts_with("ce_")), "{hs:?}");
 
     let structured = Encoder::new(&s, Some(CloudEventsMode::Structured)).unwrap();
+    let h = |n: &'static str, v: &'static [u8]| (Cow::Borrowed(n), Some(Cow::Borrowed(v)));
     let rec = SinkRecord {
         headers: Cow::Owned(vec![h("content-type", b"application/cloudevents+json; charset=UTF-8")]),
         ..record("orders", b"42", br#"{"specversion":"1.0","id":"42","data":{}}"#)

@@ -238,6 +238,19 @@ pub async fn produce(
     payload: &[u8],
     headers: &[(&str, &[u8])],
 ) -> (i32, i64) {
+    try_produce(bootstrap, topic, key, payload, headers)
+        .await
+        .unwrap_or_else(|e| panic!("produce to {topic}: {e}"))
+}
+
+/// [`produce`], the broker's refusal returned.
+pub async fn try_produce(
+    bootstrap: &str,
+    topic: &str,
+    key: Option<&[u8]>,
+    payload: &[u8],
+    headers: &[(&str, &[u8])],
+) -> Result<(i32, i64), String> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("message.timeout.ms", "15000")
@@ -257,6 +270,6 @@ pub async fn produce(
     let delivery = producer
         .send(rec, Duration::from_secs(15))
         .await
-        .unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
-    (delivery.partition, delivery.offset)
+        .map_err(|(e, _)| format!("{e} ({e:?})"))?;
+    Ok((delivery.partition, delivery.offset))
 }

@@ -144,9 +144,9 @@ pub use debezium::{Debezium, DebeziumRecord};
 pub use kafka::MockKafka;
 pub use kafka_real::{replicated_kafka, shared_kafka, ClusterSpec, KafkaCluster, KafkaNs, SaslSsl};
 pub use postgres::{
-    confirmed_flush_lsn, current_wal_lsn, format_lsn, invalidate_slot, parse_lsn, pg_bin_for_major, shared_cluster,
-    skip_missing_major, slot_row, url_as, PgCluster, SlotRow, EXTERNAL_PG_ENV, PINNED_PG_VERSIONS, SCRAM_PASSWORD,
-    SCRAM_USER, SUPPORTED_MAJORS,
+    confirmed_flush_lsn, current_wal_lsn, format_lsn, inserts_held_by_slot, invalidate_slot, parse_lsn,
+    pg_bin_for_major, shared_cluster, skip_missing_major, slot_row, url_as, PgCluster, SlotRow, EXTERNAL_PG_ENV,
+    PINNED_PG_VERSIONS, SCRAM_PASSWORD, SCRAM_USER, SUPPORTED_MAJORS,
 };
 pub use relay_process::{
     prepared, prepared_ns, prepared_on, run_cmd, setup, RelayConfig, RelayProcess, PREFIX_REGEX, RELAY_BIN,

@@ -647,6 +647,23 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Option<u64> {
     slot_row(client, slot).await?.confirmed_flush_lsn
 }
 
+/// How many row inserts `slot` still holds for `publication`: what its next consumer would be
+/// sent, read with `pg_logical_slot_peek_binary_changes` (the slot is left where it is). The
+/// slot must be inactive. The check "nothing undelivered was confirmed" in a cluster other
+/// tests write to: a WAL position taken before a workload can be passed by an idle relay's
+/// confirm of their WAL, the workload's own inserts cannot.
+pub async fn inserts_held_by_slot(client: &Client, slot: &str, publication: &str) -> i64 {
+    let row = client
+        .query_one(
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \
+             'proto_version', '1', 'publication_names', $2) WHERE get_byte(data, 0) = 73",
+            &[&slot, &publication],
+        )
+        .await
+        .expect("peek the slot's changes");
+    row.get(0)
+}
+
 /// `pg_current_wal_lsn()`.
 pub async fn current_wal_lsn(client: &Client) -> u64 {
     let row = client

@@ -86,9 +86,7 @@ pub(crate) struct KinesisBatches {
 impl BatchSend for KinesisBatches {
     type Entry = Record;
 
-    fn name(&self) -> &'static str {
-        SINK
-    }
+    const NAME: &'static str = SINK;
 
     async fn send_batch(&self, stream: &str, records: &[&Record]) -> Result<Vec<EntryAnswer>, CallError> {
         let entries = records

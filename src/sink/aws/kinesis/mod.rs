@@ -40,7 +40,7 @@ use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
 use crate::sink::demo::SinkDemo;
 use crate::sink::driver;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{boxed, ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use crate::sink::{boxed, Created, ExactlyOnce, SinkError, SinkLimits, SinkTag};
 use config::{check_stream_name, KinesisSettings, NO_EXACTLY_ONCE};
 
 use client::{Kinesis, Stream};
@@ -100,11 +100,7 @@ impl SinkPlugin for KinesisPlugin {
         probe_with(&kinesis, config).await
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &KinesisSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &KinesisSettings, cx: &SinkContext) -> Created<Tag> {
         let kinesis = Kinesis::connect(config, cx.connect_timeout).await?;
         let exchange = exchange::start(kinesis, encoder(config), config.requests.max_requests);
         // One record per partition key on the wire (module docs; docs/sink-kinesis.md measures

@@ -72,9 +72,7 @@ pub(crate) struct SnsBatches {
 impl BatchSend for SnsBatches {
     type Entry = Message;
 
-    fn name(&self) -> &'static str {
-        SINK
-    }
+    const NAME: &'static str = SINK;
 
     async fn send_batch(&self, topic: &str, messages: &[&Message]) -> Result<Vec<EntryAnswer>, CallError> {
         let arn = self.sns.topic_arn(topic).await.found()?;

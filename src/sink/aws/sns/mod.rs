@@ -31,7 +31,7 @@ use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
 #[cfg(feature = "demo")]
 use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use crate::sink::{Created, ExactlyOnce, SinkError, SinkLimits, SinkTag};
 
 use client::SnsClient;
 use config::SnsSettings;
@@ -114,11 +114,7 @@ impl SinkPlugin for SnsPlugin {
         }
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &SnsSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &SnsSettings, cx: &SinkContext) -> Created<Tag> {
         let sns = SnsClient::connect(config, cx.connect_timeout).await?;
         Ok(aws::start_messages(
             exchange::SnsBatches { sns },

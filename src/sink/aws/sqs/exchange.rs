@@ -35,9 +35,7 @@ pub(crate) struct SqsBatches {
 impl BatchSend for SqsBatches {
     type Entry = Message;
 
-    fn name(&self) -> &'static str {
-        SINK
-    }
+    const NAME: &'static str = SINK;
 
     async fn send_batch(&self, queue: &str, messages: &[&Message]) -> Result<Vec<EntryAnswer>, CallError> {
         let url = self.sqs.queue_url(queue).await.found()?;

@@ -32,7 +32,7 @@ use crate::sink::aws::{self, PROBE_CONNECT_TIMEOUT};
 #[cfg(feature = "demo")]
 use crate::sink::demo::SinkDemo;
 use crate::sink::plugin::{ClientLogTarget, SinkContext, SinkPlugin};
-use crate::sink::{ExactlyOnce, SinkError, SinkLimits, SinkWithCompletions};
+use crate::sink::{Created, ExactlyOnce, SinkError, SinkLimits, SinkTag};
 
 use client::SqsClient;
 use config::SqsSettings;
@@ -124,11 +124,7 @@ impl SinkPlugin for SqsPlugin {
         }
     }
 
-    async fn create<Tag: Send + Sync + 'static>(
-        &self,
-        config: &SqsSettings,
-        cx: &SinkContext,
-    ) -> Result<SinkWithCompletions<Tag>, SinkError> {
+    async fn create<Tag: SinkTag>(&self, config: &SqsSettings, cx: &SinkContext) -> Created<Tag> {
         let sqs = SqsClient::connect(config, cx.connect_timeout).await?;
         Ok(aws::start_messages(
             exchange::SqsBatches { sqs },

@@ -138,19 +138,13 @@ impl SinkHarness for Kafka {
         None
     }
 
-    /// The producer's and the name's refusals come before the record leaves: nothing after them
-    /// is published under `fail`.
-    ///
-    /// The broker's own refusal (a record over the topic's `max.message.bytes`) is
-    /// `failures.rs`'s `record_above_the_topics_max_message_bytes_goes_through_every_policy`,
-    /// with the producer warmed up first. Here, good and bad events written back to back, it
-    /// shows a defect (reported, not yet fixed in the relay): the broker refuses the batch that
-    /// holds a good event and the bad one, accepts the next batch of the partition (a later good
-    /// event), and the replay then stores the first good event behind it — first deliveries out
-    /// of commit order, under every policy, in one to three runs of ten here. It is in the matrix only
-    /// with `OUTBOX_RELAY_CONFORMANCE_KAFKA_TOPIC_LIMIT=1`, its reproducer.
+    /// Every refusal comes before the record leaves: nothing after it is published under
+    /// `fail`. The topic's own limit too — the relay reads the topic's `max.message.bytes` and
+    /// refuses a record over it before it is sent (`sink/kafka/topic_limit.rs`); sent, the broker's
+    /// refusal of its batch came back after the partition's next batch was stored, and the
+    /// replay put the batch's good events behind it (docs/reliability.md, section 3).
     fn bad_kinds() -> Vec<BadKind> {
-        let mut kinds = vec![
+        vec![
             BadKind::new(
                 "too large for the producer",
                 BadRow::Payload(MAX_MESSAGE + 50_000),
@@ -163,20 +157,18 @@ impl SinkHarness for Kafka {
                 "contains ' '",
             )
             .nothing_after(),
-        ];
-        if std::env::var_os("OUTBOX_RELAY_CONFORMANCE_KAFKA_TOPIC_LIMIT").is_some() {
-            kinds.push(BadKind::new(
+            BadKind::new(
                 "too large for the topic",
                 BadRow::Payload(TOPIC_LIMIT + 5_000),
-                "too large",
-            ));
-        }
-        kinds
+                "too large for topic",
+            )
+            .nothing_after(),
+        ]
     }
 
     /// `message.max.bytes` lowered to 100,000 and topic `good` made with `max.message.bytes` =
     /// 20,000 (real clusters set it per topic, below the client's): one record the producer
-    /// refuses, one only the broker does (MESSAGE_TOO_LARGE).
+    /// refuses, one only the topic's limit does (which the relay reads and applies itself).
     async fn prepare_bad(&self, _client: &tokio_postgres::Client, config: RelayConfig, _policy: Policy) -> RelayConfig {
         let cluster = match &self.own {
             Some(c) => c,
