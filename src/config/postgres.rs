@@ -30,6 +30,33 @@ pub(crate) struct PostgresSection {
     pub(crate) sslrootcert: Option<PathBuf>,
     #[serde(default)]
     pub(crate) failover_slot: FailoverSlot,
+    #[serde(default)]
+    pub(crate) streaming: Streaming,
+}
+
+/// `postgres.streaming`: whether large transactions are streamed to the relay before they
+/// commit (pgoutput protocol 2, PostgreSQL 14+) instead of being spilled to the primary's disk
+/// and sent after their commit (`postgres/replication/protocol.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Streaming {
+    /// On where the server supports it (14+), off elsewhere.
+    #[default]
+    Auto,
+    /// Required: a session on a server older than 14 fails.
+    On,
+    /// Never: protocol 1, every transaction sent after its commit.
+    Off,
+}
+
+impl Streaming {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Streaming::Auto => "auto",
+            Streaming::On => "on",
+            Streaming::Off => "off",
+        }
+    }
 }
 
 /// `postgres.failover_slot`: whether `setup` makes the slot a failover slot, synchronized to
@@ -130,6 +157,7 @@ pub struct PostgresSettings {
     pub(crate) publication: SimpleName,
     pub(crate) sslrootcert: Option<PathBuf>,
     pub(crate) failover_slot: FailoverSlot,
+    pub(crate) streaming: Streaming,
     /// Which host of the URL a connection may use (see the module docs).
     pub(crate) target_session: TargetSession,
 }
@@ -196,6 +224,7 @@ impl PostgresSection {
                 .map_err(named("postgres.publication"))?,
             sslrootcert: self.sslrootcert,
             failover_slot: self.failover_slot,
+            streaming: self.streaming,
             target_session,
         })
     }

@@ -55,6 +55,12 @@ pub(crate) struct RelaySection {
     pub(crate) transaction_max_ms: u64,
     /// Moved to `[kafka] checkpoint_topic`: refused with a message naming the new key.
     pub(crate) checkpoint_topic: Option<toml::Value>,
+    /// Where streamed transactions beyond `stage_memory_bytes` are spilled (absolute).
+    pub(crate) stage_dir: Option<std::path::PathBuf>,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub(crate) stage_memory_bytes: u64,
+    #[serde(deserialize_with = "number_or_numeric_string")]
+    pub(crate) stage_disk_bytes: u64,
 }
 
 impl Default for RelaySection {
@@ -81,6 +87,9 @@ impl Default for RelaySection {
             transaction_max_events: 2_000,
             transaction_max_ms: 100,
             checkpoint_topic: None,
+            stage_dir: None,
+            stage_memory_bytes: 64 * 1024 * 1024,
+            stage_disk_bytes: 8 * 1024 * 1024 * 1024,
         }
     }
 }
@@ -120,6 +129,30 @@ pub struct RelaySettings {
     pub(crate) transaction_max_events: usize,
     /// …or is this old (`relay.transaction_max_ms`), or the stream has nothing more ready.
     pub(crate) transaction_max_age: Duration,
+    /// Where and how much of the streamed, uncommitted transactions the relay keeps
+    /// (`relay.stage_*`, `relay/stage.rs`).
+    pub(crate) stage: StageSettings,
+}
+
+/// `relay.stage_dir`, `relay.stage_memory_bytes`, `relay.stage_disk_bytes`: the stage of
+/// streamed transactions (`relay/stage.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StageSettings {
+    /// The directory; each slot stages in a subdirectory of its own name.
+    pub(crate) dir: std::path::PathBuf,
+    /// Changes kept in memory, all open streamed transactions together, before the largest
+    /// transaction is spilled to `dir`.
+    pub(crate) memory_bytes: usize,
+    /// What the spill files may hold together; beyond it the session stops with
+    /// `RelayError::Stage`.
+    pub(crate) disk_bytes: u64,
+}
+
+impl StageSettings {
+    /// The default directory: `outbox-relay-stage` in the system's temporary directory.
+    pub(crate) fn default_dir() -> std::path::PathBuf {
+        std::env::temp_dir().join("outbox-relay-stage")
+    }
 }
 
 impl RelaySettings {
@@ -257,6 +290,12 @@ impl RelaySection {
             read_back_max_records: positive("relay.read_back_max_records", self.read_back_max_records)? as usize,
             transaction_max_events: positive("relay.transaction_max_events", self.transaction_max_events)? as usize,
             transaction_max_age: ms(positive("relay.transaction_max_ms", self.transaction_max_ms)?),
+            stage: StageSettings {
+                dir: stage_dir(self.stage_dir)?,
+                memory_bytes: usize::try_from(positive("relay.stage_memory_bytes", self.stage_memory_bytes)?)
+                    .unwrap_or(usize::MAX),
+                disk_bytes: positive("relay.stage_disk_bytes", self.stage_disk_bytes)?,
+            },
         };
         moved("relay.exactly_once", self.exactly_once.as_ref(), MOVED_EXACTLY_ONCE)?;
         moved(
@@ -278,6 +317,23 @@ const MOVED_EXACTLY_ONCE: &str = "moved to the Kafka section: write `exactly_onc
 const MOVED_CHECKPOINT_TOPIC: &str =
     "moved to the Kafka section: write `checkpoint_topic = \"<topic>\"` under [kafka] \
      (docs/configuration.md, [kafka])";
+
+/// `relay.stage_dir`: absolute, so that where the spill files go does not depend on the working
+/// directory the relay was started in.
+fn stage_dir(dir: Option<std::path::PathBuf>) -> Result<std::path::PathBuf, ConfigError> {
+    match dir {
+        None => Ok(StageSettings::default_dir()),
+        Some(dir) if dir.is_absolute() => Ok(dir),
+        Some(dir) => Err(ConfigError::Invalid {
+            key: "relay.stage_dir",
+            message: format!(
+                "{} is a relative path; give an absolute directory the relay may write to (default {})",
+                dir.display(),
+                StageSettings::default_dir().display()
+            ),
+        }),
+    }
+}
 
 /// A key that moved to another section is refused, naming where it went.
 fn moved(key: &'static str, value: Option<&toml::Value>, message: &str) -> Result<(), ConfigError> {

@@ -75,6 +75,14 @@
 //!     "ready": true,                   // failover slot, a synchronized copy, synchronized_standby_slots set
 //!     "reasons": []                    // why not, one sentence each
 //!   },
+//!   "streaming": {                     // large transactions before their commit (postgres/replication/protocol.rs)
+//!     "mode": "auto",                  // postgres.streaming
+//!     "protocol": "pgoutput 2, streaming on (large transactions as they are written)",
+//!                                      // what a session on this server asks for; null: refused (mode "on" before 14)
+//!     "on": true,                      // streaming in-progress transactions
+//!     "spill_txns": 0, "spill_bytes": 0,       // pg_stat_replication_slots (14+; null before or without the slot):
+//!     "stream_txns": 3, "stream_bytes": 105600000   // what the walsender spilled to the server's disk / streamed
+//!   },
 //!   "publication": {
 //!     "name": "outbox_relay",
 //!     "exists": true,
@@ -156,6 +164,87 @@ pub struct StatusReport {
     /// `[filter]` and the publication's row filter.
     #[serde(default)]
     pub filter: FilterStatus,
+    /// `postgres.streaming` and what the server did with large transactions.
+    #[serde(default)]
+    pub streaming: StreamingStatus,
+}
+
+/// Whether large transactions are streamed before their commit, and the slot's spill and stream
+/// counters (`pg_stat_replication_slots`, PostgreSQL 14+).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamingStatus {
+    /// `postgres.streaming`.
+    pub mode: String,
+    /// What a session asks for on this server; `None`: `mode = "on"` on a server before 14.
+    pub protocol: Option<String>,
+    pub on: bool,
+    pub spill_txns: Option<i64>,
+    pub spill_bytes: Option<i64>,
+    pub stream_txns: Option<i64>,
+    pub stream_bytes: Option<i64>,
+}
+
+impl StreamingStatus {
+    fn render(&self, f: &mut String) -> fmt::Result {
+        use fmt::Write as _;
+        match &self.protocol {
+            Some(protocol) => write!(f, "streaming: {protocol} (postgres.streaming = {})", self.mode)?,
+            None => write!(
+                f,
+                "streaming: REFUSED: postgres.streaming = {} needs PostgreSQL 14+ (run fails; set it to auto)",
+                self.mode
+            )?,
+        }
+        if let (Some(spill_txns), Some(spill), Some(stream_txns), Some(stream)) =
+            (self.spill_txns, self.spill_bytes, self.stream_txns, self.stream_bytes)
+        {
+            write!(
+                f,
+                "; the server spilled {spill_txns} transaction(s) ({}) to its disk and streamed {stream_txns} ({})",
+                human_bytes(spill),
+                human_bytes(stream)
+            )?;
+        }
+        writeln!(f)
+    }
+}
+
+/// `status`'s streaming section: the protocol a session chooses here, and the slot's counters.
+async fn streaming_status(
+    settings: &Settings,
+    client: &tokio_postgres::Client,
+    server: &catalog::ServerInfo,
+    slot_exists: bool,
+) -> Result<StreamingStatus, ControlError> {
+    use crate::postgres::replication::protocol::Protocol;
+    let protocol = Protocol::choose(
+        settings.postgres.streaming,
+        u32::try_from(server.version_num).unwrap_or(0),
+    )
+    .ok();
+    let mut status = StreamingStatus {
+        mode: settings.postgres.streaming.as_str().to_owned(),
+        protocol: protocol.map(|p| p.describe().to_owned()),
+        on: protocol.is_some_and(|p| p.streams()),
+        ..StreamingStatus::default()
+    };
+    if server.version_num >= 140_000 && slot_exists {
+        let row = client
+            .query_opt(
+                "SELECT spill_txns, spill_bytes, stream_txns, stream_bytes FROM pg_stat_replication_slots \
+                 WHERE slot_name = $1",
+                &[&settings.postgres.slot.as_str()],
+            )
+            .await
+            .map_err(ControlError::query("reading pg_stat_replication_slots"))?;
+        if let Some(row) = row {
+            status.spill_txns = row.get(0);
+            status.spill_bytes = row.get(1);
+            status.stream_txns = row.get(2);
+            status.stream_bytes = row.get(3);
+        }
+    }
+    Ok(status)
 }
 
 /// `[filter]` as configured and as the publication applies it (PostgreSQL 15+ row filters).
@@ -486,7 +575,9 @@ pub async fn status(settings: &Settings) -> Result<StatusReport, ControlError> {
     {
         status.figures = figures;
     }
+    let streaming = streaming_status(settings, &client, &server, slot.exists).await?;
     Ok(StatusReport {
+        streaming,
         failover,
         relay,
         sink,
@@ -688,6 +779,7 @@ impl StatusReport {
             writeln!(f, "{}", self.filter.summary)?;
         }
         writeln!(f, "{}", self.failover)?;
+        self.streaming.render(f)?;
         let reach = if self.sink.reachable { "" } else { "NOT reachable: " };
         writeln!(f, "sink ({}): {reach}{}", self.sink.kind, self.sink.detail)?;
         if let Some(r) = &self.relay {
@@ -885,6 +977,15 @@ mod tests {
                 detail: "reachable: 1 broker(s), 2 topic(s)".into(),
             },
             filter: FilterStatus::default(),
+            streaming: StreamingStatus {
+                mode: "auto".into(),
+                protocol: Some("pgoutput 2, streaming on (large transactions as they are written)".into()),
+                on: true,
+                spill_txns: Some(0),
+                spill_bytes: Some(0),
+                stream_txns: Some(3),
+                stream_bytes: Some(105_600_000),
+            },
             relay: Some(LocalRelay {
                 address: "127.0.0.1:9187".into(),
                 reachable: true,
@@ -939,6 +1040,8 @@ mod tests {
         assert_eq!(json["relay"]["ready"], false);
         assert_eq!(json["sink"]["kind"], "kafka");
         assert_eq!(json["relay"]["address"], "127.0.0.1:9187");
+        assert_eq!(json["streaming"]["on"], true);
+        assert_eq!(json["streaming"]["stream_bytes"], 105_600_000);
         let back: StatusReport = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
     }
@@ -974,6 +1077,13 @@ mod tests {
         assert!(text.contains(r#""Sales"."OutBox""#), "{text}");
         assert!(text.contains("health: OK"), "{text}");
         assert!(text.contains("sink (kafka): reachable: 1 broker(s)"), "{text}");
+        assert!(
+            text.contains(
+                "streaming: pgoutput 2, streaming on (large transactions as they are written) (postgres.streaming = \
+                 auto); the server spilled 0 transaction(s) (0 B) to its disk and streamed 3 (100.7 MiB)"
+            ),
+            "{text}"
+        );
         assert!(text.contains("lag: 4.0 KiB of WAL, 250 ms"), "{text}");
         assert!(
             text.contains("relay at 127.0.0.1:9187 (http.listen): NOT ready: exactly-once takeover fence"),

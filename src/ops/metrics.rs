@@ -41,6 +41,9 @@
 //! | `outbox_relay_spans_exported_total` | counter | `[tracing]`: PRODUCER spans the OTLP collector accepted |
 //! | `outbox_relay_spans_dropped_total{reason}` | counter | `[tracing]`: spans lost (`reason`: queue_full, the export queue was full and the span was not waited for; export_failed, its batch failed to export) |
 //! | `outbox_relay_span_export_errors_total` | counter | `[tracing]`: failed OTLP export calls (collector down, refused, timed out) |
+//! | `outbox_relay_stage_memory_bytes` | gauge | streamed, uncommitted transactions' outbox changes the relay keeps in memory (`relay.stage_memory_bytes` bounds it) |
+//! | `outbox_relay_stage_disk_bytes` | gauge | … and in spill files under `relay.stage_dir` (`relay.stage_disk_bytes` bounds it) |
+//! | `outbox_relay_stage_transactions` | gauge | streamed transactions with outbox changes kept, not committed yet |
 //! | `outbox_relay_takeover_fence_seconds` | gauge | exactly-once: seconds left of a takeover's wait for the previous holder's queued records to land or expire (0: none) |
 //!
 //! LSNs are exported as numbers (bytes since the start of WAL); `f64` is exact up to 8 PiB.
@@ -58,6 +61,9 @@ pub(crate) const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
 pub(crate) const EVENTS_FAILED: &str = "outbox_relay_events_failed_total";
 pub(crate) const IN_FLIGHT_EVENTS: &str = "outbox_relay_in_flight_events";
 pub(crate) const IN_FLIGHT_BYTES: &str = "outbox_relay_in_flight_bytes";
+pub(crate) const STAGE_MEMORY_BYTES: &str = "outbox_relay_stage_memory_bytes";
+pub(crate) const STAGE_DISK_BYTES: &str = "outbox_relay_stage_disk_bytes";
+pub(crate) const STAGE_TRANSACTIONS: &str = "outbox_relay_stage_transactions";
 pub(crate) const COMMIT_TO_ACK_SECONDS: &str = "outbox_relay_commit_to_ack_seconds";
 pub(crate) const SECONDS_BEHIND_SOURCE: &str = "outbox_relay_seconds_behind_source";
 pub(crate) const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
@@ -137,6 +143,18 @@ pub(crate) fn describe() {
     describe_gauge!(
         IN_FLIGHT_BYTES,
         "Bytes (keys + values + headers) of the in-flight events."
+    );
+    describe_gauge!(
+        STAGE_MEMORY_BYTES,
+        "Bytes of streamed, uncommitted transactions' outbox changes kept in memory (relay.stage_memory_bytes)."
+    );
+    describe_gauge!(
+        STAGE_DISK_BYTES,
+        "Bytes of streamed, uncommitted transactions' outbox changes in spill files (relay.stage_disk_bytes)."
+    );
+    describe_gauge!(
+        STAGE_TRANSACTIONS,
+        "Streamed transactions with outbox changes kept by the relay, not committed yet."
     );
     describe_histogram!(
         COMMIT_TO_ACK_SECONDS,
@@ -251,6 +269,9 @@ pub(crate) fn describe() {
     gauge!(ACTIVE).set(0.0);
     gauge!(IN_FLIGHT_EVENTS).set(0.0);
     gauge!(IN_FLIGHT_BYTES).set(0.0);
+    gauge!(STAGE_MEMORY_BYTES).set(0.0);
+    gauge!(STAGE_DISK_BYTES).set(0.0);
+    gauge!(STAGE_TRANSACTIONS).set(0.0);
 }
 
 /// The per-event metrics of one session: per-topic counters, the commit-to-ack histogram, and
@@ -360,6 +381,9 @@ pub(crate) struct StreamGauges {
     seconds_behind: Gauge,
     received_lsn: Gauge,
     flushed_lsn: Gauge,
+    stage_memory_bytes: Gauge,
+    stage_disk_bytes: Gauge,
+    stage_transactions: Gauge,
 }
 
 /// One status interval's view of the stream, for [`StreamGauges::set`].
@@ -372,6 +396,9 @@ pub(crate) struct StreamSnapshot {
     pub(crate) flushed_lsn: u64,
     /// See [`LAST_CONFIRMED_COMMIT`]; `None` until a transaction with events was confirmed.
     pub(crate) last_confirmed_commit_unix_us: Option<i64>,
+    pub(crate) stage_memory_bytes: usize,
+    pub(crate) stage_disk_bytes: u64,
+    pub(crate) stage_transactions: usize,
 }
 
 impl Default for StreamGauges {
@@ -382,6 +409,9 @@ impl Default for StreamGauges {
             seconds_behind: gauge!(SECONDS_BEHIND_SOURCE),
             received_lsn: gauge!(RECEIVED_LSN),
             flushed_lsn: gauge!(FLUSHED_LSN),
+            stage_memory_bytes: gauge!(STAGE_MEMORY_BYTES),
+            stage_disk_bytes: gauge!(STAGE_DISK_BYTES),
+            stage_transactions: gauge!(STAGE_TRANSACTIONS),
         }
     }
 }
@@ -391,6 +421,9 @@ impl StreamGauges {
     pub(crate) fn set_idle(&self) {
         self.in_flight_events.set(0.0);
         self.in_flight_bytes.set(0.0);
+        self.stage_memory_bytes.set(0.0);
+        self.stage_disk_bytes.set(0.0);
+        self.stage_transactions.set(0.0);
     }
 
     pub(crate) fn set(&self, s: &StreamSnapshot) {
@@ -399,6 +432,9 @@ impl StreamGauges {
         self.seconds_behind.set(s.seconds_behind);
         self.received_lsn.set(s.received_lsn as f64);
         self.flushed_lsn.set(s.flushed_lsn as f64);
+        self.stage_memory_bytes.set(s.stage_memory_bytes as f64);
+        self.stage_disk_bytes.set(s.stage_disk_bytes as f64);
+        self.stage_transactions.set(s.stage_transactions as f64);
         if let Some(us) = s.last_confirmed_commit_unix_us {
             gauge!(LAST_CONFIRMED_COMMIT).set(us as f64 / 1e6);
         }

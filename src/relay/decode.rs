@@ -8,6 +8,16 @@
 //! transactional logical messages with the outbox prefix become [`Decoded::Event`]s; updates,
 //! deletes and other tables are nothing to the relay. The caller (`stream.rs`) feeds the
 //! results to the watermark and the publish step.
+//!
+//! With protocol 2 (`postgres/replication/protocol.rs`) the server also streams large
+//! transactions before they commit, in blocks of changes that each carry their (sub)transaction's
+//! xid. Inside a block nothing is an event yet: the outbox inserts and messages, and the outbox
+//! tables' Relation messages, become [`Decoded::Staged`] for the stage (`stage.rs`); a block's
+//! Relation messages do not touch the Relation cache, because they describe the table as the
+//! uncommitted transaction sees it. A Stream Commit becomes [`Decoded::StreamCommit`]; the
+//! stream then replays the staged messages through [`Decoder::begin_released`],
+//! [`Decoder::decode_released`] and [`Decoder::commit_released`], which turn them into the same
+//! Begin, events (at the same positions) and Commit a transaction sent after its commit gives.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,12 +27,13 @@ use tracing::{debug, info, warn};
 
 use super::error::{RelayError, StreamViolation};
 use super::quarantine::EventRef;
+use super::stage::Entry;
 use crate::config::Settings;
 use crate::outbox::layout::{DebeziumColumns, OutboxLayout};
 use crate::outbox::payload::ByteaTypes;
 use crate::postgres::lsn::Lsn;
 use crate::postgres::pgoutput::{
-    self, Insert, LogicalDecodingMessage, LogicalMessage, PgTimestamp, Relation, TupleData,
+    self, Insert, LogicalDecodingMessage, LogicalMessage, PgTimestamp, Relation, StreamCommit, TupleData,
 };
 use crate::postgres::replication::frames::{decode_server_frame, ServerFrame};
 
@@ -50,6 +61,12 @@ pub(crate) enum Decoded {
     Commit { end_lsn: Lsn },
     /// An outbox event of the open transaction, at its position there.
     Event { at: EventAt, source: EventSource },
+    /// Something the stage keeps for the streamed transaction `xid` (protocol 2).
+    Staged { xid: u32, entry: Entry },
+    /// The streamed transaction committed: its staged messages are published now.
+    StreamCommit(StreamCommit),
+    /// The streamed transaction `xid` aborted (`subxid == xid`), or its subtransaction `subxid`.
+    StreamAbort { xid: u32, subxid: u32 },
     /// Nothing the relay acts on (a Relation, another table's row, an update, a delete, …).
     Nothing,
 }
@@ -102,6 +119,14 @@ pub(crate) struct Decoder {
     open: Option<OpenTxn>,
     /// The server's send time of the last data frame (µs since the epoch).
     last_send_unix_us: i64,
+    /// Protocol 2 was asked for: the stream may carry streamed transactions.
+    streams: bool,
+    /// The streamed transaction whose block of changes is being read (between Stream Start and
+    /// Stream Stop).
+    block: Option<u32>,
+    /// Per streamed transaction, the tables its blocks described, and whether each is an outbox
+    /// table (the Relation cache is not touched before the commit: see the module docs).
+    streamed_tables: HashMap<u32, HashMap<u32, bool>>,
     /// How far behind the source the reading is, by the server's own clock: the send time of
     /// the last data frame minus the commit time of the last transaction begun, in µs.
     behind_us: i64,
@@ -116,6 +141,12 @@ impl Decoder {
             debezium,
             ..Decoder::default()
         }
+    }
+
+    /// The session asked for protocol 2 with streaming (`session.rs`).
+    pub(crate) fn with_streaming(mut self, streams: bool) -> Decoder {
+        self.streams = streams;
+        self
     }
 
     /// How far behind its source the stream reads, by the server's clock (µs): see
@@ -134,7 +165,12 @@ impl Decoder {
                 ..
             } => {
                 self.last_send_unix_us = send_time.to_unix_micros();
-                let msg = pgoutput::decode(data).map_err(|source| RelayError::Decode { lsn: wal_start, source })?;
+                let decode_error = |source| RelayError::Decode { lsn: wal_start, source };
+                if let Some(xid) = self.block {
+                    let streamed = pgoutput::decode_streamed(data.clone()).map_err(decode_error)?;
+                    return self.in_block(settings, xid, streamed, &data);
+                }
+                let msg = pgoutput::decode(data).map_err(decode_error)?;
                 self.on_message(settings, msg)
             }
             ServerFrame::PrimaryKeepalive {
@@ -150,6 +186,10 @@ impl Decoder {
 
     fn on_message(&mut self, settings: &Settings, msg: LogicalMessage) -> Result<Decoded, RelayError> {
         Ok(match msg {
+            LogicalMessage::StreamStart(_)
+            | LogicalMessage::StreamStop
+            | LogicalMessage::StreamCommit(_)
+            | LogicalMessage::StreamAbort(_) => return self.on_stream_message(msg),
             LogicalMessage::Begin(b) => {
                 self.behind_us = self.last_send_unix_us.saturating_sub(b.commit_time.to_unix_micros());
                 self.open = Some(OpenTxn {
@@ -190,6 +230,148 @@ impl Decoder {
             | LogicalMessage::Type(_)
             | LogicalMessage::Origin(_) => Decoded::Nothing,
         })
+    }
+
+    /// A Stream Start, Stop, Commit or Abort outside a block.
+    fn on_stream_message(&mut self, msg: LogicalMessage) -> Result<Decoded, RelayError> {
+        if !self.streams {
+            return Err(StreamViolation::StreamingNotAskedFor.into());
+        }
+        let name = match &msg {
+            LogicalMessage::StreamStart(_) => "Stream Start",
+            LogicalMessage::StreamCommit(_) => "Stream Commit",
+            LogicalMessage::StreamAbort(_) => "Stream Abort",
+            _ => "Stream Stop",
+        };
+        if self.open.is_some() {
+            return Err(StreamViolation::StreamInTransaction(name).into());
+        }
+        Ok(match msg {
+            LogicalMessage::StreamStart(start) => {
+                self.block = Some(start.xid);
+                Decoded::Nothing
+            }
+            LogicalMessage::StreamCommit(commit) => {
+                self.streamed_tables.remove(&commit.xid);
+                Decoded::StreamCommit(commit)
+            }
+            LogicalMessage::StreamAbort(abort) => {
+                if abort.is_toplevel() {
+                    self.streamed_tables.remove(&abort.xid);
+                }
+                Decoded::StreamAbort {
+                    xid: abort.xid,
+                    subxid: abort.subxid,
+                }
+            }
+            _ => return Err(StreamViolation::StreamStopOutsideBlock.into()),
+        })
+    }
+
+    /// One message of the block of streamed changes of transaction `xid`; `raw` is the message
+    /// as received (its xid is cut out of what is staged).
+    fn in_block(
+        &mut self,
+        settings: &Settings,
+        xid: u32,
+        streamed: pgoutput::Streamed,
+        raw: &Bytes,
+    ) -> Result<Decoded, RelayError> {
+        // The change's own (sub)transaction; the stream's messages carry none.
+        let subxid = streamed.xid.unwrap_or(xid);
+        let staged = |entry: fn(u32, Bytes) -> Entry| Decoded::Staged {
+            xid,
+            entry: entry(subxid, without_xid(raw)),
+        };
+        Ok(match streamed.message {
+            LogicalMessage::StreamStop => {
+                self.block = None;
+                Decoded::Nothing
+            }
+            LogicalMessage::Relation(r) => {
+                let outbox = settings.outbox.table_of(&r.namespace, &r.name).is_some();
+                self.streamed_tables.entry(xid).or_default().insert(r.oid, outbox);
+                if outbox {
+                    staged(|_, message| Entry::schema(message))
+                } else {
+                    Decoded::Nothing
+                }
+            }
+            LogicalMessage::Insert(i) => {
+                let outbox = match self.streamed_tables.get(&xid).and_then(|t| t.get(&i.relation_oid)) {
+                    Some(outbox) => *outbox,
+                    None => self
+                        .relations
+                        .get(&i.relation_oid)
+                        .ok_or(StreamViolation::InsertBeforeRelation(i.relation_oid))?
+                        .layout
+                        .is_some(),
+                };
+                if outbox {
+                    staged(Entry::change)
+                } else {
+                    Decoded::Nothing
+                }
+            }
+            LogicalMessage::Message(m) => {
+                let ours = settings.outbox.message_prefix.as_deref() == Some(m.prefix.as_str());
+                if ours && m.transactional {
+                    staged(Entry::change)
+                } else {
+                    // Not an event, or not one to take (a non-transactional message is said at
+                    // the outbox's own path: it never comes inside a block).
+                    Decoded::Nothing
+                }
+            }
+            LogicalMessage::Update(_)
+            | LogicalMessage::Delete(_)
+            | LogicalMessage::Truncate(_)
+            | LogicalMessage::Type(_)
+            | LogicalMessage::Origin(_) => Decoded::Nothing,
+            LogicalMessage::Begin(_) => return Err(StreamViolation::InStreamBlock("Begin").into()),
+            LogicalMessage::Commit(_) => return Err(StreamViolation::InStreamBlock("Commit").into()),
+            LogicalMessage::StreamStart(_) => return Err(StreamViolation::InStreamBlock("Stream Start").into()),
+            LogicalMessage::StreamCommit(_) => return Err(StreamViolation::InStreamBlock("Stream Commit").into()),
+            LogicalMessage::StreamAbort(_) => return Err(StreamViolation::InStreamBlock("Stream Abort").into()),
+        })
+    }
+
+    /// A released streamed transaction begins: the Begin a transaction sent after its commit
+    /// would have had.
+    pub(crate) fn begin_released(&mut self, settings: &Settings, commit: &StreamCommit) -> Result<Decoded, RelayError> {
+        self.on_message(
+            settings,
+            LogicalMessage::Begin(pgoutput::Begin {
+                final_lsn: commit.commit_lsn,
+                commit_time: commit.commit_time,
+                xid: commit.xid,
+            }),
+        )
+    }
+
+    /// One staged message of the released transaction, decoded as if it had come after its
+    /// commit.
+    pub(crate) fn decode_released(&mut self, settings: &Settings, message: Bytes) -> Result<Decoded, RelayError> {
+        let at = self.open.as_ref().map_or(Lsn(0), |t| t.commit_lsn);
+        let msg = pgoutput::decode(message).map_err(|source| RelayError::Decode { lsn: at, source })?;
+        self.on_message(settings, msg)
+    }
+
+    /// The released transaction ends with the Commit it would have had.
+    pub(crate) fn commit_released(
+        &mut self,
+        settings: &Settings,
+        commit: &StreamCommit,
+    ) -> Result<Decoded, RelayError> {
+        self.on_message(
+            settings,
+            LogicalMessage::Commit(pgoutput::Commit {
+                flags: commit.flags,
+                commit_lsn: commit.commit_lsn,
+                end_lsn: commit.end_lsn,
+                commit_time: commit.commit_time,
+            }),
+        )
     }
 
     fn on_relation(&mut self, settings: &Settings, relation: Relation) -> Result<(), RelayError> {
@@ -281,6 +463,15 @@ impl Decoder {
             commit_time: txn.commit_time,
         })
     }
+}
+
+/// A message of a block of streamed changes as it would have come after its commit: its tag,
+/// then everything after the xid.
+fn without_xid(raw: &Bytes) -> Bytes {
+    let mut out = Vec::with_capacity(raw.len().saturating_sub(4));
+    out.extend_from_slice(&raw[..1.min(raw.len())]);
+    out.extend_from_slice(raw.get(5..).unwrap_or_default());
+    Bytes::from(out)
 }
 
 /// What differs between two Relation messages of one table, for people (`None`: nothing that

@@ -25,6 +25,44 @@ pub enum StreamViolation {
     EventOutsideTransaction,
     #[error("Insert for relation {0} before its Relation message")]
     InsertBeforeRelation(u32),
+    #[error("{0} inside a block of streamed changes (between Stream Start and Stream Stop)")]
+    InStreamBlock(&'static str),
+    #[error("{0} while a transaction sent after its commit is open (between Begin and Commit)")]
+    StreamInTransaction(&'static str),
+    #[error("Stream Stop outside a block of streamed changes")]
+    StreamStopOutsideBlock,
+    #[error("streamed protocol messages on a stream started with protocol version 1")]
+    StreamingNotAskedFor,
+}
+
+/// The stage of streamed transactions (`stage.rs`) cannot keep what it must.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(
+        "the streamed transaction {xid} needs more than relay.stage_disk_bytes = {limit} bytes of spill files in {}: \
+         raise relay.stage_disk_bytes (and make room on that disk; docs/operations.md, \"Disk for streamed \
+         transactions\"), or set postgres.streaming = \"off\" to have the server spill large transactions on its own \
+         disk instead. Nothing is lost: the slot is not confirmed past the transaction, and the server sends it again",
+        .dir.display()
+    )]
+    Full {
+        xid: u32,
+        limit: u64,
+        dir: std::path::PathBuf,
+    },
+    #[error(
+        "cannot {what} {}: {source}. Give the relay a writable relay.stage_dir (docs/operations.md, \"Disk for \
+         streamed transactions\")",
+        .path.display()
+    )]
+    Io {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the stage lost track of transaction {0} (a bug; please report it with the log)")]
+    Protocol(u32),
 }
 
 /// The relay's own machinery failed: a bug, never the data's or the servers' doing.
@@ -196,6 +234,8 @@ pub enum RelayError {
     Frame(#[from] FrameError),
     #[error("internal bookkeeping error (a bug; please report it): {0}")]
     Watermark(#[from] WatermarkError),
+    #[error(transparent)]
+    Stage(#[from] StageError),
     #[error("the replication stream broke pgoutput's rules: {0}. Nothing after the last confirmed position is lost; report it with the server version and the log")]
     Stream(#[from] StreamViolation),
     #[error("internal error (a bug; please report it with the log): {0}")]
@@ -254,6 +294,7 @@ impl RelayError {
             | RelayError::Frame(_)
             | RelayError::Watermark(_)
             | RelayError::Stream(_)
+            | RelayError::Stage(_)
             | RelayError::Internal(_)
             | RelayError::StreamThread(_)
             | RelayError::Tracing(_)

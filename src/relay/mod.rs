@@ -24,6 +24,7 @@ mod durability;
 mod publish;
 mod receive;
 mod session;
+mod stage;
 mod stream;
 // The delivery guarantee, chosen once per session, and takeover liveness, in every mode.
 mod guarantee;

@@ -67,6 +67,7 @@ impl Progress {
             received_lsn: durability.received().0,
             flushed_lsn: flushed.0,
             last_confirmed_commit_unix_us: self.lag.last_confirmed_unix_us(),
+            ..StreamSnapshot::default()
         }
     }
 }

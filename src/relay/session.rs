@@ -48,6 +48,7 @@ use super::outage::Waiting;
 use super::publish::{Delivery, DeliveryTag};
 use super::receive;
 use super::silence::Silence;
+use super::stage::Stage;
 use super::stream::{Parts, StreamState};
 use super::takeover::Predecessor;
 use super::{heartbeat, publication, slot, SessionContext};
@@ -61,6 +62,7 @@ use crate::outbox::payload::ByteaTypes;
 use crate::postgres::client as pg_client;
 use crate::postgres::replication::connection::{FrameReader, ReplicationConnection, StatusWriter};
 use crate::postgres::replication::error::ReplicationError;
+use crate::postgres::replication::protocol::Protocol;
 use crate::sink::Completions;
 
 const DELIVERY_BATCH: usize = 4096;
@@ -96,16 +98,22 @@ pub(crate) async fn run_session(
     // Which cluster and timeline this session reads: after a failover or a restore the
     // operator can tell from the log which server the events came from.
     let system = conn.identify_system().await?;
+    let protocol = Protocol::choose(settings.postgres.streaming, conn.server_version_num)?;
     let (mut reader, mut writer) = conn
         .start_replication(
             slot_name,
             slot.confirmed_flush,
             settings.postgres.publication.as_str(),
             true,
+            protocol,
         )
         .await?;
     ctx.carried.last_walsender = Some(backend_pid);
     slot::verify_start(&control, slot_name, slot.confirmed_flush).await?;
+    // Only the slot's holder gets here: the stage directory is this slot's alone (slot names are
+    // unique in a cluster, the system identifier tells clusters apart).
+    let stage = Stage::open(&settings.relay.stage, &format!("{}-{slot_name}", system.system_id))?;
+    let decoder = decoder.with_streaming(protocol.streams());
     // The slot is ours now: takeover liveness starts, and the delivery guarantee is chosen and
     // its sink created — a transactional sink fences earlier producers of its identity, and a
     // holder must never fence the one that holds the slot (`guarantee/`).
@@ -126,6 +134,7 @@ pub(crate) async fn run_session(
         slot = %settings.postgres.slot,
         publication = %settings.postgres.publication,
         delivery = guarantee.label(),
+        protocol = protocol.describe(),
         start_lsn = %slot.confirmed_flush,
         walsender_pid = backend_pid,
         host = %host,
@@ -149,6 +158,7 @@ pub(crate) async fn run_session(
         start: slot.confirmed_flush,
         suspects: &mut suspects,
         tracer: ctx.tracer.clone(),
+        stage,
     };
     let mut state = StreamState::new(settings, parts);
     // The predecessor is forgotten once nothing holds the stream back for it: a session that

@@ -6,6 +6,7 @@
 //! |---|---|---|---|
 //! | receive | `receive.rs` | functions | reads replication frames off the socket, in batches |
 //! | decode | `decode.rs` | `Decoder` | frame → [`Decoded`]: keepalive, Begin, Commit or an outbox event (pure) |
+//! | stage | `stage.rs` | `Stage` | keeps a streamed transaction's outbox changes until its commit releases them |
 //! | publish | `publish.rs` | `Publish` | event → route → sink record, through the delivery guarantee; bad events and suspects |
 //! | watermark | `durability/watermark.rs` | `AckWatermark` | settles acknowledgements in commit order |
 //! | confirm | `durability/confirm.rs` | `Confirm` | flush LSN = the durable position, never backwards |
@@ -13,7 +14,8 @@
 //! The watermark and the confirm step are reached only through `Durability`
 //! (`durability/mod.rs`), the durability contract. [`StreamState::on_frame`] takes the decode
 //! step's output and hands it on — transactions to the durability contract, events to the
-//! publish step — with the session's delivery guarantee (`guarantee/`, chosen once) and its
+//! publish step, a streamed transaction's changes to the stage until its commit replays them
+//! through the decode step as a transaction sent after its commit — with the session's delivery guarantee (`guarantee/`, chosen once) and its
 //! takeover liveness (`liveness.rs`) looking on. An event the guarantee makes wait is kept here,
 //! as decoded, and published again once the guarantee's answer arrived. Pure with respect to
 //! I/O except for handing records to the sink: the event loop (`session.rs`) feeds it frames,
@@ -31,9 +33,11 @@ use super::liveness::Liveness;
 use super::progress::{Progress, SessionCounts};
 use super::publish::{Accounts, Delivery, Publish, Published, TagKind};
 use super::quarantine::{Suspects, TxnEvent};
+use super::stage::{Release, Stage};
 use crate::config::Settings;
 use crate::ops::metrics::StreamSnapshot;
 use crate::postgres::lsn::Lsn;
+use crate::postgres::pgoutput::StreamCommit;
 use crate::postgres::replication::frames::StandbyStatusUpdate;
 use crate::sink::SinkError;
 
@@ -67,6 +71,20 @@ enum Deferred {
     Commit { end_lsn: Lsn },
 }
 
+/// A committed streamed transaction being replayed from the stage: its Begin, then its staged
+/// messages, then its Commit, each handed on as the in-flight budget allows.
+struct Releasing {
+    commit: StreamCommit,
+    messages: Release,
+    step: ReleaseStep,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReleaseStep {
+    Begin,
+    Messages,
+}
+
 /// What the event loop must do after a frame.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum FrameAction {
@@ -95,6 +113,10 @@ pub(crate) struct StreamState<'s> {
     collecting: Collecting,
     /// Decoded work waiting for room (a released transaction), done before the next frame.
     backlog: VecDeque<Deferred>,
+    /// The streamed transactions not committed yet (protocol 2).
+    stage: Stage,
+    /// The streamed transaction being published, done before the next frame.
+    release: Option<Releasing>,
 }
 
 /// What a stream is made of, from the session's start.
@@ -107,6 +129,7 @@ pub(crate) struct Parts<'s> {
     pub(crate) start: Lsn,
     pub(crate) suspects: &'s mut Suspects,
     pub(crate) tracer: Option<crate::ops::tracing_export::Tracer>,
+    pub(crate) stage: Stage,
 }
 
 impl<'s> StreamState<'s> {
@@ -123,6 +146,8 @@ impl<'s> StreamState<'s> {
             blocked: None,
             collecting: Collecting::Off,
             backlog: VecDeque::new(),
+            stage: parts.stage,
+            release: None,
         }
     }
 
@@ -144,7 +169,7 @@ impl<'s> StreamState<'s> {
     /// (`quarantine.rs`), while an event waits for the guarantee's answer, and while the sink's
     /// own queue has no room (the event it did not take is handed over again first).
     pub(crate) fn is_full(&self) -> bool {
-        self.sending_paused() || !self.backlog.is_empty()
+        self.sending_paused() || !self.backlog.is_empty() || self.release.is_some()
     }
 
     /// Nothing more may be handed to the sink for now (see [`is_full`](Self::is_full)).
@@ -229,7 +254,13 @@ impl<'s> StreamState<'s> {
 
     /// Where the stream stands, once per status interval.
     pub(crate) fn snapshot(&mut self, now_unix_us: i64) -> StreamSnapshot {
-        self.progress.snapshot(&self.durability, now_unix_us)
+        let stage = self.stage.usage();
+        StreamSnapshot {
+            stage_memory_bytes: stage.memory_bytes,
+            stage_disk_bytes: stage.disk_bytes,
+            stage_transactions: stage.transactions,
+            ..self.progress.snapshot(&self.durability, now_unix_us)
+        }
     }
 
     /// Folds this batch of acknowledgements' exact latencies into `GET /latency`'s window.
@@ -294,6 +325,11 @@ impl<'s> StreamState<'s> {
         // gone (a healed network cut), and a stream that went stale may have been taken over:
         // nothing of it is handed on.
         self.liveness.on_frame(matches!(decoded, Decoded::Keepalive { .. }))?;
+        self.on_decoded(decoded)
+    }
+
+    /// A decoded frame, or a message of a released streamed transaction, handed on.
+    fn on_decoded(&mut self, decoded: Decoded) -> Result<FrameAction, RelayError> {
         match decoded {
             Decoded::Keepalive {
                 wal_end,
@@ -351,9 +387,44 @@ impl<'s> StreamState<'s> {
                 }
                 return self.publish_or_block(Pending { txn, source });
             }
+            Decoded::Staged { xid, entry } => self.stage.push(xid, entry)?,
+            Decoded::StreamCommit(commit) => {
+                // Everything committed before it was read already: publishing it now is
+                // publishing in commit order. Reading waits until it is done.
+                self.release = Some(Releasing {
+                    messages: self.stage.release(commit.xid)?,
+                    commit,
+                    step: ReleaseStep::Begin,
+                });
+                return self.work_backlog();
+            }
+            Decoded::StreamAbort { xid, subxid } => self.stage.abort(xid, subxid),
             Decoded::Nothing => {}
         }
         Ok(FrameAction::Nothing)
+    }
+
+    /// The released transaction's next step: its Begin, a staged message, or (all read) its
+    /// Commit, which ends the release.
+    fn step_release(&mut self) -> Result<FrameAction, RelayError> {
+        let Some(mut releasing) = self.release.take() else {
+            return Ok(FrameAction::Nothing);
+        };
+        let decoded = match releasing.step {
+            ReleaseStep::Begin => {
+                releasing.step = ReleaseStep::Messages;
+                self.decoder.begin_released(self.settings, &releasing.commit)?
+            }
+            ReleaseStep::Messages => match releasing.messages.next_message()? {
+                Some(message) => self.decoder.decode_released(self.settings, message)?,
+                None => {
+                    let commit = self.decoder.commit_released(self.settings, &releasing.commit)?;
+                    return self.on_decoded(commit);
+                }
+            },
+        };
+        self.release = Some(releasing);
+        self.on_decoded(decoded)
     }
 
     /// Publishes `pending`, or keeps it when the delivery guarantee makes it wait — or, when
@@ -421,15 +492,19 @@ impl<'s> StreamState<'s> {
     /// Hands on deferred work (a released transaction) while the sink has room; the event loop
     /// calls it before reading, and reading waits until it is done ([`is_full`](Self::is_full)).
     pub(crate) fn work_backlog(&mut self) -> Result<FrameAction, RelayError> {
-        while !self.backlog.is_empty() && !self.sending_paused() && !self.publish.draining() {
-            match self.backlog.pop_front() {
-                Some(Deferred::Event(pending)) => {
-                    if self.publish_or_block(pending)? == FrameAction::Blocked {
-                        return Ok(FrameAction::Blocked);
-                    }
+        while !self.sending_paused() && !self.publish.draining() {
+            let action = match self.backlog.pop_front() {
+                Some(Deferred::Event(pending)) => self.publish_or_block(pending)?,
+                Some(Deferred::Commit { end_lsn }) => {
+                    self.commit(end_lsn)?;
+                    FrameAction::Nothing
                 }
-                Some(Deferred::Commit { end_lsn }) => self.commit(end_lsn)?,
+                // The deferred work first, then the released transaction's next step.
+                None if self.release.is_some() => self.step_release()?,
                 None => break,
+            };
+            if action == FrameAction::Blocked {
+                return Ok(FrameAction::Blocked);
             }
         }
         Ok(FrameAction::Nothing)
@@ -525,16 +600,217 @@ pub(crate) mod test_support {
         MemoryHandle<super::super::publish::DeliveryTag>,
         Completions<super::super::publish::DeliveryTag>,
     ) {
+        static STAGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let (sink, handle, completions) = memory();
+        let stage_name = format!(
+            "unit-{}-{}",
+            std::process::id(),
+            STAGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let parts = Parts {
-            decoder: Decoder::default(),
+            decoder: Decoder::default().with_streaming(true),
             sink: Box::new(sink),
             guarantee: crate::relay::guarantee::test_support::chosen_for(settings, start, &handle),
             liveness: Liveness::new(&settings.relay, std::time::Duration::ZERO),
             start,
             suspects,
             tracer,
+            stage: Stage::open(&settings.relay.stage, &stage_name).expect("a stage in the temporary directory"),
         };
         (StreamState::new(settings, parts), handle, completions)
+    }
+}
+
+#[cfg(test)]
+mod streamed {
+    //! Protocol 2: streamed transactions through the stage, published at their commit.
+    use super::test_support::stream;
+    use super::*;
+    use crate::config::test_support::settings;
+    use crate::relay::test_frames::{
+        begin, commit, in_stream, insert, relation, stream_abort, stream_commit, stream_start, stream_stop, xlog,
+        COMMITTED,
+    };
+    use crate::sink::memory::MemoryHandle;
+    use crate::sink::Completions;
+
+    const OUTBOX: u32 = 16_384;
+    const ORDERS: u32 = 16_390;
+    const COLUMNS: [&str; 6] = ["id", "aggregate_id", "type", "payload", "created_at", "dispatched_at"];
+
+    fn row(id: &str) -> Vec<u8> {
+        insert(
+            OUTBOX,
+            &[Some(id), Some("agg"), Some("order.placed"), Some("{}"), None, None],
+        )
+    }
+
+    fn ids(sink: &MemoryHandle<super::super::publish::DeliveryTag>) -> Vec<String> {
+        sink.stored()
+            .iter()
+            .map(|r| String::from_utf8_lossy(r.header("id").unwrap()).into_owned())
+            .collect()
+    }
+
+    fn deliver_all(
+        state: &mut StreamState<'_>,
+        sink: &MemoryHandle<super::super::publish::DeliveryTag>,
+        completions: &mut Completions<super::super::publish::DeliveryTag>,
+    ) {
+        sink.deliver(sink.pending());
+        while let Ok(d) = completions.try_recv() {
+            state.on_delivery(d).unwrap();
+        }
+    }
+
+    /// A streamed transaction's events wait in the stage — through a small transaction that
+    /// commits meanwhile, a subtransaction's abort and a spill to disk — and go out at its commit,
+    /// in order, at the positions a transaction sent after its commit gets; the slot is confirmed
+    /// past it only once all were acknowledged.
+    #[test]
+    fn a_streamed_transaction_is_published_at_its_commit_in_commit_order() {
+        for memory in ["", "[relay]\nstage_memory_bytes = 1\n"] {
+            let settings = settings(memory);
+            let mut suspects = Suspects::default();
+            let (mut state, sink, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+            fn feed(state: &mut StreamState<'_>, frame: Vec<u8>) {
+                state.on_frame(xlog(COMMITTED, &frame)).unwrap();
+            }
+            feed(&mut state, stream_start(700, true));
+            feed(
+                &mut state,
+                in_stream(700, &relation(OUTBOX, "public", "events_outbox", &COLUMNS)),
+            );
+            feed(
+                &mut state,
+                in_stream(700, &relation(ORDERS, "public", "orders", &COLUMNS)),
+            );
+            feed(&mut state, in_stream(700, &row("1")));
+            feed(&mut state, in_stream(700, &insert(ORDERS, &[Some("x"); 6])));
+            feed(&mut state, in_stream(701, &row("2")));
+            feed(&mut state, stream_stop());
+            // A small transaction commits while the large one is open: it goes out at once. The
+            // block's Relation did not reach the cache: this transaction brings its own.
+            feed(&mut state, begin(0x400));
+            feed(&mut state, relation(OUTBOX, "public", "events_outbox", &COLUMNS));
+            feed(&mut state, row("10"));
+            feed(&mut state, commit(0x400, 0x410));
+            feed(&mut state, stream_start(700, false));
+            feed(&mut state, in_stream(702, &row("3")));
+            feed(&mut state, in_stream(700, &row("4")));
+            feed(&mut state, stream_stop());
+            feed(&mut state, stream_abort(700, 701));
+            assert_eq!(
+                ids(&sink),
+                ["10"],
+                "nothing of an open streamed transaction is published"
+            );
+            deliver_all(&mut state, &sink, &mut completions);
+            assert_eq!(state.confirmed(), Lsn(0x410));
+            feed(&mut state, stream_commit(700, 0x500, 0x510));
+            assert_eq!(
+                ids(&sink),
+                ["10", "1", "3", "4"],
+                "the aborted subtransaction's event is dropped"
+            );
+            assert_eq!(
+                state.confirmed(),
+                Lsn(0x410),
+                "not confirmed past what is not acknowledged"
+            );
+            deliver_all(&mut state, &sink, &mut completions);
+            assert_eq!(state.confirmed(), Lsn(0x510));
+            assert_eq!(state.snapshot(0).stage_transactions, 0);
+            assert_eq!(state.counts().transactions, 2);
+        }
+    }
+
+    /// The positions of a released transaction's events are those of a transaction sent after its
+    /// commit: the replay after a restart, streamed or not, finds the same events at the same
+    /// places (what the exactly-once read-back and the suspects rely on).
+    #[test]
+    fn a_released_event_sits_where_it_would_have_without_streaming() {
+        let settings = settings("");
+        let mut suspects = Suspects::default();
+        let (mut state, sink, _completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+        for frame in [
+            stream_start(700, true),
+            in_stream(700, &relation(OUTBOX, "public", "events_outbox", &COLUMNS)),
+            in_stream(700, &row("1")),
+            in_stream(700, &row("2")),
+            stream_stop(),
+            stream_commit(700, 0x500, 0x510),
+        ] {
+            state.on_frame(xlog(COMMITTED, &frame)).unwrap();
+        }
+        let at = sink.pending_with(|t| (t.commit_lsn, t.event_seq));
+        assert_eq!(at, [(Lsn(0x500), 0), (Lsn(0x500), 1)]);
+    }
+
+    #[test]
+    fn an_aborted_streamed_transaction_publishes_nothing_and_is_passed() {
+        let settings = settings("[relay]\nstage_memory_bytes = 1\n");
+        let mut suspects = Suspects::default();
+        let (mut state, sink, _completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+        for frame in [
+            stream_start(800, true),
+            in_stream(800, &relation(OUTBOX, "public", "events_outbox", &COLUMNS)),
+            in_stream(800, &row("1")),
+            stream_stop(),
+        ] {
+            state.on_frame(xlog(COMMITTED, &frame)).unwrap();
+        }
+        assert!(
+            state.snapshot(0).stage_disk_bytes > 0,
+            "spilled past a 1-byte memory bound"
+        );
+        state.on_frame(xlog(COMMITTED, &stream_abort(800, 800))).unwrap();
+        assert_eq!(state.snapshot(0).stage_disk_bytes, 0);
+        state.keepalive(Lsn(0x900));
+        assert_eq!(state.confirmed(), Lsn(0x900));
+        assert!(sink.stored().is_empty());
+    }
+
+    #[test]
+    fn stream_messages_out_of_place_are_protocol_violations() {
+        let settings = settings("");
+        let violation = |frames: &[Vec<u8>], streams: bool| {
+            let mut suspects = Suspects::default();
+            let (mut state, _sink, _completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+            if !streams {
+                state.decoder = Decoder::default();
+            }
+            let mut last = Ok(FrameAction::Nothing);
+            for frame in frames {
+                last = state.on_frame(xlog(COMMITTED, frame));
+                if last.is_err() {
+                    break;
+                }
+            }
+            match last {
+                Err(RelayError::Stream(v)) => v,
+                other => panic!("expected a violation, got {other:?}"),
+            }
+        };
+        assert_eq!(
+            violation(&[stream_start(1, true)], false),
+            StreamViolation::StreamingNotAskedFor
+        );
+        assert_eq!(
+            violation(&[stream_start(1, true), begin(0x500)], true),
+            StreamViolation::InStreamBlock("Begin")
+        );
+        assert_eq!(
+            violation(&[begin(0x500), stream_start(1, true)], true),
+            StreamViolation::StreamInTransaction("Stream Start")
+        );
+        assert_eq!(
+            violation(&[stream_stop()], true),
+            StreamViolation::StreamStopOutsideBlock
+        );
+        assert_eq!(
+            violation(&[stream_start(1, true), in_stream(1, &row("1"))], true),
+            StreamViolation::InsertBeforeRelation(OUTBOX)
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! Replication frames for the pipeline's unit tests: pgoutput messages (protocol 1) inside
+//! Replication frames for the pipeline's unit tests: pgoutput messages (protocols 1 and 2) inside
 //! XLogData frames, as the walsender sends them.
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -72,5 +72,45 @@ pub(crate) fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
             None => b.put_u8(b'n'),
         }
     }
+    b
+}
+
+/// Protocol 2: a block of the streamed transaction `xid`'s changes starts.
+pub(crate) fn stream_start(xid: u32, first_segment: bool) -> Vec<u8> {
+    let mut b = vec![b'S'];
+    b.put_u32(xid);
+    b.put_u8(u8::from(first_segment));
+    b
+}
+
+/// Protocol 2: the block ends.
+pub(crate) fn stream_stop() -> Vec<u8> {
+    vec![b'E']
+}
+
+/// Protocol 2: `message` (a Relation, an Insert, …) inside a block, as (sub)transaction `xid`'s.
+pub(crate) fn in_stream(xid: u32, message: &[u8]) -> Vec<u8> {
+    let mut b = vec![message[0]];
+    b.put_u32(xid);
+    b.put_slice(&message[1..]);
+    b
+}
+
+/// Protocol 2: the streamed transaction `xid` committed.
+pub(crate) fn stream_commit(xid: u32, commit_lsn: u64, end_lsn: u64) -> Vec<u8> {
+    let mut b = vec![b'c'];
+    b.put_u32(xid);
+    b.put_u8(0);
+    b.put_u64(commit_lsn);
+    b.put_u64(end_lsn);
+    b.put_i64(COMMITTED);
+    b
+}
+
+/// Protocol 2: the streamed transaction `xid`, or its subtransaction `subxid`, aborted.
+pub(crate) fn stream_abort(xid: u32, subxid: u32) -> Vec<u8> {
+    let mut b = vec![b'A'];
+    b.put_u32(xid);
+    b.put_u32(subxid);
     b
 }

@@ -164,6 +164,11 @@ impl<Tag> MemoryHandle<Tag> {
         self.state.lock().unwrap().stored.clone()
     }
 
+    /// What `look` sees of each record taken and not completed, oldest first.
+    pub(crate) fn pending_with<R>(&self, look: impl Fn(&Tag) -> R) -> Vec<R> {
+        self.state.lock().unwrap().pending.iter().map(|t| look(t)).collect()
+    }
+
     /// Records taken and not completed.
     pub(crate) fn pending(&self) -> usize {
         self.state.lock().unwrap().pending.len()

@@ -4,12 +4,14 @@ use bytes::Bytes;
 
 use super::{
     Begin, ColumnValue, Commit, DecodeError, Delete, Insert, LogicalDecodingMessage, LogicalMessage, OldTuple, Origin,
-    PgTimestamp, Relation, RelationColumn, Truncate, TupleData, TypeInfo, Update,
+    PgTimestamp, Relation, RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, TupleData, TypeInfo,
+    Update,
 };
 use crate::postgres::cursor::{Reader, Short};
 use crate::postgres::lsn::Lsn;
 
-/// Decodes one pgoutput message: the `data` of one XLogData frame.
+/// Decodes one pgoutput message outside a block of streamed changes: the `data` of one
+/// XLogData frame.
 ///
 /// The whole buffer must be exactly one message; column values share its allocation.
 ///
@@ -19,8 +21,40 @@ use crate::postgres::lsn::Lsn;
 /// kind or old-tuple marker, a negative length, a string without its NUL terminator or
 /// not in UTF-8, or bytes left over after the message. See [`DecodeError`].
 pub fn decode(buf: Bytes) -> Result<LogicalMessage, DecodeError> {
+    decode_message(buf, false).map(|streamed| streamed.message)
+}
+
+/// A message read inside a block of streamed changes (between Stream Start and Stop).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Streamed {
+    /// The (sub)transaction a change belongs to: present on Relation, Type, Insert, Update,
+    /// Delete, Truncate and Message, absent on the rest (a Stream Stop).
+    pub xid: Option<u32>,
+    pub message: LogicalMessage,
+}
+
+/// Decodes one pgoutput message inside a block of streamed changes, where the change messages
+/// carry their transaction's xid after the tag.
+///
+/// # Errors
+///
+/// As [`decode`].
+pub fn decode_streamed(buf: Bytes) -> Result<Streamed, DecodeError> {
+    decode_message(buf, true)
+}
+
+/// The tags that carry an xid inside a block of streamed changes.
+pub(super) const STREAMED_WITH_XID: &[u8] = b"RYIUDTM";
+
+fn decode_message(buf: Bytes, in_block: bool) -> Result<Streamed, DecodeError> {
     let mut f = Fields::new(buf);
     let tag = f.u8("message tag")?;
+    let xid = if in_block && STREAMED_WITH_XID.contains(&tag) {
+        f.message = message_name(tag);
+        Some(f.u32("xid")?)
+    } else {
+        None
+    };
     let message = match tag {
         b'B' => {
             f.message = "Begin";
@@ -96,10 +130,52 @@ pub fn decode(buf: Bytes) -> Result<LogicalMessage, DecodeError> {
                 content: f.counted_bytes("content length", "content")?,
             })
         }
+        b'S' => {
+            f.message = "Stream Start";
+            LogicalMessage::StreamStart(StreamStart {
+                xid: f.u32("xid")?,
+                first_segment: f.u8("first segment")? == 1,
+            })
+        }
+        b'E' => {
+            f.message = "Stream Stop";
+            LogicalMessage::StreamStop
+        }
+        b'c' => {
+            f.message = "Stream Commit";
+            LogicalMessage::StreamCommit(StreamCommit {
+                xid: f.u32("xid")?,
+                flags: f.u8("flags")?,
+                commit_lsn: f.lsn("commit LSN")?,
+                end_lsn: f.lsn("end LSN")?,
+                commit_time: f.timestamp("commit timestamp")?,
+            })
+        }
+        b'A' => {
+            f.message = "Stream Abort";
+            LogicalMessage::StreamAbort(StreamAbort {
+                xid: f.u32("xid")?,
+                subxid: f.u32("subtransaction xid")?,
+            })
+        }
         other => return Err(DecodeError::UnknownMessageTag(other)),
     };
     f.finish()?;
-    Ok(message)
+    Ok(Streamed { xid, message })
+}
+
+/// The name errors give a message before its fields are read.
+fn message_name(tag: u8) -> &'static str {
+    match tag {
+        b'R' => "Relation",
+        b'Y' => "Type",
+        b'I' => "Insert",
+        b'U' => "Update",
+        b'D' => "Delete",
+        b'T' => "Truncate",
+        b'M' => "Message",
+        _ => "",
+    }
 }
 
 fn relation(f: &mut Fields) -> Result<Relation, DecodeError> {

@@ -24,7 +24,7 @@ pub enum DecodeError {
     },
 
     #[error(
-        "unknown pgoutput message tag {}; protocol version 1 defines B, C, O, R, Y, I, U, D, T and M",
+        "unknown pgoutput message tag {}; protocol versions 1 and 2 define B, C, O, R, Y, I, U, D, T, M, S, E, c and A",
         show_byte(*.0)
     )]
     UnknownMessageTag(u8),
@@ -134,8 +134,8 @@ mod tests {
             "pgoutput message ends early while reading message tag: need 1 byte, 0 left"
         );
         assert_eq!(
-            DecodeError::UnknownMessageTag(b'S').to_string(),
-            "unknown pgoutput message tag 0x53 ('S'); protocol version 1 defines B, C, O, R, Y, I, U, D, T and M"
+            DecodeError::UnknownMessageTag(b'P').to_string(),
+            "unknown pgoutput message tag 0x50 ('P'); protocol versions 1 and 2 define B, C, O, R, Y, I, U, D, T, M, S, E, c and A"
         );
         assert_eq!(
             DecodeError::UnknownTupleKind(0).to_string(),

@@ -1,4 +1,4 @@
-//! The typed pgoutput (proto_version 1) messages.
+//! The typed pgoutput messages (protocol versions 1 and 2).
 //!
 //! Field names follow the PostgreSQL documentation's "Logical Replication Message Formats".
 //! Strings are decoded as UTF-8: the walsender converts names and text values to the
@@ -24,6 +24,49 @@ pub enum LogicalMessage {
     Delete(Delete),
     Truncate(Truncate),
     Message(LogicalDecodingMessage),
+    /// Protocol 2 (`streaming 'on'`): a block of an in-progress transaction's changes starts.
+    StreamStart(StreamStart),
+    /// Protocol 2: the current block of streamed changes ends.
+    StreamStop,
+    /// Protocol 2: a streamed transaction committed.
+    StreamCommit(StreamCommit),
+    /// Protocol 2: a streamed transaction, or one of its subtransactions, aborted.
+    StreamAbort(StreamAbort),
+}
+
+/// 'S': the changes that follow, up to a Stream Stop, belong to the in-progress transaction
+/// `xid` (each carries its own, possibly a subtransaction's, xid).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamStart {
+    pub xid: u32,
+    /// True for the transaction's first block.
+    pub first_segment: bool,
+}
+
+/// 'c': the streamed transaction `xid` committed; the same positions as a [`Commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamCommit {
+    pub xid: u32,
+    /// Currently always 0; PostgreSQL reserves it.
+    pub flags: u8,
+    pub commit_lsn: Lsn,
+    pub end_lsn: Lsn,
+    pub commit_time: PgTimestamp,
+}
+
+/// 'A': the streamed transaction `xid` aborted (`subxid == xid`), or only its subtransaction
+/// `subxid` did (a `ROLLBACK TO SAVEPOINT`): those changes are never committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamAbort {
+    pub xid: u32,
+    pub subxid: u32,
+}
+
+impl StreamAbort {
+    /// The whole transaction aborted, not only a subtransaction.
+    pub fn is_toplevel(&self) -> bool {
+        self.xid == self.subxid
+    }
 }
 
 /// 'B': a transaction starts. Changes follow, then a [`Commit`].

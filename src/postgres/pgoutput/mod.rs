@@ -1,4 +1,4 @@
-//! A pure decoder for PostgreSQL's `pgoutput` logical replication protocol, version 1.
+//! A pure decoder for PostgreSQL's `pgoutput` logical replication protocol, versions 1 and 2.
 //!
 //! [`decode`] turns the payload of one XLogData frame (see `crate::postgres::replication::frames`)
 //! into a typed [`LogicalMessage`]. It does no I/O and keeps no state: mapping relation
@@ -10,10 +10,15 @@
 //! Format reference: the PostgreSQL documentation, "Logical Replication Message Formats"
 //! (protocol-logicalrep-message-formats). Protocol subtleties the relay depends on:
 //!
-//! - **Version 1 only.** The relay starts replication with `proto_version '1'`, so change
-//!   messages carry no xid (v2 streaming adds one), and the streaming ('S', 'E', 'c', 'A')
-//!   and two-phase ('b', 'P', 'K', 'r', 'p') messages of later versions are unknown tags
-//!   here. Changes belong to the transaction opened by the preceding [`Begin`].
+//! - **Versions 1 and 2.** Outside a block of streamed changes a change belongs to the
+//!   transaction opened by the preceding [`Begin`] and carries no xid ([`decode`]). Version 2
+//!   with `streaming 'on'` adds Stream Start ('S'), Stop ('E'), Commit ('c') and Abort ('A');
+//!   between a Stream Start and its Stop every change message (R, Y, I, U, D, T, M) carries
+//!   its (sub)transaction's xid after the tag ([`decode_streamed`]). Stream Commit and Abort
+//!   arrive outside blocks; an Abort names the toplevel xid and the aborted subtransaction
+//!   (equal when the whole transaction aborted). The two-phase ('b', 'P', 'K', 'r', 'p') and
+//!   parallel-apply additions of versions 3 and 4 are unknown tags here: the relay does not
+//!   ask for them (`postgres/replication/protocol.rs`).
 //! - **Which LSN to confirm.** [`Begin::final_lsn`] is the LSN *of* the commit record (the
 //!   same value as [`Commit::commit_lsn`]); [`Commit::end_lsn`] is the LSN just *past* it.
 //!   Reporting `end_lsn` as flushed tells the server the whole transaction is handled;
@@ -49,9 +54,9 @@ mod fixture_tests;
 mod tests;
 
 pub use crate::postgres::timestamp::PgTimestamp;
-pub use decode::decode;
+pub use decode::{decode, decode_streamed, Streamed};
 pub use error::DecodeError;
 pub use messages::{
     Begin, ColumnValue, Commit, Delete, Insert, LogicalDecodingMessage, LogicalMessage, OldTuple, Origin, Relation,
-    RelationColumn, Truncate, TupleData, TypeInfo, Update,
+    RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, TupleData, TypeInfo, Update,
 };

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 
+use super::decode::STREAMED_WITH_XID;
 use super::*;
 use crate::postgres::cursor::fuzz;
 use crate::postgres::lsn::Lsn;
@@ -249,8 +250,8 @@ fn empty_and_unknown_tags() {
             remaining: 0,
         })
     );
-    // 'S' (stream start) and 'b' (begin prepare) belong to later protocol versions.
-    for tag in [b'S', b'b', 0, 0xFF] {
+    // 'P' (prepare) and 'b' (begin prepare) belong to protocol version 3, which the relay does not ask for.
+    for tag in [b'P', b'b', 0, 0xFF] {
         assert_eq!(
             decode(Msg::tag(tag).u64(0).bytes()),
             Err(DecodeError::UnknownMessageTag(tag))
@@ -457,7 +458,105 @@ fn valid_messages() -> Vec<Vec<u8>> {
         Msg::tag(b'D').u32(1).u8(b'K').i16(1).text("k").0,
         Msg::tag(b'T').i32(2).u8(3).u32(1).u32(2).0,
         Msg::tag(b'M').u8(1).u64(1).str("p").i32(1).raw(b"c").0,
+        Msg::tag(b'S').u32(7).u8(1).0,
+        Msg::tag(b'E').0,
+        Msg::tag(b'c').u32(7).u8(0).u64(1).u64(2).i64(3).0,
+        Msg::tag(b'A').u32(7).u32(8).0,
     ]
+}
+
+/// `message` as it comes inside a block of streamed changes: a change message with xid 9 after
+/// its tag, the rest as it is.
+fn in_block(message: &[u8]) -> Vec<u8> {
+    if !STREAMED_WITH_XID.contains(&message[0]) {
+        return message.to_vec();
+    }
+    let mut inside = vec![message[0]];
+    inside.extend_from_slice(&9u32.to_be_bytes());
+    inside.extend_from_slice(&message[1..]);
+    inside
+}
+
+#[test]
+fn stream_messages_of_protocol_2() {
+    assert_eq!(
+        decode(Msg::tag(b'S').u32(741).u8(1).bytes()),
+        Ok(LogicalMessage::StreamStart(StreamStart {
+            xid: 741,
+            first_segment: true
+        }))
+    );
+    assert_eq!(
+        decode(Msg::tag(b'S').u32(741).u8(0).bytes()),
+        Ok(LogicalMessage::StreamStart(StreamStart {
+            xid: 741,
+            first_segment: false
+        }))
+    );
+    assert_eq!(decode(Msg::tag(b'E').bytes()), Ok(LogicalMessage::StreamStop));
+    assert_eq!(
+        decode(Msg::tag(b'c').u32(741).u8(0).u64(0x500).u64(0x530).i64(9).bytes()),
+        Ok(LogicalMessage::StreamCommit(StreamCommit {
+            xid: 741,
+            flags: 0,
+            commit_lsn: Lsn(0x500),
+            end_lsn: Lsn(0x530),
+            commit_time: PgTimestamp(9),
+        }))
+    );
+    let sub = decode(Msg::tag(b'A').u32(741).u32(742).bytes()).unwrap();
+    assert_eq!(sub, LogicalMessage::StreamAbort(StreamAbort { xid: 741, subxid: 742 }));
+    let LogicalMessage::StreamAbort(sub) = sub else {
+        unreachable!()
+    };
+    assert!(!sub.is_toplevel());
+    assert!(StreamAbort { xid: 741, subxid: 741 }.is_toplevel());
+    // A Stream Stop has no fields: anything after its tag is an error, not ignored.
+    assert_eq!(
+        decode(Msg::tag(b'E').u8(0).bytes()),
+        Err(DecodeError::TrailingBytes {
+            message: "Stream Stop",
+            remaining: 1
+        })
+    );
+}
+
+#[test]
+fn changes_inside_a_stream_block_carry_their_xid() {
+    // The same Insert as outside a block, with the subtransaction's xid after the tag.
+    let insert = Msg::tag(b'I').u32(742).u32(1).u8(b'N').i16(1).text("x").bytes();
+    let streamed = decode_streamed(insert).unwrap();
+    assert_eq!(streamed.xid, Some(742));
+    let LogicalMessage::Insert(i) = streamed.message else {
+        panic!("not an insert");
+    };
+    assert_eq!((i.relation_oid, i.new.columns.len()), (1, 1));
+    // Every change message carries one; the stream's own messages do not.
+    for (with_xid, message) in STREAMED_WITH_XID.iter().zip(valid_messages().into_iter().skip(3)) {
+        assert_eq!(message[0], *with_xid);
+        let inside = in_block(&message);
+        let streamed = decode_streamed(Bytes::from(inside)).unwrap();
+        assert_eq!(streamed.xid, Some(9), "{}", *with_xid as char);
+        assert_eq!(streamed.message, decode(Bytes::from(message)).unwrap());
+    }
+    assert_eq!(
+        decode_streamed(Msg::tag(b'E').bytes()),
+        Ok(Streamed {
+            xid: None,
+            message: LogicalMessage::StreamStop
+        })
+    );
+    // A change cut inside its xid says so.
+    assert_eq!(
+        decode_streamed(Msg::tag(b'I').u8(0).bytes()),
+        Err(DecodeError::UnexpectedEof {
+            message: "Insert",
+            reading: "xid",
+            column: None,
+            needed: 4,
+            remaining: 1,
+        })
+    );
 }
 
 #[test]
@@ -468,19 +567,27 @@ fn every_prefix_of_a_valid_message_errors() {
             let result = decode(Bytes::copy_from_slice(&full[..cut]));
             assert!(result.is_err(), "prefix {cut} of {full:?} decoded");
         }
+        let inside = in_block(&full);
+        assert!(decode_streamed(Bytes::from(inside.clone())).is_ok(), "{inside:?}");
+        for cut in 0..inside.len() {
+            let result = decode_streamed(Bytes::copy_from_slice(&inside[..cut]));
+            assert!(result.is_err(), "prefix {cut} of {inside:?} decoded in a stream block");
+        }
     }
 }
 
 #[test]
 fn never_panics_on_arbitrary_bytes_or_after_a_valid_tag() {
-    fuzz::never_panics(decode, b"BCORYIUDTM", 128, 128);
+    fuzz::never_panics(decode, b"BCORYIUDTMSEcA", 128, 128);
+    fuzz::never_panics(decode_streamed, b"BCORYIUDTMSEcA", 128, 128);
 }
 
 proptest! {
 
     #[test]
     fn never_panics_on_mutated_valid_messages(
-        index in 0usize..10,
+        index in 0usize..14,
+        in_block in any::<bool>(),
         position in any::<prop::sample::Index>(),
         byte in any::<u8>(),
         cut in any::<prop::sample::Index>(),
@@ -489,6 +596,10 @@ proptest! {
         let at = position.index(v.len());
         v[at] = byte;
         v.truncate(cut.index(v.len() + 1));
-        let _ = decode(Bytes::from(v));
+        if in_block {
+            let _ = decode_streamed(Bytes::from(v));
+        } else {
+            let _ = decode(Bytes::from(v));
+        }
     }
 }

@@ -495,9 +495,10 @@ impl ReplicationConnection {
         start: Lsn,
         publication: &str,
         messages: bool,
+        protocol: super::protocol::Protocol,
     ) -> Result<(FrameReader, StatusWriter), ReplicationError> {
         // Slot and publication names are validated as [a-z0-9_]+ by config (SimpleName).
-        let mut options = format!("proto_version '1', publication_names '{publication}'");
+        let mut options = format!("{}, publication_names '{publication}'", protocol.options());
         if messages && self.server_version_num >= 140_000 {
             options.push_str(", messages 'true'");
         }

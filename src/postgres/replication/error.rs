@@ -71,6 +71,13 @@ pub enum ReplicationError {
         .skipped.join("; ")
     )]
     NoPrimary { target: &'static str, skipped: Vec<String> },
+    /// `postgres.streaming = "on"` on a server without streaming of in-progress transactions.
+    #[error(
+        "postgres.streaming = \"on\", but PostgreSQL {version} cannot stream transactions before they commit (that \
+         came with 14). Upgrade the server, or set postgres.streaming = \"auto\" (or \"off\") to have large \
+         transactions sent after their commit"
+    )]
+    StreamingUnsupported { version: String },
 }
 
 impl ServerError {
@@ -99,7 +106,8 @@ impl ReplicationError {
             ReplicationError::Protocol(_)
             | ReplicationError::Auth(_)
             | ReplicationError::AuthRefused { .. }
-            | ReplicationError::Tls(_) => false,
+            | ReplicationError::Tls(_)
+            | ReplicationError::StreamingUnsupported { .. } => false,
         }
     }
 
