@@ -61,6 +61,8 @@ pub(crate) enum Decoded {
     Commit { end_lsn: Lsn },
     /// An outbox event of the open transaction, at its position there.
     Event { at: EventAt, source: EventSource },
+    /// A block of the streamed transaction `xid` starts; the frame was sent `at` this WAL position.
+    StreamStart { xid: u32, at: Lsn },
     /// Something the stage keeps for the streamed transaction `xid` (protocol 2).
     Staged { xid: u32, entry: Entry },
     /// The streamed transaction committed: its staged messages are published now.
@@ -119,6 +121,8 @@ pub(crate) struct Decoder {
     open: Option<OpenTxn>,
     /// The server's send time of the last data frame (µs since the epoch).
     last_send_unix_us: i64,
+    /// The WAL position of the last data frame (its `wal_start`).
+    last_wal_start: Lsn,
     /// Protocol 2 was asked for: the stream may carry streamed transactions.
     streams: bool,
     /// The streamed transaction whose block of changes is being read (between Stream Start and
@@ -165,6 +169,7 @@ impl Decoder {
                 ..
             } => {
                 self.last_send_unix_us = send_time.to_unix_micros();
+                self.last_wal_start = wal_start;
                 let decode_error = |source| RelayError::Decode { lsn: wal_start, source };
                 if let Some(xid) = self.block {
                     let streamed = pgoutput::decode_streamed(data.clone()).map_err(decode_error)?;
@@ -249,7 +254,10 @@ impl Decoder {
         Ok(match msg {
             LogicalMessage::StreamStart(start) => {
                 self.block = Some(start.xid);
-                Decoded::Nothing
+                Decoded::StreamStart {
+                    xid: start.xid,
+                    at: self.last_wal_start,
+                }
             }
             LogicalMessage::StreamCommit(commit) => {
                 self.streamed_tables.remove(&commit.xid);

@@ -17,7 +17,12 @@
 //!    unless a delivery report freed room first): what it did not take is handed over again;
 //! 7. **replication frames** — disabled while the in-flight budget is exhausted or the sink has
 //!    no room (backpressure: TCP then pushes back on the walsender, which keeps answering our
-//!    status updates).
+//!    status updates);
+//! 8. **deferred work** — a released streamed transaction (`stage.rs`) or a held one goes on a
+//!    batch at a time at the top of the loop; this arm only yields to the runtime and brings
+//!    the loop back there while the sink can take more, below every other arm so that none
+//!    waits for it. (The status deadline is also checked at the top of the loop: a busy loop
+//!    may keep the runtime from firing timers.)
 //!
 //! Reading a backlog, the loop also rests after a read emptied the socket, so frames and reports
 //! come in large batches (`receive.rs`).
@@ -37,7 +42,7 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::{interval, Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::decode::Decoder;
@@ -256,8 +261,13 @@ async fn stream(
     shutdown: &mut watch::Receiver<bool>,
     ctx: &mut SessionContext,
 ) -> Result<SessionEnd, RelayError> {
-    let mut status_timer = interval(state.status_interval());
-    status_timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The status update's deadline, served by the timer arm while the loop waits and checked
+    // at the top of the loop while it is busy: publishing a released transaction (reports come
+    // by channel, there is no I/O to wait for) can keep the runtime from turning its timer
+    // driver for seconds, and the walsender drops a stream that goes silent.
+    let interval = state.status_interval();
+    // The first update goes out at once, as the server's first reply is awaited.
+    let mut status_due = Instant::now();
     let settings = state.settings();
     let mut silence = Silence::new(settings.relay.receive_timeout, Instant::now());
     let gauges = StreamGauges::default();
@@ -271,8 +281,13 @@ async fn stream(
         // Deferred work (a transaction held for its count) goes on as room frees, before any
         // new frame is read.
         state.work_backlog()?;
+        if Instant::now() >= status_due {
+            status_tick(state, writer, &mut silence, ctx, &gauges, sink_name).await?;
+            status_due = Instant::now() + interval;
+        }
         let paused = state.is_full();
         let no_room = state.waiting_for_room();
+        let more_work = state.has_ready_work();
         if paused {
             // Not reading is deliberate: silence now says nothing about the server.
             silence.heard(Instant::now());
@@ -281,13 +296,9 @@ async fn stream(
         tokio::select! {
             biased;
             _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
-            _ = status_timer.tick() => {
-                // A stream that was paused past the stale limit may have been taken over: it
-                // stops before telling the server anything (`liveness.rs`).
-                state.check_alive()?;
-                let ask_for_reply = silence.check(Instant::now())? || state.wants_reply();
-                send_status(state, writer, ask_for_reply).await?;
-                tick(state, ctx, &gauges, sink_name)?;
+            _ = tokio::time::sleep_until(status_due) => {
+                status_tick(state, writer, &mut silence, ctx, &gauges, sink_name).await?;
+                status_due = Instant::now() + interval;
             }
             Ok(()) = ctx.slot_verdict.changed() => {
                 if let Some(fatal) = ctx.slot_verdict.borrow_and_update().fatal(slot_name) {
@@ -313,8 +324,29 @@ async fn stream(
                 state.seal_if_due(received.socket_drained)?;
                 received.pace(state);
             }
+            // Deferred work goes on at the top of the loop, a batch at a time; yielding first
+            // lets the runtime serve its other work (and resets tokio's cooperative budget).
+            () = tokio::task::yield_now(), if more_work => {}
         }
     }
+}
+
+/// The status interval passed: the liveness checks, the status update, and the tick's
+/// bookkeeping.
+async fn status_tick(
+    state: &mut StreamState<'_>,
+    writer: &mut StatusWriter,
+    silence: &mut Silence,
+    ctx: &mut SessionContext,
+    gauges: &StreamGauges,
+    sink_name: &'static str,
+) -> Result<(), RelayError> {
+    // A stream that was paused past the stale limit may have been taken over: it stops before
+    // telling the server anything (`liveness.rs`).
+    state.check_alive()?;
+    let ask_for_reply = silence.check(Instant::now())? || state.wants_reply();
+    send_status(state, writer, ask_for_reply).await?;
+    tick(state, ctx, gauges, sink_name)
 }
 
 /// Writes the stream's next status update (`durability/`).

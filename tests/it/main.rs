@@ -47,3 +47,4 @@ mod sink_sns;
 mod sink_sqs;
 mod sink_webhook;
 mod stream_shapes;
+mod streaming;

@@ -29,7 +29,10 @@ async fn transaction_of_200k_events_streams_with_bounded_memory() {
         ))
         .await
         .unwrap();
-    let config = config.route(PREFIX_REGEX, "${routedByValue}");
+    // Protocol 1, the server spilling (`streaming.rs` has the streamed path).
+    let config = config
+        .route(PREFIX_REGEX, "${routedByValue}")
+        .set("postgres", "streaming", "off");
     let relay = RelayProcess::run(&config);
     assert!(
         relay.wait_for_log("streaming started", Duration::from_secs(30)).await,

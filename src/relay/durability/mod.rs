@@ -10,13 +10,24 @@
 //! commit(ticket, end_lsn)          its Commit (all its records were handed over)
 //! keepalive(wal_end)               the server streamed everything before wal_end
 //! hold(floor) / release()          the seal cap: nothing past floor until the hold is released
+//! stream_opened(xid, at)           a streamed transaction's first block: nothing past `at` …
+//! stream_committed(xid, end_lsn)   … until its commit was confirmed (or it aborted:
+//! stream_aborted(xid))
 //! next_status(reply) -> update     the next standby status update (flush never goes backwards)
 //! ```
 //!
 //! Invariant: the flush LSN sent to PostgreSQL is the end LSN of the latest transaction T such
 //! that every outbox record of T and of every earlier transaction was acknowledged by the sink,
 //! never past the floor of the oldest hold (a sink unit that may still abort: the transactions
-//! guarantee, `guarantee/transactions.rs`), and never below what was reported before.
+//! guarantee, `guarantee/transactions.rs`), never past the start of a streamed transaction
+//! (protocol 2) that is not both committed and confirmed, and never below what was reported
+//! before.
+//!
+//! Why the streamed cap: a transaction the server streams before its commit is re-sent whole
+//! after any restart whatever the relay confirmed (its commit lies past every confirmed
+//! position), but the server decodes the WAL below the slot's confirmed position without
+//! streaming, spilling to its own disk what it cannot hold. Confirming no further than the
+//! oldest open streamed transaction keeps a restart streaming it again, nothing spilled.
 //!
 //! The watermark and the confirm step are private submodules: no other code can advance or
 //! report a position except through this API.
@@ -43,6 +54,17 @@ pub(crate) struct Durability {
     confirm: Confirm,
     /// How far the stream has read (the status update's write position).
     received: Lsn,
+    /// The streamed transactions not confirmed yet: where each was first seen, and where it
+    /// ends once committed (see the module docs).
+    streams: Vec<OpenStream>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OpenStream {
+    xid: u32,
+    start: Lsn,
+    /// Its commit's end, once committed: the cap goes when the watermark passed it.
+    end: Option<Lsn>,
 }
 
 impl Durability {
@@ -53,6 +75,7 @@ impl Durability {
             holds: VecDeque::new(),
             confirm: Confirm::new(start),
             received: start,
+            streams: Vec::new(),
         }
     }
 
@@ -101,17 +124,58 @@ impl Durability {
         self.holds.pop_front();
     }
 
-    /// The watermark, capped by the oldest hold: what is durable now.
-    fn durable(&self) -> Lsn {
-        match self.holds.front() {
-            Some(&floor) => self.watermark.confirmed().min(floor),
-            None => self.watermark.confirmed(),
+    /// The streamed transaction `xid` was first seen at `at` (its first block): nothing past
+    /// `at` is confirmed until it committed and was confirmed, or aborted.
+    pub(crate) fn stream_opened(&mut self, xid: u32, at: Lsn) {
+        if self.streams.iter().all(|s| s.xid != xid) {
+            self.streams.push(OpenStream {
+                xid,
+                start: at,
+                end: None,
+            });
         }
+    }
+
+    /// The streamed transaction `xid` committed at `end_lsn` and was handed on like any
+    /// committed transaction: its cap goes once the watermark passed `end_lsn`.
+    pub(crate) fn stream_committed(&mut self, xid: u32, end_lsn: Lsn) {
+        for s in self.streams.iter_mut().filter(|s| s.xid == xid) {
+            s.end = Some(end_lsn);
+        }
+    }
+
+    /// The streamed transaction `xid` aborted: nothing of it is ever confirmed or needed.
+    pub(crate) fn stream_aborted(&mut self, xid: u32) {
+        self.streams.retain(|s| s.xid != xid);
+    }
+
+    /// The watermark, capped by the oldest hold and the oldest open streamed transaction: what
+    /// is durable now.
+    fn durable(&self) -> Lsn {
+        let watermark = self.watermark.confirmed();
+        let streamed = self
+            .streams
+            .iter()
+            .filter(|s| s.end.is_none_or(|end| end > watermark))
+            .map(|s| s.start)
+            .min();
+        [Some(watermark), self.holds.front().copied(), streamed]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(watermark)
+    }
+
+    /// Forgets the streamed transactions the watermark has passed.
+    fn forget_confirmed_streams(&mut self) {
+        let watermark = self.watermark.confirmed();
+        self.streams.retain(|s| s.end.is_none_or(|end| end > watermark));
     }
 
     /// The next standby status update (recorded as reported); `reply_requested` makes the
     /// walsender answer at once.
     pub(crate) fn next_status(&mut self, reply_requested: bool) -> StandbyStatusUpdate {
+        self.forget_confirmed_streams();
         self.confirm.next_update(self.durable(), self.received, reply_requested)
     }
 
@@ -150,6 +214,32 @@ impl Durability {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_streamed_transaction_caps_confirmation_until_its_commit_is_confirmed() {
+        let mut d = Durability::new(Lsn(0x10));
+        d.keepalive(Lsn(0x100));
+        assert_eq!(d.confirmed(), Lsn(0x100));
+        d.stream_opened(7, Lsn(0x200));
+        d.stream_opened(8, Lsn(0x300));
+        // Keepalives while they stream move nothing past the oldest one's start.
+        d.keepalive(Lsn(0x400));
+        assert_eq!(d.next_status(false).flush, Lsn(0x200));
+        d.stream_aborted(7);
+        assert_eq!(d.next_status(false).flush, Lsn(0x300));
+        // Committed, handed on, not acknowledged: still capped.
+        let t = d.begin().unwrap();
+        d.sent(t, 1).unwrap();
+        d.commit(t, Lsn(0x510)).unwrap();
+        d.stream_committed(8, Lsn(0x510));
+        assert_eq!(d.next_status(false).flush, Lsn(0x300));
+        d.acknowledged(t, 1).unwrap();
+        assert_eq!(d.next_status(false).flush, Lsn(0x510));
+        assert!(d.streams.is_empty(), "a confirmed streamed transaction is forgotten");
+        // A cap below what was reported never takes the flush LSN back.
+        d.stream_opened(9, Lsn(0x20));
+        assert_eq!(d.next_status(false).flush, Lsn(0x510));
+    }
 
     #[test]
     fn the_flush_lsn_follows_whole_acknowledged_transactions_and_never_goes_back() {
