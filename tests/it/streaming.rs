@@ -309,8 +309,9 @@ async fn kills_before_and_after_the_commit_lose_nothing() {
     .await;
     assert!(
         publishing,
-        "the second transaction was not being published:\n{}",
-        log_tail(&relay.log_text())
+        "the second transaction was not being published:\n{}\nPostgreSQL:\n{}",
+        log_tail(&relay.log_text()),
+        log_tail(&pg.log_text())
     );
     assert!(relay.sigkill());
     eprintln!(

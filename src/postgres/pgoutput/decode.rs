@@ -66,12 +66,7 @@ fn decode_message(buf: Bytes, in_block: bool) -> Result<Streamed, DecodeError> {
         }
         b'C' => {
             f.message = "Commit";
-            LogicalMessage::Commit(Commit {
-                flags: f.u8("flags")?,
-                commit_lsn: f.lsn("commit LSN")?,
-                end_lsn: f.lsn("end LSN")?,
-                commit_time: f.timestamp("commit timestamp")?,
-            })
+            LogicalMessage::Commit(commit(&mut f)?)
         }
         b'O' => {
             f.message = "Origin";
@@ -143,12 +138,20 @@ fn decode_message(buf: Bytes, in_block: bool) -> Result<Streamed, DecodeError> {
         }
         b'c' => {
             f.message = "Stream Commit";
+            let xid = f.u32("xid")?;
+            // A Commit's fields after the xid.
+            let Commit {
+                flags,
+                commit_lsn,
+                end_lsn,
+                commit_time,
+            } = commit(&mut f)?;
             LogicalMessage::StreamCommit(StreamCommit {
-                xid: f.u32("xid")?,
-                flags: f.u8("flags")?,
-                commit_lsn: f.lsn("commit LSN")?,
-                end_lsn: f.lsn("end LSN")?,
-                commit_time: f.timestamp("commit timestamp")?,
+                xid,
+                flags,
+                commit_lsn,
+                end_lsn,
+                commit_time,
             })
         }
         b'A' => {
@@ -176,6 +179,15 @@ fn message_name(tag: u8) -> &'static str {
         b'M' => "Message",
         _ => "",
     }
+}
+
+fn commit(f: &mut Fields) -> Result<Commit, DecodeError> {
+    Ok(Commit {
+        flags: f.u8("flags")?,
+        commit_lsn: f.lsn("commit LSN")?,
+        end_lsn: f.lsn("end LSN")?,
+        commit_time: f.timestamp("commit timestamp")?,
+    })
 }
 
 fn relation(f: &mut Fields) -> Result<Relation, DecodeError> {

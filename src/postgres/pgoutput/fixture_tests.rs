@@ -36,6 +36,34 @@ const MESSAGE_FIXTURES: &[&str] = &[
     "update_toast.bin",
 ];
 
+/// Protocol 2 stream messages in the fixture folder (`capture_streamed.sh`), each with whether it
+/// is read inside a block of streamed changes.
+const STREAM_FIXTURES: &[(&str, bool)] = &[
+    ("stream_abort.bin", false),
+    ("stream_abort_subxact.bin", false),
+    ("stream_commit.bin", false),
+    ("stream_insert.bin", true),
+    ("stream_relation.bin", true),
+    ("stream_start.bin", false),
+    ("stream_start_first.bin", false),
+    ("stream_stop.bin", true),
+];
+
+/// A decoder of one message: [`decode`], or [`decode_streamed`]'s message.
+type DecodeFn = fn(Bytes) -> Result<LogicalMessage, DecodeError>;
+
+/// Every message fixture with the decoder it is read with.
+fn every_fixture() -> Vec<(&'static str, DecodeFn)> {
+    fn streamed(buf: Bytes) -> Result<LogicalMessage, DecodeError> {
+        decode_streamed(buf).map(|s| s.message)
+    }
+    let plain = MESSAGE_FIXTURES.iter().map(|n| (*n, decode as DecodeFn));
+    let stream = STREAM_FIXTURES
+        .iter()
+        .map(|(n, in_block)| (*n, if *in_block { streamed } else { decode as DecodeFn }));
+    plain.chain(stream).collect()
+}
+
 fn fixture(name: &str) -> Bytes {
     let path = format!(
         "{}/{name}",
@@ -269,7 +297,7 @@ fn origin_carries_the_remote_commit_lsn() {
 
 #[test]
 fn every_strict_prefix_of_every_fixture_errors() {
-    for name in MESSAGE_FIXTURES {
+    for (name, decode) in every_fixture() {
         let full = fixture(name);
         for cut in 0..full.len() {
             let err = decode(full.slice(..cut));
@@ -280,7 +308,7 @@ fn every_strict_prefix_of_every_fixture_errors() {
 
 #[test]
 fn a_byte_past_every_fixture_is_trailing() {
-    for name in MESSAGE_FIXTURES {
+    for (name, decode) in every_fixture() {
         let mut long = fixture(name).to_vec();
         long.push(0);
         match decode(Bytes::from(long)) {
@@ -299,5 +327,80 @@ fn the_fixture_list_is_complete() {
         .filter(|n| n.ends_with(".bin") && !n.ends_with("_frame.bin"))
         .collect();
     on_disk.sort();
-    assert_eq!(on_disk, MESSAGE_FIXTURES);
+    let mut listed: Vec<&str> = every_fixture().into_iter().map(|(name, _)| name).collect();
+    listed.sort_unstable();
+    assert_eq!(on_disk, listed);
+}
+
+/// Protocol 2 stream messages captured by `tests/fixtures/pgoutput/capture_streamed.sh`: a
+/// committed transaction (xid 726) streamed in blocks, with a rolled-back savepoint (727), and a
+/// rolled-back transaction (729).
+mod streamed {
+    use super::*;
+
+    const XID: u32 = 726;
+    const STREAMED_OUTBOX_OID: u32 = 16_384;
+
+    fn inside(name: &str) -> Streamed {
+        decode_streamed(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    #[test]
+    fn the_stream_messages_of_a_real_server() {
+        assert_eq!(
+            decoded("stream_start_first.bin"),
+            LogicalMessage::StreamStart(StreamStart {
+                xid: XID,
+                first_segment: true
+            })
+        );
+        assert_eq!(
+            decoded("stream_start.bin"),
+            LogicalMessage::StreamStart(StreamStart {
+                xid: XID,
+                first_segment: false
+            })
+        );
+        assert_eq!(inside("stream_stop.bin").message, LogicalMessage::StreamStop);
+        let LogicalMessage::StreamCommit(commit) = decoded("stream_commit.bin") else {
+            panic!("not a Stream Commit");
+        };
+        assert_eq!(
+            (commit.xid, commit.flags, commit.commit_lsn, commit.end_lsn),
+            (XID, 0, Lsn(0x0160_E2C0), Lsn(0x0160_E2F8))
+        );
+        assert_eq!(
+            decoded("stream_abort_subxact.bin"),
+            LogicalMessage::StreamAbort(StreamAbort { xid: XID, subxid: 727 })
+        );
+        let LogicalMessage::StreamAbort(abort) = decoded("stream_abort.bin") else {
+            panic!("not a Stream Abort");
+        };
+        assert!(abort.is_toplevel() && abort.xid == 729, "{abort:?}");
+    }
+
+    #[test]
+    fn changes_inside_a_block_carry_the_xid_of_their_transaction() {
+        let relation = inside("stream_relation.bin");
+        assert_eq!(relation.xid, Some(XID));
+        let LogicalMessage::Relation(r) = relation.message else {
+            panic!("not a Relation");
+        };
+        assert_eq!(
+            (r.oid, r.name.as_str(), r.columns.len()),
+            (STREAMED_OUTBOX_OID, "outbox", 2)
+        );
+        let insert = inside("stream_insert.bin");
+        assert_eq!(insert.xid, Some(XID));
+        let LogicalMessage::Insert(i) = insert.message else {
+            panic!("not an Insert");
+        };
+        assert_eq!(i.relation_oid, STREAMED_OUTBOX_OID);
+        assert_eq!(i.new.columns[0], t("1"));
+        // Read as outside a block, the xid is taken for the relation OID: never silently right.
+        assert_ne!(
+            decode(fixture("stream_insert.bin")).ok(),
+            Some(LogicalMessage::Insert(i))
+        );
+    }
 }

@@ -47,6 +47,8 @@ volumeMounts:
   - name: config
     mountPath: /etc/outbox-relay
     readOnly: true
+  - name: stage
+    mountPath: /tmp
 securityContext:
   allowPrivilegeEscalation: false
   readOnlyRootFilesystem: true
