@@ -1072,8 +1072,16 @@ fn check_json(report: &StatusReport, password: &str) {
             "schema_version",
             "server",
             "sink",
-            "slot"
+            "slot",
+            "streaming"
         ]
+    );
+    // The tests' servers are 14+: `postgres.streaming = "auto"` streams there.
+    assert_eq!(v["streaming"]["mode"], "auto");
+    assert_eq!(v["streaming"]["on"], true, "{text}");
+    assert!(
+        v["streaming"]["protocol"].as_str().is_some_and(|p| p.starts_with("pgoutput 2")),
+        "{text}"
     );
     assert_eq!(
         keys(&v["server"]),
