@@ -1080,7 +1080,9 @@ fn check_json(report: &StatusReport, password: &str) {
     assert_eq!(v["streaming"]["mode"], "auto");
     assert_eq!(v["streaming"]["on"], true, "{text}");
     assert!(
-        v["streaming"]["protocol"].as_str().is_some_and(|p| p.starts_with("pgoutput 2")),
+        v["streaming"]["protocol"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("pgoutput 2")),
         "{text}"
     );
     assert_eq!(
