@@ -268,6 +268,9 @@ async fn stream(
     let interval = state.status_interval();
     // The first update goes out at once, as the server's first reply is awaited.
     let mut status_due = Instant::now();
+    // One timer for the whole session, moved when an update went out (not one per iteration).
+    let status_timer = tokio::time::sleep_until(status_due);
+    tokio::pin!(status_timer);
     let settings = state.settings();
     let mut silence = Silence::new(settings.relay.receive_timeout, Instant::now());
     let gauges = StreamGauges::default();
@@ -284,6 +287,7 @@ async fn stream(
         if Instant::now() >= status_due {
             status_tick(state, writer, &mut silence, ctx, &gauges, sink_name).await?;
             status_due = Instant::now() + interval;
+            status_timer.as_mut().reset(status_due);
         }
         let paused = state.is_full();
         let no_room = state.waiting_for_room();
@@ -296,9 +300,10 @@ async fn stream(
         tokio::select! {
             biased;
             _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
-            _ = tokio::time::sleep_until(status_due) => {
+            () = &mut status_timer => {
                 status_tick(state, writer, &mut silence, ctx, &gauges, sink_name).await?;
                 status_due = Instant::now() + interval;
+                status_timer.as_mut().reset(status_due);
             }
             Ok(()) = ctx.slot_verdict.changed() => {
                 if let Some(fatal) = ctx.slot_verdict.borrow_and_update().fatal(slot_name) {
