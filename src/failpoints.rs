@@ -5,6 +5,7 @@
 //! | name | where |
 //! |---|---|
 //! | `relay::acked_before_status` | Kafka acknowledgements applied to the watermark, status update not yet sent |
+//! | `relay::sealed_before_status` | a sink transaction committed with its checkpoint (or aborted on purpose), status update not yet sent |
 //! | `publisher::abandon` | a failed session's producer purged, its requests possibly still on the wire (the producer restart path) |
 //!
 //! Without the feature the macro expands to nothing. With it, `outbox-relay` reads the

@@ -61,6 +61,8 @@ pub(crate) struct RelaySection {
     pub(crate) stage_memory_bytes: u64,
     #[serde(deserialize_with = "number_or_numeric_string")]
     pub(crate) stage_disk_bytes: u64,
+    /// `as-received` | `at-commit` (see [`StreamedProduce`]).
+    pub(crate) streamed_produce: String,
 }
 
 impl Default for RelaySection {
@@ -90,6 +92,7 @@ impl Default for RelaySection {
             stage_dir: None,
             stage_memory_bytes: 64 * 1024 * 1024,
             stage_disk_bytes: 8 * 1024 * 1024 * 1024,
+            streamed_produce: "as-received".into(),
         }
     }
 }
@@ -132,6 +135,32 @@ pub struct RelaySettings {
     /// Where and how much of the streamed, uncommitted transactions the relay keeps
     /// (`relay.stage_*`, `relay/stage.rs`).
     pub(crate) stage: StageSettings,
+    /// `relay.streamed_produce`: whether sink transactions take a streamed transaction's
+    /// records before its commit (`relay/early.rs`).
+    pub(crate) streamed_produce: StreamedProduce,
+}
+
+/// `relay.streamed_produce`: when the records of a transaction the server streams before its
+/// commit (`postgres.streaming`) are handed to the sink. Only sink transactions
+/// (`[kafka] exactly_once = "transactions"`) can take them sooner — an open broker transaction
+/// can still be aborted — so every other mode publishes at the commit whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamedProduce {
+    /// Produced into an open sink transaction as the blocks arrive, committed with the source
+    /// commit, aborted when it aborts (`relay/early.rs` says when it falls back to the stage).
+    AsReceived,
+    /// Kept in the stage and produced after the source commit.
+    AtCommit,
+}
+
+impl StreamedProduce {
+    fn from_config(value: &str) -> Result<StreamedProduce, String> {
+        match value {
+            "as-received" => Ok(StreamedProduce::AsReceived),
+            "at-commit" => Ok(StreamedProduce::AtCommit),
+            other => Err(format!("{other:?} is not one of \"as-received\", \"at-commit\"")),
+        }
+    }
 }
 
 /// `relay.stage_dir`, `relay.stage_memory_bytes`, `relay.stage_disk_bytes`: the stage of
@@ -296,6 +325,12 @@ impl RelaySection {
                     .unwrap_or(usize::MAX),
                 disk_bytes: positive("relay.stage_disk_bytes", self.stage_disk_bytes)?,
             },
+            streamed_produce: StreamedProduce::from_config(&self.streamed_produce).map_err(|message| {
+                ConfigError::Invalid {
+                    key: "relay.streamed_produce",
+                    message,
+                }
+            })?,
         };
         moved("relay.exactly_once", self.exactly_once.as_ref(), MOVED_EXACTLY_ONCE)?;
         moved(

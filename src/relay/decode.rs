@@ -153,6 +153,36 @@ impl Decoder {
         self
     }
 
+    /// A decoder for one streamed transaction read before its commit (`early.rs`): this one's
+    /// catalog facts and Relation cache as they stand, and nothing else — what it learns from
+    /// the transaction's own Relation messages stays its own, as the stage's do until the
+    /// commit. Its events are positioned as the release will position them; their commit LSN
+    /// is 0 (not known yet).
+    pub(crate) fn fork_for_early(&self, settings: &Settings, xid: u32) -> Result<Decoder, RelayError> {
+        let mut fork = Decoder {
+            relations: self.relations.clone(),
+            bytea: self.bytea.clone(),
+            debezium: self.debezium.clone(),
+            ..Decoder::default()
+        };
+        let unknown = StreamCommit {
+            xid,
+            flags: 0,
+            commit_lsn: Lsn(0),
+            end_lsn: Lsn(0),
+            commit_time: PgTimestamp::default(),
+        };
+        fork.begin_released(settings, &unknown)?;
+        Ok(fork)
+    }
+
+    /// Takes over the Relation cache of `fork` (`fork_for_early`), which read a streamed
+    /// transaction to its commit while this one decoded nothing else: what it learnt from that
+    /// transaction's Relation messages is known from now on, as a release would have made it.
+    pub(crate) fn adopt_relations(&mut self, fork: Decoder) {
+        self.relations = fork.relations;
+    }
+
     /// How far behind its source the stream reads, by the server's clock (µs): see
     /// `StreamState::catching_up`.
     pub(crate) fn behind_us(&self) -> i64 {

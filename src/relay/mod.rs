@@ -21,6 +21,7 @@
 // contract (`durability/`), the one way to a flush LSN.
 mod decode;
 mod durability;
+mod early;
 mod publish;
 mod receive;
 mod session;

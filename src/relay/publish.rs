@@ -75,6 +75,9 @@ pub(crate) enum TagKind {
     /// A seal (`guarantee/transactions.rs`), not a record: its completion says whether the sink
     /// committed the unit (`ticket` is [`TxnTicket::SEAL`]).
     Seal,
+    /// A record of a streamed transaction produced before its commit (`early.rs`): its report
+    /// goes to the early step, never to the watermark (`ticket` is [`TxnTicket::SEAL`]).
+    Early,
 }
 
 impl DeliveryTag {
@@ -106,6 +109,20 @@ pub(super) enum Published {
     /// The sink's queue is full (backpressure): nothing of the event was sent; publish it
     /// again once room frees, before anything else.
     Full,
+}
+
+/// What [`Publish::early_event`] did with an event of a streamed transaction not committed yet.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum EarlySent {
+    /// Handed to the sink, weighing `bytes`.
+    Sent { bytes: usize },
+    /// Not for the sink (`[filter]`), as it will not be at the commit either.
+    Filtered,
+    /// The sink's queue is full: nothing was sent; hand it over again once room frees.
+    Full,
+    /// It cannot go out before the commit (a bad event, a record the sink refuses on sight):
+    /// the transaction falls back to the stage, whose release applies the usual rules.
+    Declined(&'static str),
 }
 
 /// What the sink did with one record handed to it.
@@ -311,6 +328,74 @@ impl<'s> Publish<'s> {
                     }
                 }
             }
+        }
+    }
+
+    /// Whether an event may be produced before its transaction commits (`early.rs`): only the
+    /// plain path — no suspect of an earlier session (known by a commit LSN not known yet), no
+    /// `[transactions]` metadata or `[tracing]` span (both need the commit), nothing held.
+    pub(super) fn can_produce_early(&self) -> bool {
+        self.streaming()
+            && !self.full
+            && self.suspects.is_empty()
+            && self.settings.transactions.is_none()
+            && self.tracer.is_none()
+    }
+
+    /// An event of a streamed transaction not committed yet (`early.rs`), the `seq`-th of its
+    /// transaction, extracted, routed and handed to the sink into its open unit. Anything but
+    /// the plain path declines: the commit publishes the transaction from the stage instead.
+    /// The record carries no position headers: its commit LSN is not known yet. Its tag
+    /// carries `generation` (`early.rs`) where a record's carries its commit LSN.
+    pub(super) fn early_event(
+        &mut self,
+        source: &EventSource,
+        seq: u32,
+        generation: u64,
+        a: &mut Accounts<'_>,
+    ) -> Result<EarlySent, RelayError> {
+        let event = match source {
+            EventSource::Row { relation, row } => {
+                let layout = relation.layout.as_ref().ok_or(InternalError::RowWithoutLayout)?;
+                match layout.extract(&relation.relation, row) {
+                    Ok(event) => event,
+                    Err(_) => return Ok(EarlySent::Declined("a row that cannot be read as an event")),
+                }
+            }
+            EventSource::Message(message) => match OutboxEvent::from_message(&message.content) {
+                Ok(event) => event,
+                Err(_) => return Ok(EarlySent::Declined("a message that cannot be read as an event")),
+            },
+        };
+        if !event.passes(self.settings) {
+            return Ok(EarlySent::Filtered);
+        }
+        let Ok(record) = event.record(self.settings, &self.limits) else {
+            return Ok(EarlySent::Declined("an event that cannot be routed or is too large"));
+        };
+        let bytes = record.size();
+        let topic = a.progress.topic(&record.destination);
+        let tag = Box::new(DeliveryTag {
+            ticket: TxnTicket::SEAL,
+            bytes,
+            commit_lsn: Lsn(generation),
+            commit_time_unix_us: 0,
+            event_seq: seq,
+            kind: TagKind::Early,
+            topic,
+            span: None,
+        });
+        match self.sink.send(Handover::of(&record), tag) {
+            Ok(()) => {
+                a.guarantee.early_sent(a.durability);
+                a.progress.counts.events_sent += 1;
+                Ok(EarlySent::Sent { bytes })
+            }
+            Err(refusal) if refusal.failure.is_full() => {
+                self.full = true;
+                Ok(EarlySent::Full)
+            }
+            Err(_) => Ok(EarlySent::Declined("a record the sink refused on sight")),
         }
     }
 
@@ -835,6 +920,11 @@ impl<'s> Publish<'s> {
 
     /// The sink answered that its queue is full ([`Published::Full`]): nothing more is sent
     /// until a delivery report or [`retry_room`](Self::retry_room) says to try again.
+    /// A delivery report freed room in the sink's queue (one that is not this step's to apply).
+    pub(super) fn room_freed(&mut self) {
+        self.full = false;
+    }
+
     pub(super) fn waiting_for_room(&self) -> bool {
         self.full
     }

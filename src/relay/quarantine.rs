@@ -93,7 +93,6 @@ impl Suspects {
         self.events.len()
     }
 
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.events.is_empty()
     }

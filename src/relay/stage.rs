@@ -64,6 +64,11 @@ impl Entry {
         }
     }
 
+    /// The kept message (a reference-counted view, no copy).
+    pub(crate) fn message(&self) -> Bytes {
+        self.message.clone()
+    }
+
     fn weight(&self) -> usize {
         self.message.len() + ENTRY_HEADER
     }
@@ -301,6 +306,12 @@ impl Stage {
             drop(spill.file);
             remove(&spill.path);
         }
+    }
+
+    /// Forgets transaction `xid` unread (it went out another way: `early.rs`), spill file
+    /// included.
+    pub(crate) fn discard(&mut self, xid: u32) {
+        self.abort(xid, xid);
     }
 
     pub(crate) fn usage(&self) -> StageUse {

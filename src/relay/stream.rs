@@ -7,6 +7,7 @@
 //! | receive | `receive.rs` | functions | reads replication frames off the socket, in batches |
 //! | decode | `decode.rs` | `Decoder` | frame → [`Decoded`]: keepalive, Begin, Commit or an outbox event (pure) |
 //! | stage | `stage.rs` | `Stage` | keeps a streamed transaction's outbox changes until its commit releases them |
+//! | early | `early.rs` | `Early` | with sink transactions, produces a streamed transaction before its commit |
 //! | publish | `publish.rs` | `Publish` | event → route → sink record, through the delivery guarantee; bad events and suspects |
 //! | watermark | `durability/watermark.rs` | `AckWatermark` | settles acknowledgements in commit order |
 //! | confirm | `durability/confirm.rs` | `Confirm` | flush LSN = the durable position, never backwards |
@@ -27,6 +28,7 @@ use std::collections::VecDeque;
 
 use super::decode::{Decoded, Decoder, EventSource};
 use super::durability::{Durability, TxnTicket};
+use super::early::{Early, Finished, Report};
 use super::error::{RelayError, StreamViolation};
 use super::guarantee::{Answer, Guarantee, HoldNote, RelaySink};
 use super::liveness::Liveness;
@@ -122,6 +124,8 @@ pub(crate) struct StreamState<'s> {
     stage: Stage,
     /// The streamed transaction being published, done before the next frame.
     release: Option<Releasing>,
+    /// The streamed transaction produced before its commit, if any (`early.rs`).
+    early: Early,
 }
 
 /// What a stream is made of, from the session's start.
@@ -153,6 +157,7 @@ impl<'s> StreamState<'s> {
             backlog: VecDeque::new(),
             stage: parts.stage,
             release: None,
+            early: Early::new(),
         }
     }
 
@@ -174,7 +179,7 @@ impl<'s> StreamState<'s> {
     /// (`quarantine.rs`), while an event waits for the guarantee's answer, and while the sink's
     /// own queue has no room (the event it did not take is handed over again first).
     pub(crate) fn is_full(&self) -> bool {
-        self.sending_paused() || !self.backlog.is_empty() || self.release.is_some()
+        self.sending_paused() || !self.backlog.is_empty() || self.release.is_some() || self.early.has_work()
     }
 
     /// Nothing more may be handed to the sink for now (see [`is_full`](Self::is_full)).
@@ -353,6 +358,7 @@ impl<'s> StreamState<'s> {
                 xid,
                 commit_time_unix_us,
             } => {
+                self.fall_back("another transaction committed meanwhile")?;
                 self.guarantee.reached(commit_lsn);
                 self.ticket = Some(self.durability.begin()?);
                 if let Some(meta) = &self.settings.transactions {
@@ -392,9 +398,27 @@ impl<'s> StreamState<'s> {
                 }
                 return self.publish_or_block(Pending { txn, source });
             }
-            Decoded::StreamStart { xid, at } => self.durability.stream_opened(xid, at),
-            Decoded::Staged { xid, entry } => self.stage.push(xid, entry)?,
+            Decoded::StreamStart { xid, at } => {
+                self.durability.stream_opened(xid, at);
+                self.stream_start(xid)?;
+            }
+            Decoded::Staged { xid, entry } => {
+                let message = entry.message();
+                self.stage.push(xid, entry)?;
+                if self.early.producing() == Some(xid) {
+                    self.early.push(xid, message);
+                    self.work_early()?;
+                }
+            }
             Decoded::StreamCommit(commit) => {
+                tracing::debug!(xid = commit.xid, commit_lsn = %commit.commit_lsn, "streamed transaction committed");
+                if self.early.committed(&commit) {
+                    // Its unit may be sealed once the rest of it went out (`early.rs`).
+                    self.guarantee.early_committed(commit.commit_lsn);
+                    self.work_early()?;
+                    return Ok(FrameAction::Nothing);
+                }
+                self.fall_back("another streamed transaction committed meanwhile")?;
                 // Everything committed before it was read already: publishing it now is
                 // publishing in commit order. Reading waits until it is done.
                 self.release = Some(Releasing {
@@ -405,6 +429,13 @@ impl<'s> StreamState<'s> {
                 return self.work_backlog();
             }
             Decoded::StreamAbort { xid, subxid } => {
+                if self.early.producing() == Some(xid) {
+                    self.fall_back(if xid == subxid {
+                        "it aborted"
+                    } else {
+                        "a subtransaction of it rolled back"
+                    })?;
+                }
                 self.stage.abort(xid, subxid);
                 if xid == subxid {
                     self.durability.stream_aborted(xid);
@@ -438,6 +469,92 @@ impl<'s> StreamState<'s> {
         };
         self.release = Some(releasing);
         self.on_decoded(decoded)
+    }
+
+    /// A block of streamed transaction `xid` begins: another one than the transaction produced
+    /// early makes that fall back; the first block of a transaction, when it is the only one
+    /// in play and the delivery guarantee can take it before its commit, starts producing it
+    /// early (`early.rs`).
+    fn stream_start(&mut self, xid: u32) -> Result<(), RelayError> {
+        match self.early.producing() {
+            Some(early) if early != xid => return self.fall_back("another transaction streams meanwhile"),
+            Some(_) => return Ok(()),
+            None => {}
+        }
+        let alone = self.early.idle()
+            && self.stage.usage().transactions == 0
+            && self.ticket.is_none()
+            && self.release.is_none()
+            && self.backlog.is_empty()
+            && self.blocked.is_none();
+        if alone && self.publish.can_produce_early() && self.guarantee.may_produce_early(self.durability.received()) {
+            let fork = self.decoder.fork_for_early(self.settings, xid)?;
+            self.early.start(xid, fork);
+        }
+        Ok(())
+    }
+
+    /// The transaction produced early, if any, falls back to the stage: the unit holding its
+    /// records is aborted (nothing is sent until that is done).
+    fn fall_back(&mut self, why: &'static str) -> Result<(), RelayError> {
+        if self.early.producing().is_none() {
+            return Ok(());
+        }
+        let committed = self.early.fall_back(why);
+        self.guarantee.abort_early(why)?;
+        if let Some(commit) = committed {
+            // It had committed: the stage publishes it, once the abort is done.
+            self.release = Some(Releasing {
+                messages: self.stage.release(commit.xid)?,
+                commit,
+                step: ReleaseStep::Begin,
+            });
+        }
+        Ok(())
+    }
+
+    /// Produces what waits of the transaction produced early while there is room, and
+    /// finishes it once it committed and all of it went out.
+    fn work_early(&mut self) -> Result<(), RelayError> {
+        if !self.sending_paused() {
+            let (publish, mut accounts) = (
+                &mut self.publish,
+                Accounts {
+                    guarantee: &mut *self.guarantee,
+                    durability: &mut self.durability,
+                    progress: &mut self.progress,
+                },
+            );
+            if let Some(why) = self.early.work(self.settings, publish, &mut accounts)? {
+                return self.fall_back(why);
+            }
+        }
+        if let Some(finished) = self.early.finished() {
+            self.finish_early(finished)?;
+        }
+        Ok(())
+    }
+
+    /// The transaction produced early committed and all of it is in the sink's open unit: the
+    /// decode step adopts the Relation messages it brought, the stage forgets it unread, and
+    /// the durability contract learns a transaction committed at its end LSN with nothing of
+    /// its own left in flight (the unit's floor holds confirmation until the seal).
+    fn finish_early(&mut self, finished: Finished) -> Result<(), RelayError> {
+        let commit = finished.commit;
+        self.decoder.adopt_relations(finished.decoder);
+        self.stage.discard(commit.xid);
+        self.guarantee.reached(commit.commit_lsn);
+        self.durability.stream_committed(commit.xid, commit.end_lsn);
+        let ticket = self.durability.begin()?;
+        self.durability.commit(ticket, commit.end_lsn)?;
+        self.progress.counts.transactions += 1;
+        tracing::debug!(
+            xid = commit.xid,
+            commit_lsn = %commit.commit_lsn,
+            events = finished.events,
+            "streamed transaction produced before its commit: all of it is in the open sink transaction"
+        );
+        Ok(())
     }
 
     /// Publishes `pending`, or keeps it when the delivery guarantee makes it wait — or, when
@@ -505,6 +622,9 @@ impl<'s> StreamState<'s> {
     /// Hands on deferred work (a released transaction) while the sink has room; the event loop
     /// calls it before reading, and reading waits until it is done ([`is_full`](Self::is_full)).
     pub(crate) fn work_backlog(&mut self) -> Result<FrameAction, RelayError> {
+        if self.early.has_work() {
+            self.work_early()?;
+        }
         for _ in 0..WORK_BATCH {
             if !self.has_ready_work() {
                 break;
@@ -528,7 +648,10 @@ impl<'s> StreamState<'s> {
     /// Deferred work waits and the sink may be handed more: the event loop comes back for it
     /// (in batches of [`WORK_BATCH`], so that its timers are served in between).
     pub(crate) fn has_ready_work(&self) -> bool {
-        (!self.backlog.is_empty() || self.release.is_some()) && !self.sending_paused() && !self.publish.draining()
+        let early = self.early.has_work() && self.early.has_room(self.settings);
+        (!self.backlog.is_empty() || self.release.is_some() || early)
+            && !self.sending_paused()
+            && !self.publish.draining()
     }
 
     /// The sink had no room for the last record handed over (its queue was full): the event
@@ -559,8 +682,31 @@ impl<'s> StreamState<'s> {
     /// publish step. A failure poisons the watermark and ends the session, unless it is a
     /// suspect's verdict that `relay.on_bad_event` settles (see `publish.rs`).
     pub(crate) fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
-        if delivery.tag.kind == TagKind::Seal {
-            return self.guarantee.sealed(delivery.outcome, &mut self.durability);
+        match delivery.tag.kind {
+            TagKind::Seal => {
+                self.guarantee.sealed(delivery.outcome, &mut self.durability)?;
+                // Crash tests: a unit committed in the sink, its position not yet confirmed to
+                // PostgreSQL (the next session must find it by the checkpoint, not send it again).
+                fail::fail_point!("relay::sealed_before_status", |_| crate::failpoints::crash(
+                    "relay::sealed_before_status"
+                ));
+                return Ok(());
+            }
+            TagKind::Early => {
+                // A report frees room in the sink's queue.
+                self.publish.room_freed();
+                let tag = &delivery.tag;
+                return match self.early.on_delivery(tag.commit_lsn.0, tag.bytes, delivery.outcome) {
+                    Report::Settled => Ok(()),
+                    Report::FallBack(why) => self.fall_back(why),
+                    Report::Failed(failure) => Err(RelayError::DeliveryFailed {
+                        sink: self.settings.sink.broker_name(),
+                        failure: Box::new(failure),
+                        commit_lsn: self.durability.confirmed(),
+                    }),
+                };
+            }
+            TagKind::Record | TagKind::DeadLetter => {}
         }
         let (publish, mut accounts) = self.publishing();
         publish.on_delivery(delivery, &mut accounts)
@@ -792,6 +938,197 @@ mod streamed {
         state.keepalive(Lsn(0x900));
         assert_eq!(state.confirmed(), Lsn(0x900));
         assert!(sink.stored().is_empty());
+    }
+
+    const TRANSACTIONS: &str =
+        "\"transactional.id\" = \"t\"\nexactly_once = \"transactions\"\n[relay]\ndelivery = \"exactly-once\"\n";
+
+    fn feed(state: &mut StreamState<'_>, frames: &[Vec<u8>]) {
+        for frame in frames {
+            assert!(
+                !state.is_full(),
+                "the event loop reads no frame while the stream is full"
+            );
+            state.on_frame(xlog(COMMITTED, frame)).unwrap();
+        }
+    }
+
+    fn first_block(xid: u32, rows: &[&str]) -> Vec<Vec<u8>> {
+        let mut frames = vec![
+            stream_start(xid, true),
+            in_stream(xid, &relation(OUTBOX, "public", "events_outbox", &COLUMNS)),
+        ];
+        frames.extend(rows.iter().map(|id| in_stream(xid, &row(id))));
+        frames.push(stream_stop());
+        frames
+    }
+
+    /// With sink transactions a streamed transaction goes into an open unit as it arrives, is
+    /// never sealed before its commit, and its release sends only what came after; the seal's
+    /// checkpoint is its commit LSN.
+    #[test]
+    fn with_sink_transactions_a_lone_streamed_transaction_is_produced_before_its_commit() {
+        let settings = settings(TRANSACTIONS);
+        let mut suspects = Suspects::default();
+        let (mut state, sink, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+        feed(&mut state, &first_block(700, &["1", "2"]));
+        assert_eq!(ids(&sink), ["1", "2"], "produced as it arrives");
+        deliver_all(&mut state, &sink, &mut completions);
+        state.seal_if_due(true).unwrap();
+        assert!(sink.seals().is_empty(), "never sealed before its commit");
+        assert_eq!(state.confirmed(), Lsn(0x10));
+        feed(
+            &mut state,
+            &[
+                stream_start(700, false),
+                in_stream(700, &row("3")),
+                stream_stop(),
+                stream_commit(700, 0x500, 0x510),
+            ],
+        );
+        state.work_backlog().unwrap();
+        assert_eq!(ids(&sink), ["1", "2", "3"], "each event once");
+        deliver_all(&mut state, &sink, &mut completions);
+        state.seal_if_due(true).unwrap();
+        assert_eq!(sink.seals(), [0x500], "sealed with its commit LSN");
+        assert_eq!(state.confirmed(), Lsn(0x10), "not before the seal");
+        deliver_all(&mut state, &sink, &mut completions);
+        assert_eq!(state.confirmed(), Lsn(0x510));
+        assert!(sink.aborts().is_empty());
+    }
+
+    /// A full sink queue is backpressure for what is produced early too: the event it did not
+    /// take goes out first once a report frees room, and reading waits meanwhile; at the commit
+    /// nothing is read back from the stage (it is empty after).
+    #[test]
+    fn produced_early_through_a_full_sink_queue_each_event_once() {
+        let settings = settings(&format!("{TRANSACTIONS}stage_memory_bytes = 1\n"));
+        let mut suspects = Suspects::default();
+        let (mut state, sink, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+        sink.capacity(Some(1));
+        let mut frames = first_block(700, &["1", "2", "3"]);
+        frames.push(stream_commit(700, 0x500, 0x510));
+        let mut waits = 0;
+        for frame in frames {
+            while state.is_full() {
+                waits += 1;
+                deliver_all(&mut state, &sink, &mut completions);
+                while state.has_ready_work() {
+                    state.work_backlog().unwrap();
+                }
+            }
+            state.on_frame(xlog(COMMITTED, &frame)).unwrap();
+        }
+        assert!(waits >= 2, "the queue of one record filled");
+        assert_eq!(ids(&sink), ["1", "2", "3"]);
+        assert_eq!(state.snapshot(0).stage_transactions, 0);
+        assert_eq!(state.snapshot(0).stage_disk_bytes, 0, "its spill file is gone");
+        deliver_all(&mut state, &sink, &mut completions);
+        state.seal_if_due(true).unwrap();
+        assert_eq!(sink.seals(), [0x500]);
+        deliver_all(&mut state, &sink, &mut completions);
+        assert_eq!(state.confirmed(), Lsn(0x510));
+        assert_eq!(state.counts().transactions, 1);
+    }
+
+    /// A transaction that commits while a streamed one is produced early makes that fall back:
+    /// its unit is aborted (what it held taken back) before anything else is sent, and it is
+    /// published from the stage at its commit — in commit order, each event once.
+    #[test]
+    fn a_commit_meanwhile_aborts_the_early_unit_and_the_stage_publishes_it_at_its_commit() {
+        let settings = settings(TRANSACTIONS);
+        let mut suspects = Suspects::default();
+        let (mut state, sink, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+        feed(&mut state, &first_block(700, &["1", "2"]));
+        assert_eq!(ids(&sink), ["1", "2"]);
+        feed(&mut state, &[begin(0x400)]);
+        assert_eq!(sink.aborts(), [2], "the early unit is aborted");
+        assert!(ids(&sink).is_empty(), "nothing of it is committed");
+        assert!(state.is_full(), "nothing is read until the abort is done");
+        deliver_all(&mut state, &sink, &mut completions);
+        feed(
+            &mut state,
+            &[
+                relation(OUTBOX, "public", "events_outbox", &COLUMNS),
+                row("10"),
+                commit(0x400, 0x410),
+            ],
+        );
+        assert_eq!(ids(&sink), ["10"]);
+        // Its next block is staged only.
+        feed(
+            &mut state,
+            &[stream_start(700, false), in_stream(700, &row("3")), stream_stop()],
+        );
+        assert_eq!(ids(&sink), ["10"]);
+        deliver_all(&mut state, &sink, &mut completions);
+        state.seal_if_due(true).unwrap();
+        deliver_all(&mut state, &sink, &mut completions);
+        assert_eq!(sink.seals(), [0x400]);
+        feed(&mut state, &[stream_commit(700, 0x500, 0x510)]);
+        while state.has_ready_work() {
+            state.work_backlog().unwrap();
+        }
+        assert_eq!(ids(&sink), ["10", "1", "2", "3"], "commit order, each event once");
+        deliver_all(&mut state, &sink, &mut completions);
+        state.seal_if_due(true).unwrap();
+        deliver_all(&mut state, &sink, &mut completions);
+        assert_eq!(sink.seals(), [0x400, 0x500]);
+        assert_eq!(state.confirmed(), Lsn(0x510));
+    }
+
+    /// Its own abort drops it with its unit; a subtransaction's rollback makes it fall back (a
+    /// record cannot be taken back alone) and the stage publishes the rest at its commit.
+    #[test]
+    fn an_abort_or_a_rolled_back_subtransaction_takes_back_what_was_produced_early() {
+        let settings = settings(TRANSACTIONS);
+        let mut suspects = Suspects::default();
+        let (mut state, sink, mut completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+        feed(&mut state, &first_block(800, &["1"]));
+        feed(&mut state, &[stream_abort(800, 800)]);
+        assert_eq!(sink.aborts(), [1]);
+        deliver_all(&mut state, &sink, &mut completions);
+        state.keepalive(Lsn(0x900));
+        assert_eq!(
+            state.confirmed(),
+            Lsn(0x900),
+            "an aborted transaction holds nothing back"
+        );
+        assert!(ids(&sink).is_empty());
+
+        let mut frames = first_block(900, &["2"]);
+        frames.insert(3, in_stream(901, &row("3")));
+        feed(&mut state, &frames);
+        assert_eq!(ids(&sink), ["2", "3"]);
+        feed(&mut state, &[stream_abort(900, 901)]);
+        assert_eq!(sink.aborts(), [1, 2]);
+        deliver_all(&mut state, &sink, &mut completions);
+        feed(&mut state, &[stream_commit(900, 0xa00, 0xa10)]);
+        while state.has_ready_work() {
+            state.work_backlog().unwrap();
+        }
+        assert_eq!(ids(&sink), ["2"], "the rolled-back subtransaction's event is dropped");
+        deliver_all(&mut state, &sink, &mut completions);
+        state.seal_if_due(true).unwrap();
+        deliver_all(&mut state, &sink, &mut completions);
+        assert_eq!(sink.seals(), [0xa00]);
+        assert_eq!(state.confirmed(), Lsn(0xa10));
+    }
+
+    /// `relay.streamed_produce = "at-commit"`, and every mode without sink transactions, keep
+    /// a streamed transaction in the stage until its commit.
+    #[test]
+    fn without_sink_transactions_or_with_at_commit_nothing_goes_out_before_the_commit() {
+        for config in [
+            String::new(),
+            format!("{TRANSACTIONS}streamed_produce = \"at-commit\"\n"),
+        ] {
+            let settings = settings(&config);
+            let mut suspects = Suspects::default();
+            let (mut state, sink, _completions) = stream(&settings, Lsn(0x10), &mut suspects, None);
+            feed(&mut state, &first_block(700, &["1"]));
+            assert!(ids(&sink).is_empty(), "{config}");
+        }
     }
 
     #[test]

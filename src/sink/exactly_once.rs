@@ -166,6 +166,13 @@ pub(crate) trait Sealer<Tag>: Send {
     /// transient: the unit was aborted (or its producer fenced) and none of it is visible to
     /// readers of committed records.
     fn seal(&self, checkpoint: u64, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>>;
+
+    /// Aborts the open unit — every record handed over since the previous seal becomes
+    /// invisible to readers of committed records — and opens the next, reporting the outcome
+    /// as one completion carrying `tag`. The caller hands nothing over until it arrived; the
+    /// aborted records' own completions may arrive before it or after, as failures or not, and
+    /// count for nothing. A failure is transient (the producer may be fenced).
+    fn abort(&self, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>>;
 }
 
 /// A transactional sink, as its plugin creates it.

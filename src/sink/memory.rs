@@ -51,6 +51,11 @@ struct State<Tag> {
     /// Checkpoints of the seals asked for, in order (each seal's tag waits in `pending` behind
     /// the records handed over before it).
     seals: Vec<u64>,
+    /// `stored` when the last seal was asked for: an abort takes back what was stored after it
+    /// (what a `read_committed` reader would never see).
+    sealed_upto: usize,
+    /// Aborts asked for, each with how many records it took back.
+    aborts: Vec<usize>,
 }
 
 /// The sink; the test keeps a [`MemoryHandle`] to look and complete.
@@ -74,6 +79,8 @@ pub(crate) fn memory<Tag: Send + 'static>() -> (MemorySink<Tag>, MemoryHandle<Ta
         abandoned: false,
         released: Vec::new(),
         seals: Vec::new(),
+        sealed_upto: 0,
+        aborts: Vec::new(),
     }));
     let (tx, rx) = mpsc::unbounded_channel();
     (
@@ -146,6 +153,17 @@ impl<Tag: Send + 'static> Sealer<Tag> for MemorySealer<Tag> {
     fn seal(&self, checkpoint: u64, _label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
         let mut state = self.state.lock().unwrap();
         state.seals.push(checkpoint);
+        state.sealed_upto = state.stored.len();
+        state.pending.push_back(tag);
+        Ok(())
+    }
+
+    fn abort(&self, _label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        let mut state = self.state.lock().unwrap();
+        let upto = state.sealed_upto;
+        let taken = state.stored.len() - upto;
+        state.stored.truncate(upto);
+        state.aborts.push(taken);
         state.pending.push_back(tag);
         Ok(())
     }
@@ -177,6 +195,11 @@ impl<Tag> MemoryHandle<Tag> {
     /// The checkpoints of the seals asked for, in order.
     pub(crate) fn seals(&self) -> Vec<u64> {
         self.state.lock().unwrap().seals.clone()
+    }
+
+    /// The aborts asked for, each with how many records it took back from [`stored`](Self::stored).
+    pub(crate) fn aborts(&self) -> Vec<usize> {
+        self.state.lock().unwrap().aborts.clone()
     }
 
     pub(crate) fn abandoned(&self) -> bool {

@@ -4,6 +4,9 @@
 //! its commit — once, in per-aggregate order, in commit order with other transactions — and
 //! never publishes what was rolled back. Kills while it streams (before the commit) and while it
 //! is published (after) lose nothing. On every supported major (14–18), on a real Kafka broker.
+//! With Kafka transactions a lone streamed transaction is produced before its commit
+//! (`relay/early.rs`), falls back to the stage when another commits meanwhile, and stays
+//! exactly-once through kills before its commit and right after its Kafka commit.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -116,6 +119,17 @@ fn check_once_in_commit_order(records: &[Received], expected: &[(i64, i64)], rep
     }
     let total: i64 = expected.iter().map(|(first, last)| last - first + 1).sum();
     assert_eq!(seen.len() as i64, total, "every committed event arrived");
+}
+
+/// Exactly-once over Kafka transactions: a transactional.id of the test's own, the checkpoint
+/// topic in its namespace, fast reconnects.
+fn with_kafka_transactions(config: RelayConfig, kafka: &KafkaNs) -> RelayConfig {
+    config
+        .set("relay", "delivery", "exactly-once")
+        .set("relay", "reconnect_backoff_initial_ms", 100)
+        .set("kafka", "exactly_once", "transactions")
+        .set("kafka", "checkpoint_topic", kafka.topic("checkpoints"))
+        .kafka("transactional.id", &unique_name("txn"))
 }
 
 fn log_tail(log: &str) -> String {
@@ -429,4 +443,118 @@ async fn streaming_off_is_protocol_1_and_the_server_spills() {
     })
     .await;
     assert!(spilled, "with protocol 1 the server spills and streams nothing");
+}
+
+/// `[kafka] exactly_once = "transactions"` (shipped `relay.streamed_produce = "as-received"`):
+/// a lone streamed transaction is produced into an open Kafka transaction before its COMMIT —
+/// `read_uncommitted` consumers see its records while it is open, `read_committed` ones none —
+/// and committed with it: each event once, in order. A transaction that commits while another
+/// one streams makes that fall back to the stage (its open Kafka transaction aborted): both
+/// arrive once, in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_kafka_transactions_a_lone_streamed_transaction_is_produced_before_its_commit() {
+    const ROWS: i64 = 50_000;
+    let Some(kafka) = shared_kafka().await else { return };
+    let Some((pg, db, client, config)) = streaming_db(None, &kafka).await else {
+        return;
+    };
+    let config = with_kafka_transactions(config, &kafka);
+    let relay = RelayProcess::run_streaming(&config).await;
+    let aggs = aggregates(8);
+
+    client.batch_execute("BEGIN").await.unwrap();
+    let first = insert_rows(&client, ROWS, "early", &aggs).await;
+    let seen_open = kafka.collect_uncommitted(&["order"], 1, Duration::from_secs(60)).await;
+    assert!(
+        !seen_open.is_empty(),
+        "nothing produced before the COMMIT:\n{}",
+        log_tail(&relay.log_text())
+    );
+    assert!(
+        kafka.collect(&["order"], 1, Duration::from_secs(2)).await.is_empty(),
+        "read_committed sees nothing of an open transaction"
+    );
+    client.batch_execute("COMMIT").await.unwrap();
+    let records = kafka.collect(&["order"], ROWS as usize, Duration::from_secs(120)).await;
+    check_once_in_commit_order(&records, &[first], false);
+    assert!(
+        !relay.log_text().contains("falls back to the stage"),
+        "{}",
+        log_tail(&relay.log_text())
+    );
+
+    // Another transaction commits while the large one streams: the large one falls back.
+    let other = pg.client(&db).await;
+    client.batch_execute("BEGIN").await.unwrap();
+    let large = insert_rows(&client, ROWS, "fallback", &aggs).await;
+    kafka
+        .collect_uncommitted(&["order"], ROWS as usize + 1, Duration::from_secs(60))
+        .await;
+    let small = insert_rows(&other, 10, "small", &aggs).await;
+    client.batch_execute("COMMIT").await.unwrap();
+    let total = 2 * ROWS as usize + 10;
+    let records = kafka.collect(&["order"], total, Duration::from_secs(120)).await;
+    check_once_in_commit_order(&records, &[first, small, large], false);
+    let log = relay.log_text();
+    assert!(log.contains("falls back to the stage"), "{}", log_tail(&log));
+    assert_eq!(
+        log.matches("streaming started").count(),
+        1,
+        "one session:\n{}",
+        log_tail(&log)
+    );
+}
+
+/// Exactly-once over Kafka transactions through kills of a transaction produced early: SIGKILL
+/// while it is produced (before its COMMIT: the next process fences the open Kafka transaction
+/// away and produces it again), and a crash right after its Kafka transaction committed, before
+/// PostgreSQL was told (`relay::sealed_before_status`: the next process meets it again below the
+/// checkpoint, stages it, and skips it at its commit). `read_committed` sees every event once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_kafka_transactions_kills_of_an_early_transaction_lose_nothing_and_copy_nothing() {
+    const ROWS: i64 = 50_000;
+    let Some(kafka) = shared_kafka().await else { return };
+    let Some((_pg, _db, client, config)) = streaming_db(None, &kafka).await else {
+        return;
+    };
+    let config = with_kafka_transactions(config, &kafka);
+    let aggs = aggregates(8);
+
+    let first = RelayProcess::run_streaming(&config).await;
+    client.batch_execute("BEGIN").await.unwrap();
+    let ids = insert_rows(&client, ROWS, "killed", &aggs).await;
+    let produced = kafka
+        .collect_uncommitted(&["order"], 10_000, Duration::from_secs(60))
+        .await;
+    assert!(
+        produced.len() >= 10_000,
+        "not produced early:\n{}",
+        log_tail(&first.log_text())
+    );
+    assert!(first.sigkill());
+
+    let mut second = RelayProcess::run_with(&config, &[], &[("FAILPOINTS", "relay::sealed_before_status=return")]);
+    assert!(
+        second.wait_for_log("streaming started", Duration::from_secs(30)).await,
+        "{}",
+        second.log_text()
+    );
+    client.batch_execute("COMMIT").await.unwrap();
+    let status = second.wait_exit(Duration::from_secs(120)).await;
+    assert!(
+        status.is_some_and(|s| !s.success()) && second.log_text().contains("failpoint relay::sealed_before_status"),
+        "the second process should crash right after its seal: {status:?}\n{}",
+        log_tail(&second.log_text())
+    );
+
+    let third = RelayProcess::run_streaming(&config).await;
+    let records = kafka.collect(&["order"], ROWS as usize, Duration::from_secs(120)).await;
+    check_once_in_commit_order(&records, &[ids], false);
+    // Nothing more comes: the third process skipped what the committed checkpoint covers.
+    let marker = insert_rows(&client, 1, "after", &aggs).await;
+    let records = kafka
+        .collect(&["order"], ROWS as usize + 1, Duration::from_secs(120))
+        .await;
+    check_once_in_commit_order(&records, &[ids, marker], false);
+    drop(third);
 }

@@ -143,6 +143,35 @@ pub(crate) trait Guarantee: Send {
         false
     }
 
+    /// Whether a streamed source transaction whose first block arrives now, with the stream at
+    /// `received`, may be produced before its commit (`relay/early.rs`): only a strategy whose
+    /// units can still be aborted says yes. Default: no, it is published at its commit.
+    fn may_produce_early(&self, received: Lsn) -> bool {
+        let _ = received;
+        false
+    }
+
+    /// A record of a streamed transaction not committed yet was handed to the sink: the unit
+    /// it went into must not be sealed before that transaction's commit.
+    fn early_sent(&mut self, durability: &mut Durability) {
+        let _ = durability;
+    }
+
+    /// The transaction produced early committed at `commit_lsn`: its unit may be sealed once
+    /// the rest of it was sent.
+    fn early_committed(&mut self, commit_lsn: Lsn) {
+        let _ = commit_lsn;
+    }
+
+    /// The transaction produced early may never be committed as sent (it aborted, or it falls
+    /// back to the stage): the unit holding its records is aborted. The abort's completion is
+    /// a seal's ([`sealed`](Self::sealed)); nothing is sent until it arrived. `Ok(false)`: no
+    /// unit was open (nothing of it was sent), nothing to abort.
+    fn abort_early(&mut self, why: &str) -> Result<bool, RelayError> {
+        let _ = why;
+        Ok(false)
+    }
+
     /// An answer to the strategy's own background work arrived.
     fn on_answer(&mut self, answer: Answer) -> Result<(), RelayError> {
         let _ = answer;

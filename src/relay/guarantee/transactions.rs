@@ -27,6 +27,12 @@
 //! the source transactions at or below it: those are in the sink, committed, although PostgreSQL
 //! was not told before the crash. Records still carry their position headers (`position.rs`).
 //!
+//! **Early units.** A streamed source transaction may go into a unit of its own before its
+//! commit (`relay/early.rs`, [`Guarantee::may_produce_early`]): such a unit is never sealed
+//! before that commit, is not bounded by `transaction_max_events`, and is aborted on purpose
+//! ([`Sealer::abort`](crate::sink::Sealer::abort)) when the transaction aborts or falls back
+//! to the stage.
+//!
 //! Invariant: the flush LSN sent to PostgreSQL covers only source transactions whose records
 //! are in a committed broker transaction (or that had none).
 //!
@@ -53,6 +59,19 @@ struct Unit {
     opened: Instant,
     /// Commit LSN of the last source transaction with a record in the unit (the checkpoint).
     last_commit: Lsn,
+    /// What the unit holds of a streamed transaction produced before its commit
+    /// (`relay/early.rs`).
+    early: Early,
+}
+
+/// A unit's records of a streamed transaction produced before its commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Early {
+    /// None, or only of one that committed since: the unit may be sealed.
+    Settled,
+    /// Records of a transaction that has not committed: never sealed like this (it may still
+    /// abort), and not bounded by `transaction_max_events` (a unit holds whole transactions).
+    Open,
 }
 
 /// Where the unit being committed stands.
@@ -62,6 +81,8 @@ enum Sealing {
     Idle,
     /// The sink is committing this unit.
     Committing(Unit),
+    /// The sink is aborting the unit that held a streamed transaction's early records.
+    Aborting,
     /// A seal failed: its unit was aborted; nothing is confirmed past its floor any more and
     /// nothing more is sealed (the session ends).
     Failed,
@@ -80,6 +101,8 @@ pub(super) struct Transactions {
     sealing: Sealing,
     max_events: usize,
     max_age: Duration,
+    /// `relay.streamed_produce = "as-received"`.
+    early_allowed: bool,
     skipped: u64,
     sealed: u64,
 }
@@ -104,6 +127,7 @@ impl Transactions {
                 .min(settings.relay.max_in_flight)
                 .max(1),
             max_age: settings.relay.transaction_max_age,
+            early_allowed: settings.relay.streamed_produce == crate::config::relay::StreamedProduce::AsReceived,
             skipped: 0,
             sealed: 0,
         }
@@ -111,20 +135,35 @@ impl Transactions {
 
     /// A seal is under way (the sink takes no records until it is done).
     fn is_sealing(&self) -> bool {
-        matches!(self.sealing, Sealing::Committing(_))
+        matches!(self.sealing, Sealing::Committing(_) | Sealing::Aborting)
     }
 
     /// The open unit holds its bound of events: the stream stops reading at the next
     /// source-transaction boundary so that it is sealed there (reading on inside a source
     /// transaction: a unit only ever holds whole ones).
     fn unit_full(&self) -> bool {
-        self.open.is_some_and(|u| u.events >= self.max_events)
+        self.open
+            .is_some_and(|u| u.events >= self.max_events && u.early == Early::Settled)
+    }
+
+    /// The open unit, opened by this record if there is none: its floor — how far the stream
+    /// had read — holds confirmation back until the unit is sealed.
+    fn unit(&mut self, durability: &mut Durability, commit_lsn: Lsn) -> &mut Unit {
+        self.open.get_or_insert_with(|| {
+            durability.hold(durability.received());
+            Unit {
+                events: 0,
+                opened: Instant::now(),
+                last_commit: commit_lsn,
+                early: Early::Settled,
+            }
+        })
     }
 
     /// Whether the open unit should be sealed now, at a source-transaction boundary.
     fn due(&self, nothing_ready: bool, now: Instant) -> bool {
         match (&self.open, &self.sealing) {
-            (Some(u), Sealing::Idle) => {
+            (Some(u), Sealing::Idle) if u.early == Early::Settled => {
                 nothing_ready || u.events >= self.max_events || now.duration_since(u.opened) >= self.max_age
             }
             _ => false,
@@ -157,16 +196,47 @@ impl Guarantee for Transactions {
     /// The first record after a seal opens a unit, whose floor — how far the stream had read —
     /// holds confirmation back until the unit is sealed.
     fn sent(&mut self, commit_lsn: Lsn, durability: &mut Durability) {
-        let unit = self.open.get_or_insert_with(|| {
-            durability.hold(durability.received());
-            Unit {
-                events: 0,
-                opened: Instant::now(),
-                last_commit: commit_lsn,
-            }
-        });
+        let unit = self.unit(durability, commit_lsn);
         unit.events += 1;
         unit.last_commit = unit.last_commit.max(commit_lsn);
+    }
+
+    /// Only into a unit of its own (nothing else is open or being sealed, so an abort takes
+    /// back nothing but its records), and only past the checkpoint: a transaction the stream
+    /// meets again before it reached the checkpoint may be in the sink already, which only its
+    /// commit LSN can tell — it is published at its commit, and skipped then if it is.
+    fn may_produce_early(&self, received: Lsn) -> bool {
+        self.early_allowed
+            && self.open.is_none()
+            && matches!(self.sealing, Sealing::Idle)
+            && self.checkpoint.is_none_or(|c| received > c)
+    }
+
+    fn early_sent(&mut self, durability: &mut Durability) {
+        let unit = self.unit(durability, Lsn(0));
+        unit.early = Early::Open;
+        unit.events += 1;
+    }
+
+    fn early_committed(&mut self, commit_lsn: Lsn) {
+        if let Some(unit) = self.open.as_mut() {
+            unit.early = Early::Settled;
+            unit.last_commit = unit.last_commit.max(commit_lsn);
+        }
+    }
+
+    fn abort_early(&mut self, why: &str) -> Result<bool, RelayError> {
+        let Some(unit) = self.open.take() else { return Ok(false) };
+        self.sealing = Sealing::Aborting;
+        let label = format!("{} ({} early events: {why})", self.source, unit.events);
+        self.sealer
+            .abort(&label, DeliveryTag::seal(0))
+            .map_err(|refusal| RelayError::DeliveryFailed {
+                sink: self.sink,
+                failure: Box::new(refusal.failure),
+                commit_lsn: unit.last_commit,
+            })?;
+        Ok(true)
     }
 
     /// Sending pauses while a seal is under way (the sink takes no records between a commit and
@@ -201,13 +271,17 @@ impl Guarantee for Transactions {
     /// The unit is delivered, or the session ends (transient: the unit was aborted and the next
     /// session replays from the slot's position).
     fn sealed(&mut self, outcome: Result<(), SinkFailure>, durability: &mut Durability) -> Result<(), RelayError> {
-        let Sealing::Committing(unit) = self.sealing else {
-            return Err(crate::relay::error::InternalError::CompletionsClosed.into());
+        // What fails names the unit's last commit; an abort on purpose, the confirmed position.
+        let (committed, commit_lsn) = match self.sealing {
+            Sealing::Committing(unit) => (true, unit.last_commit),
+            // Aborted on purpose: its floor goes with it, nothing of it is in the sink.
+            Sealing::Aborting => (false, durability.confirmed()),
+            Sealing::Idle | Sealing::Failed => return Err(crate::relay::error::InternalError::CompletionsClosed.into()),
         };
         match outcome {
             Ok(()) => {
                 self.sealing = Sealing::Idle;
-                self.sealed += 1;
+                self.sealed += u64::from(committed);
                 durability.release();
                 Ok(())
             }
@@ -216,7 +290,7 @@ impl Guarantee for Transactions {
                 Err(RelayError::DeliveryFailed {
                     sink: self.sink,
                     failure: Box::new(failure),
-                    commit_lsn: unit.last_commit,
+                    commit_lsn,
                 })
             }
         }

@@ -49,9 +49,10 @@ use super::logs::QuietContext;
 use super::producer::{Budget, DeliveryReports, Publisher};
 use crate::sink::{Completion, FailureKind, Handover, Refusal, Sealer, Sink, SinkError, SinkFailure, Transactional};
 
-/// One seal asked for: the checkpoint to store and the caller's tag for the outcome.
+/// One seal asked for: the checkpoint to store (`None`: abort the open transaction instead)
+/// and the caller's tag for the outcome.
 struct SealJob<Tag> {
-    checkpoint: u64,
+    checkpoint: Option<u64>,
     label: String,
     tag: Box<Tag>,
 }
@@ -74,11 +75,25 @@ struct KafkaSealer<Tag> {
 
 impl<Tag: Send + 'static> Sealer<Tag> for KafkaSealer<Tag> {
     fn seal(&self, checkpoint: u64, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
-        let job = SealJob {
-            checkpoint,
+        self.ask(SealJob {
+            checkpoint: Some(checkpoint),
             label: label.to_owned(),
             tag,
-        };
+        })
+    }
+
+    fn abort(&self, label: &str, tag: Box<Tag>) -> Result<(), Refusal<Tag>> {
+        self.ask(SealJob {
+            checkpoint: None,
+            label: label.to_owned(),
+            tag,
+        })
+    }
+}
+
+impl<Tag: Send + 'static> KafkaSealer<Tag> {
+    /// Hands `job` to the `rdk:txn` thread.
+    fn ask(&self, job: SealJob<Tag>) -> Result<(), Refusal<Tag>> {
         let jobs = self.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match jobs.as_ref() {
             Some(tx) => tx.send(job).map_err(|std_mpsc::SendError(job)| {
@@ -191,7 +206,11 @@ impl<Tag: Send + Sync + 'static> TransactionalPublisher<Tag> {
             .name("rdk:txn".into())
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
-                    let outcome = seal(&producer, &group, &topic, &job, op_timeout).map_err(|e| SinkFailure {
+                    let done = match job.checkpoint {
+                        Some(checkpoint) => seal(&producer, &group, &topic, checkpoint, &job.label, op_timeout),
+                        None => abort(&producer, &job.label, op_timeout),
+                    };
+                    let outcome = done.map_err(|e| SinkFailure {
                         kind: FailureKind::Transient,
                         destination: topic.clone(),
                         partition: None,
@@ -222,7 +241,8 @@ fn seal<Tag: Send + Sync + 'static>(
     producer: &SharedProducer<Tag>,
     group: &ConsumerGroupMetadata,
     topic: &str,
-    job: &SealJob<Tag>,
+    checkpoint: u64,
+    label: &str,
     timeout: Duration,
 ) -> Result<(), KafkaError> {
     let attempt = || -> Result<(), KafkaError> {
@@ -238,8 +258,8 @@ fn seal<Tag: Send + Sync + 'static>(
         }
         let mut tpl = TopicPartitionList::new();
         let mut at = tpl.add_partition(topic, 0);
-        at.set_offset(Offset::Offset(job.checkpoint as i64))?;
-        at.set_metadata(&job.label);
+        at.set_offset(Offset::Offset(checkpoint as i64))?;
+        at.set_metadata(label);
         producer.send_offsets_to_transaction(&tpl, group, timeout)?;
         producer.commit_transaction(timeout)
     };
@@ -253,6 +273,20 @@ fn seal<Tag: Send + Sync + 'static>(
         }
         return Err(e);
     }
+    producer.begin_transaction()
+}
+
+/// Aborts the open transaction on purpose (the caller's records in it may never be committed:
+/// a streamed source transaction that aborted, or that falls back to being published at its
+/// commit) and begins the next. librdkafka purges what is still queued; those records' reports
+/// come back as failures the caller ignores.
+fn abort<Tag: Send + Sync + 'static>(
+    producer: &SharedProducer<Tag>,
+    label: &str,
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    producer.abort_transaction(timeout)?;
+    info!(unit = label, "Kafka transaction aborted on purpose");
     producer.begin_transaction()
 }
 
