@@ -319,6 +319,13 @@ impl SessionMetrics {
     pub(crate) fn failed(&self, topic: TopicId) {
         self.topics.failed(topic);
     }
+
+    /// Kafka acknowledged a record produced before its transaction committed
+    /// (`relay/early.rs`): counted, with no commit-to-ack latency (the commit time was not
+    /// known when it was sent, and it is visible only from the commit on).
+    pub(crate) fn published_early(&self, topic: TopicId) {
+        self.topics.published(topic);
+    }
 }
 
 /// Index of a topic in a session's [`TopicMetrics`]; travels in each event's delivery tag.

@@ -41,6 +41,21 @@ impl Progress {
         self.metrics.received(topic);
     }
 
+    /// A record of a transaction not committed yet was handed to the sink (`early.rs`): counted
+    /// as received; the lag bookkeeping learns the transaction at its commit.
+    pub(crate) fn sent_early(&mut self, topic: TopicId) {
+        self.metrics.received(topic);
+    }
+
+    /// The delivery report of a record sent early: the per-topic counters only.
+    pub(crate) fn delivered_early(&mut self, topic: TopicId, delivered: bool) {
+        if delivered {
+            self.metrics.published_early(topic);
+        } else {
+            self.metrics.failed(topic);
+        }
+    }
+
     /// One delivery report, for the per-topic counters and the commit-to-ack histogram.
     pub(crate) fn delivered(&mut self, tag: &DeliveryTag, delivered: bool) {
         if delivered {

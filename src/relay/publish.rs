@@ -388,6 +388,7 @@ impl<'s> Publish<'s> {
         match self.sink.send(Handover::of(&record), tag) {
             Ok(()) => {
                 a.guarantee.early_sent(a.durability);
+                a.progress.sent_early(topic);
                 a.progress.counts.events_sent += 1;
                 Ok(EarlySent::Sent { bytes })
             }

@@ -696,6 +696,7 @@ impl<'s> StreamState<'s> {
                 // A report frees room in the sink's queue.
                 self.publish.room_freed();
                 let tag = &delivery.tag;
+                self.progress.delivered_early(tag.topic, delivery.outcome.is_ok());
                 return match self.early.on_delivery(tag.commit_lsn.0, tag.bytes, delivery.outcome) {
                     Report::Settled => Ok(()),
                     Report::FallBack(why) => self.fall_back(why),

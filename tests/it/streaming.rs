@@ -458,7 +458,7 @@ async fn with_kafka_transactions_a_lone_streamed_transaction_is_produced_before_
     let Some((pg, db, client, config)) = streaming_db(None, &kafka).await else {
         return;
     };
-    let config = with_kafka_transactions(config, &kafka);
+    let (config, addr) = with_http(&with_kafka_transactions(config, &kafka));
     let relay = RelayProcess::run_streaming(&config).await;
     let aggs = aggregates(8);
 
@@ -477,6 +477,17 @@ async fn with_kafka_transactions_a_lone_streamed_transaction_is_produced_before_
     client.batch_execute("COMMIT").await.unwrap();
     let records = kafka.collect(&["order"], ROWS as usize, Duration::from_secs(120)).await;
     check_once_in_commit_order(&records, &[first], false);
+    // Counted like any published event (with no commit-to-ack latency: its commit came later).
+    let counted = wait_until(Duration::from_secs(10), Duration::from_millis(200), || async {
+        Metrics::scrape(&addr)
+            .await
+            .is_some_and(|m| m.sum("outbox_relay_events_published_total") >= ROWS as f64)
+    })
+    .await;
+    assert!(
+        counted,
+        "outbox_relay_events_published_total counts the events produced early"
+    );
     assert!(
         !relay.log_text().contains("falls back to the stage"),
         "{}",
