@@ -151,7 +151,7 @@ impl Early {
 
     /// Whether the in-flight budget leaves room for another early record.
     pub(super) fn has_room(&self, settings: &Settings) -> bool {
-        self.in_flight < settings.relay.max_in_flight && self.in_flight_bytes < settings.relay.max_in_flight_bytes
+        room(self.in_flight, self.in_flight_bytes, settings)
     }
 
     /// The transaction is not produced early any more (its unit is being aborted): the stage
@@ -216,8 +216,7 @@ impl Early {
         let State::Producing(p) = &mut self.state else {
             return Ok(None);
         };
-        while self.in_flight < settings.relay.max_in_flight && self.in_flight_bytes < settings.relay.max_in_flight_bytes
-        {
+        while room(self.in_flight, self.in_flight_bytes, settings) {
             let (source, seq) = match p.waiting.take() {
                 Some(waiting) => waiting,
                 None => {
@@ -260,4 +259,9 @@ impl Early {
             (Err(failure), _) => Report::Failed(failure),
         }
     }
+}
+
+/// Whether `events` and `bytes` in flight leave room in the in-flight budget.
+fn room(events: usize, bytes: usize, settings: &Settings) -> bool {
+    events < settings.relay.max_in_flight && bytes < settings.relay.max_in_flight_bytes
 }

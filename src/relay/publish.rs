@@ -354,18 +354,10 @@ impl<'s> Publish<'s> {
         generation: u64,
         a: &mut Accounts<'_>,
     ) -> Result<EarlySent, RelayError> {
-        let event = match source {
-            EventSource::Row { relation, row } => {
-                let layout = relation.layout.as_ref().ok_or(InternalError::RowWithoutLayout)?;
-                match layout.extract(&relation.relation, row) {
-                    Ok(event) => event,
-                    Err(_) => return Ok(EarlySent::Declined("a row that cannot be read as an event")),
-                }
-            }
-            EventSource::Message(message) => match OutboxEvent::from_message(&message.content) {
-                Ok(event) => event,
-                Err(_) => return Ok(EarlySent::Declined("a message that cannot be read as an event")),
-            },
+        let event = match read_event(source) {
+            Some(Ok(event)) => event,
+            Some(Err(_)) => return Ok(EarlySent::Declined("a row or message that cannot be read as an event")),
+            None => return Err(InternalError::RowWithoutLayout.into()),
         };
         if !event.passes(self.settings) {
             return Ok(EarlySent::Filtered);
@@ -407,17 +399,7 @@ impl<'s> Publish<'s> {
         if self.settings.filter.is_none() {
             return true;
         }
-        match source {
-            EventSource::Row { relation, row } => match relation.layout.as_ref() {
-                Some(layout) => layout
-                    .extract(&relation.relation, row)
-                    .map_or(true, |event| event.passes(self.settings)),
-                None => true,
-            },
-            EventSource::Message(message) => {
-                OutboxEvent::from_message(&message.content).map_or(true, |event| event.passes(self.settings))
-            }
-        }
+        read_event(source).is_none_or(|event| event.map_or(true, |event| event.passes(self.settings)))
     }
 
     /// Routes and sends one event. `raw` renders the event for a dead letter (only when needed).
@@ -954,6 +936,15 @@ fn with_partition(mut span: Box<ProducerSpan>, partition: Option<i32>) -> Box<Pr
         ));
     }
     span
+}
+
+/// The event `source` holds, as read without its commit (`None`: a row of a table without a
+/// column mapping, which the decode step never hands on).
+fn read_event(source: &EventSource) -> Option<Result<OutboxEvent<'_>, BadEvent>> {
+    match source {
+        EventSource::Row { relation, row } => Some(relation.layout.as_ref()?.extract(&relation.relation, row)),
+        EventSource::Message(message) => Some(OutboxEvent::from_message(&message.content)),
+    }
 }
 
 fn delivery_failed(sink: &'static str, failure: SinkFailure, commit_lsn: Lsn) -> RelayError {

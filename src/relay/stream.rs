@@ -965,8 +965,8 @@ mod streamed {
     }
 
     /// With sink transactions a streamed transaction goes into an open unit as it arrives, is
-    /// never sealed before its commit, and its release sends only what came after; the seal's
-    /// checkpoint is its commit LSN.
+    /// never sealed before its commit, and what comes after it (up to its commit) goes out the
+    /// same way, nothing twice; the seal's checkpoint is its commit LSN.
     #[test]
     fn with_sink_transactions_a_lone_streamed_transaction_is_produced_before_its_commit() {
         let settings = settings(TRANSACTIONS);
